@@ -1,0 +1,1 @@
+"""Shared plumbing of the bundle: the error hierarchy and the CLI runner."""

@@ -1,0 +1,1 @@
+"""The data contract: Criteo TSV format, feature schema, preprocessing, synthetic data."""

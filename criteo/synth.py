@@ -1,0 +1,151 @@
+"""Skewed synthetic click logs in the Criteo TSV format.
+
+Categorical ids follow a truncated power law (Zipf) per table, so the hottest
+id of a large table is thousands of times more frequent than its median one,
+as in production click logs. Labels come from a hidden logistic model over the
+features (per-id weights, count weights and one cross term), so a trained
+model can learn them. The hidden model depends only on ``model_seed``: files
+written with different ``seed`` values share it, which makes a train file and
+a held-out file of the same task.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from bundle.errors import ConfigError
+from criteo.schema import NUM_CATEGORICAL, NUM_DENSE
+
+
+@dataclass(frozen=True)
+class SynthConfig:
+    """Options of the generator.
+
+    Args:
+        rows: number of rows to write.
+        seed: seed of the row sampling.
+        model_seed: seed of the hidden model (vocabularies, weights).
+        exponent: power-law exponent of the id frequencies (> 0; 1.05 is click-log like).
+        max_vocabulary: distinct ids of the largest table.
+        chunk_rows: rows generated and written per step.
+    """
+
+    rows: int
+    seed: int = 0
+    model_seed: int = 2026
+    exponent: float = 1.05
+    max_vocabulary: int = 200_000
+    chunk_rows: int = 50_000
+
+    def __post_init__(self) -> None:
+        if self.rows <= 0:
+            raise ConfigError(f"rows must be positive, got {self.rows}")
+        if not 0.0 < self.exponent <= 4.0:
+            raise ConfigError(f"exponent must be in (0, 4], got {self.exponent}")
+        if self.max_vocabulary < 10:
+            raise ConfigError(f"max_vocabulary must be >= 10, got {self.max_vocabulary}")
+        if self.chunk_rows <= 0:
+            raise ConfigError(f"chunk_rows must be positive, got {self.chunk_rows}")
+
+
+class HiddenModel:
+    """The logistic model that labels synthetic rows.
+
+    ``logit = bias + sum_j a_j * z_j + sum_t w_t[rank_t] + c * z_0 * w_1[rank_1]``
+    where ``z_j`` is the standardised log1p count and ``w_t`` are per-id weights.
+    """
+
+    def __init__(self, model_seed: int, exponent: float, max_vocabulary: int) -> None:
+        rng = np.random.default_rng(model_seed)
+        # Vocabulary sizes spread over orders of magnitude, as in Criteo.
+        exponents = np.linspace(1.0, np.log10(max_vocabulary), NUM_CATEGORICAL)
+        self.vocabulary = np.maximum(np.round(10**exponents).astype(np.int64), 2)
+        rng.shuffle(self.vocabulary)
+        self.cdf = []
+        self.hex_ids = []
+        self.id_weights = []
+        for size in self.vocabulary:
+            p = np.arange(1, size + 1, dtype=np.float64) ** -exponent
+            self.cdf.append(np.cumsum(p) / p.sum())
+            # Distinct random 32-bit ids, so ids carry no rank information.
+            ids = rng.choice(2**32 - 1, size=int(size), replace=False) + 1
+            self.hex_ids.append(np.array([f"{v:08x}" for v in ids], dtype=object))
+            self.id_weights.append(rng.normal(0.0, 0.3, size=int(size)))
+        self.count_mu = rng.uniform(0.0, 4.0, NUM_DENSE)
+        self.count_sigma = rng.uniform(0.6, 1.6, NUM_DENSE)
+        self.count_missing = rng.uniform(0.0, 0.4, NUM_DENSE)
+        self.id_missing = np.where(
+            rng.random(NUM_CATEGORICAL) < 0.3, rng.uniform(0.02, 0.4, NUM_CATEGORICAL), 0.0
+        )
+        self.count_weights = rng.normal(0.0, 0.3, NUM_DENSE)
+        self.cross_weight = 0.6
+        self.bias = -1.5
+
+    def sample(
+        self, rng: np.random.Generator, n: int
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """Draw ``n`` rows.
+
+        Returns:
+            labels ``n`` int, counts ``n x 13`` int64, count-missing mask ``n x 13``,
+            ranks ``n x 26`` int64 (0-based), id-missing mask ``n x 26``.
+        """
+        counts = np.floor(rng.lognormal(self.count_mu, self.count_sigma, (n, NUM_DENSE))).astype(np.int64)
+        # Criteo's second count column holds small negative values now and then.
+        negative = rng.random(n) < 0.02
+        counts[negative, 1] = -rng.integers(1, 4, int(negative.sum()))
+        count_missing = rng.random((n, NUM_DENSE)) < self.count_missing
+        ranks = np.empty((n, NUM_CATEGORICAL), dtype=np.int64)
+        for t, cdf in enumerate(self.cdf):
+            ranks[:, t] = np.minimum(np.searchsorted(cdf, rng.random(n)), cdf.size - 1)
+        id_missing = rng.random((n, NUM_CATEGORICAL)) < self.id_missing
+        z = np.log1p(np.where(count_missing, 0, np.maximum(counts, 0))) - self.count_mu
+        id_w = np.stack([w[ranks[:, t]] for t, w in enumerate(self.id_weights)], axis=1)
+        id_w[id_missing] = 0.0
+        logit = (
+            self.bias
+            + z @ self.count_weights
+            + id_w.sum(axis=1)
+            + self.cross_weight * np.tanh(z[:, 0]) * id_w[:, 1] * 2.0
+        )
+        labels = (rng.random(n) < 1.0 / (1.0 + np.exp(-logit))).astype(np.int64)
+        return labels, counts, count_missing, ranks, id_missing
+
+
+def generate_lines(config: SynthConfig) -> Iterator[list[str]]:
+    """Yield chunks of TSV lines (with trailing newline) for ``config.rows`` rows."""
+    model = HiddenModel(config.model_seed, config.exponent, config.max_vocabulary)
+    rng = np.random.default_rng(config.seed)
+    remaining = config.rows
+    while remaining > 0:
+        n = min(config.chunk_rows, remaining)
+        labels, counts, count_missing, ranks, id_missing = model.sample(rng, n)
+        count_text = counts.astype(str).astype(object)
+        count_text[count_missing] = ""
+        id_text = np.empty((n, NUM_CATEGORICAL), dtype=object)
+        for t in range(NUM_CATEGORICAL):
+            id_text[:, t] = model.hex_ids[t][ranks[:, t]]
+        id_text[id_missing] = ""
+        columns = np.concatenate([labels.astype(str).astype(object)[:, None], count_text, id_text], axis=1)
+        yield ["\t".join(row) + "\n" for row in columns.tolist()]
+        remaining -= n
+
+
+def write_tsv(config: SynthConfig, out: Path, on_rows: Callable[[int], None] | None = None) -> None:
+    """Write ``config.rows`` synthetic rows to ``out`` (TSV, Criteo format).
+
+    Args:
+        config: generator options.
+        out: output file; its parent folders are created.
+        on_rows: called with the number of rows after each chunk (progress).
+    """
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with open(out, "w", encoding="ascii", newline="\n") as handle:
+        for lines in generate_lines(config):
+            handle.writelines(lines)
+            if on_rows is not None:
+                on_rows(len(lines))

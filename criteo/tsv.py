@@ -1,0 +1,214 @@
+"""Reader for the Criteo TSV format, streamed in chunks.
+
+A line holds a label, 13 integer counts and 26 categorical ids written as
+8-digit hex, separated by tabs (the unlabeled test format omits the label).
+An empty field is missing; counts can be negative. Files larger than memory
+stream through :func:`iter_batches` chunk by chunk.
+"""
+
+from __future__ import annotations
+
+import gzip
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO
+
+import numpy as np
+
+from bundle.errors import DataError
+from criteo.preprocess import preprocess_counts, preprocess_ids
+from criteo.schema import CATEGORICAL_INPUT, DENSE_INPUT, NUM_CATEGORICAL, NUM_DENSE, NUM_FIELDS
+
+
+@dataclass(frozen=True)
+class RawBatch:
+    """Parsed but not yet preprocessed rows.
+
+    Attributes:
+        labels: ``B`` float32 labels, or None for an unlabeled file.
+        counts: ``B x 13`` int64 counts; missing fields are -1 and flagged in ``count_missing``.
+        count_missing: ``B x 13`` bool.
+        ids: ``B x 26`` int64 categorical ids parsed from hex; missing fields are
+            :data:`criteo.schema.MISSING_ID`.
+        first_line: 1-based line number of the first row in its file.
+    """
+
+    labels: np.ndarray | None
+    counts: np.ndarray
+    count_missing: np.ndarray
+    ids: np.ndarray
+    first_line: int
+
+    def __len__(self) -> int:
+        return int(self.counts.shape[0])
+
+
+@dataclass(frozen=True)
+class Batch:
+    """Model-ready rows: the tensors of :mod:`criteo.schema`.
+
+    Attributes:
+        dense: ``B x 13`` float32, log1p of the clamped counts.
+        categorical: ``B x 26`` int64 raw ids (the model reduces them into its tables).
+        labels: ``B`` float32, or None for an unlabeled file.
+    """
+
+    dense: np.ndarray
+    categorical: np.ndarray
+    labels: np.ndarray | None
+
+    def __len__(self) -> int:
+        return int(self.dense.shape[0])
+
+    def inputs(self) -> dict[str, np.ndarray]:
+        """The model inputs keyed by tensor name."""
+        return {DENSE_INPUT: self.dense, CATEGORICAL_INPUT: self.categorical}
+
+    def slice(self, start: int, stop: int) -> Batch:
+        """Rows ``start:stop`` as a new batch (views, no copy)."""
+        labels = None if self.labels is None else self.labels[start:stop]
+        return Batch(self.dense[start:stop], self.categorical[start:stop], labels)
+
+    @staticmethod
+    def concat(batches: list[Batch]) -> Batch:
+        """Concatenate batches row-wise; all must agree on having labels."""
+        if not batches:
+            raise DataError("no rows to concatenate")
+        has_labels = {b.labels is not None for b in batches}
+        if len(has_labels) != 1:
+            raise DataError("cannot mix labeled and unlabeled rows")
+        labels = (
+            np.concatenate([b.labels for b in batches if b.labels is not None])
+            if has_labels == {True}
+            else None
+        )
+        return Batch(
+            np.concatenate([b.dense for b in batches]),
+            np.concatenate([b.categorical for b in batches]),
+            labels,
+        )
+
+
+def _open_text(path: Path) -> IO[str]:
+    if path.suffix == ".gz":
+        return gzip.open(path, "rt", encoding="ascii", newline="\n")
+    return open(path, encoding="ascii", newline="\n")
+
+
+def parse_lines(lines: list[str], first_line: int = 1, path: str = "<lines>") -> RawBatch:
+    """Parse Criteo TSV lines (all labeled, or all unlabeled).
+
+    Args:
+        lines: text lines, with or without the trailing newline.
+        first_line: line number of ``lines[0]``, for error messages.
+        path: file name for error messages.
+
+    Returns:
+        The parsed rows.
+
+    Raises:
+        DataError: a row with the wrong field count or a field that does not parse,
+            naming its file and line number.
+    """
+    n = len(lines)
+    counts = np.empty((n, NUM_DENSE), dtype=np.int64)
+    missing = np.zeros((n, NUM_DENSE), dtype=bool)
+    ids = np.empty((n, NUM_CATEGORICAL), dtype=np.int64)
+    labels: np.ndarray | None = None
+    expected: int | None = None
+    for i, line in enumerate(lines):
+        fields = line.rstrip("\r\n").split("\t")
+        if expected is None:
+            expected = len(fields)
+            if expected not in (NUM_FIELDS, NUM_FIELDS - 1):
+                raise DataError(
+                    f"{path}:{first_line + i}: expected {NUM_FIELDS} tab-separated fields "
+                    f"(label, {NUM_DENSE} counts, {NUM_CATEGORICAL} ids), got {expected}"
+                )
+            if expected == NUM_FIELDS:
+                labels = np.empty(n, dtype=np.float32)
+        elif len(fields) != expected:
+            raise DataError(
+                f"{path}:{first_line + i}: expected {expected} tab-separated fields, got {len(fields)}"
+            )
+        try:
+            offset = 0
+            if labels is not None:
+                label = fields[0]
+                if label not in ("0", "1"):
+                    raise ValueError(f"label must be 0 or 1, got {label!r}")
+                labels[i] = 1.0 if label == "1" else 0.0
+                offset = 1
+            for j in range(NUM_DENSE):
+                field = fields[offset + j]
+                if field:
+                    counts[i, j] = int(field)
+                else:
+                    counts[i, j] = -1
+                    missing[i, j] = True
+            offset += NUM_DENSE
+            for j in range(NUM_CATEGORICAL):
+                field = fields[offset + j]
+                ids[i, j] = int(field, 16) if field else 0
+        except ValueError as exc:
+            raise DataError(f"{path}:{first_line + i}: {exc}") from None
+    return RawBatch(labels, counts, missing, ids, first_line)
+
+
+def to_batch(raw: RawBatch) -> Batch:
+    """Preprocess parsed rows into model inputs."""
+    return Batch(preprocess_counts(raw.counts, raw.count_missing), preprocess_ids(raw.ids), raw.labels)
+
+
+def iter_raw(path: Path | str, chunk_rows: int = 65536) -> Iterator[RawBatch]:
+    """Stream a Criteo TSV file (optionally ``.gz``) as parsed chunks.
+
+    Args:
+        path: the file.
+        chunk_rows: rows per chunk; memory use is bounded by it, not by the file.
+
+    Yields:
+        Chunks of at most ``chunk_rows`` rows, in file order.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise DataError(f"no such file: {path}")
+    if chunk_rows <= 0:
+        raise DataError(f"chunk_rows must be positive, got {chunk_rows}")
+    line_no = 1
+    with _open_text(path) as handle:
+        while True:
+            lines = []
+            for line in handle:
+                if line.strip():
+                    lines.append(line)
+                    if len(lines) == chunk_rows:
+                        break
+                else:
+                    raise DataError(f"{path}:{line_no + len(lines)}: empty line")
+            if not lines:
+                return
+            yield parse_lines(lines, line_no, str(path))
+            line_no += len(lines)
+
+
+def iter_batches(path: Path | str, chunk_rows: int = 65536) -> Iterator[Batch]:
+    """Stream a Criteo TSV file as preprocessed, model-ready chunks."""
+    for raw in iter_raw(path, chunk_rows):
+        yield to_batch(raw)
+
+
+def read_batch(path: Path | str, max_rows: int | None = None) -> Batch:
+    """Read (up to ``max_rows`` rows of) a file into one preprocessed batch."""
+    batches: list[Batch] = []
+    total = 0
+    for batch in iter_batches(path):
+        if max_rows is not None and total + len(batch) >= max_rows:
+            batches.append(batch.slice(0, max_rows - total))
+            break
+        batches.append(batch)
+        total += len(batch)
+    if not batches:
+        raise DataError(f"{path}: no rows")
+    return Batch.concat(batches)

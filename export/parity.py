@@ -1,0 +1,84 @@
+"""Checks that an exported graph computes what its framework computes."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from bundle.errors import ExportError
+from criteo.metrics import roc_auc
+from criteo.schema import NUM_CATEGORICAL, OUTPUT
+from criteo.synth import SynthConfig, generate_lines
+from criteo.tsv import Batch, parse_lines, read_batch, to_batch
+
+
+@dataclass(frozen=True)
+class ParityResult:
+    """One comparison of a graph's output with a reference output.
+
+    Attributes:
+        rows: rows compared.
+        max_abs_diff: largest absolute difference of the probabilities.
+        auc: AUC of the candidate on the labeled rows (None without labels).
+        auc_delta: candidate AUC minus reference AUC (None without labels).
+    """
+
+    rows: int
+    max_abs_diff: float
+    auc: float | None
+    auc_delta: float | None
+
+
+def check_rows(data: Path | None, rows: int, seed: int = 20261122) -> Batch:
+    """Labeled rows for the checks: the first ``rows`` of ``data``, or synthetic ones."""
+    if data is not None:
+        batch = read_batch(data, rows)
+        if len(batch) < rows:
+            raise ExportError(f"{data} has {len(batch)} rows; the checks need {rows}")
+        return batch
+    lines = [line for chunk in generate_lines(SynthConfig(rows=rows, seed=seed)) for line in chunk]
+    return to_batch(parse_lines(lines, path="<synthetic>"))
+
+
+def extreme_id_rows(batch: Batch, rows: int = 64) -> Batch:
+    """Copies of the first ``rows`` rows with ids at the int64 limits, negative
+    and far beyond any table: each must still give a valid probability."""
+    base = batch.slice(0, rows)
+    ids = base.categorical.copy()
+    info = np.iinfo(np.int64)
+    extremes = np.array([info.min, info.max, -1, -(2**40) - 3, 2**62 + 11, 10**12], dtype=np.int64)
+    ids[:] = extremes[np.arange(ids.size).reshape(ids.shape) % extremes.size]
+    ids[:, ::2] = base.categorical[:, ::2] * -7
+    return Batch(base.dense.copy(), ids.reshape(-1, NUM_CATEGORICAL), base.labels)
+
+
+def run_onnx(path: Path, batch: Batch, chunk: int = 4096) -> np.ndarray:
+    """Probabilities of the ONNX graph at ``path`` under ONNX Runtime (CPU): ``B x 1``."""
+    import onnxruntime as ort
+
+    try:
+        session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    except Exception as exc:  # onnxruntime raises its own untyped errors
+        raise ExportError(f"ONNX Runtime cannot load {path}: {exc}") from exc
+    outputs = []
+    for start in range(0, len(batch), chunk):
+        part = batch.slice(start, start + chunk)
+        outputs.append(session.run([OUTPUT], part.inputs())[0])
+    return np.concatenate(outputs)
+
+
+def compare(candidate: np.ndarray, reference: np.ndarray, labels: np.ndarray | None) -> ParityResult:
+    """Compare two ``B x 1`` probability arrays (and their AUCs when labels are given)."""
+    if candidate.shape != reference.shape:
+        raise ExportError(f"output shapes differ: {candidate.shape} vs {reference.shape}")
+    if not np.all(np.isfinite(candidate)):
+        raise ExportError("the exported graph returned non-finite probabilities")
+    if np.any((candidate < 0) | (candidate > 1)):
+        raise ExportError("the exported graph returned values outside [0, 1]")
+    diff = float(np.max(np.abs(candidate.astype(np.float64) - reference.astype(np.float64))))
+    if labels is None:
+        return ParityResult(len(candidate), diff, None, None)
+    auc = roc_auc(labels, candidate)
+    return ParityResult(len(candidate), diff, auc, auc - roc_auc(labels, reference))

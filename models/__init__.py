@@ -1,0 +1,1 @@
+"""Reference architectures (DLRM in PyTorch, Wide & Deep in Keras) and their training."""

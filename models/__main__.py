@@ -1,0 +1,63 @@
+"""``python -m models train dlrm|wide-deep``: train a reference architecture on Criteo TSV."""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from bundle.cli import new_app, run
+from models.config import DLRMConfig, TrainConfig, WideDeepConfig
+
+app = new_app("Train DLRM (PyTorch) or Wide & Deep (Keras) on Criteo-format data.")
+
+
+class Architecture(StrEnum):
+    dlrm = "dlrm"
+    wide_deep = "wide-deep"
+
+
+@app.command()
+def train(
+    architecture: Annotated[Architecture, typer.Argument(help="dlrm or wide-deep.")],
+    data: Annotated[Path, typer.Option(help="Labeled Criteo TSV file.")],
+    out: Annotated[Path, typer.Option(help="Output directory (checkpoint or SavedModel + config.json).")],
+    preset: Annotated[str, typer.Option(help="tiny, small or reference.")] = "small",
+    table_size: Annotated[int | None, typer.Option(help="Rows per embedding table.")] = None,
+    epochs: Annotated[int, typer.Option(help="Passes over the training rows.")] = 1,
+    batch_size: Annotated[int, typer.Option(help="Rows per step.")] = 1024,
+    learning_rate: Annotated[float, typer.Option(help="Learning rate.")] = 1e-3,
+    valid: Annotated[
+        Path | None, typer.Option(help="Validation file (default: hold out the last rows).")
+    ] = None,
+    valid_fraction: Annotated[float, typer.Option(help="Share of rows held out when no --valid.")] = 0.1,
+    max_rows: Annotated[int | None, typer.Option(help="Read at most this many rows.")] = None,
+    seed: Annotated[int, typer.Option(help="Seed of initialisation and shuffling.")] = 0,
+) -> None:
+    """Train a model; print its validation AUC and logloss."""
+    options = TrainConfig(
+        epochs=epochs,
+        batch_size=batch_size,
+        learning_rate=learning_rate,
+        valid_fraction=valid_fraction,
+        seed=seed,
+        max_rows=max_rows,
+    )
+    if architecture is Architecture.dlrm:
+        from models.train_dlrm import train_dlrm
+
+        metrics = train_dlrm(data, out, DLRMConfig.preset(preset, table_size), options, valid)
+    else:
+        from models.train_wide_deep import train_wide_deep
+
+        metrics = train_wide_deep(data, out, WideDeepConfig.preset(preset, table_size), options, valid)
+    print(
+        f"{architecture.value}: validation AUC {metrics['auc']:.4f}, "
+        f"logloss {metrics['logloss']:.4f} on {metrics['rows']} rows; saved to {out}"
+    )
+
+
+if __name__ == "__main__":
+    run(app)

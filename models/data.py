@@ -1,0 +1,35 @@
+"""Training data: a Criteo file read once and split into train and validation rows."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from bundle.errors import DataError
+from criteo.tsv import Batch, read_batch
+from models.config import TrainConfig
+
+
+def load_split(data: Path, valid: Path | None, train: TrainConfig) -> tuple[Batch, Batch]:
+    """Read the training rows and the validation rows.
+
+    Args:
+        data: labeled Criteo TSV file.
+        valid: a separate labeled file for validation, or None to hold out the
+            last ``train.valid_fraction`` of ``data`` (click logs are in time order).
+        train: training options (``max_rows``, ``valid_fraction``).
+
+    Returns:
+        ``(train_rows, valid_rows)``, both labeled.
+    """
+    rows = read_batch(data, train.max_rows)
+    if rows.labels is None:
+        raise DataError(f"{data}: training needs labeled rows (40 fields per line)")
+    if valid is not None:
+        valid_rows = read_batch(valid)
+        if valid_rows.labels is None:
+            raise DataError(f"{valid}: validation needs labeled rows")
+        return rows, valid_rows
+    cut = int(len(rows) * (1.0 - train.valid_fraction))
+    if cut == 0 or cut == len(rows):
+        raise DataError(f"{data}: {len(rows)} rows are too few to split for validation")
+    return rows.slice(0, cut), rows.slice(cut, len(rows))
