@@ -19,7 +19,7 @@ $(STAMP): requirements.txt
 setup: $(STAMP)
 
 demo: setup
-	$(PYTHON) -m bundle.demo
+	$(PYTHON) -m bundle.demo run
 
 test: setup
 	$(PYTHON) -m pytest -m "not slow and not gpu"

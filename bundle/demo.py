@@ -1,0 +1,120 @@
+"""``python -m bundle.demo`` (what ``make demo`` runs): the whole path, locally.
+
+synthetic Criteo data -> train DLRM (PyTorch) and Wide & Deep (Keras) ->
+export both to ONNX FP32 + FP16 with parity checks -> model_repository/ ->
+the real local tritonserver -> one HTTP and one gRPC request per model,
+checked against ONNX Runtime in-process -> stop the server.
+
+Each stage runs as its own ``python -m`` process, so TensorFlow and PyTorch
+never load into one process.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from bundle.cli import new_app, run
+from bundle.errors import BundleError
+
+app = new_app("Run the demo: data, training, export, local Triton, requests.")
+console = Console()
+
+
+def _step(title: str, *args: str) -> None:
+    command = [sys.executable, "-m", *args]
+    console.rule(f"[bold]{title}")
+    console.print(f"$ {shlex.join(['python', '-m', *args])}", style="dim")
+    started = time.perf_counter()
+    completed = subprocess.run(command, env=os.environ.copy(), check=False)
+    if completed.returncode != 0:
+        raise BundleError(f"step '{title}' failed (exit {completed.returncode}): {shlex.join(command)}")
+    console.print(f"done in {time.perf_counter() - started:.1f} s", style="green")
+
+
+@app.command("run")
+def demo(
+    workdir: Annotated[Path, typer.Option(help="Where data and checkpoints go.")] = Path("artifacts/demo"),
+    repository: Annotated[Path, typer.Option(help="Model repository to write and serve.")] = Path(
+        "model_repository"
+    ),
+    rows: Annotated[int, typer.Option(help="Synthetic training rows.")] = 200_000,
+    preset: Annotated[str, typer.Option(help="Model preset: tiny, small, reference.")] = "small",
+    table_size: Annotated[int, typer.Option(help="Rows per embedding table.")] = 20_000,
+    tolerance: Annotated[float, typer.Option(help="Max served vs in-process difference.")] = 1e-6,
+) -> None:
+    """Run every stage of the bundle on this machine (no Docker, no GPU)."""
+    from clients.verify import sample_rows, verify_repository
+    from server.config import ServerConfig
+    from server.launcher import LocalServer
+
+    started = time.perf_counter()
+    data = workdir / "data"
+    train_file, valid_file = data / "train.tsv", data / "valid.tsv"
+    _step(
+        "synthetic training data",
+        "criteo",
+        "synth",
+        "--rows",
+        str(rows),
+        "--out",
+        str(train_file),
+        "--seed",
+        "1",
+    )
+    _step(
+        "synthetic validation data",
+        "criteo",
+        "synth",
+        "--rows",
+        "20000",
+        "--out",
+        str(valid_file),
+        "--seed",
+        "2",
+    )
+    common = ["--data", str(train_file), "--valid", str(valid_file), "--preset", preset]
+    common += ["--table-size", str(table_size)]
+    _step("train DLRM (PyTorch)", "models", "train", "dlrm", *common, "--out", str(workdir / "dlrm"))
+    _step(
+        "train Wide & Deep (Keras)",
+        "models",
+        "train",
+        "wide-deep",
+        *common,
+        "--out",
+        str(workdir / "wide_deep"),
+    )
+    export = ["--repository", str(repository), "--check-data", str(valid_file)]
+    _step("export DLRM", "export", "dlrm", "--checkpoint", str(workdir / "dlrm"), *export)
+    _step("export Wide & Deep", "export", "wide-deep", "--saved-model", str(workdir / "wide_deep"), *export)
+
+    console.rule("[bold]serve with the local tritonserver and verify")
+    batch = sample_rows(valid_file, 64)
+    config = ServerConfig.with_free_ports(repository, log_file=workdir / "tritonserver.log")
+    with LocalServer(config) as server:
+        console.print(f"tritonserver pid {server.pid}: http {server.http_url}, grpc {server.grpc_url}")
+        results = verify_repository(repository, server.http_url, server.grpc_url, batch)
+    table = Table(title=f"served vs ONNX Runtime in-process ({len(batch)} rows per request)")
+    for column in ("model", "HTTP max abs diff", "gRPC max abs diff"):
+        table.add_column(column)
+    for r in results:
+        table.add_row(r.model, f"{r.http_max_abs_diff:.2e}", f"{r.grpc_max_abs_diff:.2e}")
+    console.print(table)
+    failed = [r.model for r in results if r.max_abs_diff > tolerance]
+    if failed:
+        raise BundleError(f"served outputs differ from in-process by more than {tolerance:g}: {failed}")
+    console.print(f"[green]demo finished in {time.perf_counter() - started:.0f} s[/green]")
+
+
+if __name__ == "__main__":
+    run(app)

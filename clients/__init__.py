@@ -1,0 +1,1 @@
+"""tritonclient wrappers (HTTP and gRPC) and a CLI to infer through the server."""

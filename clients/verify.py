@@ -1,0 +1,82 @@
+"""Served predictions vs ONNX Runtime in-process, for every model of a repository."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from bundle.errors import ClientError
+from clients.triton import TritonClient
+from criteo.synth import SynthConfig, generate_lines
+from criteo.tsv import Batch, parse_lines, read_batch, to_batch
+
+
+@dataclass(frozen=True)
+class VerifyResult:
+    """Served vs in-process outputs of one model.
+
+    Attributes:
+        model: model name.
+        rows: rows sent in each request.
+        http_max_abs_diff: largest |served over HTTP - in-process|.
+        grpc_max_abs_diff: largest |served over gRPC - in-process|.
+    """
+
+    model: str
+    rows: int
+    http_max_abs_diff: float
+    grpc_max_abs_diff: float
+
+    @property
+    def max_abs_diff(self) -> float:
+        return max(self.http_max_abs_diff, self.grpc_max_abs_diff)
+
+
+def sample_rows(data: Path | None, rows: int, seed: int = 7) -> Batch:
+    """``rows`` rows of ``data``, or synthetic rows when no file is given."""
+    if data is not None:
+        return read_batch(data, rows)
+    lines = [line for chunk in generate_lines(SynthConfig(rows=rows, seed=seed)) for line in chunk]
+    return to_batch(parse_lines(lines, path="<synthetic>"))
+
+
+def repository_models(repository: Path) -> list[str]:
+    """Names of the models in ``repository`` that have a config and an ONNX version 1."""
+    return sorted(
+        d.name
+        for d in repository.iterdir()
+        if (d / "config.pbtxt").is_file() and (d / "1" / "model.onnx").is_file()
+    )
+
+
+def in_process(model_file: Path, batch: Batch) -> np.ndarray:
+    """Probabilities of ``model_file`` under ONNX Runtime in this process: ``B x 1``."""
+    import onnxruntime as ort
+
+    from criteo.schema import OUTPUT
+
+    session = ort.InferenceSession(str(model_file), providers=["CPUExecutionProvider"])
+    return np.asarray(session.run([OUTPUT], batch.inputs())[0])
+
+
+def verify_repository(
+    repository: Path, http_url: str, grpc_url: str, batch: Batch, models: list[str] | None = None
+) -> list[VerifyResult]:
+    """Send ``batch`` once over HTTP and once over gRPC to each model; compare with in-process ORT."""
+    names = models or repository_models(repository)
+    if not names:
+        raise ClientError(f"{repository} holds no ONNX models")
+    results = []
+    with TritonClient(http_url, "http") as http, TritonClient(grpc_url, "grpc") as grpc:
+        for name in names:
+            expected = in_process(repository / name / "1" / "model.onnx", batch)
+            diffs = []
+            for client in (http, grpc):
+                served = client.infer(name, batch.inputs())
+                if served.shape != expected.shape:
+                    raise ClientError(f"{name}: served shape {served.shape}, expected {expected.shape}")
+                diffs.append(float(np.max(np.abs(served.astype(np.float64) - expected))))
+            results.append(VerifyResult(name, len(batch), diffs[0], diffs[1]))
+    return results

@@ -1,0 +1,23 @@
+"""The no-Docker local server: the nvidia-pytriton wheel's tritonserver.
+
+``LocalServer`` starts the real tritonserver on a model repository, with a
+Python-based ``onnxruntime`` backend (``server/backends/onnxruntime/model.py``)
+so configs written for the NGC container's C++ backend serve unchanged.
+``python -m server serve --repository DIR`` is the command-line front end.
+"""
+
+from server.config import ModelControlMode, ServerConfig
+from server.installation import TritonInstallation
+from server.launcher import LocalServer
+from server.ports import free_ports, port_in_use
+from server.probes import ModelStatus
+
+__all__ = [
+    "LocalServer",
+    "ModelControlMode",
+    "ModelStatus",
+    "ServerConfig",
+    "TritonInstallation",
+    "free_ports",
+    "port_in_use",
+]

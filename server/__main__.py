@@ -1,0 +1,150 @@
+"""``python -m server serve --repository DIR``: the local tritonserver, in the foreground."""
+
+from __future__ import annotations
+
+import logging
+import signal
+import time
+from pathlib import Path
+from types import FrameType
+from typing import Annotated
+
+import typer
+
+from bundle.cli import new_app, run
+from bundle.errors import ServerError
+from server.config import DEFAULT_LOG_FILE, ModelControlMode, ServerConfig
+from server.launcher import LocalServer
+
+logger = logging.getLogger(__name__)
+
+_STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+app = new_app(
+    "The real tritonserver (from the nvidia-pytriton wheel) on a model repository, "
+    "without Docker, with a CPU onnxruntime backend."
+)
+
+
+class _StopRequested(BaseException):
+    """Raised by the signal handler in the main thread; carries the signal.
+
+    A BaseException, like KeyboardInterrupt, so no ``except Exception`` on the
+    way up swallows it.
+    """
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+def _request_stop(signum: int, frame: FrameType | None) -> None:
+    raise _StopRequested(signum)
+
+
+def _print_summary(server: LocalServer) -> None:
+    """Print the endpoints and the models with their state (the command's output)."""
+    version = server.metadata().get("version", "?")
+    print(f"tritonserver {version} ready (pid {server.pid})")
+    print(f"  http     http://{server.http_url}")
+    print(f"  grpc     {server.grpc_url}")
+    print(f"  metrics  {server.metrics_url}")
+    print(f"  log      {server.log_file}")
+    models = server.models()
+    print("models:" if models else "models: none in the repository")
+    width = max((len(model.name) for model in models), default=0)
+    for model in models:
+        reason = f" ({model.reason})" if model.reason else ""
+        version_text = model.version or "-"
+        state = model.state or "not loaded"
+        print(f"  {model.name:<{width}}  version {version_text:<3} {state}{reason}")
+    print("stop with Ctrl-C or SIGTERM", flush=True)
+
+
+def serve_forever(config: ServerConfig) -> int:
+    """Start the server, print its endpoints, and run until SIGINT or SIGTERM.
+
+    The signal is forwarded to tritonserver, which drains and unloads; a
+    second signal while it does kills it.
+
+    Args:
+        config: the server to run.
+
+    Returns:
+        tritonserver's exit code; 0 after a requested stop.
+
+    Raises:
+        ServerError: it could not start, or it exited without being asked to.
+    """
+    server = LocalServer(config)
+    previous = {sig: signal.signal(sig, _request_stop) for sig in _STOP_SIGNALS}
+    received: int = signal.SIGTERM
+    try:
+        try:
+            server.start()
+            _print_summary(server)
+            while server.running:
+                time.sleep(0.5)
+            raise ServerError(
+                f"tritonserver exited on its own with code {server.returncode} (log: {server.log_file})"
+            )
+        except _StopRequested as stop:
+            received = stop.signum
+            logger.info("received %s; stopping tritonserver", signal.Signals(received).name)
+        finally:
+            for sig in _STOP_SIGNALS:
+                signal.signal(sig, lambda signum, frame: server.kill())
+            code = server.stop(received)
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    if code is None or code == -received:
+        # Killed by the very signal we forwarded: tritonserver had not yet set up
+        # its handlers (a stop during start-up). Stopping was what was asked.
+        return 0
+    return code
+
+
+@app.command()
+def serve(
+    repository: Annotated[Path, typer.Option("--repository", "-r", help="Triton model repository to serve.")],
+    http_port: Annotated[int, typer.Option(help="HTTP/REST port.")] = 8000,
+    grpc_port: Annotated[int, typer.Option(help="gRPC port.")] = 8001,
+    metrics_port: Annotated[int, typer.Option(help="Prometheus metrics port.")] = 8002,
+    address: Annotated[
+        str, typer.Option(help="Interface to bind; 0.0.0.0 to serve other machines.")
+    ] = "127.0.0.1",
+    log_file: Annotated[
+        Path, typer.Option(help="tritonserver's log (truncated at start).")
+    ] = DEFAULT_LOG_FILE,
+    model_control_mode: Annotated[
+        ModelControlMode, typer.Option(help="none: load every model; explicit: only --load-model.")
+    ] = ModelControlMode.NONE,
+    load_model: Annotated[
+        list[str] | None, typer.Option(help="Model to load at start (explicit mode; repeatable).")
+    ] = None,
+    startup_timeout: Annotated[
+        float, typer.Option(help="Seconds to wait for every model to be ready.")
+    ] = 120.0,
+    log_verbose: Annotated[int, typer.Option(help="tritonserver --log-verbose level.")] = 0,
+) -> None:
+    """Start tritonserver, wait until its models are ready, run until Ctrl-C or SIGTERM."""
+    config = ServerConfig(
+        repository=repository,
+        http_port=http_port,
+        grpc_port=grpc_port,
+        metrics_port=metrics_port,
+        address=address,
+        log_file=log_file,
+        model_control_mode=model_control_mode,
+        load_models=tuple(load_model or ()),
+        startup_timeout_s=startup_timeout,
+        log_verbose=log_verbose,
+    )
+    code = serve_forever(config)
+    if code != 0:
+        raise ServerError(f"tritonserver exited with code {code} (log: {log_file})")
+
+
+if __name__ == "__main__":
+    run(app)

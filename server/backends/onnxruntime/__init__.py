@@ -1,0 +1,1 @@
+"""The local ``onnxruntime`` backend; tritonserver loads its ``model.py`` by path."""

@@ -1,0 +1,167 @@
+"""The local server's configuration: one frozen dataclass that checks itself."""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from bundle.errors import ConfigError
+from server.ports import free_ports
+
+DEFAULT_LOG_FILE = Path("logs/tritonserver.log")
+
+# Flags the launcher sets itself; passing them again in extra_args would make
+# the server disagree with what LocalServer believes (ports, addresses, paths).
+_MANAGED_FLAGS = (
+    "--model-repository",
+    "--model-store",
+    "--backend-directory",
+    "--http-port",
+    "--grpc-port",
+    "--metrics-port",
+    "--http-address",
+    "--grpc-address",
+    "--metrics-address",
+    "--model-control-mode",
+    "--load-model",
+    "--exit-on-error",
+    "--exit-timeout-secs",
+    "--log-file",
+    "--log-verbose",
+)
+
+
+class ModelControlMode(enum.StrEnum):
+    """How tritonserver loads models (its ``--model-control-mode``).
+
+    ``none`` loads every model in the repository at start and never reloads;
+    ``explicit`` loads only the models named by ``load_models`` (or later
+    through the repository API).
+    """
+
+    NONE = "none"
+    EXPLICIT = "explicit"
+
+
+def _check_port(name: str, port: int) -> None:
+    if isinstance(port, bool) or not isinstance(port, int) or not 1 <= port <= 65535:
+        raise ConfigError(f"{name} must be an integer in 1..65535, got {port!r}")
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    """Everything needed to start one local tritonserver.
+
+    Args:
+        repository: the Triton model repository directory to serve.
+        http_port: port of the HTTP/REST endpoint (KServe v2 protocol).
+        grpc_port: port of the gRPC endpoint.
+        metrics_port: port of the Prometheus metrics endpoint (``/metrics``).
+        address: the interface all three endpoints bind to; ``127.0.0.1``
+            keeps the server private to this machine.
+        log_file: where the server's stdout and stderr go (truncated at start).
+        model_control_mode: ``none`` (load everything) or ``explicit``.
+        load_models: models to load at start; only with ``explicit``.
+        log_verbose: tritonserver's ``--log-verbose`` level (0 = off).
+        startup_timeout_s: how long ``start()`` waits for readiness.
+        exit_timeout_s: how long tritonserver may drain in-flight requests
+            on stop; the launcher kills it if it takes 5 s longer than that.
+        extra_args: further tritonserver flags, e.g. ``("--backend-config=python,
+            shm-default-byte-size=4194304",)``; flags the launcher manages
+            (ports, addresses, repository, ...) are rejected.
+    """
+
+    repository: Path
+    http_port: int = 8000
+    grpc_port: int = 8001
+    metrics_port: int = 8002
+    address: str = "127.0.0.1"
+    log_file: Path = DEFAULT_LOG_FILE
+    model_control_mode: ModelControlMode = ModelControlMode.NONE
+    load_models: tuple[str, ...] = ()
+    log_verbose: int = 0
+    startup_timeout_s: float = 120.0
+    exit_timeout_s: int = 10
+    extra_args: tuple[str, ...] = field(default=())
+
+    def __post_init__(self) -> None:
+        # Accept str paths and lists from callers, store canonical types so the
+        # frozen config stays hashable and comparable.
+        object.__setattr__(self, "repository", Path(self.repository))
+        object.__setattr__(self, "log_file", Path(self.log_file))
+        try:
+            object.__setattr__(self, "model_control_mode", ModelControlMode(self.model_control_mode))
+        except ValueError:
+            choices = ", ".join(mode.value for mode in ModelControlMode)
+            raise ConfigError(
+                f"model_control_mode must be one of {choices}, got {self.model_control_mode!r}"
+            ) from None
+        object.__setattr__(self, "load_models", _as_str_tuple("load_models", self.load_models))
+        object.__setattr__(self, "extra_args", _as_str_tuple("extra_args", self.extra_args))
+
+        ports = {
+            "http_port": self.http_port,
+            "grpc_port": self.grpc_port,
+            "metrics_port": self.metrics_port,
+        }
+        for name, port in ports.items():
+            _check_port(name, port)
+        if len(set(ports.values())) != len(ports):
+            raise ConfigError(f"http, grpc and metrics ports must differ, got {ports}")
+        if not self.address:
+            raise ConfigError("address must not be empty")
+        if self.load_models and self.model_control_mode is not ModelControlMode.EXPLICIT:
+            raise ConfigError("load_models needs model_control_mode 'explicit'")
+        if not isinstance(self.log_verbose, int) or self.log_verbose < 0:
+            raise ConfigError(f"log_verbose must be an integer >= 0, got {self.log_verbose!r}")
+        if not self.startup_timeout_s > 0:
+            raise ConfigError(f"startup_timeout_s must be > 0, got {self.startup_timeout_s!r}")
+        if not isinstance(self.exit_timeout_s, int) or self.exit_timeout_s < 0:
+            raise ConfigError(f"exit_timeout_s must be an integer >= 0, got {self.exit_timeout_s!r}")
+        for arg in self.extra_args:
+            flag = arg.split("=", 1)[0]
+            if flag in _MANAGED_FLAGS:
+                raise ConfigError(f"extra_args must not set {flag}: the launcher sets it from ServerConfig")
+
+    @classmethod
+    def with_free_ports(cls, repository: Path, **options: Any) -> ServerConfig:
+        """A config for ``repository`` whose three ports are free right now.
+
+        Args:
+            repository: the model repository directory.
+            **options: any other ServerConfig field except the ports.
+
+        Returns:
+            The config; the ports can still be taken by another process before
+            the server binds them, which ``LocalServer.start`` then reports.
+        """
+        address = options.get("address", "127.0.0.1")
+        http_port, grpc_port, metrics_port = free_ports(3, host=address)
+        return cls(
+            repository=repository,
+            http_port=http_port,
+            grpc_port=grpc_port,
+            metrics_port=metrics_port,
+            **options,
+        )
+
+    def replace(self, **changes: Any) -> ServerConfig:
+        """A copy with ``changes`` applied (and validated again)."""
+        return replace(self, **changes)
+
+    @property
+    def ports(self) -> dict[str, int]:
+        """The endpoints' ports by endpoint name (``http``, ``grpc``, ``metrics``)."""
+        return {"http": self.http_port, "grpc": self.grpc_port, "metrics": self.metrics_port}
+
+
+def _as_str_tuple(name: str, values: Sequence[str] | str) -> tuple[str, ...]:
+    if isinstance(values, str):
+        raise ConfigError(f"{name} must be a sequence of strings, not one string {values!r}")
+    result = tuple(values)
+    if not all(isinstance(value, str) and value for value in result):
+        raise ConfigError(f"{name} must hold non-empty strings, got {result!r}")
+    return result

@@ -1,0 +1,388 @@
+"""LocalServer: starts the wheel's tritonserver on a model repository and stops it.
+
+Typical use (tests, the demo, load tests)::
+
+    config = ServerConfig.with_free_ports(Path("model_repository"))
+    with LocalServer(config) as server:        # returns once every model is READY
+        client = tritonclient.grpc.InferenceServerClient(server.grpc_url)
+        ...
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import os
+import shlex
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from types import TracebackType
+from typing import IO, Any
+
+from bundle.errors import ServerError
+from server.config import ServerConfig
+from server.installation import TritonInstallation
+from server.ports import ensure_ports_free
+from server.probes import ModelStatus, ServerProbe
+from server.triton_log import last_error, model_failures, read_tail, service_failures
+
+logger = logging.getLogger(__name__)
+
+_POLL_INTERVAL_S = 0.1
+# How much longer than tritonserver's own --exit-timeout-secs stop() waits
+# before it kills: unloading python stubs takes a few seconds on its own.
+_KILL_GRACE_S = 5.0
+_PR_SET_PDEATHSIG = 1
+
+
+def _parent_death_signal() -> Callable[[], None] | None:
+    """A preexec_fn that makes the child get SIGTERM when its parent thread dies.
+
+    So a launcher killed with SIGKILL (or a test run killed by a timeout) leaves
+    no tritonserver holding ports. Linux only; elsewhere None.
+    """
+    if not sys.platform.startswith("linux"):
+        return None
+    # Resolved here, in the parent: the child may only make the one call.
+    prctl = ctypes.CDLL(None, use_errno=True).prctl
+
+    def _set() -> None:
+        prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+
+    return _set
+
+
+class LocalServer:
+    """One tritonserver process serving ``config.repository`` on this machine.
+
+    Args:
+        config: ports, repository, log file and options of the server.
+        installation: the tritonserver to run; found in the nvidia-pytriton
+            wheel when omitted.
+
+    The process runs in its own session (so a Ctrl-C in a terminal reaches only
+    the launcher, which forwards it) and gets SIGTERM if the thread that called
+    ``start()`` exits: start it from a thread that outlives it (the main thread).
+    """
+
+    def __init__(self, config: ServerConfig, installation: TritonInstallation | None = None) -> None:
+        self._config = config
+        self._installation = installation
+        self._process: subprocess.Popen[bytes] | None = None
+        self._log_handle: IO[bytes] | None = None
+        self._backend_dir: Path | None = None
+        self._probe = ServerProbe(config.address, config.http_port)
+
+    # ----------------------------------------------------------------- state
+    @property
+    def config(self) -> ServerConfig:
+        """The configuration this server was created with."""
+        return self._config
+
+    @property
+    def pid(self) -> int | None:
+        """Process id of tritonserver, or None if never started."""
+        return None if self._process is None else self._process.pid
+
+    @property
+    def running(self) -> bool:
+        """Whether the tritonserver process is alive."""
+        return self._process is not None and self._process.poll() is None
+
+    @property
+    def returncode(self) -> int | None:
+        """tritonserver's exit code once it has exited, else None."""
+        return None if self._process is None else self._process.poll()
+
+    @property
+    def _client_host(self) -> str:
+        return "127.0.0.1" if self._config.address in ("0.0.0.0", "") else self._config.address
+
+    @property
+    def http_url(self) -> str:
+        """``host:port`` of the HTTP endpoint, as ``tritonclient.http`` takes it."""
+        return f"{self._client_host}:{self._config.http_port}"
+
+    @property
+    def grpc_url(self) -> str:
+        """``host:port`` of the gRPC endpoint, as ``tritonclient.grpc`` takes it."""
+        return f"{self._client_host}:{self._config.grpc_port}"
+
+    @property
+    def metrics_url(self) -> str:
+        """Full URL of the Prometheus metrics page (``http://host:port/metrics``)."""
+        return f"http://{self._client_host}:{self._config.metrics_port}/metrics"
+
+    @property
+    def log_file(self) -> Path:
+        """Where tritonserver's output goes."""
+        return self._config.log_file
+
+    # ------------------------------------------------------------- lifecycle
+    def command(self, installation: TritonInstallation, backend_dir: Path) -> list[str]:
+        """The tritonserver command line for this config.
+
+        Args:
+            installation: the tritonserver to run.
+            backend_dir: the assembled ``--backend-directory``.
+
+        Returns:
+            argv, binary first.
+        """
+        config = self._config
+        command = [
+            str(installation.binary),
+            f"--model-repository={config.repository.resolve()}",
+            f"--backend-directory={backend_dir}",
+            f"--cache-directory={installation.caches}",
+            f"--http-address={config.address}",
+            f"--http-port={config.http_port}",
+            f"--grpc-address={config.address}",
+            f"--grpc-port={config.grpc_port}",
+            f"--metrics-address={config.address}",
+            f"--metrics-port={config.metrics_port}",
+            f"--model-control-mode={config.model_control_mode.value}",
+            *(f"--load-model={name}" for name in config.load_models),
+            # Keep running when a model fails, so start() can ask the repository
+            # index which model failed and why, then stop the server itself.
+            "--exit-on-error=false",
+            f"--exit-timeout-secs={config.exit_timeout_s}",
+            f"--log-verbose={config.log_verbose}",
+            *config.extra_args,
+        ]
+        return command
+
+    def start(self, wait: bool = True) -> LocalServer:
+        """Start tritonserver and, by default, wait until every model is ready.
+
+        Args:
+            wait: call ``wait_ready()`` before returning.
+
+        Returns:
+            self, for chaining.
+
+        Raises:
+            ServerError: the repository is missing, a port is taken, the
+                process exited, a model failed to load, or readiness timed
+                out; the server is stopped before the error propagates.
+        """
+        if self.running:
+            raise ServerError(f"tritonserver is already running (pid {self.pid})")
+        config = self._config
+        if not config.repository.is_dir():
+            what = "is not a directory" if config.repository.exists() else "does not exist"
+            raise ServerError(f"model repository {config.repository} {what}")
+        ensure_ports_free(config.ports, host=config.address)
+        installation = self._installation or TritonInstallation.locate()
+
+        self._backend_dir = Path(tempfile.mkdtemp(prefix="tritonserver-backends-"))
+        try:
+            installation.build_backend_directory(self._backend_dir)
+            command = self.command(installation, self._backend_dir)
+            env = installation.environment()
+            config.log_file.parent.mkdir(parents=True, exist_ok=True)
+            self._log_handle = config.log_file.open("wb")
+            reproduce = (
+                f"LD_LIBRARY_PATH={shlex.quote(env['LD_LIBRARY_PATH'])} "
+                f"PATH={shlex.quote(str(installation.python_bin))}:$PATH {shlex.join(command)}"
+            )
+            self._log_handle.write(f"# started by server.launcher:\n# {reproduce}\n".encode())
+            self._log_handle.flush()
+            logger.debug("starting: %s", reproduce)
+            self._process = subprocess.Popen(
+                command,
+                stdin=subprocess.DEVNULL,
+                stdout=self._log_handle,
+                stderr=subprocess.STDOUT,
+                env=env,
+                start_new_session=True,
+                preexec_fn=_parent_death_signal(),
+            )
+        except BaseException:
+            self._cleanup_files()
+            raise
+        logger.info(
+            "tritonserver pid %d starting: http %s, grpc %s, metrics %s; log %s",
+            self._process.pid,
+            self.http_url,
+            self.grpc_url,
+            self.metrics_url,
+            config.log_file,
+        )
+        if wait:
+            try:
+                self.wait_ready()
+            except BaseException:
+                self.stop()
+                raise
+        return self
+
+    def wait_ready(self, timeout: float | None = None) -> None:
+        """Block until the server is ready, i.e. every model it should load is READY.
+
+        Args:
+            timeout: seconds; ``config.startup_timeout_s`` when None.
+
+        Raises:
+            ServerError: the process exited (the reason is read from its log),
+                a model failed to load (named, with tritonserver's reason), or
+                the timeout passed. The server keeps running: call ``stop()``.
+        """
+        process = self._require_process()
+        timeout_s = self._config.startup_timeout_s if timeout is None else timeout
+        started = time.monotonic()
+        deadline = started + timeout_s
+        while True:
+            code = process.poll()
+            if code is not None:
+                raise self._exit_error(code)
+            if self._probe.is_ready():
+                logger.info("tritonserver pid %d ready after %.1f s", process.pid, time.monotonic() - started)
+                return
+            if self._probe.is_live():
+                try:
+                    index = self._probe.repository_index()
+                except ServerError as exc:
+                    # Usually the process is exiting; the next poll() says why.
+                    logger.debug("repository index not available yet: %s", exc)
+                else:
+                    failed = [model for model in index if model.failed]
+                    if failed:
+                        raise ServerError(f"{_describe_failures(failed)} (log: {self.log_file})")
+            if time.monotonic() > deadline:
+                raise ServerError(
+                    f"tritonserver (pid {process.pid}) was not ready after {timeout_s:.0f} s "
+                    f"(log: {self.log_file})"
+                )
+            time.sleep(_POLL_INTERVAL_S)
+
+    def models(self) -> list[ModelStatus]:
+        """Every model in the repository with its state, from the repository index."""
+        self._require_process()
+        return self._probe.repository_index()
+
+    def metadata(self) -> dict[str, Any]:
+        """The server's name, version and extensions."""
+        self._require_process()
+        return self._probe.server_metadata()
+
+    def stop(self, sig: int = signal.SIGTERM, timeout: float | None = None) -> int | None:
+        """Ask tritonserver to exit with ``sig``; kill it if it does not in time.
+
+        Safe to call more than once, and on a server that already exited.
+
+        Args:
+            sig: the signal to send (SIGTERM or SIGINT: tritonserver drains
+                in-flight requests and unloads its models on either).
+            timeout: seconds to wait before SIGKILL; by default
+                ``config.exit_timeout_s`` plus a few seconds.
+
+        Returns:
+            tritonserver's exit code (negative: killed by that signal), or None
+            if it was never started.
+        """
+        process = self._process
+        if process is None:
+            return None
+        if process.poll() is None:
+            wait_s = self._config.exit_timeout_s + _KILL_GRACE_S if timeout is None else timeout
+            logger.info("stopping tritonserver pid %d (%s)", process.pid, signal.Signals(sig).name)
+            process.send_signal(sig)
+            try:
+                process.wait(timeout=wait_s)
+            except subprocess.TimeoutExpired:
+                logger.warning(
+                    "tritonserver pid %d still running after %.0f s; killing it", process.pid, wait_s
+                )
+                self._kill_group(process)
+                process.wait()
+            logger.info("tritonserver pid %d exited with code %s", process.pid, process.returncode)
+        self._cleanup_files()
+        return process.returncode
+
+    def kill(self) -> None:
+        """SIGKILL tritonserver and its python stubs (its process group) now.
+
+        Does not wait, so a signal handler may call it while ``stop()`` waits;
+        ``stop()`` afterwards reaps the process and removes its files.
+        """
+        process = self._process
+        # returncode stays None until the process is reaped, so until then its
+        # pid (and group id) cannot have been reused by another process.
+        if process is not None and process.returncode is None:
+            self._kill_group(process)
+
+    def __enter__(self) -> LocalServer:
+        if not self.running:
+            self.start()
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        self.stop()
+
+    # --------------------------------------------------------------- helpers
+    def _require_process(self) -> subprocess.Popen[bytes]:
+        if self._process is None:
+            raise ServerError("tritonserver was not started; call start() first")
+        return self._process
+
+    @staticmethod
+    def _kill_group(process: subprocess.Popen[bytes]) -> None:
+        # The process was started in its own session, so its pid is the group
+        # id of it and its python stubs. Only called while it is unreaped, so
+        # the group id cannot belong to anything else.
+        try:
+            os.killpg(process.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            logger.debug("process group %d already gone", process.pid)
+
+    def _cleanup_files(self) -> None:
+        if self._log_handle is not None:
+            self._log_handle.close()
+            self._log_handle = None
+        if self._backend_dir is not None:
+            shutil.rmtree(self._backend_dir, ignore_errors=True)
+            self._backend_dir = None
+
+    def _exit_error(self, code: int) -> ServerError:
+        if self._log_handle is not None:
+            self._log_handle.flush()
+        text = read_tail(self.log_file)
+        where = f"(log: {self.log_file})"
+        services = service_failures(text)
+        if services:
+            return ServerError(f"tritonserver could not start its {'; '.join(services)} {where}")
+        failures = model_failures(text)
+        if failures:
+            described = "; ".join(f"'{name}' {_one_line(reason)}" for name, reason in failures.items())
+            return ServerError(f"model(s) failed to load: {described} {where}")
+        detail = last_error(text) or "no error in its log"
+        return ServerError(f"tritonserver exited with code {code} before it was ready: {detail} {where}")
+
+
+def _one_line(reason: str) -> str:
+    """tritonserver's reason without the python stub's ``At: file(line)`` trace."""
+    head = reason.split("\n\nAt:", 1)[0]
+    return " ".join(head.split())
+
+
+def _describe_failures(failed: list[ModelStatus]) -> str:
+    parts = [
+        f"'{model.name}'"
+        + (f" version {model.version}" if model.version else "")
+        + f": {_one_line(model.reason)}"
+        for model in failed
+    ]
+    noun = "model" if len(parts) == 1 else f"{len(parts)} models"
+    return f"{noun} failed to load: " + "; ".join(parts)

@@ -1,0 +1,107 @@
+"""Small HTTP queries against a running tritonserver (KServe v2 REST API).
+
+Plain ``http.client`` with no proxy handling on purpose: the server is local,
+and an ``http_proxy`` in the environment must not route these through a proxy.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from bundle.errors import ServerError
+
+
+@dataclass(frozen=True)
+class ModelStatus:
+    """One entry of the repository index.
+
+    Args:
+        name: the model's name.
+        version: its version, or "" if the model was never loaded.
+        state: ``READY``, ``LOADING``, ``UNLOADING``, ``UNAVAILABLE`` or ""
+            (never loaded, explicit mode).
+        reason: why the model is unavailable, as tritonserver says it.
+    """
+
+    name: str
+    version: str
+    state: str
+    reason: str
+
+    @property
+    def failed(self) -> bool:
+        """Whether the model tried to load and could not (not merely unloaded)."""
+        return self.state == "UNAVAILABLE" and self.reason not in ("", "unloaded")
+
+
+class ServerProbe:
+    """Health, metadata and repository-index queries over HTTP.
+
+    Args:
+        host: the server's HTTP address.
+        port: the server's HTTP port.
+        timeout_s: per-request socket timeout.
+    """
+
+    def __init__(self, host: str, port: int, timeout_s: float = 2.0) -> None:
+        self._host = "127.0.0.1" if host in ("0.0.0.0", "") else host
+        self._port = port
+        self._timeout_s = timeout_s
+
+    def _request(self, method: str, path: str) -> tuple[int, bytes]:
+        connection = http.client.HTTPConnection(self._host, self._port, timeout=self._timeout_s)
+        try:
+            connection.request(method, path, body=b"" if method == "POST" else None)
+            response = connection.getresponse()
+            return response.status, response.read()
+        finally:
+            connection.close()
+
+    def _status_ok(self, path: str) -> bool:
+        try:
+            status, _ = self._request("GET", path)
+        except OSError:
+            return False
+        return status == 200
+
+    def is_live(self) -> bool:
+        """Whether the HTTP endpoint answers and the server says it is live."""
+        return self._status_ok("/v2/health/live")
+
+    def is_ready(self) -> bool:
+        """Whether the server is ready: with strict readiness, every model loaded."""
+        return self._status_ok("/v2/health/ready")
+
+    def _json(self, method: str, path: str) -> Any:
+        try:
+            status, body = self._request(method, path)
+        except OSError as exc:
+            raise ServerError(
+                f"tritonserver at {self._host}:{self._port} did not answer {path}: {exc}"
+            ) from exc
+        if status != 200:
+            raise ServerError(
+                f"tritonserver answered {path} with HTTP {status}: {body.decode(errors='replace')}"
+            )
+        return json.loads(body)
+
+    def server_metadata(self) -> dict[str, Any]:
+        """The server's name, version and extensions (``GET /v2``)."""
+        metadata: dict[str, Any] = self._json("GET", "/v2")
+        return metadata
+
+    def repository_index(self) -> list[ModelStatus]:
+        """Every model in the repository with its state (``POST /v2/repository/index``)."""
+        entries = self._json("POST", "/v2/repository/index")
+        return [
+            ModelStatus(
+                name=str(entry.get("name", "")),
+                version=str(entry.get("version", "")),
+                state=str(entry.get("state", "")),
+                reason=str(entry.get("reason", "")),
+            )
+            for entry in entries
+        ]

@@ -1,0 +1,54 @@
+"""Reads tritonserver's log for the reasons a start failed.
+
+Used when the process exits before its HTTP endpoint could be asked, e.g.
+when a port is taken (tritonserver loads the models first, then fails to bind).
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+# main.cc: "failed to start GRPC service: Unavailable - Socket '127.0.0.1:8001' already in use"
+_SERVICE_FAILED = re.compile(r'failed to start (\w+) service: (.*?)"?\s*$', re.MULTILINE)
+# model_lifecycle.cc: "failed to load 'name' version 1: Invalid argument: ..."
+_MODEL_FAILED = re.compile(r"failed to load '([^']+)' version (\d+): (.*?)\"?\s*$", re.MULTILINE)
+_LOADER_FAILED = re.compile(r"error while loading shared libraries: .*$", re.MULTILINE)
+_ERROR_LINE = re.compile(r"^E\d{4} .*$", re.MULTILINE)
+
+
+def read_tail(path: Path, max_bytes: int = 256 * 1024) -> str:
+    """The last ``max_bytes`` of a log file as text ("" if it does not exist)."""
+    try:
+        with path.open("rb") as handle:
+            handle.seek(0, 2)
+            size = handle.tell()
+            handle.seek(max(0, size - max_bytes))
+            return handle.read().decode(errors="replace")
+    except FileNotFoundError:
+        return ""
+
+
+def service_failures(text: str) -> list[str]:
+    """Endpoints that failed to start, e.g. ``GRPC service: Unavailable - Socket '...' already in use``."""
+    return [f"{name} service: {reason.strip()}" for name, reason in _SERVICE_FAILED.findall(text)]
+
+
+def model_failures(text: str) -> dict[str, str]:
+    """Failed model loads by model name: ``"version 1: <reason>"``.
+
+    tritonserver escapes newlines inside a quoted log message; they are restored.
+    """
+    return {
+        name: f"version {version}: " + reason.replace("\\n", "\n").strip()
+        for name, version, reason in _MODEL_FAILED.findall(text)
+    }
+
+
+def last_error(text: str) -> str:
+    """The most telling error line of a log: a loader error, else the last ``E`` line."""
+    loader = _LOADER_FAILED.findall(text)
+    if loader:
+        return str(loader[-1]).strip()
+    errors = [line for line in _ERROR_LINE.findall(text) if "CudaDriverHelper" not in line]
+    return errors[-1].strip() if errors else ""
