@@ -73,10 +73,10 @@ def _print(results: list[ExportedModel]) -> None:
             str(p.rows),
             f"{p.max_abs_diff:.2e}",
             "-" if p.auc is None else f"{p.auc:.4f}",
-            "-" if p.auc_delta is None else f"{p.auc_delta:+.5f}",
+            "-" if p.auc_delta is None else f"{p.auc_delta:+.1e}",
             f"{r.seconds:.1f}",
         )
-    Console().print(table)
+    Console(width=max(Console().width, 120)).print(table)
 
 
 @app.command()

@@ -46,5 +46,30 @@ def convert_to_fp16(model: onnx.ModelProto, keep_fp32: list[str]) -> onnx.ModelP
             )
     except Exception as exc:  # the converter raises bare Exceptions and ValueErrors alike
         raise ExportError(f"FP16 conversion failed: {exc}") from exc
+    _restore_fp32_outputs(model, converted)
     onnx.checker.check_model(converted)
     return converted
+
+
+def _restore_fp32_outputs(original: onnx.ModelProto, converted: onnx.ModelProto) -> None:
+    """Make every graph output FP32 again where the original's was.
+
+    onnxconverter-common 1.16 with ``keep_io_types=True`` still ends a graph
+    with a Cast to FP16 when the output's producer (our sigmoid) is in the
+    block list, and retypes the output. Turning that Cast into a Cast to FP32
+    is right whatever precision its input has (a no-op on an FP32 sigmoid).
+    """
+    fp32_outputs = {
+        o.name for o in original.graph.output if o.type.tensor_type.elem_type == onnx.TensorProto.FLOAT
+    }
+    producers = {out: node for node in converted.graph.node for out in node.output}
+    for value in converted.graph.output:
+        if value.name not in fp32_outputs or value.type.tensor_type.elem_type == onnx.TensorProto.FLOAT:
+            continue
+        cast = producers.get(value.name)
+        if cast is None or cast.op_type != "Cast":
+            raise ExportError(f"FP16 conversion left output {value.name!r} in FP16 with no Cast to fix")
+        for attribute in cast.attribute:
+            if attribute.name == "to":
+                attribute.i = onnx.TensorProto.FLOAT
+        value.type.tensor_type.elem_type = onnx.TensorProto.FLOAT

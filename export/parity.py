@@ -73,6 +73,8 @@ def compare(candidate: np.ndarray, reference: np.ndarray, labels: np.ndarray | N
     """Compare two ``B x 1`` probability arrays (and their AUCs when labels are given)."""
     if candidate.shape != reference.shape:
         raise ExportError(f"output shapes differ: {candidate.shape} vs {reference.shape}")
+    if candidate.dtype != np.float32:
+        raise ExportError(f"the exported graph returned {candidate.dtype}, not float32")
     if not np.all(np.isfinite(candidate)):
         raise ExportError("the exported graph returned non-finite probabilities")
     if np.any((candidate < 0) | (candidate > 1)):

@@ -15,6 +15,8 @@ Usage in any integration test module::
 from __future__ import annotations
 
 import itertools
+import subprocess
+import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -22,6 +24,7 @@ from typing import Any
 import pytest
 
 from bundle.errors import ServerError
+from criteo.synth import SynthConfig, write_tsv
 from server import LocalServer, ServerConfig, TritonInstallation
 
 StartTriton = Callable[..., LocalServer]
@@ -66,3 +69,42 @@ def start_triton(
     yield start
     for server in servers:
         server.stop()
+
+
+def _run_stage(*args: str) -> None:
+    """Run ``python -m <stage> ...`` in its own process (TensorFlow and PyTorch never share one)."""
+    command = [sys.executable, "-m", *args]
+    completed = subprocess.run(command, capture_output=True, text=True, check=False)
+    if completed.returncode != 0:
+        raise RuntimeError(
+            f"{' '.join(command)} failed ({completed.returncode}):\n{completed.stdout}\n{completed.stderr}"
+        )
+
+
+@pytest.fixture(scope="session")
+def labeled_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A labeled synthetic Criteo TSV file of 6,000 rows."""
+    path = tmp_path_factory.mktemp("data") / "rows.tsv"
+    write_tsv(SynthConfig(rows=6_000, seed=11), path)
+    return path
+
+
+@pytest.fixture(scope="session")
+def exported_repository(tmp_path_factory: pytest.TempPathFactory, labeled_file: Path) -> Path:
+    """A model repository with every model of the cpu profile, trained (tiny preset) and
+    exported through the real CLIs: dlrm_onnx, dlrm_onnx_fp16, wide_deep_onnx, wide_deep_onnx_fp16."""
+    root = tmp_path_factory.mktemp("exported")
+    repository = root / "model_repository"
+    train = ["--data", str(labeled_file), "--preset", "tiny", "--table-size", "500"]
+    check = ["--repository", str(repository), "--check-data", str(labeled_file), "--check-rows", "2048"]
+    _run_stage("models", "train", "dlrm", *train, "--out", str(root / "dlrm"))
+    _run_stage("export", "dlrm", "--checkpoint", str(root / "dlrm"), *check)
+    _run_stage("models", "train", "wide-deep", *train, "--out", str(root / "wide_deep"))
+    _run_stage("export", "wide-deep", "--saved-model", str(root / "wide_deep"), *check)
+    return repository
+
+
+@pytest.fixture(scope="session")
+def exported_server(start_triton: StartTriton, exported_repository: Path) -> LocalServer:
+    """One local tritonserver serving :func:`exported_repository` for the whole session."""
+    return start_triton(exported_repository)
