@@ -59,7 +59,9 @@ def test_out_of_range_ids_give_valid_probabilities(
         served = client.infer(model, batch.inputs())
     assert served.shape == (16, 1) and served.dtype == np.float32
     assert np.all((served >= 0) & (served <= 1))
-    np.testing.assert_allclose(served, in_process(exported_repository / model / "1" / "model.onnx", batch), atol=1e-6)
+    np.testing.assert_allclose(
+        served, in_process(exported_repository / model / "1" / "model.onnx", batch), atol=1e-6
+    )
 
 
 @pytest.mark.parametrize("protocol", ["http", "grpc"])
