@@ -1,4 +1,5 @@
-"""``python -m export``: trained models -> ONNX (FP32, FP16) -> Triton model repository."""
+"""``python -m export``: trained models -> ONNX (FP32, FP16) -> Triton model repository;
+``python -m export tensorrt``: FP16 TensorRT plans for a gpu-profile repository."""
 
 from __future__ import annotations
 
@@ -10,13 +11,17 @@ from rich.console import Console
 from rich.table import Table
 
 from bundle.cli import new_app, run
+from bundle.errors import ConfigError
 from export.pipeline import ExportedModel, ExportOptions, export_family
-from export.repository import ServingConfig
+from export.repository import ORT_TRT_CACHE_DIR, QUEUE_DELAY_US, ServingConfig
+from export.trt_build import EngineResult, TensorRTOptions, build_engines
 
 app = new_app("Export trained DLRM and Wide & Deep models into a Triton model repository.")
 
 Repository = Annotated[Path, typer.Option(help="Triton model repository to write into.")]
-ProfileOpt = Annotated[str, typer.Option(help="Serving profile: cpu.")]
+ProfileOpt = Annotated[
+    str, typer.Option(help="Serving profile: cpu, or gpu (KIND_GPU instances plus a <family>_trt model).")
+]
 Opset = Annotated[int, typer.Option(help="ONNX opset.")]
 Fp16 = Annotated[bool, typer.Option("--fp16/--no-fp16", help="Also write the FP16 variant.")]
 CheckData = Annotated[
@@ -26,8 +31,50 @@ CheckRows = Annotated[int, typer.Option(help="Rows compared against the framewor
 AucTolerance = Annotated[float, typer.Option(help="Max |AUC(FP16) - AUC(FP32)|.")]
 MaxBatch = Annotated[int, typer.Option(help="max_batch_size in config.pbtxt.")]
 Instances = Annotated[int, typer.Option(help="Model instances per model.")]
-QueueDelay = Annotated[int, typer.Option(help="Dynamic batcher max queue delay (us).")]
+QueueDelay = Annotated[
+    int | None,
+    typer.Option(
+        help="Dynamic batcher max queue delay (us); default "
+        + ", ".join(f"{delay} ({profile})" for profile, delay in QUEUE_DELAY_US.items())
+        + "."
+    ),
+]
 Threads = Annotated[int, typer.Option(help="ONNX Runtime intra-op threads per instance (0: default).")]
+OrtTrt = Annotated[
+    bool,
+    typer.Option(
+        "--ort-trt/--no-ort-trt",
+        help="gpu: run the ONNX models through ONNX Runtime's TensorRT accelerator "
+        "(engine cache on a volume).",
+    ),
+]
+TrtCache = Annotated[
+    str, typer.Option(help="gpu: engine cache folder of --ort-trt inside the server container.")
+]
+OptBatchSize = Annotated[
+    int, typer.Option(help="gpu: opt batch of the --ort-trt profile (0: min(1024, max)).")
+]
+GraphSizes = Annotated[
+    str | None,
+    typer.Option(
+        help="gpu: comma-separated batch sizes the *_trt models capture CUDA graphs for "
+        "(default: 1,2,4,...,128 up to the max batch; 'none': no graphs)."
+    ),
+]
+
+
+def _graph_sizes(text: str | None) -> tuple[int, ...] | None:
+    """Parse ``--cuda-graph-batch-sizes``: None keeps the default, ``none`` disables graphs."""
+    if text is None:
+        return None
+    if text.strip().lower() in ("", "none"):
+        return ()
+    try:
+        return tuple(int(part) for part in text.split(","))
+    except ValueError:
+        raise ConfigError(
+            f"--cuda-graph-batch-sizes must be comma-separated integers, got {text!r}"
+        ) from None
 
 
 def _options(
@@ -40,15 +87,24 @@ def _options(
     fp16_auc_tolerance: float,
     max_batch_size: int,
     instances: int,
-    max_queue_delay_us: int,
+    max_queue_delay_us: int | None,
     threads: int,
+    ort_trt: bool,
+    trt_cache_dir: str,
+    opt_batch_size: int,
+    cuda_graph_batch_sizes: str | None,
 ) -> ExportOptions:
+    delay = QUEUE_DELAY_US.get(profile, 0) if max_queue_delay_us is None else max_queue_delay_us
     serving = ServingConfig(
         profile=profile,  # type: ignore[arg-type]  # validated by ServingConfig
         max_batch_size=max_batch_size,
         instances=instances,
-        max_queue_delay_us=max_queue_delay_us,
+        max_queue_delay_us=delay,
         intra_op_threads=threads,
+        ort_trt=ort_trt,
+        ort_trt_cache_dir=trt_cache_dir,
+        opt_batch_size=opt_batch_size,
+        cuda_graph_batch_sizes=_graph_sizes(cuda_graph_batch_sizes),
     )
     return ExportOptions(
         repository=repository,
@@ -79,6 +135,15 @@ def _print(results: list[ExportedModel]) -> None:
     Console(width=max(Console().width, 120)).print(table)
 
 
+def _print_next_step(options: ExportOptions) -> None:
+    if options.serving.profile == "gpu":
+        print(
+            "TensorRT model config written; build its FP16 plan on the serving GPU: "
+            f"python -m export tensorrt --repository {options.repository} "
+            "(or `docker compose run --rm trt-build`)"
+        )
+
+
 @app.command()
 def dlrm(
     checkpoint: Annotated[Path, typer.Option(help="Directory written by `models train dlrm`.")],
@@ -91,17 +156,24 @@ def dlrm(
     fp16_auc_tolerance: AucTolerance = 1e-3,
     max_batch_size: MaxBatch = 4096,
     instances: Instances = 1,
-    max_queue_delay_us: QueueDelay = 100,
+    max_queue_delay_us: QueueDelay = None,
     threads: Threads = 0,
+    ort_trt: OrtTrt = False,
+    trt_cache_dir: TrtCache = ORT_TRT_CACHE_DIR,
+    opt_batch_size: OptBatchSize = 0,
+    cuda_graph_batch_sizes: GraphSizes = None,
 ) -> None:
-    """Export a PyTorch DLRM checkpoint (torch.onnx) as dlrm_onnx and dlrm_onnx_fp16."""
+    """Export a PyTorch DLRM checkpoint (torch.onnx) as dlrm_onnx and dlrm_onnx_fp16
+    (and, in the gpu profile, the config of dlrm_trt)."""
     options = _options(
         repository, profile, opset, fp16, check_data, check_rows,
         fp16_auc_tolerance, max_batch_size, instances, max_queue_delay_us, threads,
+        ort_trt, trt_cache_dir, opt_batch_size, cuda_graph_batch_sizes,
     )  # fmt: skip
     from export.onnx_dlrm import DLRMExporter
 
     _print(export_family(DLRMExporter(checkpoint), options))
+    _print_next_step(options)
 
 
 @app.command("wide-deep")
@@ -116,17 +188,91 @@ def wide_deep(
     fp16_auc_tolerance: AucTolerance = 1e-3,
     max_batch_size: MaxBatch = 4096,
     instances: Instances = 1,
-    max_queue_delay_us: QueueDelay = 100,
+    max_queue_delay_us: QueueDelay = None,
     threads: Threads = 0,
+    ort_trt: OrtTrt = False,
+    trt_cache_dir: TrtCache = ORT_TRT_CACHE_DIR,
+    opt_batch_size: OptBatchSize = 0,
+    cuda_graph_batch_sizes: GraphSizes = None,
 ) -> None:
-    """Export a Keras Wide & Deep SavedModel (tf2onnx) as wide_deep_onnx and wide_deep_onnx_fp16."""
+    """Export a Keras Wide & Deep SavedModel (tf2onnx) as wide_deep_onnx and wide_deep_onnx_fp16
+    (and, in the gpu profile, the config of wide_deep_trt)."""
     options = _options(
         repository, profile, opset, fp16, check_data, check_rows,
         fp16_auc_tolerance, max_batch_size, instances, max_queue_delay_us, threads,
+        ort_trt, trt_cache_dir, opt_batch_size, cuda_graph_batch_sizes,
     )  # fmt: skip
     from export.onnx_wide_deep import WideDeepExporter
 
     _print(export_family(WideDeepExporter(saved_model), options))
+    _print_next_step(options)
+
+
+def _print_engines(results: list[EngineResult]) -> None:
+    table = Table(title="TensorRT engines (vs ONNX Runtime FP32)")
+    columns = (
+        "model",
+        "profile min/opt/max",
+        "rows",
+        "max abs diff",
+        "AUC delta",
+        "out-of-range ids",
+        "seconds",
+    )
+    for column in columns:
+        table.add_column(column)
+    for r in results:
+        p = r.parity
+        table.add_row(
+            r.name + (" (kept)" if r.skipped else ""),
+            f"{r.profile.min_batch}/{r.profile.opt_batch}/{r.profile.max_batch}",
+            str(p.rows),
+            f"{p.max_abs_diff:.2e}",
+            "-" if p.auc_delta is None else f"{p.auc_delta:+.1e}",
+            f"{r.extreme_max_abs_diff:.2e}",
+            f"{r.seconds:.1f}",
+        )
+    Console(width=max(Console().width, 120)).print(table)
+
+
+@app.command()
+def tensorrt(
+    repository: Annotated[Path, typer.Option(help="Model repository written with --profile gpu.")] = Path(
+        "model_repository_gpu"
+    ),
+    model: Annotated[
+        list[str] | None, typer.Option(help="A *_trt model to build (repeatable; default: all).")
+    ] = None,
+    min_batch: Annotated[int, typer.Option(help="Smallest batch of the engine's profile.")] = 1,
+    opt_batch: Annotated[int, typer.Option(help="Batch TensorRT tunes for (0: min(1024, max)).")] = 0,
+    max_batch: Annotated[int, typer.Option(help="Largest batch (0: the config's max_batch_size).")] = 0,
+    workspace_mib: Annotated[int, typer.Option(help="Builder workspace limit in MiB (0: TensorRT's).")] = 0,
+    check_data: CheckData = None,
+    check_rows: Annotated[
+        int, typer.Option(help="Rows compared against ONNX Runtime FP32 (>= 1024).")
+    ] = 4096,
+    auc_tolerance: Annotated[float, typer.Option(help="Max |AUC(engine) - AUC(ONNX FP32)|.")] = 1e-3,
+    max_abs_tolerance: Annotated[
+        float, typer.Option(help="Max |engine - ONNX FP32| per probability (out-of-range ids included).")
+    ] = 0.02,
+    force: Annotated[bool, typer.Option("--force", help="Rebuild plans that are current.")] = False,
+) -> None:
+    """Build FP16 TensorRT plans for the *_trt models from their FP16 ONNX and check them
+    against ONNX Runtime FP32 (needs TensorRT >= 10 and a GPU: run it in the trt-build service)."""
+    options = TensorRTOptions(
+        repository=repository,
+        models=tuple(model or ()),
+        min_batch=min_batch,
+        opt_batch=opt_batch,
+        max_batch=max_batch,
+        workspace_mib=workspace_mib,
+        check_data=check_data,
+        check_rows=check_rows,
+        auc_tolerance=auc_tolerance,
+        max_abs_tolerance=max_abs_tolerance,
+        force=force,
+    )
+    _print_engines(build_engines(options))
 
 
 if __name__ == "__main__":

@@ -2,7 +2,10 @@
 
 framework model -> FP32 ONNX (checked against the framework, including ids far
 outside every table) -> FP16 ONNX (checked against FP32 on AUC) -> Triton
-model repository entries with their configs and export reports.
+model repository entries with their configs and export reports. The gpu
+profile also writes each family's TensorRT model config (``<family>_trt``);
+its plan is built from the FP16 ONNX by ``python -m export tensorrt``
+(:mod:`export.trt_build`), on the serving GPU's own TensorRT.
 """
 
 from __future__ import annotations
@@ -21,7 +24,15 @@ from export.fp16 import convert_to_fp16
 from export.framework import FrameworkExporter
 from export.onnx_io import save_model
 from export.parity import ParityResult, check_rows, compare, extreme_id_rows, run_onnx
-from export.repository import MODEL_FILE, ServingConfig, add_model, clear_model, version_dir
+from export.repository import (
+    MODEL_FILE,
+    ServingConfig,
+    add_model,
+    add_trt_model,
+    clear_model,
+    trt_model_name,
+    version_dir,
+)
 
 log = logging.getLogger(__name__)
 
@@ -57,6 +68,8 @@ class ExportOptions:
             raise ConfigError(f"check_rows must be >= 1024, got {self.check_rows}")
         if self.fp32_tolerance <= 0 or self.fp16_auc_tolerance <= 0:
             raise ConfigError("tolerances must be positive")
+        if self.serving.profile == "gpu" and not self.fp16:
+            raise ConfigError("the gpu profile builds its TensorRT models from the FP16 ONNX: drop --no-fp16")
 
 
 @dataclass(frozen=True)
@@ -98,8 +111,13 @@ def _check_fp32(exporter: FrameworkExporter, path: Path, rows: Batch, options: E
 def export_family(exporter: FrameworkExporter, options: ExportOptions) -> list[ExportedModel]:
     """Export ``exporter``'s model as ``<family>_onnx`` (and ``<family>_onnx_fp16``).
 
+    In the gpu profile, also write the config of ``<family>_trt`` (its plan is
+    built later by ``python -m export tensorrt``); in the cpu profile, remove a
+    ``<family>_trt`` left from an earlier gpu export, which a CPU server could
+    not load and which would no longer match the new ONNX.
+
     Returns:
-        The models written, each with its parity result.
+        The ONNX models written, each with its parity result.
 
     Raises:
         ExportError: a conversion failed or a check exceeded its tolerance; the
@@ -124,6 +142,11 @@ def export_family(exporter: FrameworkExporter, options: ExportOptions) -> list[E
         raise
     if options.fp16:
         results.append(_export_fp16(exporter, fp32_path, rows, options))
+    trt_name = trt_model_name(exporter.family)
+    clear_model(options.repository, trt_name)
+    if options.serving.profile == "gpu":
+        path = add_trt_model(options.repository, trt_name, options.serving)
+        log.info("wrote %s; build its plan with `python -m export tensorrt`", path)
     return results
 
 
@@ -150,7 +173,11 @@ def _export_fp16(
             )
         fp16 = ExportedModel(name, path, "onnx_fp32", parity, time.perf_counter() - start)
         add_model(
-            options.repository, name, options.serving, report=_report(fp16, options, {"fp32_nodes": keep})
+            options.repository,
+            name,
+            options.serving,
+            report=_report(fp16, options, {"fp32_nodes": keep}),
+            fp16=True,
         )
         return fp16
     except BaseException:

@@ -3,6 +3,15 @@
 Every config.pbtxt is built as a ``model_config_pb2.ModelConfig`` message and
 written with ``text_format``, so Triton's own schema rejects a bad field at
 write time; :func:`read_config` parses one back.
+
+Two serving profiles:
+
+- ``cpu``: ONNX models on KIND_CPU instances (the local server and the
+  compose ``cpu`` profile).
+- ``gpu``: the same ONNX files on KIND_GPU instances (ONNX Runtime CUDA,
+  optionally with its TensorRT execution accelerator), plus one
+  ``<family>_trt`` model per family (``platform: "tensorrt_plan"``) whose
+  ``model.plan`` is built afterwards by ``python -m export tensorrt``.
 """
 
 from __future__ import annotations
@@ -10,7 +19,7 @@ from __future__ import annotations
 import json
 import shutil
 from dataclasses import dataclass
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any, Literal
 
 from google.protobuf import text_format
@@ -21,11 +30,32 @@ from criteo.schema import INPUTS, OUTPUTS, TensorSpec
 
 CONFIG_NAME = "config.pbtxt"
 MODEL_FILE = "model.onnx"
+#: The TensorRT engine file of a ``<family>_trt`` model.
+PLAN_FILE = "model.plan"
 #: The backend name, the same for the local server's Python-based backend and the NGC image's C++ one.
 ONNX_BACKEND = "onnxruntime"
+#: The platform of a serialized TensorRT engine.
+TRT_PLATFORM = "tensorrt_plan"
+#: Suffix of the TensorRT model of a family (``dlrm_trt``); it exists only in the gpu profile.
+TRT_SUFFIX = "_trt"
 
-Profile = Literal["cpu"]
-PROFILES: tuple[str, ...] = ("cpu",)
+Profile = Literal["cpu", "gpu"]
+PROFILES: tuple[str, ...] = ("cpu", "gpu")
+
+#: Default dynamic batcher delay per profile. The gpu profile follows Triton's
+#: recommended starting point (``dynamic_batching {}``: no delay, no preferred
+#: sizes, batches as large as are queued), to be raised only after measuring;
+#: the cpu profile keeps the 100 us the local server was tuned with.
+QUEUE_DELAY_US: dict[str, int] = {"cpu": 100, "gpu": 0}
+#: Where the ONNX Runtime TensorRT accelerator caches its engines, inside the
+#: serving container (a writable volume; the repository itself is read-only).
+ORT_TRT_CACHE_DIR = "/trt_cache"
+#: Default ``opt`` batch of a TensorRT optimization profile (capped at the max):
+#: a ranking request carries hundreds of candidates, and the dynamic batcher
+#: merges a few requests under load.
+DEFAULT_OPT_BATCH = 1024
+#: CUDA graphs pay off where kernel launches dominate: small batches.
+MAX_DEFAULT_GRAPH_BATCH = 128
 
 _DATA_TYPES = {
     "FP32": mc.TYPE_FP32,
@@ -35,18 +65,84 @@ _DATA_TYPES = {
 }
 
 
+def trt_model_name(family: str) -> str:
+    """The TensorRT model of a family: ``dlrm`` -> ``dlrm_trt``."""
+    return f"{family}{TRT_SUFFIX}"
+
+
+@dataclass(frozen=True)
+class BatchProfile:
+    """A TensorRT optimization profile over the batch dimension ``B`` of every input.
+
+    Args:
+        min_batch: the smallest batch the engine accepts.
+        opt_batch: the batch TensorRT tunes its kernels for.
+        max_batch: the largest batch the engine accepts (>= the config's max_batch_size).
+    """
+
+    min_batch: int
+    opt_batch: int
+    max_batch: int
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.min_batch <= self.opt_batch <= self.max_batch:
+            raise ConfigError(
+                "a TensorRT profile needs 1 <= min <= opt <= max, got "
+                f"min={self.min_batch} opt={self.opt_batch} max={self.max_batch}"
+            )
+
+    @classmethod
+    def for_max(cls, max_batch: int, opt_batch: int = 0, min_batch: int = 1) -> BatchProfile:
+        """The profile up to ``max_batch``; ``opt_batch=0`` picks :data:`DEFAULT_OPT_BATCH` (capped)."""
+        opt = opt_batch or max(min_batch, min(DEFAULT_OPT_BATCH, max_batch))
+        return cls(min_batch, opt, max_batch)
+
+    def shapes(self) -> dict[str, tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...]]]:
+        """``{input name: (min shape, opt shape, max shape)}``, each ``B x dims``."""
+        return {
+            spec.name: tuple(  # type: ignore[misc]
+                (batch, *spec.shape) for batch in (self.min_batch, self.opt_batch, self.max_batch)
+            )
+            for spec in INPUTS
+        }
+
+    def ort_shapes(self, batch: int) -> str:
+        """ONNX Runtime's TensorRT profile syntax: ``dense_features:1x13,categorical_ids:1x26``."""
+        return ",".join(f"{spec.name}:{'x'.join(map(str, (batch, *spec.shape)))}" for spec in INPUTS)
+
+
+def default_graph_batch_sizes(max_batch_size: int) -> tuple[int, ...]:
+    """Powers of two up to ``min(128, max_batch_size)``: each CUDA graph also serves
+    every batch down to the next smaller graph's size + 1 (Triton pads it)."""
+    sizes = []
+    size = 1
+    while size <= min(MAX_DEFAULT_GRAPH_BATCH, max_batch_size):
+        sizes.append(size)
+        size *= 2
+    return tuple(sizes)
+
+
 @dataclass(frozen=True)
 class ServingConfig:
     """How Triton serves one model.
 
     Args:
-        profile: ``cpu`` (KIND_CPU instances).
+        profile: ``cpu`` (KIND_CPU instances) or ``gpu`` (KIND_GPU instances, TensorRT models).
         max_batch_size: the largest batch Triton forms or accepts.
-        instances: model instances (each runs batches independently).
-        max_queue_delay_us: how long the dynamic batcher waits to fill a batch.
+        instances: model instances (each runs batches independently; per GPU in the gpu profile).
+        max_queue_delay_us: how long the dynamic batcher waits to fill a batch
+            (see :data:`QUEUE_DELAY_US` for each profile's default).
         preferred_batch_sizes: batch sizes the dynamic batcher aims for (empty: as large as queued).
         intra_op_threads: ONNX Runtime threads per instance (0: ONNX Runtime's default).
         warmup_batch_sizes: batch sizes run once at load, so the first request is not slow.
+        ort_trt: gpu profile: run the ONNX models through ONNX Runtime's TensorRT
+            execution accelerator (FP16 for the FP16 model, FP32 for the FP32 one).
+        ort_trt_cache_dir: where that accelerator caches engines inside the serving
+            container (absolute; one subfolder per model).
+        opt_batch_size: ``opt`` batch of the accelerator's TensorRT profile (0: the default,
+            :data:`DEFAULT_OPT_BATCH` capped at ``max_batch_size``).
+        cuda_graph_batch_sizes: gpu profile: batch sizes the TensorRT models capture CUDA
+            graphs for (None: :func:`default_graph_batch_sizes`; empty: no graphs).
     """
 
     profile: Profile = "cpu"
@@ -56,6 +152,10 @@ class ServingConfig:
     preferred_batch_sizes: tuple[int, ...] = ()
     intra_op_threads: int = 0
     warmup_batch_sizes: tuple[int, ...] = (1, 64)
+    ort_trt: bool = False
+    ort_trt_cache_dir: str = ORT_TRT_CACHE_DIR
+    opt_batch_size: int = 0
+    cuda_graph_batch_sizes: tuple[int, ...] | None = None
 
     def __post_init__(self) -> None:
         if self.profile not in PROFILES:
@@ -68,9 +168,41 @@ class ServingConfig:
             raise ConfigError(f"max_queue_delay_us must be >= 0, got {self.max_queue_delay_us}")
         if self.intra_op_threads < 0:
             raise ConfigError(f"intra_op_threads must be >= 0, got {self.intra_op_threads}")
-        for size in (*self.preferred_batch_sizes, *self.warmup_batch_sizes):
+        for size in (
+            *self.preferred_batch_sizes,
+            *self.warmup_batch_sizes,
+            *(self.cuda_graph_batch_sizes or ()),
+        ):
             if not 0 < size <= self.max_batch_size:
                 raise ConfigError(f"batch size {size} is outside 1..max_batch_size={self.max_batch_size}")
+        if self.opt_batch_size < 0 or self.opt_batch_size > self.max_batch_size:
+            raise ConfigError(f"opt_batch_size must be in 0..max_batch_size, got {self.opt_batch_size}")
+        if self.profile != "gpu":
+            if self.ort_trt:
+                raise ConfigError("the ONNX Runtime TensorRT accelerator needs --profile gpu")
+            if self.cuda_graph_batch_sizes:
+                raise ConfigError("CUDA graphs need --profile gpu")
+        if not PurePosixPath(self.ort_trt_cache_dir).is_absolute():
+            raise ConfigError(f"ort_trt_cache_dir must be an absolute path, got {self.ort_trt_cache_dir!r}")
+
+    @property
+    def instance_kind(self) -> int:
+        """``KIND_GPU`` in the gpu profile, else ``KIND_CPU``."""
+        return mc.ModelInstanceGroup.KIND_GPU if self.profile == "gpu" else mc.ModelInstanceGroup.KIND_CPU
+
+    @property
+    def batch_profile(self) -> BatchProfile:
+        """The TensorRT profile ``1 .. opt .. max_batch_size`` these settings serve."""
+        return BatchProfile.for_max(self.max_batch_size, self.opt_batch_size)
+
+    @property
+    def graph_batch_sizes(self) -> tuple[int, ...]:
+        """The CUDA graph batch sizes, ascending (empty outside the gpu profile)."""
+        if self.profile != "gpu":
+            return ()
+        if self.cuda_graph_batch_sizes is None:
+            return default_graph_batch_sizes(self.max_batch_size)
+        return tuple(sorted(set(self.cuda_graph_batch_sizes)))
 
 
 def _tensor(spec: TensorSpec, message: Any) -> None:
@@ -79,22 +211,20 @@ def _tensor(spec: TensorSpec, message: Any) -> None:
     message.dims.extend(spec.shape)
 
 
-def build_config(name: str, serving: ServingConfig) -> mc.ModelConfig:
-    """The ModelConfig of an ONNX model named ``name`` with the shared schema's tensors."""
-    config = mc.ModelConfig(name=name, backend=ONNX_BACKEND, max_batch_size=serving.max_batch_size)
-    config.default_model_filename = MODEL_FILE
+def _base_config(name: str, serving: ServingConfig) -> mc.ModelConfig:
+    """What every model shares: schema tensors, dynamic batching, instances, warmup."""
+    config = mc.ModelConfig(name=name, max_batch_size=serving.max_batch_size)
     for spec in INPUTS:
         _tensor(spec, config.input.add())
     for spec in OUTPUTS:
         _tensor(spec, config.output.add())
+    # Set explicitly even when 0, so `dynamic_batching {}` is present and enabled.
     config.dynamic_batching.max_queue_delay_microseconds = serving.max_queue_delay_us
+    config.dynamic_batching.SetInParent()
     config.dynamic_batching.preferred_batch_size.extend(serving.preferred_batch_sizes)
     group = config.instance_group.add()
     group.count = serving.instances
-    group.kind = mc.ModelInstanceGroup.KIND_CPU
-    if serving.intra_op_threads:
-        # The key the NGC image's onnxruntime backend reads; the local backend reads it too.
-        config.parameters["intra_op_thread_count"].string_value = str(serving.intra_op_threads)
+    group.kind = serving.instance_kind
     for size in serving.warmup_batch_sizes:
         warmup = config.model_warmup.add()
         warmup.name = f"zeros_batch_{size}"
@@ -104,6 +234,74 @@ def build_config(name: str, serving: ServingConfig) -> mc.ModelConfig:
             data.data_type = _DATA_TYPES[spec.triton_dtype]
             data.dims.extend(spec.shape)
             data.zero_data = True
+    return config
+
+
+def build_config(name: str, serving: ServingConfig, fp16: bool = False) -> mc.ModelConfig:
+    """The ModelConfig of an ONNX model named ``name`` with the shared schema's tensors.
+
+    Args:
+        name: the model name.
+        serving: how Triton serves it.
+        fp16: the graph is the FP16 variant (sets the TensorRT accelerator's precision).
+    """
+    config = _base_config(name, serving)
+    config.backend = ONNX_BACKEND
+    config.default_model_filename = MODEL_FILE
+    if serving.intra_op_threads:
+        # The key the NGC image's onnxruntime backend reads; the local backend reads it too.
+        config.parameters["intra_op_thread_count"].string_value = str(serving.intra_op_threads)
+    if serving.ort_trt:
+        _add_ort_tensorrt(config, name, serving, fp16)
+    return config
+
+
+def _add_ort_tensorrt(config: mc.ModelConfig, name: str, serving: ServingConfig, fp16: bool) -> None:
+    """ONNX Runtime's TensorRT execution accelerator, keys as Triton's onnxruntime backend names them.
+
+    The FP32 model stays FP32 (TensorRT kernels, same precision); the FP16 one
+    gets ``precision_mode: FP16``. An explicit profile over the batch keeps
+    ONNX Runtime from rebuilding the engine whenever a larger batch arrives,
+    and the engine cache on a volume makes later starts skip the build.
+    """
+    profile = serving.batch_profile
+    accelerator = config.optimization.execution_accelerators.gpu_execution_accelerator.add()
+    accelerator.name = "tensorrt"
+    parameters = accelerator.parameters
+    parameters["precision_mode"] = "FP16" if fp16 else "FP32"
+    parameters["trt_engine_cache_enable"] = "1"
+    parameters["trt_engine_cache_path"] = str(PurePosixPath(serving.ort_trt_cache_dir) / name)
+    parameters["trt_profile_min_shapes"] = profile.ort_shapes(profile.min_batch)
+    parameters["trt_profile_opt_shapes"] = profile.ort_shapes(profile.opt_batch)
+    parameters["trt_profile_max_shapes"] = profile.ort_shapes(profile.max_batch)
+
+
+def build_trt_config(name: str, serving: ServingConfig) -> mc.ModelConfig:
+    """The ModelConfig of a TensorRT engine model (``platform: "tensorrt_plan"``).
+
+    CUDA graphs are captured for :attr:`ServingConfig.graph_batch_sizes`; each
+    graph also takes every batch above the next smaller graph's size
+    (``graph_lower_bound``), which Triton pads up to the graph's size, so every
+    batch up to the largest graph runs as one graph launch.
+    """
+    if serving.profile != "gpu":
+        raise ConfigError(f"{name}: TensorRT models exist only in the gpu profile")
+    config = _base_config(name, serving)
+    config.platform = TRT_PLATFORM
+    config.default_model_filename = PLAN_FILE
+    sizes = serving.graph_batch_sizes
+    if sizes:
+        cuda = config.optimization.cuda
+        cuda.graphs = True
+        lower = 1
+        for size in sizes:
+            spec = cuda.graph_spec.add()
+            spec.batch_size = size
+            spec.graph_lower_bound.batch_size = lower
+            for tensor in INPUTS:
+                spec.input[tensor.name].dim.extend(tensor.shape)
+                spec.graph_lower_bound.input[tensor.name].dim.extend(tensor.shape)
+            lower = size + 1
     return config
 
 
@@ -128,12 +326,20 @@ def version_dir(repository: Path, name: str, version: int = 1) -> Path:
     return repository / name / str(version)
 
 
+def write_report(repository: Path, name: str, report: dict[str, Any]) -> Path:
+    """Write ``report`` as ``<repository>/<name>/export_report.json``."""
+    path = repository / name / "export_report.json"
+    path.write_text(json.dumps(report, indent=2) + "\n")
+    return path
+
+
 def add_model(
     repository: Path,
     name: str,
     serving: ServingConfig,
     version: int = 1,
     report: dict[str, Any] | None = None,
+    fp16: bool = False,
 ) -> Path:
     """Write the config of model ``name`` whose ONNX file is already in its version folder.
 
@@ -143,6 +349,7 @@ def add_model(
         serving: how Triton serves it.
         version: the version folder holding ``model.onnx``.
         report: export checks to keep beside the config as ``export_report.json``.
+        fp16: the ONNX file is the FP16 variant.
 
     Returns:
         The config path.
@@ -151,8 +358,23 @@ def add_model(
     if not onnx_path.is_file():
         raise ConfigError(f"{onnx_path} is missing: export the model before writing its config")
     if report is not None:
-        (repository / name / "export_report.json").write_text(json.dumps(report, indent=2) + "\n")
-    return write_config(repository / name, build_config(name, serving))
+        write_report(repository, name, report)
+    return write_config(repository / name, build_config(name, serving, fp16=fp16))
+
+
+def add_trt_model(repository: Path, name: str, serving: ServingConfig, version: int = 1) -> Path:
+    """Write the config of TensorRT model ``name`` and create its empty version folder.
+
+    The plan (``<name>/<version>/model.plan``) is built later, on the serving
+    GPU's TensorRT, by ``python -m export tensorrt``; until then Triton fails
+    to load this model (and, with ``--exit-on-error``, to start).
+
+    Returns:
+        The config path.
+    """
+    config = build_trt_config(name, serving)
+    version_dir(repository, name, version).mkdir(parents=True, exist_ok=True)
+    return write_config(repository / name, config)
 
 
 def clear_model(repository: Path, name: str) -> None:
