@@ -124,6 +124,21 @@ def _thread_count(parameters: dict[str, Any], key: str) -> int:
     return value
 
 
+def _providers(args: dict[str, str]) -> list[Any]:
+    """ONNX Runtime providers for this instance: CUDA on its device for a KIND_GPU
+    instance (which needs the onnxruntime-gpu build), else the CPU."""
+    if args.get("model_instance_kind", "CPU") != "GPU":
+        return ["CPUExecutionProvider"]
+    available = ort.get_available_providers()
+    if "CUDAExecutionProvider" not in available:
+        raise pb_utils.TritonModelException(
+            f"model '{args['model_name']}': a KIND_GPU instance needs onnxruntime-gpu with CUDA; "
+            f"this onnxruntime offers {available}"
+        )
+    device = int(args.get("model_instance_device_id", "0"))
+    return [("CUDAExecutionProvider", {"device_id": device}), "CPUExecutionProvider"]
+
+
 class TritonPythonModel:
     """Runs one ONNX model with ONNX Runtime for one Triton model instance.
 
@@ -160,10 +175,9 @@ class TritonPythonModel:
         options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
         options.intra_op_num_threads = _thread_count(parameters, "intra_op_thread_count")
         options.inter_op_num_threads = _thread_count(parameters, "inter_op_thread_count")
+        providers = _providers(args)
         try:
-            self._session = ort.InferenceSession(
-                str(path), sess_options=options, providers=["CPUExecutionProvider"]
-            )
+            self._session = ort.InferenceSession(str(path), sess_options=options, providers=providers)
         # ONNX Runtime's own exceptions derive from Exception directly.
         except Exception as exc:
             raise pb_utils.TritonModelException(
@@ -172,7 +186,7 @@ class TritonPythonModel:
         self._check_graph()
         self._output_names = [spec.name for spec in self._outputs]
         pb_utils.Logger.log_info(
-            f"{args['model_instance_name']}: {path} on CPUExecutionProvider, "
+            f"{args['model_instance_name']}: {path} on {self._session.get_providers()[0]}, "
             f"inputs {[spec.name for spec in self._inputs]}, outputs {self._output_names}, "
             f"intra_op_num_threads={options.intra_op_num_threads or 'default'}, "
             f"batching={'on' if self._batched else 'off'}"
