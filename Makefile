@@ -28,7 +28,7 @@ deps-system:
 demo: setup
 	$(PYTHON) -m bundle.demo run
 
-test: setup deps-system
+test: setup deps-system lint
 	$(PYTHON) -m pytest -m "not slow and not gpu"
 
 test-all: setup deps-system

@@ -18,15 +18,17 @@ from models.config import ModelConfig
 
 
 class FrameworkExporter(Protocol):
-    """A trained model loaded from disk, ready to convert.
+    """A trained model loaded from disk, ready to convert."""
 
-    Attributes:
-        family: repository name prefix: ``dlrm`` or ``wide_deep``.
-        config: the architecture config saved beside the weights.
-    """
+    @property
+    def family(self) -> str:
+        """Repository name prefix: ``dlrm`` or ``wide_deep``."""
+        ...
 
-    family: str
-    config: ModelConfig
+    @property
+    def config(self) -> ModelConfig:
+        """The architecture config saved beside the weights."""
+        ...
 
     def to_onnx(self, out: Path, opset: int) -> None:
         """Write the FP32 ONNX graph to ``out`` (external data beside it when over 2 GB).
