@@ -1,57 +1,107 @@
-"""One client API over tritonclient's HTTP and gRPC protocols.
+"""The synchronous client: one connection to tritonserver over HTTP or gRPC.
 
-Tensor names and dtypes come from :mod:`criteo.schema`; every failure becomes
-a :class:`~bundle.errors.ClientError` with one clear line.
+Tensor names and dtypes come from the model's metadata (which the export
+wrote from :mod:`criteo.schema`); every request is checked against it before
+it is sent (:mod:`clients.validation`), calls that meet UNAVAILABLE are
+retried with backoff (:mod:`clients.retry`), and every failure becomes a
+:class:`~bundle.errors.ClientError` with one clear line
+(:mod:`clients.failures`). Not thread-safe: one client per thread.
+
+Example::
+
+    with TritonClient("127.0.0.1:8001", "grpc", shared_memory="system") as client:
+        probabilities = client.infer("dlrm_onnx", batch.inputs())   # B x 1 float32
 """
 
 from __future__ import annotations
 
+import logging
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from types import TracebackType
-from typing import Any, Literal
+from typing import Any, TypeVar
 
 import numpy as np
 
-from bundle.errors import ClientError
-from criteo.schema import INPUTS, OUTPUT
+from bundle.errors import BundleError, ClientError
+from clients import failures, request, retry
+from clients import protocol as wire
+from clients.options import PROTOCOLS, ClientOptions, Protocol, SharedMemory
+from clients.protocol import ModelState
+from clients.request import Prepared
+from clients.retry import RetryPolicy
+from clients.shm import SystemRegion, cuda_unavailable, region_bytes, registration_error
+from clients.stats import ModelStats, parse_statistics
+from clients.validation import ModelSpec
+from criteo.tsv import Batch
 
-Protocol = Literal["http", "grpc"]
-PROTOCOLS: tuple[str, ...] = ("http", "grpc")
+__all__ = ["PROTOCOLS", "Protocol", "TritonClient"]
 
+logger = logging.getLogger(__name__)
 
-def _message(exc: Exception) -> str:
-    text = exc.message() if hasattr(exc, "message") and callable(exc.message) else str(exc)
-    return " ".join(str(text).split())
+T = TypeVar("T")
 
 
 class TritonClient:
-    """A connection to one Triton server over HTTP or gRPC (reused across calls).
+    """A connection to one tritonserver over HTTP or gRPC, reused across calls.
 
     Args:
         url: ``host:port`` of the protocol's endpoint.
         protocol: ``http`` or ``grpc``.
         timeout_s: network timeout of each call.
+        shared_memory: ``none``, ``system`` (inputs and outputs through POSIX
+            shared memory; the server must run on this host) or ``cuda``
+            (not available in this bundle: raises ClientError).
+        validate: check each request against the model's metadata and config
+            before sending it (one metadata fetch per model, cached).
+        retry: retries on UNAVAILABLE; the default policy when None.
+
+    Raises:
+        ConfigError: an invalid option.
+        ClientError: ``shared_memory="cuda"``.
     """
 
-    def __init__(self, url: str, protocol: Protocol = "grpc", timeout_s: float = 30.0) -> None:
-        if protocol not in PROTOCOLS:
-            raise ClientError(f"unknown protocol {protocol!r}; choose http or grpc")
-        self.url = url
-        self.protocol = protocol
-        self._timeout_s = timeout_s
-        try:
-            if protocol == "http":
-                import tritonclient.http as module
+    def __init__(
+        self,
+        url: str,
+        protocol: Protocol = "grpc",
+        timeout_s: float = 30.0,
+        *,
+        shared_memory: SharedMemory = "none",
+        validate: bool = True,
+        retry: RetryPolicy | None = None,
+    ) -> None:
+        options = ClientOptions(
+            url=url,
+            protocol=protocol,
+            timeout_s=timeout_s,
+            shared_memory=shared_memory,
+            validate=validate,
+            retry=retry or RetryPolicy(),
+        )
+        if options.shared_memory == "cuda":
+            raise cuda_unavailable()
+        self.options = options
+        self.url = options.url
+        self.protocol: Protocol = options.protocol
+        self._module = wire.protocol_module(options.protocol)
+        self._client: Any = wire.new_client(options)
+        self._json = wire.json_kwargs(options)
+        self._kwargs = wire.call_kwargs(options)
+        self._specs: dict[tuple[str, str], ModelSpec] = {}
+        self._region: SystemRegion | None = None
+        self._closed = False
 
-                self._client: Any = module.InferenceServerClient(
-                    url, connection_timeout=timeout_s, network_timeout=timeout_s
-                )
-            else:
-                import tritonclient.grpc as module  # type: ignore[no-redef]
-
-                self._client = module.InferenceServerClient(url)
-        except Exception as exc:  # tritonclient raises several unrelated types here
-            raise ClientError(f"cannot create a {protocol} client for {url}: {_message(exc)}") from exc
-        self._module = module
+    @classmethod
+    def from_options(cls, options: ClientOptions) -> TritonClient:
+        """A client for ``options`` (what the CLI builds)."""
+        return cls(
+            options.url,
+            options.protocol,
+            options.timeout_s,
+            shared_memory=options.shared_memory,
+            validate=options.validate,
+            retry=options.retry,
+        )
 
     def __enter__(self) -> TritonClient:
         return self
@@ -61,48 +111,209 @@ class TritonClient:
     ) -> None:
         self.close()
 
-    def close(self) -> None:
-        """Close the connection."""
-        self._client.close()
+    def __repr__(self) -> str:
+        return f"TritonClient({self.options.endpoint}, shared_memory={self.options.shared_memory})"
+
+    # ------------------------------------------------------------------ calls
+    def _call(self, what: str, fn: Callable[[], T]) -> T:
+        """``fn()`` with retries on UNAVAILABLE; any failure as a ClientError about ``what``."""
+        if self._closed:
+            raise ClientError(f"{self!r} is closed")
+        try:
+            return retry.call(fn, self.options.retry, f"{self.options.endpoint} {what}")
+        except BundleError:
+            raise
+        except Exception as exc:  # tritonclient's and the transport's errors, classified here
+            raise failures.client_error(self.url, self.protocol, what, exc) from exc
 
     def is_ready(self) -> bool:
-        """Whether the server answers and is ready (False when it is down)."""
+        """Whether the server answers and is ready (False when it is down; never raises)."""
         try:
-            return bool(self._client.is_server_ready())
+            return bool(self._client.is_server_ready(**self._kwargs))
         except Exception:  # a refused connection is an answer here, not an error
             return False
 
-    def infer(self, model: str, inputs: dict[str, np.ndarray], version: str = "") -> np.ndarray:
+    def server_live(self) -> bool:
+        """Whether the server says it is live (ClientError when it cannot be reached)."""
+        return bool(self._call("server live", lambda: self._client.is_server_live(**self._kwargs)))
+
+    def server_ready(self) -> bool:
+        """Whether the server says it is ready: every model it should load is READY."""
+        return bool(self._call("server ready", lambda: self._client.is_server_ready(**self._kwargs)))
+
+    def server_metadata(self) -> dict[str, Any]:
+        """The server's name, version and extensions."""
+        return dict(self._call("server metadata", lambda: self._client.get_server_metadata(**self._json)))
+
+    def model_ready(self, model: str, version: str = "") -> bool:
+        """Whether ``model`` (``version``) is loaded and ready."""
+        return bool(
+            self._call(
+                f"model {model!r} ready", lambda: self._client.is_model_ready(model, version, **self._kwargs)
+            )
+        )
+
+    def repository_index(self) -> list[ModelState]:
+        """Every model of the repository with its state."""
+        document = self._call(
+            "repository index", lambda: self._client.get_model_repository_index(**self._json)
+        )
+        return wire.index_entries(document)
+
+    def statistics(self, model: str = "", version: str = "") -> list[ModelStats]:
+        """Inference statistics of ``model`` (every model when "")."""
+        what = f"statistics of model {model!r}" if model else "statistics"
+        document = self._call(
+            what, lambda: self._client.get_inference_statistics(model, version, **self._json)
+        )
+        return parse_statistics(document)
+
+    def model_spec(self, model: str, version: str = "") -> ModelSpec:
+        """What ``model`` accepts and returns, from its metadata and config (cached).
+
+        Raises:
+            ClientError: the server is down, the model is unknown or not ready.
+        """
+        key = (model, version)
+        if key not in self._specs:
+            try:
+                metadata = self._call(
+                    f"model {model!r}", lambda: self._client.get_model_metadata(model, version, **self._json)
+                )
+                config = self._call(
+                    f"model {model!r}", lambda: self._client.get_model_config(model, version, **self._json)
+                )
+            except ClientError as exc:
+                raise self._diagnose(model, exc) from exc.__cause__
+            self._specs[key] = ModelSpec.from_server(metadata, config)
+        return self._specs[key]
+
+    def _diagnose(self, model: str, error: ClientError) -> ClientError:
+        """A clearer error for a failed model call: unknown or not-ready model, when the index says so."""
+        cause = error.__cause__
+        if cause is None or failures.is_transport_failure(cause):
+            return error
+        try:
+            index = self.repository_index()
+        except ClientError:
+            return error
+        return wire.model_problem(model, self.options, index) or error
+
+    # -------------------------------------------------------------- inference
+    def infer(self, model: str, inputs: Mapping[str, np.ndarray], version: str = "") -> np.ndarray:
         """Run ``model`` on one batch.
 
         Args:
             model: model name in the repository.
-            inputs: ``dense_features`` (``B x 13`` float32) and ``categorical_ids`` (``B x 26`` int64).
+            inputs: ``dense_features`` (``B x 13`` float32) and ``categorical_ids``
+                (``B x 26`` int64), or whatever the model's metadata lists.
             version: model version ("" for the server's choice).
 
         Returns:
             ``B x 1`` float32 probabilities.
+
+        Raises:
+            ClientError: invalid inputs (nothing sent), server down, unknown or
+                not-ready model, or the server rejected the request.
         """
-        tensors = []
-        for spec in INPUTS:
-            if spec.name not in inputs:
-                raise ClientError(f"input {spec.name!r} is missing")
-            array = np.ascontiguousarray(inputs[spec.name], dtype=spec.dtype)
-            tensor = self._module.InferInput(spec.name, list(array.shape), spec.triton_dtype)
-            if self.protocol == "http":
-                tensor.set_data_from_numpy(array, binary_data=True)
-            else:
-                tensor.set_data_from_numpy(array)
-            tensors.append(tensor)
-        if self.protocol == "http":
-            outputs = [self._module.InferRequestedOutput(OUTPUT, binary_data=True)]
-        else:
-            outputs = [self._module.InferRequestedOutput(OUTPUT)]
+        prepared = self.prepare(model, inputs, version)
         try:
-            result = self._client.infer(model, tensors, model_version=version, outputs=outputs)
-        except Exception as exc:  # InferenceServerException and transport errors alike
-            raise ClientError(f"{self.protocol}://{self.url} {model}: {_message(exc)}") from exc
-        output = result.as_numpy(OUTPUT)
-        if output is None:
-            raise ClientError(f"{model}: the response holds no {OUTPUT!r}")
-        return np.asarray(output)
+            result = self.send(prepared)
+        except ClientError:
+            # A request that timed out may still be answered into the region
+            # later: never reuse it for another request.
+            if prepared.region is not None:
+                self._release_region()
+            raise
+        return self.decode(prepared, result)
+
+    def prepare(self, model: str, inputs: Mapping[str, np.ndarray], version: str = "") -> Prepared:
+        """Check ``inputs`` and build the request (into shared memory when enabled); nothing is sent."""
+        spec = self.model_spec(model, version) if self.options.validate else None
+        pairs, rows = spec.validate(inputs) if spec is not None else request.unchecked_inputs(inputs)
+        output = request.output_for(spec)
+        if self.options.shared_memory == "system":
+            slices = request.shm_layout(pairs, output, rows)
+            region = self._region_for(region_bytes(slices))
+            return request.build_shm(self._module, model, version, pairs, rows, output, region, slices)
+        return request.build(self._module, self.protocol, model, version, pairs, rows, output)
+
+    def send(self, prepared: Prepared) -> Any:
+        """Send a prepared request (retried on UNAVAILABLE); the raw tritonclient result."""
+        what = f"model {prepared.model!r}"
+
+        def infer() -> Any:
+            return self._client.infer(
+                prepared.model,
+                prepared.inputs,
+                model_version=prepared.version,
+                outputs=prepared.outputs,
+                **self._kwargs,
+            )
+
+        try:
+            return self._call(what, infer)
+        except ClientError as exc:
+            if exc.__cause__ is not None and failures.is_not_found(exc.__cause__):
+                raise self._diagnose(prepared.model, exc) from exc.__cause__
+            raise
+
+    def decode(self, prepared: Prepared, result: Any) -> np.ndarray:
+        """The output of a result: ``B x 1`` float32 (copied out of shared memory when used)."""
+        return request.decode(prepared, result)
+
+    def infer_batches(
+        self, model: str, batches: Iterable[Batch], version: str = ""
+    ) -> Iterator[tuple[Batch, np.ndarray]]:
+        """Infer batch after batch, one request in flight; yields each batch with its ``B x 1`` output."""
+        for batch in batches:
+            yield batch, self.infer(model, batch.inputs(), version)
+
+    # ---------------------------------------------------------- shared memory
+    def _region_for(self, nbytes: int) -> SystemRegion:
+        """The client's registered region, re-created larger when ``nbytes`` do not fit."""
+        if self._region is not None and self._region.byte_size >= nbytes:
+            return self._region
+        self._release_region()
+        region = SystemRegion(nbytes)
+        # Kept before registering: if registration fails after the server took
+        # it (a timeout), releasing still unregisters it there.
+        self._region = region
+        try:
+            self._call(
+                "shared memory registration",
+                lambda: self._client.register_system_shared_memory(
+                    region.name, region.key, region.byte_size, **self._kwargs
+                ),
+            )
+        except ClientError as exc:
+            self._release_region()
+            if exc.__cause__ is not None and failures.is_transport_failure(exc.__cause__):
+                raise
+            raise registration_error(exc) from exc.__cause__
+        except BaseException:
+            self._release_region()
+            raise
+        logger.debug("registered %r with %s", region, self.options.endpoint)
+        return region
+
+    def _release_region(self) -> None:
+        """Unregister the region from the server (best effort) and destroy it locally."""
+        region, self._region = self._region, None
+        if region is None:
+            return
+        try:
+            self._client.unregister_system_shared_memory(region.name, **self._kwargs)
+        except Exception as exc:  # the server may be gone; the local segment must go regardless
+            logger.debug("could not unregister %r: %s", region, failures.message(exc))
+        region.destroy()
+
+    def close(self) -> None:
+        """Release shared memory (unregister, destroy) and close the connection; idempotent."""
+        if self._closed:
+            return
+        try:
+            self._release_region()
+        finally:
+            self._closed = True
+            self._client.close()

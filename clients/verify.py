@@ -8,6 +8,7 @@ from pathlib import Path
 import numpy as np
 
 from bundle.errors import ClientError
+from clients.reference import OnnxReference
 from clients.triton import TritonClient
 from criteo.synth import SynthConfig, generate_lines
 from criteo.tsv import Batch, parse_lines, read_batch, to_batch
@@ -53,12 +54,7 @@ def repository_models(repository: Path) -> list[str]:
 
 def in_process(model_file: Path, batch: Batch) -> np.ndarray:
     """Probabilities of ``model_file`` under ONNX Runtime in this process: ``B x 1``."""
-    import onnxruntime as ort
-
-    from criteo.schema import OUTPUT
-
-    session = ort.InferenceSession(str(model_file), providers=["CPUExecutionProvider"])
-    return np.asarray(session.run([OUTPUT], batch.inputs())[0])
+    return OnnxReference(model_file).predict(batch)
 
 
 def verify_repository(

@@ -1,0 +1,344 @@
+"""``python -m clients``: health, metadata, statistics, inference and evaluation through tritonserver.
+
+Thin: each command builds a :class:`~clients.options.ClientOptions` (and the
+command's own options) and calls the library. Every failure is one
+``error: ...`` line and exit code 1; ``--verbose`` adds the traceback.
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+import logging
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated
+
+import typer
+
+from bundle.cli import new_app, run
+from bundle.errors import ClientError
+from clients.options import ClientOptions, default_url
+from clients.retry import RetryPolicy
+
+if TYPE_CHECKING:
+    from clients.predict import PredictOptions
+
+logger = logging.getLogger(__name__)
+
+app = new_app(
+    "Clients of the served CTR models over HTTP or gRPC: health, metadata, statistics, "
+    "inference of a Criteo TSV file, and AUC/logloss evaluation."
+)
+
+
+class ProtocolName(enum.StrEnum):
+    HTTP = "http"
+    GRPC = "grpc"
+
+
+class SharedMemoryName(enum.StrEnum):
+    NONE = "none"
+    SYSTEM = "system"
+    CUDA = "cuda"
+
+
+class ModeName(enum.StrEnum):
+    SYNC = "sync"
+    ASYNC = "async"
+
+
+ProtocolOption = Annotated[ProtocolName, typer.Option("--protocol", "-p", help="Wire protocol.")]
+UrlOption = Annotated[
+    str | None,
+    typer.Option(
+        "--url",
+        "-u",
+        help="host:port of the endpoint (default 127.0.0.1:8000 for http, 127.0.0.1:8001 for grpc).",
+    ),
+]
+TimeoutOption = Annotated[float, typer.Option("--timeout", help="Seconds per call.")]
+TriesOption = Annotated[
+    int, typer.Option("--tries", help="Attempts per call when the server is UNAVAILABLE (1 = no retry).")
+]
+SharedMemoryOption = Annotated[
+    SharedMemoryName,
+    typer.Option("--shared-memory", help="Tensors through system shared memory (same host) or CUDA (gpu)."),
+]
+ModelOption = Annotated[str, typer.Option("--model", "-m", help="Model name in the repository.")]
+InputOption = Annotated[
+    Path, typer.Option("--input", "-i", help="Criteo TSV file (labeled or not; .gz too).", dir_okay=False)
+]
+BatchOption = Annotated[int, typer.Option("--batch-size", "-b", help="Rows per request.")]
+ModeOption = Annotated[ModeName, typer.Option("--mode", help="sync: one request in flight; async: asyncio.")]
+InFlightOption = Annotated[int, typer.Option("--max-in-flight", help="Requests pending at once (async).")]
+MaxRowsOption = Annotated[int | None, typer.Option("--max-rows", help="Only the first N rows.")]
+JsonOption = Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")]
+
+
+def _options(
+    protocol: ProtocolName,
+    url: str | None,
+    timeout: float,
+    tries: int,
+    shared_memory: SharedMemoryName = SharedMemoryName.NONE,
+) -> ClientOptions:
+    return ClientOptions(
+        url=url or default_url(protocol.value),
+        protocol=protocol.value,
+        timeout_s=timeout,
+        shared_memory=shared_memory.value,
+        retry=RetryPolicy(max_tries=tries),
+    )
+
+
+def _predict_options(
+    batch_size: int, mode: ModeName, max_in_flight: int, max_rows: int | None
+) -> PredictOptions:
+    from clients.predict import PredictOptions
+
+    return PredictOptions(batch_size, mode.value, max_in_flight, max_rows)
+
+
+def _table(header: list[str], rows: list[list[str]]) -> str:
+    widths = [max(len(str(cell)) for cell in column) for column in zip(header, *rows, strict=True)]
+    lines = [
+        "  ".join(str(cell).ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip()
+        for row in [header, *rows]
+    ]
+    return "\n".join(lines)
+
+
+@app.command()
+def health(
+    protocol: ProtocolOption = ProtocolName.GRPC,
+    url: UrlOption = None,
+    model: Annotated[
+        list[str] | None,
+        typer.Option("--model", "-m", help="Also require this model to be ready (repeatable)."),
+    ] = None,
+    timeout: TimeoutOption = 10.0,
+    tries: TriesOption = 4,
+) -> None:
+    """Is the server live and ready, and which models are ready? Exit 1 when not."""
+    from clients.triton import TritonClient
+
+    options = _options(protocol, url, timeout, tries)
+    with TritonClient.from_options(options) as client:
+        live = client.server_live()
+        ready = client.server_ready()
+        index = client.repository_index()
+    print(
+        f"tritonserver at {options.endpoint}: {'live' if live else 'not live'}, "
+        f"{'ready' if ready else 'not ready'}"
+    )
+    rows = [[m.name, m.version or "-", m.state or "not loaded", m.reason] for m in index]
+    if rows:
+        print(_table(["model", "version", "state", "reason"], rows))
+    states = {m.name: m for m in index}
+    for name in model or []:
+        entry = states.get(name)
+        if entry is None:
+            raise ClientError(f"unknown model {name!r} at {options.endpoint}")
+        if not entry.ready:
+            raise ClientError(
+                f"model {name!r} at {options.endpoint} is not ready ({entry.state or 'not loaded'})"
+            )
+    if not (live and ready):
+        not_ready = [m.name for m in index if not m.ready]
+        raise ClientError(f"tritonserver at {options.endpoint} is not ready; models not ready: {not_ready}")
+
+
+@app.command()
+def metadata(
+    protocol: ProtocolOption = ProtocolName.GRPC,
+    url: UrlOption = None,
+    model: Annotated[str | None, typer.Option("--model", "-m", help="A model's inputs and outputs.")] = None,
+    timeout: TimeoutOption = 10.0,
+    tries: TriesOption = 4,
+) -> None:
+    """The server's name, version and extensions, or a model's tensors and max batch size (JSON)."""
+    from clients.triton import TritonClient
+
+    with TritonClient.from_options(_options(protocol, url, timeout, tries)) as client:
+        document = client.model_spec(model).summary() if model else client.server_metadata()
+    print(json.dumps(document, indent=2))
+
+
+@app.command()
+def stats(
+    protocol: ProtocolOption = ProtocolName.GRPC,
+    url: UrlOption = None,
+    model: Annotated[str | None, typer.Option("--model", "-m", help="Only this model.")] = None,
+    as_json: JsonOption = False,
+    timeout: TimeoutOption = 10.0,
+    tries: TriesOption = 4,
+) -> None:
+    """Inference statistics per model: requests, rows, executions and mean times inside the server."""
+    from clients.triton import TritonClient
+
+    with TritonClient.from_options(_options(protocol, url, timeout, tries)) as client:
+        entries = client.statistics(model or "")
+    if as_json:
+        print(json.dumps([entry.as_dict() for entry in entries], indent=2))
+        return
+    header = [
+        "model",
+        "version",
+        "requests",
+        "failed",
+        "rows",
+        "executions",
+        "request ms",
+        "queue ms",
+        "infer ms",
+    ]
+    rows = [
+        [
+            e.name,
+            e.version,
+            str(e.success_count),
+            str(e.fail_count),
+            str(e.inference_count),
+            str(e.execution_count),
+            f"{e.mean_ms():.3f}",
+            f"{e.mean_ms('queue'):.3f}",
+            f"{e.mean_ms('compute_infer'):.3f}",
+        ]
+        for e in entries
+    ]
+    print(_table(header, rows))
+
+
+@app.command()
+def infer(
+    model: ModelOption,
+    input_file: InputOption,
+    protocol: ProtocolOption = ProtocolName.GRPC,
+    url: UrlOption = None,
+    batch_size: BatchOption = 1024,
+    output: Annotated[
+        Path | None,
+        typer.Option("--output", "-o", help="CSV file (default: standard output).", dir_okay=False),
+    ] = None,
+    mode: ModeOption = ModeName.SYNC,
+    max_in_flight: InFlightOption = 4,
+    shared_memory: SharedMemoryOption = SharedMemoryName.NONE,
+    max_rows: MaxRowsOption = None,
+    timeout: TimeoutOption = 30.0,
+    tries: TriesOption = 4,
+) -> None:
+    """Probability of a click for every row of a Criteo TSV file, one per line, in input order."""
+    from clients.predict import predict_file
+
+    options = _predict_options(batch_size, mode, max_in_flight, max_rows)
+    client = _options(protocol, url, timeout, tries, shared_memory)
+    summary = predict_file(client, model, input_file, options, output)
+    if output is not None:
+        print(
+            f"wrote {summary.rows} probabilities to {output} ({model} over {client.endpoint}, "
+            f"{summary.batches} requests, {summary.seconds:.2f} s, {summary.rows_per_s:,.0f} rows/s)"
+        )
+
+
+@app.command()
+def evaluate(
+    model: Annotated[list[str], typer.Option("--model", "-m", help="Model to score (repeatable).")],
+    input_file: InputOption,
+    protocol: ProtocolOption = ProtocolName.GRPC,
+    url: UrlOption = None,
+    reference: Annotated[
+        Path | None,
+        typer.Option(
+            "--reference", help="ONNX file to run in-process (ONNX Runtime) on the same rows.", dir_okay=False
+        ),
+    ] = None,
+    batch_size: BatchOption = 1024,
+    mode: ModeOption = ModeName.SYNC,
+    max_in_flight: InFlightOption = 4,
+    shared_memory: SharedMemoryOption = SharedMemoryName.NONE,
+    max_rows: MaxRowsOption = None,
+    as_json: JsonOption = False,
+    timeout: TimeoutOption = 30.0,
+    tries: TriesOption = 4,
+) -> None:
+    """AUC and logloss of served predictions on a labeled file, side by side per model (and reference)."""
+    from clients.evaluate import evaluate as run_evaluation
+
+    options = _predict_options(batch_size, mode, max_in_flight, max_rows)
+    client = _options(protocol, url, timeout, tries, shared_memory)
+    result = run_evaluation(client, model, input_file, options, reference)
+    if as_json:
+        print(json.dumps(result.as_dict(), indent=2))
+        return
+    print(
+        f"{result.rows} rows of {result.input} (positive rate {result.positive_rate:.4f}) "
+        f"via {result.endpoint}"
+    )
+    header = ["model", "rows", "AUC", "logloss", "AUC - ref", "max |p - ref|", "seconds"]
+    scores = ([result.reference] if result.reference else []) + list(result.scores)
+    rows = [
+        [
+            s.name if s.name != "reference" else f"reference ({result.reference_file}, in-process)",
+            str(s.rows),
+            f"{s.auc:.6f}",
+            f"{s.logloss:.6f}",
+            "-" if s.auc_delta is None else f"{s.auc_delta:+.2e}",
+            "-" if s.max_abs_diff is None else f"{s.max_abs_diff:.2e}",
+            f"{s.seconds:.2f}",
+        ]
+        for s in scores
+    ]
+    print(_table(header, rows))
+
+
+@app.command()
+def bench(
+    repository: Annotated[
+        Path | None,
+        typer.Option(
+            "--repository", "-r", help="Start the local tritonserver on this repository.", file_okay=False
+        ),
+    ] = None,
+    http_url: Annotated[str | None, typer.Option(help="HTTP host:port of a running server.")] = None,
+    grpc_url: Annotated[str | None, typer.Option(help="gRPC host:port of a running server.")] = None,
+    model: ModelOption = "dlrm_onnx",
+    batch_size: Annotated[list[int] | None, typer.Option("--batch-size", "-b", help="Repeatable.")] = None,
+    requests: Annotated[int, typer.Option(help="Measured requests per case.")] = 1000,
+    warmup: Annotated[int, typer.Option(help="Warm-up requests per case.")] = 50,
+    rounds: Annotated[
+        int, typer.Option(help="Turns the cases take, each with a share of the requests.")
+    ] = 10,
+    out: Annotated[Path, typer.Option(help="Folder for client_cost.json and .md.", file_okay=False)] = Path(
+        "benchmarks/clients"
+    ),
+) -> None:
+    """Measure the client-side cost per request of HTTP, gRPC and shared memory (a benchmark)."""
+    from clients import bench as bench_module
+
+    options = bench_module.BenchOptions(model, tuple(batch_size or (1, 1024)), requests, warmup, rounds)
+    command = bench_module.command_line()
+    if repository is not None:
+        if http_url or grpc_url:
+            raise ClientError("give either --repository or --http-url/--grpc-url, not both")
+        with bench_module.local_server(repository) as (http, grpc):
+            report = bench_module.run_bench(http, grpc, options, command)
+        data = repository.parent
+        reproduce = [
+            f"# any repository serving {model}; the cost depends on tensor sizes, not weights. Here:",
+            f"python -m criteo synth --rows 5000 --out {data}/rows.tsv",
+            f"python -m models train dlrm --data {data}/rows.tsv --out {data}/dlrm --preset tiny",
+            f"python -m export dlrm --checkpoint {data}/dlrm --repository {repository}",
+            command,
+        ]
+    else:
+        if not (http_url and grpc_url):
+            raise ClientError("give --repository, or both --http-url and --grpc-url of a running server")
+        report = bench_module.run_bench(http_url, grpc_url, options, command)
+        reproduce = ["python -m server serve --repository model_repository   # in another terminal", command]
+    json_path, md_path = bench_module.write_report(report, out, reproduce)
+    print(bench_module.markdown(report, reproduce))
+    print(f"wrote {json_path} and {md_path}")
+
+
+if __name__ == "__main__":
+    run(app)

@@ -1,0 +1,352 @@
+"""Client-side cost per request: HTTP, gRPC and system shared memory, batch 1 and 1024.
+
+A benchmark, not a test: ``python -m clients bench`` writes
+``benchmarks/clients/client_cost.json`` and ``client_cost.md``.
+
+Each request is timed in three phases on the sync client: *build* (check the
+inputs against the metadata, make the tritonclient tensors, or copy them into
+shared memory), *call* (serialize, send, wait, parse the response message)
+and *decode* (the output as numpy, copied out of shared memory when used).
+After each request the server's statistics give the time the request spent
+inside tritonserver (``success.ns``, arrival to response); the client-side
+cost is what is left: ``total - server``, i.e. the client library, the
+loopback transport and the server's HTTP/gRPC front end. The process CPU time
+of the client per request (all its threads, ``time.process_time``) is
+reported too. Medians over many requests, one case after another on the same
+server.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import logging
+import os
+import platform
+import shlex
+import subprocess
+import sys
+import time
+from collections.abc import Iterator, Sequence
+from contextlib import ExitStack, contextmanager
+from dataclasses import asdict, dataclass, field
+from importlib import metadata as package_metadata
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from bundle.errors import ConfigError
+from clients.options import ClientOptions, Protocol, SharedMemory
+from clients.triton import TritonClient
+from clients.verify import sample_rows
+
+logger = logging.getLogger(__name__)
+
+#: (protocol, shared memory) pairs measured, in report order.
+TRANSPORTS: tuple[tuple[Protocol, SharedMemory], ...] = (
+    ("http", "none"),
+    ("grpc", "none"),
+    ("http", "system"),
+    ("grpc", "system"),
+)
+
+
+@dataclass(frozen=True)
+class BenchOptions:
+    """What to measure.
+
+    Args:
+        model: the served model to call.
+        batch_sizes: rows per request, one set of cases each.
+        requests: measured requests per case.
+        warmup: unmeasured requests before each case (connection, metadata, shm registration).
+        rounds: the cases take turns this many times, each with a share of the requests.
+    """
+
+    model: str = "dlrm_onnx"
+    batch_sizes: tuple[int, ...] = (1, 1024)
+    requests: int = 1000
+    warmup: int = 50
+    rounds: int = 10
+
+    def __post_init__(self) -> None:
+        if not self.batch_sizes or any(size < 1 for size in self.batch_sizes):
+            raise ConfigError(f"batch sizes must be >= 1, got {self.batch_sizes}")
+        if self.requests < 10:
+            raise ConfigError(f"requests must be >= 10 for a median to mean something, got {self.requests}")
+        if self.warmup < 1:
+            raise ConfigError(f"warmup must be >= 1, got {self.warmup}")
+        if not 1 <= self.rounds <= self.requests:
+            raise ConfigError(f"rounds must be in 1..requests, got {self.rounds}")
+
+
+@dataclass(frozen=True)
+class CaseResult:
+    """Medians (and the 90th percentile of the client-side cost) of one case, in microseconds.
+
+    Attributes:
+        protocol: ``http`` or ``grpc``.
+        shared_memory: ``none`` or ``system``.
+        batch_size: rows per request.
+        requests: measured requests.
+        total_us: the whole ``infer`` as the caller sees it.
+        server_us: time inside tritonserver (its statistics).
+        client_us: ``total - server``: the client-side cost per request.
+        client_p90_us: its 90th percentile.
+        build_us: inputs checked and tensors built (or copied into shared memory).
+        call_us: serialize, send, wait, parse (server time included).
+        decode_us: output to numpy (copied out of shared memory when used).
+        client_cpu_us: process CPU time of the client per request.
+    """
+
+    protocol: str
+    shared_memory: str
+    batch_size: int
+    requests: int
+    total_us: float
+    server_us: float
+    client_us: float
+    client_p90_us: float
+    build_us: float
+    call_us: float
+    decode_us: float
+    client_cpu_us: float
+
+
+@dataclass(frozen=True)
+class BenchReport:
+    """One run: the machine, the command and every case."""
+
+    date: str
+    command: str
+    machine: dict[str, Any]
+    software: dict[str, str]
+    model: str
+    options: dict[str, Any]
+    cases: list[CaseResult] = field(default_factory=list)
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def machine_info() -> dict[str, Any]:
+    """CPU model and cores (from ``lscpu``), cores usable by this process, OS."""
+    info: dict[str, Any] = {"cpu": platform.processor() or "unknown", "cpus": os.cpu_count()}
+    try:
+        output = subprocess.run(["lscpu"], capture_output=True, text=True, check=True, timeout=10).stdout
+    except (OSError, subprocess.SubprocessError):
+        output = ""
+    for line in output.splitlines():
+        key, _, value = line.partition(":")
+        if key.strip() == "Model name":
+            info["cpu"] = value.strip()
+        elif key.strip() == "CPU(s)":
+            info["cpus"] = int(value.strip())
+    info["cpus_usable"] = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else info["cpus"]
+    info["os"] = f"{platform.system()} {platform.release()}"
+    return info
+
+
+def _software(server_version: str) -> dict[str, str]:
+    versions = {"python": platform.python_version(), "tritonserver": server_version}
+    for package in ("tritonclient", "grpcio", "geventhttpclient", "numpy"):
+        try:
+            versions[package] = package_metadata.version(package)
+        except package_metadata.PackageNotFoundError:
+            versions[package] = "absent"
+    return versions
+
+
+def _server_ns(stats_client: TritonClient, model: str) -> int:
+    return sum(entry.success_ns for entry in stats_client.statistics(model))
+
+
+def measure(
+    client: TritonClient, stats_client: TritonClient, model: str, inputs: dict[str, np.ndarray], requests: int
+) -> np.ndarray:
+    """Time ``requests`` sequential requests, phase by phase.
+
+    Args:
+        client: the measured client (warmed up).
+        stats_client: a second client that reads the server's statistics between requests.
+        model: the model to call.
+        inputs: one batch, ``B x 13`` and ``B x 26``.
+        requests: how many.
+
+    Returns:
+        ``requests x 6`` seconds: total, server, build, call, decode, client CPU.
+    """
+    samples = np.empty((requests, 6), dtype=np.float64)
+    before = _server_ns(stats_client, model)
+    for index in range(requests):
+        cpu0 = time.process_time()
+        t0 = time.perf_counter()
+        prepared = client.prepare(model, inputs)
+        t1 = time.perf_counter()
+        result = client.send(prepared)
+        t2 = time.perf_counter()
+        client.decode(prepared, result)
+        t3 = time.perf_counter()
+        cpu1 = time.process_time()
+        after = _server_ns(stats_client, model)
+        samples[index] = (t3 - t0, (after - before) / 1e9, t1 - t0, t2 - t1, t3 - t2, cpu1 - cpu0)
+        before = after
+    return samples
+
+
+def summarize(options: ClientOptions, batch_size: int, samples: np.ndarray) -> CaseResult:
+    """Medians (and the client-side p90) of one case's ``N x 6`` samples, in microseconds."""
+    us = samples * 1e6
+    client_side = us[:, 0] - us[:, 1]
+    median = np.median(us, axis=0)
+
+    def r(value: Any) -> float:
+        return round(float(value), 1)
+
+    return CaseResult(
+        protocol=options.protocol,
+        shared_memory=options.shared_memory,
+        batch_size=batch_size,
+        requests=int(samples.shape[0]),
+        total_us=r(median[0]),
+        server_us=r(median[1]),
+        client_us=r(np.median(client_side)),
+        client_p90_us=r(np.percentile(client_side, 90)),
+        build_us=r(median[2]),
+        call_us=r(median[3]),
+        decode_us=r(median[4]),
+        client_cpu_us=r(median[5]),
+    )
+
+
+def run_bench(http_url: str, grpc_url: str, options: BenchOptions, command: str) -> BenchReport:
+    """Every transport at every batch size against one running server.
+
+    The cases take turns (``options.rounds`` rounds, each a share of every
+    case's requests), so a change in the machine's background load during the
+    run affects all cases alike instead of the ones that happened to run then.
+
+    Args:
+        http_url: ``host:port`` of the server's HTTP endpoint.
+        grpc_url: ``host:port`` of its gRPC endpoint.
+        options: model, batch sizes, request counts.
+        command: the command line, recorded in the report.
+    """
+    load_before = os.getloadavg()[0]
+    rows = sample_rows(None, max(options.batch_sizes), seed=3)
+    urls = {"http": http_url, "grpc": grpc_url}
+    cases = [
+        (ClientOptions(urls[protocol], protocol, shared_memory=shared_memory), batch_size)
+        for batch_size in options.batch_sizes
+        for protocol, shared_memory in TRANSPORTS
+    ]
+    with ExitStack() as stack:
+        stats_client = stack.enter_context(TritonClient(grpc_url, "grpc"))
+        server_version = str(stats_client.server_metadata().get("version", "?"))
+        clients = [stack.enter_context(TritonClient.from_options(case)) for case, _ in cases]
+        inputs = [rows.slice(0, batch_size).inputs() for _, batch_size in cases]
+        for client, batch in zip(clients, inputs, strict=True):
+            for _ in range(options.warmup):
+                client.infer(options.model, batch)
+        samples: list[list[np.ndarray]] = [[] for _ in cases]
+        shares = [len(part) for part in np.array_split(np.arange(options.requests), options.rounds)]
+        for round_index, share in enumerate(shares):
+            logger.info("round %d of %d", round_index + 1, options.rounds)
+            for index, (client, batch) in enumerate(zip(clients, inputs, strict=True)):
+                samples[index].append(measure(client, stats_client, options.model, batch, share))
+    machine = machine_info()
+    # Other jobs on a shared machine move the numbers: say how busy it was.
+    machine["load_average_1min"] = {"start": round(load_before, 2), "end": round(os.getloadavg()[0], 2)}
+    report = BenchReport(
+        date=dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+        command=command,
+        machine=machine,
+        software=_software(server_version),
+        model=options.model,
+        options=asdict(options),
+    )
+    for (case, batch_size), parts in zip(cases, samples, strict=True):
+        report.cases.append(summarize(case, batch_size, np.concatenate(parts)))
+    return report
+
+
+@contextmanager
+def local_server(repository: Path) -> Iterator[tuple[str, str]]:
+    """Start the bundle's local tritonserver on ``repository``; yield its HTTP and gRPC urls.
+
+    The only place clients/ touches server/, and only for this benchmark.
+    """
+    from server import LocalServer, ServerConfig
+
+    config = ServerConfig.with_free_ports(repository, log_file=Path("logs/tritonserver-bench.log"))
+    with LocalServer(config) as server:
+        yield server.http_url, server.grpc_url
+
+
+_TRANSPORT_NAMES = {("http", "none"): "HTTP", ("grpc", "none"): "gRPC"}
+
+
+def _transport(case: CaseResult) -> str:
+    return _TRANSPORT_NAMES.get(
+        (case.protocol, case.shared_memory), f"{'HTTP' if case.protocol == 'http' else 'gRPC'} + system shm"
+    )
+
+
+def markdown(report: BenchReport, reproduce: Sequence[str]) -> str:
+    """The report as a Markdown page, with how to reproduce it."""
+    machine = report.machine
+    software = report.software
+    lines = [
+        "# Client-side cost per request",
+        "",
+        f"Model `{report.model}` on the bundle's local tritonserver {software['tritonserver']} "
+        f"(Python-based onnxruntime backend), client and server on the same machine.",
+        "",
+        f"- machine: {machine['cpu']}, {machine['cpus']} CPUs ({machine['cpus_usable']} usable), "
+        f"{machine['os']}",
+        f"- load average (1 min) at start and end: {machine['load_average_1min']['start']} and "
+        f"{machine['load_average_1min']['end']} (the machine is shared with other jobs; server and "
+        "client run on the same cores)",
+        f"- date: {report.date}",
+        f"- software: Python {software['python']}, tritonclient {software['tritonclient']}, "
+        f"grpcio {software['grpcio']}, geventhttpclient {software['geventhttpclient']}",
+        f"- command: `{report.command}`",
+        f"- {report.options['requests']} measured requests per case after {report.options['warmup']} "
+        f"warm-up requests, one request in flight (sync client); the cases take turns in "
+        f"{report.options['rounds']} rounds, so background load changes hit them alike",
+        "",
+        "Medians in microseconds. **client-side** = total - server, where *server* is the request's "
+        "time inside tritonserver from its statistics API (read after every request); it holds the "
+        "client library, the loopback transport and the server's HTTP/gRPC front end. *build*: "
+        "inputs checked against the model metadata and the request tensors made (or copied into "
+        "shared memory); *call*: serialize, send, wait, parse (server time included); *decode*: "
+        "output to numpy. *client CPU*: the client process's CPU time per request (all threads).",
+        "",
+        "| transport | batch | total | server | **client-side** | client-side p90 | build | call "
+        "| decode | client CPU |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for case in report.cases:
+        lines.append(
+            f"| {_transport(case)} | {case.batch_size} | {case.total_us:.0f} | {case.server_us:.0f} "
+            f"| **{case.client_us:.0f}** | {case.client_p90_us:.0f} | {case.build_us:.0f} "
+            f"| {case.call_us:.0f} | {case.decode_us:.0f} | {case.client_cpu_us:.0f} |"
+        )
+    lines += ["", "## Reproduce", "", "```bash", *reproduce, "```", ""]
+    return "\n".join(lines)
+
+
+def write_report(report: BenchReport, out_dir: Path, reproduce: Sequence[str]) -> tuple[Path, Path]:
+    """Write ``client_cost.json`` and ``client_cost.md`` into ``out_dir``."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    json_path = out_dir / "client_cost.json"
+    md_path = out_dir / "client_cost.md"
+    json_path.write_text(json.dumps(report.as_dict(), indent=2) + "\n")
+    md_path.write_text(markdown(report, reproduce))
+    return json_path, md_path
+
+
+def command_line() -> str:
+    """This process's command line as ``python -m clients ...``."""
+    return shlex.join(["python", "-m", "clients", *sys.argv[1:]])

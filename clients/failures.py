@@ -1,0 +1,115 @@
+"""What went wrong in a call to tritonserver, as one line a user can act on.
+
+tritonclient reports failures as ``InferenceServerException`` (with an HTTP
+status such as ``"404"`` or a gRPC code such as ``"StatusCode.NOT_FOUND"``),
+and transport failures as the transport's own exceptions
+(``ConnectionRefusedError`` from the sync HTTP client, ``aiohttp`` errors from
+the asyncio one). This module classifies them, so that retries happen on
+UNAVAILABLE only, and turns them into :class:`~bundle.errors.ClientError`.
+"""
+
+from __future__ import annotations
+
+import errno
+
+from bundle.errors import ClientError
+
+#: gRPC status names (as in ``grpc.StatusCode``) of a server that cannot take the call now.
+_UNAVAILABLE_GRPC = "UNAVAILABLE"
+_UNAVAILABLE_HTTP = 503
+_NOT_FOUND_GRPC = "NOT_FOUND"
+_NOT_FOUND_HTTP = 404
+_TIMEOUT_GRPC = "DEADLINE_EXCEEDED"
+
+
+def message(exc: BaseException) -> str:
+    """The exception's text on one line, without tritonclient's ``[status]`` prefix."""
+    text_method = getattr(exc, "message", None)
+    text = text_method() if callable(text_method) else str(exc)
+    text = " ".join(str(text or type(exc).__name__).split())
+    # Triton prefixes request errors with the id, which is never set here.
+    return text.removeprefix("[request id: <id_unknown>] ")
+
+
+def _status(exc: BaseException) -> str | None:
+    status_method = getattr(exc, "status", None)
+    if not callable(status_method):
+        return None
+    status = status_method()
+    return None if status is None else str(status)
+
+
+def grpc_code(exc: BaseException) -> str | None:
+    """``UNAVAILABLE``, ``NOT_FOUND``, ... for a gRPC failure, else None."""
+    status = _status(exc)
+    if status is None or not status.startswith("StatusCode."):
+        return None
+    return status.removeprefix("StatusCode.")
+
+
+def http_status(exc: BaseException) -> int | None:
+    """The HTTP status of an HTTP failure (``404``, ``503``, ...), else None."""
+    status = _status(exc)
+    return int(status) if status is not None and status.isdigit() else None
+
+
+def is_connection_refused(exc: BaseException) -> bool:
+    """Whether nothing listens at the address (refused connection, any transport)."""
+    if isinstance(exc, ConnectionRefusedError):
+        return True
+    # aiohttp's ClientConnectorError carries the OSError of the connect call.
+    if isinstance(getattr(exc, "os_error", None), ConnectionRefusedError):
+        return True
+    if isinstance(exc, OSError) and exc.errno == errno.ECONNREFUSED:
+        return True
+    return grpc_code(exc) == _UNAVAILABLE_GRPC and "connection refused" in message(exc).lower()
+
+
+def is_unavailable(exc: BaseException) -> bool:
+    """Whether the call failed because the server cannot take it now, so a retry may succeed.
+
+    True for gRPC UNAVAILABLE, HTTP 503 and a refused connection; False for
+    everything else, INVALID_ARGUMENT and NOT_FOUND included.
+    """
+    return (
+        is_connection_refused(exc)
+        or grpc_code(exc) == _UNAVAILABLE_GRPC
+        or http_status(exc) == _UNAVAILABLE_HTTP
+    )
+
+
+def is_not_found(exc: BaseException) -> bool:
+    """Whether the server said the model (or version) does not exist."""
+    return grpc_code(exc) == _NOT_FOUND_GRPC or http_status(exc) == _NOT_FOUND_HTTP
+
+
+def is_timeout(exc: BaseException) -> bool:
+    """Whether the call ran past its timeout."""
+    return isinstance(exc, TimeoutError) or grpc_code(exc) == _TIMEOUT_GRPC
+
+
+def is_transport_failure(exc: BaseException) -> bool:
+    """Whether the call never got an answer from the server (not a server-side error)."""
+    return is_unavailable(exc) or is_timeout(exc) or (isinstance(exc, OSError) and _status(exc) is None)
+
+
+def unreachable(endpoint: str, protocol: str, exc: BaseException) -> ClientError:
+    """``cannot reach tritonserver at HOST:PORT over PROTOCOL (reason)``."""
+    reason = "connection refused" if is_connection_refused(exc) else message(exc)
+    return ClientError(f"cannot reach tritonserver at {endpoint} over {protocol} ({reason})")
+
+
+def client_error(url: str, protocol: str, what: str, exc: BaseException) -> ClientError:
+    """A ClientError for a failed call: unreachable server, or the server's own answer.
+
+    Args:
+        url: ``host:port`` called.
+        protocol: ``http`` or ``grpc``.
+        what: what was asked, e.g. ``model 'dlrm_onnx'``, for the message.
+        exc: what tritonclient or the transport raised.
+    """
+    if is_timeout(exc):
+        return ClientError(f"{what}: no answer from tritonserver at {url} over {protocol} within the timeout")
+    if is_transport_failure(exc):
+        return unreachable(url, protocol, exc)
+    return ClientError(f"{what} at {protocol}://{url}: {message(exc)}")

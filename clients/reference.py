@@ -1,0 +1,46 @@
+"""The in-process reference: an ONNX file run by ONNX Runtime in this process.
+
+What served predictions are compared with. ONNX Runtime only: clients never
+import TensorFlow or PyTorch.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from bundle.errors import ClientError
+from criteo.schema import OUTPUT
+from criteo.tsv import Batch
+
+
+class OnnxReference:
+    """One ONNX Runtime session on CPU, kept for every batch.
+
+    Args:
+        model_file: an exported ``model.onnx`` (external data beside it is found).
+
+    Raises:
+        ClientError: the file is missing or ONNX Runtime cannot load it.
+    """
+
+    def __init__(self, model_file: Path | str) -> None:
+        import onnxruntime as ort
+
+        self.path = Path(model_file)
+        if not self.path.is_file():
+            raise ClientError(f"reference model {self.path} does not exist")
+        try:
+            self._session: Any = ort.InferenceSession(str(self.path), providers=["CPUExecutionProvider"])
+        # ONNX Runtime's own exceptions derive from Exception directly.
+        except Exception as exc:
+            raise ClientError(f"onnxruntime cannot load {self.path}: {exc}") from exc
+
+    def predict(self, batch: Batch) -> np.ndarray:
+        """Probabilities of ``batch``: ``B x 1`` float32."""
+        try:
+            return np.asarray(self._session.run([OUTPUT], batch.inputs())[0])
+        except Exception as exc:  # ONNX Runtime's own exceptions derive from Exception directly
+            raise ClientError(f"onnxruntime failed on {self.path}: {exc}") from exc

@@ -1,0 +1,222 @@
+"""Client-side checks of a request against the model's metadata and config.
+
+Checked before anything is sent, so a bad request costs no round trip and
+the message says exactly what is wrong: input names, dtypes, per-row shapes,
+the batch size against ``max_batch_size``, and that the inputs agree on it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from bundle.errors import ClientError
+from criteo.schema import OUTPUT
+
+# Triton wire dtypes by numpy dtype, for the types a request can carry.
+_TRITON_DTYPES: dict[np.dtype[Any], str] = {
+    np.dtype(np.bool_): "BOOL",
+    np.dtype(np.uint8): "UINT8",
+    np.dtype(np.uint16): "UINT16",
+    np.dtype(np.uint32): "UINT32",
+    np.dtype(np.uint64): "UINT64",
+    np.dtype(np.int8): "INT8",
+    np.dtype(np.int16): "INT16",
+    np.dtype(np.int32): "INT32",
+    np.dtype(np.int64): "INT64",
+    np.dtype(np.float16): "FP16",
+    np.dtype(np.float32): "FP32",
+    np.dtype(np.float64): "FP64",
+}
+_NUMPY_DTYPES = {name: dtype for dtype, name in _TRITON_DTYPES.items()}
+
+
+def triton_dtype(dtype: np.dtype[Any] | type[np.generic]) -> str:
+    """The Triton wire name of a numpy dtype (``float32`` -> ``FP32``)."""
+    name = _TRITON_DTYPES.get(np.dtype(dtype))
+    if name is None:
+        raise ClientError(f"numpy dtype {np.dtype(dtype)} has no Triton equivalent here")
+    return name
+
+
+@dataclass(frozen=True)
+class TensorMeta:
+    """One input or output as the server describes it.
+
+    Attributes:
+        name: tensor name.
+        datatype: Triton wire dtype, e.g. ``FP32``.
+        shape: full shape from the metadata; with batching it starts with the
+            batch dimension ``-1``; ``-1`` anywhere means any size.
+    """
+
+    name: str
+    datatype: str
+    shape: tuple[int, ...]
+
+    @property
+    def numpy_dtype(self) -> np.dtype[Any]:
+        """The numpy dtype of :attr:`datatype`."""
+        dtype = _NUMPY_DTYPES.get(self.datatype)
+        if dtype is None:
+            raise ClientError(
+                f"tensor {self.name!r} has dtype {self.datatype}, which this client cannot send"
+            )
+        return dtype
+
+    @property
+    def row_shape(self) -> tuple[int, ...]:
+        """The shape without the leading batch dimension."""
+        return self.shape[1:]
+
+    def row_bytes(self) -> int:
+        """Bytes of one batch row (fixed per-row dims only)."""
+        if any(dim < 0 for dim in self.row_shape):
+            raise ClientError(f"tensor {self.name!r} has a variable per-row shape {list(self.shape)}")
+        return int(np.prod(self.row_shape, dtype=np.int64)) * self.numpy_dtype.itemsize
+
+
+def _tensor(entry: Mapping[str, Any]) -> TensorMeta:
+    # gRPC's JSON form writes int64 fields (shape) as strings.
+    return TensorMeta(
+        name=str(entry["name"]),
+        datatype=str(entry["datatype"]),
+        shape=tuple(int(dim) for dim in entry.get("shape", [])),
+    )
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """What a served model accepts and returns, from its metadata and config.
+
+    Attributes:
+        name: model name.
+        version: the version the metadata describes ("" if the server did not say).
+        platform: e.g. ``onnxruntime_onnx``.
+        max_batch_size: largest batch accepted; 0 when the model does not batch.
+        inputs: in the order the server lists them.
+        outputs: in the order the server lists them.
+    """
+
+    name: str
+    version: str
+    platform: str
+    max_batch_size: int
+    inputs: tuple[TensorMeta, ...]
+    outputs: tuple[TensorMeta, ...]
+
+    @classmethod
+    def from_server(cls, metadata: Mapping[str, Any], config: Mapping[str, Any]) -> ModelSpec:
+        """Build from the JSON of ``get_model_metadata`` and ``get_model_config``.
+
+        Accepts both protocols' forms: HTTP returns the config itself, gRPC
+        (``as_json=True``) wraps it in ``{"config": ...}`` and writes int64 as strings.
+        """
+        config = config.get("config", config)
+        versions = metadata.get("versions") or [""]
+        try:
+            return cls(
+                name=str(metadata["name"]),
+                version=str(versions[-1]),
+                platform=str(metadata.get("platform", "")),
+                max_batch_size=int(config.get("max_batch_size", 0)),
+                inputs=tuple(_tensor(entry) for entry in metadata.get("inputs", [])),
+                outputs=tuple(_tensor(entry) for entry in metadata.get("outputs", [])),
+            )
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ClientError(
+                f"unexpected model metadata from the server ({exc!r}): {dict(metadata)}"
+            ) from None
+
+    @property
+    def batched(self) -> bool:
+        """Whether requests carry a leading batch dimension."""
+        return self.max_batch_size > 0
+
+    def output(self, name: str = OUTPUT) -> TensorMeta:
+        """The output ``name``; ClientError when the model has none of that name."""
+        for tensor in self.outputs:
+            if tensor.name == name:
+                return tensor
+        raise ClientError(
+            f"model {self.name!r} has no output {name!r}; it has {[t.name for t in self.outputs]}"
+        )
+
+    def row_bytes(self) -> int:
+        """Bytes of one row of every input and output together (for shared-memory sizing)."""
+        return sum(t.row_bytes() for t in (*self.inputs, *self.outputs))
+
+    def summary(self) -> dict[str, Any]:
+        """A protocol-independent JSON-ready description (what ``clients metadata --model`` prints)."""
+
+        def tensors(items: tuple[TensorMeta, ...]) -> list[dict[str, Any]]:
+            return [{"name": t.name, "datatype": t.datatype, "shape": list(t.shape)} for t in items]
+
+        return {
+            "name": self.name,
+            "version": self.version,
+            "platform": self.platform,
+            "max_batch_size": self.max_batch_size,
+            "inputs": tensors(self.inputs),
+            "outputs": tensors(self.outputs),
+        }
+
+    def validate(self, inputs: Mapping[str, np.ndarray]) -> tuple[list[tuple[TensorMeta, np.ndarray]], int]:
+        """Check a request's inputs; return them in the model's order, C-contiguous.
+
+        Args:
+            inputs: arrays by input name; with batching each is ``B x row_shape``.
+
+        Returns:
+            ``(pairs, rows)``: (tensor, array) in the model's input order, and
+            the batch size ``B`` (1 for a model that does not batch).
+
+        Raises:
+            ClientError: a missing or unexpected input, a wrong dtype or shape,
+                inputs that disagree on ``B``, ``B`` of 0 or above ``max_batch_size``.
+                Nothing has been sent when it raises.
+        """
+        prefix = f"model {self.name!r}"
+        expected = {t.name for t in self.inputs}
+        missing = [t.name for t in self.inputs if t.name not in inputs]
+        if missing:
+            raise ClientError(f"{prefix}: input {missing[0]!r} is missing; it takes {sorted(expected)}")
+        unexpected = sorted(set(inputs) - expected)
+        if unexpected:
+            raise ClientError(f"{prefix}: unexpected input {unexpected[0]!r}; it takes {sorted(expected)}")
+        pairs: list[tuple[TensorMeta, np.ndarray]] = []
+        rows: dict[str, int] = {}
+        for tensor in self.inputs:
+            array = np.asarray(inputs[tensor.name])
+            if array.dtype != tensor.numpy_dtype:
+                raise ClientError(
+                    f"{prefix}: input {tensor.name!r} has dtype {array.dtype}, "
+                    f"expected {tensor.datatype} ({tensor.numpy_dtype})"
+                )
+            shape = tuple(array.shape)
+            fits = len(shape) == len(tensor.shape) and all(
+                want in (-1, got) for want, got in zip(tensor.shape, shape, strict=True)
+            )
+            if not fits:
+                raise ClientError(
+                    f"{prefix}: input {tensor.name!r} has shape {list(shape)}, expected {list(tensor.shape)}"
+                )
+            if self.batched:
+                rows[tensor.name] = shape[0]
+            pairs.append((tensor, np.ascontiguousarray(array)))
+        if not self.batched:
+            return pairs, 1
+        sizes = set(rows.values())
+        if len(sizes) > 1:
+            raise ClientError(f"{prefix}: inputs disagree on the batch size: {rows}")
+        batch = sizes.pop()
+        if batch < 1:
+            raise ClientError(f"{prefix}: empty batch (0 rows)")
+        if batch > self.max_batch_size:
+            raise ClientError(
+                f"{prefix}: batch of {batch} rows exceeds its max_batch_size {self.max_batch_size}"
+            )
+        return pairs, batch
