@@ -38,6 +38,7 @@ lint: setup
 	$(PYTHON) -m ruff check .
 	$(PYTHON) -m ruff format --check .
 	$(PYTHON) -m mypy bundle criteo models export server clients
+	$(PYTHON) -m mypy -p benchmarks.soak
 
 clean:
 	rm -rf artifacts reports logs model_repository data

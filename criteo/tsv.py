@@ -9,6 +9,7 @@ stream through :func:`iter_batches` chunk by chunk.
 from __future__ import annotations
 
 import gzip
+import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -90,19 +91,27 @@ class Batch:
         )
 
 
+_COUNT = re.compile(r"-?[0-9]{1,18}")
+_HEX_ID = re.compile(r"[0-9a-fA-F]{1,8}")
+
+
 def _open_text(path: Path) -> IO[str]:
     if path.suffix == ".gz":
         return gzip.open(path, "rt", encoding="ascii", newline="\n")
     return open(path, encoding="ascii", newline="\n")
 
 
-def parse_lines(lines: list[str], first_line: int = 1, path: str = "<lines>") -> RawBatch:
+def parse_lines(
+    lines: list[str], first_line: int = 1, path: str = "<lines>", fields: int | None = None
+) -> RawBatch:
     """Parse Criteo TSV lines (all labeled, or all unlabeled).
 
     Args:
         lines: text lines, with or without the trailing newline.
         first_line: line number of ``lines[0]``, for error messages.
         path: file name for error messages.
+        fields: the field count every line must have (40 labeled, 39 unlabeled);
+            None takes it from the first line.
 
     Returns:
         The parsed rows.
@@ -116,11 +125,13 @@ def parse_lines(lines: list[str], first_line: int = 1, path: str = "<lines>") ->
     missing = np.zeros((n, NUM_DENSE), dtype=bool)
     ids = np.empty((n, NUM_CATEGORICAL), dtype=np.int64)
     labels: np.ndarray | None = None
-    expected: int | None = None
+    expected = fields
+    if expected == NUM_FIELDS:
+        labels = np.empty(n, dtype=np.float32)
     for i, line in enumerate(lines):
-        fields = line.rstrip("\r\n").split("\t")
+        parts = line.rstrip("\r\n").split("\t")
         if expected is None:
-            expected = len(fields)
+            expected = len(parts)
             if expected not in (NUM_FIELDS, NUM_FIELDS - 1):
                 raise DataError(
                     f"{path}:{first_line + i}: expected {NUM_FIELDS} tab-separated fields "
@@ -128,30 +139,34 @@ def parse_lines(lines: list[str], first_line: int = 1, path: str = "<lines>") ->
                 )
             if expected == NUM_FIELDS:
                 labels = np.empty(n, dtype=np.float32)
-        elif len(fields) != expected:
+        elif len(parts) != expected:
             raise DataError(
-                f"{path}:{first_line + i}: expected {expected} tab-separated fields, got {len(fields)}"
+                f"{path}:{first_line + i}: expected {expected} tab-separated fields, got {len(parts)}"
             )
         try:
             offset = 0
             if labels is not None:
-                label = fields[0]
+                label = parts[0]
                 if label not in ("0", "1"):
                     raise ValueError(f"label must be 0 or 1, got {label!r}")
                 labels[i] = 1.0 if label == "1" else 0.0
                 offset = 1
             for j in range(NUM_DENSE):
-                field = fields[offset + j]
+                field = parts[offset + j]
                 if field:
+                    if not _COUNT.fullmatch(field):
+                        raise ValueError(f"count {field!r} is not an integer")
                     counts[i, j] = int(field)
                 else:
                     counts[i, j] = -1
                     missing[i, j] = True
             offset += NUM_DENSE
             for j in range(NUM_CATEGORICAL):
-                field = fields[offset + j]
+                field = parts[offset + j]
+                if field and not _HEX_ID.fullmatch(field):
+                    raise ValueError(f"categorical id {field!r} is not 1 to 8 hex digits")
                 ids[i, j] = int(field, 16) if field else 0
-        except ValueError as exc:
+        except (ValueError, OverflowError) as exc:
             raise DataError(f"{path}:{first_line + i}: {exc}") from None
     return RawBatch(labels, counts, missing, ids, first_line)
 
@@ -177,20 +192,27 @@ def iter_raw(path: Path | str, chunk_rows: int = 65536) -> Iterator[RawBatch]:
     if chunk_rows <= 0:
         raise DataError(f"chunk_rows must be positive, got {chunk_rows}")
     line_no = 1
-    with _open_text(path) as handle:
-        while True:
-            lines = []
-            for line in handle:
-                if line.strip():
-                    lines.append(line)
-                    if len(lines) == chunk_rows:
-                        break
-                else:
-                    raise DataError(f"{path}:{line_no + len(lines)}: empty line")
-            if not lines:
-                return
-            yield parse_lines(lines, line_no, str(path))
-            line_no += len(lines)
+    fields: int | None = None
+    try:
+        with _open_text(path) as handle:
+            while True:
+                lines = []
+                for line in handle:
+                    if line.strip():
+                        lines.append(line)
+                        if len(lines) == chunk_rows:
+                            break
+                    else:
+                        raise DataError(f"{path}:{line_no + len(lines)}: empty line")
+                if not lines:
+                    return
+                raw = parse_lines(lines, line_no, str(path), fields)
+                # Every later chunk must have the first row's format (labeled or not).
+                fields = NUM_FIELDS if raw.labels is not None else NUM_FIELDS - 1
+                yield raw
+                line_no += len(lines)
+    except UnicodeDecodeError as exc:
+        raise DataError(f"{path}: not an ASCII Criteo TSV file ({exc.reason} at byte {exc.start})") from None
 
 
 def iter_batches(path: Path | str, chunk_rows: int = 65536) -> Iterator[Batch]:

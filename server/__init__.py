@@ -11,13 +11,19 @@ from server.installation import TritonInstallation
 from server.launcher import LocalServer
 from server.ports import free_ports, port_in_use
 from server.probes import ModelStatus
+from server.security import ADMIN_HEADER, ADMIN_KEY_ENV, GRPC_ADMIN_HEADER, admin_headers, read_admin_key
 
 __all__ = [
+    "ADMIN_HEADER",
+    "ADMIN_KEY_ENV",
+    "GRPC_ADMIN_HEADER",
     "LocalServer",
     "ModelControlMode",
     "ModelStatus",
     "ServerConfig",
     "TritonInstallation",
+    "admin_headers",
     "free_ports",
     "port_in_use",
+    "read_admin_key",
 ]

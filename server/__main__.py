@@ -15,6 +15,7 @@ from bundle.cli import new_app, run
 from bundle.errors import ServerError
 from server.config import DEFAULT_LOG_FILE, ModelControlMode, ServerConfig
 from server.launcher import LocalServer
+from server.security import ADMIN_HEADER, ADMIN_KEY_ENV, GRPC_ADMIN_HEADER, read_admin_key
 
 logger = logging.getLogger(__name__)
 
@@ -50,6 +51,14 @@ def _print_summary(server: LocalServer) -> None:
     print(f"  grpc     {server.grpc_url}")
     print(f"  metrics  {server.metrics_url}")
     print(f"  log      {server.log_file}")
+    config = server.config
+    if config.restricted:
+        print(
+            f"admin APIs ({', '.join(config.restricted_apis)}) need the key: "
+            f"header '{ADMIN_HEADER}' (http), '{GRPC_ADMIN_HEADER}' (grpc)"
+        )
+    else:
+        print(f"admin APIs open to anyone who reaches the ports (set {ADMIN_KEY_ENV} to restrict them)")
     models = server.models()
     print("models:" if models else "models: none in the repository")
     width = max((len(model.name) for model in models), default=0)
@@ -127,8 +136,26 @@ def serve(
         float, typer.Option(help="Seconds to wait for every model to be ready.")
     ] = 120.0,
     log_verbose: Annotated[int, typer.Option(help="tritonserver --log-verbose level.")] = 0,
+    admin_key_file: Annotated[
+        Path | None,
+        typer.Option(
+            help=f"File holding the admin key (else ${ADMIN_KEY_ENV}); with a key, the model-repository, "
+            "shared-memory, trace and logging APIs answer only requests that carry it."
+        ),
+    ] = None,
+    allow_open_admin_apis: Annotated[
+        bool,
+        typer.Option(
+            "--allow-open-admin-apis",
+            help="Serve a non-loopback --address without an admin key (anyone reaching it can load models).",
+        ),
+    ] = False,
 ) -> None:
-    """Start tritonserver, wait until its models are ready, run until Ctrl-C or SIGTERM."""
+    """Start tritonserver, wait until its models are ready, run until Ctrl-C or SIGTERM.
+
+    The admin key is read from --admin-key-file or the environment, never from
+    an option, so it stays out of this command's argv.
+    """
     config = ServerConfig(
         repository=repository,
         http_port=http_port,
@@ -140,6 +167,8 @@ def serve(
         load_models=tuple(load_model or ()),
         startup_timeout_s=startup_timeout,
         log_verbose=log_verbose,
+        admin_key=read_admin_key(admin_key_file),
+        allow_open_admin_apis=allow_open_admin_apis,
     )
     code = serve_forever(config)
     if code != 0:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import enum
+import ipaddress
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -10,6 +11,7 @@ from typing import Any
 
 from bundle.errors import ConfigError
 from server.ports import free_ports
+from server.security import DEFAULT_RESTRICTED_APIS, check_admin_key, check_restricted_apis
 
 DEFAULT_LOG_FILE = Path("logs/tritonserver.log")
 
@@ -31,7 +33,21 @@ _MANAGED_FLAGS = (
     "--exit-timeout-secs",
     "--log-file",
     "--log-verbose",
+    # The restriction carries the admin key: only ServerConfig.admin_key sets it,
+    # so the launcher knows the key and keeps it out of its logs.
+    "--http-restricted-api",
+    "--grpc-restricted-protocol",
 )
+
+
+def is_loopback(address: str) -> bool:
+    """Whether endpoints bound to ``address`` are reachable from this machine only."""
+    if address == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(address.strip("[]")).is_loopback
+    except ValueError:
+        return False
 
 
 class ModelControlMode(enum.StrEnum):
@@ -71,7 +87,17 @@ class ServerConfig:
             on stop; the launcher kills it if it takes 5 s longer than that.
         extra_args: further tritonserver flags, e.g. ``("--backend-config=python,
             shm-default-byte-size=4194304",)``; flags the launcher manages
-            (ports, addresses, repository, ...) are rejected.
+            (ports, addresses, repository, restrictions, ...) are rejected.
+        admin_key: when set, the ``restricted_apis`` of both endpoints answer
+            only requests that carry this key (see :mod:`server.security`);
+            at least 16 characters of ``[A-Za-z0-9._~+/-]``. Never shown by
+            ``repr``; :func:`server.security.read_admin_key` reads it from
+            ``$TRITON_ADMIN_KEY`` or a file.
+        restricted_apis: the API groups behind the key (default:
+            model-repository, shared-memory, trace, logging).
+        allow_open_admin_apis: serve on a non-loopback ``address`` without an
+            admin key; refused by default, because anyone who reaches the port
+            could then load and unload models and register shared memory.
     """
 
     repository: Path
@@ -86,6 +112,9 @@ class ServerConfig:
     startup_timeout_s: float = 120.0
     exit_timeout_s: int = 10
     extra_args: tuple[str, ...] = field(default=())
+    admin_key: str | None = field(default=None, repr=False)
+    restricted_apis: tuple[str, ...] = DEFAULT_RESTRICTED_APIS
+    allow_open_admin_apis: bool = False
 
     def __post_init__(self) -> None:
         # Accept str paths and lists from callers, store canonical types so the
@@ -125,6 +154,19 @@ class ServerConfig:
             flag = arg.split("=", 1)[0]
             if flag in _MANAGED_FLAGS:
                 raise ConfigError(f"extra_args must not set {flag}: the launcher sets it from ServerConfig")
+        object.__setattr__(self, "restricted_apis", check_restricted_apis(self.restricted_apis))
+        if self.admin_key is not None:
+            check_admin_key(self.admin_key)
+        elif not is_loopback(self.address) and not self.allow_open_admin_apis:
+            raise ConfigError(
+                f"address {self.address} exposes the admin APIs ({', '.join(self.restricted_apis)}) "
+                f"beyond this machine: set an admin key (TRITON_ADMIN_KEY), or allow_open_admin_apis"
+            )
+
+    @property
+    def restricted(self) -> bool:
+        """Whether the admin APIs need the key."""
+        return self.admin_key is not None
 
     @classmethod
     def with_free_ports(cls, repository: Path, **options: Any) -> ServerConfig:

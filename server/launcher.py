@@ -30,6 +30,8 @@ from server.config import ServerConfig
 from server.installation import TritonInstallation
 from server.ports import ensure_ports_free
 from server.probes import ModelStatus, ServerProbe
+from server.processes import stub_regions, tree_rss, unlink_regions
+from server.security import admin_headers, redact, restricted_api_args
 from server.triton_log import last_error, model_failures, read_tail, service_failures
 
 logger = logging.getLogger(__name__)
@@ -77,7 +79,10 @@ class LocalServer:
         self._process: subprocess.Popen[bytes] | None = None
         self._log_handle: IO[bytes] | None = None
         self._backend_dir: Path | None = None
-        self._probe = ServerProbe(config.address, config.http_port)
+        # Regions of python stubs killed with SIGKILL: nobody else removes them.
+        self._orphan_regions: list[str] = []
+        headers = admin_headers(config.admin_key, "http") if config.admin_key else None
+        self._probe = ServerProbe(config.address, config.http_port, headers=headers)
 
     # ----------------------------------------------------------------- state
     @property
@@ -124,6 +129,15 @@ class LocalServer:
         """Where tritonserver's output goes."""
         return self._config.log_file
 
+    def admin_headers(self, protocol: str) -> dict[str, str]:
+        """The header that opens the restricted APIs over ``protocol`` (``http``/``grpc``).
+
+        Pass it as ``headers=`` to tritonclient's load/unload, repository-index
+        and shared-memory calls. Empty when the server is not restricted.
+        """
+        key = self._config.admin_key
+        return admin_headers(key, protocol) if key else {}
+
     # ------------------------------------------------------------- lifecycle
     def command(self, installation: TritonInstallation, backend_dir: Path) -> list[str]:
         """The tritonserver command line for this config.
@@ -156,6 +170,8 @@ class LocalServer:
             f"--log-verbose={config.log_verbose}",
             *config.extra_args,
         ]
+        if config.admin_key:
+            command += restricted_api_args(config.restricted_apis, config.admin_key)
         return command
 
     def start(self, wait: bool = True) -> LocalServer:
@@ -188,9 +204,12 @@ class LocalServer:
             env = installation.environment()
             config.log_file.parent.mkdir(parents=True, exist_ok=True)
             self._log_handle = config.log_file.open("wb")
-            reproduce = (
+            # The admin key is part of argv (tritonserver reads it nowhere else);
+            # the copy-paste command in the log shows a placeholder instead.
+            reproduce = redact(
                 f"LD_LIBRARY_PATH={shlex.quote(env['LD_LIBRARY_PATH'])} "
-                f"PATH={shlex.quote(str(installation.python_bin))}:$PATH {shlex.join(command)}"
+                f"PATH={shlex.quote(str(installation.python_bin))}:$PATH {shlex.join(command)}",
+                config.admin_key,
             )
             self._log_handle.write(f"# started by server.launcher:\n# {reproduce}\n".encode())
             self._log_handle.flush()
@@ -272,6 +291,27 @@ class LocalServer:
         self._require_process()
         return self._probe.server_metadata()
 
+    def memory(self) -> dict[int, int]:
+        """Resident memory (bytes) of tritonserver and each python stub, by pid; {} when not running."""
+        return tree_rss(self.pid) if self.running and self.pid is not None else {}
+
+    def load_model(self, name: str, timeout: float = 120.0) -> None:
+        """Load or reload ``name`` (explicit model control), with the admin key if set.
+
+        tritonserver loads the repository's current versions beside the ones
+        serving and switches once they are ready, so requests keep being answered.
+
+        Raises:
+            ServerError: refused, the model failed to load, or ``timeout`` passed.
+        """
+        self._require_process()
+        self._probe.load_model(name, timeout)
+
+    def unload_model(self, name: str, timeout: float = 60.0) -> None:
+        """Unload ``name`` (explicit model control), with the admin key if set."""
+        self._require_process()
+        self._probe.unload_model(name, timeout)
+
     def stop(self, sig: int = signal.SIGTERM, timeout: float | None = None) -> int | None:
         """Ask tritonserver to exit with ``sig``; kill it if it does not in time.
 
@@ -337,11 +377,13 @@ class LocalServer:
             raise ServerError("tritonserver was not started; call start() first")
         return self._process
 
-    @staticmethod
-    def _kill_group(process: subprocess.Popen[bytes]) -> None:
+    def _kill_group(self, process: subprocess.Popen[bytes]) -> None:
         # The process was started in its own session, so its pid is the group
         # id of it and its python stubs. Only called while it is unreaped, so
         # the group id cannot belong to anything else.
+        # A SIGKILLed tritonserver cannot remove its stubs' shared-memory
+        # regions from /dev/shm: note their names first, remove them once reaped.
+        self._orphan_regions += stub_regions(process.pid)
         try:
             os.killpg(process.pid, signal.SIGKILL)
         except ProcessLookupError:
@@ -351,6 +393,9 @@ class LocalServer:
         if self._log_handle is not None:
             self._log_handle.close()
             self._log_handle = None
+        if self._orphan_regions:
+            unlink_regions(self._orphan_regions)
+            self._orphan_regions = []
         if self._backend_dir is not None:
             shutil.rmtree(self._backend_dir, ignore_errors=True)
             self._backend_dir = None
@@ -358,7 +403,8 @@ class LocalServer:
     def _exit_error(self, code: int) -> ServerError:
         if self._log_handle is not None:
             self._log_handle.flush()
-        text = read_tail(self.log_file)
+        # tritonserver may echo a flag it could not parse: never the key in a message.
+        text = redact(read_tail(self.log_file), self._config.admin_key)
         where = f"(log: {self.log_file})"
         services = service_failures(text)
         if services:

@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import http.client
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import quote
 
 from bundle.errors import ServerError
 
@@ -44,17 +46,23 @@ class ServerProbe:
         host: the server's HTTP address.
         port: the server's HTTP port.
         timeout_s: per-request socket timeout.
+        headers: sent with every request, e.g. the admin key's header when the
+            repository API is restricted (:func:`server.security.admin_headers`).
     """
 
-    def __init__(self, host: str, port: int, timeout_s: float = 2.0) -> None:
+    def __init__(
+        self, host: str, port: int, timeout_s: float = 2.0, headers: Mapping[str, str] | None = None
+    ) -> None:
         self._host = "127.0.0.1" if host in ("0.0.0.0", "") else host
         self._port = port
         self._timeout_s = timeout_s
+        self._headers = dict(headers or {})
 
-    def _request(self, method: str, path: str) -> tuple[int, bytes]:
-        connection = http.client.HTTPConnection(self._host, self._port, timeout=self._timeout_s)
+    def _request(self, method: str, path: str, timeout_s: float | None = None) -> tuple[int, bytes]:
+        timeout = self._timeout_s if timeout_s is None else timeout_s
+        connection = http.client.HTTPConnection(self._host, self._port, timeout=timeout)
         try:
-            connection.request(method, path, body=b"" if method == "POST" else None)
+            connection.request(method, path, body=b"" if method == "POST" else None, headers=self._headers)
             response = connection.getresponse()
             return response.status, response.read()
         finally:
@@ -75,9 +83,9 @@ class ServerProbe:
         """Whether the server is ready: with strict readiness, every model loaded."""
         return self._status_ok("/v2/health/ready")
 
-    def _json(self, method: str, path: str) -> Any:
+    def _json(self, method: str, path: str, timeout_s: float | None = None) -> Any:
         try:
-            status, body = self._request(method, path)
+            status, body = self._request(method, path, timeout_s)
         except OSError as exc:
             raise ServerError(
                 f"tritonserver at {self._host}:{self._port} did not answer {path}: {exc}"
@@ -86,7 +94,7 @@ class ServerProbe:
             raise ServerError(
                 f"tritonserver answered {path} with HTTP {status}: {body.decode(errors='replace')}"
             )
-        return json.loads(body)
+        return json.loads(body) if body else None
 
     def server_metadata(self) -> dict[str, Any]:
         """The server's name, version and extensions (``GET /v2``)."""
@@ -105,3 +113,16 @@ class ServerProbe:
             )
             for entry in entries
         ]
+
+    def load_model(self, name: str, timeout_s: float = 120.0) -> None:
+        """Load (or reload) ``name`` through the repository API; returns once it is ready.
+
+        Raises:
+            ServerError: the server refused (e.g. 403 without the admin key, or
+                a model that failed to load) or did not answer in ``timeout_s``.
+        """
+        self._json("POST", f"/v2/repository/models/{quote(name, safe='')}/load", timeout_s)
+
+    def unload_model(self, name: str, timeout_s: float = 60.0) -> None:
+        """Unload ``name`` through the repository API (in-flight requests finish first)."""
+        self._json("POST", f"/v2/repository/models/{quote(name, safe='')}/unload", timeout_s)

@@ -24,6 +24,9 @@ GPU_SERVICES = {"tritonserver", "trt-build"}
 SERVERS = {"tritonserver", "tritonserver-cpu"}
 #: A clean environment: the defaults in the file are what is checked, not this shell's settings.
 CLEAN_ENV = {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": "/tmp", "LANG": "C.UTF-8"}
+#: The admin key has no default: the stack is checked with this one set.
+TEST_ADMIN_KEY = "0123456789abcdef0123456789abcdef"
+ADMIN_APIS = "model-repository,shared-memory,trace,logging"
 
 
 def _docker_compose() -> str:
@@ -36,13 +39,24 @@ def _docker_compose() -> str:
     return path
 
 
-def _run(args: list[str], stdin: str | None = None) -> str:
+def _run(args: list[str], stdin: str | None = None, env: dict[str, str] | None = None) -> str:
     completed = subprocess.run(
-        args, input=stdin, capture_output=True, text=True, cwd=ROOT, env=CLEAN_ENV, check=False, timeout=120
+        args,
+        input=stdin,
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        env=CLEAN_ENV if env is None else env,
+        check=False,
+        timeout=120,
     )
     if completed.returncode != 0:
         raise AssertionError(f"{' '.join(args)} failed ({completed.returncode}):\n{completed.stderr}")
     return completed.stdout
+
+
+def _config_command() -> list[str]:
+    return [_docker_compose(), "-f", str(COMPOSE_FILE), "--profile", "gpu", "--profile", "cpu", "config"]
 
 
 def _yaml_to_json(compose: str, text: str) -> Any:
@@ -60,10 +74,11 @@ def compose() -> dict[str, Any]:
     """The resolved compose file (variables at their defaults, every profile)."""
     command = _docker_compose()
     version = _run([command, "version", "--short"]).strip()
-    base = [command, "-f", str(COMPOSE_FILE), "--profile", "gpu", "--profile", "cpu", "config"]
+    base = _config_command()
+    env = {**CLEAN_ENV, "TRITON_ADMIN_KEY": TEST_ADMIN_KEY}
     if version.startswith("1."):
-        return dict(_yaml_to_json(command, _run(base)))
-    return dict(json.loads(_run([*base, "--format", "json"])))
+        return dict(_yaml_to_json(command, _run(base, env=env)))
+    return dict(json.loads(_run([*base, "--format", "json"], env=env)))
 
 
 @pytest.fixture(scope="module")
@@ -171,6 +186,11 @@ def test_server_health_start_order_and_hardening(services: dict[str, Any]) -> No
     for name, service in services.items():
         assert "no-new-privileges:true" in service.get("security_opt", []), name
         assert not service.get("privileged"), name
+        assert service.get("cap_drop") == ["ALL"], f"{name} keeps Linux capabilities"
+        assert not {"network_mode", "pid", "ipc", "devices"} & set(service), f"{name} shares host namespaces"
+    assert sorted(services["trt-build"]["cap_add"]) == ["CHOWN", "DAC_OVERRIDE", "FOWNER"]
+    for name in ("tritonserver", "tritonserver-cpu", "prometheus", "grafana"):
+        assert "cap_add" not in services[name], name
     build = services["trt-build"]
     assert build["entrypoint"][-1] == "/bundle/deploy/trt-build/build.sh"
     assert "python3 -m export tensorrt" in (ROOT / "deploy" / "trt-build" / "build.sh").read_text()
@@ -206,3 +226,24 @@ def test_prometheus_scrapes_triton_and_grafana_is_provisioned(services: dict[str
     assert 'quantile="0.5"' in exprs and 'quantile="0.99"' in exprs
     uids = {panel["datasource"]["uid"] for panel in dashboard["panels"]}
     assert uids == {source["uid"]}
+
+
+def test_admin_apis_need_the_key_on_both_servers(services: dict[str, Any]) -> None:
+    for name in SERVERS:
+        command = services[name]["command"]
+        assert f"--http-restricted-api={ADMIN_APIS}:admin-key={TEST_ADMIN_KEY}" in command, name
+        assert f"--grpc-restricted-protocol={ADMIN_APIS}:admin-key={TEST_ADMIN_KEY}" in command, name
+        # Inference, health, metadata, model config and statistics stay open; the
+        # health check needs no key.
+        assert "inference" not in " ".join(arg for arg in command if "restricted" in arg)
+
+
+def test_there_is_no_default_admin_key_and_compose_refuses_to_run_without_one() -> None:
+    text = COMPOSE_FILE.read_text()
+    assert "TRITON_ADMIN_KEY:-" not in text and "TRITON_ADMIN_KEY-" not in text, "no default key"
+    assert "TRITON_ADMIN_KEY" not in (ROOT / ".env").read_text(), "no key committed in .env"
+    completed = subprocess.run(
+        _config_command(), capture_output=True, text=True, cwd=ROOT, env=CLEAN_ENV, check=False, timeout=120
+    )
+    assert completed.returncode != 0
+    assert "set TRITON_ADMIN_KEY" in completed.stderr and "openssl rand -hex 32" in completed.stderr

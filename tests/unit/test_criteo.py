@@ -49,8 +49,8 @@ def test_unlabeled_format() -> None:
     ("line", "message"),
     [
         ("1\t2\t3\n", "expected 40 tab-separated fields"),
-        (LINE.replace("68fd1e64", "zz"), "invalid literal"),
-        (LINE.replace("\t12\t", "\t1.5\t"), "invalid literal"),
+        (LINE.replace("68fd1e64", "zz"), "is not 1 to 8 hex digits"),
+        (LINE.replace("\t12\t", "\t1.5\t"), "is not an integer"),
         ("2" + LINE[1:], "label must be 0 or 1"),
     ],
 )
@@ -108,3 +108,34 @@ def test_auc_and_logloss() -> None:
     assert logloss(labels, np.array([0.5] * 4)) == pytest.approx(np.log(2))
     with pytest.raises(DataError):
         roc_auc(np.zeros(3), np.ones(3))
+
+
+def test_every_chunk_keeps_the_files_format(tmp_path: Path) -> None:
+    unlabeled = LINE.split("\t", 1)[1]
+    path = tmp_path / "mixed.tsv"
+    path.write_text(LINE * 3 + unlabeled)
+    with pytest.raises(DataError, match=r"mixed.tsv:4: expected 40 tab-separated fields, got 39"):
+        list(iter_batches(path, chunk_rows=3))
+
+
+@pytest.mark.parametrize("bad", ["0x1f", "-1", "5_0", "123456789", "ffffffffffffffffffff"])
+def test_ids_must_be_hex_of_up_to_8_digits(tmp_path: Path, bad: str) -> None:
+    path = tmp_path / "ids.tsv"
+    path.write_text(LINE.replace("68fd1e64", bad))
+    with pytest.raises(DataError, match=r"ids.tsv:1: categorical id"):
+        read_batch(path)
+
+
+@pytest.mark.parametrize("bad", ["5_0", " 5", "99999999999999999999999", "1e3"])
+def test_counts_must_be_plain_integers(tmp_path: Path, bad: str) -> None:
+    path = tmp_path / "counts.tsv"
+    path.write_text(LINE.replace("\t12\t", f"\t{bad}\t"))
+    with pytest.raises(DataError, match=r"counts.tsv:1: count"):
+        read_batch(path)
+
+
+def test_non_ascii_file_is_a_data_error(tmp_path: Path) -> None:
+    path = tmp_path / "utf8.tsv"
+    path.write_text(LINE.replace("\t12\t", "\t１２\t"), encoding="utf-8")
+    with pytest.raises(DataError, match="not an ASCII"):
+        read_batch(path)

@@ -16,7 +16,21 @@ never costs the others theirs.
 
 Config ``parameters`` read, as the C++ backend names them (string values):
 ``intra_op_thread_count`` and ``inter_op_thread_count`` (0 or absent: ONNX
-Runtime's default).
+Runtime's default). One of this backend's own: ``allow_non_finite_inputs``
+(``"true"``/``"false"``, default false).
+
+Non-finite inputs. A floating-point input holding NaN or +-Inf is refused with
+INVALID_ARGUMENT naming the input, row and column, and the other requests of
+the batch are answered as usual. Through a CTR model such a value turns the
+row's probability into NaN, and one NaN among the scores of a ranking request
+breaks the sort of the whole list; a refusal is the answer a caller can act on.
+``allow_non_finite_inputs: "true"`` passes them to the graph (for models that
+use NaN as "missing"). The NGC container's C++ onnxruntime backend has no such
+check: there that row's answer is NaN.
+
+Error codes. A request that does not fit the model (missing or unexpected
+input, wrong dtype or shape, non-finite values) gets INVALID_ARGUMENT (HTTP
+400); a failure inside ONNX Runtime gets INTERNAL (HTTP 500).
 
 This module is loaded by ``triton_python_backend_stub`` inside tritonserver,
 not imported by the bundle: ``triton_python_backend_utils`` exists only there.
@@ -48,7 +62,17 @@ _ORT_TYPES: dict[str, np.dtype[Any]] = {
 
 
 class RequestError(Exception):
-    """A request this model cannot answer; becomes that request's error response."""
+    """A request this model cannot answer; becomes that request's error response.
+
+    Args:
+        message: the error text the client sees.
+        invalid_argument: the request itself is wrong (INVALID_ARGUMENT), as
+            opposed to a failure while running it (INTERNAL).
+    """
+
+    def __init__(self, message: str, invalid_argument: bool = True) -> None:
+        super().__init__(message)
+        self.invalid_argument = invalid_argument
 
 
 @dataclass(frozen=True)
@@ -100,14 +124,32 @@ class TensorSpec:
         matches = len(array.shape) == len(expected) and all(
             want in (-1, got) for want, got in zip(expected, array.shape, strict=True)
         )
-        if not matches or (batched and array.shape[0] < 1):
+        if not matches:
             raise RequestError(
                 f"input '{self.name}' has shape {list(array.shape)}, expected {list(expected)}"
             )
+        if batched and array.shape[0] < 1:
+            raise RequestError(f"input '{self.name}' is an empty batch (shape {list(array.shape)})")
+
+    def check_finite(self, array: np.ndarray[Any, Any]) -> None:
+        """Raise RequestError naming the first NaN or +-Inf of a floating-point input."""
+        if array.dtype.kind != "f":
+            return
+        finite = np.isfinite(array)
+        if finite.all():
+            return
+        first = tuple(int(i) for i in np.argwhere(~finite)[0])
+        count = int(finite.size - np.count_nonzero(finite))
+        raise RequestError(
+            f"input '{self.name}' holds {count} non-finite value(s) (NaN or Inf), the first "
+            f"{array[first]} at index {list(first)}; send finite values, or set the model's "
+            f'config parameter allow_non_finite_inputs to "true"'
+        )
 
 
-def _error_response(message: str) -> Any:
-    return pb_utils.InferenceResponse(output_tensors=[], error=pb_utils.TritonError(message))
+def _error_response(error: RequestError) -> Any:
+    code = pb_utils.TritonError.INVALID_ARG if error.invalid_argument else pb_utils.TritonError.INTERNAL
+    return pb_utils.InferenceResponse(output_tensors=[], error=pb_utils.TritonError(str(error), code))
 
 
 def _thread_count(parameters: dict[str, Any], key: str) -> int:
@@ -122,6 +164,16 @@ def _thread_count(parameters: dict[str, Any], key: str) -> int:
     if value < 0:
         raise pb_utils.TritonModelException(f"parameter {key} must be >= 0, got {value}")
     return value
+
+
+def _flag(parameters: dict[str, Any], key: str) -> bool:
+    """A boolean config parameter (``"true"``/``"false"``, any case); False when absent."""
+    raw = parameters.get(key, {}).get("string_value", "").strip().lower()
+    if raw in ("", "false", "0", "no"):
+        return False
+    if raw in ("true", "1", "yes"):
+        return True
+    raise pb_utils.TritonModelException(f"parameter {key} must be true or false, got {raw!r}")
 
 
 def _providers(args: dict[str, str]) -> list[Any]:
@@ -175,6 +227,7 @@ class TritonPythonModel:
         options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
         options.intra_op_num_threads = _thread_count(parameters, "intra_op_thread_count")
         options.inter_op_num_threads = _thread_count(parameters, "inter_op_thread_count")
+        self._allow_non_finite = _flag(parameters, "allow_non_finite_inputs")
         providers = _providers(args)
         try:
             self._session = ort.InferenceSession(str(path), sess_options=options, providers=providers)
@@ -189,7 +242,8 @@ class TritonPythonModel:
             f"{args['model_instance_name']}: {path} on {self._session.get_providers()[0]}, "
             f"inputs {[spec.name for spec in self._inputs]}, outputs {self._output_names}, "
             f"intra_op_num_threads={options.intra_op_num_threads or 'default'}, "
-            f"batching={'on' if self._batched else 'off'}"
+            f"batching={'on' if self._batched else 'off'}, "
+            f"non-finite inputs {'allowed' if self._allow_non_finite else 'refused'}"
         )
 
     def _check_graph(self) -> None:
@@ -236,7 +290,8 @@ class TritonPythonModel:
 
         Raises:
             RequestError: an input is missing, unexpected, of the wrong dtype
-                or shape, or the inputs disagree on the batch size.
+                or shape, holds NaN or Inf (unless allowed), or the inputs
+                disagree on the batch size.
         """
         feeds: dict[str, np.ndarray[Any, Any]] = {}
         for spec in self._inputs:
@@ -248,6 +303,8 @@ class TritonPythonModel:
                 )
             array = tensor.as_numpy()
             spec.check(array, self._batched)
+            if not self._allow_non_finite:
+                spec.check_finite(array)
             feeds[spec.name] = array
         unexpected = sorted({t.name() for t in request.inputs()} - set(feeds))
         if unexpected:
@@ -268,7 +325,9 @@ class TritonPythonModel:
             results = self._session.run(self._output_names, feeds)
         # ONNX Runtime's own exceptions derive from Exception directly.
         except Exception as exc:
-            raise RequestError(f"onnxruntime failed on model '{self._name}': {exc}") from exc
+            raise RequestError(
+                f"onnxruntime failed on model '{self._name}': {exc}", invalid_argument=False
+            ) from exc
         outputs = [
             np.asarray(result).astype(spec.dtype, copy=False)
             for spec, result in zip(self._outputs, results, strict=True)
@@ -279,7 +338,8 @@ class TritonPythonModel:
                 if output.ndim == 0 or output.shape[0] != batch:
                     raise RequestError(
                         f"output '{spec.name}' of model '{self._name}' has shape "
-                        f"{list(output.shape)} for a batch of {batch}"
+                        f"{list(output.shape)} for a batch of {batch}",
+                        invalid_argument=False,
                     )
         return outputs
 
@@ -295,7 +355,7 @@ class TritonPythonModel:
             return self._response(self._run(feeds))
         except RequestError as exc:
             pb_utils.Logger.log_warn(str(exc))
-            return _error_response(str(exc))
+            return _error_response(exc)
 
     def execute(self, requests: list[Any]) -> list[Any]:
         """Answer one scheduler batch of requests, one response per request.
@@ -314,7 +374,7 @@ class TritonPythonModel:
             try:
                 valid.append((index, self._read_request(request)))
             except RequestError as exc:
-                responses[index] = _error_response(str(exc))
+                responses[index] = _error_response(exc)
 
         if self._batched and len(valid) > 1:
             sizes = [next(iter(feeds.values())).shape[0] for _, feeds in valid]

@@ -1,0 +1,1 @@
+"""The soak benchmark: ``python -m benchmarks.soak`` (see :mod:`benchmarks.soak.soak`)."""

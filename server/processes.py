@@ -1,0 +1,93 @@
+"""tritonserver's process tree: its python stubs, their memory and shared-memory regions.
+
+Each model instance of the python backend runs in a ``triton_python_backend_stub``
+process that talks to tritonserver through a POSIX shared-memory region
+(``/dev/shm/triton_<backend>_backend_shm_region_<uuid>``, about 1 MB and
+growing). tritonserver removes them when it stops; when it is killed with
+SIGKILL they stay in ``/dev/shm`` (RAM) for good. The region's name is the
+stub's second argument, so the launcher reads the names before it kills and
+removes exactly those regions afterwards, never another server's.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import re
+from collections.abc import Iterable
+from pathlib import Path
+
+import psutil
+
+logger = logging.getLogger(__name__)
+
+SHM_DIR = Path("/dev/shm")
+_STUB_NAME = "triton_python_backend_stub"
+_REGION_NAME = re.compile(r"triton_[A-Za-z0-9_]+_shm_region_[0-9a-f-]+")
+
+
+def stub_regions(pid: int) -> list[str]:
+    """Names of the shared-memory regions of tritonserver ``pid``'s python stubs.
+
+    Args:
+        pid: tritonserver's process id.
+
+    Returns:
+        Region names (files in ``/dev/shm``); empty when the process is gone.
+    """
+    try:
+        children = psutil.Process(pid).children(recursive=True)
+    except psutil.Error:
+        return []
+    names = []
+    for child in children:
+        with contextlib.suppress(psutil.Error):
+            argv = child.cmdline()
+            if len(argv) > 2 and Path(argv[0]).name == _STUB_NAME and _REGION_NAME.fullmatch(argv[2]):
+                names.append(argv[2])
+    return names
+
+
+def unlink_regions(names: Iterable[str], directory: Path = SHM_DIR) -> list[str]:
+    """Remove the regions ``names`` from ``directory``; the names removed.
+
+    Only names of the python backend's form are touched; missing ones are skipped.
+    """
+    removed = []
+    for name in names:
+        if not _REGION_NAME.fullmatch(name):
+            logger.warning("not removing %r: not a python backend region name", name)
+            continue
+        try:
+            (directory / name).unlink()
+        except FileNotFoundError:
+            continue
+        except OSError as exc:
+            logger.warning("could not remove shared-memory region %s: %s", name, exc)
+            continue
+        removed.append(name)
+    if removed:
+        logger.info("removed %d shared-memory region(s) of killed python stubs", len(removed))
+    return removed
+
+
+def tree_rss(pid: int) -> dict[int, int]:
+    """Resident memory of tritonserver ``pid`` and of each of its descendants (the stubs).
+
+    Args:
+        pid: tritonserver's process id.
+
+    Returns:
+        RSS in bytes by process id, tritonserver first; empty when it is gone.
+        Processes that exit while being read are left out.
+    """
+    try:
+        root = psutil.Process(pid)
+        processes = [root, *root.children(recursive=True)]
+    except psutil.Error:
+        return {}
+    rss = {}
+    for process in processes:
+        with contextlib.suppress(psutil.Error):
+            rss[process.pid] = int(process.memory_info().rss)
+    return rss
