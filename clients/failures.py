@@ -69,13 +69,21 @@ def is_unavailable(exc: BaseException) -> bool:
     """Whether the call failed because the server cannot take it now, so a retry may succeed.
 
     True for gRPC UNAVAILABLE, HTTP 503 and a refused connection; False for
-    everything else, INVALID_ARGUMENT and NOT_FOUND included.
+    everything else, INVALID_ARGUMENT and NOT_FOUND included, and for a call
+    refused by a restricted API (Triton answers those with gRPC UNAVAILABLE).
     """
+    if is_restricted(exc):
+        return False
     return (
         is_connection_refused(exc)
         or grpc_code(exc) == _UNAVAILABLE_GRPC
         or http_status(exc) == _UNAVAILABLE_HTTP
     )
+
+
+def is_restricted(exc: BaseException) -> bool:
+    """Whether the server refused the call because its API is restricted behind a key."""
+    return http_status(exc) == 403 or "protocol is restricted" in message(exc)
 
 
 def is_not_found(exc: BaseException) -> bool:

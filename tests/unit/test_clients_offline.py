@@ -349,3 +349,18 @@ def test_a_timeout_is_not_called_unreachable() -> None:
     error = failures.client_error("h:1", "grpc", "model 'm'", _grpc_error("DEADLINE_EXCEEDED"))
     assert str(error) == "model 'm': no answer from tritonserver at h:1 over grpc within the timeout"
     assert not failures.is_unavailable(TimeoutError())
+
+
+def test_a_restricted_api_refusal_is_final_not_retried() -> None:
+    from tritonclient.utils import InferenceServerException
+
+    from clients.failures import is_restricted, is_unavailable
+
+    refused = InferenceServerException(
+        "This protocol is restricted, expecting header 'triton-grpc-protocol-admin-key'",
+        status="StatusCode.UNAVAILABLE",
+    )
+    assert is_restricted(refused) and not is_unavailable(refused)
+    assert is_restricted(InferenceServerException("forbidden", status="403"))
+    down = InferenceServerException("failed to connect", status="StatusCode.UNAVAILABLE")
+    assert is_unavailable(down) and not is_restricted(down)
