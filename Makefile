@@ -37,7 +37,7 @@ test-all: setup deps-system
 lint: setup
 	$(PYTHON) -m ruff check .
 	$(PYTHON) -m ruff format --check .
-	$(PYTHON) -m mypy bundle criteo models export server clients
+	$(PYTHON) -m mypy bundle criteo models export server clients loadtest
 	$(PYTHON) -m mypy -p benchmarks.soak
 
 clean:

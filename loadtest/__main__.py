@@ -1,0 +1,238 @@
+"""``python -m loadtest``: concurrency sweeps, in-process baselines, peer comparison.
+
+Commands:
+
+- ``sweep``: locust headless, step by step, against Triton; CSV, JSON, PNG curves, report.md.
+- ``baseline``: in-process ONNX Runtime throughput and latency of a model file.
+- ``compare``: the same sweep against the local Triton, PyTriton and a FastAPI server.
+- ``report``: rewrite the CSV, PNGs and report.md of a report.json.
+"""
+
+from __future__ import annotations
+
+import shlex
+import sys
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from bundle.cli import new_app, run
+from bundle.errors import ConfigError
+from loadtest.runs import PEERS, RunOptions, compare_run, sweep_run
+from loadtest.sweep import parse_ints
+
+app = new_app("Load tests of the served models: sweeps, latency curves, baselines, peer comparison.")
+
+BatchSizes = Annotated[
+    str, typer.Option("--batch-size", help="Rows per request; comma-separated for several.")
+]
+Concurrency = Annotated[str, typer.Option(help="Requests in flight per step, comma-separated.")]
+Duration = Annotated[float, typer.Option(help="Seconds measured per step.")]
+Warmup = Annotated[float, typer.Option(help="Seconds run before each step's measurement.")]
+Processes = Annotated[
+    int, typer.Option(help="locust processes per step (0: one per 16 users, at most one per core).")
+]
+MaxRows = Annotated[
+    int,
+    typer.Option(help="Skip steps with more than this many rows in flight (concurrency x batch; 0: no cap)."),
+]
+Data = Annotated[
+    Path | None, typer.Option(help="Criteo TSV file for the request rows (default: synthetic rows).")
+]
+Out = Annotated[Path, typer.Option(help="Report folder.")]
+Raw = Annotated[
+    Path | None,
+    typer.Option(help="Folder for the payload, each step's raw latencies and logs (default: OUT/raw)."),
+]
+BaselineFlag = Annotated[
+    bool, typer.Option("--baseline/--no-baseline", help="Time each model in-process first (needs its file).")
+]
+BaselineSeconds = Annotated[float, typer.Option(help="Seconds per timed repeat of the in-process baseline.")]
+BaselineRepeats = Annotated[int, typer.Option(help="Timed repeats per batch size of the baseline (median).")]
+Title = Annotated[str | None, typer.Option(help="Heading of the report.")]
+
+
+def _command_line() -> str:
+    return shlex.join(["python", "-m", "loadtest", *sys.argv[1:]])
+
+
+def _options(
+    batch_size: str,
+    concurrency: str,
+    duration: float,
+    warmup: float,
+    processes: int,
+    max_rows_in_flight: int,
+    data: Path | None,
+    baseline: bool,
+    baseline_seconds: float,
+    baseline_repeats: int,
+) -> RunOptions:
+    return RunOptions(
+        batch_sizes=parse_ints(batch_size, "--batch-size"),
+        concurrency=parse_ints(concurrency, "--concurrency"),
+        duration_s=duration,
+        warmup_s=warmup,
+        processes=processes,
+        max_rows_in_flight=max_rows_in_flight,
+        data=data,
+        baseline=baseline,
+        baseline_seconds=baseline_seconds,
+        baseline_repeats=baseline_repeats,
+    )
+
+
+@app.command()
+def sweep(
+    model: Annotated[list[str], typer.Option(help="Model to load (repeatable).")],
+    protocol: Annotated[
+        list[str] | None, typer.Option(help="grpc or http (repeatable; default grpc).")
+    ] = None,
+    url: Annotated[
+        list[str] | None,
+        typer.Option(help="host:port of a running server's endpoint, one per --protocol in the same order."),
+    ] = None,
+    repository: Annotated[
+        Path | None,
+        typer.Option(
+            help="Model repository: model files for the baseline; served by a local tritonserver "
+            "when no --url is given."
+        ),
+    ] = None,
+    batch_size: BatchSizes = "1",
+    concurrency: Concurrency = "1,2,4,8",
+    duration: Duration = 10.0,
+    warmup: Warmup = 2.0,
+    processes: Processes = 0,
+    max_rows_in_flight: MaxRows = 0,
+    data: Data = None,
+    out: Out = Path("reports/loadtest"),
+    raw: Raw = None,
+    baseline: BaselineFlag = True,
+    baseline_seconds: BaselineSeconds = 1.0,
+    baseline_repeats: BaselineRepeats = 5,
+    title: Title = None,
+) -> None:
+    """Sweep concurrency with locust (headless, step by step); write CSV, JSON, PNG curves and report.md."""
+    protocols = protocol or ["grpc"]
+    for name in protocols:
+        if name not in ("grpc", "http"):
+            raise ConfigError(f"--protocol must be grpc or http, got {name!r}")
+    options = _options(
+        batch_size, concurrency, duration, warmup, processes, max_rows_in_flight,
+        data, baseline, baseline_seconds, baseline_repeats,
+    )  # fmt: skip
+    _, paths = sweep_run(
+        models=model,
+        protocols=protocols,
+        urls=url or [],
+        repository=repository,
+        options=options,
+        out=out,
+        title=title or f"Load test: {', '.join(model)} over {', '.join(protocols)}",
+        command=_command_line(),
+        raw=raw,
+    )
+    print(f"report: {paths['markdown']}")
+
+
+@app.command()
+def compare(
+    repository: Annotated[Path, typer.Option(help="Model repository holding <model>/1/model.onnx.")],
+    model: Annotated[str, typer.Option(help="Model to serve by all three.")] = "dlrm_onnx",
+    protocol: Annotated[str, typer.Option(help="grpc or http for Triton and PyTriton.")] = "grpc",
+    peer: Annotated[
+        list[str] | None, typer.Option(help="pytriton and/or fastapi (repeatable; default both).")
+    ] = None,
+    batch_size: BatchSizes = "1,64,1024",
+    concurrency: Concurrency = "1,2,4,8",
+    duration: Duration = 10.0,
+    warmup: Warmup = 2.0,
+    processes: Processes = 0,
+    max_rows_in_flight: MaxRows = 0,
+    data: Data = None,
+    out: Out = Path("reports/peers"),
+    raw: Raw = None,
+    baseline: BaselineFlag = True,
+    baseline_seconds: BaselineSeconds = 1.0,
+    baseline_repeats: BaselineRepeats = 5,
+    title: Title = None,
+) -> None:
+    """The same model and sweep against the local Triton, PyTriton + ONNX Runtime, FastAPI + ONNX Runtime."""
+    if protocol not in ("grpc", "http"):
+        raise ConfigError(f"--protocol must be grpc or http, got {protocol!r}")
+    options = _options(
+        batch_size, concurrency, duration, warmup, processes, max_rows_in_flight,
+        data, baseline, baseline_seconds, baseline_repeats,
+    )  # fmt: skip
+    _, paths = compare_run(
+        repository=repository,
+        model=model,
+        protocol=protocol,
+        options=options,
+        out=out,
+        title=title or f"Peer comparison: {model}, local Triton vs {', '.join(peer or PEERS)}",
+        command=_command_line(),
+        peers=peer or PEERS,
+        raw=raw,
+    )
+    print(f"report: {paths['markdown']}")
+
+
+@app.command("baseline")
+def baseline_command(
+    model_file: Annotated[Path, typer.Option(help="The model.onnx to time.")],
+    batch_size: BatchSizes = "1,64,1024",
+    repeats: Annotated[int, typer.Option(help="Timed repeats per batch size (median reported).")] = 5,
+    seconds: Annotated[float, typer.Option(help="Seconds per repeat.")] = 1.0,
+    threads: Annotated[
+        int | None,
+        typer.Option(help="Intra-op threads (default: the model's config.pbtxt, else ORT's default)."),
+    ] = None,
+    data: Data = None,
+    out: Annotated[Path | None, typer.Option(help="Also write the results as JSON here.")] = None,
+) -> None:
+    """In-process ONNX Runtime throughput and latency of a model file, per batch size."""
+    import json
+
+    from loadtest.baseline import BaselineConfig, run_baseline
+    from loadtest.payload import MAX_POOL_ROWS, build_pool
+
+    config = BaselineConfig(model_file, parse_ints(batch_size, "--batch-size"), repeats, seconds, threads)
+    results = run_baseline(config, build_pool(1, data=data, batches=MAX_POOL_ROWS))
+    table = Table(title=f"in-process ONNX Runtime: {model_file}")
+    for column in ("batch", "threads", "samples/s (median)", "calls/s", "p50 ms", "p99 ms"):
+        table.add_column(column, justify="right")
+    for r in results:
+        table.add_row(
+            str(r.batch_size),
+            str(r.threads or "default"),
+            f"{r.samples_per_s:,.0f}",
+            f"{r.calls_per_s:,.1f}",
+            f"{r.p50_ms:.3f}",
+            f"{r.p99_ms:.3f}",
+        )
+    Console().print(table)
+    if out is not None:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps([r.as_dict() for r in results], indent=2) + "\n")
+        print(f"results: {out}")
+
+
+@app.command()
+def report(
+    json_file: Annotated[Path, typer.Argument(help="A report.json written by sweep or compare.")],
+    out: Annotated[Path | None, typer.Option(help="Folder to write into (default: beside the JSON).")] = None,
+) -> None:
+    """Rewrite steps.csv, the PNG curves and report.md from a report.json."""
+    from loadtest.report import Report, write_report
+
+    paths = write_report(Report.load(json_file), out or json_file.parent)
+    print(f"report: {paths['markdown']}")
+
+
+if __name__ == "__main__":
+    run(app)

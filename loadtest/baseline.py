@@ -1,0 +1,191 @@
+"""In-process throughput and latency: the same ONNX file under ONNX Runtime in this process.
+
+The reference every served number is divided by. The session is set up as
+the local Triton backend sets up its own (:mod:`loadtest.session`), with
+the intra-op thread count of the model's config.pbtxt unless told otherwise,
+and runs on batches from the same payload pool the load test sends. Each
+batch size is timed ``repeats`` times for ``seconds`` each; the median
+repeat is reported, so one noisy second does not move the result.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import statistics
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from bundle.errors import ConfigError
+from criteo.schema import OUTPUT
+from loadtest.payload import PayloadPool, build_pool
+from loadtest.session import ort_session, serving_settings
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class BaselineConfig:
+    """How to time a model in-process.
+
+    Args:
+        model_file: the ``model.onnx`` to run.
+        batch_sizes: rows per call, each timed on its own.
+        repeats: timed repeats per batch size (the median is reported).
+        seconds: length of one repeat (at least 3 calls run).
+        threads: ONNX Runtime intra-op threads; None: what the model's
+            config.pbtxt asks the server for (0: ONNX Runtime's default).
+        warmup_calls: untimed calls before the first repeat.
+    """
+
+    model_file: Path
+    batch_sizes: tuple[int, ...]
+    repeats: int = 5
+    seconds: float = 1.0
+    threads: int | None = None
+    warmup_calls: int = 3
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "model_file", Path(self.model_file))
+        object.__setattr__(self, "batch_sizes", tuple(self.batch_sizes))
+        if not self.batch_sizes or any(b < 1 for b in self.batch_sizes):
+            raise ConfigError(f"batch sizes must be >= 1, got {self.batch_sizes}")
+        if self.repeats < 1:
+            raise ConfigError(f"repeats must be >= 1, got {self.repeats}")
+        if not self.seconds > 0:
+            raise ConfigError(f"seconds must be > 0, got {self.seconds}")
+        if self.threads is not None and self.threads < 0:
+            raise ConfigError(f"threads must be >= 0, got {self.threads}")
+        if self.warmup_calls < 0:
+            raise ConfigError(f"warmup_calls must be >= 0, got {self.warmup_calls}")
+
+
+@dataclass(frozen=True)
+class BaselineResult:
+    """In-process numbers of one batch size.
+
+    Attributes:
+        model_file: the ONNX file.
+        batch_size: rows per call ``B``.
+        threads: intra-op threads the session ran with (0: ONNX Runtime's default).
+        samples_per_s: median over repeats of rows per second.
+        calls_per_s: ``samples_per_s / batch_size``.
+        p50_ms, p99_ms: latency of single calls over all repeats.
+        repeats: the samples/s of each repeat.
+    """
+
+    model_file: str
+    batch_size: int
+    threads: int
+    samples_per_s: float
+    calls_per_s: float
+    p50_ms: float
+    p99_ms: float
+    repeats: tuple[float, ...]
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> BaselineResult:
+        values = dict(data)
+        values["repeats"] = tuple(values.get("repeats", ()))
+        return cls(**values)
+
+
+def _time_batch(
+    session: Any, batches: list[dict[str, np.ndarray]], config: BaselineConfig
+) -> tuple[list[float], list[float]]:
+    """Samples/s of each repeat, and every call's latency in ms."""
+    rows = next(iter(batches[0].values())).shape[0]
+    for i in range(config.warmup_calls):
+        session.run([OUTPUT], batches[i % len(batches)])
+    rates: list[float] = []
+    latencies: list[float] = []
+    call = 0
+    for _ in range(config.repeats):
+        calls = 0
+        started = time.perf_counter()
+        deadline = started + config.seconds
+        while True:
+            before = time.perf_counter()
+            session.run([OUTPUT], batches[call % len(batches)])
+            after = time.perf_counter()
+            latencies.append((after - before) * 1000.0)
+            call += 1
+            calls += 1
+            if after >= deadline and calls >= 3:
+                break
+        rates.append(calls * rows / (time.perf_counter() - started))
+    return rates, latencies
+
+
+class InProcessModel:
+    """One ONNX Runtime session of a model file, kept to be timed at several batch sizes.
+
+    Args:
+        config: the model file, repeats, seconds and threads (its batch sizes are
+            what :meth:`measure_all` times).
+    """
+
+    def __init__(self, config: BaselineConfig) -> None:
+        self.config = config
+        threads = config.threads
+        if threads is None:
+            threads = serving_settings(config.model_file)["threads"]
+        self.threads = threads
+        self._session = ort_session(config.model_file, threads)
+
+    def measure(self, batch_size: int, pool: PayloadPool) -> BaselineResult:
+        """Time calls of ``batch_size`` rows from ``pool`` (re-cut to that batch size)."""
+        batches = pool.rebatched(batch_size).batches()
+        rates, latencies = _time_batch(self._session, batches, self.config)
+        median = statistics.median(rates)
+        result = BaselineResult(
+            model_file=str(self.config.model_file),
+            batch_size=batch_size,
+            threads=self.threads,
+            samples_per_s=median,
+            calls_per_s=median / batch_size,
+            p50_ms=float(np.percentile(latencies, 50)),
+            p99_ms=float(np.percentile(latencies, 99)),
+            repeats=tuple(rates),
+        )
+        logger.debug(
+            "in-process %s B=%d: %.0f samples/s (median of %d), p50 %.3f ms",
+            self.config.model_file,
+            batch_size,
+            result.samples_per_s,
+            len(rates),
+            result.p50_ms,
+        )
+        return result
+
+    def measure_all(self, pool: PayloadPool) -> list[BaselineResult]:
+        """Time every batch size of the config, in order."""
+        return [self.measure(batch_size, pool) for batch_size in self.config.batch_sizes]
+
+
+def run_baseline(config: BaselineConfig, pool: PayloadPool | None = None) -> list[BaselineResult]:
+    """Time ``config.model_file`` in-process at each batch size.
+
+    Args:
+        config: the model file, batch sizes, repeats.
+        pool: rows to run (batch size 1 or any; re-cut per batch size); synthetic rows when None.
+
+    Returns:
+        One result per batch size, in the order given.
+    """
+    rows = pool if pool is not None else build_pool(1, batches=max(config.batch_sizes) * 4)
+    return InProcessModel(config).measure_all(rows)
+
+
+def ratio(served: float, in_process: float) -> float:
+    """``served / in_process`` (NaN when either is missing or zero)."""
+    if not in_process or math.isnan(in_process) or math.isnan(served):
+        return math.nan
+    return served / in_process

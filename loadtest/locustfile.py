@@ -1,0 +1,110 @@
+"""locust users that send inference requests to Triton over gRPC or HTTP.
+
+Each user is one client with one connection (reused for every request),
+sending pre-built batches of real-format rows back to back: ``N`` users keep
+``N`` requests in flight. Run it headless, naming one user class::
+
+    locust -f loadtest/locustfile.py GrpcTritonUser --headless -u 4 -r 4 -t 20s \\
+        --host 127.0.0.1:8001 --model dlrm_onnx --batch-size 64 \\
+        --results-dir reports/step --warmup 2 --window 15 --server-stats grpc
+
+``python -m loadtest sweep`` runs it step by step. The options (listed under
+"Triton load test" in ``--help``) also come from ``LOCUST_MODEL``-style
+environment variables or ``locust.conf``; :mod:`loadtest.recorder` keeps the
+exact latency of every request (locust itself rounds to whole milliseconds).
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from typing import Any, ClassVar
+
+from locust import User, constant, task
+
+from bundle.errors import BundleError
+from clients.options import Protocol
+from clients.retry import RetryPolicy
+from clients.triton import TritonClient
+from loadtest.recorder import options, payload_pool
+
+
+class TritonUser(User):
+    """A closed-loop user: one request in flight, the next sent as soon as the answer is read.
+
+    The request's latency is the client's whole call (request built, sent,
+    answer received and decoded to a ``B x 1`` array). Failed requests are
+    reported as failures, never retried: a load test counts them.
+    """
+
+    abstract = True
+    wait_time = constant(0)
+    protocol: ClassVar[Protocol]
+
+    def __init__(self, environment: Any) -> None:
+        super().__init__(environment)
+        parsed = options(environment)
+        self._model: str = parsed.model
+        self._batch_size: int = parsed.batch_size
+        self._timeout_s: float = parsed.request_timeout
+        self._batches = payload_pool().batches()
+        # Users start at different batches so that concurrent requests differ.
+        self._next = random.randrange(len(self._batches))
+        self._client: TritonClient | None = None
+
+    def on_start(self) -> None:
+        self._client = TritonClient(
+            self.host or "", self.protocol, timeout_s=self._timeout_s, retry=RetryPolicy(max_tries=1)
+        )
+        # The model's metadata is fetched once here, not inside a timed request.
+        self._timed("metadata", lambda client: client.model_spec(self._model), report_success=False)
+
+    def on_stop(self) -> None:
+        if self._client is not None:
+            self._client.close()
+            self._client = None
+
+    @task
+    def infer(self) -> None:
+        inputs = self._batches[self._next % len(self._batches)]
+        self._next += 1
+        self._timed(self._model, lambda client: client.infer(self._model, inputs))
+
+    def _timed(self, name: str, call: Any, report_success: bool = True) -> None:
+        if self._client is None:
+            return
+        start_time = time.time()
+        started = time.perf_counter()
+        exception: BaseException | None = None
+        length = 0
+        try:
+            result = call(self._client)
+            length = int(getattr(result, "nbytes", 0))
+        except BundleError as exc:
+            exception = exc
+        elapsed_ms = (time.perf_counter() - started) * 1000.0
+        if exception is None and not report_success:
+            return
+        self.environment.events.request.fire(
+            request_type=self.protocol.upper(),
+            name=name,
+            response_time=elapsed_ms,
+            response_length=length,
+            response=None,
+            context={"batch_size": self._batch_size},
+            exception=exception,
+            start_time=start_time,
+            url=self.host,
+        )
+
+
+class GrpcTritonUser(TritonUser):
+    """Triton's gRPC endpoint (``--host 127.0.0.1:8001``); tensors as raw bytes in the message."""
+
+    protocol = "grpc"
+
+
+class HttpTritonUser(TritonUser):
+    """Triton's HTTP/REST endpoint (``--host 127.0.0.1:8000``); tensors in the binary-data extension."""
+
+    protocol = "http"

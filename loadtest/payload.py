@@ -1,0 +1,150 @@
+"""A pool of pre-built request batches in the real input format, made once per load test.
+
+Rows come from a Criteo TSV file or from the synthetic generator, go through
+the data contract's preprocessing once (:mod:`criteo.tsv`), and are kept as
+the model's two input arrays. Load generators then only pick a batch; no row
+is parsed, generated or preprocessed while requests are timed. The sweep
+writes the pool to one ``.npz`` file that every locust process loads.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from bundle.errors import ConfigError, DataError
+from clients.verify import sample_rows
+from criteo.schema import CATEGORICAL_INPUT, DENSE_INPUT, INPUTS
+
+#: Distinct batches a pool holds, at most (fewer when that would exceed MAX_POOL_ROWS).
+DEFAULT_POOL_BATCHES = 64
+#: Rows a pool holds, at most: enough variety, little memory (about 2.6 MB per 10,000 rows).
+MAX_POOL_ROWS = 32_768
+
+
+@dataclass(frozen=True)
+class PayloadPool:
+    """``batches`` request batches of ``batch_size`` rows each, as model inputs.
+
+    Attributes:
+        dense: ``(batches * batch_size) x 13`` float32.
+        categorical: ``(batches * batch_size) x 26`` int64.
+        batch_size: rows per request ``B``.
+        source: where the rows came from (a file name, or ``synthetic``).
+    """
+
+    dense: np.ndarray
+    categorical: np.ndarray
+    batch_size: int
+    source: str
+
+    def __post_init__(self) -> None:
+        if self.batch_size < 1:
+            raise ConfigError(f"batch_size must be >= 1, got {self.batch_size}")
+        rows = self.dense.shape[0]
+        if rows == 0 or rows % self.batch_size or self.categorical.shape[0] != rows:
+            raise DataError(
+                f"a payload pool needs a whole number of batches of {self.batch_size} rows, "
+                f"got {rows} dense and {self.categorical.shape[0]} categorical rows"
+            )
+        for spec, array in zip(INPUTS, (self.dense, self.categorical), strict=True):
+            if array.dtype != spec.dtype or array.shape[1:] != spec.shape:
+                raise DataError(
+                    f"payload input {spec.name!r} is {array.dtype} {list(array.shape)}, "
+                    f"expected {np.dtype(spec.dtype)} [N, {', '.join(map(str, spec.shape))}]"
+                )
+
+    def __len__(self) -> int:
+        """The number of batches."""
+        return int(self.dense.shape[0]) // self.batch_size
+
+    def batch(self, index: int) -> dict[str, np.ndarray]:
+        """Batch ``index`` (modulo the pool's length) as ``{tensor name: B x ...}`` contiguous views."""
+        start = (index % len(self)) * self.batch_size
+        stop = start + self.batch_size
+        return {DENSE_INPUT: self.dense[start:stop], CATEGORICAL_INPUT: self.categorical[start:stop]}
+
+    def batches(self) -> list[dict[str, np.ndarray]]:
+        """Every batch, in order."""
+        return [self.batch(i) for i in range(len(self))]
+
+    def save(self, path: Path) -> Path:
+        """Write the pool as an uncompressed ``.npz`` file (loads in milliseconds)."""
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with open(path, "wb") as handle:
+            np.savez(
+                handle,
+                dense=self.dense,
+                categorical=self.categorical,
+                batch_size=np.int64(self.batch_size),
+                source=np.array(self.source),
+            )
+        return path
+
+    @classmethod
+    def load(cls, path: Path) -> PayloadPool:
+        """Read a pool written by :meth:`save`."""
+        try:
+            with np.load(path, allow_pickle=False) as data:
+                return cls(
+                    np.ascontiguousarray(data["dense"]),
+                    np.ascontiguousarray(data["categorical"]),
+                    int(data["batch_size"]),
+                    str(data["source"]),
+                )
+        except (OSError, KeyError, ValueError) as exc:
+            raise DataError(f"cannot read payload pool {path}: {exc}") from None
+
+    def rebatched(self, batch_size: int) -> PayloadPool:
+        """The same rows cut into batches of ``batch_size`` (rows beyond a whole batch are dropped;
+        rows repeat when the pool holds fewer than one batch)."""
+        rows = self.dense.shape[0]
+        if rows < batch_size:
+            repeat = -(-batch_size // rows)
+            dense, categorical = np.tile(self.dense, (repeat, 1)), np.tile(self.categorical, (repeat, 1))
+        else:
+            dense, categorical = self.dense, self.categorical
+        keep = (dense.shape[0] // batch_size) * batch_size
+        return PayloadPool(
+            np.ascontiguousarray(dense[:keep]),
+            np.ascontiguousarray(categorical[:keep]),
+            batch_size,
+            self.source,
+        )
+
+
+def pool_rows(batch_size: int, batches: int = DEFAULT_POOL_BATCHES) -> int:
+    """Rows of a pool of ``batches`` batches, capped at :data:`MAX_POOL_ROWS` (never below one batch)."""
+    if batch_size < 1 or batches < 1:
+        raise ConfigError(f"batch_size and batches must be >= 1, got {batch_size} and {batches}")
+    fitting = max(1, min(batches, MAX_POOL_ROWS // batch_size))
+    return fitting * batch_size
+
+
+def build_pool(
+    batch_size: int, data: Path | None = None, batches: int = DEFAULT_POOL_BATCHES, seed: int = 7
+) -> PayloadPool:
+    """A pool of request batches from ``data`` (a Criteo TSV file) or synthetic rows.
+
+    Args:
+        batch_size: rows per request ``B``.
+        data: a labeled or unlabeled Criteo TSV file (``.gz`` too); synthetic rows when None.
+            A file with fewer rows than the pool needs is repeated.
+        batches: distinct batches wanted (capped so that the pool stays under
+            :data:`MAX_POOL_ROWS` rows).
+        seed: seed of the synthetic rows.
+
+    Returns:
+        The pool: ``len(pool)`` batches of ``B x 13`` dense and ``B x 26`` ids.
+    """
+    rows = pool_rows(batch_size, batches)
+    sample = sample_rows(data, rows, seed)
+    pool = PayloadPool(
+        np.ascontiguousarray(sample.dense, dtype=np.float32),
+        np.ascontiguousarray(sample.categorical, dtype=np.int64),
+        1,
+        str(data) if data is not None else "synthetic",
+    )
+    return pool.rebatched(batch_size)

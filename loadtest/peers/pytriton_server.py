@@ -1,0 +1,80 @@
+"""PyTriton serving one ONNX Runtime session: the peer that binds a Python function into Triton.
+
+PyTriton starts the same tritonserver binary as the bundle's local server,
+but runs the model in this Python process: Triton's python backend passes
+each batch the dynamic batcher formed to ``infer`` here (over ZeroMQ and
+shared memory), and ``@batch`` concatenates the requests. The session is set
+up like the bundle backend's (:mod:`loadtest.session`), with the same
+``max_batch_size`` and dynamic batcher delay. Run::
+
+    python -m loadtest.peers.pytriton_server serve --model-file model.onnx --model dlrm_onnx \\
+        --http-port 8200 --grpc-port 8201 --metrics-port 8202
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Any
+
+import numpy as np
+import typer
+
+from bundle.cli import new_app, run
+from criteo.schema import INPUTS, OUTPUT, OUTPUTS
+from loadtest.session import ort_session
+
+app = new_app("PyTriton binding an ONNX Runtime session (benchmark peer).")
+
+
+def infer_function(session: Any) -> Any:
+    """The ``@batch`` inference callable of ``session``: named ``B x ...`` inputs -> ``{output: B x 1}``."""
+    from pytriton.decorators import batch
+
+    @batch
+    def infer(**inputs: np.ndarray) -> dict[str, np.ndarray]:
+        return {OUTPUT: session.run([OUTPUT], inputs)[0]}
+
+    return infer
+
+
+@app.command()
+def serve(
+    model_file: Annotated[Path, typer.Option(help="The model.onnx to serve.")],
+    model: Annotated[str, typer.Option(help="Model name.")] = "dlrm_onnx",
+    http_port: Annotated[int, typer.Option(help="HTTP port on 127.0.0.1.")] = 8200,
+    grpc_port: Annotated[int, typer.Option(help="gRPC port on 127.0.0.1.")] = 8201,
+    metrics_port: Annotated[int, typer.Option(help="Metrics port on 127.0.0.1.")] = 8202,
+    max_batch_size: Annotated[int, typer.Option(help="Largest batch Triton forms or accepts.")] = 4096,
+    max_queue_delay_us: Annotated[int, typer.Option(help="Dynamic batcher max queue delay (us).")] = 100,
+    threads: Annotated[int, typer.Option(help="ONNX Runtime intra-op threads (0: default).")] = 0,
+) -> None:
+    """Serve ``model_file`` through PyTriton on 127.0.0.1 until SIGINT or SIGTERM."""
+    from pytriton.model_config import DynamicBatcher, ModelConfig, Tensor
+    from pytriton.triton import Triton, TritonConfig
+
+    session = ort_session(model_file, threads)
+    config = TritonConfig(
+        http_address="127.0.0.1",
+        http_port=http_port,
+        grpc_address="127.0.0.1",
+        grpc_port=grpc_port,
+        metrics_address="127.0.0.1",
+        metrics_port=metrics_port,
+    )
+    with Triton(config=config) as triton:
+        triton.bind(
+            model_name=model,
+            infer_func=infer_function(session),
+            inputs=[Tensor(name=spec.name, dtype=spec.dtype, shape=spec.shape) for spec in INPUTS],
+            outputs=[Tensor(name=spec.name, dtype=spec.dtype, shape=spec.shape) for spec in OUTPUTS],
+            config=ModelConfig(
+                max_batch_size=max_batch_size,
+                batcher=DynamicBatcher(max_queue_delay_microseconds=max_queue_delay_us),
+            ),
+            strict=False,
+        )
+        triton.serve()
+
+
+if __name__ == "__main__":
+    run(app)

@@ -1,0 +1,289 @@
+"""What every locust process of a load test records, and the options it reads.
+
+Imported by the locustfiles (:mod:`loadtest.locustfile`,
+:mod:`loadtest.peers.locustfile`); importing it registers locust event
+listeners, once per process:
+
+- ``init_command_line_parser``: the load test's options (``--model``,
+  ``--batch-size``, ``--payload``, ``--results-dir``, ``--warmup``,
+  ``--window``, ``--server-stats``, ``--request-timeout``), which locust also
+  reads from ``LOCUST_*`` environment variables and ``locust.conf``;
+- ``init``: switches gRPC to gevent (before any channel exists) and loads the
+  payload pool, in every process that runs users;
+- ``request``: counts every request that *completes inside the measurement
+  window* (``warmup`` seconds after the test starts, for ``window`` seconds)
+  and records its exact latency in a :class:`~loadtest.latency.LatencyHistogram`;
+- ``test_stop``: writes ``latency-<pid>.json`` into ``--results-dir``;
+- on the master (or the single process): reads Triton's statistics at the
+  window's start and end and writes their difference as ``server-stats.json``.
+
+Nothing here imports TensorFlow or PyTorch.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import gevent
+from locust import events
+from locust.env import Environment
+from locust.runners import MasterRunner, WorkerRunner
+
+from bundle.errors import BundleError, ConfigError
+from clients.retry import RetryPolicy
+from clients.stats import ModelStats
+from clients.triton import TritonClient
+from loadtest.latency import LatencyHistogram
+from loadtest.payload import PayloadPool, build_pool
+from loadtest.stepfiles import SERVER_STATS_FILE, latency_file
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class Recording:
+    """This process's counts inside the measurement window.
+
+    Attributes:
+        window_start: wall time (``time.time()``) the window opens; None before the test starts.
+        window_end: wall time it closes (``inf``: at the end of the test).
+        histogram: latencies of the successful requests completed inside the window.
+        requests: successful requests completed inside the window.
+        errors: failed requests completed inside the window.
+        errors_total: failed requests of the whole test, warm-up included.
+        error_kinds: the first line of each error message, counted.
+        stopped_at: wall time the test stopped in this process.
+    """
+
+    window_start: float | None = None
+    window_end: float = float("inf")
+    histogram: LatencyHistogram = field(default_factory=LatencyHistogram)
+    requests: int = 0
+    errors: int = 0
+    errors_total: int = 0
+    error_kinds: Counter[str] = field(default_factory=Counter)
+    stopped_at: float | None = None
+
+    def covered_s(self) -> float:
+        """Seconds of the window this process was running for."""
+        if self.window_start is None:
+            return 0.0
+        end = min(self.window_end, self.stopped_at if self.stopped_at is not None else time.time())
+        return max(0.0, end - self.window_start)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "pid": os.getpid(),
+            "window_start": self.window_start,
+            "window_end": None if self.window_end == float("inf") else self.window_end,
+            "covered_s": self.covered_s(),
+            "requests": self.requests,
+            "errors": self.errors,
+            "errors_total": self.errors_total,
+            "error_kinds": dict(self.error_kinds.most_common(10)),
+            "histogram": self.histogram.to_json(),
+        }
+
+
+_recording = Recording()
+_pool: dict[str, PayloadPool] = {}
+#: The master's greenlet reading Triton's statistics (joined before the process exits).
+_stats_greenlet: list[gevent.Greenlet] = []
+
+
+def payload_pool() -> PayloadPool:
+    """The payload pool of this process (loaded at ``init``)."""
+    if "pool" not in _pool:
+        raise ConfigError("the payload pool is not loaded: is this running under locust?")
+    return _pool["pool"]
+
+
+def load_payload(payload: str, batch_size: int) -> PayloadPool:
+    """A pool of ``batch_size``-row batches from a ``.npz`` pool, a Criteo TSV file, or synthetic rows."""
+    if not payload:
+        return build_pool(batch_size)
+    path = Path(payload)
+    if path.suffix == ".npz":
+        return PayloadPool.load(path).rebatched(batch_size)
+    return build_pool(batch_size, data=path)
+
+
+# ------------------------------------------------------------------ options
+@events.init_command_line_parser.add_listener
+def _add_options(parser: Any) -> None:
+    group = parser.add_argument_group("Triton load test (loadtest)")
+    group.add_argument("--model", type=str, default="dlrm_onnx", help="Model name to infer.")
+    group.add_argument("--batch-size", type=int, default=1, help="Rows per request.")
+    group.add_argument(
+        "--payload",
+        type=str,
+        default="",
+        help="Request rows: a .npz pool written by loadtest, a Criteo TSV file, or empty for synthetic rows.",
+    )
+    group.add_argument(
+        "--results-dir", type=str, default="", help="Folder for raw latencies and server statistics."
+    )
+    group.add_argument("--warmup", type=float, default=0.0, help="Seconds after the start not measured.")
+    group.add_argument(
+        "--window", type=float, default=0.0, help="Seconds measured after the warm-up (0: until the end)."
+    )
+    group.add_argument(
+        "--server-stats",
+        type=str,
+        default="",
+        choices=["", "grpc", "http"],
+        help="Read Triton's statistics of --model from --host over this protocol ('' = off).",
+    )
+    group.add_argument("--request-timeout", type=float, default=60.0, help="Seconds per request.")
+
+
+def options(environment: Environment) -> Any:
+    """The parsed options, checked."""
+    parsed = environment.parsed_options
+    if parsed is None:
+        raise ConfigError("locust parsed no options")
+    if parsed.batch_size < 1:
+        raise ConfigError(f"--batch-size must be >= 1, got {parsed.batch_size}")
+    if parsed.warmup < 0 or parsed.window < 0:
+        raise ConfigError("--warmup and --window must be >= 0")
+    return parsed
+
+
+def _runs_users(environment: Environment) -> bool:
+    return not isinstance(environment.runner, MasterRunner)
+
+
+def _measures_server(environment: Environment) -> bool:
+    return not isinstance(environment.runner, WorkerRunner)
+
+
+# ------------------------------------------------------------------ process set-up
+@events.init.add_listener
+def _on_init(environment: Environment, **_: Any) -> None:
+    import grpc.experimental.gevent
+
+    # gRPC must run on gevent's loop before any channel exists, else a blocking
+    # call would block every user of this process.
+    grpc.experimental.gevent.init_gevent()
+    parsed = options(environment)
+    if _runs_users(environment) and "pool" not in _pool:
+        started = time.perf_counter()
+        _pool["pool"] = load_payload(parsed.payload, parsed.batch_size)
+        logger.info(
+            "payload pool: %d batches of %d rows from %s in %.1f s",
+            len(_pool["pool"]),
+            parsed.batch_size,
+            _pool["pool"].source,
+            time.perf_counter() - started,
+        )
+
+
+# ------------------------------------------------------------------ recording
+@events.test_start.add_listener
+def _on_test_start(environment: Environment, **_: Any) -> None:
+    parsed = options(environment)
+    now = time.time()
+    _recording.window_start = now + parsed.warmup
+    _recording.window_end = _recording.window_start + parsed.window if parsed.window > 0 else float("inf")
+    if _measures_server(environment) and parsed.server_stats and parsed.results_dir:
+        _stats_greenlet.append(gevent.spawn(_server_stats, environment))
+
+
+@events.request.add_listener
+def _on_request(response_time: float, exception: BaseException | None = None, **_: Any) -> None:
+    now = time.time()
+    if exception is not None:
+        _recording.errors_total += 1
+    start = _recording.window_start
+    if start is None or not start <= now < _recording.window_end:
+        return
+    if exception is None:
+        _recording.requests += 1
+        _recording.histogram.record(response_time)
+    else:
+        _recording.errors += 1
+        first_line = (str(exception).splitlines() or [type(exception).__name__])[0]
+        _recording.error_kinds[first_line[:200]] += 1
+
+
+@events.test_stop.add_listener
+def _on_test_stop(environment: Environment, **_: Any) -> None:
+    if _recording.stopped_at is None:
+        _recording.stopped_at = time.time()
+    parsed = options(environment)
+    for greenlet in _stats_greenlet:
+        # Its last read is due at the window's end, which the run time leaves room for.
+        greenlet.join(timeout=15.0)
+        if not greenlet.ready():
+            logger.warning("Triton's statistics were not read in time; the step has none")
+            greenlet.kill(block=False)
+    _stats_greenlet.clear()
+    if not (_runs_users(environment) and parsed.results_dir):
+        return
+    folder = Path(parsed.results_dir)
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / latency_file(os.getpid())
+    path.write_text(json.dumps(_recording.to_json()))
+    logger.info(
+        "%d requests (%d errors) in the window; raw latencies in %s",
+        _recording.requests,
+        _recording.errors,
+        path,
+    )
+
+
+# ------------------------------------------------------------------ server statistics
+def _snapshot(client: TritonClient, model: str) -> ModelStats | None:
+    try:
+        stats = client.statistics(model)
+    except BundleError as exc:
+        logger.warning("could not read Triton's statistics of %s: %s", model, exc)
+        return None
+    return stats[0] if stats else None
+
+
+def _server_stats(environment: Environment) -> None:
+    """Read Triton's statistics at the window's start and end; write their difference."""
+    parsed = options(environment)
+    host = parsed.host or ""
+    window_start = _recording.window_start or time.time()
+    client = TritonClient(host, parsed.server_stats, timeout_s=10.0, retry=RetryPolicy(max_tries=2))
+    try:
+        gevent.sleep(max(0.0, window_start - time.time()))
+        before = _snapshot(client, parsed.model)
+        started = time.time()
+        if parsed.window > 0:
+            gevent.sleep(max(0.0, _recording.window_end - time.time()))
+        else:
+            return
+        after = _snapshot(client, parsed.model)
+        ended = time.time()
+    finally:
+        client.close()
+    if before is None or after is None:
+        return
+    delta = {key: getattr(after, key) - getattr(before, key) for key in _COUNTERS}
+    document = {"model": parsed.model, "from": started, "to": ended, "delta": delta}
+    folder = Path(parsed.results_dir)
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / SERVER_STATS_FILE).write_text(json.dumps(document))
+
+
+_COUNTERS = (
+    "inference_count",
+    "execution_count",
+    "success_count",
+    "success_ns",
+    "fail_count",
+    "queue_ns",
+    "compute_input_ns",
+    "compute_infer_ns",
+    "compute_output_ns",
+)

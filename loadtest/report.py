@@ -1,0 +1,478 @@
+"""Sweep results as files: CSV and JSON, PNG curves, and a markdown report with the ratios.
+
+A :class:`Report` holds every step of one run (several models, protocols,
+batch sizes or servers), the in-process baselines, and where and how it was
+measured. :func:`write_report` writes into one folder:
+
+- ``steps.csv``: one row per step;
+- ``report.json``: everything, including the machine, command and baselines;
+- ``latency_vs_throughput.png``: p50 and p99 latency against samples/s, one
+  panel per batch size, one curve per series;
+- ``p99_vs_concurrency.png``: p99 latency against requests in flight;
+- ``report.md``: the summary (served / in-process ratios, peers), the step
+  table and the two charts.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+from collections import defaultdict
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from bundle.errors import DataError
+from loadtest.baseline import BaselineResult, ratio
+from loadtest.machine import summary as machine_summary
+from loadtest.sweep import StepResult
+
+CSV_FILE = "steps.csv"
+JSON_FILE = "report.json"
+MARKDOWN_FILE = "report.md"
+THROUGHPUT_PNG = "latency_vs_throughput.png"
+P99_PNG = "p99_vs_concurrency.png"
+
+#: Targets the issue sets for the ratios (reports show them beside the measured values).
+THROUGHPUT_RATIO_TARGET = 0.95
+
+CSV_COLUMNS = (
+    "label", "model", "protocol", "batch_size", "concurrency", "processes", "seconds",
+    "requests", "errors", "requests_per_s", "samples_per_s",
+    "p50_ms", "p90_ms", "p95_ms", "p99_ms", "mean_ms", "max_ms",
+    "server_requests", "server_executions", "server_batch", "server_queue_ms",
+    "server_compute_input_ms", "server_compute_infer_ms", "server_compute_output_ms", "server_request_ms",
+)  # fmt: skip
+
+
+@dataclass
+class Report:
+    """One load-test run and where it ran.
+
+    Attributes:
+        title: what was measured, for the heading.
+        command: the command line that produced it.
+        started, finished: UTC timestamps (ISO 8601).
+        machine: :func:`loadtest.machine.describe` at the start.
+        load_after: the load average at the end.
+        steps: every step, in run order.
+        baselines: in-process results by model name.
+        settings: sweep and serving settings worth recording (JSON-ready).
+        primary: the label of the bundle's own server (ratios are of its steps).
+        notes: free-text lines shown under the heading.
+    """
+
+    title: str
+    command: str
+    started: str
+    finished: str
+    machine: dict[str, Any]
+    load_after: tuple[float, float, float]
+    steps: list[StepResult]
+    baselines: dict[str, list[BaselineResult]] = field(default_factory=dict)
+    settings: dict[str, Any] = field(default_factory=dict)
+    primary: str = "triton"
+    notes: list[str] = field(default_factory=list)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "title": self.title,
+            "command": self.command,
+            "started": self.started,
+            "finished": self.finished,
+            "machine": self.machine,
+            "load_after": list(self.load_after),
+            "settings": self.settings,
+            "primary": self.primary,
+            "notes": self.notes,
+            "baselines": {model: [r.as_dict() for r in results] for model, results in self.baselines.items()},
+            "steps": [step.as_dict() for step in self.steps],
+            "summary": {
+                "throughput": throughput_ratios(self),
+                "latency": latency_ratios(self),
+                "peers": peer_comparison(self),
+            },
+        }
+
+    @classmethod
+    def from_json(cls, document: dict[str, Any]) -> Report:
+        try:
+            return cls(
+                title=document["title"],
+                command=document["command"],
+                started=document["started"],
+                finished=document["finished"],
+                machine=document["machine"],
+                load_after=tuple(document["load_after"]),
+                steps=[StepResult.from_dict(step) for step in document["steps"]],
+                baselines={
+                    model: [BaselineResult.from_dict(r) for r in results]
+                    for model, results in document.get("baselines", {}).items()
+                },
+                settings=document.get("settings", {}),
+                primary=document.get("primary", "triton"),
+                notes=list(document.get("notes", [])),
+            )
+        except (KeyError, TypeError) as exc:
+            raise DataError(f"not a load-test report: {exc}") from None
+
+    @classmethod
+    def load(cls, path: Path) -> Report:
+        try:
+            return cls.from_json(json.loads(path.read_text()))
+        except (OSError, json.JSONDecodeError) as exc:
+            raise DataError(f"cannot read report {path}: {exc}") from None
+
+
+# ------------------------------------------------------------------ summaries
+def _baseline(report: Report, model: str, batch_size: int) -> BaselineResult | None:
+    for result in report.baselines.get(model, []):
+        if result.batch_size == batch_size:
+            return result
+    return None
+
+
+def _series(steps: Iterable[StepResult]) -> dict[tuple[str, str, str, int], list[StepResult]]:
+    grouped: dict[tuple[str, str, str, int], list[StepResult]] = defaultdict(list)
+    for step in steps:
+        grouped[(step.label, step.model, step.protocol, step.batch_size)].append(step)
+    for members in grouped.values():
+        members.sort(key=lambda s: s.concurrency)
+    return dict(grouped)
+
+
+def throughput_ratios(report: Report) -> list[dict[str, Any]]:
+    """Per series of the primary server: its best samples/s against in-process at the same batch."""
+    rows = []
+    for (label, model, protocol, batch), steps in _series(report.steps).items():
+        if label != report.primary:
+            continue
+        top = max(steps, key=lambda s: s.samples_per_s)
+        base = _baseline(report, model, batch)
+        rows.append(
+            {
+                "model": model,
+                "protocol": protocol,
+                "batch_size": batch,
+                "served_samples_per_s": top.samples_per_s,
+                "at_concurrency": top.concurrency,
+                "in_process_samples_per_s": base.samples_per_s if base else math.nan,
+                "ratio": ratio(top.samples_per_s, base.samples_per_s) if base else math.nan,
+            }
+        )
+    return rows
+
+
+def latency_ratios(report: Report) -> list[dict[str, Any]]:
+    """Per series of the primary server: p50 at its lowest concurrency against in-process p50."""
+    rows = []
+    for (label, model, protocol, batch), steps in _series(report.steps).items():
+        if label != report.primary:
+            continue
+        lone = steps[0]
+        base = _baseline(report, model, batch)
+        rows.append(
+            {
+                "model": model,
+                "protocol": protocol,
+                "batch_size": batch,
+                "concurrency": lone.concurrency,
+                "served_p50_ms": lone.p50_ms,
+                "in_process_p50_ms": base.p50_ms if base else math.nan,
+                "ratio": ratio(lone.p50_ms, base.p50_ms) if base else math.nan,
+            }
+        )
+    return rows
+
+
+def peer_comparison(report: Report) -> list[dict[str, Any]]:
+    """The primary server against every other label, per model and batch size.
+
+    For each peer: best samples/s of each (and their ratio), and p99 at each
+    concurrency both ran (and at how many of those the primary's is lower).
+    """
+    rows = []
+    by_key: dict[tuple[str, int], dict[str, list[StepResult]]] = defaultdict(dict)
+    for (label, model, _protocol, batch), steps in _series(report.steps).items():
+        by_key[(model, batch)].setdefault(label, []).extend(steps)
+    for (model, batch), labels in sorted(by_key.items()):
+        ours = labels.get(report.primary)
+        if not ours:
+            continue
+        our_best = max(ours, key=lambda s: s.samples_per_s)
+        our_p99 = {s.concurrency: s.p99_ms for s in ours}
+        for peer, theirs in sorted(labels.items()):
+            if peer == report.primary:
+                continue
+            their_best = max(theirs, key=lambda s: s.samples_per_s)
+            their_p99 = {s.concurrency: s.p99_ms for s in theirs}
+            common = sorted(set(our_p99) & set(their_p99))
+            rows.append(
+                {
+                    "model": model,
+                    "batch_size": batch,
+                    "peer": peer,
+                    "samples_per_s": our_best.samples_per_s,
+                    "peer_samples_per_s": their_best.samples_per_s,
+                    "throughput_ratio": ratio(our_best.samples_per_s, their_best.samples_per_s),
+                    "p99_ms": {c: our_p99[c] for c in common},
+                    "peer_p99_ms": {c: their_p99[c] for c in common},
+                    "p99_lower_at": sum(1 for c in common if our_p99[c] < their_p99[c]),
+                    "concurrency_levels": len(common),
+                    "errors": sum(s.errors for s in ours),
+                    "peer_errors": sum(s.errors for s in theirs),
+                }
+            )
+    return rows
+
+
+# ------------------------------------------------------------------ files
+def _row(step: StepResult) -> dict[str, Any]:
+    row = {key: getattr(step, key) for key in CSV_COLUMNS if not key.startswith("server_")}
+    server = step.server
+    row.update(
+        {
+            "server_requests": server.requests if server else "",
+            "server_executions": server.executions if server else "",
+            "server_batch": server.batch if server else "",
+            "server_queue_ms": server.queue_ms if server else "",
+            "server_compute_input_ms": server.compute_input_ms if server else "",
+            "server_compute_infer_ms": server.compute_infer_ms if server else "",
+            "server_compute_output_ms": server.compute_output_ms if server else "",
+            "server_request_ms": server.request_ms if server else "",
+        }
+    )
+    return row
+
+
+def write_csv(steps: list[StepResult], path: Path) -> Path:
+    """One row per step (full float precision)."""
+    with open(path, "w", newline="", encoding="utf-8") as handle:
+        writer = csv.DictWriter(handle, fieldnames=list(CSV_COLUMNS))
+        writer.writeheader()
+        for step in steps:
+            writer.writerow(_row(step))
+    return path
+
+
+def read_csv(path: Path) -> list[dict[str, str]]:
+    """The rows of a ``steps.csv``."""
+    with open(path, newline="", encoding="utf-8") as handle:
+        return list(csv.DictReader(handle))
+
+
+def _json_safe(value: Any) -> Any:
+    """NaN and infinity as null (strict JSON), dict keys as strings."""
+    if isinstance(value, float):
+        return None if math.isnan(value) or math.isinf(value) else value
+    if isinstance(value, dict):
+        return {str(k): _json_safe(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_json_safe(v) for v in value]
+    return value
+
+
+def write_json(report: Report, path: Path) -> Path:
+    path.write_text(json.dumps(_json_safe(report.to_json()), indent=2) + "\n")
+    return path
+
+
+def _plot_panels(report: Report, path: Path, kind: str) -> Path:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.ticker import FuncFormatter
+
+    plain = FuncFormatter(lambda value, _: f"{value:g}")
+
+    series = _series(report.steps)
+    batches = sorted({key[3] for key in series})
+    fig, axes = plt.subplots(1, len(batches), figsize=(5.5 * len(batches), 4.4), squeeze=False)
+    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    color_of = {key[:3]: colors[i % len(colors)] for i, key in enumerate(sorted({k[:3] for k in series}))}
+    for ax, batch in zip(axes[0], batches, strict=True):
+        for key, steps in sorted(series.items()):
+            if key[3] != batch:
+                continue
+            name = f"{key[0]} {key[1]} {key[2]}"
+            color = color_of[key[:3]]
+            if kind == "throughput":
+                x = [s.samples_per_s for s in steps]
+                ax.plot(x, [s.p50_ms for s in steps], "o-", color=color, label=f"{name} p50")
+                ax.plot(x, [s.p99_ms for s in steps], "s--", color=color, label=f"{name} p99")
+                for s in steps:
+                    ax.annotate(
+                        f"c{s.concurrency}", (s.samples_per_s, s.p99_ms), fontsize=7, alpha=0.7,
+                        textcoords="offset points", xytext=(3, 3),
+                    )  # fmt: skip
+            else:
+                x = [s.concurrency for s in steps]
+                ax.plot(x, [s.p99_ms for s in steps], "s-", color=color, label=f"{name} p99")
+        if kind == "throughput":
+            ax.set_xlabel("throughput (samples/s)")
+            ax.set_ylabel("latency (ms)")
+            ax.set_title(f"latency vs throughput, batch {batch}")
+        else:
+            ax.set_xscale("log", base=2)
+            concurrency = sorted({s.concurrency for k, ss in series.items() if k[3] == batch for s in ss})
+            ax.set_xticks(concurrency, [str(c) for c in concurrency])
+            ax.set_xlabel("requests in flight (concurrency)")
+            ax.set_ylabel("p99 latency (ms)")
+            ax.set_title(f"p99 vs concurrency, batch {batch}")
+        ax.set_yscale("log")
+        ax.yaxis.set_major_formatter(plain)
+        ax.yaxis.set_minor_formatter(plain)
+        ax.tick_params(axis="y", which="minor", labelsize=7)
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend(fontsize=7)
+    fig.suptitle(report.title, fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def _fmt(value: Any, digits: int = 3) -> str:
+    if value is None or value == "" or (isinstance(value, float) and math.isnan(value)):
+        return "-"
+    if isinstance(value, float):
+        if abs(value) >= 100:
+            return f"{value:,.0f}"
+        return f"{value:.{digits}g}" if abs(value) < 1 else f"{value:.{digits}f}".rstrip("0").rstrip(".")
+    return str(value)
+
+
+def _table(header: list[str], rows: list[list[Any]]) -> list[str]:
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(_fmt(cell) for cell in row) + " |" for row in rows]
+    return lines
+
+
+def markdown(report: Report) -> str:
+    """The report as markdown (charts referenced by file name, beside it)."""
+    machine = report.machine
+    load = machine.get("load_average", ())
+    lines = [
+        f"# {report.title}",
+        "",
+        f"- **Date (UTC)**: {report.started} to {report.finished}",
+        f"- **Machine**: {machine_summary(machine)}; {machine.get('platform', '')}",
+        f"- **Load average** (1/5/15 min) at start: {', '.join(map(str, load))}; "
+        f"at end: {', '.join(map(str, report.load_after))}",
+        f"- **Software**: Python {machine.get('python')}, onnxruntime {machine.get('onnxruntime')}, "
+        f"tritonclient {machine.get('tritonclient')}, nvidia-pytriton {machine.get('nvidia-pytriton')}, "
+        f"locust {machine.get('locust')}",
+        f"- **Command**: `{report.command}`",
+    ]
+    for key, value in report.settings.items():
+        lines.append(f"- **{key}**: {value}")
+    lines += [f"- {note}" for note in report.notes]
+    lines.append("")
+
+    throughput = throughput_ratios(report)
+    if any(not math.isnan(row["ratio"]) for row in throughput):
+        lines += ["## Served / in-process throughput", ""]
+        lines += _table(
+            ["model", "protocol", "batch", "served samples/s (best)", "at concurrency",
+             "in-process samples/s", "served / in-process", f"target >= {THROUGHPUT_RATIO_TARGET}"],
+            [
+                [r["model"], r["protocol"], r["batch_size"], r["served_samples_per_s"], r["at_concurrency"],
+                 r["in_process_samples_per_s"], r["ratio"],
+                 "-" if math.isnan(r["ratio"]) or r["batch_size"] < 1024
+                 else ("met" if r["ratio"] >= THROUGHPUT_RATIO_TARGET else "missed")]
+                for r in throughput
+            ],
+        )  # fmt: skip
+        lines.append("")
+    latency = [r for r in latency_ratios(report) if r["batch_size"] == 1 and not math.isnan(r["ratio"])]
+    if latency:
+        lines += ["## Batch-1 latency, served / in-process", ""]
+        lines += _table(
+            ["model", "protocol", "concurrency", "served p50 ms", "in-process p50 ms", "served / in-process"],
+            [
+                [
+                    r["model"],
+                    r["protocol"],
+                    r["concurrency"],
+                    r["served_p50_ms"],
+                    r["in_process_p50_ms"],
+                    r["ratio"],
+                ]
+                for r in latency
+            ],
+        )
+        lines.append("")
+    peers = peer_comparison(report)
+    if peers:
+        lines += [f"## {report.primary} against its peers", ""]
+        lines += _table(
+            ["model", "batch", "peer", f"{report.primary} best samples/s", "peer best samples/s",
+             "throughput ratio", "p99 lower than peer at", "errors (ours / peer)"],
+            [
+                [r["model"], r["batch_size"], r["peer"], r["samples_per_s"], r["peer_samples_per_s"],
+                 r["throughput_ratio"], f"{r['p99_lower_at']} of {r['concurrency_levels']} levels",
+                 f"{r['errors']} / {r['peer_errors']}"]
+                for r in peers
+            ],
+        )  # fmt: skip
+        lines.append("")
+    if report.baselines:
+        lines += ["## In-process ONNX Runtime (same files, same rows)", ""]
+        lines += _table(
+            ["model", "batch", "threads", "samples/s (median)", "p50 ms", "p99 ms"],
+            [
+                [model, r.batch_size, r.threads or "default", r.samples_per_s, r.p50_ms, r.p99_ms]
+                for model, results in report.baselines.items()
+                for r in results
+            ],
+        )
+        lines.append("")
+    lines += ["## Steps", ""]
+    lines += _table(
+        ["server", "model", "protocol", "batch", "concurrency", "procs", "requests/s", "samples/s",
+         "p50 ms", "p90 ms", "p95 ms", "p99 ms", "errors", "server queue ms", "server compute ms",
+         "server batch"],
+        [
+            [s.label, s.model, s.protocol, s.batch_size, s.concurrency, s.processes, s.requests_per_s,
+             s.samples_per_s, s.p50_ms, s.p90_ms, s.p95_ms, s.p99_ms, s.errors,
+             s.server.queue_ms if s.server else None, s.server.compute_infer_ms if s.server else None,
+             s.server.batch if s.server else None]
+            for s in report.steps
+        ],
+    )  # fmt: skip
+    lines += [
+        "",
+        "Latencies are client-side (request built, sent, answered, decoded), from each request's exact "
+        "time; server queue/compute are Triton's statistics over the same window, per request.",
+        "",
+        "## Curves",
+        "",
+        f"![latency vs throughput]({THROUGHPUT_PNG})",
+        "",
+        f"![p99 vs concurrency]({P99_PNG})",
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def write_report(report: Report, out: Path) -> dict[str, Path]:
+    """Write CSV, JSON, both PNGs and the markdown report into ``out``.
+
+    Returns:
+        The written files by kind (``csv``, ``json``, ``throughput_png``, ``p99_png``, ``markdown``).
+    """
+    if not report.steps:
+        raise DataError("a report needs at least one step")
+    out.mkdir(parents=True, exist_ok=True)
+    paths = {
+        "csv": write_csv(report.steps, out / CSV_FILE),
+        "json": write_json(report, out / JSON_FILE),
+        "throughput_png": _plot_panels(report, out / THROUGHPUT_PNG, "throughput"),
+        "p99_png": _plot_panels(report, out / P99_PNG, "p99"),
+    }
+    (out / MARKDOWN_FILE).write_text(markdown(report))
+    paths["markdown"] = out / MARKDOWN_FILE
+    return paths

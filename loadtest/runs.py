@@ -1,0 +1,408 @@
+"""Whole load-test runs: servers up, in-process baselines, sweeps, one report.
+
+- :func:`sweep_run` (``python -m loadtest sweep``): one or more models over
+  one or more protocols of a running Triton (``--url``), or of a local
+  tritonserver it starts on a repository, at one or more batch sizes.
+- :func:`compare_run` (``python -m loadtest compare``): the same model and
+  sweep against the bundle's local Triton, PyTriton binding an ONNX Runtime
+  session, and a minimal FastAPI + ONNX Runtime server, one server at a time.
+
+Both time the model in-process with ONNX Runtime (while no load runs), so
+every report states served / in-process ratios measured side by side: a sweep
+right before the steps of each batch size, a comparison once before the
+first server starts.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+
+from bundle.errors import ConfigError
+from loadtest.baseline import BaselineConfig, BaselineResult, InProcessModel
+from loadtest.machine import describe, load_average
+from loadtest.payload import PayloadPool
+from loadtest.peers.process import PeerProcess
+from loadtest.report import Report, write_report
+from loadtest.session import serving_settings
+from loadtest.sweep import StepResult, SweepConfig, Target, make_payload, run_sweep
+
+logger = logging.getLogger(__name__)
+console = Console(stderr=True, soft_wrap=True)
+
+MODEL_FILE = Path("1") / "model.onnx"
+
+
+@dataclass(frozen=True)
+class RunOptions:
+    """What every step of a run shares.
+
+    Args:
+        batch_sizes: rows per request; each is swept on its own.
+        concurrency: requests in flight per step.
+        duration_s: seconds measured per step.
+        warmup_s: seconds before each step's window.
+        processes: locust processes per step (0: automatic).
+        max_rows_in_flight: skip steps whose ``concurrency x batch`` exceeds it (0: no cap);
+            the lowest concurrency always runs.
+        data: Criteo TSV file the requests' rows come from (None: synthetic).
+        baseline: time each model in-process first.
+        baseline_seconds: length of one timed repeat of the baseline.
+        baseline_repeats: timed repeats per batch size (median reported).
+    """
+
+    batch_sizes: tuple[int, ...]
+    concurrency: tuple[int, ...]
+    duration_s: float = 10.0
+    warmup_s: float = 2.0
+    processes: int = 0
+    max_rows_in_flight: int = 0
+    data: Path | None = None
+    baseline: bool = True
+    baseline_seconds: float = 1.0
+    baseline_repeats: int = 5
+    request_timeout_s: float = 60.0
+    extra_settings: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "batch_sizes", tuple(self.batch_sizes))
+        object.__setattr__(self, "concurrency", tuple(sorted(set(self.concurrency))))
+        if not self.batch_sizes or any(b < 1 for b in self.batch_sizes):
+            raise ConfigError(f"batch sizes must be >= 1, got {self.batch_sizes}")
+        if not self.concurrency or self.concurrency[0] < 1:
+            raise ConfigError(f"concurrency levels must be >= 1, got {self.concurrency}")
+        if self.max_rows_in_flight < 0:
+            raise ConfigError(f"max_rows_in_flight must be >= 0, got {self.max_rows_in_flight}")
+        if self.data is not None and not Path(self.data).is_file():
+            raise ConfigError(f"--data {self.data} is not a file")
+
+    def concurrency_for(self, batch_size: int) -> tuple[int, ...]:
+        """The concurrency levels swept at ``batch_size`` (capped by ``max_rows_in_flight``)."""
+        if not self.max_rows_in_flight:
+            return self.concurrency
+        kept = tuple(c for c in self.concurrency if c * batch_size <= self.max_rows_in_flight)
+        return kept or self.concurrency[:1]
+
+    def sweep(self, models: Sequence[str], batch_size: int) -> SweepConfig:
+        return SweepConfig(
+            models=tuple(models),
+            batch_size=batch_size,
+            concurrency=self.concurrency_for(batch_size),
+            duration_s=self.duration_s,
+            warmup_s=self.warmup_s,
+            processes=self.processes,
+            request_timeout_s=self.request_timeout_s,
+        )
+
+    def settings(self) -> dict[str, Any]:
+        """What reports record of these options."""
+        caps = {b: ",".join(map(str, self.concurrency_for(b))) for b in self.batch_sizes}
+        return {
+            "Batch sizes / concurrency": "; ".join(f"B={b}: {c}" for b, c in caps.items()),
+            "Per step": f"{self.warmup_s:g} s warm-up, {self.duration_s:g} s measured, "
+            f"locust processes {'auto' if not self.processes else self.processes}",
+            "Request rows": str(self.data) if self.data else "synthetic (criteo.synth), preprocessed once",
+            **self.extra_settings,
+        }
+
+
+def _now() -> str:
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _print_step(step: StepResult) -> None:
+    server = ""
+    if step.server is not None:
+        server = f", server queue {step.server.queue_ms:.3f} ms compute {step.server.compute_infer_ms:.3f} ms"
+    console.print(
+        f"  {step.series} c={step.concurrency:<3d} {step.requests_per_s:9.1f} req/s "
+        f"{step.samples_per_s:10.0f} samples/s  p50 {step.p50_ms:8.3f}  p99 {step.p99_ms:8.3f} ms  "
+        f"errors {step.errors}{server}",
+        highlight=False,
+    )
+
+
+def model_file(repository: Path, model: str) -> Path:
+    """``<repository>/<model>/1/model.onnx``."""
+    return repository / model / MODEL_FILE
+
+
+def in_process_models(
+    repository: Path | None, models: Sequence[str], options: RunOptions
+) -> dict[str, InProcessModel]:
+    """An in-process session of each model whose file is in ``repository`` (none without one)."""
+    if not options.baseline or repository is None:
+        return {}
+    sessions = {}
+    for model in models:
+        path = model_file(repository, model)
+        if not path.is_file():
+            logger.warning("no %s: %s gets no in-process baseline", path, model)
+            continue
+        config = BaselineConfig(
+            path, options.batch_sizes, repeats=options.baseline_repeats, seconds=options.baseline_seconds
+        )
+        sessions[model] = InProcessModel(config)
+    return sessions
+
+
+def measure_in_process(
+    sessions: dict[str, InProcessModel],
+    batch_sizes: Sequence[int],
+    pool: PayloadPool,
+    into: dict[str, list[BaselineResult]],
+) -> None:
+    """Time each session at ``batch_sizes``; append the results to ``into[model]``."""
+    for model, session in sessions.items():
+        for batch_size in batch_sizes:
+            result = session.measure(batch_size, pool)
+            into.setdefault(model, []).append(result)
+            console.print(
+                f"  in-process {model} B={batch_size:<5d} {result.samples_per_s:10.0f} samples/s  "
+                f"p50 {result.p50_ms:8.3f} ms  (ONNX Runtime, threads {result.threads or 'default'})",
+                highlight=False,
+            )
+
+
+def _serving(repository: Path | None, models: Sequence[str]) -> dict[str, Any]:
+    if repository is None:
+        return {}
+    settings = {}
+    for model in models:
+        path = model_file(repository, model)
+        if path.is_file():
+            s = serving_settings(path)
+            settings[f"Serving {model}"] = (
+                f"{s['instances']} instance(s), intra-op threads {s['threads'] or 'default'}, "
+                f"max queue delay {s['max_queue_delay_us']} us (config.pbtxt)"
+            )
+    return settings
+
+
+@contextlib.contextmanager
+def local_triton(repository: Path, models: Sequence[str], log_file: Path) -> Iterator[Any]:
+    """A local tritonserver serving only ``models`` of ``repository``, on free ports."""
+    from server.config import ServerConfig
+    from server.launcher import LocalServer
+
+    config = ServerConfig.with_free_ports(
+        repository, log_file=log_file, model_control_mode="explicit", load_models=tuple(models)
+    )
+    with LocalServer(config) as server:
+        console.print(f"local tritonserver pid {server.pid}: grpc {server.grpc_url}, http {server.http_url}")
+        yield server
+
+
+def _sweep_targets(
+    targets: Sequence[Target],
+    models: Sequence[str],
+    options: RunOptions,
+    out: Path,
+    payload: Path,
+    sessions: dict[str, InProcessModel] | None = None,
+    baselines: dict[str, list[BaselineResult]] | None = None,
+) -> list[StepResult]:
+    """Sweep every target at every batch size; with ``sessions``, time each model in-process
+    right before the steps of each batch size (into ``baselines``), so the two are measured
+    side by side, minutes apart at most."""
+    steps: list[StepResult] = []
+    pool = PayloadPool.load(payload) if sessions else None
+    for batch_size in options.batch_sizes:
+        if sessions and pool is not None and baselines is not None:
+            measure_in_process(sessions, [batch_size], pool, baselines)
+        for target in targets:
+            config = options.sweep(models, batch_size)
+            console.print(
+                f"[bold]{target.label} {target.protocol} {target.url}: batch {batch_size}, "
+                f"concurrency {','.join(map(str, config.concurrency))}[/bold]"
+            )
+            steps += run_sweep(target, config, out, payload, on_step=_print_step)
+    return steps
+
+
+def sweep_run(
+    models: Sequence[str],
+    protocols: Sequence[str],
+    urls: Sequence[str],
+    repository: Path | None,
+    options: RunOptions,
+    out: Path,
+    title: str,
+    command: str,
+    raw: Path | None = None,
+) -> tuple[Report, dict[str, Path]]:
+    """Baseline, then sweep ``models`` over ``protocols``; write the report into ``out``.
+
+    Args:
+        models: model names.
+        protocols: ``grpc`` and/or ``http``.
+        urls: one ``host:port`` per protocol of a running server; empty: start a
+            local tritonserver on ``repository`` (serving only ``models``).
+        repository: the model repository (model files for the baseline; the
+            served repository when no ``urls``).
+        options: batch sizes, concurrency, durations, baseline.
+        out: the report folder.
+        title: the report's heading.
+        command: the command line, recorded in the report.
+        raw: where the payload, each step's raw files and server logs go (default ``out/raw``).
+    """
+    if urls and len(urls) != len(protocols):
+        raise ConfigError(f"give one --url per --protocol ({len(protocols)}), got {len(urls)}")
+    if not urls and repository is None:
+        raise ConfigError("give --url of a running server, or --repository to start a local one")
+    raw = raw or out / "raw"
+    out.mkdir(parents=True, exist_ok=True)
+    machine = describe()
+    started = _now()
+    payload = make_payload(raw, options.data)
+    sessions = in_process_models(repository, models, options)
+    in_process: dict[str, list[BaselineResult]] = {}
+    with contextlib.ExitStack() as stack:
+        endpoints = list(zip(protocols, urls, strict=True)) if urls else []
+        if not urls and repository is not None:
+            server = stack.enter_context(local_triton(repository, models, raw / "tritonserver.log"))
+            endpoints = [(p, server.grpc_url if p == "grpc" else server.http_url) for p in protocols]
+        targets = [Target(url, protocol, "triton") for protocol, url in endpoints]
+        steps = _sweep_targets(targets, models, options, raw, payload, sessions, in_process)
+    report = Report(
+        title=title,
+        command=command,
+        started=started,
+        finished=_now(),
+        machine=machine,
+        load_after=load_average(),
+        steps=steps,
+        baselines=in_process,
+        settings={**options.settings(), **_serving(repository, models)},
+    )
+    return report, write_report(report, out)
+
+
+def _peer_processes(
+    model: str, path: Path, out: Path, serving: dict[str, int], protocol: str
+) -> dict[str, Any]:
+    """Factories of the two peers, each on free ports of 127.0.0.1."""
+    from server.installation import TritonInstallation
+    from server.ports import free_ports
+
+    def pytriton() -> tuple[PeerProcess, Target]:
+        http_port, grpc_port, metrics_port = free_ports(3)
+        args = [
+            "loadtest.peers.pytriton_server", "serve", "--model-file", str(path), "--model", model,
+            "--http-port", str(http_port), "--grpc-port", str(grpc_port), "--metrics-port", str(metrics_port),
+            "--max-queue-delay-us", str(serving["max_queue_delay_us"]), "--threads", str(serving["threads"]),
+        ]  # fmt: skip
+        process = PeerProcess(
+            "pytriton",
+            args,
+            ready=(http_port, f"/v2/models/{model}/ready"),
+            log_file=out / "pytriton.log",
+            # PyTriton's tritonserver and python stubs need what the bundle's local server needs
+            # (the interpreter's libpython first on LD_LIBRARY_PATH), else the stub loads another
+            # libpython than its standard library belongs to.
+            env=TritonInstallation.locate().environment(),
+        )
+        port = grpc_port if protocol == "grpc" else http_port
+        # PyTriton restricts its statistics endpoint to a generated token: no server statistics.
+        return process, Target(f"127.0.0.1:{port}", protocol, "pytriton", server_stats=False)
+
+    def fastapi() -> tuple[PeerProcess, Target]:
+        (port,) = free_ports(1)
+        args = [
+            "loadtest.peers.fastapi_server", "serve", "--model-file", str(path), "--model", model,
+            "--port", str(port), "--threads", str(serving["threads"]),
+        ]  # fmt: skip
+        process = PeerProcess(
+            "fastapi",
+            args,
+            ready=(port, "/v1/ready"),
+            log_file=out / "fastapi.log",
+        )
+        return process, Target(f"127.0.0.1:{port}", "fastapi", "fastapi", server_stats=False)
+
+    return {"pytriton": pytriton, "fastapi": fastapi}
+
+
+PEERS: tuple[str, ...] = ("pytriton", "fastapi")
+
+
+def compare_run(
+    repository: Path,
+    model: str,
+    protocol: str,
+    options: RunOptions,
+    out: Path,
+    title: str,
+    command: str,
+    peers: Sequence[str] = PEERS,
+    raw: Path | None = None,
+) -> tuple[Report, dict[str, Path]]:
+    """The same model and sweep against the local Triton and each peer, one server at a time.
+
+    Args:
+        repository: holds ``<model>/1/model.onnx`` and its config.pbtxt; the
+            peers serve the same file with the config's threads and queue delay.
+        model: the model name.
+        protocol: how the load reaches Triton and PyTriton (``grpc`` or ``http``);
+            the FastAPI peer speaks its own binary HTTP format.
+        options: batch sizes, concurrency, durations.
+        out: the report folder.
+        title, command: recorded in the report.
+        peers: which peers to run (``pytriton``, ``fastapi``).
+        raw: where the payload, each step's raw files and server logs go (default ``out/raw``).
+    """
+    unknown = set(peers) - set(PEERS)
+    if unknown:
+        raise ConfigError(f"unknown peers {sorted(unknown)}; choose from {', '.join(PEERS)}")
+    path = model_file(repository, model)
+    if not path.is_file():
+        raise ConfigError(f"{path} does not exist")
+    raw = raw or out / "raw"
+    out.mkdir(parents=True, exist_ok=True)
+    machine = describe()
+    started = _now()
+    payload = make_payload(raw, options.data)
+    in_process: dict[str, list[BaselineResult]] = {}
+    # Timed once, before any server runs: the peers are compared with each other.
+    measure_in_process(
+        in_process_models(repository, [model], options),
+        options.batch_sizes,
+        PayloadPool.load(payload),
+        in_process,
+    )
+    serving = serving_settings(path)
+    steps: list[StepResult] = []
+    with local_triton(repository, [model], raw / "tritonserver.log") as server:
+        url = server.grpc_url if protocol == "grpc" else server.http_url
+        steps += _sweep_targets([Target(url, protocol, "triton")], [model], options, raw, payload)
+    factories = _peer_processes(model, path, raw, serving, protocol)
+    for peer in peers:
+        process, target = factories[peer]()
+        with process:
+            console.print(f"{peer} peer pid {process.pid}: {target.protocol} {target.url}")
+            steps += _sweep_targets([target], [model], options, raw, payload)
+    report = Report(
+        title=title,
+        command=command,
+        started=started,
+        finished=_now(),
+        machine=machine,
+        load_after=load_average(),
+        steps=steps,
+        baselines=in_process,
+        settings={
+            **options.settings(),
+            **_serving(repository, [model]),
+            "Peers": "pytriton: PyTriton 0.7 binding one ONNX Runtime session (@batch, same dynamic batcher "
+            "delay and threads); fastapi: FastAPI + uvicorn (1 worker), ONNX Runtime in its thread pool, "
+            "binary request/response bodies",
+        },
+    )
+    return report, write_report(report, out)

@@ -1,0 +1,71 @@
+"""ONNX Runtime sessions set up as the local Triton backend sets up its own.
+
+The in-process baseline and the peer servers run the same ``model.onnx``
+with the options of ``server/backends/onnxruntime/model.py``: all graph
+optimizations, the CPU execution provider, and the intra-op thread count
+that the model's config.pbtxt asks for (0: ONNX Runtime's default, one
+thread per core), so served and in-process numbers compare like with like.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from bundle.errors import ConfigError, DataError
+
+#: The config.pbtxt parameter both Triton onnxruntime backends read.
+THREADS_PARAMETER = "intra_op_thread_count"
+
+
+def ort_session(model_file: Path, threads: int = 0) -> Any:
+    """An ``onnxruntime.InferenceSession`` of ``model_file`` on CPU.
+
+    Args:
+        model_file: an exported ``model.onnx`` (external data beside it is found).
+        threads: intra-op threads (0: ONNX Runtime's default).
+
+    Raises:
+        DataError: the file is missing or ONNX Runtime cannot load it.
+    """
+    import onnxruntime as ort
+
+    if threads < 0:
+        raise ConfigError(f"threads must be >= 0, got {threads}")
+    if not model_file.is_file():
+        raise DataError(f"model file {model_file} does not exist")
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    options.intra_op_num_threads = threads
+    try:
+        return ort.InferenceSession(str(model_file), sess_options=options, providers=["CPUExecutionProvider"])
+    # ONNX Runtime's own exceptions derive from Exception directly.
+    except Exception as exc:
+        raise DataError(f"onnxruntime cannot load {model_file}: {exc}") from exc
+
+
+def config_of(model_file: Path) -> Path | None:
+    """The config.pbtxt of a repository model file ``<model>/<version>/model.onnx``, if there is one."""
+    candidate = model_file.resolve().parent.parent / "config.pbtxt"
+    return candidate if candidate.is_file() else None
+
+
+def serving_settings(model_file: Path) -> dict[str, int]:
+    """``threads`` (intra-op), ``instances`` and ``max_queue_delay_us`` of the model's config.pbtxt
+    (zeros when the file is not inside a model repository)."""
+    config_path = config_of(model_file)
+    settings = {"threads": 0, "instances": 0, "max_queue_delay_us": 0}
+    if config_path is None:
+        return settings
+    from google.protobuf import text_format
+    from tritonclient.grpc import model_config_pb2
+
+    try:
+        config = text_format.Parse(config_path.read_text(), model_config_pb2.ModelConfig())
+    except (OSError, text_format.ParseError) as exc:
+        raise DataError(f"{config_path}: not a valid Triton model config ({exc})") from None
+    raw = config.parameters[THREADS_PARAMETER].string_value if THREADS_PARAMETER in config.parameters else ""
+    settings["threads"] = int(raw) if raw.isdigit() else 0
+    settings["instances"] = sum(group.count or 1 for group in config.instance_group) or 1
+    settings["max_queue_delay_us"] = int(config.dynamic_batching.max_queue_delay_microseconds)
+    return settings

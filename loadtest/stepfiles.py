@@ -1,0 +1,19 @@
+"""Names of the files one sweep step's folder holds.
+
+Written by the locust processes (:mod:`loadtest.recorder`), read by the sweep
+(:mod:`loadtest.sweep`), which must not import locust itself.
+"""
+
+from __future__ import annotations
+
+#: One per locust process that ran users: its counts and raw latency histogram.
+LATENCY_GLOB = "latency-*.json"
+#: Written by the locust master: Triton's statistics, difference over the window.
+SERVER_STATS_FILE = "server-stats.json"
+#: locust's own output.
+LOCUST_LOG = "locust.log"
+
+
+def latency_file(pid: int) -> str:
+    """The latency file name of process ``pid``."""
+    return f"latency-{pid}.json"

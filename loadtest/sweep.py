@@ -1,0 +1,441 @@
+"""Concurrency sweeps: locust run headless once per step, results read back from its step folder.
+
+One step is one ``(target, model, batch size, concurrency)``: ``concurrency``
+closed-loop users (so that many requests in flight), in one locust process
+or several (``--processes``) where one process's CPU would cap the load.
+Each step runs as its own ``locust`` subprocess for ``warmup + duration``
+seconds; every process that ran users writes its raw latencies and counts
+of the measurement window, and the master writes the difference of Triton's
+statistics over that window (:mod:`loadtest.recorder`). This module never
+imports locust, which would monkey-patch this process with gevent.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import shlex
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import loadtest
+from bundle.errors import BundleError, ConfigError
+from loadtest.latency import PERCENTILES, LatencyHistogram, merged
+from loadtest.payload import MAX_POOL_ROWS, PayloadPool, build_pool
+from loadtest.stepfiles import LATENCY_GLOB, LOCUST_LOG, SERVER_STATS_FILE
+
+logger = logging.getLogger(__name__)
+
+REPO_ROOT = Path(loadtest.__file__).resolve().parent.parent
+#: The locustfile and user class of each protocol.
+USERS: dict[str, tuple[Path, str]] = {
+    "grpc": (REPO_ROOT / "loadtest" / "locustfile.py", "GrpcTritonUser"),
+    "http": (REPO_ROOT / "loadtest" / "locustfile.py", "HttpTritonUser"),
+    "fastapi": (REPO_ROOT / "loadtest" / "peers" / "locustfile.py", "FastApiUser"),
+}
+TRITON_PROTOCOLS = ("grpc", "http")
+#: Extra seconds locust runs after the window closes, so the window is never cut short.
+_TAIL_S = 1.0
+#: How long a step may take beyond its run time (start-up, shutdown) before it is killed.
+_STEP_GRACE_S = 60.0
+#: Concurrency one locust process drives at most when processes are picked automatically.
+USERS_PER_PROCESS = 16
+
+
+def parse_ints(text: str, what: str) -> tuple[int, ...]:
+    """``"1,2,4"`` -> ``(1, 2, 4)``; each value >= 1."""
+    try:
+        values = tuple(int(part) for part in text.split(",") if part.strip())
+    except ValueError:
+        raise ConfigError(f"{what} must be comma-separated integers, got {text!r}") from None
+    if not values or any(value < 1 for value in values):
+        raise ConfigError(f"{what} must be integers >= 1, got {text!r}")
+    return values
+
+
+@dataclass(frozen=True)
+class Target:
+    """A server the load goes to.
+
+    Args:
+        url: ``host:port`` of its endpoint for ``protocol`` (loopback only).
+        protocol: ``grpc`` or ``http`` (Triton's endpoints) or ``fastapi`` (the FastAPI peer).
+        label: the name reports give it, e.g. ``triton``, ``pytriton``, ``fastapi``.
+        server_stats: read Triton's statistics API around each step (Triton protocols only).
+    """
+
+    url: str
+    protocol: str = "grpc"
+    label: str = "triton"
+    server_stats: bool = True
+
+    def __post_init__(self) -> None:
+        if self.protocol not in USERS:
+            raise ConfigError(f"unknown protocol {self.protocol!r}; choose one of {', '.join(USERS)}")
+        host, _, port = self.url.rpartition(":")
+        if not host or not port.isdigit() or "://" in self.url:
+            raise ConfigError(f"url must be 'host:port' without a scheme, got {self.url!r}")
+        if host not in ("127.0.0.1", "localhost", "::1", "[::1]") and not host.startswith("127."):
+            raise ConfigError(f"load tests send requests to this machine only (loopback), got host {host!r}")
+        if self.server_stats and self.protocol not in TRITON_PROTOCOLS:
+            raise ConfigError(f"server statistics need a Triton protocol, not {self.protocol!r}")
+        if not self.label:
+            raise ConfigError("label must not be empty")
+
+
+@dataclass(frozen=True)
+class SweepConfig:
+    """What to sweep.
+
+    Args:
+        models: model names, each swept in turn.
+        batch_size: rows per request ``B``.
+        concurrency: requests in flight per step (closed-loop users), ascending.
+        duration_s: seconds measured per step.
+        warmup_s: seconds run before the measurement window of each step.
+        processes: locust processes per step (0: automatic, one per
+            :data:`USERS_PER_PROCESS` users, at most the number of cores).
+        request_timeout_s: a request slower than this fails.
+    """
+
+    models: tuple[str, ...]
+    batch_size: int
+    concurrency: tuple[int, ...]
+    duration_s: float = 10.0
+    warmup_s: float = 2.0
+    processes: int = 0
+    request_timeout_s: float = 60.0
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "models", tuple(self.models))
+        object.__setattr__(self, "concurrency", tuple(self.concurrency))
+        if not self.models or not all(self.models):
+            raise ConfigError("name at least one model")
+        if self.batch_size < 1:
+            raise ConfigError(f"batch_size must be >= 1, got {self.batch_size}")
+        if not self.concurrency or any(c < 1 for c in self.concurrency):
+            raise ConfigError(f"concurrency must be integers >= 1, got {self.concurrency}")
+        if not self.duration_s > 0:
+            raise ConfigError(f"duration_s must be > 0, got {self.duration_s}")
+        if self.warmup_s < 0:
+            raise ConfigError(f"warmup_s must be >= 0, got {self.warmup_s}")
+        if self.processes < 0:
+            raise ConfigError(f"processes must be >= 0 (0: automatic), got {self.processes}")
+        if not self.request_timeout_s > 0:
+            raise ConfigError(f"request_timeout_s must be > 0, got {self.request_timeout_s}")
+
+    def processes_for(self, concurrency: int) -> int:
+        """locust processes for a step of ``concurrency`` users."""
+        if self.processes:
+            return min(self.processes, concurrency)
+        return max(1, min(os.cpu_count() or 1, math.ceil(concurrency / USERS_PER_PROCESS)))
+
+    @property
+    def step_seconds(self) -> float:
+        """Wall time of one step, start-up excluded."""
+        return self.warmup_s + self.duration_s + _TAIL_S
+
+
+@dataclass(frozen=True)
+class ServerTimes:
+    """Triton's own view of a step, from its statistics API (difference over the window).
+
+    Attributes:
+        requests: successful requests the server counted.
+        executions: model executions (dynamic batches).
+        queue_ms, compute_input_ms, compute_infer_ms, compute_output_ms: mean time per request
+            in each phase (a request shares its batch's compute time).
+        request_ms: mean time per request inside the server, arrival to response.
+        batch: mean rows per execution (what the dynamic batcher formed).
+    """
+
+    requests: int
+    executions: int
+    queue_ms: float
+    compute_input_ms: float
+    compute_infer_ms: float
+    compute_output_ms: float
+    request_ms: float
+    batch: float
+
+    @classmethod
+    def from_delta(cls, delta: dict[str, int]) -> ServerTimes:
+        count = delta.get("success_count", 0)
+
+        def mean(key: str) -> float:
+            return delta.get(key, 0) / count / 1e6 if count else math.nan
+
+        executions = delta.get("execution_count", 0)
+        return cls(
+            requests=count,
+            executions=executions,
+            queue_ms=mean("queue_ns"),
+            compute_input_ms=mean("compute_input_ns"),
+            compute_infer_ms=mean("compute_infer_ns"),
+            compute_output_ms=mean("compute_output_ns"),
+            request_ms=mean("success_ns"),
+            batch=delta.get("inference_count", 0) / executions if executions else math.nan,
+        )
+
+
+@dataclass(frozen=True)
+class StepResult:
+    """One step's measurements.
+
+    Attributes:
+        label, model, protocol: what was loaded (target name, model, wire protocol).
+        batch_size: rows per request.
+        concurrency: requests in flight (users).
+        processes: locust processes that ran the users.
+        seconds: length of the measurement window.
+        requests: successful requests completed in the window.
+        errors: failed requests completed in the window.
+        requests_per_s: ``requests / seconds``.
+        samples_per_s: ``requests_per_s * batch_size``.
+        p50_ms, p90_ms, p95_ms, p99_ms, mean_ms, max_ms: client-side latency of the
+            successful requests (whole call, sub-millisecond resolution).
+        server: Triton's statistics over the window (None: not a Triton target, or unavailable).
+        errors_total: failed requests of the whole step, warm-up included.
+        error_kinds: the most frequent error messages.
+    """
+
+    label: str
+    model: str
+    protocol: str
+    batch_size: int
+    concurrency: int
+    processes: int
+    seconds: float
+    requests: int
+    errors: int
+    requests_per_s: float
+    samples_per_s: float
+    p50_ms: float
+    p90_ms: float
+    p95_ms: float
+    p99_ms: float
+    mean_ms: float
+    max_ms: float
+    server: ServerTimes | None = None
+    errors_total: int = 0
+    error_kinds: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def series(self) -> str:
+        """The curve this step belongs to: ``label model protocol B=..``."""
+        return f"{self.label} {self.model} {self.protocol} B={self.batch_size}"
+
+    def as_dict(self) -> dict[str, Any]:
+        """JSON-ready fields (server statistics nested)."""
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> StepResult:
+        """Read what :meth:`as_dict` produced (e.g. from a report's JSON)."""
+        values = dict(data)
+        server = values.pop("server", None)
+        return cls(server=ServerTimes(**server) if server else None, **values)
+
+
+def collect_step(
+    folder: Path,
+    target: Target,
+    model: str,
+    batch_size: int,
+    concurrency: int,
+    processes: int,
+    window_s: float,
+) -> StepResult:
+    """Read a step folder written by the locust processes into one :class:`StepResult`.
+
+    Requests per second add up over processes, each over the part of the
+    window it ran (the whole window, unless it stopped early).
+
+    Raises:
+        BundleError: no process wrote its results.
+    """
+    files = sorted(folder.glob(LATENCY_GLOB))
+    if not files:
+        raise BundleError(f"no latency results in {folder}: see {folder / LOCUST_LOG}")
+    histograms: list[LatencyHistogram] = []
+    requests = errors = errors_total = 0
+    rate = 0.0
+    covered_total = 0.0
+    kinds: dict[str, int] = {}
+    for path in files:
+        document = json.loads(path.read_text())
+        histograms.append(LatencyHistogram.from_json(document["histogram"]))
+        requests += int(document["requests"])
+        errors += int(document["errors"])
+        errors_total += int(document["errors_total"])
+        covered = float(document["covered_s"]) or window_s
+        covered_total += covered
+        rate += int(document["requests"]) / covered
+        for kind, count in document.get("error_kinds", {}).items():
+            kinds[kind] = kinds.get(kind, 0) + int(count)
+    histogram = merged(histograms)
+    p50, p90, p95, p99 = (histogram.percentile(q) for q in PERCENTILES)
+    server = None
+    stats_path = folder / SERVER_STATS_FILE
+    if stats_path.is_file():
+        server = ServerTimes.from_delta(json.loads(stats_path.read_text())["delta"])
+    return StepResult(
+        label=target.label,
+        model=model,
+        protocol=target.protocol,
+        batch_size=batch_size,
+        concurrency=concurrency,
+        processes=processes,
+        seconds=covered_total / len(files),
+        requests=requests,
+        errors=errors,
+        requests_per_s=rate,
+        samples_per_s=rate * batch_size,
+        p50_ms=p50,
+        p90_ms=p90,
+        p95_ms=p95,
+        p99_ms=p99,
+        mean_ms=histogram.mean_ms,
+        max_ms=histogram.max_ms if histogram.count else math.nan,
+        server=server,
+        errors_total=errors_total,
+        error_kinds=dict(sorted(kinds.items(), key=lambda kv: -kv[1])[:5]),
+    )
+
+
+def locust_command(
+    target: Target,
+    model: str,
+    config: SweepConfig,
+    concurrency: int,
+    payload: Path,
+    folder: Path,
+) -> list[str]:
+    """The locust command line of one step."""
+    locustfile, user_class = USERS[target.protocol]
+    processes = config.processes_for(concurrency)
+    command = [
+        sys.executable, "-m", "locust", "-f", str(locustfile), user_class,
+        "--headless", "--users", str(concurrency), "--spawn-rate", str(concurrency),
+        "--run-time", f"{math.ceil(config.step_seconds)}s", "--stop-timeout", "0",
+        "--host", target.url, "--model", model, "--batch-size", str(config.batch_size),
+        "--payload", str(payload), "--results-dir", str(folder),
+        "--warmup", f"{config.warmup_s:g}", "--window", f"{config.duration_s:g}",
+        "--request-timeout", f"{config.request_timeout_s:g}",
+        "--exit-code-on-error", "0", "--only-summary", "--loglevel", "WARNING",
+        "--csv", str(folder / "locust"),
+    ]  # fmt: skip
+    if target.server_stats:
+        command += ["--server-stats", target.protocol]
+    if processes > 1:
+        command += ["--processes", str(processes)]
+    return command
+
+
+def _environment() -> dict[str, str]:
+    env = os.environ.copy()
+    path = env.get("PYTHONPATH", "")
+    env["PYTHONPATH"] = str(REPO_ROOT) + (os.pathsep + path if path else "")
+    return env
+
+
+def run_locust(command: Sequence[str], folder: Path, timeout_s: float) -> None:
+    """Run one locust step; its output goes to ``folder/locust.log``.
+
+    The process gets its own process group: a step that overruns ``timeout_s``
+    is killed with every worker it forked, by that group's id (its pid).
+
+    Raises:
+        BundleError: locust exited non-zero or overran its time.
+    """
+    folder.mkdir(parents=True, exist_ok=True)
+    log_path = folder / LOCUST_LOG
+    with open(log_path, "wb") as log:
+        log.write(f"# {shlex.join(command)}\n".encode())
+        log.flush()
+        process = subprocess.Popen(
+            list(command),
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=_environment(),
+            cwd=REPO_ROOT,
+            start_new_session=True,
+        )
+        try:
+            code = process.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+            raise BundleError(f"locust overran {timeout_s:.0f} s and was killed (log: {log_path})") from None
+        except BaseException:
+            # Ctrl-C or an error here: take the whole step down with us.
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+            raise
+    if code != 0:
+        raise BundleError(f"locust exited with code {code} (log: {log_path}): {shlex.join(command)}")
+
+
+def make_payload(out: Path, data: Path | None) -> Path:
+    """Build the rows every step sends (once) and write them to ``out/payload.npz``."""
+    pool: PayloadPool = build_pool(1, data=data, batches=MAX_POOL_ROWS)
+    return pool.save(out / "payload.npz")
+
+
+def step_folder(out: Path, target: Target, model: str, batch_size: int, concurrency: int) -> Path:
+    """Where one step's raw results go."""
+    return out / "steps" / f"{target.label}-{model}-{target.protocol}-b{batch_size}-c{concurrency}"
+
+
+def run_sweep(
+    target: Target,
+    config: SweepConfig,
+    out: Path,
+    payload: Path,
+    on_step: Callable[[StepResult], None] | None = None,
+) -> list[StepResult]:
+    """Run every step of ``config`` against ``target``, model after model, concurrency ascending.
+
+    Args:
+        target: the server and protocol.
+        config: models, batch size, concurrency levels, durations.
+        out: the sweep folder; each step's raw files go to ``out/steps/<step>/``.
+        payload: the ``.npz`` pool every step sends (:func:`make_payload`).
+        on_step: called after each step (progress).
+
+    Returns:
+        One result per step, in run order.
+    """
+    results = []
+    for model in config.models:
+        for concurrency in config.concurrency:
+            folder = step_folder(out, target, model, config.batch_size, concurrency)
+            for stale in folder.glob("*"):
+                stale.unlink()
+            command = locust_command(target, model, config, concurrency, payload, folder)
+            logger.debug("step: %s", shlex.join(command))
+            started = time.perf_counter()
+            run_locust(command, folder, config.step_seconds + _STEP_GRACE_S)
+            result = collect_step(
+                folder,
+                target,
+                model,
+                config.batch_size,
+                concurrency,
+                config.processes_for(concurrency),
+                config.duration_s,
+            )
+            logger.debug("step done in %.1f s", time.perf_counter() - started)
+            results.append(result)
+            if on_step is not None:
+                on_step(result)
+    return results

@@ -1,0 +1,120 @@
+"""Load tests end to end: a 2-step locust sweep against the real local tritonserver.
+
+The sweep runs as a user runs it (``python -m loadtest sweep``, locust as
+subprocesses) on the tiny exported DLRM over gRPC, a few seconds per step;
+the test then reads every output back and checks that they agree with each
+other. The latency histogram's percentiles are checked against numpy on
+known samples.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from loadtest.latency import LatencyHistogram, merged
+from server import LocalServer
+
+pytestmark = pytest.mark.integration
+
+MODEL = "dlrm_onnx"
+BATCH = 8
+CONCURRENCY = (1, 2)
+PERCENTILE_KEYS = ("p50_ms", "p90_ms", "p95_ms", "p99_ms")
+
+
+def test_histogram_percentiles_match_the_samples_within_a_bucket() -> None:
+    rng = np.random.default_rng(0)
+    samples = rng.lognormal(mean=-0.5, sigma=0.8, size=20_000)  # ms, mostly sub-millisecond
+    first, second = LatencyHistogram(), LatencyHistogram()
+    first.record_many(samples[:7_000])
+    second.record_many(samples[7_000:])
+    histogram = LatencyHistogram.from_json(json.loads(json.dumps(merged([first, second]).to_json())))
+    assert histogram.count == samples.size
+    values = [histogram.percentile(q) for q in (50, 90, 95, 99)]
+    assert values == sorted(values)
+    for q, value in zip((50, 90, 95, 99), values, strict=True):
+        exact = float(np.percentile(samples, q, method="inverted_cdf"))
+        assert value == pytest.approx(exact, rel=2e-3)
+    assert histogram.mean_ms == pytest.approx(samples.mean())
+
+
+@pytest.fixture(scope="module")
+def sweep_out(
+    exported_server: LocalServer, exported_repository: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Path:
+    """The report folder of a 2-step gRPC sweep (concurrency 1, 2) of the tiny DLRM."""
+    out = tmp_path_factory.mktemp("loadtest") / "report"
+    command = [
+        sys.executable, "-m", "loadtest", "sweep", "--model", MODEL, "--protocol", "grpc",
+        "--url", exported_server.grpc_url, "--repository", str(exported_repository),
+        "--batch-size", str(BATCH), "--concurrency", ",".join(map(str, CONCURRENCY)),
+        "--duration", "3", "--warmup", "1", "--baseline-seconds", "0.2", "--baseline-repeats", "2",
+        "--out", str(out),
+    ]  # fmt: skip
+    completed = subprocess.run(command, capture_output=True, text=True, timeout=180, check=False)
+    assert completed.returncode == 0, f"{completed.stdout}\n{completed.stderr}"
+    assert f"report: {out / 'report.md'}" in completed.stdout
+    return out
+
+
+def test_sweep_writes_every_output(sweep_out: Path) -> None:
+    for name in (
+        "steps.csv",
+        "report.json",
+        "report.md",
+        "latency_vs_throughput.png",
+        "p99_vs_concurrency.png",
+    ):
+        path = sweep_out / name
+        assert path.is_file() and path.stat().st_size > 0, name
+    for png in ("latency_vs_throughput.png", "p99_vs_concurrency.png"):
+        assert (sweep_out / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    markdown = (sweep_out / "report.md").read_text()
+    assert "![latency vs throughput](latency_vs_throughput.png)" in markdown
+    assert "Served / in-process throughput" in markdown
+    assert "**Command**: `python -m loadtest sweep" in markdown
+
+
+def test_outputs_agree_with_each_other(sweep_out: Path) -> None:
+    with open(sweep_out / "steps.csv", newline="") as handle:
+        rows = list(csv.DictReader(handle))
+    report = json.loads((sweep_out / "report.json").read_text())
+    steps = report["steps"]
+    assert [int(r["concurrency"]) for r in rows] == list(CONCURRENCY)
+    assert [s["concurrency"] for s in steps] == list(CONCURRENCY)
+    for row, step in zip(rows, steps, strict=True):
+        assert row["model"] == step["model"] == MODEL
+        assert row["protocol"] == "grpc" and int(row["batch_size"]) == BATCH
+        requests_per_s, samples_per_s = float(row["requests_per_s"]), float(row["samples_per_s"])
+        assert int(row["requests"]) > 0 and requests_per_s > 0
+        assert samples_per_s == pytest.approx(requests_per_s * BATCH, rel=1e-9)
+        assert requests_per_s == pytest.approx(int(row["requests"]) / float(row["seconds"]), rel=0.02)
+        percentiles = [float(row[key]) for key in PERCENTILE_KEYS]
+        assert percentiles == sorted(percentiles)
+        assert 0 < percentiles[0] <= float(row["max_ms"])
+        assert int(row["errors"]) == 0 and step["errors_total"] == 0
+        for key in ("requests_per_s", "samples_per_s", *PERCENTILE_KEYS):
+            assert float(row[key]) == pytest.approx(step[key], rel=1e-12)
+        # Triton's statistics over the same window saw about the same requests.
+        server = step["server"]
+        assert server is not None and server["requests"] > 0
+        assert server["requests"] == pytest.approx(int(row["requests"]), rel=0.25)
+        assert server["queue_ms"] >= 0 and server["compute_infer_ms"] > 0
+
+    summary = report["summary"]["throughput"]
+    assert len(summary) == 1 and summary[0]["batch_size"] == BATCH
+    best = max(float(r["samples_per_s"]) for r in rows)
+    assert summary[0]["served_samples_per_s"] == pytest.approx(best)
+    baseline = report["baselines"][MODEL][0]
+    assert baseline["batch_size"] == BATCH and baseline["samples_per_s"] > 0
+    assert summary[0]["ratio"] == pytest.approx(best / baseline["samples_per_s"])
+    assert not math.isnan(report["summary"]["latency"][0]["ratio"])
+    assert report["machine"]["cores"] >= 1 and report["command"].startswith("python -m loadtest sweep")
