@@ -38,7 +38,7 @@ lint: setup
 	$(PYTHON) -m ruff check .
 	$(PYTHON) -m ruff format --check .
 	$(PYTHON) -m mypy bundle criteo models export server clients loadtest
-	$(PYTHON) -m mypy -p benchmarks.soak
+	$(PYTHON) -m mypy -p benchmarks.soak -p benchmarks.cpu
 
 clean:
 	rm -rf artifacts reports logs model_repository data

@@ -1,9 +1,11 @@
 """``python -m bundle.demo`` (what ``make demo`` runs): the whole path, locally.
 
 synthetic Criteo data -> train DLRM (PyTorch) and Wide & Deep (Keras) ->
-export both to ONNX FP32 + FP16 with parity checks -> model_repository/ ->
-the real local tritonserver -> one HTTP and one gRPC request per model,
-checked against ONNX Runtime in-process -> stop the server.
+export both to ONNX FP32 + FP16 + INT8 with parity and accuracy checks ->
+model_repository/ -> the real local tritonserver -> one HTTP and one gRPC
+request per model, checked against ONNX Runtime in-process -> a short locust
+sweep of both families over gRPC and HTTP (reports/demo/report.md, PNG
+curves, served / in-process ratios).
 
 Each stage runs as its own ``python -m`` process, so TensorFlow and PyTorch
 never load into one process.
@@ -51,6 +53,8 @@ def demo(
     preset: Annotated[str, typer.Option(help="Model preset: tiny, small, reference.")] = "small",
     table_size: Annotated[int, typer.Option(help="Rows per embedding table.")] = 20_000,
     tolerance: Annotated[float, typer.Option(help="Max served vs in-process difference.")] = 1e-6,
+    report: Annotated[Path, typer.Option(help="Folder of the load-test report.")] = Path("reports/demo"),
+    sweep_seconds: Annotated[float, typer.Option(help="Seconds per load-test step (0: no load test).")] = 3.0,
 ) -> None:
     """Run every stage of the bundle on this machine (no Docker, no GPU)."""
     from clients.verify import sample_rows, verify_repository
@@ -95,6 +99,7 @@ def demo(
         str(workdir / "wide_deep"),
     )
     export = ["--repository", str(repository), "--check-data", str(valid_file)]
+    export += ["--calibration-data", str(train_file)]
     _step("export DLRM", "export", "dlrm", "--checkpoint", str(workdir / "dlrm"), *export)
     _step("export Wide & Deep", "export", "wide-deep", "--saved-model", str(workdir / "wide_deep"), *export)
 
@@ -113,7 +118,32 @@ def demo(
     failed = [r.model for r in results if r.max_abs_diff > tolerance]
     if failed:
         raise BundleError(f"served outputs differ from in-process by more than {tolerance:g}: {failed}")
+    if sweep_seconds > 0:
+        models = [_served_variant(repository, family) for family in ("dlrm", "wide_deep")]
+        sweep = ["sweep", *[arg for m in models for arg in ("--model", m)], "--protocol", "grpc"]
+        sweep += ["--protocol", "http", "--repository", str(repository), "--data", str(valid_file)]
+        sweep += ["--batch-size", "64", "--concurrency", "1,2,4", "--duration", f"{sweep_seconds:g}"]
+        sweep += [
+            "--warmup",
+            "1",
+            "--baseline-seconds",
+            "0.5",
+            "--baseline-repeats",
+            "3",
+            "--out",
+            str(report),
+        ]
+        sweep += ["--title", "Demo load test: the cpu profile's models on the local tritonserver"]
+        _step("load test (locust sweep)", "loadtest", *sweep)
+        console.print(f"load-test report: [bold]{report / 'report.md'}[/bold] (PNG curves beside it)")
     console.print(f"[green]demo finished in {time.perf_counter() - started:.0f} s[/green]")
+
+
+def _served_variant(repository: Path, family: str) -> str:
+    """The model the cpu profile serves for ``family``: its INT8 variant when the export wrote it
+    (it passed the accuracy gate), else FP32."""
+    int8 = f"{family}_onnx_int8"
+    return int8 if (repository / int8 / "config.pbtxt").is_file() else f"{family}_onnx"
 
 
 if __name__ == "__main__":

@@ -1,4 +1,4 @@
-"""``python -m export``: trained models -> ONNX (FP32, FP16) -> Triton model repository;
+"""``python -m export``: trained models -> ONNX (FP32, FP16, INT8) -> Triton model repository;
 ``python -m export tensorrt``: FP16 TensorRT plans for a gpu-profile repository."""
 
 from __future__ import annotations
@@ -12,7 +12,8 @@ from rich.table import Table
 
 from bundle.cli import new_app, run
 from bundle.errors import ConfigError
-from export.pipeline import ExportedModel, ExportOptions, export_family
+from export.pipeline import INT8_BY_DEFAULT, ExportedModel, ExportOptions, export_family
+from export.quantize import DEFAULT_METHOD, INT8_METHODS, QuantizeOptions
 from export.repository import ORT_TRT_CACHE_DIR, QUEUE_DELAY_US, ServingConfig
 from export.trt_build import EngineResult, TensorRTOptions, build_engines
 
@@ -29,6 +30,41 @@ CheckData = Annotated[
 ]
 CheckRows = Annotated[int, typer.Option(help="Rows compared against the framework (>= 1024).")]
 AucTolerance = Annotated[float, typer.Option(help="Max |AUC(FP16) - AUC(FP32)|.")]
+Int8 = Annotated[
+    bool | None,
+    typer.Option(
+        "--int8/--no-int8",
+        help="Write the INT8 variant <family>_onnx_int8 (MLP layers quantized by ONNX Runtime; "
+        "a failed accuracy check is an error). Default: "
+        + ", ".join(
+            f"{'written when it passes its check' if on else 'off'} ({profile})"
+            for profile, on in INT8_BY_DEFAULT.items()
+        )
+        + ".",
+    ),
+]
+Int8Method = Annotated[
+    str,
+    typer.Option(
+        help=f"INT8 quantization: {' or '.join(INT8_METHODS)} (static: activation ranges calibrated on "
+        "--calibration-data; dynamic: per batch at run time)."
+    ),
+]
+Int8PerChannel = Annotated[
+    bool,
+    typer.Option(
+        "--int8-per-channel/--int8-per-tensor", help="INT8 weight scales per output column or per layer."
+    ),
+]
+CalibrationData = Annotated[
+    Path | None,
+    typer.Option(
+        help="Criteo TSV (e.g. training data) whose first rows calibrate static INT8 "
+        "(default: the check data, after the check rows)."
+    ),
+]
+CalibrationRows = Annotated[int, typer.Option(help="Rows that calibrate static INT8.")]
+Int8AucTolerance = Annotated[float, typer.Option(help="Max |AUC(INT8) - AUC(FP32)|.")]
 MaxBatch = Annotated[int, typer.Option(help="max_batch_size in config.pbtxt.")]
 Instances = Annotated[int, typer.Option(help="Model instances per model.")]
 QueueDelay = Annotated[
@@ -93,6 +129,10 @@ def _options(
     trt_cache_dir: str,
     opt_batch_size: int,
     cuda_graph_batch_sizes: str | None,
+    int8: bool | None,
+    quantize: QuantizeOptions,
+    int8_auc_tolerance: float,
+    calibration_data: Path | None,
 ) -> ExportOptions:
     delay = QUEUE_DELAY_US.get(profile, 0) if max_queue_delay_us is None else max_queue_delay_us
     serving = ServingConfig(
@@ -114,6 +154,18 @@ def _options(
         check_data=check_data,
         check_rows=check_rows,
         fp16_auc_tolerance=fp16_auc_tolerance,
+        int8=int8,
+        quantize=quantize,
+        int8_auc_tolerance=int8_auc_tolerance,
+        calibration_data=calibration_data,
+    )
+
+
+def _quantize(method: str, per_channel: bool, calibration_rows: int) -> QuantizeOptions:
+    return QuantizeOptions(
+        method=method,  # type: ignore[arg-type]  # validated by QuantizeOptions
+        per_channel=per_channel,
+        calibration_rows=calibration_rows,
     )
 
 
@@ -162,13 +214,21 @@ def dlrm(
     trt_cache_dir: TrtCache = ORT_TRT_CACHE_DIR,
     opt_batch_size: OptBatchSize = 0,
     cuda_graph_batch_sizes: GraphSizes = None,
+    int8: Int8 = None,
+    int8_method: Int8Method = DEFAULT_METHOD,
+    int8_per_channel: Int8PerChannel = True,
+    calibration_data: CalibrationData = None,
+    calibration_rows: CalibrationRows = 2048,
+    int8_auc_tolerance: Int8AucTolerance = 1e-3,
 ) -> None:
-    """Export a PyTorch DLRM checkpoint (torch.onnx) as dlrm_onnx and dlrm_onnx_fp16
-    (and, in the gpu profile, the config of dlrm_trt)."""
+    """Export a PyTorch DLRM checkpoint (torch.onnx) as dlrm_onnx, dlrm_onnx_fp16 and, in the
+    cpu profile, dlrm_onnx_int8 (in the gpu profile: the config of dlrm_trt instead)."""
     options = _options(
         repository, profile, opset, fp16, check_data, check_rows,
         fp16_auc_tolerance, max_batch_size, instances, max_queue_delay_us, threads,
         ort_trt, trt_cache_dir, opt_batch_size, cuda_graph_batch_sizes,
+        int8, _quantize(int8_method, int8_per_channel, calibration_rows), int8_auc_tolerance,
+        calibration_data,
     )  # fmt: skip
     from export.onnx_dlrm import DLRMExporter
 
@@ -194,13 +254,21 @@ def wide_deep(
     trt_cache_dir: TrtCache = ORT_TRT_CACHE_DIR,
     opt_batch_size: OptBatchSize = 0,
     cuda_graph_batch_sizes: GraphSizes = None,
+    int8: Int8 = None,
+    int8_method: Int8Method = DEFAULT_METHOD,
+    int8_per_channel: Int8PerChannel = True,
+    calibration_data: CalibrationData = None,
+    calibration_rows: CalibrationRows = 2048,
+    int8_auc_tolerance: Int8AucTolerance = 1e-3,
 ) -> None:
-    """Export a Keras Wide & Deep SavedModel (tf2onnx) as wide_deep_onnx and wide_deep_onnx_fp16
-    (and, in the gpu profile, the config of wide_deep_trt)."""
+    """Export a Keras Wide & Deep SavedModel (tf2onnx) as wide_deep_onnx, wide_deep_onnx_fp16 and,
+    in the cpu profile, wide_deep_onnx_int8 (in the gpu profile: the config of wide_deep_trt instead)."""
     options = _options(
         repository, profile, opset, fp16, check_data, check_rows,
         fp16_auc_tolerance, max_batch_size, instances, max_queue_delay_us, threads,
         ort_trt, trt_cache_dir, opt_batch_size, cuda_graph_batch_sizes,
+        int8, _quantize(int8_method, int8_per_channel, calibration_rows), int8_auc_tolerance,
+        calibration_data,
     )  # fmt: skip
     from export.onnx_wide_deep import WideDeepExporter
 

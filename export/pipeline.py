@@ -1,7 +1,8 @@
 """The export pipeline shared by both frameworks.
 
 framework model -> FP32 ONNX (checked against the framework, including ids far
-outside every table) -> FP16 ONNX (checked against FP32 on AUC) -> Triton
+outside every table) -> FP16 ONNX and, in the cpu profile, INT8 ONNX (each
+checked against FP32 on AUC; a variant that fails is not written) -> Triton
 model repository entries with their configs and export reports. The gpu
 profile also writes each family's TensorRT model config (``<family>_trt``);
 its plan is built from the FP16 ONNX by ``python -m export tensorrt``
@@ -12,18 +13,21 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import onnx
 
 from bundle.errors import ConfigError, ExportError
-from criteo.tsv import Batch
+from criteo.tsv import Batch, read_batch
 from export.fp16 import convert_to_fp16
 from export.framework import FrameworkExporter
 from export.onnx_io import save_model
 from export.parity import ParityResult, check_rows, compare, extreme_id_rows, run_onnx
+from export.quantize import QuantizeOptions, quantize_int8
 from export.repository import (
     MODEL_FILE,
     ServingConfig,
@@ -35,6 +39,20 @@ from export.repository import (
 )
 
 log = logging.getLogger(__name__)
+
+#: Seed of synthetic calibration rows (the synthetic check rows use another).
+CALIBRATION_SEED = 20261123
+#: Rows per ONNX Runtime call in the checks (as :func:`export.parity.run_onnx` runs them).
+CHECK_CHUNK = 4096
+#: Batch sizes the INT8 check runs its rows at. Dynamically quantized layers take
+#: their activation scales from the whole batch, so a row's answer depends on the
+#: rows batched with it: the AUC must hold from single rows to large batches, and
+#: the worst counts. (Statically quantized answers are the same at every size.)
+INT8_GATE_BATCHES = (1, 64, CHECK_CHUNK)
+#: Whether an export writes ``<family>_onnx_int8`` unless told otherwise, per profile: the
+#: INT8 variant is the cpu profile's fastest model that passes the accuracy gate
+#: (benchmarks/cpu/precision.md); the gpu profile serves FP16 TensorRT instead.
+INT8_BY_DEFAULT: dict[str, bool] = {"cpu": True, "gpu": False}
 
 
 @dataclass(frozen=True)
@@ -50,6 +68,15 @@ class ExportOptions:
         check_rows: rows compared against the framework (>= 1024).
         fp32_tolerance: max abs difference of FP32 ONNX vs framework probabilities.
         fp16_auc_tolerance: max |AUC(FP16) - AUC(FP32)| on the check rows.
+        int8: write the INT8 variant ``<family>_onnx_int8`` (cpu profile only): True
+            (a failed check is an error), False, or None: the profile's default
+            (:data:`INT8_BY_DEFAULT`), where a variant that fails its check is
+            left out with a warning.
+        quantize: how the INT8 variant quantizes its MLP layers.
+        int8_auc_tolerance: max |AUC(INT8) - AUC(FP32)| on the check rows.
+        calibration_data: Criteo TSV whose rows calibrate the static INT8 variant
+            (None: the check data, after the check rows when it has enough; synthetic
+            rows of another seed when there is no check data either).
     """
 
     repository: Path
@@ -60,16 +87,32 @@ class ExportOptions:
     check_rows: int = 4096
     fp32_tolerance: float = 1e-5
     fp16_auc_tolerance: float = 1e-3
+    int8: bool | None = None
+    quantize: QuantizeOptions = field(default_factory=QuantizeOptions)
+    int8_auc_tolerance: float = 1e-3
+    calibration_data: Path | None = None
+
+    @property
+    def writes_int8(self) -> bool:
+        """Whether the export tries the INT8 variant."""
+        return self.int8 if self.int8 is not None else INT8_BY_DEFAULT.get(self.serving.profile, False)
 
     def __post_init__(self) -> None:
         if not 13 <= self.opset <= 23:
             raise ConfigError(f"opset must be in 13..23, got {self.opset}")
         if self.check_rows < 1024:
             raise ConfigError(f"check_rows must be >= 1024, got {self.check_rows}")
-        if self.fp32_tolerance <= 0 or self.fp16_auc_tolerance <= 0:
+        if self.fp32_tolerance <= 0 or self.fp16_auc_tolerance <= 0 or self.int8_auc_tolerance <= 0:
             raise ConfigError("tolerances must be positive")
         if self.serving.profile == "gpu" and not self.fp16:
             raise ConfigError("the gpu profile builds its TensorRT models from the FP16 ONNX: drop --no-fp16")
+        if self.serving.profile == "gpu" and self.int8 is True:
+            raise ConfigError(
+                "INT8 variants run on ONNX Runtime's CPU kernels: export them with --profile cpu "
+                "(the gpu profile serves FP16 TensorRT)"
+            )
+        if self.calibration_data is not None and not Path(self.calibration_data).is_file():
+            raise ConfigError(f"calibration data {self.calibration_data} is not a file")
 
 
 @dataclass(frozen=True)
@@ -109,7 +152,8 @@ def _check_fp32(exporter: FrameworkExporter, path: Path, rows: Batch, options: E
 
 
 def export_family(exporter: FrameworkExporter, options: ExportOptions) -> list[ExportedModel]:
-    """Export ``exporter``'s model as ``<family>_onnx`` (and ``<family>_onnx_fp16``).
+    """Export ``exporter``'s model as ``<family>_onnx`` (and ``<family>_onnx_fp16``,
+    ``<family>_onnx_int8`` as ``options`` ask).
 
     In the gpu profile, also write the config of ``<family>_trt`` (its plan is
     built later by ``python -m export tensorrt``); in the cpu profile, remove a
@@ -142,6 +186,19 @@ def export_family(exporter: FrameworkExporter, options: ExportOptions) -> list[E
         raise
     if options.fp16:
         results.append(_export_fp16(exporter, fp32_path, rows, options))
+    int8_name = f"{exporter.family}_onnx_int8"
+    clear_model(options.repository, int8_name)
+    if options.writes_int8:
+        try:
+            results.append(_export_int8(exporter, fp32_path, rows, options))
+        except ExportError as exc:
+            if options.int8:
+                raise
+            log.warning(
+                "%s not written (the cpu profile serves the other models): %s. "
+                "--int8 makes this an error, --no-int8 skips INT8, --int8-method picks another method",
+                int8_name, exc,
+            )  # fmt: skip
     trt_name = trt_model_name(exporter.family)
     clear_model(options.repository, trt_name)
     if options.serving.profile == "gpu":
@@ -150,36 +207,154 @@ def export_family(exporter: FrameworkExporter, options: ExportOptions) -> list[E
     return results
 
 
-def _export_fp16(
-    exporter: FrameworkExporter, fp32_path: Path, rows: Batch, options: ExportOptions
+def _gate_parity(
+    path: Path, fp32_path: Path, rows: Batch, batch_sizes: tuple[int, ...]
+) -> tuple[ParityResult, dict[str, Any]]:
+    """Compare the variant at ``path`` with FP32 on ``rows``, run in batches of each of ``batch_sizes``.
+
+    Returns:
+        The worst comparison (largest |AUC delta|; max abs difference over all
+        batch sizes), and report fields: each batch size's comparison and, with
+        more than one, how far one row's answer moves between batch sizes.
+    """
+    reference = run_onnx(fp32_path, rows)
+    outputs = {size: run_onnx(path, rows, chunk=size) for size in batch_sizes}
+    checks = {size: compare(output, reference, rows.labels) for size, output in outputs.items()}
+    worst = max(checks.values(), key=lambda p: abs(p.auc_delta) if p.auc_delta is not None else float("inf"))
+    largest = max(p.max_abs_diff for p in checks.values())
+    parity = ParityResult(worst.rows, largest, worst.auc, worst.auc_delta)
+    extra: dict[str, Any] = {}
+    if len(batch_sizes) > 1:
+        extra["parity_by_batch_size"] = {str(size): asdict(p) for size, p in checks.items()}
+        first = outputs[batch_sizes[0]].astype(np.float64)
+        extra["max_abs_diff_between_batch_sizes"] = max(
+            float(np.max(np.abs(output - first))) for output in outputs.values()
+        )
+    return parity, extra
+
+
+def _export_variant(
+    name: str,
+    label: str,
+    fp32_path: Path,
+    rows: Batch,
+    options: ExportOptions,
+    tolerance: float,
+    build: Callable[[Path], dict[str, Any]],
+    fp16: bool = False,
+    gate_batches: tuple[int, ...] = (CHECK_CHUNK,),
 ) -> ExportedModel:
-    name = f"{exporter.family}_onnx_fp16"
+    """Write variant ``name`` with ``build(path)``, gate it on AUC against the FP32 graph, add it.
+
+    Args:
+        name: the model name (``dlrm_onnx_fp16``, ``dlrm_onnx_int8``).
+        label: precision for messages (``FP16``, ``INT8``).
+        fp32_path: the checked FP32 graph.
+        rows: labeled check rows.
+        options: the export options.
+        tolerance: max |AUC(variant) - AUC(FP32)|, at every batch size of ``gate_batches``.
+        build: writes the variant's ``model.onnx`` to the path given; returns extra report fields.
+        fp16: the variant is the FP16 graph (for the config's accelerator settings).
+        gate_batches: batch sizes the check rows run at.
+
+    Raises:
+        ExportError: the conversion failed or the AUC moved more than ``tolerance``;
+            the variant is then not left in the repository.
+    """
     path = version_dir(options.repository, name, 1) / MODEL_FILE
     clear_model(options.repository, name)
     try:
         start = time.perf_counter()
+        extra = build(path)
+        if rows.labels is None:
+            raise ExportError(f"the {label} check needs labeled rows")
+        parity, gate_extra = _gate_parity(path, fp32_path, rows, gate_batches)
+        delta = parity.auc_delta if parity.auc_delta is not None else float("nan")
+        if not abs(delta) <= tolerance:
+            at = f" at batch sizes {', '.join(map(str, gate_batches))}" if len(gate_batches) > 1 else ""
+            raise ExportError(
+                f"{path}: {label} AUC differs from FP32 by {delta:.3g}{at} "
+                f"(tolerance {tolerance:g}; max abs diff {parity.max_abs_diff:.3g})"
+            )
+        exported = ExportedModel(name, path, "onnx_fp32", parity, time.perf_counter() - start)
+        report = _report(exported, options, {"auc_tolerance": tolerance, **extra, **gate_extra})
+        add_model(options.repository, name, options.serving, report=report, fp16=fp16)
+        return exported
+    except BaseException:
+        clear_model(options.repository, name)
+        raise
+
+
+def _export_fp16(
+    exporter: FrameworkExporter, fp32_path: Path, rows: Batch, options: ExportOptions
+) -> ExportedModel:
+    def build(path: Path) -> dict[str, Any]:
         log.info("converting %s to FP16 at %s", fp32_path, path)
         model = onnx.load(str(fp32_path))
         keep = exporter.fp32_nodes(model)
         save_model(convert_to_fp16(model, keep), path)
-        if rows.labels is None:
-            raise ExportError("the FP16 check needs labeled rows")
-        parity = compare(run_onnx(path, rows), run_onnx(fp32_path, rows), rows.labels)
-        delta = parity.auc_delta if parity.auc_delta is not None else float("nan")
-        if not abs(delta) <= options.fp16_auc_tolerance:
-            raise ExportError(
-                f"{path}: FP16 AUC differs from FP32 by {delta:.3g} "
-                f"(tolerance {options.fp16_auc_tolerance:g}; max abs diff {parity.max_abs_diff:.3g})"
-            )
-        fp16 = ExportedModel(name, path, "onnx_fp32", parity, time.perf_counter() - start)
-        add_model(
-            options.repository,
-            name,
-            options.serving,
-            report=_report(fp16, options, {"fp32_nodes": keep}),
-            fp16=True,
-        )
-        return fp16
-    except BaseException:
-        clear_model(options.repository, name)
-        raise
+        return {"fp32_nodes": keep}
+
+    name = f"{exporter.family}_onnx_fp16"
+    return _export_variant(
+        name, "FP16", fp32_path, rows, options, options.fp16_auc_tolerance, build, fp16=True
+    )
+
+
+def calibration_rows(options: ExportOptions) -> tuple[Batch, str]:
+    """Rows that calibrate the static INT8 variant, and where they came from.
+
+    ``options.calibration_data`` when given (its first rows); else the check
+    data's rows after the check rows (or its first rows, shared with the
+    check, when the file is too short); else synthetic rows of a seed other
+    than the check rows'.
+    """
+    wanted = options.quantize.calibration_rows
+    if options.calibration_data is not None:
+        batch = read_batch(options.calibration_data, wanted)
+        if len(batch) == 0:
+            raise ExportError(f"calibration data {options.calibration_data} has no rows")
+        return batch, f"{options.calibration_data}: rows 1-{len(batch)}"
+    if options.check_data is not None:
+        batch = read_batch(options.check_data, options.check_rows + wanted)
+        if len(batch) >= options.check_rows + wanted:
+            first, last = options.check_rows, options.check_rows + wanted
+            return batch.slice(first, last), f"{options.check_data}: rows {first + 1}-{last}"
+        log.warning(
+            "%s has %d rows, fewer than the %d check rows + %d calibration rows: "
+            "calibrating on its first rows, which the INT8 check also uses",
+            options.check_data, len(batch), options.check_rows, wanted,
+        )  # fmt: skip
+        part = batch.slice(0, wanted)
+        return part, f"{options.check_data}: rows 1-{len(part)} (shared with the check)"
+    return check_rows(None, wanted, seed=CALIBRATION_SEED), f"synthetic rows (seed {CALIBRATION_SEED})"
+
+
+def _export_int8(
+    exporter: FrameworkExporter, fp32_path: Path, rows: Batch, options: ExportOptions
+) -> ExportedModel:
+    def build(path: Path) -> dict[str, Any]:
+        calibration: Batch | None = None
+        source = ""
+        if options.quantize.method == "static":
+            calibration, source = calibration_rows(options)
+        log.info("quantizing %s to INT8 (%s) at %s", fp32_path, options.quantize.method, path)
+        keep = exporter.fp32_nodes(onnx.load(str(fp32_path), load_external_data=False))
+        graph = quantize_int8(fp32_path, path, keep, options.quantize, calibration, source)
+        return {
+            "quantization": graph.settings,
+            "int8_nodes": graph.quantized_nodes,
+            "fp32_matmul_nodes": graph.fp32_nodes,
+        }
+
+    name = f"{exporter.family}_onnx_int8"
+    return _export_variant(
+        name,
+        "INT8",
+        fp32_path,
+        rows,
+        options,
+        options.int8_auc_tolerance,
+        build,
+        gate_batches=INT8_GATE_BATCHES,
+    )

@@ -6,6 +6,8 @@ Commands:
 - ``baseline``: in-process ONNX Runtime throughput and latency of a model file.
 - ``compare``: the same sweep against the local Triton, PyTriton and a FastAPI server.
 - ``report``: rewrite the CSV, PNGs and report.md of a report.json.
+- ``roofline``: this machine's sgemm ceiling, a model's FLOPs per sample, and its in-process and
+  served throughput as fractions of that ceiling, in one run.
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ Concurrency = Annotated[str, typer.Option(help="Requests in flight per step, com
 Duration = Annotated[float, typer.Option(help="Seconds measured per step.")]
 Warmup = Annotated[float, typer.Option(help="Seconds run before each step's measurement.")]
 Processes = Annotated[
-    int, typer.Option(help="locust processes per step (0: one per 16 users, at most one per core).")
+    int, typer.Option(help="locust processes per step (0: one per 8 users, at most one per core).")
 ]
 MaxRows = Annotated[
     int,
@@ -232,6 +234,60 @@ def report(
 
     paths = write_report(Report.load(json_file), out or json_file.parent)
     print(f"report: {paths['markdown']}")
+
+
+@app.command()
+def roofline(
+    model_file: Annotated[Path, typer.Option(help="The model.onnx to count and time in-process.")],
+    model: Annotated[str | None, typer.Option(help="Served model name (with --url).")] = None,
+    url: Annotated[
+        str | None, typer.Option(help="HOST:PORT of the server (gRPC or HTTP, see --protocol).")
+    ] = None,
+    protocol: Annotated[str, typer.Option(help="grpc or http.")] = "grpc",
+    batch_size: Annotated[int, typer.Option(help="Rows per call.")] = 1024,
+    concurrency: Concurrency = "1,2,4",
+    seconds: Annotated[float, typer.Option(help="Seconds per timed repeat.")] = 3.0,
+    repeats: Annotated[int, typer.Option(help="Timed repeats (medians reported).")] = 5,
+    threads: Annotated[
+        int | None,
+        typer.Option(help="In-process intra-op threads (default: the model's config.pbtxt, else ORT's)."),
+    ] = None,
+    gemm_size: Annotated[
+        int, typer.Option(help="N of the N x N x N sgemm that measures the ceiling.")
+    ] = 4096,
+    data: Data = None,
+    out: Annotated[Path | None, typer.Option(help="Also write the results as JSON here.")] = None,
+) -> None:
+    """FP32 sgemm ceiling, the model's FLOPs per sample, and its in-process (and served)
+    samples/s as fractions of the ceiling, measured in one run."""
+    import json
+
+    from loadtest.roofline import RooflineOptions, report_lines, run_roofline
+
+    if protocol not in ("grpc", "http"):
+        raise ConfigError(f"--protocol must be grpc or http, got {protocol!r}")
+    options = RooflineOptions(
+        model_file=model_file,
+        model=model,
+        url=url,
+        protocol=protocol,
+        batch_size=batch_size,
+        concurrency=parse_ints(concurrency, "--concurrency"),
+        seconds=seconds,
+        repeats=repeats,
+        threads=threads,
+        gemm_size=gemm_size,
+        data=data,
+    )
+    with Console().status("measuring the ceiling, then in-process, then served throughput"):
+        result = run_roofline(options)
+    result["command"] = _command_line()
+    for line in report_lines(result):
+        print(line)
+    if out is not None:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(result, indent=2) + "\n")
+        print(f"results: {out}")
 
 
 if __name__ == "__main__":

@@ -47,7 +47,7 @@ _TAIL_S = 1.0
 #: How long a step may take beyond its run time (start-up, shutdown) before it is killed.
 _STEP_GRACE_S = 60.0
 #: Concurrency one locust process drives at most when processes are picked automatically.
-USERS_PER_PROCESS = 16
+USERS_PER_PROCESS = 8
 
 
 def parse_ints(text: str, what: str) -> tuple[int, ...]:

@@ -5,7 +5,7 @@
 #
 #   bash benchmarks/loadtest/run.sh            # from the repository root, after `make setup`
 #
-# About 30 minutes on a 2-core machine. Run it on an otherwise idle machine (the
+# About 25 minutes on a 2-core machine (PROTOCOLS="--protocol grpc": about 18). Run it on an otherwise idle machine (the
 # reports record the load average at start and end). Models and data go to
 # artifacts/bench (not committed); reports to benchmarks/loadtest/{dlrm,wide_deep}
 # and benchmarks/peers/dlrm. Accuracy does not matter for throughput, so the models
@@ -18,7 +18,8 @@ WORK=${WORK:-artifacts/bench}
 REPO=$WORK/model_repository
 # Serving settings of the benchmarked repository (see benchmarks/loadtest/README.md).
 SERVING=${SERVING:-"--instances 1 --threads 0 --max-queue-delay-us 100"}
-DURATION=${DURATION:-10}
+DURATION=${DURATION:-8}
+PROTOCOLS=${PROTOCOLS:-"--protocol grpc --protocol http"}
 
 if [[ ! -f $REPO/dlrm_onnx/1/model.onnx || ! -f $REPO/wide_deep_onnx/1/model.onnx || -n ${REBUILD:-} ]]; then
   python -m criteo synth --rows 30000 --out "$WORK/data/train.tsv" --seed 1
@@ -26,20 +27,21 @@ if [[ ! -f $REPO/dlrm_onnx/1/model.onnx || ! -f $REPO/wide_deep_onnx/1/model.onn
   common=(--data "$WORK/data/train.tsv" --valid "$WORK/data/valid.tsv" --preset reference --table-size 100000)
   python -m models train dlrm "${common[@]}" --out "$WORK/dlrm"
   python -m models train wide-deep "${common[@]}" --out "$WORK/wide_deep"
-  export_args=(--repository "$REPO" --no-fp16 --check-data "$WORK/data/valid.tsv" --check-rows 2048)
+  export_args=(--repository "$REPO" --no-fp16 --no-int8 --check-data "$WORK/data/valid.tsv" --check-rows 2048)
   # shellcheck disable=SC2086  # SERVING holds several flags
   python -m export dlrm --checkpoint "$WORK/dlrm" "${export_args[@]}" $SERVING
   # shellcheck disable=SC2086
   python -m export wide-deep --saved-model "$WORK/wide_deep" "${export_args[@]}" $SERVING
 fi
 
-sweep=(--repository "$REPO" --protocol grpc --protocol http --batch-size 1,64,1024
-       --concurrency 1,2,4,8,16 --max-rows-in-flight 4096 --duration "$DURATION" --warmup 2)
+# shellcheck disable=SC2206  # PROTOCOLS holds several flags
+sweep=(--repository "$REPO" $PROTOCOLS --batch-size 1,64,1024
+       --concurrency 1,2,4,8 --max-rows-in-flight 2048 --duration "$DURATION" --warmup 2)
 python -m loadtest sweep --model dlrm_onnx "${sweep[@]}" --out benchmarks/loadtest/dlrm --raw "$WORK/raw/dlrm" \
   --title "DLRM (reference sizes, table 100000) on the local tritonserver"
 python -m loadtest sweep --model wide_deep_onnx "${sweep[@]}" --out benchmarks/loadtest/wide_deep --raw "$WORK/raw/wide_deep" \
   --title "Wide & Deep (reference sizes, table 100000) on the local tritonserver"
 python -m loadtest compare --repository "$REPO" --model dlrm_onnx --protocol grpc --batch-size 1,64,1024 \
-  --concurrency 1,2,4,8,16 --max-rows-in-flight 4096 --duration "$DURATION" --warmup 2 \
+  --concurrency 1,2,4,8 --max-rows-in-flight 2048 --duration "$DURATION" --warmup 2 \
   --out benchmarks/peers/dlrm --raw "$WORK/raw/peers" \
   --title "DLRM (reference sizes, table 100000): local Triton vs PyTriton vs FastAPI, same ONNX file"

@@ -17,7 +17,8 @@ from server import LocalServer
 
 pytestmark = pytest.mark.integration
 
-MODELS = ["dlrm_onnx", "dlrm_onnx_fp16", "wide_deep_onnx", "wide_deep_onnx_fp16"]
+# The cpu profile writes FP32, FP16 and INT8 (static) variants of both families.
+MODELS = [f"{family}_onnx{suffix}" for family in ("dlrm", "wide_deep") for suffix in ("", "_fp16", "_int8")]
 
 
 @pytest.fixture(scope="module")

@@ -1,0 +1,368 @@
+"""Served samples/s of each precision at batch 1024, as fractions of the FP32 ceiling of the same run.
+
+One run, in this order:
+
+1. the FP32 ceiling: numpy sgemm (all cores), and ONNX Runtime's INT8 and BF16 GEMM probes;
+2. per family, every precision variant loaded in the local tritonserver and
+   driven with requests of ``B`` rows at each concurrency, the variants taking
+   turns round by round (a burst of background load hits them alike);
+3. per family, the same files in-process, in turns;
+4. the sgemm ceiling again (its repeats from both ends make the ceiling).
+
+Each variant's AUC delta and max abs difference against FP32 come from its
+``export_report.json`` (the export's accuracy gate).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import shutil
+import statistics
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from benchmarks.cpu.common import finish_record, interleaved_in_process, machine_lines, markdown_table
+from bundle.errors import ConfigError
+from export.repository import MODEL_FILE, read_config, version_dir, write_config
+from loadtest.payload import MAX_POOL_ROWS, build_pool
+from loadtest.roofline import count_flops, fraction, ort_gemm_probe, served_throughput, sgemm_ceiling
+from server import LocalServer, ServerConfig
+
+logger = logging.getLogger(__name__)
+
+FAMILIES = ("dlrm", "wide_deep")
+#: (precision label, model name suffix), in report order.
+VARIANTS = (
+    ("FP32", "_onnx"),
+    ("FP16", "_onnx_fp16"),
+    ("INT8 static", "_onnx_int8"),
+    ("INT8 dynamic", "_onnx_int8_dynamic"),
+)
+#: The model name suffix of the INT8 variant exported with ``--int8-method dynamic``.
+DYNAMIC_SUFFIX = "_onnx_int8_dynamic"
+
+
+@dataclass(frozen=True)
+class PrecisionOptions:
+    """What the precision run measures.
+
+    Args:
+        repository: a cpu-profile repository with ``<family>_onnx`` (and its variants).
+        out: folder for ``precision.json`` and ``precision.md``.
+        dynamic_repository: a repository exported with ``--int8-method dynamic``; its
+            ``<family>_onnx_int8`` joins ``repository`` as ``<family>_onnx_int8_dynamic``.
+        data: Criteo TSV for the request rows (None: synthetic).
+        batch_size: rows per request.
+        concurrency: requests in flight, each level measured.
+        rounds: turns over the variants (medians reported).
+        seconds: one served window / in-process repeat.
+        gemm_size: ``N`` of the sgemm ceiling.
+    """
+
+    repository: Path
+    out: Path
+    dynamic_repository: Path | None = None
+    data: Path | None = None
+    batch_size: int = 1024
+    concurrency: tuple[int, ...] = (1, 2, 4)
+    rounds: int = 5
+    seconds: float = 2.0
+    gemm_size: int = 4096
+
+    def __post_init__(self) -> None:
+        if self.rounds < 1 or self.seconds <= 0 or self.batch_size < 1 or not self.concurrency:
+            raise ConfigError("rounds, batch size and concurrency must be >= 1, seconds > 0")
+        if (
+            not (self.repository / f"{FAMILIES[0]}_onnx").is_dir()
+            and not (self.repository / f"{FAMILIES[1]}_onnx").is_dir()
+        ):
+            raise ConfigError(f"{self.repository} holds neither dlrm_onnx nor wide_deep_onnx")
+
+
+def add_dynamic_variants(repository: Path, dynamic_repository: Path) -> list[str]:
+    """Copy each ``<family>_onnx_int8`` of ``dynamic_repository`` into ``repository`` as
+    ``<family>_onnx_int8_dynamic`` (config renamed, export report kept)."""
+    added = []
+    for family in FAMILIES:
+        source = dynamic_repository / f"{family}_onnx_int8"
+        if not (source / "config.pbtxt").is_file():
+            continue
+        name = f"{family}{DYNAMIC_SUFFIX}"
+        target = repository / name
+        if target.exists():
+            shutil.rmtree(target)
+        shutil.copytree(source, target)
+        config = read_config(target / "config.pbtxt")
+        config.name = name
+        write_config(target, config)
+        added.append(name)
+    return added
+
+
+def _served_round(
+    server: LocalServer, names: list[str], pool: Any, options: PrecisionOptions, results: dict[str, Any]
+) -> None:
+    for name in names:
+        for level in options.concurrency:
+            result = served_throughput(
+                server.grpc_url, name, pool, level, "grpc", options.seconds, repeats=1, warmup_s=0.5
+            )
+            entry = results.setdefault(name, {}).setdefault(str(level), {"repeats": [], "p50_ms": []})
+            entry["repeats"].append(result.samples_per_s)
+            entry["p50_ms"].append(result.p50_ms)
+
+
+def _best_served(by_level: dict[str, Any]) -> dict[str, Any]:
+    """The concurrency with the highest median samples/s, and every level's median."""
+    medians = {level: statistics.median(entry["repeats"]) for level, entry in by_level.items()}
+    best = max(medians, key=lambda level: medians[level])
+    return {
+        "samples_per_s": medians[best],
+        "concurrency": int(best),
+        "repeats": by_level[best]["repeats"],
+        "p50_ms": statistics.median(by_level[best]["p50_ms"]),
+        "by_concurrency": medians,
+    }
+
+
+def _gate(repository: Path, name: str) -> dict[str, Any]:
+    """The accuracy check of ``name`` from its export report (FP32: against the framework)."""
+    path = repository / name / "export_report.json"
+    if not path.is_file():
+        return {}
+    report = json.loads(path.read_text())
+    parity = report.get("parity", {})
+    return {
+        "checked_against": report.get("checked_against"),
+        "rows": parity.get("rows"),
+        "auc_delta": parity.get("auc_delta"),
+        "max_abs_diff": parity.get("max_abs_diff"),
+        "auc_tolerance": report.get("auc_tolerance"),
+        "max_abs_diff_between_batch_sizes": report.get("max_abs_diff_between_batch_sizes"),
+        "quantization": report.get("quantization"),
+    }
+
+
+HEADER = [
+    "precision (model)",
+    "served samples/s",
+    "x FP32 ceiling",
+    "conc.",
+    "in-process samples/s",
+    "x ceiling",
+    "served / in-process",
+    "AUC delta vs FP32",
+    "max abs diff",
+    "row moves with batch",
+]
+#: A row's answer "does not depend on the batch" when it moves less than this between batch sizes.
+DETERMINISTIC_ATOL = 1e-6
+
+
+def _passes(row: dict[str, Any]) -> bool:
+    gate = row["gate"]
+    if row["precision"] == "FP32":
+        return True
+    delta, tolerance = gate.get("auc_delta"), gate.get("auc_tolerance") or 1e-3
+    return delta is not None and abs(delta) <= tolerance
+
+
+def _verdict(rows: list[dict[str, Any]]) -> list[str]:
+    """Which variant is fastest served among those that pass the gate, overall and among those whose
+    answer for a row does not depend on the rows batched with it."""
+
+    def line(what: str, row: dict[str, Any]) -> str:
+        return (
+            f"- {what}: {row['precision']} (`{row['model']}`), {row['served']['samples_per_s']:,.0f} "
+            f"samples/s = **{row['served_fraction_of_ceiling']:.2f}x** the FP32 ceiling"
+        )
+
+    passing = [r for r in rows if _passes(r)]
+    if not passing:
+        return ["- no variant passes the accuracy gate"]
+    fastest = max(passing, key=lambda r: r["served"]["samples_per_s"])
+    steady = [
+        r for r in passing if (r["gate"].get("max_abs_diff_between_batch_sizes") or 0.0) <= DETERMINISTIC_ATOL
+    ]
+    lines = [line("fastest served variant that passes the gate", fastest)]
+    if steady:
+        lines.append(
+            line(
+                "fastest that passes and gives a row the same answer in any batch",
+                max(steady, key=lambda r: r["served"]["samples_per_s"]),
+            )
+        )
+    return lines
+
+
+def run_precision(options: PrecisionOptions, record: dict[str, Any]) -> dict[str, Any]:
+    """Measure every variant of every family in ``options.repository`` (see the module doc)."""
+    if options.dynamic_repository is not None:
+        add_dynamic_variants(options.repository, options.dynamic_repository)
+    ceiling_start = sgemm_ceiling(options.gemm_size, repeats=9)
+    probes = [ort_gemm_probe("int8"), ort_gemm_probe("bf16")]
+    pool = build_pool(1, data=options.data, batches=MAX_POOL_ROWS).rebatched(options.batch_size)
+    families: dict[str, list[tuple[str, str]]] = {}
+    for family in FAMILIES:
+        present = [
+            (label, f"{family}{suffix}")
+            for label, suffix in VARIANTS
+            if (version_dir(options.repository, f"{family}{suffix}") / MODEL_FILE).is_file()
+        ]
+        if present:
+            families[family] = present
+    served: dict[str, Any] = {}
+    config = ServerConfig.with_free_ports(
+        options.repository, model_control_mode="explicit", log_file=Path("logs/benchmarks-cpu-precision.log")
+    )
+    with LocalServer(config) as server:
+        for family, variants in families.items():
+            names = [name for _, name in variants]
+            for name in names:
+                server.load_model(name, timeout=600)
+            for round_index in range(options.rounds):
+                logger.info("%s served, round %d/%d", family, round_index + 1, options.rounds)
+                _served_round(server, names, pool, options, served)
+            for name in names:
+                server.unload_model(name)
+    in_process: dict[str, Any] = {}
+    for variants in families.values():
+        files = {name: version_dir(options.repository, name) / MODEL_FILE for _, name in variants}
+        in_process.update(interleaved_in_process(files, pool, options.rounds, options.seconds))
+    ceiling_end = sgemm_ceiling(options.gemm_size, repeats=9)
+    ceiling = statistics.median([*ceiling_start.repeats, *ceiling_end.repeats])
+    rows: list[dict[str, Any]] = []
+    for family, variants in families.items():
+        flops = count_flops(version_dir(options.repository, f"{family}_onnx") / MODEL_FILE)
+        for label, name in variants:
+            best = _best_served(served[name])
+            local = in_process[name]
+            rows.append(
+                {
+                    "family": family,
+                    "precision": label,
+                    "model": name,
+                    "flops_per_sample": flops.per_sample,
+                    "ceiling_samples_per_s": ceiling * 1e9 / flops.per_sample,
+                    "served": best,
+                    "served_fraction_of_ceiling": fraction(best["samples_per_s"], flops.per_sample, ceiling),
+                    "in_process": local,
+                    "in_process_fraction_of_ceiling": fraction(
+                        local["samples_per_s"], flops.per_sample, ceiling
+                    ),
+                    "served_over_in_process": best["samples_per_s"] / local["samples_per_s"],
+                    "gate": _gate(options.repository, name),
+                    "serving": _serving(options.repository, name),
+                }
+            )
+    finish_record(record)
+    return {
+        **record,
+        "options": {k: str(v) if isinstance(v, Path) else v for k, v in asdict(options).items()},
+        "ceiling_gflops": ceiling,
+        "ceiling_start": asdict(ceiling_start),
+        "ceiling_end": asdict(ceiling_end),
+        "probes": [asdict(p) for p in probes],
+        "results": rows,
+    }
+
+
+def _serving(repository: Path, name: str) -> str:
+    config = read_config(repository / name / "config.pbtxt")
+    parameters = config.parameters
+    threads = (
+        parameters["intra_op_thread_count"].string_value
+        if "intra_op_thread_count" in parameters
+        else "default"
+    )
+    group = config.instance_group[0]
+    return (
+        f"{group.count} instance(s), intra-op threads {threads}, "
+        f"queue delay {config.dynamic_batching.max_queue_delay_microseconds} us, "
+        f"preferred {list(config.dynamic_batching.preferred_batch_size) or 'none'}"
+    )
+
+
+def _fmt(value: float | None, spec: str) -> str:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "-"
+    return format(value, spec)
+
+
+def write_precision(result: dict[str, Any], out: Path) -> dict[str, Path]:
+    """Write ``precision.json`` and ``precision.md`` into ``out``."""
+    out.mkdir(parents=True, exist_ok=True)
+    json_path = out / "precision.json"
+    json_path.write_text(json.dumps(result, indent=2) + "\n")
+    lines = [
+        "# CPU serving by precision: DLRM and Wide & Deep against this machine's FP32 ceiling",
+        "",
+        *machine_lines(result),
+        "",
+        f"FP32 ceiling: numpy sgemm {result['ceiling_start']['size']}^3 on all cores "
+        f"({result['ceiling_start']['what']}), median of the 18 products at the start and the end "
+        f"of the run: **{result['ceiling_gflops']:.1f} GFLOP/s** "
+        f"(start {result['ceiling_start']['gflops']:.1f}, end {result['ceiling_end']['gflops']:.1f}).",
+        "",
+    ]
+    for probe in result["probes"]:
+        if probe["size"]:
+            lines.append(
+                f"- {probe['what']} ({probe['size']}^3): {probe['gflops']:.0f} GOP/s "
+                f"({probe['gflops'] / result['ceiling_gflops']:.1f}x the sgemm ceiling)"
+            )
+        else:
+            lines.append(f"- {probe['what']}: {probe['note']}")
+    lines.append("")
+    options = result["options"]
+    for family in FAMILIES:
+        rows = [r for r in result["results"] if r["family"] == family]
+        if not rows:
+            continue
+        first = rows[0]
+        lines += [
+            f"## {family}",
+            "",
+            f"{first['flops_per_sample'] / 1e6:.2f} MFLOP per sample (matrix products of the graph), so the "
+            f"FP32 ceiling is **{first['ceiling_samples_per_s']:,.0f} samples/s**. Served: gRPC, "
+            f"{options['batch_size']} rows per request, the best of concurrency "
+            f"{', '.join(map(str, options['concurrency']))}; serving: {first['serving']}.",
+            "",
+        ]
+        table = []
+        for r in rows:
+            gate = r["gate"]
+            table.append(
+                [
+                    f"{r['precision']} (`{r['model']}`)",
+                    f"{r['served']['samples_per_s']:,.0f}",
+                    f"**{r['served_fraction_of_ceiling']:.2f}**",
+                    str(r["served"]["concurrency"]),
+                    f"{r['in_process']['samples_per_s']:,.0f}",
+                    f"{r['in_process_fraction_of_ceiling']:.2f}",
+                    f"{r['served_over_in_process']:.2f}",
+                    _fmt(gate.get("auc_delta"), "+.1e") if r["precision"] != "FP32" else "0 (reference)",
+                    _fmt(gate.get("max_abs_diff"), ".2g") if r["precision"] != "FP32" else "-",
+                    _fmt(gate.get("max_abs_diff_between_batch_sizes"), ".2g"),
+                ]
+            )
+        table.append(["BF16", "-", "-", "-", "-", "-", "-", "-", "-", "-"])
+        lines += markdown_table(HEADER, table)
+        lines += ["", *_verdict(rows), ""]
+    lines += [
+        "- AUC delta and max abs diff: the export's accuracy gate against the FP32 ONNX on the labeled "
+        "check rows (INT8: the worst over batch sizes 1, 64 and 4096; gate |AUC delta| <= 1e-3). "
+        "*row moves with batch*: the largest change of one row's probability between those batch sizes "
+        "(dynamic INT8 takes its activation scales from the whole batch).",
+        "- BF16: not run. ONNX Runtime's CPU execution provider has no bfloat16 MatMul or Gemm kernel "
+        "(the probe above fails with NOT_IMPLEMENTED), so a BF16 graph cannot even load, although the "
+        "CPU has AVX512-BF16 and AMX-BF16.",
+        "- Served and in-process numbers are medians over the rounds; each round gives every variant one "
+        f"{options['seconds']:g} s window per concurrency.",
+    ]
+    md_path = out / "precision.md"
+    md_path.write_text("\n".join(lines) + "\n")
+    return {"json": json_path, "markdown": md_path}
