@@ -325,7 +325,11 @@ def locust_command(
     command = [
         sys.executable, "-m", "locust", "-f", str(locustfile), user_class,
         "--headless", "--users", str(concurrency), "--spawn-rate", str(concurrency),
-        "--run-time", f"{math.ceil(config.step_seconds)}s", "--stop-timeout", "0",
+        # Let each user finish the request it has in flight when the step ends: tritonserver 2.51
+        # (the local server) can crash when a gRPC client cancels an in-flight request
+        # (triton-inference-server/server#7368, fixed in 2.53).
+        "--run-time", f"{math.ceil(config.step_seconds)}s",
+        "--stop-timeout", f"{math.ceil(config.request_timeout_s)}",
         "--host", target.url, "--model", model, "--batch-size", str(config.batch_size),
         "--payload", str(payload), "--results-dir", str(folder),
         "--warmup", f"{config.warmup_s:g}", "--window", f"{config.duration_s:g}",
@@ -424,7 +428,7 @@ def run_sweep(
             command = locust_command(target, model, config, concurrency, payload, folder)
             logger.debug("step: %s", shlex.join(command))
             started = time.perf_counter()
-            run_locust(command, folder, config.step_seconds + _STEP_GRACE_S)
+            run_locust(command, folder, config.step_seconds + config.request_timeout_s + _STEP_GRACE_S)
             result = collect_step(
                 folder,
                 target,
