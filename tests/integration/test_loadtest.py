@@ -118,3 +118,36 @@ def test_outputs_agree_with_each_other(sweep_out: Path) -> None:
     assert summary[0]["ratio"] == pytest.approx(best / baseline["samples_per_s"])
     assert not math.isnan(report["summary"]["latency"][0]["ratio"])
     assert report["machine"]["cores"] >= 1 and report["command"].startswith("python -m loadtest sweep")
+
+
+def test_compare_sweeps_triton_and_both_peers_on_the_same_file(
+    exported_repository: Path, tmp_path: Path
+) -> None:
+    """``python -m loadtest compare``: the local Triton, PyTriton and FastAPI each serve the tiny
+    DLRM file for one short step; every server answers without errors and the report compares
+    Triton with each peer."""
+    out = tmp_path / "peers"
+    command = [
+        sys.executable, "-m", "loadtest", "compare", "--repository", str(exported_repository),
+        "--model", MODEL, "--protocol", "grpc", "--batch-size", str(BATCH), "--concurrency", "1",
+        "--duration", "2", "--warmup", "1", "--baseline-seconds", "0.2", "--baseline-repeats", "1",
+        "--out", str(out),
+    ]  # fmt: skip
+    completed = subprocess.run(command, capture_output=True, text=True, timeout=420, check=False)
+    assert completed.returncode == 0, f"{completed.stdout}\n{completed.stderr}"
+    report = json.loads((out / "report.json").read_text())
+    steps = {step["label"]: step for step in report["steps"]}
+    assert sorted(steps) == ["fastapi", "pytriton", "triton"]
+    for label, step in steps.items():
+        assert step["requests"] > 0 and step["errors"] == 0, label
+        assert step["samples_per_s"] == pytest.approx(step["requests_per_s"] * BATCH, rel=1e-9)
+    peers = {entry["peer"]: entry for entry in report["summary"]["peers"]}
+    assert sorted(peers) == ["fastapi", "pytriton"]
+    for peer, entry in peers.items():
+        assert entry["samples_per_s"] == pytest.approx(steps["triton"]["samples_per_s"])
+        assert entry["peer_samples_per_s"] == pytest.approx(steps[peer]["samples_per_s"])
+        assert entry["throughput_ratio"] == pytest.approx(
+            entry["samples_per_s"] / entry["peer_samples_per_s"]
+        )
+    assert "against its peers" in (out / "report.md").read_text()
+    assert (out / "latency_vs_throughput.png").read_bytes()[:4] == b"\x89PNG"
