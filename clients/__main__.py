@@ -64,6 +64,16 @@ SharedMemoryOption = Annotated[
     SharedMemoryName,
     typer.Option("--shared-memory", help="Tensors through system shared memory (same host) or CUDA (gpu)."),
 ]
+AdminKeyOption = Annotated[
+    str | None,
+    typer.Option(
+        "--admin-key",
+        envvar="TRITON_ADMIN_KEY",
+        show_envvar=True,
+        help="The server's admin key, for --shared-memory on a server that restricts registration "
+        "(docker compose does).",
+    ),
+]
 ModelOption = Annotated[str, typer.Option("--model", "-m", help="Model name in the repository.")]
 InputOption = Annotated[
     Path, typer.Option("--input", "-i", help="Criteo TSV file (labeled or not; .gz too).", dir_okay=False)
@@ -81,6 +91,7 @@ def _options(
     timeout: float,
     tries: int,
     shared_memory: SharedMemoryName = SharedMemoryName.NONE,
+    admin_key: str | None = None,
 ) -> ClientOptions:
     return ClientOptions(
         url=url or default_url(protocol.value),
@@ -88,6 +99,7 @@ def _options(
         timeout_s=timeout,
         shared_memory=shared_memory.value,
         retry=RetryPolicy(max_tries=tries),
+        admin_key=admin_key or None,
     )
 
 
@@ -223,6 +235,7 @@ def infer(
     mode: ModeOption = ModeName.SYNC,
     max_in_flight: InFlightOption = 4,
     shared_memory: SharedMemoryOption = SharedMemoryName.NONE,
+    admin_key: AdminKeyOption = None,
     max_rows: MaxRowsOption = None,
     timeout: TimeoutOption = 30.0,
     tries: TriesOption = 4,
@@ -231,7 +244,7 @@ def infer(
     from clients.predict import predict_file
 
     options = _predict_options(batch_size, mode, max_in_flight, max_rows)
-    client = _options(protocol, url, timeout, tries, shared_memory)
+    client = _options(protocol, url, timeout, tries, shared_memory, admin_key)
     summary = predict_file(client, model, input_file, options, output)
     if output is not None:
         print(
@@ -256,6 +269,7 @@ def evaluate(
     mode: ModeOption = ModeName.SYNC,
     max_in_flight: InFlightOption = 4,
     shared_memory: SharedMemoryOption = SharedMemoryName.NONE,
+    admin_key: AdminKeyOption = None,
     max_rows: MaxRowsOption = None,
     as_json: JsonOption = False,
     timeout: TimeoutOption = 30.0,
@@ -265,7 +279,7 @@ def evaluate(
     from clients.evaluate import evaluate as run_evaluation
 
     options = _predict_options(batch_size, mode, max_in_flight, max_rows)
-    client = _options(protocol, url, timeout, tries, shared_memory)
+    client = _options(protocol, url, timeout, tries, shared_memory, admin_key)
     result = run_evaluation(client, model, input_file, options, reference)
     if as_json:
         print(json.dumps(result.as_dict(), indent=2))

@@ -51,6 +51,8 @@ class AsyncTritonClient:
         shared_memory: ``none``, ``system`` or ``cuda`` (not available: ClientError).
         validate: check each request against the model's metadata and config first.
         retry: retries on UNAVAILABLE; the default policy when None.
+        admin_key: the server's admin key, for shared-memory registration on a server that
+            restricts it (see ``python -m server serve --admin-key``).
 
     One event loop only; concurrent ``infer`` calls on one client are fine.
     """
@@ -64,6 +66,7 @@ class AsyncTritonClient:
         shared_memory: SharedMemory = "none",
         validate: bool = True,
         retry: RetryPolicy | None = None,
+        admin_key: str | None = None,
     ) -> None:
         options = ClientOptions(
             url=url,
@@ -72,6 +75,7 @@ class AsyncTritonClient:
             shared_memory=shared_memory,
             validate=validate,
             retry=retry or RetryPolicy(),
+            admin_key=admin_key,
         )
         if options.shared_memory == "cuda":
             raise cuda_unavailable()
@@ -82,6 +86,7 @@ class AsyncTritonClient:
         self._client: Any = wire.new_client(options, asyncio=True)
         self._json = wire.json_kwargs(options)
         self._kwargs = wire.call_kwargs(options)
+        self._admin = wire.admin_kwargs(options)
         self._specs: dict[tuple[str, str], ModelSpec] = {}
         self._spec_lock = asyncio.Lock()
         self._free: list[SystemRegion] = []
@@ -102,6 +107,7 @@ class AsyncTritonClient:
             shared_memory=options.shared_memory,
             validate=options.validate,
             retry=options.retry,
+            admin_key=options.admin_key,
         )
 
     async def __aenter__(self) -> AsyncTritonClient:
@@ -273,13 +279,15 @@ class AsyncTritonClient:
             await self._call(
                 "shared memory registration",
                 lambda: self._client.register_system_shared_memory(
-                    region.name, region.key, region.byte_size, **self._kwargs
+                    region.name, region.key, region.byte_size, **self._admin
                 ),
             )
         except ClientError as exc:
-            if exc.__cause__ is not None and failures.is_transport_failure(exc.__cause__):
+            cause = exc.__cause__
+            restricted = cause is not None and failures.is_restricted(cause)
+            if cause is not None and not restricted and failures.is_transport_failure(cause):
                 raise
-            raise registration_error(exc) from exc.__cause__
+            raise registration_error(exc, restricted) from cause
         logger.debug("registered %r with %s", region, self.options.endpoint)
         return region
 
@@ -288,7 +296,7 @@ class AsyncTritonClient:
         if region in self._regions:
             self._regions.remove(region)
         try:
-            await self._client.unregister_system_shared_memory(region.name, **self._kwargs)
+            await self._client.unregister_system_shared_memory(region.name, **self._admin)
         except Exception as exc:  # the server may be gone; the local segment must go regardless
             logger.debug("could not unregister %r: %s", region, failures.message(exc))
         region.destroy()

@@ -56,6 +56,8 @@ class ClientOptions:
         validate: check every request against the model's metadata and config
             (names, dtypes, shapes, max batch size) before sending it.
         retry: retries of calls that fail with UNAVAILABLE.
+        admin_key: the server's admin key, sent with shared-memory registration
+            when the server restricts that API (never shown in reprs or messages).
     """
 
     url: str
@@ -64,6 +66,7 @@ class ClientOptions:
     shared_memory: SharedMemory = "none"
     validate: bool = True
     retry: RetryPolicy = field(default_factory=RetryPolicy)
+    admin_key: str | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
         if self.protocol not in PROTOCOLS:

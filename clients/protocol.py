@@ -40,6 +40,21 @@ def call_kwargs(options: ClientOptions) -> dict[str, Any]:
     return {}
 
 
+#: The HTTP header, and the gRPC metadata key, that carry the admin key to a tritonserver whose
+#: restricted APIs (``--http-restricted-api``/``--grpc-restricted-protocol``) need it; the same
+#: names as server/security.py, which clients do not import.
+ADMIN_HEADERS = {"http": "admin-key", "grpc": "triton-grpc-protocol-admin-key"}
+
+
+def admin_kwargs(options: ClientOptions) -> dict[str, Any]:
+    """Keyword arguments of a restricted call (shared-memory registration): the call's own and,
+    with an admin key, the header that carries it."""
+    kwargs = call_kwargs(options)
+    if options.admin_key:
+        kwargs["headers"] = {ADMIN_HEADERS[options.protocol]: options.admin_key}
+    return kwargs
+
+
 def grpc_channel_args(options: ClientOptions) -> list[tuple[str, Any]]:
     """tritonclient's default gRPC channel arguments, with reconnects paced by ``options.retry``.
 

@@ -41,8 +41,18 @@ def cuda_unavailable() -> ClientError:
     )
 
 
-def registration_error(error: ClientError) -> ClientError:
-    """``error`` of a refused registration, with the usual reason added."""
+def registration_error(error: ClientError, restricted: bool = False) -> ClientError:
+    """``error`` of a refused registration, with the usual reason added.
+
+    Args:
+        error: the call's error.
+        restricted: the server refused because its shared-memory API needs the admin key.
+    """
+    if restricted:
+        return ClientError(
+            f"{error} (this server restricts shared-memory registration to its admin key: "
+            "pass --admin-key or set TRITON_ADMIN_KEY, or drop --shared-memory)"
+        )
     return ClientError(f"{error} (system shared memory needs tritonserver on this host)")
 
 

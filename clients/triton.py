@@ -54,6 +54,8 @@ class TritonClient:
         validate: check each request against the model's metadata and config
             before sending it (one metadata fetch per model, cached).
         retry: retries on UNAVAILABLE; the default policy when None.
+        admin_key: the server's admin key, for shared-memory registration on a server that
+            restricts it (see ``python -m server serve --admin-key``).
 
     Raises:
         ConfigError: an invalid option.
@@ -69,6 +71,7 @@ class TritonClient:
         shared_memory: SharedMemory = "none",
         validate: bool = True,
         retry: RetryPolicy | None = None,
+        admin_key: str | None = None,
     ) -> None:
         options = ClientOptions(
             url=url,
@@ -77,6 +80,7 @@ class TritonClient:
             shared_memory=shared_memory,
             validate=validate,
             retry=retry or RetryPolicy(),
+            admin_key=admin_key,
         )
         if options.shared_memory == "cuda":
             raise cuda_unavailable()
@@ -87,6 +91,7 @@ class TritonClient:
         self._client: Any = wire.new_client(options)
         self._json = wire.json_kwargs(options)
         self._kwargs = wire.call_kwargs(options)
+        self._admin = wire.admin_kwargs(options)
         self._specs: dict[tuple[str, str], ModelSpec] = {}
         self._region: SystemRegion | None = None
         self._closed = False
@@ -101,6 +106,7 @@ class TritonClient:
             shared_memory=options.shared_memory,
             validate=options.validate,
             retry=options.retry,
+            admin_key=options.admin_key,
         )
 
     def __enter__(self) -> TritonClient:
@@ -283,14 +289,16 @@ class TritonClient:
             self._call(
                 "shared memory registration",
                 lambda: self._client.register_system_shared_memory(
-                    region.name, region.key, region.byte_size, **self._kwargs
+                    region.name, region.key, region.byte_size, **self._admin
                 ),
             )
         except ClientError as exc:
             self._release_region()
-            if exc.__cause__ is not None and failures.is_transport_failure(exc.__cause__):
+            cause = exc.__cause__
+            restricted = cause is not None and failures.is_restricted(cause)
+            if cause is not None and not restricted and failures.is_transport_failure(cause):
                 raise
-            raise registration_error(exc) from exc.__cause__
+            raise registration_error(exc, restricted) from cause
         except BaseException:
             self._release_region()
             raise
@@ -303,7 +311,7 @@ class TritonClient:
         if region is None:
             return
         try:
-            self._client.unregister_system_shared_memory(region.name, **self._kwargs)
+            self._client.unregister_system_shared_memory(region.name, **self._admin)
         except Exception as exc:  # the server may be gone; the local segment must go regardless
             logger.debug("could not unregister %r: %s", region, failures.message(exc))
         region.destroy()

@@ -10,6 +10,7 @@ UNAVAILABLE, "... is restricted, expecting header ...".
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import http.client
 import os
@@ -30,7 +31,8 @@ import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
-from bundle.errors import ConfigError
+from bundle.errors import ClientError, ConfigError
+from clients.aio import AsyncTritonClient
 from clients.reference import OnnxReference
 from clients.shm import SystemRegion
 from clients.triton import TritonClient
@@ -154,6 +156,34 @@ def test_shared_memory_registration_needs_the_key(secured: LocalServer, protocol
     finally:
         region.destroy()
         client.close()
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+def test_clients_register_shared_memory_with_the_admin_key(
+    secured: LocalServer, exported_repository: Path, rows: Batch, admin_key: str, protocol: str
+) -> None:
+    """Without the key the client's shared-memory request fails with one line that says what to do
+    and the server stays up; with it the answer equals ONNX Runtime in-process, sync and async."""
+    url = secured.http_url if protocol == "http" else secured.grpc_url
+    kind: Any = protocol
+    with TritonClient(url, kind, shared_memory="system") as client:
+        with pytest.raises(ClientError) as refusal:
+            client.infer(LOADED, rows.inputs())
+        assert "restricts shared-memory registration to its admin key" in str(refusal.value)
+        assert "\n" not in str(refusal.value) and admin_key not in str(refusal.value)
+    expected = OnnxReference(exported_repository / LOADED / "1" / "model.onnx").predict(rows)
+    with TritonClient(url, kind, shared_memory="system", admin_key=admin_key) as client:
+        np.testing.assert_allclose(client.infer(LOADED, rows.inputs()).ravel(), expected.ravel(), atol=1e-6)
+        assert admin_key not in repr(client.options)
+
+    async def infer_async() -> np.ndarray:
+        async with AsyncTritonClient(url, kind, shared_memory="system", admin_key=admin_key) as client:
+            return await client.infer(LOADED, rows.inputs())
+
+    np.testing.assert_allclose(asyncio.run(infer_async()).ravel(), expected.ravel(), atol=1e-6)
+    with TritonClient(url, kind) as client:
+        assert client.is_ready()
 
 
 @pytest.mark.integration
@@ -304,3 +334,24 @@ def test_cli_serve_takes_the_key_from_the_environment(exported_repository: Path,
         cli.stdout.close()
     for where in (text, errors.read_text(), log.read_text()):
         assert key not in where
+
+
+@pytest.mark.integration
+def test_infer_cli_takes_the_admin_key_from_the_environment(
+    secured: LocalServer, labeled_file: Path, admin_key: str, tmp_path: Path
+) -> None:
+    args = [sys.executable, "-m", "clients", "infer", "--model", LOADED, "--input", str(labeled_file)]
+    args += ["--url", secured.grpc_url, "--shared-memory", "system", "--max-rows", "64"]
+    args += ["--output", str(tmp_path / "p.csv")]
+    env = {k: v for k, v in os.environ.items() if k != ADMIN_KEY_ENV}
+    env["PYTHONPATH"] = str(PROJECT_ROOT)
+    refused = subprocess.run(args, capture_output=True, text=True, env=env, timeout=120, check=False)
+    assert refused.returncode == 1
+    lines = refused.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: ") and "--admin-key" in lines[0], refused.stderr
+    accepted = subprocess.run(
+        args, capture_output=True, text=True, env={**env, ADMIN_KEY_ENV: admin_key}, timeout=120, check=False
+    )
+    assert accepted.returncode == 0, accepted.stderr
+    assert (tmp_path / "p.csv").read_text().splitlines()[0] == "click_probability"
+    assert len((tmp_path / "p.csv").read_text().splitlines()) == 1 + 64
