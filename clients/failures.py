@@ -65,17 +65,34 @@ def is_connection_refused(exc: BaseException) -> bool:
     return grpc_code(exc) == _UNAVAILABLE_GRPC and "connection refused" in message(exc).lower()
 
 
+#: Transport exceptions, by class name, of an HTTP connection the server closed under the client:
+#: geventhttpclient's (the sync HTTP client; it retries idempotent methods itself, never the POST
+#: of an inference) and aiohttp's (the asyncio one). Named, so that neither is imported here.
+_DROPPED_CONNECTION_CLASSES = frozenset({"HTTPConnectionClosed", "ServerDisconnectedError"})
+
+
+def is_connection_dropped(exc: BaseException) -> bool:
+    """Whether the server closed or reset the connection under the call (it restarted, or a pooled
+    HTTP connection had gone stale)."""
+    if isinstance(exc, ConnectionResetError | BrokenPipeError | ConnectionAbortedError):
+        return True
+    return any(cls.__name__ in _DROPPED_CONNECTION_CLASSES for cls in type(exc).__mro__)
+
+
 def is_unavailable(exc: BaseException) -> bool:
     """Whether the call failed because the server cannot take it now, so a retry may succeed.
 
-    True for gRPC UNAVAILABLE, HTTP 503 and a refused connection; False for
-    everything else, INVALID_ARGUMENT and NOT_FOUND included, and for a call
-    refused by a restricted API (Triton answers those with gRPC UNAVAILABLE).
+    True for gRPC UNAVAILABLE, HTTP 503, a refused connection and a connection
+    the server dropped (inference has no side effects, so sending it again is
+    safe); False for everything else, INVALID_ARGUMENT and NOT_FOUND included,
+    and for a call refused by a restricted API (Triton answers those with gRPC
+    UNAVAILABLE).
     """
     if is_restricted(exc):
         return False
     return (
         is_connection_refused(exc)
+        or is_connection_dropped(exc)
         or grpc_code(exc) == _UNAVAILABLE_GRPC
         or http_status(exc) == _UNAVAILABLE_HTTP
     )
@@ -103,7 +120,12 @@ def is_transport_failure(exc: BaseException) -> bool:
 
 def unreachable(endpoint: str, protocol: str, exc: BaseException) -> ClientError:
     """``cannot reach tritonserver at HOST:PORT over PROTOCOL (reason)``."""
-    reason = "connection refused" if is_connection_refused(exc) else message(exc)
+    if is_connection_refused(exc):
+        reason = "connection refused"
+    elif is_connection_dropped(exc):
+        reason = f"connection closed by the server: {message(exc)}"
+    else:
+        reason = message(exc)
     return ClientError(f"cannot reach tritonserver at {endpoint} over {protocol} ({reason})")
 
 

@@ -116,13 +116,10 @@ def test_server_killed_and_restarted_under_load_clients_retry_and_recover(
         restarted.stop()
 
     assert stats.wrong == 0
-    # Bounded: a request in flight at the kill may fail (its connection broke after
-    # it was sent, which is not UNAVAILABLE and is not retried); every other request
-    # waits out the restart in the clients' retries.
-    assert stats.errors <= len(workers), stats.as_dict()
-    if stats.errors:
-        assert stats.first_error_s is not None and stats.last_error_s is not None
-        assert killed_at <= stats.first_error_s and stats.last_error_s <= ready_at + 1.0, stats.as_dict()
+    # Every request waits out the restart in the clients' retries, the ones in flight at the
+    # kill included: their connection drops (gRPC UNAVAILABLE, HTTP connection reset or
+    # closed), and inference, free of side effects, is sent again.
+    assert stats.errors == 0, stats.as_dict()
     for index, timeline in stats.timelines.items():
         assert any(t > ready_at for t, _ in timeline), f"worker {index} got no answer after the restart"
     assert regions and not [name for name in regions if (SHM_DIR / name).exists()]

@@ -13,6 +13,8 @@ from pathlib import Path
 import grpc
 import numpy as np
 import pytest
+from aiohttp import ServerDisconnectedError
+from geventhttpclient.response import HTTPConnectionClosed
 from tritonclient.utils import InferenceServerException
 
 from bundle.errors import ClientError, ConfigError, DataError
@@ -115,6 +117,10 @@ def test_backoff_grows_exponentially_up_to_the_cap() -> None:
         (_grpc_error("UNAVAILABLE"), True),
         (InferenceServerException(msg="overloaded", status="503"), True),
         (ConnectionRefusedError(111, "Connection refused"), True),
+        (ConnectionResetError(104, "Connection reset by peer"), True),
+        (BrokenPipeError(32, "Broken pipe"), True),
+        (HTTPConnectionClosed("connection closed."), True),
+        (ServerDisconnectedError(), True),
         (_grpc_error("INVALID_ARGUMENT"), False),
         (_grpc_error("NOT_FOUND"), False),
         (_grpc_error("DEADLINE_EXCEEDED"), False),
