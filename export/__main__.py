@@ -56,6 +56,14 @@ Int8PerChannel = Annotated[
         "--int8-per-channel/--int8-per-tensor", help="INT8 weight scales per output column or per layer."
     ),
 ]
+Int8ReduceRange = Annotated[
+    bool,
+    typer.Option(
+        "--int8-reduce-range/--int8-full-range",
+        help="7-bit INT8 weights, for CPUs without AVX512-VNNI/AVX-VNNI, where u8 x s8 products can "
+        "saturate (not needed with VNNI or AMX).",
+    ),
+]
 CalibrationData = Annotated[
     Path | None,
     typer.Option(
@@ -161,10 +169,11 @@ def _options(
     )
 
 
-def _quantize(method: str, per_channel: bool, calibration_rows: int) -> QuantizeOptions:
+def _quantize(method: str, per_channel: bool, reduce_range: bool, calibration_rows: int) -> QuantizeOptions:
     return QuantizeOptions(
         method=method,  # type: ignore[arg-type]  # validated by QuantizeOptions
         per_channel=per_channel,
+        reduce_range=reduce_range,
         calibration_rows=calibration_rows,
     )
 
@@ -217,6 +226,7 @@ def dlrm(
     int8: Int8 = None,
     int8_method: Int8Method = DEFAULT_METHOD,
     int8_per_channel: Int8PerChannel = True,
+    int8_reduce_range: Int8ReduceRange = False,
     calibration_data: CalibrationData = None,
     calibration_rows: CalibrationRows = 2048,
     int8_auc_tolerance: Int8AucTolerance = 1e-3,
@@ -227,8 +237,8 @@ def dlrm(
         repository, profile, opset, fp16, check_data, check_rows,
         fp16_auc_tolerance, max_batch_size, instances, max_queue_delay_us, threads,
         ort_trt, trt_cache_dir, opt_batch_size, cuda_graph_batch_sizes,
-        int8, _quantize(int8_method, int8_per_channel, calibration_rows), int8_auc_tolerance,
-        calibration_data,
+        int8, _quantize(int8_method, int8_per_channel, int8_reduce_range, calibration_rows),
+        int8_auc_tolerance, calibration_data,
     )  # fmt: skip
     from export.onnx_dlrm import DLRMExporter
 
@@ -257,6 +267,7 @@ def wide_deep(
     int8: Int8 = None,
     int8_method: Int8Method = DEFAULT_METHOD,
     int8_per_channel: Int8PerChannel = True,
+    int8_reduce_range: Int8ReduceRange = False,
     calibration_data: CalibrationData = None,
     calibration_rows: CalibrationRows = 2048,
     int8_auc_tolerance: Int8AucTolerance = 1e-3,
@@ -267,8 +278,8 @@ def wide_deep(
         repository, profile, opset, fp16, check_data, check_rows,
         fp16_auc_tolerance, max_batch_size, instances, max_queue_delay_us, threads,
         ort_trt, trt_cache_dir, opt_batch_size, cuda_graph_batch_sizes,
-        int8, _quantize(int8_method, int8_per_channel, calibration_rows), int8_auc_tolerance,
-        calibration_data,
+        int8, _quantize(int8_method, int8_per_channel, int8_reduce_range, calibration_rows),
+        int8_auc_tolerance, calibration_data,
     )  # fmt: skip
     from export.onnx_wide_deep import WideDeepExporter
 

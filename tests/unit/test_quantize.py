@@ -171,3 +171,27 @@ def test_int8_options(data: Path, tmp_path: Path) -> None:
     synthetic = ExportOptions(repository=tmp_path)
     rows, source = calibration_rows(synthetic)
     assert len(rows) == 2048 and source.startswith("synthetic")
+
+
+def test_reduce_range_keeps_weights_to_seven_bits(
+    exporter: DLRMExporter, fp32_file: Path, data: Path, tmp_path: Path
+) -> None:
+    """``--int8-reduce-range`` (CPUs without VNNI): every quantized weight fits in 7 bits."""
+    from onnx import TensorProto, numpy_helper
+
+    keep = exporter.fp32_nodes(onnx.load(str(fp32_file)))
+    calibration = read_batch(data, 256)
+    widest = {}
+    for reduce_range in (False, True):
+        out = tmp_path / f"int8-{reduce_range}.onnx"
+        options = QuantizeOptions(method="static", calibration_rows=256, reduce_range=reduce_range)
+        graph = quantize_int8(fp32_file, out, keep, options, calibration, "rows.tsv")
+        assert graph.settings["reduce_range"] is reduce_range
+        weights = [
+            numpy_helper.to_array(t)
+            for t in onnx.load(str(out)).graph.initializer
+            if t.data_type == TensorProto.INT8
+        ]
+        assert weights
+        widest[reduce_range] = max(int(np.abs(w.astype(np.int32)).max()) for w in weights)
+    assert widest[True] <= 64 < widest[False]
