@@ -119,7 +119,8 @@ def demo(
     if failed:
         raise BundleError(f"served outputs differ from in-process by more than {tolerance:g}: {failed}")
     if sweep_seconds > 0:
-        models = [_served_variant(repository, family) for family in ("dlrm", "wide_deep")]
+        served = [r.model for r in results]
+        models = [_served_variant(served, family) for family in ("dlrm", "wide_deep")]
         sweep = ["sweep", *[arg for m in models for arg in ("--model", m)], "--protocol", "grpc"]
         sweep += ["--protocol", "http", "--repository", str(repository), "--data", str(valid_file)]
         sweep += ["--batch-size", "64", "--concurrency", "1,2,4", "--duration", f"{sweep_seconds:g}"]
@@ -139,11 +140,11 @@ def demo(
     console.print(f"[green]demo finished in {time.perf_counter() - started:.0f} s[/green]")
 
 
-def _served_variant(repository: Path, family: str) -> str:
-    """The model the cpu profile serves for ``family``: its INT8 variant when the export wrote it
-    (it passed the accuracy gate), else FP32."""
+def _served_variant(models: list[str], family: str) -> str:
+    """The model the cpu profile serves for ``family``, among the repository's ``models``: its
+    INT8 variant when the export wrote it (it passed the accuracy gate), else FP32."""
     int8 = f"{family}_onnx_int8"
-    return int8 if (repository / int8 / "config.pbtxt").is_file() else f"{family}_onnx"
+    return int8 if int8 in models else f"{family}_onnx"
 
 
 if __name__ == "__main__":

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
+from bundle.admin import ADMIN_KEY_ENV
 from bundle.cli import new_app, run
 from bundle.errors import ClientError
 from clients.options import ClientOptions, default_url
@@ -68,7 +69,7 @@ AdminKeyOption = Annotated[
     str | None,
     typer.Option(
         "--admin-key",
-        envvar="TRITON_ADMIN_KEY",
+        envvar=ADMIN_KEY_ENV,
         show_envvar=True,
         help="The server's admin key, for --shared-memory on a server that restricts registration "
         "(docker compose does).",

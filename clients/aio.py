@@ -283,11 +283,7 @@ class AsyncTritonClient:
                 ),
             )
         except ClientError as exc:
-            cause = exc.__cause__
-            restricted = cause is not None and failures.is_restricted(cause)
-            if cause is not None and not restricted and failures.is_transport_failure(cause):
-                raise
-            raise registration_error(exc, restricted) from cause
+            raise registration_error(exc) from exc.__cause__
         logger.debug("registered %r with %s", region, self.options.endpoint)
         return region
 

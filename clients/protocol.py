@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from types import ModuleType
 from typing import Any
 
+from bundle.admin import admin_headers
 from bundle.errors import ClientError
 from clients.options import ClientOptions
 
@@ -40,18 +41,12 @@ def call_kwargs(options: ClientOptions) -> dict[str, Any]:
     return {}
 
 
-#: The HTTP header, and the gRPC metadata key, that carry the admin key to a tritonserver whose
-#: restricted APIs (``--http-restricted-api``/``--grpc-restricted-protocol``) need it; the same
-#: names as server/security.py, which clients do not import.
-ADMIN_HEADERS = {"http": "admin-key", "grpc": "triton-grpc-protocol-admin-key"}
-
-
 def admin_kwargs(options: ClientOptions) -> dict[str, Any]:
     """Keyword arguments of a restricted call (shared-memory registration): the call's own and,
     with an admin key, the header that carries it."""
     kwargs = call_kwargs(options)
     if options.admin_key:
-        kwargs["headers"] = {ADMIN_HEADERS[options.protocol]: options.admin_key}
+        kwargs["headers"] = admin_headers(options.admin_key, options.protocol)
     return kwargs
 
 

@@ -28,6 +28,7 @@ from typing import Any
 import numpy as np
 
 from bundle.errors import ClientError
+from clients import failures
 from clients.validation import TensorMeta
 
 _counter = itertools.count()
@@ -41,18 +42,22 @@ def cuda_unavailable() -> ClientError:
     )
 
 
-def registration_error(error: ClientError, restricted: bool = False) -> ClientError:
-    """``error`` of a refused registration, with the usual reason added.
+def registration_error(error: ClientError) -> ClientError:
+    """What a failed registration raises, given the call's ``error`` (whose cause is tritonserver's).
 
-    Args:
-        error: the call's error.
-        restricted: the server refused because its shared-memory API needs the admin key.
+    ``error`` itself when the server could not be reached (it says so already);
+    else ``error`` with the reason added: the admin key, when the server
+    restricts its shared-memory API; otherwise that system shared memory needs
+    tritonserver on this host.
     """
-    if restricted:
+    cause = error.__cause__
+    if cause is not None and failures.is_restricted(cause):
         return ClientError(
             f"{error} (this server restricts shared-memory registration to its admin key: "
             "pass --admin-key or set TRITON_ADMIN_KEY, or drop --shared-memory)"
         )
+    if cause is not None and failures.is_transport_failure(cause):
+        return error
     return ClientError(f"{error} (system shared memory needs tritonserver on this host)")
 
 

@@ -294,11 +294,7 @@ class TritonClient:
             )
         except ClientError as exc:
             self._release_region()
-            cause = exc.__cause__
-            restricted = cause is not None and failures.is_restricted(cause)
-            if cause is not None and not restricted and failures.is_transport_failure(cause):
-                raise
-            raise registration_error(exc, restricted) from cause
+            raise registration_error(exc) from exc.__cause__
         except BaseException:
             self._release_region()
             raise

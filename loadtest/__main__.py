@@ -61,6 +61,14 @@ def _command_line() -> str:
     return shlex.join(["python", "-m", "loadtest", *sys.argv[1:]])
 
 
+def _check_protocols(protocols: list[str]) -> list[str]:
+    """``protocols``, each checked to be ``grpc`` or ``http`` (before anything is measured)."""
+    for name in protocols:
+        if name not in ("grpc", "http"):
+            raise ConfigError(f"--protocol must be grpc or http, got {name!r}")
+    return protocols
+
+
 def _options(
     batch_size: str,
     concurrency: str,
@@ -119,10 +127,7 @@ def sweep(
     title: Title = None,
 ) -> None:
     """Sweep concurrency with locust (headless, step by step); write CSV, JSON, PNG curves and report.md."""
-    protocols = protocol or ["grpc"]
-    for name in protocols:
-        if name not in ("grpc", "http"):
-            raise ConfigError(f"--protocol must be grpc or http, got {name!r}")
+    protocols = _check_protocols(protocol or ["grpc"])
     options = _options(
         batch_size, concurrency, duration, warmup, processes, max_rows_in_flight,
         data, baseline, baseline_seconds, baseline_repeats,
@@ -164,8 +169,7 @@ def compare(
     title: Title = None,
 ) -> None:
     """The same model and sweep against the local Triton, PyTriton + ONNX Runtime, FastAPI + ONNX Runtime."""
-    if protocol not in ("grpc", "http"):
-        raise ConfigError(f"--protocol must be grpc or http, got {protocol!r}")
+    _check_protocols([protocol])
     options = _options(
         batch_size, concurrency, duration, warmup, processes, max_rows_in_flight,
         data, baseline, baseline_seconds, baseline_repeats,
@@ -264,8 +268,7 @@ def roofline(
 
     from loadtest.roofline import RooflineOptions, report_lines, run_roofline
 
-    if protocol not in ("grpc", "http"):
-        raise ConfigError(f"--protocol must be grpc or http, got {protocol!r}")
+    _check_protocols([protocol])
     options = RooflineOptions(
         model_file=model_file,
         model=model,

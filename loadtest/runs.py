@@ -227,6 +227,31 @@ def _sweep_targets(
     return steps
 
 
+def _finish(
+    title: str,
+    command: str,
+    started: str,
+    machine: dict[str, Any],
+    steps: list[StepResult],
+    baselines: dict[str, list[BaselineResult]],
+    settings: dict[str, Any],
+    out: Path,
+) -> tuple[Report, dict[str, Path]]:
+    """The run's report, stamped with its end time and load, written into ``out``."""
+    report = Report(
+        title=title,
+        command=command,
+        started=started,
+        finished=_now(),
+        machine=machine,
+        load_after=load_average(),
+        steps=steps,
+        baselines=baselines,
+        settings=settings,
+    )
+    return report, write_report(report, out)
+
+
 def sweep_run(
     models: Sequence[str],
     protocols: Sequence[str],
@@ -271,18 +296,8 @@ def sweep_run(
             endpoints = [(p, server.grpc_url if p == "grpc" else server.http_url) for p in protocols]
         targets = [Target(url, protocol, "triton") for protocol, url in endpoints]
         steps = _sweep_targets(targets, models, options, raw, payload, sessions, in_process)
-    report = Report(
-        title=title,
-        command=command,
-        started=started,
-        finished=_now(),
-        machine=machine,
-        load_after=load_average(),
-        steps=steps,
-        baselines=in_process,
-        settings={**options.settings(), **_serving(repository, models)},
-    )
-    return report, write_report(report, out)
+    settings = {**options.settings(), **_serving(repository, models)}
+    return _finish(title, command, started, machine, steps, in_process, settings, out)
 
 
 def _peer_processes(
@@ -388,21 +403,11 @@ def compare_run(
         with process:
             console.print(f"{peer} peer pid {process.pid}: {target.protocol} {target.url}")
             steps += _sweep_targets([target], [model], options, raw, payload)
-    report = Report(
-        title=title,
-        command=command,
-        started=started,
-        finished=_now(),
-        machine=machine,
-        load_after=load_average(),
-        steps=steps,
-        baselines=in_process,
-        settings={
-            **options.settings(),
-            **_serving(repository, [model]),
-            "Peers": "pytriton: PyTriton 0.7 binding one ONNX Runtime session (@batch, same dynamic batcher "
-            "delay and threads); fastapi: FastAPI + uvicorn (1 worker), ONNX Runtime in its thread pool, "
-            "binary request/response bodies",
-        },
-    )
-    return report, write_report(report, out)
+    settings = {
+        **options.settings(),
+        **_serving(repository, [model]),
+        "Peers": "pytriton: PyTriton 0.7 binding one ONNX Runtime session (@batch, same dynamic batcher "
+        "delay and threads); fastapi: FastAPI + uvicorn (1 worker), ONNX Runtime in its thread pool, "
+        "binary request/response bodies",
+    }
+    return _finish(title, command, started, machine, steps, in_process, settings, out)

@@ -34,14 +34,12 @@ import secrets
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 
+# Defined in bundle.admin, which the clients share; re-exported here for the server's callers.
+from bundle.admin import ADMIN_HEADER as ADMIN_HEADER
+from bundle.admin import ADMIN_KEY_ENV as ADMIN_KEY_ENV
+from bundle.admin import GRPC_ADMIN_HEADER as GRPC_ADMIN_HEADER
+from bundle.admin import admin_headers as admin_headers
 from bundle.errors import ConfigError
-
-#: Environment variable the CLI and docker-compose.yml read the key from.
-ADMIN_KEY_ENV = "TRITON_ADMIN_KEY"
-#: The HTTP header that carries the key.
-ADMIN_HEADER = "admin-key"
-#: The gRPC metadata key that carries it (tritonserver adds the prefix).
-GRPC_ADMIN_HEADER = f"triton-grpc-protocol-{ADMIN_HEADER}"
 
 #: Every API group tritonserver 2.51 can restrict (HTTP and gRPC share the names).
 RESTRICTABLE_APIS = (
@@ -141,20 +139,6 @@ def restricted_api_args(apis: Iterable[str], key: str) -> list[str]:
         f"--http-restricted-api={group}:{ADMIN_HEADER}={key}",
         f"--grpc-restricted-protocol={group}:{ADMIN_HEADER}={key}",
     ]
-
-
-def admin_headers(key: str, protocol: str) -> dict[str, str]:
-    """The header that opens the restricted APIs: pass as ``headers=`` to a tritonclient call.
-
-    Args:
-        key: the admin key.
-        protocol: ``http`` or ``grpc``.
-    """
-    if protocol == "http":
-        return {ADMIN_HEADER: key}
-    if protocol == "grpc":
-        return {GRPC_ADMIN_HEADER: key}
-    raise ConfigError(f"unknown protocol {protocol!r}; choose http or grpc")
 
 
 def redact(text: str, key: str | None) -> str:
