@@ -58,9 +58,10 @@ Int8Method = Literal["static", "dynamic"]
 INT8_METHODS: tuple[str, ...] = ("static", "dynamic")
 #: The method the export uses unless told otherwise: static. Measured on the reference DLRM and
 #: Wide & Deep (benchmarks/cpu/precision.md), both methods pass the accuracy gate and both beat
-#: the FP32 ceiling served; dynamic is about 10 % faster, but its answer for a row moves by up to
-#: 0.05 with the rows the dynamic batcher happens to group it with. A served CTR model must give
-#: one row one answer, so static is the default and dynamic is opt-in (``--int8-method dynamic``).
+#: the FP32 ceiling served; dynamic is 8-19 % faster, but its answer for a row moves by up to
+#: 0.05 (DLRM) or 0.12 (Wide & Deep) with the rows the dynamic batcher happens to group it
+#: with. A served CTR model must give one row one answer, so static is the default and dynamic
+#: is opt-in (``--int8-method dynamic``).
 DEFAULT_METHOD: Int8Method = "static"
 #: Operators whose constant-weight instances are the MLP layers.
 MLP_OPS = ("MatMul", "Gemm")
