@@ -3,6 +3,7 @@
 Modules, one concern each:
 
 - :mod:`clients.options`     ClientOptions: endpoint, protocol, timeout, shared memory, retries.
+- :mod:`clients.connection`  Connection: what both clients share (options, tritonclient client).
 - :mod:`clients.triton`      TritonClient: the sync client (``infer(model, inputs) -> B x 1``).
 - :mod:`clients.aio`         AsyncTritonClient: the asyncio client, requests in flight in order.
 - :mod:`clients.validation`  ModelSpec: checks a request against the model's metadata and config.

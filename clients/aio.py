@@ -27,11 +27,10 @@ from bundle.errors import BundleError, ClientError
 from clients import failures, request, retry
 from clients import protocol as wire
 from clients.batching import ordered
-from clients.options import ClientOptions, Protocol, SharedMemory
+from clients.connection import Connection
 from clients.protocol import ModelState
 from clients.request import Prepared
-from clients.retry import RetryPolicy
-from clients.shm import SystemRegion, cuda_unavailable, region_bytes, registration_error
+from clients.shm import SystemRegion, region_bytes, registration_error
 from clients.stats import ModelStats, parse_statistics
 from clients.validation import ModelSpec
 from criteo.tsv import Batch
@@ -41,53 +40,18 @@ logger = logging.getLogger(__name__)
 T = TypeVar("T")
 
 
-class AsyncTritonClient:
+class AsyncTritonClient(Connection):
     """An asyncio connection to one tritonserver over HTTP (aiohttp) or gRPC (grpc.aio).
 
-    Args:
-        url: ``host:port`` of the protocol's endpoint.
-        protocol: ``http`` or ``grpc``.
-        timeout_s: timeout of each call.
-        shared_memory: ``none``, ``system`` or ``cuda`` (not available: ClientError).
-        validate: check each request against the model's metadata and config first.
-        retry: retries on UNAVAILABLE; the default policy when None.
-        admin_key: the server's admin key, for shared-memory registration on a server that
-            restricts it (see ``python -m server serve --admin-key``).
-
-    One event loop only; concurrent ``infer`` calls on one client are fine.
+    Takes the arguments of :class:`clients.connection.Connection` (url, protocol,
+    timeout, shared memory, validation, retry policy, admin key), or a
+    :class:`ClientOptions` through :meth:`from_options`. One event loop only;
+    concurrent ``infer`` calls on one client are fine.
     """
 
-    def __init__(
-        self,
-        url: str,
-        protocol: Protocol = "grpc",
-        timeout_s: float = 30.0,
-        *,
-        shared_memory: SharedMemory = "none",
-        validate: bool = True,
-        retry: RetryPolicy | None = None,
-        admin_key: str | None = None,
-    ) -> None:
-        options = ClientOptions(
-            url=url,
-            protocol=protocol,
-            timeout_s=timeout_s,
-            shared_memory=shared_memory,
-            validate=validate,
-            retry=retry or RetryPolicy(),
-            admin_key=admin_key,
-        )
-        if options.shared_memory == "cuda":
-            raise cuda_unavailable()
-        self.options = options
-        self.url = options.url
-        self.protocol: Protocol = options.protocol
-        self._module = wire.protocol_module(options.protocol, asyncio=True)
-        self._client: Any = wire.new_client(options, asyncio=True)
-        self._json = wire.json_kwargs(options)
-        self._kwargs = wire.call_kwargs(options)
-        self._admin = wire.admin_kwargs(options)
-        self._specs: dict[tuple[str, str], ModelSpec] = {}
+    ASYNCIO = True
+
+    def _setup(self) -> None:
         self._spec_lock = asyncio.Lock()
         self._free: list[SystemRegion] = []
         self._regions: list[SystemRegion] = []
@@ -95,20 +59,6 @@ class AsyncTritonClient:
         self._idle = asyncio.Event()
         self._idle.set()
         self._closing = False
-        self._closed = False
-
-    @classmethod
-    def from_options(cls, options: ClientOptions) -> AsyncTritonClient:
-        """A client for ``options``."""
-        return cls(
-            options.url,
-            options.protocol,
-            options.timeout_s,
-            shared_memory=options.shared_memory,
-            validate=options.validate,
-            retry=options.retry,
-            admin_key=options.admin_key,
-        )
 
     async def __aenter__(self) -> AsyncTritonClient:
         return self
@@ -117,9 +67,6 @@ class AsyncTritonClient:
         self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
         await self.close()
-
-    def __repr__(self) -> str:
-        return f"AsyncTritonClient({self.options.endpoint}, shared_memory={self.options.shared_memory})"
 
     # ------------------------------------------------------------------ calls
     async def _call(self, what: str, fn: Callable[[], Awaitable[T]]) -> T:

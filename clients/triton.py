@@ -25,11 +25,11 @@ import numpy as np
 from bundle.errors import BundleError, ClientError
 from clients import failures, request, retry
 from clients import protocol as wire
-from clients.options import PROTOCOLS, ClientOptions, Protocol, SharedMemory
+from clients.connection import Connection
+from clients.options import PROTOCOLS, Protocol
 from clients.protocol import ModelState
 from clients.request import Prepared
-from clients.retry import RetryPolicy
-from clients.shm import SystemRegion, cuda_unavailable, region_bytes, registration_error
+from clients.shm import SystemRegion, region_bytes, registration_error
 from clients.stats import ModelStats, parse_statistics
 from clients.validation import ModelSpec
 from criteo.tsv import Batch
@@ -41,73 +41,16 @@ logger = logging.getLogger(__name__)
 T = TypeVar("T")
 
 
-class TritonClient:
+class TritonClient(Connection):
     """A connection to one tritonserver over HTTP or gRPC, reused across calls.
 
-    Args:
-        url: ``host:port`` of the protocol's endpoint.
-        protocol: ``http`` or ``grpc``.
-        timeout_s: network timeout of each call.
-        shared_memory: ``none``, ``system`` (inputs and outputs through POSIX
-            shared memory; the server must run on this host) or ``cuda``
-            (not available in this bundle: raises ClientError).
-        validate: check each request against the model's metadata and config
-            before sending it (one metadata fetch per model, cached).
-        retry: retries on UNAVAILABLE; the default policy when None.
-        admin_key: the server's admin key, for shared-memory registration on a server that
-            restricts it (see ``python -m server serve --admin-key``).
-
-    Raises:
-        ConfigError: an invalid option.
-        ClientError: ``shared_memory="cuda"``.
+    Takes the arguments of :class:`clients.connection.Connection` (url, protocol,
+    timeout, shared memory, validation, retry policy, admin key), or a
+    :class:`ClientOptions` through :meth:`from_options`.
     """
 
-    def __init__(
-        self,
-        url: str,
-        protocol: Protocol = "grpc",
-        timeout_s: float = 30.0,
-        *,
-        shared_memory: SharedMemory = "none",
-        validate: bool = True,
-        retry: RetryPolicy | None = None,
-        admin_key: str | None = None,
-    ) -> None:
-        options = ClientOptions(
-            url=url,
-            protocol=protocol,
-            timeout_s=timeout_s,
-            shared_memory=shared_memory,
-            validate=validate,
-            retry=retry or RetryPolicy(),
-            admin_key=admin_key,
-        )
-        if options.shared_memory == "cuda":
-            raise cuda_unavailable()
-        self.options = options
-        self.url = options.url
-        self.protocol: Protocol = options.protocol
-        self._module = wire.protocol_module(options.protocol)
-        self._client: Any = wire.new_client(options)
-        self._json = wire.json_kwargs(options)
-        self._kwargs = wire.call_kwargs(options)
-        self._admin = wire.admin_kwargs(options)
-        self._specs: dict[tuple[str, str], ModelSpec] = {}
+    def _setup(self) -> None:
         self._region: SystemRegion | None = None
-        self._closed = False
-
-    @classmethod
-    def from_options(cls, options: ClientOptions) -> TritonClient:
-        """A client for ``options`` (what the CLI builds)."""
-        return cls(
-            options.url,
-            options.protocol,
-            options.timeout_s,
-            shared_memory=options.shared_memory,
-            validate=options.validate,
-            retry=options.retry,
-            admin_key=options.admin_key,
-        )
 
     def __enter__(self) -> TritonClient:
         return self
@@ -116,9 +59,6 @@ class TritonClient:
         self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
         self.close()
-
-    def __repr__(self) -> str:
-        return f"TritonClient({self.options.endpoint}, shared_memory={self.options.shared_memory})"
 
     # ------------------------------------------------------------------ calls
     def _call(self, what: str, fn: Callable[[], T]) -> T:

@@ -2,9 +2,9 @@
 
 What is quantized: every ``MatMul``/``Gemm`` whose weight is a constant 2-D
 initializer with more than one output column, i.e. the layers of the MLPs
-(:func:`int8_nodes`). What stays FP32: the embedding ``Gather`` (a trial
-with DLRM's tables in uint8 through ONNX Runtime's dynamic ``Gather``
-quantization ran about 10 % slower at batch 1024, not faster), DLRM's
+(:func:`int8_nodes`). What stays FP32: the embedding ``Gather`` (a lookup,
+not arithmetic: uint8 tables would save memory, not time, as ONNX Runtime
+dequantizes each looked-up row; their speed is not measured here), DLRM's
 interaction (its ``MatMul`` multiplies two activations) and every node a
 framework exporter keeps in FP32 for the FP16 variant (the final ``Sigmoid``,
 Wide & Deep's logit sum), the 1-column output layers (no speed to gain, and
