@@ -2,7 +2,12 @@
 
 Checked before anything is sent, so a bad request costs no round trip and
 the message says exactly what is wrong: input names, dtypes, per-row shapes,
-the batch size against ``max_batch_size``, and that the inputs agree on it.
+the batch size against ``max_batch_size``, that the inputs agree on it, and
+that floating-point inputs hold no NaN or Inf (unless the model's config sets
+``allow_non_finite_inputs``). The local backend refuses non-finite values
+itself; Triton's C++ onnxruntime backend (the NGC image) would pass them to
+the graph and answer NaN, so the client's check gives the same one-line error
+on both.
 """
 
 from __future__ import annotations
@@ -15,6 +20,9 @@ import numpy as np
 
 from bundle.errors import ClientError
 from criteo.schema import OUTPUT
+
+#: The config parameter that lets a model take NaN/Inf (the local backend's, see server/backends).
+ALLOW_NON_FINITE = "allow_non_finite_inputs"
 
 # Triton wire dtypes by numpy dtype, for the types a request can carry.
 _TRITON_DTYPES: dict[np.dtype[Any], str] = {
@@ -88,6 +96,27 @@ def _tensor(entry: Mapping[str, Any]) -> TensorMeta:
     )
 
 
+def _flag(parameters: Mapping[str, Any], key: str) -> bool:
+    """A config parameter read as the local backend reads it: ``true``/``1``/``yes`` (any case)."""
+    raw = parameters.get(key, {}).get("string_value", "")
+    return str(raw).strip().lower() in ("true", "1", "yes")
+
+
+def _check_finite(prefix: str, tensor: TensorMeta, array: np.ndarray) -> None:
+    if array.dtype.kind != "f":
+        return
+    finite = np.isfinite(array)
+    if finite.all():
+        return
+    first = [int(i) for i in np.argwhere(~finite)[0]]
+    count = int(finite.size - np.count_nonzero(finite))
+    raise ClientError(
+        f"{prefix}: input {tensor.name!r} holds {count} non-finite value(s) (NaN or Inf), the first "
+        f"{array[tuple(first)]} at index {first}; send finite values, or set the model's config "
+        f'parameter {ALLOW_NON_FINITE} to "true"'
+    )
+
+
 @dataclass(frozen=True)
 class ModelSpec:
     """What a served model accepts and returns, from its metadata and config.
@@ -99,6 +128,8 @@ class ModelSpec:
         max_batch_size: largest batch accepted; 0 when the model does not batch.
         inputs: in the order the server lists them.
         outputs: in the order the server lists them.
+        allow_non_finite: the config sets ``allow_non_finite_inputs: "true"``;
+            NaN/Inf inputs are then sent, not refused.
     """
 
     name: str
@@ -107,6 +138,7 @@ class ModelSpec:
     max_batch_size: int
     inputs: tuple[TensorMeta, ...]
     outputs: tuple[TensorMeta, ...]
+    allow_non_finite: bool = False
 
     @classmethod
     def from_server(cls, metadata: Mapping[str, Any], config: Mapping[str, Any]) -> ModelSpec:
@@ -125,8 +157,9 @@ class ModelSpec:
                 max_batch_size=int(config.get("max_batch_size", 0)),
                 inputs=tuple(_tensor(entry) for entry in metadata.get("inputs", [])),
                 outputs=tuple(_tensor(entry) for entry in metadata.get("outputs", [])),
+                allow_non_finite=_flag(config.get("parameters") or {}, ALLOW_NON_FINITE),
             )
-        except (KeyError, TypeError, ValueError) as exc:
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
             raise ClientError(
                 f"unexpected model metadata from the server ({exc!r}): {dict(metadata)}"
             ) from None
@@ -176,7 +209,8 @@ class ModelSpec:
 
         Raises:
             ClientError: a missing or unexpected input, a wrong dtype or shape,
-                inputs that disagree on ``B``, ``B`` of 0 or above ``max_batch_size``.
+                inputs that disagree on ``B``, ``B`` of 0 or above ``max_batch_size``,
+                a NaN or Inf in a floating-point input (unless :attr:`allow_non_finite`).
                 Nothing has been sent when it raises.
         """
         prefix = f"model {self.name!r}"
@@ -204,6 +238,8 @@ class ModelSpec:
                 raise ClientError(
                     f"{prefix}: input {tensor.name!r} has shape {list(shape)}, expected {list(tensor.shape)}"
                 )
+            if not self.allow_non_finite:
+                _check_finite(prefix, tensor, array)
             if self.batched:
                 rows[tensor.name] = shape[0]
             pairs.append((tensor, np.ascontiguousarray(array)))

@@ -142,7 +142,13 @@ def test_validation_rejects_bad_requests_before_sending(
 ) -> None:
     good = big_rows.slice(0, 4).inputs()
     too_many = np.resize(big_rows.dense, (4097, 13)), np.resize(big_rows.categorical, (4097, 26))
+    with_nan = big_rows.dense[:4].copy()
+    with_nan[1, 3] = np.nan
     cases = {
+        "holds 1 non-finite value\\(s\\) \\(NaN or Inf\\), the first nan at index \\[1, 3\\]": {
+            **good,
+            DENSE_INPUT: with_nan,
+        },
         "has shape \\[4, 5\\], expected \\[-1, 13\\]": {**good, DENSE_INPUT: big_rows.dense[:4, :5]},
         "has dtype float64, expected FP32": {**good, DENSE_INPUT: big_rows.dense[:4].astype(np.float64)},
         "batch of 4097 rows exceeds its max_batch_size 4096": {

@@ -257,6 +257,38 @@ def test_validation_enforces_max_batch_size() -> None:
         spec.validate(_inputs(9))
 
 
+@pytest.mark.parametrize("value", [np.nan, np.inf, -np.inf])
+def test_validation_refuses_non_finite_values_like_the_backend(value: float) -> None:
+    """The NGC C++ backend would answer NaN; the client gives the local backend's one line."""
+    spec = ModelSpec.from_server(HTTP_METADATA, HTTP_CONFIG)
+    inputs = _inputs(4)
+    inputs[DENSE_INPUT][2, 5] = value
+    inputs[DENSE_INPUT][3, 0] = value
+    expected = (
+        r"input 'dense_features' holds 2 non-finite value\(s\) \(NaN or Inf\), "
+        rf"the first {value} at index \[2, 5\]"
+    )
+    with pytest.raises(ClientError, match=f"model 'dlrm_onnx': {expected}.*allow_non_finite_inputs"):
+        spec.validate(inputs)
+
+
+@pytest.mark.parametrize(
+    "config",
+    [
+        {**HTTP_CONFIG, "parameters": {"allow_non_finite_inputs": {"string_value": "TRUE"}}},
+        {"config": {**HTTP_CONFIG, "parameters": {"allow_non_finite_inputs": {"string_value": "true"}}}},
+    ],
+)
+def test_a_model_that_allows_non_finite_inputs_gets_them(config: dict[str, object]) -> None:
+    spec = ModelSpec.from_server(HTTP_METADATA, config)
+    assert spec.allow_non_finite
+    inputs = _inputs(2)
+    inputs[DENSE_INPUT][0, 0] = np.nan
+    assert spec.validate(inputs)[1] == 2
+    refused = {**HTTP_CONFIG, "parameters": {"allow_non_finite_inputs": {"string_value": "false"}}}
+    assert not ModelSpec.from_server(HTTP_METADATA, refused).allow_non_finite
+
+
 # ------------------------------------------------- streaming and ordering
 def test_file_batches_stream_a_file_larger_than_one_batch(tmp_path: Path) -> None:
     path = tmp_path / "rows.tsv"
