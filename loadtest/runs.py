@@ -5,7 +5,8 @@
   tritonserver it starts on a repository, at one or more batch sizes.
 - :func:`compare_run` (``python -m loadtest compare``): the same model and
   sweep against the bundle's local Triton, PyTriton binding an ONNX Runtime
-  session, and a minimal FastAPI + ONNX Runtime server, one server at a time.
+  session, and a minimal FastAPI + ONNX Runtime server, all three up at once
+  and their steps interleaved.
 
 Both time the model in-process with ONNX Runtime (while no load runs), so
 every report states served / in-process ratios measured side by side: a sweep
@@ -18,7 +19,7 @@ from __future__ import annotations
 import contextlib
 import logging
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -359,7 +360,7 @@ def compare_run(
     peers: Sequence[str] = PEERS,
     raw: Path | None = None,
 ) -> tuple[Report, dict[str, Path]]:
-    """The same model and sweep against the local Triton and each peer, one server at a time.
+    """The same model and sweep against the local Triton and each peer, their steps interleaved.
 
     Args:
         repository: holds ``<model>/1/model.onnx`` and its config.pbtxt; the
@@ -393,21 +394,45 @@ def compare_run(
         in_process,
     )
     serving = serving_settings(path)
-    steps: list[StepResult] = []
-    with local_triton(repository, [model], raw / "tritonserver.log") as server:
-        url = server.grpc_url if protocol == "grpc" else server.http_url
-        steps += _sweep_targets([Target(url, protocol, "triton")], [model], options, raw, payload)
     factories = _peer_processes(model, path, raw, serving, protocol)
-    for peer in peers:
-        process, target = factories[peer]()
-        with process:
+    with contextlib.ExitStack() as stack:
+        server = stack.enter_context(local_triton(repository, [model], raw / "tritonserver.log"))
+        url = server.grpc_url if protocol == "grpc" else server.http_url
+        targets = [Target(url, protocol, "triton")]
+        for peer in peers:
+            process, target = factories[peer]()
+            stack.enter_context(process)
             console.print(f"{peer} peer pid {process.pid}: {target.protocol} {target.url}")
-            steps += _sweep_targets([target], [model], options, raw, payload)
+            targets.append(target)
+        steps = _interleaved_steps(targets, model, options, raw, payload)
+    rank = {target.label: i for i, target in enumerate(targets)}
+    steps.sort(key=lambda step: (rank[step.label], step.batch_size, step.concurrency))
     settings = {
         **options.settings(),
         **_serving(repository, [model]),
         "Peers": "pytriton: PyTriton 0.7 binding one ONNX Runtime session (@batch, same dynamic batcher "
         "delay and threads); fastapi: FastAPI + uvicorn (1 worker), ONNX Runtime in its thread pool, "
         "binary request/response bodies",
+        "Order": "all servers up at once (idle while another is measured); at each batch size and "
+        "concurrency the servers take their step back to back, the first one rotating",
     }
     return _finish(title, command, started, machine, steps, in_process, settings, out)
+
+
+def _interleaved_steps(
+    targets: Sequence[Target], model: str, options: RunOptions, out: Path, payload: Path
+) -> list[StepResult]:
+    """One step per target at each (batch size, concurrency), the targets back to back and the
+    one that goes first rotating, so a machine whose load drifts over the run (shared cores)
+    weighs on every server alike instead of on whichever ran last."""
+    steps: list[StepResult] = []
+    turn = 0
+    for batch_size in options.batch_sizes:
+        config = options.sweep([model], batch_size)
+        for concurrency in config.concurrency:
+            level = replace(config, concurrency=(concurrency,))
+            console.print(f"[bold]batch {batch_size}, concurrency {concurrency}[/bold]")
+            for target in (*targets[turn:], *targets[:turn]):
+                steps += run_sweep(target, level, out, payload, on_step=_print_step)
+            turn = (turn + 1) % len(targets)
+    return steps

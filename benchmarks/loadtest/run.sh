@@ -4,8 +4,9 @@
 # HTTP, plus the peer comparison (local Triton vs PyTriton vs FastAPI, same DLRM file).
 #
 #   bash benchmarks/loadtest/run.sh            # from the repository root, after `make setup`
+#   PARTS=peers bash benchmarks/loadtest/run.sh   # only the peer comparison (PARTS=sweeps: only the sweeps)
 #
-# About 25 minutes on a 2-core machine (PROTOCOLS="--protocol grpc": about 18). Run it on an otherwise idle machine (the
+# About 35 minutes on a 2-core machine (sweeps 18, peers 17; PROTOCOLS="--protocol grpc": sweeps 11). Run it on an otherwise idle machine (the
 # reports record the load average at start and end). Models and data go to
 # artifacts/bench (not committed); reports to benchmarks/loadtest/{dlrm,wide_deep}
 # and benchmarks/peers/dlrm. Accuracy does not matter for throughput, so the models
@@ -19,6 +20,8 @@ REPO=$WORK/model_repository
 # Serving settings of the benchmarked repository (see benchmarks/loadtest/README.md).
 SERVING=${SERVING:-"--instances 1 --threads 0 --max-queue-delay-us 100"}
 DURATION=${DURATION:-8}
+# The peer comparison measures longer: its p99 at batch 1024 needs hundreds of requests per step.
+PEER_DURATION=${PEER_DURATION:-30}
 PROTOCOLS=${PROTOCOLS:-"--protocol grpc --protocol http"}
 
 if [[ ! -f $REPO/dlrm_onnx/1/model.onnx || ! -f $REPO/wide_deep_onnx/1/model.onnx || -n ${REBUILD:-} ]]; then
@@ -34,14 +37,19 @@ if [[ ! -f $REPO/dlrm_onnx/1/model.onnx || ! -f $REPO/wide_deep_onnx/1/model.onn
   python -m export wide-deep --saved-model "$WORK/wide_deep" "${export_args[@]}" $SERVING
 fi
 
-# shellcheck disable=SC2206  # PROTOCOLS holds several flags
-sweep=(--repository "$REPO" $PROTOCOLS --batch-size 1,64,1024
-       --concurrency 1,2,4,8 --max-rows-in-flight 2048 --duration "$DURATION" --warmup 2)
-python -m loadtest sweep --model dlrm_onnx "${sweep[@]}" --out benchmarks/loadtest/dlrm --raw "$WORK/raw/dlrm" \
-  --title "DLRM (reference sizes, table 100000) on the local tritonserver"
-python -m loadtest sweep --model wide_deep_onnx "${sweep[@]}" --out benchmarks/loadtest/wide_deep --raw "$WORK/raw/wide_deep" \
-  --title "Wide & Deep (reference sizes, table 100000) on the local tritonserver"
-python -m loadtest compare --repository "$REPO" --model dlrm_onnx --protocol grpc --batch-size 1,64,1024 \
-  --concurrency 1,2,4,8 --max-rows-in-flight 2048 --duration "$DURATION" --warmup 2 \
-  --out benchmarks/peers/dlrm --raw "$WORK/raw/peers" \
-  --title "DLRM (reference sizes, table 100000): local Triton vs PyTriton vs FastAPI, same ONNX file"
+PARTS=${PARTS:-"sweeps peers"}
+if [[ $PARTS == *sweeps* ]]; then
+  # shellcheck disable=SC2206  # PROTOCOLS holds several flags
+  sweep=(--repository "$REPO" $PROTOCOLS --batch-size 1,64,1024
+         --concurrency 1,2,4,8 --max-rows-in-flight 2048 --duration "$DURATION" --warmup 2)
+  python -m loadtest sweep --model dlrm_onnx "${sweep[@]}" --out benchmarks/loadtest/dlrm --raw "$WORK/raw/dlrm" \
+    --title "DLRM (reference sizes, table 100000) on the local tritonserver"
+  python -m loadtest sweep --model wide_deep_onnx "${sweep[@]}" --out benchmarks/loadtest/wide_deep --raw "$WORK/raw/wide_deep" \
+    --title "Wide & Deep (reference sizes, table 100000) on the local tritonserver"
+fi
+if [[ $PARTS == *peers* ]]; then
+  python -m loadtest compare --repository "$REPO" --model dlrm_onnx --protocol grpc --batch-size 1,64,1024 \
+    --concurrency 1,2,4,8 --max-rows-in-flight 2048 --duration "$PEER_DURATION" --warmup 2 \
+    --out benchmarks/peers/dlrm --raw "$WORK/raw/peers" \
+    --title "DLRM (reference sizes, table 100000): local Triton vs PyTriton vs FastAPI, same ONNX file"
+fi
