@@ -167,6 +167,13 @@ def compare(
     baseline_seconds: BaselineSeconds = 1.0,
     baseline_repeats: BaselineRepeats = 5,
     title: Title = None,
+    rounds: Annotated[
+        int,
+        typer.Option(
+            help="Times each batch/concurrency level runs (servers interleaved); each server's "
+            "rates and percentiles are the median of its rounds."
+        ),
+    ] = 1,
 ) -> None:
     """The same model and sweep against the local Triton, PyTriton + ONNX Runtime, FastAPI + ONNX Runtime."""
     _check_protocols([protocol])
@@ -184,6 +191,7 @@ def compare(
         command=_command_line(),
         peers=peer or PEERS,
         raw=raw,
+        rounds=rounds,
     )
     print(f"report: {paths['markdown']}")
 

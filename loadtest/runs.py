@@ -33,7 +33,7 @@ from loadtest.payload import PayloadPool
 from loadtest.peers.process import PeerProcess
 from loadtest.report import Report, write_report
 from loadtest.session import serving_settings
-from loadtest.sweep import StepResult, SweepConfig, Target, make_payload, run_sweep
+from loadtest.sweep import StepResult, SweepConfig, Target, make_payload, median_step, run_sweep
 
 logger = logging.getLogger(__name__)
 console = Console(stderr=True, soft_wrap=True)
@@ -359,6 +359,7 @@ def compare_run(
     command: str,
     peers: Sequence[str] = PEERS,
     raw: Path | None = None,
+    rounds: int = 1,
 ) -> tuple[Report, dict[str, Path]]:
     """The same model and sweep against the local Triton and each peer, their steps interleaved.
 
@@ -373,7 +374,10 @@ def compare_run(
         title, command: recorded in the report.
         peers: which peers to run (``pytriton``, ``fastapi``).
         raw: where the payload, each step's raw files and server logs go (default ``out/raw``).
+        rounds: times each (batch size, concurrency) level runs; a server's step is the median.
     """
+    if rounds < 1:
+        raise ConfigError(f"--rounds must be >= 1, got {rounds}")
     unknown = set(peers) - set(PEERS)
     if unknown:
         raise ConfigError(f"unknown peers {sorted(unknown)}; choose from {', '.join(PEERS)}")
@@ -404,7 +408,7 @@ def compare_run(
             stack.enter_context(process)
             console.print(f"{peer} peer pid {process.pid}: {target.protocol} {target.url}")
             targets.append(target)
-        steps = _interleaved_steps(targets, model, options, raw, payload)
+        steps = _interleaved_steps(targets, model, options, raw, payload, rounds)
     rank = {target.label: i for i, target in enumerate(targets)}
     steps.sort(key=lambda step: (rank[step.label], step.batch_size, step.concurrency))
     settings = {
@@ -414,25 +418,44 @@ def compare_run(
         "delay and threads); fastapi: FastAPI + uvicorn (1 worker), ONNX Runtime in its thread pool, "
         "binary request/response bodies",
         "Order": "all servers up at once (idle while another is measured); at each batch size and "
-        "concurrency the servers take their step back to back, the first one rotating",
+        "concurrency the servers take their step back to back, the first one rotating"
+        + (
+            f"; {rounds} rounds per level, each server's rates and percentiles the median of its rounds "
+            "(requests and seconds: all rounds)"
+            if rounds > 1
+            else ""
+        ),
     }
     return _finish(title, command, started, machine, steps, in_process, settings, out)
 
 
 def _interleaved_steps(
-    targets: Sequence[Target], model: str, options: RunOptions, out: Path, payload: Path
+    targets: Sequence[Target], model: str, options: RunOptions, out: Path, payload: Path, rounds: int = 1
 ) -> list[StepResult]:
     """One step per target at each (batch size, concurrency), the targets back to back and the
     one that goes first rotating, so a machine whose load drifts over the run (shared cores)
-    weighs on every server alike instead of on whichever ran last."""
+    weighs on every server alike instead of on whichever ran last. With ``rounds`` > 1 each
+    level repeats that many times in a row and each server's step is the median of its rounds
+    (:func:`loadtest.sweep.median_step`)."""
+    if rounds < 1:
+        raise ConfigError(f"rounds must be >= 1, got {rounds}")
     steps: list[StepResult] = []
     turn = 0
     for batch_size in options.batch_sizes:
         config = options.sweep([model], batch_size)
         for concurrency in config.concurrency:
             level = replace(config, concurrency=(concurrency,))
-            console.print(f"[bold]batch {batch_size}, concurrency {concurrency}[/bold]")
-            for target in (*targets[turn:], *targets[:turn]):
-                steps += run_sweep(target, level, out, payload, on_step=_print_step)
-            turn = (turn + 1) % len(targets)
+            by_target: dict[str, list[StepResult]] = {target.label: [] for target in targets}
+            for round_ in range(rounds):
+                console.print(
+                    f"[bold]batch {batch_size}, concurrency {concurrency}"
+                    + (f", round {round_ + 1}/{rounds}" if rounds > 1 else "")
+                    + "[/bold]"
+                )
+                folder = out / f"round{round_ + 1}" if rounds > 1 else out
+                for target in (*targets[turn:], *targets[:turn]):
+                    for step in run_sweep(target, level, folder, payload, on_step=_print_step):
+                        by_target[target.label].append(step)
+                turn = (turn + 1) % len(targets)
+            steps += [median_step(results) for results in by_target.values()]
     return steps

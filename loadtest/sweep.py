@@ -18,11 +18,12 @@ import math
 import os
 import shlex
 import signal
+import statistics
 import subprocess
 import sys
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -342,6 +343,59 @@ def locust_command(
     if processes > 1:
         command += ["--processes", str(processes)]
     return command
+
+
+def median_step(rounds: Sequence[StepResult]) -> StepResult:
+    """One step from several rounds of the same (server, model, protocol, batch, concurrency):
+    rates, percentiles, means and Triton's times are the median over the rounds; ``requests``,
+    ``errors`` and ``seconds`` add up, ``max_ms`` is the largest. One round is returned as is."""
+    if not rounds:
+        raise ValueError("no rounds to combine")
+    first = rounds[0]
+    if len(rounds) == 1:
+        return first
+    keys = {(r.label, r.model, r.protocol, r.batch_size, r.concurrency) for r in rounds}
+    if len(keys) > 1:
+        raise ValueError(f"rounds of different steps: {sorted(keys)}")
+
+    def median(name: str, items: Sequence[Any]) -> float:
+        return float(statistics.median(getattr(item, name) for item in items))
+
+    server = None
+    timed = [r.server for r in rounds if r.server is not None]
+    if timed:
+        server = ServerTimes(
+            requests=sum(t.requests for t in timed),
+            executions=sum(t.executions for t in timed),
+            queue_ms=median("queue_ms", timed),
+            compute_input_ms=median("compute_input_ms", timed),
+            compute_infer_ms=median("compute_infer_ms", timed),
+            compute_output_ms=median("compute_output_ms", timed),
+            request_ms=median("request_ms", timed),
+            batch=median("batch", timed),
+        )
+    kinds: dict[str, int] = {}
+    for r in rounds:
+        for kind, count in r.error_kinds.items():
+            kinds[kind] = kinds.get(kind, 0) + count
+    return replace(
+        first,
+        processes=max(r.processes for r in rounds),
+        seconds=sum(r.seconds for r in rounds),
+        requests=sum(r.requests for r in rounds),
+        errors=sum(r.errors for r in rounds),
+        requests_per_s=median("requests_per_s", rounds),
+        samples_per_s=median("samples_per_s", rounds),
+        p50_ms=median("p50_ms", rounds),
+        p90_ms=median("p90_ms", rounds),
+        p95_ms=median("p95_ms", rounds),
+        p99_ms=median("p99_ms", rounds),
+        mean_ms=median("mean_ms", rounds),
+        max_ms=max(r.max_ms for r in rounds),
+        server=server,
+        errors_total=sum(r.errors_total for r in rounds),
+        error_kinds=kinds,
+    )
 
 
 def _environment() -> dict[str, str]:

@@ -6,7 +6,7 @@
 #   bash benchmarks/loadtest/run.sh            # from the repository root, after `make setup`
 #   PARTS=peers bash benchmarks/loadtest/run.sh   # only the peer comparison (PARTS=sweeps: only the sweeps)
 #
-# About 35 minutes on a 2-core machine (sweeps 18, peers 17; PROTOCOLS="--protocol grpc": sweeps 11). Run it on an otherwise idle machine (the
+# About 40 minutes on a 2-core machine (sweeps 18, peers 21; PROTOCOLS="--protocol grpc": sweeps 11). Run it on an otherwise idle machine (the
 # reports record the load average at start and end). Models and data go to
 # artifacts/bench (not committed); reports to benchmarks/loadtest/{dlrm,wide_deep}
 # and benchmarks/peers/dlrm. Accuracy does not matter for throughput, so the models
@@ -20,8 +20,10 @@ REPO=$WORK/model_repository
 # Serving settings of the benchmarked repository (see benchmarks/loadtest/README.md).
 SERVING=${SERVING:-"--instances 1 --threads 0 --max-queue-delay-us 100"}
 DURATION=${DURATION:-8}
-# The peer comparison measures longer: its p99 at batch 1024 needs hundreds of requests per step.
-PEER_DURATION=${PEER_DURATION:-30}
+# The peer comparison runs each level in 3 interleaved rounds and reports each server's median:
+# on shared cores one round can land on a burst of someone else's load.
+PEER_DURATION=${PEER_DURATION:-10}
+PEER_ROUNDS=${PEER_ROUNDS:-3}
 PROTOCOLS=${PROTOCOLS:-"--protocol grpc --protocol http"}
 
 if [[ ! -f $REPO/dlrm_onnx/1/model.onnx || ! -f $REPO/wide_deep_onnx/1/model.onnx || -n ${REBUILD:-} ]]; then
@@ -49,7 +51,7 @@ if [[ $PARTS == *sweeps* ]]; then
 fi
 if [[ $PARTS == *peers* ]]; then
   python -m loadtest compare --repository "$REPO" --model dlrm_onnx --protocol grpc --batch-size 1,64,1024 \
-    --concurrency 1,2,4,8 --max-rows-in-flight 2048 --duration "$PEER_DURATION" --warmup 2 \
+    --concurrency 1,2,4,8 --max-rows-in-flight 2048 --duration "$PEER_DURATION" --warmup 2 --rounds "$PEER_ROUNDS" \
     --out benchmarks/peers/dlrm --raw "$WORK/raw/peers" \
     --title "DLRM (reference sizes, table 100000): local Triton vs PyTriton vs FastAPI, same ONNX file"
 fi

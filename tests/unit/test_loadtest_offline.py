@@ -1,13 +1,14 @@
-"""loadtest logic that needs no server: the order of the peer comparison's steps."""
+"""loadtest logic that needs no server: the order of the peer comparison's steps, and rounds."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
 from loadtest import runs
-from loadtest.sweep import StepResult, SweepConfig, Target
+from loadtest.sweep import StepResult, SweepConfig, Target, median_step
 
 
 def _step(target: Target, config: SweepConfig) -> StepResult:
@@ -39,7 +40,12 @@ def test_peer_steps_are_interleaved_with_the_first_server_rotating(
     options = runs.RunOptions(batch_sizes=(1, 1024), concurrency=(1, 2, 4), max_rows_in_flight=2048)
     steps = runs._interleaved_steps(targets, "m", options, tmp_path, tmp_path / "payload.npz")
 
-    assert [step.label for step in steps] == [label for _, _, label in ran]
+    # One result per server and level, each level's in the servers' order.
+    assert [(s.batch_size, s.concurrency, s.label) for s in steps] == [
+        (b, c, label)
+        for b, c in dict.fromkeys((b, c) for b, c, _ in ran)
+        for label in ("triton", "pytriton", "fastapi")
+    ]
     # Every (batch, concurrency) level runs all three servers back to back before the next level.
     levels = [(b, c) for b, c, _ in ran]
     assert levels == [(1, 1)] * 3 + [(1, 2)] * 3 + [(1, 4)] * 3 + [(1024, 1)] * 3 + [(1024, 2)] * 3
@@ -48,3 +54,45 @@ def test_peer_steps_are_interleaved_with_the_first_server_rotating(
     assert firsts == ["triton", "pytriton", "fastapi", "triton", "pytriton"]
     assert all(sorted(label for _, _, label in ran[i : i + 3]) == ["fastapi", "pytriton", "triton"]
                for i in range(0, len(ran), 3))  # fmt: skip
+
+
+def test_rounds_repeat_each_level_and_give_each_server_its_median(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    rates = iter(float(v) for v in range(100, 200))
+    folders: list[Path] = []
+
+    def fake_sweep(
+        target: Target, config: SweepConfig, out: Path, *args: object, **kwargs: object
+    ) -> list[StepResult]:
+        folders.append(out)
+        rate = next(rates)
+        step = replace(_step(target, config), requests_per_s=rate, samples_per_s=rate * config.batch_size)
+        return [replace(step, p99_ms=1000.0 / rate, max_ms=rate)]
+
+    monkeypatch.setattr(runs, "run_sweep", fake_sweep)
+    targets = [
+        Target("127.0.0.1:1", "grpc", "triton"),
+        Target("127.0.0.1:2", "fastapi", "fastapi", server_stats=False),
+    ]
+    options = runs.RunOptions(batch_sizes=(64,), concurrency=(1,))
+    steps = runs._interleaved_steps(targets, "m", options, tmp_path, tmp_path / "p.npz", rounds=3)
+
+    # Rounds 1-3 in their own folders; order triton,fastapi / fastapi,triton / triton,fastapi.
+    assert folders == [tmp_path / f"round{r}" for r in (1, 1, 2, 2, 3, 3)]
+    by_label = {step.label: step for step in steps}
+    assert [step.label for step in steps] == ["triton", "fastapi"]
+    triton, fastapi = by_label["triton"], by_label["fastapi"]
+    # triton got rates 100, 103, 104 and fastapi 101, 102, 105: medians 103 and 102.
+    assert triton.requests_per_s == 103.0 and triton.samples_per_s == 103.0 * 64
+    assert fastapi.requests_per_s == 102.0
+    assert triton.p99_ms == pytest.approx(1000.0 / 103) and triton.max_ms == 104.0
+    assert triton.requests == 3 and triton.seconds == 3.0
+
+
+def test_median_step_refuses_rounds_of_different_steps() -> None:
+    config = SweepConfig(models=("m",), batch_size=1, concurrency=(1,))
+    one = _step(Target("127.0.0.1:1", "grpc", "triton"), config)
+    assert median_step([one]) is one
+    with pytest.raises(ValueError, match="rounds of different steps"):
+        median_step([one, replace(one, concurrency=2)])
