@@ -15,7 +15,7 @@ from __future__ import annotations
 import shlex
 import sys
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 from rich.console import Console
@@ -67,6 +67,15 @@ def _check_protocols(protocols: list[str]) -> list[str]:
         if name not in ("grpc", "http"):
             raise ConfigError(f"--protocol must be grpc or http, got {name!r}")
     return protocols
+
+
+def _write_results(out: Path, results: Any) -> None:
+    """``results`` as indented JSON in ``out`` (its folder created), and say where."""
+    import json
+
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(results, indent=2) + "\n")
+    print(f"results: {out}")
 
 
 def _options(
@@ -210,8 +219,6 @@ def baseline_command(
     out: Annotated[Path | None, typer.Option(help="Also write the results as JSON here.")] = None,
 ) -> None:
     """In-process ONNX Runtime throughput and latency of a model file, per batch size."""
-    import json
-
     from loadtest.baseline import BaselineConfig, run_baseline
     from loadtest.payload import MAX_POOL_ROWS, build_pool
 
@@ -231,9 +238,7 @@ def baseline_command(
         )
     Console().print(table)
     if out is not None:
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(json.dumps([r.as_dict() for r in results], indent=2) + "\n")
-        print(f"results: {out}")
+        _write_results(out, [r.as_dict() for r in results])
 
 
 @app.command()
@@ -272,8 +277,6 @@ def roofline(
 ) -> None:
     """FP32 sgemm ceiling, the model's FLOPs per sample, and its in-process (and served)
     samples/s as fractions of the ceiling, measured in one run."""
-    import json
-
     from loadtest.roofline import RooflineOptions, report_lines, run_roofline
 
     _check_protocols([protocol])
@@ -296,9 +299,7 @@ def roofline(
     for line in report_lines(result):
         print(line)
     if out is not None:
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(json.dumps(result, indent=2) + "\n")
-        print(f"results: {out}")
+        _write_results(out, result)
 
 
 if __name__ == "__main__":

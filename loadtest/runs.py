@@ -436,9 +436,7 @@ def _interleaved_steps(
     one that goes first rotating, so a machine whose load drifts over the run (shared cores)
     weighs on every server alike instead of on whichever ran last. With ``rounds`` > 1 each
     level repeats that many times in a row and each server's step is the median of its rounds
-    (:func:`loadtest.sweep.median_step`)."""
-    if rounds < 1:
-        raise ConfigError(f"rounds must be >= 1, got {rounds}")
+    (:func:`loadtest.sweep.median_step`); :func:`compare_run` has checked ``rounds`` >= 1."""
     steps: list[StepResult] = []
     turn = 0
     for batch_size in options.batch_sizes:
@@ -454,8 +452,7 @@ def _interleaved_steps(
                 )
                 folder = out / f"round{round_ + 1}" if rounds > 1 else out
                 for target in (*targets[turn:], *targets[:turn]):
-                    for step in run_sweep(target, level, folder, payload, on_step=_print_step):
-                        by_target[target.label].append(step)
+                    by_target[target.label] += run_sweep(target, level, folder, payload, on_step=_print_step)
                 turn = (turn + 1) % len(targets)
             steps += [median_step(results) for results in by_target.values()]
     return steps
