@@ -1,20 +1,21 @@
 """What the export pipeline needs from a framework-specific exporter.
 
-Each framework (PyTorch DLRM, Keras Wide & Deep) implements this protocol in
-its own module, so that TensorFlow and PyTorch never load into one process
-and the FP16 conversion, parity checks and repository writing stay shared.
+Each source a user may bring (the bundle's own checkpoints, facebookresearch/dlrm
+and TorchRec checkpoints, TorchScript, any SavedModel or ``.keras`` file)
+implements this protocol in its framework's own module, so that TensorFlow and
+PyTorch never load into one process and the FP16 conversion, parity checks and
+repository writing stay shared.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 import numpy as np
 import onnx
 
 from criteo.tsv import Batch
-from models.config import ModelConfig
 
 
 class FrameworkExporter(Protocol):
@@ -26,8 +27,17 @@ class FrameworkExporter(Protocol):
         ...
 
     @property
-    def config(self) -> ModelConfig:
-        """The architecture config saved beside the weights."""
+    def table_sizes(self) -> tuple[int, ...] | None:
+        """Rows of the tables behind C1..C26, as the exported graph reduces ids into
+        them (None: the model reduces ids its own way, and the export could not
+        read the sizes). Known once :meth:`to_onnx` has run."""
+        ...
+
+    @property
+    def source(self) -> dict[str, Any]:
+        """What was exported, for ``export_report.json``: at least ``format`` (the
+        detected kind of file) and ``path``; importers add the input mapping, the
+        table sizes' origin and whether the export added the id reduction."""
         ...
 
     def to_onnx(self, out: Path, opset: int) -> None:
@@ -41,7 +51,11 @@ class FrameworkExporter(Protocol):
         ...
 
     def predict(self, batch: Batch) -> np.ndarray:
-        """The framework's own probabilities for ``batch``: ``B x 1`` float32."""
+        """The framework's own probabilities for ``batch``: ``B x 1`` float32.
+
+        Raw ids of any int64 value: where the user's model does not reduce ids
+        itself, they are reduced into :attr:`table_sizes` first (as the exported
+        graph does), so that the user's own module runs on in-range ids."""
         ...
 
     def fp32_nodes(self, model: onnx.ModelProto) -> list[str]:
