@@ -18,7 +18,10 @@ from criteo.schema import CATEGORICAL_COLUMNS, CATEGORICAL_INPUT, DENSE_COLUMNS,
 from criteo.tables import check_table_sizes
 
 #: The served tensors an ``--input-map`` entry may name, and how many features each holds.
-MAPPED_TENSORS: dict[str, int] = {DENSE_INPUT: len(DENSE_COLUMNS), CATEGORICAL_INPUT: len(CATEGORICAL_COLUMNS)}
+MAPPED_TENSORS: dict[str, int] = {
+    DENSE_INPUT: len(DENSE_COLUMNS),
+    CATEGORICAL_INPUT: len(CATEGORICAL_COLUMNS),
+}
 #: Default per-feature input names: I1..I13 and C1..C26.
 DEFAULT_FEATURE_NAMES: dict[str, tuple[str, ...]] = {
     DENSE_INPUT: DENSE_COLUMNS,

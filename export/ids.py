@@ -1,0 +1,334 @@
+"""Make an exported graph safe for any int64 id: probe it, and reduce ids into their tables.
+
+A served model receives whatever ids its clients send. The bundle's own models
+reduce each id into its table inside the graph; a model a user brings often
+does not (its training pipeline mapped ids into range before the model saw
+them), and then an id past its table makes ONNX Runtime fail the whole batch
+(TensorRT silently returns zeros). This module checks that by running the
+written ONNX file on ids at the int64 limits, negative and far past any table,
+and where the graph fails it puts one floor-modulo (``Mod`` with ``fmod=0``,
+whose remainder takes the divisor's sign) by each column's table size right
+after the ``categorical_ids`` input. The sizes come from the user
+(``--table-sizes``) or from the graph itself: each embedding lookup is a
+``Gather`` on a weight initializer, whose first dimension is the table's size,
+and its indices are traced back to the input column they were sliced from.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import onnx
+from onnx import numpy_helper
+
+from bundle.errors import ExportError
+from criteo.schema import (
+    CATEGORICAL_COLUMNS,
+    CATEGORICAL_INPUT,
+    DENSE_INPUT,
+    NUM_CATEGORICAL,
+    NUM_DENSE,
+    OUTPUT,
+)
+from criteo.tables import check_table_sizes
+
+log = logging.getLogger(__name__)
+
+#: Ids no table holds: the int64 limits, negative ids, and ids far past any table.
+PROBE_IDS: tuple[int, ...] = (
+    np.iinfo(np.int64).min,
+    np.iinfo(np.int64).max,
+    -1,
+    -(10**12) - 7,
+    10**12,
+    2**62 + 5,
+)
+#: Name of the reduced ids tensor the export inserts.
+REDUCED_IDS = f"{CATEGORICAL_INPUT}_reduced"
+#: Name of the initializer holding the 26 table sizes of the inserted ``Mod``.
+TABLE_SIZES_INITIALIZER = f"{CATEGORICAL_INPUT}_table_sizes"
+#: Ops an id passes through unchanged on its way from the input to a lookup.
+_PASS_THROUGH = frozenset({"Cast", "Identity", "Squeeze", "Unsqueeze", "Reshape", "Flatten", "Expand"})
+
+
+@dataclass(frozen=True)
+class IdReduction:
+    """How the exported graph keeps ids inside their tables.
+
+    Attributes:
+        table_sizes: the 26 sizes ids are reduced into (None: the graph reduces
+            ids its own way and the sizes could not be read from it).
+        added: the export inserted the ``Mod``; the user's own model does not reduce ids.
+        origin: where ``table_sizes`` came from, for the export report.
+    """
+
+    table_sizes: tuple[int, ...] | None
+    added: bool
+    origin: str
+
+    def reduce(self, ids: np.ndarray) -> np.ndarray:
+        """``ids`` as the graph's lookups see them: reduced when the export added the reduction."""
+        if not self.added or self.table_sizes is None:
+            return ids
+        return np.mod(ids, np.asarray(self.table_sizes, dtype=np.int64)[None, :])
+
+
+def probe_rows() -> dict[str, np.ndarray]:
+    """Inputs of the probe: one row per id of :data:`PROBE_IDS` in every column, and one mixed row."""
+    ids = np.array([[value] * NUM_CATEGORICAL for value in PROBE_IDS], dtype=np.int64)
+    mixed = np.resize(np.array(PROBE_IDS, dtype=np.int64), NUM_CATEGORICAL)[None, :]
+    ids = np.concatenate([ids, mixed])
+    dense = np.zeros((len(ids), NUM_DENSE), dtype=np.float32)
+    return {DENSE_INPUT: dense, CATEGORICAL_INPUT: ids}
+
+
+def probe(path: Path) -> str | None:
+    """Run the ONNX file at ``path`` on :func:`probe_rows` with ONNX Runtime (CPU).
+
+    Returns:
+        None when it gives a finite probability for every row; else what went
+        wrong, in one line.
+
+    Raises:
+        ExportError: ONNX Runtime cannot load the file at all.
+    """
+    import onnxruntime as ort
+
+    try:
+        session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    except Exception as exc:  # onnxruntime raises its own untyped errors
+        raise ExportError(f"ONNX Runtime cannot load {path}: {exc}") from exc
+    try:
+        (output,) = session.run([OUTPUT], probe_rows())
+    except Exception as exc:  # an out-of-bounds Gather raises onnxruntime's own Fail/InvalidArgument
+        return str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    if not np.all(np.isfinite(output)):
+        return "non-finite outputs"
+    return None
+
+
+def _constant_values(model: onnx.ModelProto) -> dict[str, np.ndarray]:
+    """Values of the graph's initializers (shapes only for external ones) and Constant nodes."""
+    values: dict[str, np.ndarray] = {}
+    for tensor in model.graph.initializer:
+        if tensor.data_location == onnx.TensorProto.EXTERNAL or tensor.data_type == 0:
+            continue
+        if np.prod(tensor.dims) <= 1024:  # only small tensors are needed as values
+            values[tensor.name] = numpy_helper.to_array(tensor)
+    for node in model.graph.node:
+        if node.op_type == "Constant":
+            for attribute in node.attribute:
+                if attribute.name == "value":
+                    values[node.output[0]] = numpy_helper.to_array(attribute.t)
+    return values
+
+
+def _single_index(value: np.ndarray | None) -> int | None:
+    if value is None or value.size != 1:
+        return None
+    return int(value.reshape(-1)[0])
+
+
+def _column_of(
+    name: str,
+    producers: dict[str, onnx.NodeProto],
+    constants: dict[str, np.ndarray],
+) -> tuple[int | None, np.ndarray | None, bool]:
+    """Trace tensor ``name`` back to the ``categorical_ids`` input.
+
+    Returns:
+        ``(column, divisor, offset)``: the input column it was sliced from (None:
+        not a single column, or not from the input), the divisor of a ``Mod`` on
+        the way (None: no reduction seen), and whether a constant was added to
+        the ids after it (rows of a stacked table: the table's own size is then
+        not the column's).
+    """
+    column: int | None = None
+    divisor: np.ndarray | None = None
+    offset = False
+    seen = 0
+    while name != CATEGORICAL_INPUT:
+        node = producers.get(name)
+        seen += 1
+        if node is None or seen > 64:
+            return None, divisor, offset
+        op = node.op_type
+        attrs = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
+        if op in _PASS_THROUGH:
+            name = node.input[0]
+        elif op == "Mod":
+            divisor = constants.get(node.input[1])
+            name = node.input[0]
+        elif op == "Add" and sum(i in constants for i in node.input) == 1:
+            offset = offset or divisor is None
+            name = next(i for i in node.input if i not in constants)
+        elif op == "Gather" and int(attrs.get("axis", 0)) == 1:
+            index = _single_index(constants.get(node.input[1]))
+            if index is None:
+                return None, divisor, offset
+            column = index % NUM_CATEGORICAL
+            name = node.input[0]
+        elif op == "Slice":
+            starts, ends = constants.get(node.input[1]), constants.get(node.input[2])
+            axes = constants.get(node.input[3]) if len(node.input) > 3 and node.input[3] else None
+            if starts is None or ends is None or starts.size != 1:
+                return None, divisor, offset
+            axis = int(axes.reshape(-1)[0]) if axes is not None else 0
+            start = int(starts.reshape(-1)[0])
+            if axis not in (1, -1) or int(ends.reshape(-1)[0]) != start + 1:
+                return None, divisor, offset
+            column = start % NUM_CATEGORICAL
+            name = node.input[0]
+        elif op == "Split":
+            if int(attrs.get("axis", 0)) not in (1, -1):
+                return None, divisor, offset
+            split = constants.get(node.input[1]) if len(node.input) > 1 and node.input[1] else None
+            if split is not None and np.any(split != 1):
+                return None, divisor, offset
+            column = list(node.output).index(name)
+            name = node.input[0]
+        else:
+            return None, divisor, offset
+    return column, divisor, offset
+
+
+def read_table_sizes(model: onnx.ModelProto) -> dict[int, int]:
+    """Table sizes per input column, read from the graph's lookups.
+
+    A lookup is a ``Gather`` (axis 0) whose data is an initializer (the table,
+    ``rows x D`` or ``rows``) and whose indices trace back to one column of
+    ``categorical_ids`` through casts, reshapes and column slices. A ``Mod`` by
+    a constant on the way gives the column's size directly.
+
+    Args:
+        model: the graph (external data need not be loaded: only shapes are read).
+
+    Returns:
+        Column index (0 = C1) -> rows; columns not traced are absent.
+
+    Raises:
+        ExportError: one column indexes tables of different sizes.
+    """
+    producers = {output: node for node in model.graph.node for output in node.output}
+    constants = _constant_values(model)
+    tables = {t.name: int(t.dims[0]) for t in model.graph.initializer if len(t.dims) >= 1}
+    sizes: dict[int, set[int]] = {}
+    for node in model.graph.node:
+        if node.op_type != "Gather" or node.input[0] not in tables:
+            continue
+        if any(a.name == "axis" and a.i != 0 for a in node.attribute):
+            continue
+        column, divisor, offset = _column_of(node.input[1], producers, constants)
+        if divisor is not None and divisor.size == NUM_CATEGORICAL and column is None:
+            # One Mod by all 26 sizes in front of a fused table (the bundle's own layout).
+            for i, size in enumerate(divisor.reshape(-1)):
+                sizes.setdefault(i, set()).add(int(size))
+            continue
+        if column is None or (offset and divisor is None):
+            continue
+        if divisor is not None and divisor.size in (1, NUM_CATEGORICAL):
+            size = int(divisor.reshape(-1)[column if divisor.size > 1 else 0])
+        else:
+            size = tables[node.input[0]]
+        sizes.setdefault(column, set()).add(size)
+    conflicts = {c: s for c, s in sizes.items() if len(s) > 1}
+    if conflicts:
+        detail = ", ".join(f"{CATEGORICAL_COLUMNS[c]}: {sorted(s)}" for c, s in sorted(conflicts.items()))
+        raise ExportError(f"ids of one column index tables of different sizes ({detail}): pass --table-sizes")
+    return {column: next(iter(s)) for column, s in sizes.items()}
+
+
+def add_id_reduction(model: onnx.ModelProto, sizes: Sequence[int]) -> None:
+    """Insert ``Mod(categorical_ids, sizes)`` (``fmod=0``) in front of every use of the input, in place.
+
+    Args:
+        model: a graph whose input ``categorical_ids`` is ``B x 26`` int64.
+        sizes: rows of the 26 tables.
+    """
+    sizes = check_table_sizes(sizes)
+    graph = model.graph
+    if CATEGORICAL_INPUT not in {i.name for i in graph.input}:
+        raise ExportError(f"the graph has no input {CATEGORICAL_INPUT!r}")
+
+    def rename(g: onnx.GraphProto) -> None:
+        for node in g.node:
+            for i, name in enumerate(node.input):
+                if name == CATEGORICAL_INPUT:
+                    node.input[i] = REDUCED_IDS
+            for attribute in node.attribute:  # subgraphs (Loop, If, Scan) see outer names
+                if attribute.type == onnx.AttributeProto.GRAPH:
+                    rename(attribute.g)
+                for sub in attribute.graphs:
+                    rename(sub)
+        for output in g.output:
+            if output.name == CATEGORICAL_INPUT:
+                raise ExportError(f"{CATEGORICAL_INPUT} is also a graph output; cannot reduce it")
+
+    rename(graph)
+    graph.initializer.append(
+        numpy_helper.from_array(np.asarray([sizes], dtype=np.int64), TABLE_SIZES_INITIALIZER)
+    )
+    mod = onnx.helper.make_node(
+        "Mod", [CATEGORICAL_INPUT, TABLE_SIZES_INITIALIZER], [REDUCED_IDS], name="/id_reduction/Mod", fmod=0
+    )
+    graph.node.insert(0, mod)
+
+
+def _save_graph(model: onnx.ModelProto, path: Path) -> None:
+    """Write ``model`` back to ``path``; external data stays where it is (same folder)."""
+    onnx.save_model(model, str(path))
+
+
+def ensure_id_reduction(path: Path, table_sizes: Sequence[int] | None = None) -> IdReduction:
+    """Make the ONNX file at ``path`` give a valid answer for any int64 id (rewritten in place).
+
+    Args:
+        path: an exported graph with the bundle's input and output names.
+        table_sizes: the 26 table sizes (``--table-sizes``); None: read them
+            from the graph when it needs the reduction.
+
+    Returns:
+        How the graph keeps ids in range.
+
+    Raises:
+        ExportError: the graph fails on out-of-range ids and the sizes of some
+            columns cannot be read from it (the message names them), or it still
+            fails after the reduction.
+    """
+    path = Path(path)
+    given = check_table_sizes(table_sizes, "--table-sizes") if table_sizes is not None else None
+    problem = probe(path)
+    model = onnx.load(str(path), load_external_data=False)
+    if problem is None:
+        if given is not None:
+            return IdReduction(given, False, "--table-sizes (the model reduces ids itself)")
+        read = read_table_sizes(model)
+        if len(read) == NUM_CATEGORICAL:
+            sizes = tuple(read[c] for c in range(NUM_CATEGORICAL))
+            return IdReduction(sizes, False, "the model's own reduction")
+        return IdReduction(None, False, "the model reduces ids itself; sizes not readable from its graph")
+    log.info("the graph fails on out-of-range ids (%s): adding a modulo by each table's size", problem)
+    if given is not None:
+        sizes, origin = given, "--table-sizes"
+    else:
+        read = read_table_sizes(model)
+        missing = [CATEGORICAL_COLUMNS[c] for c in range(NUM_CATEGORICAL) if c not in read]
+        if missing:
+            raise ExportError(
+                f"the model fails on ids outside its tables ({problem}) and the sizes of "
+                f"{', '.join(missing)} cannot be read from its graph: pass --table-sizes "
+                "(26 comma-separated sizes, C1..C26)"
+            )
+        sizes, origin = tuple(read[c] for c in range(NUM_CATEGORICAL)), "the graph's embedding tables"
+    add_id_reduction(model, sizes)
+    _save_graph(model, path)
+    after = probe(path)
+    if after is not None:
+        raise ExportError(
+            f"{path} still fails on out-of-range ids after reducing them into their tables: {after}"
+        )
+    return IdReduction(sizes, True, origin)
