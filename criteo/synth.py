@@ -19,6 +19,7 @@ import numpy as np
 
 from bundle.errors import ConfigError
 from criteo.schema import NUM_CATEGORICAL, NUM_DENSE
+from criteo.tables import check_table_sizes
 
 
 @dataclass(frozen=True)
@@ -31,6 +32,9 @@ class SynthConfig:
         model_seed: seed of the hidden model (vocabularies, weights).
         exponent: power-law exponent of the id frequencies (> 0; 1.05 is click-log like).
         max_vocabulary: distinct ids of the largest table.
+        vocabulary: distinct ids of each of C1..C26 (e.g. the Criteo Kaggle table
+            sizes), each capped at ``max_vocabulary``; None: 26 sizes spread
+            log-uniformly from 10 to ``max_vocabulary``, in a shuffled order.
         chunk_rows: rows generated and written per step.
     """
 
@@ -39,6 +43,7 @@ class SynthConfig:
     model_seed: int = 2026
     exponent: float = 1.05
     max_vocabulary: int = 200_000
+    vocabulary: tuple[int, ...] | None = None
     chunk_rows: int = 50_000
 
     def __post_init__(self) -> None:
@@ -50,6 +55,15 @@ class SynthConfig:
             raise ConfigError(f"max_vocabulary must be >= 10, got {self.max_vocabulary}")
         if self.chunk_rows <= 0:
             raise ConfigError(f"chunk_rows must be positive, got {self.chunk_rows}")
+        if self.vocabulary is not None:
+            check_table_sizes(self.vocabulary, "vocabulary")
+
+    @property
+    def vocabulary_sizes(self) -> tuple[int, ...] | None:
+        """The per-table vocabularies as generated: capped at ``max_vocabulary``, at least 2."""
+        if self.vocabulary is None:
+            return None
+        return tuple(max(2, min(int(size), self.max_vocabulary)) for size in self.vocabulary)
 
 
 class HiddenModel:
@@ -59,12 +73,20 @@ class HiddenModel:
     where ``z_j`` is the standardised log1p count and ``w_t`` are per-id weights.
     """
 
-    def __init__(self, model_seed: int, exponent: float, max_vocabulary: int) -> None:
+    def __init__(
+        self,
+        model_seed: int,
+        exponent: float,
+        max_vocabulary: int,
+        vocabulary: tuple[int, ...] | None = None,
+    ) -> None:
         rng = np.random.default_rng(model_seed)
         # Vocabulary sizes spread over orders of magnitude, as in Criteo.
         exponents = np.linspace(1.0, np.log10(max_vocabulary), NUM_CATEGORICAL)
         self.vocabulary = np.maximum(np.round(10**exponents).astype(np.int64), 2)
         rng.shuffle(self.vocabulary)
+        if vocabulary is not None:  # drawn above all the same, so the rest of the model stays seeded alike
+            self.vocabulary = np.asarray(vocabulary, dtype=np.int64)
         self.cdf = []
         self.hex_ids = []
         self.id_weights = []
@@ -118,7 +140,7 @@ class HiddenModel:
 
 def generate_lines(config: SynthConfig) -> Iterator[list[str]]:
     """Yield chunks of TSV lines (with trailing newline) for ``config.rows`` rows."""
-    model = HiddenModel(config.model_seed, config.exponent, config.max_vocabulary)
+    model = HiddenModel(config.model_seed, config.exponent, config.max_vocabulary, config.vocabulary_sizes)
     rng = np.random.default_rng(config.seed)
     remaining = config.rows
     while remaining > 0:

@@ -21,7 +21,7 @@ import tempfile
 import warnings
 import zipfile
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import onnx
@@ -30,7 +30,7 @@ from bundle.errors import ConfigError, ExportError
 from criteo.schema import CATEGORICAL_INPUT, DENSE_INPUT, NUM_CATEGORICAL, NUM_DENSE, OUTPUT
 from criteo.tsv import Batch
 from export.onnx_io import save_model
-from models.config import DLRMConfig, ModelConfig, load_config
+from models.config import DLRMConfig, load_config
 
 if TYPE_CHECKING:
     import torch
@@ -82,8 +82,7 @@ class DLRMExporter:
         config = load_config(self.checkpoint)
         if not isinstance(config, DLRMConfig):
             raise ConfigError(f"{self.checkpoint}: config.json describes a {config.kind!r} model, not 'dlrm'")
-        # Typed as the protocol declares it (a settable attribute is invariant).
-        self.config: ModelConfig = config
+        self.config: DLRMConfig = config
         weights = self.checkpoint / WEIGHTS_FILE
         if not weights.is_file():
             raise ExportError(f"{weights} not found: is {self.checkpoint} a DLRM training output?")
@@ -108,6 +107,21 @@ class DLRMExporter:
                 f"{weights}: weights do not match {self.checkpoint / 'config.json'} ({exc})"
             ) from None
         self.model = model.eval()
+
+    @property
+    def table_sizes(self) -> tuple[int, ...]:
+        """Rows of the 26 tables; the model reduces ids into them itself."""
+        return self.config.table_sizes
+
+    @property
+    def source(self) -> dict[str, Any]:
+        """The export report's record of what was exported."""
+        return {
+            "format": "bundle DLRM checkpoint (config.json + model.pt)",
+            "path": str(self.checkpoint),
+            "table_sizes": list(self.table_sizes),
+            "id_reduction_added": False,
+        }
 
     def _example_inputs(self) -> tuple[torch.Tensor, torch.Tensor]:
         """A traced batch of ``EXAMPLE_ROWS`` rows, ids across the whole int64 range."""

@@ -21,7 +21,7 @@ How the graph is converted, and why:
   truncating integer ``Div``, which gives a negative remainder for a negative id
   (a different row than TensorFlow's). ``FloorMod`` is mapped onto ONNX ``Mod``
   with ``fmod=0`` instead (the remainder takes the divisor's sign, as in
-  ``floormod``), so every id lands in ``[0, table_size)``.
+  ``floormod``), so every id lands in ``[0, table_sizes[t])``.
 """
 
 from __future__ import annotations
@@ -160,6 +160,21 @@ class WideDeepExporter:
         self._loaded = loaded
         self._signature = signature
         self._variables = variables
+
+    @property
+    def table_sizes(self) -> tuple[int, ...]:
+        """Rows of the 26 tables; the model reduces ids into them itself."""
+        return self.config.table_sizes
+
+    @property
+    def source(self) -> dict[str, Any]:
+        """The export report's record of what was exported."""
+        return {
+            "format": "bundle Wide & Deep SavedModel (config.json + saved_model/)",
+            "path": str(self.saved_model_dir),
+            "table_sizes": list(self.table_sizes),
+            "id_reduction_added": False,
+        }
 
     def weight_bytes(self) -> int:
         """Bytes of the model's parameters."""

@@ -179,7 +179,8 @@ def export_family(exporter: FrameworkExporter, options: ExportOptions) -> list[E
         exporter.to_onnx(fp32_path, options.opset)
         parity = _check_fp32(exporter, fp32_path, rows, options)
         fp32 = ExportedModel(fp32_name, fp32_path, "framework", parity, time.perf_counter() - start)
-        add_model(options.repository, fp32_name, options.serving, report=_report(fp32, options, {}))
+        report = _report(fp32, options, {"source": exporter.source})
+        add_model(options.repository, fp32_name, options.serving, report=report)
         results.append(fp32)
     except BaseException:
         clear_model(options.repository, fp32_name)
@@ -293,7 +294,7 @@ def _export_fp16(
         model = onnx.load(str(fp32_path))
         keep = exporter.fp32_nodes(model)
         save_model(convert_to_fp16(model, keep), path)
-        return {"fp32_nodes": keep}
+        return {"source": exporter.source, "fp32_nodes": keep}
 
     name = f"{exporter.family}_onnx_fp16"
     return _export_variant(
@@ -342,6 +343,7 @@ def _export_int8(
         keep = exporter.fp32_nodes(onnx.load(str(fp32_path), load_external_data=False))
         graph = quantize_int8(fp32_path, path, keep, options.quantize, calibration, source)
         return {
+            "source": exporter.source,
             "quantization": graph.settings,
             "int8_nodes": graph.quantized_nodes,
             "fp32_matmul_nodes": graph.fp32_nodes,

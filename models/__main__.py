@@ -9,7 +9,8 @@ from typing import Annotated
 import typer
 
 from bundle.cli import new_app, run
-from models.config import DLRMConfig, TrainConfig, WideDeepConfig
+from criteo.tables import TABLE_SIZE_PRESETS, parse_table_sizes
+from models.config import PRESETS, DLRMConfig, TrainConfig, WideDeepConfig
 
 app = new_app("Train DLRM (PyTorch) or Wide & Deep (Keras) on Criteo-format data.")
 
@@ -24,8 +25,14 @@ def train(
     architecture: Annotated[Architecture, typer.Argument(help="dlrm or wide-deep.")],
     data: Annotated[Path, typer.Option(help="Labeled Criteo TSV file.")],
     out: Annotated[Path, typer.Option(help="Output directory (checkpoint or SavedModel + config.json).")],
-    preset: Annotated[str, typer.Option(help="tiny, small or reference.")] = "small",
-    table_size: Annotated[int | None, typer.Option(help="Rows per embedding table.")] = None,
+    preset: Annotated[str, typer.Option(help=f"Architecture preset: {', '.join(PRESETS)}.")] = "small",
+    table_size: Annotated[int | None, typer.Option(help="Rows of every one of the 26 tables.")] = None,
+    table_sizes: Annotated[
+        str | None,
+        typer.Option(
+            help=f"Rows per table: {' or '.join(TABLE_SIZE_PRESETS)}, or 26 comma-separated sizes (C1..C26)."
+        ),
+    ] = None,
     epochs: Annotated[int, typer.Option(help="Passes over the training rows.")] = 1,
     batch_size: Annotated[int, typer.Option(help="Rows per step.")] = 1024,
     learning_rate: Annotated[float, typer.Option(help="Learning rate.")] = 1e-3,
@@ -45,14 +52,17 @@ def train(
         seed=seed,
         max_rows=max_rows,
     )
+    sizes = None if table_sizes is None else parse_table_sizes(table_sizes)
     if architecture is Architecture.dlrm:
         from models.train_dlrm import train_dlrm
 
-        metrics = train_dlrm(data, out, DLRMConfig.preset(preset, table_size), options, valid)
+        dlrm = DLRMConfig.preset(preset, table_size, sizes)
+        metrics = train_dlrm(data, out, dlrm, options, valid)
     else:
         from models.train_wide_deep import train_wide_deep
 
-        metrics = train_wide_deep(data, out, WideDeepConfig.preset(preset, table_size), options, valid)
+        wide_deep = WideDeepConfig.preset(preset, table_size, sizes)
+        metrics = train_wide_deep(data, out, wide_deep, options, valid)
     print(
         f"{architecture.value}: validation AUC {metrics['auc']:.4f}, "
         f"logloss {metrics['logloss']:.4f} on {metrics['rows']} rows; saved to {out}"

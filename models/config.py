@@ -3,6 +3,12 @@
 Configs are frozen dataclasses that validate themselves, so a wrong option
 fails at the line that set it. Each trained model is saved with its config as
 ``config.json`` beside the weights; the exporters rebuild the model from it.
+
+Each of the 26 tables has its own size (``table_sizes``), as in real Criteo
+models; ``--table-size N`` means "all 26 = N". The ``criteo-kaggle`` and
+``criteo-terabyte`` presets carry the published per-table sizes (see
+:mod:`criteo.tables`) for benchmarks and the large-table work: at 2.2 GB and
+96 GB of FP32 DLRM tables they are not meant to train on this machine.
 """
 
 from __future__ import annotations
@@ -14,10 +20,30 @@ from typing import Any, Literal
 
 from bundle.errors import ConfigError
 from criteo.schema import NUM_CATEGORICAL
+from criteo.tables import CRITEO_KAGGLE, CRITEO_TERABYTE, check_table_sizes, uniform_table_sizes
 
-Preset = Literal["tiny", "small", "reference"]
-PRESETS: tuple[str, ...] = ("tiny", "small", "reference")
+Preset = Literal["tiny", "small", "reference", "criteo-kaggle", "criteo-terabyte"]
+PRESETS: tuple[str, ...] = ("tiny", "small", "reference", "criteo-kaggle", "criteo-terabyte")
 CONFIG_FILE = "config.json"
+
+
+def _resized(
+    config: DLRMConfig | WideDeepConfig, table_size: int | None, table_sizes: tuple[int, ...] | None
+) -> Any:
+    if table_size is not None and table_sizes is not None:
+        raise ConfigError("give --table-size (all 26 tables) or --table-sizes, not both")
+    if table_sizes is not None:
+        return replace(config, table_sizes=check_table_sizes(table_sizes))
+    if table_size is not None:
+        return replace(config, table_sizes=uniform_table_sizes(table_size))
+    return config
+
+
+def _check_sizes(sizes: tuple[int, ...]) -> None:
+    check_table_sizes(sizes)
+    small = [size for size in sizes if size < 2]
+    if small:
+        raise ConfigError(f"every table needs at least 2 rows, got sizes {sorted(set(small))}")
 
 
 def _check_layers(name: str, layers: tuple[int, ...]) -> None:
@@ -31,21 +57,21 @@ class DLRMConfig:
     interaction over the 27 vectors, top MLP to one logit.
 
     Args:
-        table_size: rows of each of the 26 embedding tables; ids are reduced modulo it.
+        table_sizes: rows of the 26 embedding tables (C1..C26); each id is reduced
+            modulo its table's size.
         embedding_dim: ``D``, the width of every embedding and of the bottom MLP's output.
         bottom_mlp: widths of the bottom MLP; the last equals ``embedding_dim``.
         top_mlp: widths of the top MLP; the last is 1 (the logit).
     """
 
-    table_size: int
+    table_sizes: tuple[int, ...]
     embedding_dim: int
     bottom_mlp: tuple[int, ...]
     top_mlp: tuple[int, ...]
     kind: Literal["dlrm"] = field(default="dlrm", init=False)
 
     def __post_init__(self) -> None:
-        if self.table_size < 2:
-            raise ConfigError(f"table_size must be >= 2, got {self.table_size}")
+        _check_sizes(self.table_sizes)
         _check_layers("bottom_mlp", self.bottom_mlp)
         _check_layers("top_mlp", self.top_mlp)
         if self.bottom_mlp[-1] != self.embedding_dim:
@@ -61,18 +87,35 @@ class DLRMConfig:
         vectors = NUM_CATEGORICAL + 1
         return vectors * (vectors - 1) // 2 + self.embedding_dim
 
+    @property
+    def embedding_rows(self) -> int:
+        """Rows of all 26 tables together."""
+        return sum(self.table_sizes)
+
     @staticmethod
-    def preset(name: str, table_size: int | None = None) -> DLRMConfig:
-        """The named preset, with every table resized to ``table_size`` if given."""
+    def preset(
+        name: str, table_size: int | None = None, table_sizes: tuple[int, ...] | None = None
+    ) -> DLRMConfig:
+        """The named preset, with every table resized to ``table_size`` or to ``table_sizes`` if given.
+
+        ``criteo-kaggle`` is facebookresearch/dlrm's Kaggle configuration (``D`` 16,
+        bottom 13-512-256-64-16, top 512-256-1, 2.2 GB of FP32 tables);
+        ``criteo-terabyte`` its MLPerf Terabyte one (``D`` 128, ids capped at 40M
+        rows per table, 96 GB of FP32 tables).
+        """
         presets = {
-            "tiny": DLRMConfig(1_000, 8, (16, 8), (32, 16, 1)),
-            "small": DLRMConfig(20_000, 32, (128, 64, 32), (256, 128, 1)),
-            "reference": DLRMConfig(100_000, 128, (512, 256, 128), (1024, 1024, 512, 256, 1)),
+            "tiny": DLRMConfig(uniform_table_sizes(1_000), 8, (16, 8), (32, 16, 1)),
+            "small": DLRMConfig(uniform_table_sizes(20_000), 32, (128, 64, 32), (256, 128, 1)),
+            "reference": DLRMConfig(
+                uniform_table_sizes(100_000), 128, (512, 256, 128), (1024, 1024, 512, 256, 1)
+            ),
+            "criteo-kaggle": DLRMConfig(CRITEO_KAGGLE, 16, (512, 256, 64, 16), (512, 256, 1)),
+            "criteo-terabyte": DLRMConfig(CRITEO_TERABYTE, 128, (512, 256, 128), (1024, 1024, 512, 256, 1)),
         }
         if name not in presets:
             raise ConfigError(f"unknown preset {name!r}; choose one of {', '.join(PRESETS)}")
-        config = presets[name]
-        return config if table_size is None else replace(config, table_size=table_size)
+        config: DLRMConfig = _resized(presets[name], table_size, table_sizes)
+        return config
 
 
 @dataclass(frozen=True)
@@ -81,35 +124,48 @@ class WideDeepConfig:
     deep part (embeddings and counts through an MLP); their logits add.
 
     Args:
-        table_size: rows of each of the 26 tables (wide and deep); ids are reduced modulo it.
+        table_sizes: rows of the 26 tables (C1..C26, wide and deep alike); each id
+            is reduced modulo its table's size.
         embedding_dim: width of the deep part's embeddings.
         deep_mlp: widths of the deep MLP's hidden layers (a final Dense(1) follows).
     """
 
-    table_size: int
+    table_sizes: tuple[int, ...]
     embedding_dim: int
     deep_mlp: tuple[int, ...]
     kind: Literal["wide_deep"] = field(default="wide_deep", init=False)
 
     def __post_init__(self) -> None:
-        if self.table_size < 2:
-            raise ConfigError(f"table_size must be >= 2, got {self.table_size}")
+        _check_sizes(self.table_sizes)
         if self.embedding_dim <= 0:
             raise ConfigError(f"embedding_dim must be positive, got {self.embedding_dim}")
         _check_layers("deep_mlp", self.deep_mlp)
 
+    @property
+    def embedding_rows(self) -> int:
+        """Rows of all 26 tables together."""
+        return sum(self.table_sizes)
+
     @staticmethod
-    def preset(name: str, table_size: int | None = None) -> WideDeepConfig:
-        """The named preset, with every table resized to ``table_size`` if given."""
+    def preset(
+        name: str, table_size: int | None = None, table_sizes: tuple[int, ...] | None = None
+    ) -> WideDeepConfig:
+        """The named preset, with every table resized to ``table_size`` or to ``table_sizes`` if given.
+
+        ``criteo-kaggle`` and ``criteo-terabyte`` are the reference layers with the
+        published per-table sizes.
+        """
         presets = {
-            "tiny": WideDeepConfig(1_000, 8, (32, 16)),
-            "small": WideDeepConfig(20_000, 32, (256, 256, 256)),
-            "reference": WideDeepConfig(100_000, 64, (1024,) * 5),
+            "tiny": WideDeepConfig(uniform_table_sizes(1_000), 8, (32, 16)),
+            "small": WideDeepConfig(uniform_table_sizes(20_000), 32, (256, 256, 256)),
+            "reference": WideDeepConfig(uniform_table_sizes(100_000), 64, (1024,) * 5),
+            "criteo-kaggle": WideDeepConfig(CRITEO_KAGGLE, 64, (1024,) * 5),
+            "criteo-terabyte": WideDeepConfig(CRITEO_TERABYTE, 64, (1024,) * 5),
         }
         if name not in presets:
             raise ConfigError(f"unknown preset {name!r}; choose one of {', '.join(PRESETS)}")
-        config = presets[name]
-        return config if table_size is None else replace(config, table_size=table_size)
+        config: WideDeepConfig = _resized(presets[name], table_size, table_sizes)
+        return config
 
 
 @dataclass(frozen=True)
@@ -166,16 +222,22 @@ def load_config(directory: Path) -> ModelConfig:
     try:
         data = dict(json.loads(path.read_text())["model"])
         kind = data.pop("kind")
+        # Outputs of earlier versions hold one "table_size" for all 26 tables.
+        sizes = (
+            tuple(int(size) for size in data["table_sizes"])
+            if "table_sizes" in data
+            else uniform_table_sizes(int(data["table_size"]))
+        )
         if kind == "dlrm":
             return DLRMConfig(
-                table_size=int(data["table_size"]),
+                table_sizes=sizes,
                 embedding_dim=int(data["embedding_dim"]),
                 bottom_mlp=tuple(data["bottom_mlp"]),
                 top_mlp=tuple(data["top_mlp"]),
             )
         if kind == "wide_deep":
             return WideDeepConfig(
-                table_size=int(data["table_size"]),
+                table_sizes=sizes,
                 embedding_dim=int(data["embedding_dim"]),
                 deep_mlp=tuple(data["deep_mlp"]),
             )

@@ -6,8 +6,8 @@ initialisation. Two choices are made for export and serving:
 - Ids are reduced into their table inside the model with a non-negative
   modulo (``torch.remainder``, ONNX ``Mod`` with ``fmod=0``), so a categorical
   id of any int64 value is valid and no lookup ever reads out of bounds.
-- The 26 tables live in one ``nn.Embedding`` of ``26 * table_size`` rows, and
-  table ``t``'s rows start at ``t * table_size``. The lookup of all 26
+- The 26 tables live in one ``nn.Embedding`` of ``sum(table_sizes)`` rows, and
+  table ``t``'s rows start at ``table_sizes[0] + ... + table_sizes[t - 1]``. The lookup of all 26
   features is then one ``Mod``, one ``Add`` and one ``Gather`` in ONNX instead
   of 26 column-``Gather``/table-``Gather``/``Unsqueeze`` chains and a
   ``Concat`` (``nn.EmbeddingBag``
@@ -16,8 +16,8 @@ initialisation. Two choices are made for export and serving:
   graphs in one process and run in turn (intra-op spinning off): the fused
   table was faster in all 6 runs, by 5-10 % (median 42.8-52.1 ms per batch
   vs 45.5-57.3 ms with 26 tables), and its whole graph has 30 nodes against
-  158. The weights are the 26 tables stacked; every table has the same size,
-  so the reference initialisation is unchanged.
+  158. The weights are the 26 tables stacked, each initialised as the
+  reference initialises a table of its own size.
 """
 
 from __future__ import annotations
@@ -30,6 +30,7 @@ import torch
 from torch import nn
 
 from criteo.schema import NUM_CATEGORICAL, NUM_DENSE
+from criteo.tables import table_offsets
 
 if TYPE_CHECKING:
     from criteo.tsv import Batch
@@ -96,10 +97,10 @@ class DLRM(nn.Module):
     """Deep Learning Recommendation Model: click probability of one impression.
 
     ``p = sigmoid(top([x, tril(V V^T)]))`` with ``x = bottom(dense)`` and
-    ``V = [x, E_1[c_1 mod T], ..., E_26[c_26 mod T]]``.
+    ``V = [x, E_1[c_1 mod T_1], ..., E_26[c_26 mod T_26]]``.
 
     Args:
-        config: table size ``T``, embedding width ``D`` and the MLP widths.
+        config: table sizes ``T_t``, embedding width ``D`` and the MLP widths.
 
     Shapes:
         dense ``B x 13`` float32 (log1p counts), categorical ``B x 26`` int64
@@ -108,6 +109,7 @@ class DLRM(nn.Module):
     """
 
     table_offsets: torch.Tensor
+    table_sizes: torch.Tensor
 
     def __init__(self, config: DLRMConfig, sparse: bool = False) -> None:
         """Build the model.
@@ -118,23 +120,25 @@ class DLRM(nn.Module):
         """
         super().__init__()
         self.config = config
-        self.table_size = config.table_size
         self.bottom_mlp = _mlp(config.bottom_mlp, NUM_DENSE, relu_last=True)
-        self.embedding = nn.Embedding(
-            NUM_CATEGORICAL * config.table_size, config.embedding_dim, sparse=sparse
-        )
-        bound = math.sqrt(1.0 / config.table_size)
+        self.embedding = nn.Embedding(config.embedding_rows, config.embedding_dim, sparse=sparse)
+        offsets = table_offsets(config.table_sizes)
         with torch.no_grad():
-            self.embedding.weight.uniform_(-bound, bound)
-        offsets = torch.arange(NUM_CATEGORICAL, dtype=torch.int64) * config.table_size
-        self.register_buffer("table_offsets", offsets.unsqueeze(0), persistent=False)
+            for start, size in zip(offsets, config.table_sizes, strict=True):
+                bound = math.sqrt(1.0 / size)
+                self.embedding.weight[start : start + size].uniform_(-bound, bound)
+        sizes = torch.tensor(config.table_sizes, dtype=torch.int64).unsqueeze(0)
+        self.register_buffer("table_sizes", sizes, persistent=False)
+        self.register_buffer(
+            "table_offsets", torch.tensor(offsets, dtype=torch.int64).unsqueeze(0), persistent=False
+        )
         self.interaction = DotInteraction(NUM_CATEGORICAL + 1)
         self.top_mlp = _mlp(config.top_mlp, config.num_interactions, relu_last=False)
 
     def embed(self, categorical: torch.Tensor) -> torch.Tensor:
         """Look up every feature in its table: ``B x 26`` int64 -> ``B x 26 x D``."""
-        # remainder takes the divisor's sign, so negative and huge ids land in [0, T).
-        rows = torch.remainder(categorical, self.table_size) + self.table_offsets
+        # remainder takes the divisor's sign, so negative and huge ids land in [0, T_t).
+        rows = torch.remainder(categorical, self.table_sizes) + self.table_offsets
         return self.embedding(rows)
 
     def logits(self, dense: torch.Tensor, categorical: torch.Tensor) -> torch.Tensor:

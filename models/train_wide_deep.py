@@ -172,8 +172,8 @@ def train_wide_deep(
     if train_rows.labels is None or valid_rows.labels is None:
         raise DataError("load_split returned unlabeled rows")
     logger.info(
-        "training Wide & Deep (table_size %d, embedding_dim %d, deep_mlp %s) on %d rows, validating on %d",
-        model_config.table_size,
+        "training Wide & Deep (%d table rows, embedding_dim %d, deep_mlp %s) on %d rows, validating on %d",
+        model_config.embedding_rows,
         model_config.embedding_dim,
         list(model_config.deep_mlp),
         len(train_rows),

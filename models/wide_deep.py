@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from types import ModuleType
 from typing import Any
 
@@ -42,6 +42,7 @@ from criteo.schema import (
     NUM_DENSE,
     OUTPUT,
 )
+from criteo.tables import table_offsets, uniform_table_sizes
 from models.config import WideDeepConfig
 
 # TensorFlow's Python-side warnings (retracing, deprecations) are noise for users here.
@@ -69,16 +70,16 @@ def check_backend() -> None:
 def parameter_shapes(config: WideDeepConfig) -> dict[str, tuple[int, ...]]:
     """Names and shapes of the model's parameters, in a fixed order.
 
-    - ``wide_table`` ``(26 * table_size,)``: one weight per (table, id).
+    - ``wide_table`` ``(sum(table_sizes),)``: one weight per (table, id).
     - ``wide_counts`` ``(13, 1)``: linear weights of the counts.
-    - ``deep_table`` ``(26 * table_size, embedding_dim)``: the fused embeddings.
+    - ``deep_table`` ``(sum(table_sizes), embedding_dim)``: the fused embeddings.
     - ``deep_kernel_<i>``, ``deep_bias_<i>``: the ReLU layers of ``deep_mlp``.
     - ``deep_logit_kernel`` ``(deep_mlp[-1], 1)``, ``deep_logit_bias`` ``(1,)``.
 
     There is one bias in all: a second one on the wide part would always get the
     same gradient as the deep part's, a redundant parameter.
     """
-    rows = NUM_CATEGORICAL * config.table_size
+    rows = config.embedding_rows
     shapes: dict[str, tuple[int, ...]] = {
         "wide_table": (rows,),
         "wide_counts": (NUM_DENSE, 1),
@@ -94,21 +95,22 @@ def parameter_shapes(config: WideDeepConfig) -> dict[str, tuple[int, ...]]:
     return shapes
 
 
-def table_rows(ids: tf.Tensor, table_size: int) -> tf.Tensor:
+def table_rows(ids: tf.Tensor, table_sizes: Sequence[int]) -> tf.Tensor:
     """Rows of the fused tables for raw ids.
 
-    ``rows[b, t] = floormod(ids[b, t], table_size) + t * table_size``, so an id of
+    ``rows[b, t] = floormod(ids[b, t], T_t) + T_0 + ... + T_{t-1}``, so an id of
     any int64 value lands in table ``t``'s slice.
 
     Args:
         ids: ``B x 26`` int64 raw ids.
-        table_size: rows of each table.
+        table_sizes: rows of each of the 26 tables.
 
     Returns:
-        ``B x 26`` int64 in ``[0, 26 * table_size)``.
+        ``B x 26`` int64 in ``[0, sum(table_sizes))``.
     """
-    offsets = tf.constant(np.arange(NUM_CATEGORICAL, dtype=np.int64)[None, :] * table_size)
-    return tf.math.floormod(tf.cast(ids, tf.int64), tf.constant(table_size, tf.int64)) + offsets
+    offsets = tf.constant(np.asarray(table_offsets(table_sizes), dtype=np.int64)[None, :])
+    sizes = tf.constant(np.asarray(table_sizes, dtype=np.int64)[None, :])
+    return tf.math.floormod(tf.cast(ids, tf.int64), sizes) + offsets
 
 
 def wide_deep_logit(
@@ -131,7 +133,7 @@ def wide_deep_logit(
     """
     # Name scopes give the exported ONNX nodes readable names (wide/..., deep/...).
     with tf.name_scope("table_rows"):
-        rows = table_rows(ids, config.table_size)
+        rows = table_rows(ids, config.table_sizes)
     # tf.gather directly: keras.ops.take adds a negative-index fix-up (Less, Add,
     # Where) that the modulo makes unnecessary.
     with tf.name_scope("wide"):
@@ -193,7 +195,7 @@ class WideDeepLogit(keras.layers.Layer):
     def get_config(self) -> dict[str, object]:
         return {
             **super().get_config(),
-            "table_size": self.config.table_size,
+            "table_sizes": list(self.config.table_sizes),
             "embedding_dim": self.config.embedding_dim,
             "deep_mlp": list(self.config.deep_mlp),
         }
@@ -201,8 +203,14 @@ class WideDeepLogit(keras.layers.Layer):
     @classmethod
     def from_config(cls, config: dict[str, Any]) -> WideDeepLogit:
         config = dict(config)
+        # .keras files of earlier versions hold one "table_size" for all 26 tables.
+        sizes = (
+            tuple(int(size) for size in config.pop("table_sizes"))
+            if "table_sizes" in config
+            else uniform_table_sizes(int(config.pop("table_size")))
+        )
         model = WideDeepConfig(
-            table_size=int(config.pop("table_size")),
+            table_sizes=sizes,
             embedding_dim=int(config.pop("embedding_dim")),
             deep_mlp=tuple(config.pop("deep_mlp")),
         )

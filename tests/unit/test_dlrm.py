@@ -14,16 +14,18 @@ import torch
 from bundle.errors import ConfigError, ExportError
 from criteo.schema import CATEGORICAL_INPUT, DENSE_INPUT, NUM_CATEGORICAL, NUM_DENSE, OUTPUT
 from criteo.synth import SynthConfig, write_tsv
+from criteo.tables import table_offsets
 from criteo.tsv import Batch, read_batch
 from export.onnx_dlrm import DLRMExporter
 from models.config import CONFIG_FILE, DLRMConfig, TrainConfig, WideDeepConfig, load_config, save_config
 from models.dlrm import DLRM, WEIGHTS_FILE
 from models.train_dlrm import train_dlrm
 
-TINY = DLRMConfig.preset("tiny")
+#: The tiny layers with a different size per table, as real Criteo models have.
+TINY = DLRMConfig.preset("tiny", table_sizes=tuple(40 + 37 * t for t in range(NUM_CATEGORICAL)))
 OPSET = 17
 #: Ids that a plain lookup would reject: negative, huge, past the table.
-EXTREME_IDS = (-1, 2**62, -(2**62), 2**63 - 1, -(2**63), TINY.table_size * 7 + 3, TINY.table_size)
+EXTREME_IDS = (-1, 2**62, -(2**62), 2**63 - 1, -(2**63), TINY.table_sizes[0] * 7 + 3, TINY.table_sizes[0])
 
 
 def _random_inputs(rows: int, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
@@ -54,7 +56,7 @@ def test_forward_shapes() -> None:
 
 def test_any_int64_id_looks_up_id_mod_table_size() -> None:
     model = DLRM(TINY).eval()
-    size = TINY.table_size
+    sizes, offsets = TINY.table_sizes, table_offsets(TINY.table_sizes)
     ids = torch.tensor(
         [[EXTREME_IDS[(row + t) % len(EXTREME_IDS)] for t in range(NUM_CATEGORICAL)] for row in range(7)]
     )
@@ -64,7 +66,8 @@ def test_any_int64_id_looks_up_id_mod_table_size() -> None:
     for row in range(ids.shape[0]):
         for t in range(NUM_CATEGORICAL):
             raw = int(ids[row, t])
-            expected = weight[t * size + raw % size]  # Python's % is non-negative for size > 0
+            # Python's % is non-negative for a positive size.
+            expected = weight[offsets[t] + raw % sizes[t]]
             assert torch.equal(embedded[row, t], expected), (raw, t)
 
 
@@ -197,3 +200,19 @@ def test_exporter_rejects_an_opset_without_mod(exported: tuple[DLRMExporter, Pat
     with pytest.raises(ConfigError, match="opset"):
         exporter.to_onnx(tmp_path / "old.onnx", 10)
     assert not (tmp_path / "old.onnx").exists()
+
+
+def test_the_graph_reduces_ids_itself_and_its_sizes_are_readable(
+    exported: tuple[DLRMExporter, Path], tmp_path: Path
+) -> None:
+    """export.ids reads the 26 per-table sizes from the Mod in front of the fused lookup and adds nothing."""
+    from export.ids import ensure_id_reduction
+
+    exporter, path = exported
+    copy = tmp_path / "model.onnx"
+    copy.write_bytes(path.read_bytes())
+    reduction = ensure_id_reduction(copy)
+    assert not reduction.added
+    assert reduction.table_sizes == TINY.table_sizes == exporter.table_sizes
+    assert copy.read_bytes() == path.read_bytes()
+    assert exporter.source["table_sizes"] == list(TINY.table_sizes)

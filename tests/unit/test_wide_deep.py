@@ -20,11 +20,13 @@ from criteo.schema import (
     OUTPUT,
 )
 from criteo.synth import SynthConfig, write_tsv
+from criteo.tables import table_offsets
 from criteo.tsv import Batch, read_batch
 from models.config import CONFIG_FILE, DLRMConfig, TrainConfig, WideDeepConfig, save_config
 
-TINY = WideDeepConfig.preset("tiny")
-EXTREME_IDS = [-1, 2**62, -(2**62), 2**63 - 1, -(2**63), TINY.table_size, -TINY.table_size - 1]
+#: The tiny layers with a different size per table, as real Criteo models have.
+TINY = WideDeepConfig.preset("tiny", table_sizes=tuple(30 + 41 * t for t in range(NUM_CATEGORICAL)))
+EXTREME_IDS = [-1, 2**62, -(2**62), 2**63 - 1, -(2**63), TINY.table_sizes[0], -TINY.table_sizes[3] - 1]
 
 
 def _random_batch(rows: int, seed: int = 0) -> Batch:
@@ -32,7 +34,7 @@ def _random_batch(rows: int, seed: int = 0) -> Batch:
     rng = np.random.default_rng(seed)
     dense = rng.uniform(0.0, 8.0, (rows, NUM_DENSE)).astype(np.float32)
     ids = rng.integers(-(2**63), 2**63 - 1, (rows, NUM_CATEGORICAL), dtype=np.int64)
-    ids[: rows // 2] = rng.integers(0, 3 * TINY.table_size, (rows // 2, NUM_CATEGORICAL))
+    ids[: rows // 2] = rng.integers(0, 3 * max(TINY.table_sizes), (rows // 2, NUM_CATEGORICAL))
     for i, value in enumerate(EXTREME_IDS):
         ids[i, :] = value
     return Batch(dense, ids, None)
@@ -86,13 +88,13 @@ def test_any_int64_id_is_reduced_into_its_table() -> None:
     from models.wide_deep import build_wide_deep, table_rows
 
     ids = np.resize(np.array(EXTREME_IDS, dtype=np.int64), (3, NUM_CATEGORICAL))
-    rows = np.asarray(table_rows(ids, TINY.table_size))
-    offsets = np.arange(NUM_CATEGORICAL) * TINY.table_size
-    np.testing.assert_array_equal(rows - offsets, hash_ids(ids, [TINY.table_size] * NUM_CATEGORICAL))
+    rows = np.asarray(table_rows(ids, TINY.table_sizes))
+    offsets = np.asarray(table_offsets(TINY.table_sizes))
+    np.testing.assert_array_equal(rows - offsets, hash_ids(ids, TINY.table_sizes))
 
     model = build_wide_deep(TINY)
     dense = np.ones((3, NUM_DENSE), np.float32)
-    reduced = np.mod(ids, TINY.table_size)
+    reduced = hash_ids(ids, TINY.table_sizes)
     raw_out = np.asarray(model({DENSE_INPUT: dense, CATEGORICAL_INPUT: ids}))
     reduced_out = np.asarray(model({DENSE_INPUT: dense, CATEGORICAL_INPUT: reduced}))
     assert np.all(np.isfinite(raw_out))
@@ -106,7 +108,7 @@ def test_training_writes_saved_model_and_config(trained: tuple[Path, dict[str, f
     assert 0.0 <= metrics["auc"] <= 1.0 and metrics["logloss"] > 0 and metrics["rows"] == 400
     saved = json.loads((out / CONFIG_FILE).read_text())
     assert saved["model"]["kind"] == "wide_deep"
-    assert saved["model"]["table_size"] == TINY.table_size
+    assert tuple(saved["model"]["table_sizes"]) == TINY.table_sizes
     assert saved["validation"] == metrics
     assert saved["train"]["batch_size"] == 256
 
@@ -179,3 +181,15 @@ def test_exporter_errors(tmp_path: Path, exported) -> None:
     exporter, _ = exported
     with pytest.raises(ConfigError, match="opset"):
         exporter.to_onnx(tmp_path / "model.onnx", 9)
+
+
+def test_the_graph_reduces_ids_itself_and_its_sizes_are_readable(exported, tmp_path: Path) -> None:
+    """export.ids reads the 26 per-table sizes from the Mod in front of the fused lookups and adds nothing."""
+    from export.ids import ensure_id_reduction
+
+    exporter, path = exported
+    copy = tmp_path / "model.onnx"
+    copy.write_bytes(path.read_bytes())
+    reduction = ensure_id_reduction(copy)
+    assert not reduction.added
+    assert reduction.table_sizes == TINY.table_sizes == exporter.table_sizes
