@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 from typing import Annotated
 
@@ -10,11 +11,14 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from bundle.cli import new_app, run
+from bundle.cli import VerboseOption, new_app, run, set_verbose, shared_options
 from bundle.errors import ConfigError
+from criteo.tables import TABLE_SIZE_PRESETS, parse_table_sizes
+from export.framework import FrameworkExporter
 from export.pipeline import INT8_BY_DEFAULT, ExportedModel, ExportOptions, export_family
 from export.quantize import DEFAULT_METHOD, INT8_METHODS, QuantizeOptions
 from export.repository import ORT_TRT_CACHE_DIR, QUEUE_DELAY_US, ServingConfig
+from export.sources import SourceOptions, parse_feature_order, parse_input_map
 from export.trt_build import EngineResult, TensorRTOptions, build_engines
 
 app = new_app("Export trained DLRM and Wide & Deep models into a Triton model repository.")
@@ -107,6 +111,19 @@ GraphSizes = Annotated[
 ]
 
 
+TableSizes = Annotated[
+    str | None,
+    typer.Option(
+        help="Rows of the tables behind C1..C26: "
+        f"{' or '.join(TABLE_SIZE_PRESETS)}, one size for all, or 26 comma-separated sizes. Needed only "
+        "when your model does not reduce ids into its tables itself and its graph does not show the sizes."
+    ),
+]
+Logits = Annotated[
+    bool, typer.Option("--logits", help="Your model returns logits: the export appends the sigmoid.")
+]
+
+
 def _graph_sizes(text: str | None) -> tuple[int, ...] | None:
     """Parse ``--cuda-graph-batch-sizes``: None keeps the default, ``none`` disables graphs."""
     if text is None:
@@ -121,27 +138,35 @@ def _graph_sizes(text: str | None) -> tuple[int, ...] | None:
         ) from None
 
 
-def _options(
-    repository: Path,
-    profile: str,
-    opset: int,
-    fp16: bool,
-    check_data: Path | None,
-    check_rows: int,
-    fp16_auc_tolerance: float,
-    max_batch_size: int,
-    instances: int,
-    max_queue_delay_us: int | None,
-    threads: int,
-    ort_trt: bool,
-    trt_cache_dir: str,
-    opt_batch_size: int,
-    cuda_graph_batch_sizes: str | None,
-    int8: bool | None,
-    quantize: QuantizeOptions,
-    int8_auc_tolerance: float,
-    calibration_data: Path | None,
-) -> ExportOptions:
+def _export_options(
+    repository: Repository = Path("model_repository"),
+    profile: ProfileOpt = "cpu",
+    opset: Opset = 17,
+    fp16: Fp16 = True,
+    check_data: CheckData = None,
+    check_rows: CheckRows = 4096,
+    fp16_auc_tolerance: AucTolerance = 1e-3,
+    max_batch_size: MaxBatch = 4096,
+    instances: Instances = 1,
+    max_queue_delay_us: QueueDelay = None,
+    threads: Threads = 0,
+    ort_trt: OrtTrt = False,
+    trt_cache_dir: TrtCache = ORT_TRT_CACHE_DIR,
+    opt_batch_size: OptBatchSize = 0,
+    cuda_graph_batch_sizes: GraphSizes = None,
+    int8: Int8 = None,
+    int8_method: Int8Method = DEFAULT_METHOD,
+    int8_per_channel: Int8PerChannel = True,
+    int8_reduce_range: Int8ReduceRange = False,
+    calibration_data: CalibrationData = None,
+    calibration_rows: CalibrationRows = 2048,
+    int8_auc_tolerance: Int8AucTolerance = 1e-3,
+    table_sizes: TableSizes = None,
+    logits: Logits = False,
+    verbose: VerboseOption = False,
+) -> tuple[ExportOptions, SourceOptions]:
+    """The options every export command shares, declared once (see :func:`bundle.cli.shared_options`)."""
+    set_verbose(verbose)
     delay = QUEUE_DELAY_US.get(profile, 0) if max_queue_delay_us is None else max_queue_delay_us
     serving = ServingConfig(
         profile=profile,  # type: ignore[arg-type]  # validated by ServingConfig
@@ -154,7 +179,13 @@ def _options(
         opt_batch_size=opt_batch_size,
         cuda_graph_batch_sizes=_graph_sizes(cuda_graph_batch_sizes),
     )
-    return ExportOptions(
+    quantize = QuantizeOptions(
+        method=int8_method,  # type: ignore[arg-type]  # validated by QuantizeOptions
+        per_channel=int8_per_channel,
+        reduce_range=int8_reduce_range,
+        calibration_rows=calibration_rows,
+    )
+    options = ExportOptions(
         repository=repository,
         serving=serving,
         opset=opset,
@@ -167,15 +198,8 @@ def _options(
         int8_auc_tolerance=int8_auc_tolerance,
         calibration_data=calibration_data,
     )
-
-
-def _quantize(method: str, per_channel: bool, reduce_range: bool, calibration_rows: int) -> QuantizeOptions:
-    return QuantizeOptions(
-        method=method,  # type: ignore[arg-type]  # validated by QuantizeOptions
-        per_channel=per_channel,
-        reduce_range=reduce_range,
-        calibration_rows=calibration_rows,
-    )
+    sizes = None if table_sizes is None else parse_table_sizes(table_sizes)
+    return options, SourceOptions(table_sizes=sizes, logits=logits)
 
 
 def _print(results: list[ExportedModel]) -> None:
@@ -205,86 +229,76 @@ def _print_next_step(options: ExportOptions) -> None:
         )
 
 
-@app.command()
-def dlrm(
-    checkpoint: Annotated[Path, typer.Option(help="Directory written by `models train dlrm`.")],
-    repository: Repository = Path("model_repository"),
-    profile: ProfileOpt = "cpu",
-    opset: Opset = 17,
-    fp16: Fp16 = True,
-    check_data: CheckData = None,
-    check_rows: CheckRows = 4096,
-    fp16_auc_tolerance: AucTolerance = 1e-3,
-    max_batch_size: MaxBatch = 4096,
-    instances: Instances = 1,
-    max_queue_delay_us: QueueDelay = None,
-    threads: Threads = 0,
-    ort_trt: OrtTrt = False,
-    trt_cache_dir: TrtCache = ORT_TRT_CACHE_DIR,
-    opt_batch_size: OptBatchSize = 0,
-    cuda_graph_batch_sizes: GraphSizes = None,
-    int8: Int8 = None,
-    int8_method: Int8Method = DEFAULT_METHOD,
-    int8_per_channel: Int8PerChannel = True,
-    int8_reduce_range: Int8ReduceRange = False,
-    calibration_data: CalibrationData = None,
-    calibration_rows: CalibrationRows = 2048,
-    int8_auc_tolerance: Int8AucTolerance = 1e-3,
-) -> None:
-    """Export a PyTorch DLRM checkpoint (torch.onnx) as dlrm_onnx, dlrm_onnx_fp16 and, in the
-    cpu profile, dlrm_onnx_int8 (in the gpu profile: the config of dlrm_trt instead)."""
-    options = _options(
-        repository, profile, opset, fp16, check_data, check_rows,
-        fp16_auc_tolerance, max_batch_size, instances, max_queue_delay_us, threads,
-        ort_trt, trt_cache_dir, opt_batch_size, cuda_graph_batch_sizes,
-        int8, _quantize(int8_method, int8_per_channel, int8_reduce_range, calibration_rows),
-        int8_auc_tolerance, calibration_data,
-    )  # fmt: skip
-    from export.onnx_dlrm import DLRMExporter
-
-    _print(export_family(DLRMExporter(checkpoint), options))
+def _export(exporter: FrameworkExporter, options: ExportOptions) -> None:
+    _print(export_family(exporter, options))
     _print_next_step(options)
+
+
+@app.command()
+@shared_options(shared=_export_options)
+def dlrm(
+    shared: tuple[ExportOptions, SourceOptions],
+    checkpoint: Annotated[
+        Path | None,
+        typer.Option(
+            help="What to export: a directory written by `models train dlrm`, a facebookresearch/dlrm "
+            "checkpoint (--save-model) or its state dict, a TorchRec DLRM state dict, a TorchScript file, "
+            "or a torch.export program (.pt2); the format is detected from the file."
+        ),
+    ] = None,
+    factory: Annotated[
+        str | None,
+        typer.Option(
+            help="package.module:function returning your nn.Module with weights loaded; its forward takes "
+            "(dense_features B x 13 float32, categorical_ids B x 26 int64)."
+        ),
+    ] = None,
+    feature_order: Annotated[
+        str | None,
+        typer.Option(
+            help="TorchRec: the 26 table names in C1..C26 order, comma-separated or a range "
+            "(t_cat_0..t_cat_25); default: the state dict's order."
+        ),
+    ] = None,
+) -> None:
+    """Export a PyTorch DLRM (torch.onnx) as dlrm_onnx, dlrm_onnx_fp16 and, in the cpu profile,
+    dlrm_onnx_int8 (in the gpu profile: the config of dlrm_trt instead)."""
+    options, source = shared
+    if (checkpoint is None) == (factory is None):
+        raise ConfigError("give --checkpoint PATH or --factory package.module:function (one of them)")
+    source = replace(source, factory=factory, feature_order=parse_feature_order(feature_order))
+    from export.dlrm_sources import open_dlrm_source
+
+    _export(open_dlrm_source(checkpoint, source), options)
 
 
 @app.command("wide-deep")
+@shared_options(shared=_export_options)
 def wide_deep(
-    saved_model: Annotated[Path, typer.Option(help="Directory written by `models train wide-deep`.")],
-    repository: Repository = Path("model_repository"),
-    profile: ProfileOpt = "cpu",
-    opset: Opset = 17,
-    fp16: Fp16 = True,
-    check_data: CheckData = None,
-    check_rows: CheckRows = 4096,
-    fp16_auc_tolerance: AucTolerance = 1e-3,
-    max_batch_size: MaxBatch = 4096,
-    instances: Instances = 1,
-    max_queue_delay_us: QueueDelay = None,
-    threads: Threads = 0,
-    ort_trt: OrtTrt = False,
-    trt_cache_dir: TrtCache = ORT_TRT_CACHE_DIR,
-    opt_batch_size: OptBatchSize = 0,
-    cuda_graph_batch_sizes: GraphSizes = None,
-    int8: Int8 = None,
-    int8_method: Int8Method = DEFAULT_METHOD,
-    int8_per_channel: Int8PerChannel = True,
-    int8_reduce_range: Int8ReduceRange = False,
-    calibration_data: CalibrationData = None,
-    calibration_rows: CalibrationRows = 2048,
-    int8_auc_tolerance: Int8AucTolerance = 1e-3,
+    shared: tuple[ExportOptions, SourceOptions],
+    saved_model: Annotated[
+        Path,
+        typer.Option(
+            help="What to export: a TensorFlow SavedModel directory (tf.saved_model.save, Keras "
+            "model.export(), or the output of `models train wide-deep`) or a .keras file."
+        ),
+    ],
+    input_map: Annotated[
+        list[str] | None,
+        typer.Option(
+            help="TENSOR=NAMES (repeatable): which of your model's inputs hold dense_features or "
+            "categorical_ids: one name, or one per feature as a list or range (dense_features=int_0..int_12). "
+            "Default: inputs named dense_features/categorical_ids, or I1..I13 and C1..C26."
+        ),
+    ] = None,
 ) -> None:
-    """Export a Keras Wide & Deep SavedModel (tf2onnx) as wide_deep_onnx, wide_deep_onnx_fp16 and,
+    """Export a TensorFlow/Keras Wide & Deep (tf2onnx) as wide_deep_onnx, wide_deep_onnx_fp16 and,
     in the cpu profile, wide_deep_onnx_int8 (in the gpu profile: the config of wide_deep_trt instead)."""
-    options = _options(
-        repository, profile, opset, fp16, check_data, check_rows,
-        fp16_auc_tolerance, max_batch_size, instances, max_queue_delay_us, threads,
-        ort_trt, trt_cache_dir, opt_batch_size, cuda_graph_batch_sizes,
-        int8, _quantize(int8_method, int8_per_channel, int8_reduce_range, calibration_rows),
-        int8_auc_tolerance, calibration_data,
-    )  # fmt: skip
-    from export.onnx_wide_deep import WideDeepExporter
+    options, source = shared
+    source = replace(source, input_map=parse_input_map(input_map or []))
+    from export.keras_sources import open_wide_deep_source
 
-    _print(export_family(WideDeepExporter(saved_model), options))
-    _print_next_step(options)
+    _export(open_wide_deep_source(saved_model, source), options)
 
 
 def _print_engines(results: list[EngineResult]) -> None:

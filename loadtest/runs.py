@@ -283,6 +283,11 @@ def sweep_run(
         raise ConfigError(f"give one --url per --protocol ({len(protocols)}), got {len(urls)}")
     if not urls and repository is None:
         raise ConfigError("give --url of a running server, or --repository to start a local one")
+    if urls and repository is None and options.baseline:
+        raise ConfigError(
+            "the in-process baseline (the served / in-process ratio of the report) reads the model files: "
+            "add --repository DIR, the repository the server at --url serves, or --no-baseline"
+        )
     raw = raw or out / "raw"
     out.mkdir(parents=True, exist_ok=True)
     machine = describe()

@@ -96,3 +96,24 @@ def test_median_step_refuses_rounds_of_different_steps() -> None:
     assert median_step([one]) is one
     with pytest.raises(ValueError, match="rounds of different steps"):
         median_step([one, replace(one, concurrency=2)])
+
+
+def test_a_sweep_of_a_running_server_without_its_repository_says_how_to_get_the_baseline(
+    tmp_path: Path,
+) -> None:
+    """Every report states the served / in-process ratio, so a sweep that cannot time the
+    model in-process stops before any load, instead of silently leaving the ratio out."""
+    from bundle.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="--repository DIR.*--no-baseline"):
+        runs.sweep_run(
+            models=["dlrm_onnx"],
+            protocols=["grpc"],
+            urls=["127.0.0.1:1"],
+            repository=None,
+            options=runs.RunOptions(batch_sizes=(1,), concurrency=(1,)),
+            out=tmp_path / "sweep",
+            title="t",
+            command="test",
+        )
+    assert not (tmp_path / "sweep").exists()
