@@ -295,6 +295,7 @@ def sweep_run(
     payload = make_payload(raw, options.data)
     sessions = in_process_models(repository, models, options)
     in_process: dict[str, list[BaselineResult]] = {}
+    memory: dict[str, Any] = {}
     with contextlib.ExitStack() as stack:
         endpoints = list(zip(protocols, urls, strict=True)) if urls else []
         if not urls and repository is not None:
@@ -302,7 +303,10 @@ def sweep_run(
             endpoints = [(p, server.grpc_url if p == "grpc" else server.http_url) for p in protocols]
         targets = [Target(url, protocol, "triton") for protocol, url in endpoints]
         steps = _sweep_targets(targets, models, options, raw, payload, sessions, in_process)
-    settings = {**options.settings(), **_serving(repository, models)}
+        if not urls:
+            # tritonserver and its python stubs (which hold the ONNX Runtime sessions), after the load.
+            memory["server_rss_mib"] = round(sum(server.memory().values()) / 2**20, 1)
+    settings = {**options.settings(), **_serving(repository, models), **memory}
     return _finish(title, command, started, machine, steps, in_process, settings, out)
 
 
