@@ -85,7 +85,7 @@ def resolve_saved_model(directory: Path) -> tuple[Path, Path]:
     return saved_model, config_dir
 
 
-def _floormod_as_onnx_mod(ctx: Any, node: Any, name: str, args: list[Any]) -> Any:
+def floormod_as_onnx_mod(ctx: Any, node: Any, name: str, args: list[Any]) -> Any:
     """tf2onnx handler: TF ``FloorMod`` -> ONNX ``Mod(fmod=0)`` (floor semantics for ints)."""
     node.type = "Mod"
     node.set_attr("fmod", 0)
@@ -237,7 +237,7 @@ class WideDeepExporter:
                 forward,
                 input_signature=specs,
                 opset=opset,
-                custom_op_handlers={"FloorMod": (_floormod_as_onnx_mod, [])},
+                custom_op_handlers={"FloorMod": (floormod_as_onnx_mod, [])},
             )
             self._attach_parameters(model, names)
             _check_interface(model)
