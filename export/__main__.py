@@ -288,7 +288,8 @@ def wide_deep(
         typer.Option(
             help="TENSOR=NAMES (repeatable): which of your model's inputs hold dense_features or "
             "categorical_ids: one name, or one per feature as a list or range "
-            "(dense_features=int_0..int_12). Default: inputs named dense_features/categorical_ids, or I1..I13 and C1..C26."
+            "(dense_features=int_0..int_12). Default: inputs named dense_features/categorical_ids, "
+            "or I1..I13 and C1..C26."
         ),
     ] = None,
 ) -> None:
