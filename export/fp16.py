@@ -46,9 +46,29 @@ def convert_to_fp16(model: onnx.ModelProto, keep_fp32: list[str]) -> onnx.ModelP
             )
     except Exception as exc:  # the converter raises bare Exceptions and ValueErrors alike
         raise ExportError(f"FP16 conversion failed: {exc}") from exc
+    _retype_casts_to_float(model, converted, set(keep_fp32))
     _restore_fp32_outputs(model, converted)
     onnx.checker.check_model(converted)
     return converted
+
+
+def _retype_casts_to_float(original: onnx.ModelProto, converted: onnx.ModelProto, kept: set[str]) -> None:
+    """Make the graph's own ``Cast(to=FLOAT)`` nodes in the FP16 region cast to FLOAT16.
+
+    onnxconverter-common 1.16 types the outputs of converted nodes FP16 but
+    leaves a ``Cast``'s ``to`` attribute at FLOAT, so ONNX Runtime refuses the
+    model (a user's graph casts ids or flags to float: tf2onnx writes Keras'
+    Concatenate of int inputs, TorchScript ``.float()`` calls that way). The
+    casts the converter inserts itself join the FP32 and FP16 regions and have
+    names of their own, so only nodes of the original graph are retyped.
+    """
+    own = {node.name for node in original.graph.node if node.op_type == "Cast"} - kept
+    for node in converted.graph.node:
+        if node.op_type != "Cast" or node.name not in own:
+            continue
+        for attribute in node.attribute:
+            if attribute.name == "to" and attribute.i == onnx.TensorProto.FLOAT:
+                attribute.i = onnx.TensorProto.FLOAT16
 
 
 def _restore_fp32_outputs(original: onnx.ModelProto, converted: onnx.ModelProto) -> None:

@@ -98,12 +98,16 @@ def probe(path: Path) -> str | None:
     """
     import onnxruntime as ort
 
+    options = ort.SessionOptions()
+    options.log_severity_level = 3  # the out-of-bounds Gather expected here is not worth a red log line
     try:
-        session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+        session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
     except Exception as exc:  # onnxruntime raises its own untyped errors
         raise ExportError(f"ONNX Runtime cannot load {path}: {exc}") from exc
     try:
-        (output,) = session.run([OUTPUT], probe_rows())
+        quiet = ort.RunOptions()
+        quiet.log_severity_level = 3
+        (output,) = session.run([OUTPUT], probe_rows(), quiet)
     except Exception as exc:  # an out-of-bounds Gather raises onnxruntime's own Fail/InvalidArgument
         return str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
     if not np.all(np.isfinite(output)):
@@ -133,67 +137,94 @@ def _single_index(value: np.ndarray | None) -> int | None:
     return int(value.reshape(-1)[0])
 
 
-def _column_of(
-    name: str,
-    producers: dict[str, onnx.NodeProto],
-    constants: dict[str, np.ndarray],
-) -> tuple[int | None, np.ndarray | None, bool]:
-    """Trace tensor ``name`` back to the ``categorical_ids`` input.
+@dataclass(frozen=True)
+class _Trace:
+    """Where a tensor of ids came from.
 
-    Returns:
-        ``(column, divisor, offset)``: the input column it was sliced from (None:
-        not a single column, or not from the input), the divisor of a ``Mod`` on
-        the way (None: no reduction seen), and whether a constant was added to
-        the ids after it (rows of a stacked table: the table's own size is then
-        not the column's).
+    Attributes:
+        column: the input column it holds (None: all 26 columns, the input itself).
+        divisor: the divisor of the last ``Mod`` by a constant on the way (None: none).
+        offset: a constant was added after that (rows of a stacked table: the
+            table's own size is then not the column's).
     """
-    column: int | None = None
-    divisor: np.ndarray | None = None
-    offset = False
-    seen = 0
-    while name != CATEGORICAL_INPUT:
-        node = producers.get(name)
-        seen += 1
-        if node is None or seen > 64:
-            return None, divisor, offset
+
+    column: int | None
+    divisor: np.ndarray | None
+    offset: bool
+
+
+class _Tracer:
+    """Traces tensors of a graph back to the ``categorical_ids`` input (memoised: graphs share
+    subexpressions, e.g. Keras' fix-up of negative indices uses the ids three times)."""
+
+    def __init__(self, model: onnx.ModelProto) -> None:
+        self.producers = {output: node for node in model.graph.node for output in node.output}
+        self.constants = _constant_values(model)
+        self.fixed = set(self.constants) | {t.name for t in model.graph.initializer}
+        self.memo: dict[str, _Trace | None] = {}
+
+    def trace(self, name: str, depth: int = 0) -> _Trace | None:
+        """The trace of ``name``; None when it does not come from the ids alone."""
+        if name == CATEGORICAL_INPUT:
+            return _Trace(None, None, False)
+        if name not in self.memo:
+            self.memo[name] = None if depth > 200 else self._trace_node(name, depth)
+        return self.memo[name]
+
+    def _column(self, node: onnx.NodeProto, column: int, depth: int) -> _Trace | None:
+        """A column taken out of the whole input."""
+        upstream = self.trace(node.input[0], depth + 1)
+        if upstream is None or upstream.column is not None:
+            return None
+        return _Trace(column % NUM_CATEGORICAL, upstream.divisor, upstream.offset)
+
+    def _trace_node(self, name: str, depth: int) -> _Trace | None:
+        node = self.producers.get(name)
+        if node is None or node.op_type in ("Shape", "Size"):
+            return None
         op = node.op_type
         attrs = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
         if op in _PASS_THROUGH:
-            name = node.input[0]
-        elif op == "Mod":
-            divisor = constants.get(node.input[1])
-            name = node.input[0]
-        elif op == "Add" and sum(i in constants for i in node.input) == 1:
-            offset = offset or divisor is None
-            name = next(i for i in node.input if i not in constants)
-        elif op == "Gather" and int(attrs.get("axis", 0)) == 1:
-            index = _single_index(constants.get(node.input[1]))
-            if index is None:
-                return None, divisor, offset
-            column = index % NUM_CATEGORICAL
-            name = node.input[0]
-        elif op == "Slice":
-            starts, ends = constants.get(node.input[1]), constants.get(node.input[2])
-            axes = constants.get(node.input[3]) if len(node.input) > 3 and node.input[3] else None
+            return self.trace(node.input[0], depth + 1)
+        if op == "Mod" and node.input[1] in self.constants:
+            upstream = self.trace(node.input[0], depth + 1)
+            if upstream is None:
+                return None
+            return _Trace(upstream.column, self.constants[node.input[1]], False)
+        if op == "Gather" and int(attrs.get("axis", 0)) in (1, -1):
+            index = _single_index(self.constants.get(node.input[1]))
+            return None if index is None else self._column(node, index, depth)
+        if op == "Slice":
+            starts, ends = self.constants.get(node.input[1]), self.constants.get(node.input[2])
+            axes = self.constants.get(node.input[3]) if len(node.input) > 3 and node.input[3] else None
             if starts is None or ends is None or starts.size != 1:
-                return None, divisor, offset
+                return None
             axis = int(axes.reshape(-1)[0]) if axes is not None else 0
             start = int(starts.reshape(-1)[0])
             if axis not in (1, -1) or int(ends.reshape(-1)[0]) != start + 1:
-                return None, divisor, offset
-            column = start % NUM_CATEGORICAL
-            name = node.input[0]
-        elif op == "Split":
+                return None
+            return self._column(node, start, depth)
+        if op == "Split":
             if int(attrs.get("axis", 0)) not in (1, -1):
-                return None, divisor, offset
-            split = constants.get(node.input[1]) if len(node.input) > 1 and node.input[1] else None
+                return None
+            split = self.constants.get(node.input[1]) if len(node.input) > 1 and node.input[1] else None
             if split is not None and np.any(split != 1):
-                return None, divisor, offset
-            column = list(node.output).index(name)
-            name = node.input[0]
-        else:
-            return None, divisor, offset
-    return column, divisor, offset
+                return None
+            return self._column(node, list(node.output).index(name), depth)
+        variable = [i for i in node.input if i and i not in self.fixed]
+        if op == "Add" and len(variable) == 1:
+            upstream = self.trace(variable[0], depth + 1)
+            return None if upstream is None else _Trace(upstream.column, upstream.divisor, True)
+        # Any other op whose every non-constant input comes from one and the same column
+        # (Keras' fix-up of negative indices: Less, Not, Cast, Mul, Add of the column).
+        traces = [self.trace(i, depth + 1) for i in variable]
+        if not traces or any(t is None for t in traces):
+            return None
+        found = [t for t in traces if t is not None]
+        if len({t.column for t in found}) != 1:
+            return None
+        divisor = next((t.divisor for t in found if t.divisor is not None), None)
+        return _Trace(found[0].column, divisor, all(t.offset for t in found))
 
 
 def read_table_sizes(model: onnx.ModelProto) -> dict[int, int]:
@@ -213,8 +244,7 @@ def read_table_sizes(model: onnx.ModelProto) -> dict[int, int]:
     Raises:
         ExportError: one column indexes tables of different sizes.
     """
-    producers = {output: node for node in model.graph.node for output in node.output}
-    constants = _constant_values(model)
+    tracer = _Tracer(model)
     tables = {t.name: int(t.dims[0]) for t in model.graph.initializer if len(t.dims) >= 1}
     sizes: dict[int, set[int]] = {}
     for node in model.graph.node:
@@ -222,19 +252,23 @@ def read_table_sizes(model: onnx.ModelProto) -> dict[int, int]:
             continue
         if any(a.name == "axis" and a.i != 0 for a in node.attribute):
             continue
-        column, divisor, offset = _column_of(node.input[1], producers, constants)
-        if divisor is not None and divisor.size == NUM_CATEGORICAL and column is None:
-            # One Mod by all 26 sizes in front of a fused table (the bundle's own layout).
-            for i, size in enumerate(divisor.reshape(-1)):
-                sizes.setdefault(i, set()).add(int(size))
+        trace = tracer.trace(node.input[1])
+        if trace is None:
             continue
-        if column is None or (offset and divisor is None):
+        divisor = trace.divisor
+        if trace.column is None:
+            if divisor is not None and divisor.size == NUM_CATEGORICAL:
+                # One Mod by all 26 sizes in front of a stacked table (the bundle's own layout).
+                for i, size in enumerate(divisor.reshape(-1)):
+                    sizes.setdefault(i, set()).add(int(size))
             continue
         if divisor is not None and divisor.size in (1, NUM_CATEGORICAL):
-            size = int(divisor.reshape(-1)[column if divisor.size > 1 else 0])
+            size = int(divisor.reshape(-1)[trace.column if divisor.size > 1 else 0])
+        elif trace.offset:
+            continue
         else:
             size = tables[node.input[0]]
-        sizes.setdefault(column, set()).add(size)
+        sizes.setdefault(trace.column, set()).add(size)
     conflicts = {c: s for c, s in sizes.items() if len(s) > 1}
     if conflicts:
         detail = ", ".join(f"{CATEGORICAL_COLUMNS[c]}: {sorted(s)}" for c, s in sorted(conflicts.items()))

@@ -48,8 +48,10 @@ def _save(nodes: list[onnx.NodeProto], initializers: list[onnx.TensorProto], pat
     return path
 
 
-def per_column_graph(path: Path, split: bool = False) -> Path:
-    """26 tables of different sizes, each looked up with its own column (Gather axis 1, or Split)."""
+def per_column_graph(path: Path, split: bool = False, keras_fixup: bool = False) -> Path:
+    """26 tables of different sizes, each looked up with its own column (Gather axis 1, or Split);
+    with ``keras_fixup``, through the negative-index fix-up that Keras' Embedding puts in front of
+    its lookup (``x < 0 ? x + n : x`` as tf2onnx writes it with Less, Not, Cast, Mul and Add)."""
     rng = np.random.default_rng(0)
     nodes: list[onnx.NodeProto] = []
     initializers = []
@@ -57,6 +59,7 @@ def per_column_graph(path: Path, split: bool = False) -> Path:
         columns = [f"split_{k}" for k in range(NUM_CATEGORICAL)]
         nodes.append(helper.make_node("Split", [CATEGORICAL_INPUT], columns, axis=1))
     pooled = []
+    initializers.append(numpy_helper.from_array(np.array(0, dtype=np.int64), "zero"))
     for k, size in enumerate(SIZES):
         initializers.append(numpy_helper.from_array(rng.normal(size=(size, DIM)).astype(np.float32), f"t{k}"))
         if split:
@@ -65,7 +68,20 @@ def per_column_graph(path: Path, split: bool = False) -> Path:
         else:
             initializers.append(numpy_helper.from_array(np.array(k, dtype=np.int64), f"k{k}"))
             nodes.append(helper.make_node("Gather", [CATEGORICAL_INPUT, f"k{k}"], [f"col{k}"], axis=1))
-        nodes.append(helper.make_node("Cast", [f"col{k}"], [f"c32_{k}"], to=TensorProto.INT32))
+        if keras_fixup:
+            initializers.append(numpy_helper.from_array(np.array(size, dtype=np.int64), f"n{k}"))
+            nodes += [
+                helper.make_node("Less", [f"col{k}", "zero"], [f"neg{k}"]),
+                helper.make_node("Not", [f"neg{k}"], [f"pos{k}"]),
+                helper.make_node("Cast", [f"neg{k}"], [f"negi{k}"], to=TensorProto.INT64),
+                helper.make_node("Cast", [f"pos{k}"], [f"posi{k}"], to=TensorProto.INT64),
+                helper.make_node("Add", [f"col{k}", f"n{k}"], [f"wrapped{k}"]),
+                helper.make_node("Mul", [f"negi{k}", f"wrapped{k}"], [f"a{k}"]),
+                helper.make_node("Mul", [f"col{k}", f"posi{k}"], [f"b{k}"]),
+                helper.make_node("Add", [f"a{k}", f"b{k}"], [f"fixed{k}"]),
+            ]
+        source = f"fixed{k}" if keras_fixup else f"col{k}"
+        nodes.append(helper.make_node("Cast", [source], [f"c32_{k}"], to=TensorProto.INT32))
         nodes.append(helper.make_node("Gather", [f"t{k}", f"c32_{k}"], [f"e{k}"]))
         pooled.append(f"e{k}")
     nodes.append(helper.make_node("Concat", pooled, ["embedded"], axis=1))
@@ -108,9 +124,13 @@ def _in_range_ids(rows: int = 32) -> np.ndarray:
     return np.stack([rng.integers(0, size, rows) for size in SIZES], axis=1).astype(np.int64)
 
 
-@pytest.mark.parametrize("split", [False, True], ids=["gather-column", "split"])
-def test_per_column_tables_are_read_and_reduced(tmp_path: Path, split: bool) -> None:
-    path = per_column_graph(tmp_path / "m.onnx", split=split)
+@pytest.mark.parametrize(
+    ("split", "keras_fixup"),
+    [(False, False), (True, False), (False, True)],
+    ids=["gather-column", "split", "keras-negative-index-fixup"],
+)
+def test_per_column_tables_are_read_and_reduced(tmp_path: Path, split: bool, keras_fixup: bool) -> None:
+    path = per_column_graph(tmp_path / "m.onnx", split=split, keras_fixup=keras_fixup)
     ids = _in_range_ids()
     before = _run(path, ids)
     assert probe(path) is not None  # out of bounds in ONNX Runtime
