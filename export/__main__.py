@@ -249,8 +249,9 @@ def dlrm(
     factory: Annotated[
         str | None,
         typer.Option(
-            help="package.module:function returning your nn.Module with weights loaded; its forward takes "
-            "(dense_features B x 13 float32, categorical_ids B x 26 int64)."
+            help="package.module:function returning your nn.Module with weights loaded (called with the "
+            "--checkpoint path if given); its forward takes (dense_features B x 13 float32, "
+            "categorical_ids B x 26 int64)."
         ),
     ] = None,
     feature_order: Annotated[
@@ -264,8 +265,11 @@ def dlrm(
     """Export a PyTorch DLRM (torch.onnx) as dlrm_onnx, dlrm_onnx_fp16 and, in the cpu profile,
     dlrm_onnx_int8 (in the gpu profile: the config of dlrm_trt instead)."""
     options, source = shared
-    if (checkpoint is None) == (factory is None):
-        raise ConfigError("give --checkpoint PATH or --factory package.module:function (one of them)")
+    if checkpoint is None and factory is None:
+        raise ConfigError(
+            "give --checkpoint PATH, or --factory package.module:function (with --checkpoint PATH, "
+            "the function receives that path)"
+        )
     source = replace(source, factory=factory, feature_order=parse_feature_order(feature_order))
     from export.dlrm_sources import open_dlrm_source
 

@@ -99,14 +99,14 @@ def probe(path: Path) -> str | None:
     import onnxruntime as ort
 
     options = ort.SessionOptions()
-    options.log_severity_level = 3  # the out-of-bounds Gather expected here is not worth a red log line
+    options.log_severity_level = 4  # the out-of-bounds Gather expected here is not worth a red log line
     try:
         session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
     except Exception as exc:  # onnxruntime raises its own untyped errors
         raise ExportError(f"ONNX Runtime cannot load {path}: {exc}") from exc
     try:
         quiet = ort.RunOptions()
-        quiet.log_severity_level = 3
+        quiet.log_severity_level = 4
         (output,) = session.run([OUTPUT], probe_rows(), quiet)
     except Exception as exc:  # an out-of-bounds Gather raises onnxruntime's own Fail/InvalidArgument
         return str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__

@@ -8,17 +8,13 @@ for the 26 lookups, ``Gemm`` for the MLPs, ``MatMul`` for the interaction, a
 dynamic batch dimension, and node names that carry the module path
 (``/interaction/MatMul``), which the FP16 block list keys on. Below opset 11
 it writes the modulo as a 13-node Div/Floor/Sub chain instead of ``Mod``,
-hence :data:`MIN_OPSET`.
+hence :data:`export.torch_onnx.MIN_OPSET`.
 """
 
 from __future__ import annotations
 
 import logging
 import pickle
-import shlex
-import sys
-import tempfile
-import warnings
 import zipfile
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -27,9 +23,9 @@ import numpy as np
 import onnx
 
 from bundle.errors import ConfigError, ExportError
-from criteo.schema import CATEGORICAL_INPUT, DENSE_INPUT, NUM_CATEGORICAL, NUM_DENSE, OUTPUT
+from criteo.schema import NUM_CATEGORICAL, NUM_DENSE
 from criteo.tsv import Batch
-from export.onnx_io import save_model
+from export.torch_onnx import EXAMPLE_ROWS, export_module, python_command
 from models.config import DLRMConfig, load_config
 
 if TYPE_CHECKING:
@@ -37,23 +33,16 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-#: Name of the dynamic batch dimension in the exported graph.
-BATCH_DIM = "batch"
-#: Rows of the example batch traced at export (> 1 so the batch stays dynamic).
-EXAMPLE_ROWS = 4
-#: Lowest opset accepted: torch writes ``torch.remainder`` as one ``Mod`` from opset 11 on.
-MIN_OPSET = 11
 #: Substring of the names of the interaction's nodes (the ``interaction`` submodule).
 INTERACTION_SCOPE = "/interaction/"
 
 
 def _repro_command(checkpoint: Path, out: Path, opset: int) -> str:
     """A shell command that repeats one export, for the log when it fails."""
-    code = (
+    return python_command(
         "from pathlib import Path; from export.onnx_dlrm import DLRMExporter; "
         f"DLRMExporter(Path({str(checkpoint)!r})).to_onnx(Path({str(out)!r}), {opset})"
     )
-    return f"PYTHONPATH={shlex.quote(str(Path.cwd()))} {shlex.quote(sys.executable)} -c {shlex.quote(code)}"
 
 
 class DLRMExporter:
@@ -145,51 +134,19 @@ class DLRMExporter:
             opset: the ONNX opset to export with.
 
         Raises:
-            ConfigError: ``opset`` is below :data:`MIN_OPSET`.
+            ConfigError: ``opset`` is below :data:`export.torch_onnx.MIN_OPSET`.
             ExportError: torch.onnx failed, or the graph failed ``onnx.checker``;
                 the log holds a command that reproduces it.
         """
-        import torch
-
-        if opset < MIN_OPSET:
-            raise ConfigError(f"DLRM export needs ONNX opset >= {MIN_OPSET} (for Mod), got {opset}")
-        out = Path(out)
-        try:
-            with tempfile.TemporaryDirectory(prefix="dlrm-onnx-") as tmp:
-                # Exported to a file, not a buffer: a graph over 2 GB then gets external data.
-                traced = Path(tmp) / "model.onnx"
-                with warnings.catch_warnings():
-                    warnings.filterwarnings("ignore", category=DeprecationWarning)
-                    torch.onnx.export(
-                        self.model,
-                        self._example_inputs(),
-                        str(traced),
-                        dynamo=False,
-                        input_names=[DENSE_INPUT, CATEGORICAL_INPUT],
-                        output_names=[OUTPUT],
-                        dynamic_axes={
-                            name: {0: BATCH_DIM} for name in (DENSE_INPUT, CATEGORICAL_INPUT, OUTPUT)
-                        },
-                        opset_version=opset,
-                        do_constant_folding=True,
-                    )
-                # The checker takes the path so that graphs over 2 GB are checked too.
-                onnx.checker.check_model(str(traced), full_check=True)
-                model = onnx.load(str(traced))
-        except (
-            RuntimeError,
-            ValueError,
-            TypeError,
-            onnx.checker.ValidationError,
-            torch.onnx.OnnxExporterError,
-        ) as exc:
-            logger.error(
-                "DLRM ONNX export failed; reproduce with:\n  %s", _repro_command(self.checkpoint, out, opset)
-            )
-            raise ExportError(f"exporting {self.checkpoint} to ONNX opset {opset} failed: {exc}") from exc
-        model.doc_string = f"DLRM {self.config} exported from {self.checkpoint}"
-        files = save_model(model, out)
-        logger.info("wrote %s", ", ".join(str(f) for f in files))
+        export_module(
+            self.model,
+            self._example_inputs(),
+            Path(out),
+            opset,
+            str(self.checkpoint),
+            reproduce=_repro_command(self.checkpoint, Path(out), opset),
+            doc=f"DLRM {self.config} exported from {self.checkpoint}",
+        )
 
     def predict(self, batch: Batch) -> np.ndarray:
         """PyTorch's probabilities for ``batch``: ``B x 1`` float32 (eval mode, no grad)."""

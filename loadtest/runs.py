@@ -39,6 +39,8 @@ logger = logging.getLogger(__name__)
 console = Console(stderr=True, soft_wrap=True)
 
 MODEL_FILE = Path("1") / "model.onnx"
+#: Report setting: resident memory of a local tritonserver and its stubs after the steps.
+SERVER_RSS = "Server RSS after the steps (MiB, tritonserver + python stubs)"
 
 
 @dataclass(frozen=True)
@@ -305,7 +307,7 @@ def sweep_run(
         steps = _sweep_targets(targets, models, options, raw, payload, sessions, in_process)
         if not urls:
             # tritonserver and its python stubs (which hold the ONNX Runtime sessions), after the load.
-            memory["server_rss_mib"] = round(sum(server.memory().values()) / 2**20, 1)
+            memory[SERVER_RSS] = round(sum(server.memory().values()) / 2**20, 1)
     settings = {**options.settings(), **_serving(repository, models), **memory}
     return _finish(title, command, started, machine, steps, in_process, settings, out)
 

@@ -61,8 +61,8 @@ def user_models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Pat
     model.export(str(root / "keras_savedmodel"), verbose=False)
     model.save(str(root / "model.keras"))
     save_module(TwoTensorModule(seed=4), root / "module")
-    # The Keras model does not reduce ids; export.ids cannot yet read the sizes of Keras
-    # Embedding lookups (their negative-index fix-up), so they are given.
+    # The Keras model does not reduce ids: the export reads its tables' sizes from the graph (the
+    # SavedModel) or takes them from --table-sizes (the .keras file), and adds the reduction.
     keras_args = ["--table-sizes", _sizes(KERAS_TABLE_SIZES)]
     module_args = ["--input-map", "dense_features=dense", "--input-map", "categorical_ids=sparse", "--logits"]
 
@@ -73,7 +73,7 @@ def user_models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Pat
         return module_probabilities(root / "module", dense, ids)
 
     return {
-        "keras_savedmodel": (root / "keras_savedmodel", keras_args, keras_own),
+        "keras_savedmodel": (root / "keras_savedmodel", [], keras_own),
         "keras_file": (root / "model.keras", keras_args, keras_own),
         "module": (root / "module", module_args, module_own),
     }
@@ -146,8 +146,9 @@ def test_export_report_records_the_format_and_the_mapping(repositories: dict[str
         assert report["inputs"]["I1"] == "dense_features[:, 0]"
         assert report["inputs"]["C26"] == "categorical_ids[:, 25]"
         assert report["table_sizes"] == list(KERAS_TABLE_SIZES)
-        assert report["table_sizes_from"] == "--table-sizes"
         assert report["id_reduction_added"] is True
+    assert keras_saved["table_sizes_from"] == "the graph's embedding tables"
+    assert keras_file["table_sizes_from"] == "--table-sizes"
     assert module["format"] == "savedmodel"
     assert module["inputs"] == {"dense": "dense_features", "sparse": "categorical_ids"}
     assert module["output"] == "logit" and module["logits"] is True

@@ -36,7 +36,8 @@ def test_errors_are_one_line_and_verbose_works_after_the_subcommand(tmp_path: Pa
     done = _run("dlrm", "--repository", str(tmp_path / "repo"))
     assert done.returncode == 1
     assert done.stderr.strip().splitlines() == [
-        "error: give --checkpoint PATH or --factory package.module:function (one of them)"
+        "error: give --checkpoint PATH, or --factory package.module:function (with --checkpoint PATH, "
+        "the function receives that path)"
     ]
     done = _run("wide-deep", "--table-sizes", "1,2", "--saved-model", str(tmp_path), "--verbose")
     assert done.returncode == 1, done.stderr

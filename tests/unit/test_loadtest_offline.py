@@ -105,7 +105,7 @@ def test_a_sweep_of_a_running_server_without_its_repository_says_how_to_get_the_
     model in-process stops before any load, instead of silently leaving the ratio out."""
     from bundle.errors import ConfigError
 
-    with pytest.raises(ConfigError, match="--repository DIR.*--no-baseline"):
+    with pytest.raises(ConfigError, match=r"--repository DIR.*--no-baseline"):
         runs.sweep_run(
             models=["dlrm_onnx"],
             protocols=["grpc"],

@@ -1,0 +1,312 @@
+"""The modules rebuilt from a :class:`export.dlrm_layouts.DLRMLayout`: the one the export
+writes, and each source codebase's own forward for the parity check.
+
+- :class:`GatherDLRM`, written to ONNX: the 26 tables stacked into one
+  ``nn.Embedding`` so that the lookup is one ``Mod`` (ids reduced into their
+  tables), one ``Add`` and one ``Gather`` (``nn.EmbeddingBag`` would export to a
+  slow ``Loop``), and the interaction as one ``MatMul`` and one constant
+  ``Gather`` of the kept pairs, under the submodule ``interaction`` (the FP16
+  variant keeps it FP32 by that name).
+- :class:`FacebookReference` and :class:`TorchRecReference`, the parity check's
+  reference: the source's own parameter layout (``load_state_dict(strict=True)``)
+  and computation, written as that codebase writes it (``nn.EmbeddingBag`` with
+  offsets, facebookresearch's lower-triangle pair lists and the Sigmoid inside its
+  top MLP, TorchRec's ``triu_indices`` and logits), so the export compares two
+  different computations of the same weights.
+
+Imports torch at the top: import this module inside the functions that need it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import cast
+
+import torch
+from torch import nn
+
+from bundle.errors import ExportError
+from criteo.schema import NUM_CATEGORICAL, NUM_DENSE
+from export.dlrm_layouts import TORCHREC_TABLES, DLRMLayout
+
+
+def _linear_stack(widths: Sequence[int], width_in: int, relu_last: bool) -> nn.Sequential:
+    """Linear layers of ``widths``, ReLU between (and after the last if ``relu_last``)."""
+    layers: list[nn.Module] = []
+    for i, width in enumerate(widths):
+        layers.append(nn.Linear(width_in, width))
+        if relu_last or i < len(widths) - 1:
+            layers.append(nn.ReLU())
+        width_in = width
+    return nn.Sequential(*layers)
+
+
+def _table_key(layout: DLRMLayout, name: str) -> str:
+    return f"{name}.weight" if layout.codebase == "facebookresearch" else f"{TORCHREC_TABLES}{name}.weight"
+
+
+def _mlp_keys(layout: DLRMLayout) -> tuple[list[str], list[str]]:
+    """State dict key prefixes of the bottom and top Linear layers, in order."""
+    if layout.codebase == "facebookresearch":
+        bottom = [f"bot_l.{2 * i}" for i in range(len(layout.bottom))]
+        return bottom, [f"top_l.{2 * i}" for i in range(len(layout.top))]
+    hidden = [f"over_arch.model.0._mlp.{i}._linear" for i in range(len(layout.top) - 1)]
+    return [f"dense_arch.model._mlp.{i}._linear" for i in range(len(layout.bottom))], [
+        *hidden,
+        "over_arch.model.1",
+    ]
+
+
+def _load_linears(stack: nn.Sequential, state: Mapping[str, torch.Tensor], keys: Sequence[str]) -> None:
+    """Copy the weight and bias of each of ``keys`` into the Linear layers of ``stack``, in order."""
+    linears = [m for m in stack if isinstance(m, nn.Linear)]
+    with torch.no_grad():
+        for linear, key in zip(linears, keys, strict=True):
+            linear.weight.copy_(state[f"{key}.weight"])
+            linear.bias.copy_(state[f"{key}.bias"])
+
+
+class PairInteraction(nn.Module):
+    """``[x, Z_pairs]``: the dense vector, then the kept dot products of ``V = [x, e_1..e_26]``.
+
+    Args:
+        pairs: the ``(i, j)`` entries of ``Z = V V^T`` to keep, in output order.
+
+    Shapes:
+        dense ``B x D``, embedded ``B x 26 x D`` -> ``B x (D + P)``.
+    """
+
+    pair_index: torch.Tensor
+
+    def __init__(self, pairs: Sequence[tuple[int, int]]) -> None:
+        super().__init__()
+        vectors = NUM_CATEGORICAL + 1
+        # Indices into the flattened F x F matrix: one constant Gather in ONNX.
+        flat = torch.tensor([i * vectors + j for i, j in pairs], dtype=torch.int64)
+        self.register_buffer("pair_index", flat, persistent=False)
+
+    def forward(self, dense: torch.Tensor, embedded: torch.Tensor) -> torch.Tensor:
+        vectors = torch.cat([dense.unsqueeze(1), embedded], dim=1)
+        products = torch.bmm(vectors, vectors.transpose(1, 2))
+        return torch.cat([dense, products.flatten(1).index_select(1, self.pair_index)], dim=1)
+
+
+class ConcatInteraction(nn.Module):
+    """``[x, e_1, .., e_26]``. Shapes: ``B x D'``, ``B x 26 x D`` -> ``B x (D' + 26 D)``."""
+
+    def forward(self, dense: torch.Tensor, embedded: torch.Tensor) -> torch.Tensor:
+        return torch.cat([dense, embedded.flatten(1)], dim=1)
+
+
+class GatherDLRM(nn.Module):
+    """The rebuilt DLRM the export writes: ``p = sigmoid(top(interaction(bottom(dense), E[ids])))``.
+
+    The tables are stacked into one ``nn.Embedding`` (table ``t``'s rows start
+    at ``offsets[t]``); ids of any int64 value are reduced into ``sizes`` first.
+
+    Args:
+        layout: from :func:`read_layout`.
+        state: the state dict without wrapper prefixes.
+        sizes: rows to reduce each table's ids into (at most its rows), in table order.
+
+    Shapes:
+        dense ``B x 13`` float32, ids ``B x 26`` int64 (C1..C26, any value) -> ``B x 1`` float32.
+    """
+
+    columns: torch.Tensor
+    sizes: torch.Tensor
+    offsets: torch.Tensor
+
+    def __init__(self, layout: DLRMLayout, state: Mapping[str, torch.Tensor], sizes: Sequence[int]) -> None:
+        super().__init__()
+        tables = [state[_table_key(layout, name)].float() for name in layout.tables]
+        self.embedding = nn.Embedding.from_pretrained(torch.cat(tables), freeze=True)
+        starts = [0]
+        for rows in layout.rows[:-1]:
+            starts.append(starts[-1] + rows)
+        self.register_buffer("columns", torch.tensor(layout.columns, dtype=torch.int64), persistent=False)
+        self.register_buffer("sizes", torch.tensor([list(sizes)], dtype=torch.int64), persistent=False)
+        self.register_buffer("offsets", torch.tensor([starts], dtype=torch.int64), persistent=False)
+        self.permuted = layout.columns != tuple(range(NUM_CATEGORICAL))
+        self.bottom_mlp = _linear_stack(layout.bottom, NUM_DENSE, relu_last=True)
+        if layout.interaction == "dot":
+            self.interaction: nn.Module = PairInteraction(layout.pairs())
+            width = layout.bottom[-1] + len(layout.pairs())
+        else:
+            self.interaction = ConcatInteraction()
+            width = layout.bottom[-1] + NUM_CATEGORICAL * layout.dim
+        self.top_mlp = _linear_stack(layout.top, width, relu_last=False)
+        bottom_keys, top_keys = _mlp_keys(layout)
+        _load_linears(self.bottom_mlp, state, bottom_keys)
+        _load_linears(self.top_mlp, state, top_keys)
+
+    def forward(self, dense: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+        in_table_order = ids.index_select(1, self.columns) if self.permuted else ids
+        # remainder takes the divisor's sign: negative and huge ids land in [0, rows).
+        rows = torch.remainder(in_table_order, self.sizes) + self.offsets
+        x = self.bottom_mlp(dense)
+        return torch.sigmoid(self.top_mlp(self.interaction(x, self.embedding(rows))))
+
+
+def _fb_mlp(widths: Sequence[int], width_in: int, sigmoid_last: bool) -> nn.Sequential:
+    """facebookresearch's ``create_mlp``: Linear then ReLU, the last top layer's Sigmoid instead."""
+    layers: list[nn.Module] = []
+    for i, width in enumerate(widths):
+        layers.append(nn.Linear(width_in, width, bias=True))
+        layers.append(nn.Sigmoid() if sigmoid_last and i == len(widths) - 1 else nn.ReLU())
+        width_in = width
+    return nn.Sequential(*layers)
+
+
+class FacebookReference(nn.Module):
+    """facebookresearch/dlrm ``DLRM_Net``: its parameter layout and its forward
+    (``apply_emb`` with ``nn.EmbeddingBag`` and offsets, ``interact_features``).
+
+    Shapes:
+        ``forward(dense_x B x 13, lS_o 26 x B offsets, lS_i 26 x (B,) ids)`` -> ``B x 1`` probabilities.
+    """
+
+    def __init__(self, layout: DLRMLayout, top_in: int) -> None:
+        super().__init__()
+        self.layout = layout
+        self.emb_l = nn.ModuleList(nn.EmbeddingBag(rows, layout.dim, mode="sum") for rows in layout.rows)
+        self.bot_l = _fb_mlp(layout.bottom, NUM_DENSE, sigmoid_last=False)
+        self.top_l = _fb_mlp(layout.top, top_in, sigmoid_last=True)
+
+    def interact_features(self, x: torch.Tensor, ly: list[torch.Tensor]) -> torch.Tensor:
+        if self.layout.interaction != "dot":
+            return torch.cat([x, *ly], dim=1)
+        batch_size, d = x.shape
+        t = torch.cat([x, *ly], dim=1).view((batch_size, -1, d))
+        z = torch.bmm(t, torch.transpose(t, 1, 2))
+        _, ni, _ = z.shape
+        offset = 1 if self.layout.self_interaction else 0
+        li = torch.tensor([i for i in range(ni) for j in range(i + offset)])
+        lj = torch.tensor([j for i in range(ni) for j in range(i + offset)])
+        return torch.cat([x, z[:, li, lj]], dim=1)
+
+    def forward(self, dense_x: torch.Tensor, ls_o: torch.Tensor, ls_i: list[torch.Tensor]) -> torch.Tensor:
+        x = self.bot_l(dense_x)
+        ly = [bag(ls_i[k], ls_o[k]) for k, bag in enumerate(self.emb_l)]
+        return cast(torch.Tensor, self.top_l(self.interact_features(x, ly)))
+
+
+class _Perceptron(nn.Module):
+    """TorchRec's ``Perceptron``: ``relu(_linear(x))``."""
+
+    def __init__(self, width_in: int, width: int) -> None:
+        super().__init__()
+        self._linear = nn.Linear(width_in, width, bias=True)
+        self._activation_fn = nn.ReLU()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return cast(torch.Tensor, self._activation_fn(self._linear(x)))
+
+
+class _MLP(nn.Module):
+    """TorchRec's ``MLP``: ``_mlp``, a Sequential of :class:`_Perceptron`."""
+
+    def __init__(self, width_in: int, widths: Sequence[int]) -> None:
+        super().__init__()
+        layers = []
+        for width in widths:
+            layers.append(_Perceptron(width_in, width))
+            width_in = width
+        self._mlp = nn.Sequential(*layers)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return cast(torch.Tensor, self._mlp(x))
+
+
+class _Holder(nn.Module):
+    """A parent that only names its children (TorchRec's arch wrappers, for their key paths)."""
+
+    def __init__(self, **children: nn.Module) -> None:
+        super().__init__()
+        for name, child in children.items():
+            self.add_module(name, child)
+
+
+class TorchRecReference(nn.Module):
+    """TorchRec ``DLRM``: its parameter layout and forward (``DenseArch``, ``SparseArch``,
+    ``InteractionArch`` over the upper triangle, ``OverArch``), logits out.
+
+    Shapes:
+        ``forward(dense B x 13, {table: (B,) ids})`` -> ``B x 1`` logits.
+    """
+
+    def __init__(self, layout: DLRMLayout) -> None:
+        super().__init__()
+        self.layout = layout
+        bags = nn.ModuleDict(
+            {
+                name: nn.EmbeddingBag(rows, layout.dim, mode="sum")
+                for name, rows in zip(layout.tables, layout.rows, strict=True)
+            }
+        )
+        vectors = NUM_CATEGORICAL + 1
+        over_in = layout.dim + vectors * (vectors - 1) // 2
+        hidden = layout.top[:-1]
+        final = nn.Linear(hidden[-1] if hidden else over_in, layout.top[-1], bias=True)
+        self.sparse_arch = _Holder(embedding_bag_collection=_Holder(embedding_bags=bags))
+        self.dense_arch = _Holder(model=_MLP(NUM_DENSE, layout.bottom))
+        self.over_arch = _Holder(model=nn.Sequential(_MLP(over_in, hidden), final))
+
+    def forward(self, dense: torch.Tensor, features: dict[str, torch.Tensor]) -> torch.Tensor:
+        batch = dense.shape[0]
+        bags = cast(nn.ModuleDict, self.sparse_arch.get_submodule("embedding_bag_collection.embedding_bags"))
+        embedded_dense = self.dense_arch.get_submodule("model")(dense)
+        offsets = torch.arange(batch)
+        pooled = [bags[name](features[name], offsets) for name in self.layout.tables]
+        sparse = torch.cat(pooled, dim=1).reshape(batch, len(pooled), self.layout.dim)
+        combined = torch.cat((embedded_dense.unsqueeze(1), sparse), dim=1)
+        interactions = torch.bmm(combined, torch.transpose(combined, 1, 2))
+        triu = torch.triu_indices(len(pooled) + 1, len(pooled) + 1, offset=1)
+        flat = interactions[:, triu[0], triu[1]]
+        return cast(
+            torch.Tensor, self.over_arch.get_submodule("model")(torch.cat((embedded_dense, flat), dim=1))
+        )
+
+
+def reference_module(layout: DLRMLayout, state: Mapping[str, torch.Tensor]) -> nn.Module:
+    """The source codebase's own module with ``state`` loaded (strict; tensors shared, not copied).
+
+    Raises:
+        ExportError: the state dict does not load into that layout.
+    """
+    module: nn.Module
+    if layout.codebase == "facebookresearch":
+        module = FacebookReference(layout, int(state["top_l.0.weight"].shape[1]))
+    else:
+        module = TorchRecReference(layout)
+    try:
+        module.load_state_dict(dict(state), strict=True, assign=True)
+    except RuntimeError as exc:
+        first = str(exc).strip().splitlines()[0]
+        raise ExportError(
+            f"the {layout.codebase} state dict does not load into its own layout: {first}"
+        ) from None
+    return module.eval()
+
+
+def reference_probabilities(
+    layout: DLRMLayout, module: nn.Module, dense: torch.Tensor, ids: torch.Tensor
+) -> torch.Tensor:
+    """The source's probabilities for in-range ``ids``: ``B x 1``.
+
+    Args:
+        layout: the checkpoint's layout.
+        module: from :func:`reference_module`.
+        dense: ``B x 13`` float32.
+        ids: ``B x 26`` int64, already inside each column's table.
+    """
+    import torch
+
+    batch = dense.shape[0]
+    per_table = [ids[:, column].contiguous() for column in layout.columns]
+    with torch.no_grad():
+        if layout.codebase == "facebookresearch":
+            offsets = torch.arange(batch).repeat(NUM_CATEGORICAL, 1)
+            return module(dense, offsets, per_table)
+        features = dict(zip(layout.tables, per_table, strict=True))
+        return torch.sigmoid(module(dense, features))
