@@ -62,3 +62,14 @@ class FrameworkExporter(Protocol):
         """Names of the nodes of the FP32 graph that stay FP32 in the FP16 variant
         (DLRM's interaction, the final sigmoid)."""
         ...
+
+
+def own_model_source(kind: str, path: Path, table_sizes: tuple[int, ...]) -> dict[str, Any]:
+    """The ``source`` record of the bundle's own training output (its graph reduces ids itself)."""
+    return {
+        "format": kind,
+        "path": str(path),
+        "table_sizes": list(table_sizes),
+        "table_sizes_from": "config.json",
+        "id_reduction_added": False,
+    }

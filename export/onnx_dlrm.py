@@ -25,6 +25,7 @@ import onnx
 from bundle.errors import ConfigError, ExportError
 from criteo.schema import NUM_CATEGORICAL, NUM_DENSE
 from criteo.tsv import Batch
+from export.framework import own_model_source
 from export.torch_onnx import EXAMPLE_ROWS, export_module, python_command
 from models.config import DLRMConfig, load_config
 
@@ -105,12 +106,9 @@ class DLRMExporter:
     @property
     def source(self) -> dict[str, Any]:
         """The export report's record of what was exported."""
-        return {
-            "format": "bundle DLRM checkpoint (config.json + model.pt)",
-            "path": str(self.checkpoint),
-            "table_sizes": list(self.table_sizes),
-            "id_reduction_added": False,
-        }
+        return own_model_source(
+            "bundle DLRM checkpoint (config.json + model.pt)", self.checkpoint, self.table_sizes
+        )
 
     def _example_inputs(self) -> tuple[torch.Tensor, torch.Tensor]:
         """A traced batch of ``EXAMPLE_ROWS`` rows, ids across the whole int64 range."""

@@ -32,6 +32,7 @@ from criteo.schema import CATEGORICAL_INPUT, DENSE_INPUT, NUM_CATEGORICAL, NUM_D
 from criteo.tsv import Batch
 from export.ids import IdReduction, ensure_id_reduction
 from export.keras_sources import InputBinding, UserModel, one_line
+from export.parity import batch_arrays
 from export.sources import MAPPED_TENSORS, SourceOptions
 
 logger = logging.getLogger(__name__)
@@ -216,13 +217,7 @@ class KerasSourceExporter:
         """
         import tensorflow as tf
 
-        dense = np.asarray(batch.dense, dtype=np.float32)
-        ids = np.asarray(batch.categorical, dtype=np.int64)
-        if dense.ndim != 2 or dense.shape[1] != NUM_DENSE or ids.shape != (len(dense), NUM_CATEGORICAL):
-            raise ExportError(
-                f"expected {DENSE_INPUT} B x {NUM_DENSE} and {CATEGORICAL_INPUT} "
-                f"B x {NUM_CATEGORICAL}, got {dense.shape} and {ids.shape}"
-            )
+        dense, ids = batch_arrays(batch)
         if self._reduction is not None:
             ids = self._reduction.reduce(ids)
         elif self.options.table_sizes is not None:

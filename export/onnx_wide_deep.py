@@ -36,9 +36,11 @@ import numpy as np
 import onnx
 
 from bundle.errors import BundleError, ConfigError, ExportError
-from criteo.schema import CATEGORICAL_INPUT, DENSE_INPUT, NUM_CATEGORICAL, NUM_DENSE, OUTPUT
+from criteo.schema import CATEGORICAL_INPUT, DENSE_INPUT, OUTPUT
 from criteo.tsv import Batch
+from export.framework import own_model_source
 from export.onnx_io import save_model
+from export.parity import batch_arrays
 from models.config import CONFIG_FILE, WideDeepConfig, load_config
 
 logger = logging.getLogger(__name__)
@@ -169,12 +171,11 @@ class WideDeepExporter:
     @property
     def source(self) -> dict[str, Any]:
         """The export report's record of what was exported."""
-        return {
-            "format": "bundle Wide & Deep SavedModel (config.json + saved_model/)",
-            "path": str(self.saved_model_dir),
-            "table_sizes": list(self.table_sizes),
-            "id_reduction_added": False,
-        }
+        return own_model_source(
+            "bundle Wide & Deep SavedModel (config.json + saved_model/)",
+            self.saved_model_dir,
+            self.table_sizes,
+        )
 
     def weight_bytes(self) -> int:
         """Bytes of the model's parameters."""
@@ -288,13 +289,7 @@ class WideDeepExporter:
         from models.wide_deep import quiet_tensorflow
 
         tf = quiet_tensorflow()
-        dense = np.asarray(batch.dense, dtype=np.float32)
-        ids = np.asarray(batch.categorical, dtype=np.int64)
-        if dense.ndim != 2 or dense.shape[1] != NUM_DENSE or ids.shape != (len(dense), NUM_CATEGORICAL):
-            raise ExportError(
-                f"expected {DENSE_INPUT} B x {NUM_DENSE} and {CATEGORICAL_INPUT} "
-                f"B x {NUM_CATEGORICAL}, got {dense.shape} and {ids.shape}"
-            )
+        dense, ids = batch_arrays(batch)
         outputs = [
             self._signature(
                 **{

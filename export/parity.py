@@ -9,7 +9,7 @@ import numpy as np
 
 from bundle.errors import ExportError
 from criteo.metrics import roc_auc
-from criteo.schema import NUM_CATEGORICAL, OUTPUT
+from criteo.schema import CATEGORICAL_INPUT, DENSE_INPUT, NUM_CATEGORICAL, NUM_DENSE, OUTPUT
 from criteo.synth import SynthConfig, generate_lines
 from criteo.tsv import Batch, parse_lines, read_batch, to_batch
 
@@ -52,6 +52,22 @@ def extreme_id_rows(batch: Batch, rows: int = 64) -> Batch:
     ids[:] = extremes[np.arange(ids.size).reshape(ids.shape) % extremes.size]
     ids[:, ::2] = base.categorical[:, ::2] * -7
     return Batch(base.dense.copy(), ids.reshape(-1, NUM_CATEGORICAL), base.labels)
+
+
+def batch_arrays(batch: Batch) -> tuple[np.ndarray, np.ndarray]:
+    """``batch``'s inputs as a framework takes them: ``B x 13`` float32 and ``B x 26`` int64.
+
+    Raises:
+        ExportError: the arrays have other shapes.
+    """
+    dense = np.asarray(batch.dense, dtype=np.float32)
+    ids = np.asarray(batch.categorical, dtype=np.int64)
+    if dense.ndim != 2 or dense.shape[1] != NUM_DENSE or ids.shape != (len(dense), NUM_CATEGORICAL):
+        raise ExportError(
+            f"expected {DENSE_INPUT} B x {NUM_DENSE} and {CATEGORICAL_INPUT} "
+            f"B x {NUM_CATEGORICAL}, got {dense.shape} and {ids.shape}"
+        )
+    return dense, ids
 
 
 def run_onnx(path: Path, batch: Batch, chunk: int = 4096) -> np.ndarray:
