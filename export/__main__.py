@@ -18,10 +18,12 @@ from export.framework import FrameworkExporter
 from export.pipeline import INT8_BY_DEFAULT, ExportedModel, ExportOptions, export_family
 from export.quantize import DEFAULT_METHOD, INT8_METHODS, QuantizeOptions
 from export.repository import ORT_TRT_CACHE_DIR, QUEUE_DELAY_US, ServingConfig
+from export.row_store_cli import app as row_store_app
 from export.sources import SourceOptions, parse_feature_order, parse_input_map
 from export.trt_build import EngineResult, TensorRTOptions, build_engines
 
 app = new_app("Export trained DLRM and Wide & Deep models into a Triton model repository.")
+app.add_typer(row_store_app, name="row-store")
 
 Repository = Annotated[Path, typer.Option(help="Triton model repository to write into.")]
 ProfileOpt = Annotated[
