@@ -1,18 +1,33 @@
-"""``python -m criteo``: synthetic data and file inspection."""
+"""``python -m criteo``: synthetic data, and the access skew of a file's embedding lookups."""
 
 from __future__ import annotations
 
+import shlex
+import sys
 from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.progress import Progress
+from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
 from bundle.cli import new_app, run
+from bundle.errors import ConfigError
+from criteo.profile import (
+    DEFAULT_FRACTIONS,
+    AccessProfile,
+    CoverageConfig,
+    measure_coverage,
+    parse_fractions,
+    parse_row_bytes,
+    profile_file,
+    write_coverage,
+)
 from criteo.synth import SynthConfig, write_tsv
 from criteo.tables import TABLE_SIZE_PRESETS, parse_table_sizes
 
-app = new_app("Criteo-format data: synthetic generator.")
+app = new_app("Criteo-format data: synthetic generator, access-skew profiling.")
+
+_SIZES_HELP = f"{' or '.join(TABLE_SIZE_PRESETS)}, one size for all tables, or 26 comma-separated sizes"
 
 
 @app.command()
@@ -45,6 +60,88 @@ def synth(
         task = progress.add_task(f"writing {out}", total=rows)
         write_tsv(config, out, on_rows=lambda n: progress.advance(task, n))
     print(f"wrote {rows} rows to {out}")
+
+
+def _row_progress() -> Progress:
+    """A progress bar counting rows (a pulsing bar when the total is unknown)."""
+    return Progress(
+        SpinnerColumn(),
+        TextColumn("{task.description}", markup=False),
+        BarColumn(),
+        TextColumn("{task.completed:,} rows"),
+        TimeElapsedColumn(),
+        transient=True,
+    )
+
+
+@app.command("profile")
+def profile_command(
+    data: Annotated[Path, typer.Option(help="Criteo TSV file to profile (optionally .gz).")],
+    out: Annotated[Path, typer.Option(help="Folder for counts.npz, profile.json and coverage.png.")],
+    table_sizes: Annotated[
+        str | None,
+        typer.Option(help=f"Reduce ids into these tables (id mod size) before counting: {_SIZES_HELP}."),
+    ] = None,
+    max_rows: Annotated[int | None, typer.Option(help="Profile only the first rows.")] = None,
+) -> None:
+    """Measure each table's access skew: lookups per id, and the share its hottest rows serve."""
+    sizes = None if table_sizes is None else parse_table_sizes(table_sizes)
+    with _row_progress() as progress:
+        task = progress.add_task(f"profiling {data}", total=max_rows)
+        profile = profile_file(data, sizes, max_rows, on_rows=lambda n: progress.advance(task, n))
+    files = profile.save(out)
+    top = profile.summary()["top_share"]
+    print(
+        f"profiled {profile.rows:,} rows ({profile.lookups:,} lookups, {profile.distinct:,} distinct rows) "
+        f"of {data}: the hottest 0.1/1/10 % of rows serve "
+        f"{top['0.001']:.1%} / {top['0.01']:.1%} / {top['0.1']:.1%} of lookups"
+    )
+    print(f"wrote {', '.join(str(p) for p in files.values())}")
+
+
+@app.command("coverage")
+def coverage_command(
+    profile: Annotated[Path, typer.Option(help="Folder that `python -m criteo profile` wrote.")],
+    data: Annotated[Path, typer.Option(help="Held-out Criteo TSV file to score.")],
+    out: Annotated[Path, typer.Option(help="Folder for result.json, result.md and hit_rate.png.")],
+    table_sizes: Annotated[
+        str | None,
+        typer.Option(help=f"Table sizes: {_SIZES_HELP} (default: the profile's)."),
+    ] = None,
+    row_bytes: Annotated[
+        str, typer.Option(help="Bytes of one row: one value or 26 (DLRM dimension 16, FP32: 64).")
+    ] = "64",
+    fractions: Annotated[
+        str, typer.Option(help="Hot budgets as fractions of the table bytes, comma-separated (0.1 or 10%).")
+    ] = ",".join(f"{f:g}" for f in DEFAULT_FRACTIONS),
+    max_rows: Annotated[int | None, typer.Option(help="Score only the first held-out rows.")] = None,
+) -> None:
+    """Choose hot rows from a profile at several byte budgets and measure their hit rate on held-out data."""
+    measured = AccessProfile.load(profile)
+    if table_sizes is not None:
+        sizes = parse_table_sizes(table_sizes)
+    elif measured.table_sizes is not None:
+        sizes = measured.table_sizes
+    else:
+        raise ConfigError("--table-sizes is needed: the profile counted raw ids")
+    config = CoverageConfig(
+        table_sizes=sizes,
+        row_bytes=parse_row_bytes(row_bytes),
+        fractions=parse_fractions(fractions),
+        max_rows=max_rows,
+    )
+    command = shlex.join(["python", "-m", "criteo", *sys.argv[1:]])
+    with _row_progress() as progress:
+        task = progress.add_task(f"scoring {data}", total=max_rows)
+        result = measure_coverage(measured, data, config, lambda n: progress.advance(task, n), command)
+    files = write_coverage(result, out)
+    for r in result.results:
+        if r.reference == "tables":
+            print(
+                f"budget {r.fraction * 100:g} % of the table bytes: {r.hot_rows:,} hot rows serve "
+                f"{r.heldout_hit_rate:.2%} of held-out lookups (profiled: {r.expected_hit_rate:.2%})"
+            )
+    print(f"wrote {', '.join(str(p) for p in files.values())}")
 
 
 if __name__ == "__main__":

@@ -9,20 +9,30 @@ from __future__ import annotations
 
 import logging
 import warnings
+from pathlib import Path
 
 import onnx
 
 from bundle.errors import ExportError
+from export.onnx_io import EXTERNAL_DATA_THRESHOLD, weights_bytes
 
 log = logging.getLogger(__name__)
 
 
-def convert_to_fp16(model: onnx.ModelProto, keep_fp32: list[str]) -> onnx.ModelProto:
+def convert_to_fp16(
+    model: onnx.ModelProto, keep_fp32: list[str], source: Path | None = None
+) -> onnx.ModelProto:
     """Convert ``model`` to FP16 inside, keeping I/O types and ``keep_fp32`` nodes in FP32.
+
+    The converter runs ONNX shape inference on the serialized model, which
+    protobuf limits to 2 GB: for larger models (the Criteo Kaggle DLRM has
+    2.2 GB of tables) the shapes are inferred from the file at ``source``
+    instead, where the weights are external data.
 
     Args:
         model: the FP32 graph (weights loaded).
         keep_fp32: names of nodes that must compute in FP32.
+        source: the file ``model`` was loaded from (needed over 2 GB of weights).
 
     Returns:
         A new model; Cast nodes join the FP16 and FP32 regions.
@@ -37,22 +47,47 @@ def convert_to_fp16(model: onnx.ModelProto, keep_fp32: list[str]) -> onnx.ModelP
     if unknown:
         raise ExportError(f"FP16 block list names nodes not in the graph: {unknown[:5]}")
     log.debug("keeping %d nodes in FP32: %s", len(keep_fp32), keep_fp32)
+    large = weights_bytes(model) > EXTERNAL_DATA_THRESHOLD
+    if large:
+        _infer_shapes_from_file(model, source)
+    # Read before converting: without its own shape inference the converter changes ``model`` in place.
+    own_casts = {node.name for node in model.graph.node if node.op_type == "Cast"} - set(keep_fp32)
+    fp32_outputs = {
+        o.name for o in model.graph.output if o.type.tensor_type.elem_type == onnx.TensorProto.FLOAT
+    }
     try:
         with warnings.catch_warnings():
             # The converter warns for every weight it clips to the FP16 range.
             warnings.simplefilter("ignore", UserWarning)
             converted = float16.convert_float_to_float16(
-                model, keep_io_types=True, node_block_list=list(keep_fp32)
+                model, keep_io_types=True, node_block_list=list(keep_fp32), disable_shape_infer=large
             )
     except Exception as exc:  # the converter raises bare Exceptions and ValueErrors alike
         raise ExportError(f"FP16 conversion failed: {exc}") from exc
-    _retype_casts_to_float(model, converted, set(keep_fp32))
-    _restore_fp32_outputs(model, converted)
-    onnx.checker.check_model(converted)
+    _retype_casts_to_float(converted, own_casts)
+    _restore_fp32_outputs(converted, fp32_outputs)
+    if weights_bytes(converted) <= EXTERNAL_DATA_THRESHOLD:
+        onnx.checker.check_model(converted)  # larger: checked by path once saved (ONNX Runtime loads it)
     return converted
 
 
-def _retype_casts_to_float(original: onnx.ModelProto, converted: onnx.ModelProto, kept: set[str]) -> None:
+def _infer_shapes_from_file(model: onnx.ModelProto, source: Path | None) -> None:
+    """Put the value infos that shape inference finds for the file at ``source`` into ``model``."""
+    if source is None:
+        raise ExportError("FP16 conversion of a graph over 2 GB needs the path of its file")
+    inferred = source.with_name(source.name + ".shapes")
+    try:
+        onnx.shape_inference.infer_shapes_path(str(source), str(inferred))
+        shapes = onnx.load(str(inferred), load_external_data=False)
+    except (onnx.shape_inference.InferenceError, OSError) as exc:
+        raise ExportError(f"shape inference of {source} failed: {exc}") from exc
+    finally:
+        inferred.unlink(missing_ok=True)
+    del model.graph.value_info[:]
+    model.graph.value_info.extend(shapes.graph.value_info)
+
+
+def _retype_casts_to_float(converted: onnx.ModelProto, own: set[str]) -> None:
     """Make the graph's own ``Cast(to=FLOAT)`` nodes in the FP16 region cast to FLOAT16.
 
     onnxconverter-common 1.16 types the outputs of converted nodes FP16 but
@@ -62,7 +97,6 @@ def _retype_casts_to_float(original: onnx.ModelProto, converted: onnx.ModelProto
     casts the converter inserts itself join the FP32 and FP16 regions and have
     names of their own, so only nodes of the original graph are retyped.
     """
-    own = {node.name for node in original.graph.node if node.op_type == "Cast"} - kept
     for node in converted.graph.node:
         if node.op_type != "Cast" or node.name not in own:
             continue
@@ -71,7 +105,7 @@ def _retype_casts_to_float(original: onnx.ModelProto, converted: onnx.ModelProto
                 attribute.i = onnx.TensorProto.FLOAT16
 
 
-def _restore_fp32_outputs(original: onnx.ModelProto, converted: onnx.ModelProto) -> None:
+def _restore_fp32_outputs(converted: onnx.ModelProto, fp32_outputs: set[str]) -> None:
     """Make every graph output FP32 again where the original's was.
 
     onnxconverter-common 1.16 with ``keep_io_types=True`` still ends a graph
@@ -79,9 +113,6 @@ def _restore_fp32_outputs(original: onnx.ModelProto, converted: onnx.ModelProto)
     block list, and retypes the output. Turning that Cast into a Cast to FP32
     is right whatever precision its input has (a no-op on an FP32 sigmoid).
     """
-    fp32_outputs = {
-        o.name for o in original.graph.output if o.type.tensor_type.elem_type == onnx.TensorProto.FLOAT
-    }
     producers = {out: node for node in converted.graph.node for out in node.output}
     for value in converted.graph.output:
         if value.name not in fp32_outputs or value.type.tensor_type.elem_type == onnx.TensorProto.FLOAT:

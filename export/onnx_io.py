@@ -33,6 +33,8 @@ def save_model(model: onnx.ModelProto, path: Path, threshold: int = EXTERNAL_DAT
             location=data_file.name,
             size_threshold=1024,
         )
+        if not data_file.exists():  # every tensor under onnx's 1 KB size threshold: all stayed inline
+            return [path]
         # onnx writes the data file 0600; a server running as another user must read it.
         data_file.chmod(0o644)
         return [path, data_file]

@@ -293,7 +293,7 @@ def _export_fp16(
         log.info("converting %s to FP16 at %s", fp32_path, path)
         model = onnx.load(str(fp32_path))
         keep = exporter.fp32_nodes(model)
-        save_model(convert_to_fp16(model, keep), path)
+        save_model(convert_to_fp16(model, keep, source=fp32_path), path)
         return {"source": exporter.source, "fp32_nodes": keep}
 
     name = f"{exporter.family}_onnx_fp16"
