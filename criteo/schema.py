@@ -61,3 +61,11 @@ OUTPUTS: tuple[TensorSpec, ...] = (TensorSpec(OUTPUT, np.float32, (1,)),)
 
 DENSE_COLUMNS = tuple(f"I{i}" for i in range(1, NUM_DENSE + 1))
 CATEGORICAL_COLUMNS = tuple(f"C{i}" for i in range(1, NUM_CATEGORICAL + 1))
+
+# Hierarchical (hot/cold) placement: the tensors between the embedding stage and the dense model.
+#: ``B x 26`` int64: 0 where the lookup is cold, else 1 + the row's index in its table's hot rows.
+HOT_SLOTS = "hot_slots"
+#: ``N`` int64: ``b * 26 + t`` of each cold lookup, ascending.
+COLD_POSITIONS = "cold_positions"
+#: ``N x W`` float32: the row-store row of each cold lookup, in the order of ``cold_positions``.
+COLD_ROWS = "cold_rows"
