@@ -142,7 +142,13 @@ def decode(prepared: Prepared, result: Any) -> np.ndarray:
         where = prepared.output_slice
         array = prepared.region.read(prepared.output.numpy_dtype, where.shape, where.offset)
     else:
-        value = result.as_numpy(name)
+        try:
+            value = result.as_numpy(name)
+        except ValueError as exc:  # tritonclient reshapes the bytes it got to the shape it was told
+            raise ClientError(
+                f"model {prepared.model!r}: output {name!r} came back malformed or empty ({exc}); "
+                "a python-backend server whose stub runs numpy 2 answers this way: install numpy<2 there"
+            ) from None
         if value is None:
             raise ClientError(f"model {prepared.model!r}: the response holds no {name!r}")
         array = np.asarray(value)

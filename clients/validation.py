@@ -240,10 +240,12 @@ class ModelSpec:
                 )
             if not self.allow_non_finite:
                 _check_finite(prefix, tensor, array)
-            if self.batched:
+            # A model that does not batch may still take B rows: an ensemble of max_batch_size 0
+            # (a hierarchical model) whose inputs all start with a variable dimension.
+            if self.batched or tensor.shape[:1] == (-1,):
                 rows[tensor.name] = shape[0]
             pairs.append((tensor, np.ascontiguousarray(array)))
-        if not self.batched:
+        if not rows or (not self.batched and len(rows) < len(self.inputs)):
             return pairs, 1
         sizes = set(rows.values())
         if len(sizes) > 1:
@@ -251,7 +253,7 @@ class ModelSpec:
         batch = sizes.pop()
         if batch < 1:
             raise ClientError(f"{prefix}: empty batch (0 rows)")
-        if batch > self.max_batch_size:
+        if self.batched and batch > self.max_batch_size:
             raise ClientError(
                 f"{prefix}: batch of {batch} rows exceeds its max_batch_size {self.max_batch_size}"
             )

@@ -320,7 +320,12 @@ def locust_command(
     payload: Path,
     folder: Path,
 ) -> list[str]:
-    """The locust command line of one step."""
+    """The locust command line of one step.
+
+    Paths are made absolute: locust runs with the repository root as its working
+    directory (so its locustfile imports the bundle), wherever ``--out`` points.
+    """
+    payload, folder = payload.resolve(), folder.resolve()
     locustfile, user_class = USERS[target.protocol]
     processes = config.processes_for(concurrency)
     command = [

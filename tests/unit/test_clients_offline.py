@@ -402,3 +402,20 @@ def test_a_restricted_api_refusal_is_final_not_retried() -> None:
     assert is_restricted(InferenceServerException("forbidden", status="403"))
     down = InferenceServerException("failed to connect", status="StatusCode.UNAVAILABLE")
     assert is_unavailable(down) and not is_restricted(down)
+
+
+def test_an_empty_or_malformed_output_is_one_client_error() -> None:
+    """An answer whose binary output is empty (seen with numpy 2 in a python-backend stub) made
+    tritonclient's as_numpy raise a bare reshape ValueError; it is one ClientError line."""
+    from clients.request import Prepared, decode
+    from clients.validation import TensorMeta
+
+    class EmptyAnswer:
+        def as_numpy(self, name: str) -> np.ndarray:
+            raise ValueError("cannot reshape array of size 0 into shape (1024,1)")
+
+    prepared = Prepared("dlrm_onnx", "", [], [], 1024, TensorMeta(OUTPUT, "FP32", (-1, 1)))
+    with pytest.raises(
+        ClientError, match=r"output 'click_probability' came back malformed or empty .*numpy<2"
+    ):
+        decode(prepared, EmptyAnswer())

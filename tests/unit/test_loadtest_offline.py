@@ -117,3 +117,24 @@ def test_a_sweep_of_a_running_server_without_its_repository_says_how_to_get_the_
             command="test",
         )
     assert not (tmp_path / "sweep").exists()
+
+
+def test_locust_gets_absolute_paths_whatever_the_working_directory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """locust runs in the repository root; a relative --out given elsewhere must still resolve."""
+    from loadtest.sweep import locust_command
+
+    monkeypatch.chdir(tmp_path)
+    config = SweepConfig(models=("dlrm_onnx",), batch_size=8, concurrency=(1,))
+    command = locust_command(
+        Target("127.0.0.1:1", "grpc", "triton"),
+        "dlrm_onnx",
+        config,
+        1,
+        Path("out/payload.npz"),
+        Path("out/s"),
+    )
+    for flag in ("--payload", "--results-dir", "--csv"):
+        value = Path(command[command.index(flag) + 1])
+        assert value.is_absolute() and value.is_relative_to(tmp_path), (flag, value)

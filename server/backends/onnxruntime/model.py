@@ -213,6 +213,14 @@ class TritonPythonModel:
         """
         config = json.loads(args["model_config"])
         self._name = args["model_name"]
+        if int(np.__version__.split(".")[0]) >= 2:
+            # Seen with tritonserver 2.51's python backend (the nvidia-pytriton 0.7 wheel): under
+            # numpy 2 every response left the stub with an empty output and no error anywhere.
+            raise pb_utils.TritonModelException(
+                f"model '{self._name}': the python backend stub's interpreter has numpy {np.__version__}; "
+                "this backend needs numpy<2 (requirements.txt pins 1.26.4): under numpy 2 the "
+                "responses of this tritonserver come back empty"
+            )
         self._batched = int(config.get("max_batch_size", 0)) > 0
         self._inputs = [TensorSpec.from_config(entry) for entry in config.get("input", [])]
         self._outputs = [TensorSpec.from_config(entry) for entry in config.get("output", [])]

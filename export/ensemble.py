@@ -1,0 +1,380 @@
+"""Hierarchical (hot/cold) models in the repository: an embedding stage and a dense model as one ensemble.
+
+A model whose embedding tables are larger than memory keeps its family's name,
+``<family>_onnx``, as a Triton ensemble of two steps:
+
+1. ``<family>_embedding``: a python-backend model (``server/stages/embedding``,
+   numpy only, KIND_CPU) that maps the row store read-only and, for the request's
+   ``categorical_ids`` (``B x 26`` int64, any value), answers ``hot_slots``
+   (``B x 26``), ``cold_positions`` (``N``) and ``cold_rows`` (``N x W`` float32);
+2. ``<family>_dense``: the ONNX model (``backend: "onnxruntime"``) that holds the
+   hot rows and takes ``dense_features`` with those three tensors to
+   ``click_probability`` (``B x 1``).
+
+Only the cold rows travel between the steps. ``N`` differs per request, so no
+tensor has a batch dimension Triton could split or merge: every model here has
+``max_batch_size: 0`` and dims with a leading ``-1`` (no dynamic batching; each
+client request runs as its own batch).
+
+The stage's version folder holds ``model.py`` and ``hot_cold_lookup.py`` (copied
+from ``server/stages/embedding``) and the hot set (``hot_set.npz``); the row
+store stays where it is, named by the config parameter ``row_store``: relative
+to the version folder when the store lies inside the repository (so the
+repository moves, or is mounted at ``/models``, with it), else absolute, or
+whatever ``store_path`` says (the store's path inside the serving container).
+
+Every config is a ``model_config_pb2.ModelConfig`` written with ``text_format``
+(:func:`export.repository.write_config`); :func:`export.repository.read_config`
+parses them back.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from tritonclient.grpc import model_config_pb2 as mc
+
+from bundle.errors import ConfigError
+from criteo.schema import (
+    CATEGORICAL_INPUT,
+    COLD_POSITIONS,
+    COLD_ROWS,
+    DENSE_INPUT,
+    HOT_SLOTS,
+    INPUTS,
+    NUM_CATEGORICAL,
+    OUTPUTS,
+    TensorSpec,
+)
+from export.hot_rows import HotSet
+from export.repository import (
+    MODEL_FILE,
+    ONNX_BACKEND,
+    ServingConfig,
+    clear_model,
+    version_dir,
+    write_config,
+)
+from export.row_store import RowStore
+from server.stages.embedding import SOURCE_DIR, SOURCE_FILES
+from server.stages.embedding.hot_cold_lookup import PARAM_HOT_SET, PARAM_ROW_STORE, PARAM_TABLE_SIZES
+
+#: Suffix of a family's embedding stage (``dlrm_embedding``).
+EMBEDDING_SUFFIX = "_embedding"
+#: Suffix of a family's dense model (``dlrm_dense``).
+DENSE_SUFFIX = "_dense"
+#: Suffix of the served model, the ensemble (``dlrm_onnx``): the family's usual name.
+ENSEMBLE_SUFFIX = "_onnx"
+#: The hot set's file in the stage's version folder.
+HOT_SET_FILE = "hot_set.npz"
+PYTHON_BACKEND = "python"
+ENSEMBLE_PLATFORM = "ensemble"
+
+#: The dims of ``B x ...`` tensors in a model with ``max_batch_size: 0``.
+ANY_ROWS = -1
+
+
+def embedding_model_name(family: str) -> str:
+    """The embedding stage of a family: ``dlrm`` -> ``dlrm_embedding``."""
+    return f"{_check_family(family)}{EMBEDDING_SUFFIX}"
+
+
+def dense_model_name(family: str) -> str:
+    """The dense model of a family: ``dlrm`` -> ``dlrm_dense``."""
+    return f"{_check_family(family)}{DENSE_SUFFIX}"
+
+
+def ensemble_model_name(family: str) -> str:
+    """The served model of a family: ``dlrm`` -> ``dlrm_onnx``."""
+    return f"{_check_family(family)}{ENSEMBLE_SUFFIX}"
+
+
+def _check_family(family: str) -> str:
+    if not family or not family.replace("_", "").isalnum():
+        raise ConfigError(f"a model family is letters, digits and '_', got {family!r}")
+    return family
+
+
+def _schema_dims(spec: TensorSpec) -> tuple[str, int, tuple[int, ...]]:
+    """A schema tensor as (name, config data type, dims with the leading ``-1``)."""
+    return spec.name, mc.DataType.Value(f"TYPE_{spec.triton_dtype}"), (ANY_ROWS, *spec.shape)
+
+
+def _schema_tensor(name: str) -> tuple[str, int, tuple[int, ...]]:
+    spec = next(spec for spec in (*INPUTS, *OUTPUTS) if spec.name == name)
+    return _schema_dims(spec)
+
+
+def _hot_slots() -> tuple[str, int, tuple[int, ...]]:
+    return HOT_SLOTS, mc.TYPE_INT64, (ANY_ROWS, NUM_CATEGORICAL)
+
+
+def _cold_positions() -> tuple[str, int, tuple[int, ...]]:
+    return COLD_POSITIONS, mc.TYPE_INT64, (ANY_ROWS,)
+
+
+def _cold_rows(width: int) -> tuple[str, int, tuple[int, ...]]:
+    return COLD_ROWS, mc.TYPE_FP32, (ANY_ROWS, width)
+
+
+def _add(tensors: Any, tensor: tuple[str, int, tuple[int, ...]]) -> None:
+    name, data_type, dims = tensor
+    entry = tensors.add()
+    entry.name = name
+    entry.data_type = data_type
+    entry.dims.extend(dims)
+
+
+def _check_width(width: int) -> int:
+    if isinstance(width, bool) or not isinstance(width, int) or width < 1:
+        raise ConfigError(f"the row width must be an int >= 1, got {width!r}")
+    return width
+
+
+def build_embedding_config(
+    name: str,
+    table_sizes: Sequence[int],
+    width: int,
+    row_store: str,
+    hot_set: str = HOT_SET_FILE,
+    instances: int = 1,
+) -> mc.ModelConfig:
+    """The ModelConfig of an embedding stage (python backend, KIND_CPU, ``max_batch_size: 0``).
+
+    Args:
+        name: the model name (``dlrm_embedding``).
+        table_sizes: rows of each of the 26 tables.
+        width: values per store row ``W`` (``cold_rows`` is ``N x W``).
+        row_store: the store's folder, absolute or relative to the version folder.
+        hot_set: the hot-set file, absolute or relative to the version folder.
+        instances: stage instances (each a python stub mapping the same store).
+
+    Raises:
+        ConfigError: not 26 sizes >= 1, a width below 1, fewer than 1 instance or an
+            empty path.
+    """
+    sizes = tuple(int(size) for size in table_sizes)
+    if len(sizes) != NUM_CATEGORICAL or min(sizes) < 1:
+        raise ConfigError(f"an embedding stage needs {NUM_CATEGORICAL} table sizes >= 1, got {list(sizes)}")
+    _check_width(width)
+    if instances < 1:
+        raise ConfigError(f"the embedding stage needs at least 1 instance, got {instances}")
+    if not row_store or not hot_set:
+        raise ConfigError("the embedding stage needs a row store path and a hot-set path")
+    config = mc.ModelConfig(name=name, backend=PYTHON_BACKEND, max_batch_size=0)
+    _add(config.input, _schema_tensor(CATEGORICAL_INPUT))
+    for tensor in (_hot_slots(), _cold_positions(), _cold_rows(width)):
+        _add(config.output, tensor)
+    group = config.instance_group.add()
+    group.count = instances
+    group.kind = mc.ModelInstanceGroup.KIND_CPU
+    config.parameters[PARAM_ROW_STORE].string_value = row_store
+    config.parameters[PARAM_HOT_SET].string_value = hot_set
+    config.parameters[PARAM_TABLE_SIZES].string_value = ",".join(str(size) for size in sizes)
+    return config
+
+
+def build_dense_config(name: str, width: int, serving: ServingConfig) -> mc.ModelConfig:
+    """The ModelConfig of a dense model (``backend: "onnxruntime"``, ``max_batch_size: 0``).
+
+    Instances, their kind (the serving profile's) and ONNX Runtime's thread count
+    come from ``serving``; its batching options do not apply.
+
+    Raises:
+        ConfigError: ``serving.ort_trt``: the TensorRT accelerator's profiles are
+            written for batched inputs, not for the ``N``-row cold tensors.
+    """
+    _check_width(width)
+    if serving.ort_trt:
+        raise ConfigError(
+            f"{name}: the ONNX Runtime TensorRT accelerator is not supported for a hierarchical "
+            "model's dense part"
+        )
+    config = mc.ModelConfig(name=name, backend=ONNX_BACKEND, max_batch_size=0)
+    config.default_model_filename = MODEL_FILE
+    for tensor in (
+        _schema_tensor(DENSE_INPUT),
+        _hot_slots(),
+        _cold_positions(),
+        _cold_rows(width),
+    ):
+        _add(config.input, tensor)
+    for spec in OUTPUTS:
+        _add(config.output, _schema_dims(spec))
+    group = config.instance_group.add()
+    group.count = serving.instances
+    group.kind = serving.instance_kind
+    if serving.intra_op_threads:
+        config.parameters["intra_op_thread_count"].string_value = str(serving.intra_op_threads)
+    return config
+
+
+def build_ensemble_config(family: str) -> mc.ModelConfig:
+    """The ModelConfig of ``<family>_onnx`` as an ensemble of the stage and the dense model.
+
+    Its inputs and output are the schema's (``dense_features`` ``-1 x 13``,
+    ``categorical_ids`` ``-1 x 26``, ``click_probability`` ``-1 x 1``), so clients
+    send the same tensors as to an in-graph model.
+    """
+    config = mc.ModelConfig(name=ensemble_model_name(family), platform=ENSEMBLE_PLATFORM, max_batch_size=0)
+    for spec in INPUTS:
+        _add(config.input, _schema_dims(spec))
+    for spec in OUTPUTS:
+        _add(config.output, _schema_dims(spec))
+    stage = config.ensemble_scheduling.step.add()
+    stage.model_name = embedding_model_name(family)
+    stage.model_version = -1
+    stage.input_map[CATEGORICAL_INPUT] = CATEGORICAL_INPUT
+    for tensor in (HOT_SLOTS, COLD_POSITIONS, COLD_ROWS):
+        stage.output_map[tensor] = tensor
+    dense = config.ensemble_scheduling.step.add()
+    dense.model_name = dense_model_name(family)
+    dense.model_version = -1
+    for tensor in (DENSE_INPUT, HOT_SLOTS, COLD_POSITIONS, COLD_ROWS):
+        dense.input_map[tensor] = tensor
+    for spec in OUTPUTS:
+        dense.output_map[spec.name] = spec.name
+    return config
+
+
+def store_reference(store_dir: Path, repository: Path, version_folder: Path) -> str:
+    """How the stage's config names the store: relative to ``version_folder`` when the
+    store lies inside ``repository``, else its absolute path (POSIX form)."""
+    store = store_dir.resolve()
+    if store.is_relative_to(repository.resolve()):
+        return Path(os.path.relpath(store, version_folder.resolve())).as_posix()
+    return store.as_posix()
+
+
+def write_embedding_stage(
+    repository: Path,
+    family: str,
+    store_dir: Path,
+    hot_set_path: Path,
+    table_sizes: Sequence[int] | None = None,
+    width: int | None = None,
+    *,
+    store_path: str | None = None,
+    instances: int = 1,
+    version: int = 1,
+) -> Path:
+    """Write ``<family>_embedding``: its version folder (the stage's files, the hot set) and config.
+
+    The store and the hot set are opened here (the store's size and sampled rows
+    checked, see :meth:`export.row_store.RowStore.open`), so a mismatch fails at
+    export time, not when the server loads the model.
+
+    Args:
+        repository: the model repository root.
+        family: ``dlrm``, ``wide_deep``, ...
+        store_dir: the row store's folder (every row of the 26 tables).
+        hot_set_path: the hot set (:meth:`export.hot_rows.HotSet.save`); copied as ``hot_set.npz``.
+        table_sizes: expected table sizes (default: the store's); checked against both files.
+        width: expected row width ``W`` (default: the store's).
+        store_path: the store's path as the server sees it (e.g. ``/row_store`` inside
+            the serving container); default: see :func:`store_reference`.
+        instances: stage instances.
+        version: the model version folder.
+
+    Returns:
+        The config path.
+
+    Raises:
+        ExportError: no valid row store at ``store_dir``.
+        DataError: no valid hot set at ``hot_set_path``.
+        ConfigError: sizes or width that disagree between the arguments, the store and
+            the hot set.
+    """
+    store = RowStore.open(store_dir)
+    hot = HotSet.load(hot_set_path)
+    sizes = store.spec.table_sizes
+    if table_sizes is not None and tuple(int(size) for size in table_sizes) != sizes:
+        raise ConfigError(f"row store {store_dir} has table sizes {list(sizes)}, not {list(table_sizes)}")
+    if hot.table_sizes != sizes:
+        raise ConfigError(
+            f"hot set {hot_set_path} was chosen for table sizes {list(hot.table_sizes)}, "
+            f"the row store {store_dir} has {list(sizes)}"
+        )
+    if width is not None and width != store.spec.width:
+        raise ConfigError(f"row store {store_dir} has rows of width {store.spec.width}, not {width}")
+    name = embedding_model_name(family)
+    folder = version_dir(repository, name, version)
+    folder.mkdir(parents=True, exist_ok=True)
+    for filename in SOURCE_FILES:
+        shutil.copyfile(SOURCE_DIR / filename, folder / filename)
+    target = folder / HOT_SET_FILE
+    if Path(hot_set_path).resolve() != target.resolve():
+        shutil.copyfile(hot_set_path, target)
+    reference = store_path or store_reference(Path(store_dir), repository, folder)
+    config = build_embedding_config(name, sizes, store.spec.width, reference, HOT_SET_FILE, instances)
+    return write_config(repository / name, config)
+
+
+def write_dense_config(
+    repository: Path, family: str, width: int, serving: ServingConfig, version: int = 1
+) -> Path:
+    """Write the config of ``<family>_dense`` whose ONNX file is already in its version folder.
+
+    Returns:
+        The config path.
+
+    Raises:
+        ConfigError: the ONNX file is missing, or see :func:`build_dense_config`.
+    """
+    name = dense_model_name(family)
+    onnx_path = version_dir(repository, name, version) / MODEL_FILE
+    if not onnx_path.is_file():
+        raise ConfigError(f"{onnx_path} is missing: export the dense model before writing its config")
+    return write_config(repository / name, build_dense_config(name, width, serving))
+
+
+def write_ensemble(repository: Path, family: str, version: int = 1) -> Path:
+    """Write ``<family>_onnx`` as the ensemble of the stage and the dense model.
+
+    Whatever the repository held under that name (an in-graph model's ONNX file,
+    its report) is removed first: the name now means the ensemble. Triton needs
+    the (empty) version folder of an ensemble, so it is created.
+
+    Returns:
+        The config path.
+    """
+    name = ensemble_model_name(family)
+    clear_model(repository, name)
+    version_dir(repository, name, version).mkdir(parents=True)
+    return write_config(repository / name, build_ensemble_config(family))
+
+
+def add_hierarchical_models(
+    repository: Path,
+    family: str,
+    store_dir: Path,
+    hot_set_path: Path,
+    serving: ServingConfig,
+    *,
+    store_path: str | None = None,
+    stage_instances: int = 1,
+) -> list[Path]:
+    """Write the three entries of a hierarchical model whose dense ONNX file is already written.
+
+    Args:
+        repository: the model repository root.
+        family: ``dlrm``, ``wide_deep``, ...
+        store_dir: the row store's folder.
+        hot_set_path: the hot set the dense model's hot rows were taken from.
+        serving: how Triton serves the dense model (instances, kind, threads).
+        store_path: the store's path as the server sees it (see :func:`write_embedding_stage`).
+        stage_instances: embedding stage instances.
+
+    Returns:
+        The config paths: stage, dense model, ensemble.
+    """
+    stage = write_embedding_stage(
+        repository, family, store_dir, hot_set_path, store_path=store_path, instances=stage_instances
+    )
+    width = RowStore.open(store_dir).spec.width
+    dense = write_dense_config(repository, family, width, serving)
+    return [stage, dense, write_ensemble(repository, family)]

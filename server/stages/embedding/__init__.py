@@ -1,0 +1,8 @@
+"""The embedding stage of hierarchical (hot/cold) models; ``export.ensemble`` copies its files."""
+
+from pathlib import Path
+
+#: The folder holding the stage's files.
+SOURCE_DIR = Path(__file__).resolve().parent
+#: The files a ``<family>_embedding`` version folder gets: the python-backend model and its numpy core.
+SOURCE_FILES: tuple[str, ...] = ("model.py", "hot_cold_lookup.py")

@@ -1,0 +1,243 @@
+"""The embedding stage of a hierarchical (hot/cold) model: a python-backend Triton model.
+
+A model whose embedding tables are larger than memory is served as an ensemble
+``<family>_onnx`` of two steps: this stage (``<family>_embedding``), then the
+dense ONNX model (``<family>_dense``) that holds only the hot rows. For each
+request's ``B x 26`` raw ids this stage answers, with numpy alone
+(:mod:`hot_cold_lookup`):
+
+- ``hot_slots``      ``B x 26`` int64: 0 where a lookup is cold, else 1 + its row in
+  its table's hot rows;
+- ``cold_positions`` ``N`` int64: ``b * 26 + t`` of each cold lookup, ascending;
+- ``cold_rows``      ``N x W`` float32: the row store's row of each cold lookup.
+
+The tensors have no batch semantics (``N`` varies per request), so the config
+says ``max_batch_size: 0`` and dims ``[-1, 26]``, ``[-1]``, ``[-1, W]``; the
+input comes first, the outputs in the order above (``export.ensemble`` writes
+the config and every name in it from ``criteo.schema``).
+
+Config ``parameters`` (string values), written by ``export.ensemble``:
+``row_store`` (the store's folder) and ``hot_set`` (the hot-set ``.npz``), each
+absolute or relative to this model's version folder, and ``table_sizes`` (26
+comma-separated sizes, checked against both files).
+
+Each request is checked on its own: one with a wrong dtype or shape gets an
+INVALID_ARGUMENT response naming the input, and the others are answered.
+
+Metrics: the counter family ``ctr_embedding_lookups_total`` (python backend custom
+metrics, on the server's Prometheus page), labelled ``model``, ``version`` and
+``tier`` (``hot`` or ``cold``): the hot-hit rate is
+``rate(..{tier="hot"}) / sum without (tier) (rate(..))`` and the cold rows read
+per second ``rate(..{tier="cold"})``. A python backend without the metrics API
+serves without them (one warning at load).
+
+This file and ``hot_cold_lookup.py`` are copied into the model's version folder
+(the python backend puts that folder on ``sys.path``); they run in the local
+server's stub and in the NGC image's, and import only numpy, the standard
+library and ``triton_python_backend_utils``.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import triton_python_backend_utils as pb_utils
+from hot_cold_lookup import (
+    PARAM_HOT_SET,
+    PARAM_ROW_STORE,
+    PARAM_TABLE_SIZES,
+    HotColdLookup,
+    RequestError,
+    StageError,
+)
+
+#: The counter family of lookups by tier.
+METRIC_FAMILY = "ctr_embedding_lookups_total"
+
+
+def _error_response(error: RequestError) -> Any:
+    code = pb_utils.TritonError.INVALID_ARG if error.invalid_argument else pb_utils.TritonError.INTERNAL
+    return pb_utils.InferenceResponse(output_tensors=[], error=pb_utils.TritonError(str(error), code))
+
+
+def _parameter(parameters: dict[str, Any], key: str, model: str) -> str:
+    """A required string parameter of the config."""
+    raw = str(parameters.get(key, {}).get("string_value", "")).strip()
+    if not raw:
+        raise pb_utils.TritonModelException(f"model '{model}': config parameter '{key}' is missing")
+    return raw
+
+
+def _table_sizes(raw: str, model: str) -> tuple[int, ...]:
+    try:
+        sizes = tuple(int(part) for part in raw.split(","))
+    except ValueError:
+        raise pb_utils.TritonModelException(
+            f"model '{model}': parameter '{PARAM_TABLE_SIZES}' must be comma-separated integers, got {raw!r}"
+        ) from None
+    if any(size < 1 for size in sizes):
+        raise pb_utils.TritonModelException(
+            f"model '{model}': every table needs at least 1 row, got {PARAM_TABLE_SIZES}={raw!r}"
+        )
+    return sizes
+
+
+def _check_tensors(config: dict[str, Any], tables: int, width: int) -> list[str]:
+    """Problems of the config's tensors against what the stage answers (empty when none)."""
+    inputs, outputs = config.get("input", []), config.get("output", [])
+    if len(inputs) != 1 or len(outputs) != 3:
+        return [f"1 input and 3 outputs expected, the config has {len(inputs)} and {len(outputs)}"]
+    expected = [
+        (inputs[0], "TYPE_INT64", [-1, tables]),
+        (outputs[0], "TYPE_INT64", [-1, tables]),
+        (outputs[1], "TYPE_INT64", [-1]),
+        (outputs[2], "TYPE_FP32", [-1, width]),
+    ]
+    problems = []
+    for entry, data_type, dims in expected:
+        got = [int(dim) for dim in entry.get("dims", [])]
+        if str(entry.get("data_type")) != data_type or got != dims:
+            problems.append(
+                f"'{entry.get('name')}' is {entry.get('data_type')} {got}, "
+                f"the stage answers {data_type} {dims}"
+            )
+    return problems
+
+
+class _LookupCounters:
+    """Hot and cold lookup counters of one model version (no-ops without the metrics API)."""
+
+    def __init__(self, model: str, version: str) -> None:
+        self._family: Any = None
+        self._hot: Any = None
+        self._cold: Any = None
+        family_type = getattr(pb_utils, "MetricFamily", None)
+        if family_type is None:
+            pb_utils.Logger.log_warn(
+                f"model '{model}': this python backend has no metrics API (pb_utils.MetricFamily); "
+                "hot/cold lookup counters are off"
+            )
+            return
+        try:
+            self._family = family_type(
+                name=METRIC_FAMILY,
+                description="Embedding lookups of hierarchical models, by tier: hot rows in the "
+                "dense model, cold rows read from the row store",
+                kind=family_type.COUNTER,
+            )
+            labels = {"model": model, "version": version}
+            self._hot = self._family.Metric(labels={**labels, "tier": "hot"})
+            self._cold = self._family.Metric(labels={**labels, "tier": "cold"})
+        except pb_utils.TritonModelException as exc:
+            self.close()
+            pb_utils.Logger.log_warn(f"model '{model}': hot/cold lookup counters are off: {exc}")
+
+    def add(self, hot: int, cold: int) -> None:
+        """Count ``hot`` and ``cold`` lookups (one call each per ``execute``: each is an IPC)."""
+        if self._hot is not None and hot:
+            self._hot.increment(float(hot))
+        if self._cold is not None and cold:
+            self._cold.increment(float(cold))
+
+    def close(self) -> None:
+        """Drop the metrics (each before its family, as the python backend requires)."""
+        self._hot = None
+        self._cold = None
+        self._family = None
+
+
+class TritonPythonModel:
+    """Places each lookup of a request hot or cold and gathers the cold rows (see the module)."""
+
+    def initialize(self, args: dict[str, str]) -> None:
+        """Map the row store, index the hot set and check the config against both.
+
+        Args:
+            args: from the python backend: ``model_config`` (JSON),
+                ``model_repository`` (this model's folder), ``model_version``,
+                ``model_name``, ``model_instance_name``.
+
+        Raises:
+            TritonModelException: a parameter missing, a file missing or invalid, or
+                sizes that disagree between the config, the store and the hot set;
+                fails this model's load.
+        """
+        config = json.loads(args["model_config"])
+        self._name = args["model_name"]
+        if int(config.get("max_batch_size", 0)) != 0:
+            raise pb_utils.TritonModelException(
+                f"model '{self._name}': the embedding stage needs max_batch_size 0 (its outputs "
+                "have no batch dimension)"
+            )
+        parameters = config.get("parameters", {})
+        version_dir = Path(args["model_repository"]) / args["model_version"]
+        store = version_dir / _parameter(parameters, PARAM_ROW_STORE, self._name)
+        hot_set = version_dir / _parameter(parameters, PARAM_HOT_SET, self._name)
+        sizes = _table_sizes(_parameter(parameters, PARAM_TABLE_SIZES, self._name), self._name)
+        try:
+            self._lookup = HotColdLookup.open(store, hot_set, sizes)
+        except StageError as exc:
+            raise pb_utils.TritonModelException(f"model '{self._name}': {exc}") from exc
+        problems = _check_tensors(config, self._lookup.num_tables, self._lookup.width)
+        if problems:
+            raise pb_utils.TritonModelException(
+                f"model '{self._name}': config.pbtxt does not match the stage: " + "; ".join(problems)
+            )
+        self._input = str(config["input"][0]["name"])
+        self._outputs = [str(entry["name"]) for entry in config["output"]]
+        self._counters = _LookupCounters(self._name, args["model_version"])
+        pb_utils.Logger.log_info(
+            f"{args['model_instance_name']}: row store {store.resolve()} "
+            f"({sum(sizes)} rows x {self._lookup.width}), {self._lookup.hot_rows} hot rows from {hot_set}"
+        )
+
+    def _answer(self, request: Any) -> tuple[Any, int, int]:
+        """One request's response, with its hot and cold lookup counts.
+
+        Raises:
+            RequestError: the input is missing, or not ``B x 26`` int64 with ``B >= 1``.
+        """
+        tensor = pb_utils.get_input_tensor_by_name(request, self._input)
+        if tensor is None:
+            raise RequestError(f"input '{self._input}' is missing; model '{self._name}' expects it")
+        ids = self._lookup.check_ids(tensor.as_numpy(), self._input)
+        placement = self._lookup.place(ids)
+        arrays = (placement.hot_slots, placement.cold_positions, placement.cold_rows)
+        tensors = [
+            pb_utils.Tensor(name, np.ascontiguousarray(array))
+            for name, array in zip(self._outputs, arrays, strict=True)
+        ]
+        response = pb_utils.InferenceResponse(output_tensors=tensors)
+        return response, placement.hot_lookups, placement.cold_lookups
+
+    def execute(self, requests: list[Any]) -> list[Any]:
+        """Answer each request on its own; one bad request gets an error, the others their outputs.
+
+        Args:
+            requests: ``pb_utils.InferenceRequest`` objects, each with ``B_i x 26`` ids.
+
+        Returns:
+            One ``pb_utils.InferenceResponse`` per request, in order.
+        """
+        responses = []
+        hot_total = cold_total = 0
+        for request in requests:
+            try:
+                response, hot, cold = self._answer(request)
+            except RequestError as exc:
+                pb_utils.Logger.log_warn(f"model '{self._name}': {exc}")
+                responses.append(_error_response(exc))
+                continue
+            responses.append(response)
+            hot_total += hot
+            cold_total += cold
+        self._counters.add(hot_total, cold_total)
+        return responses
+
+    def finalize(self) -> None:
+        """Drop the metrics and the store's mapping when the model unloads."""
+        self._counters.close()
+        self._lookup = None
