@@ -23,7 +23,7 @@ import numpy as np
 from bundle.errors import ConfigError
 from criteo.schema import OUTPUT
 from loadtest.payload import PayloadPool, build_pool
-from loadtest.session import ort_session, serving_settings
+from loadtest.session import ort_session, serving_device, serving_settings
 
 logger = logging.getLogger(__name__)
 
@@ -76,6 +76,8 @@ class BaselineResult:
         calls_per_s: ``samples_per_s / batch_size``.
         p50_ms, p99_ms: latency of single calls over all repeats.
         repeats: the samples/s of each repeat.
+        provider: the ONNX Runtime provider the session ran on: the served model's
+            device (CUDA for a KIND_GPU instance), so the ratio compares like with like.
     """
 
     model_file: str
@@ -86,6 +88,7 @@ class BaselineResult:
     p50_ms: float
     p99_ms: float
     repeats: tuple[float, ...]
+    provider: str = "CPUExecutionProvider"
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -138,7 +141,8 @@ class InProcessModel:
         if threads is None:
             threads = serving_settings(config.model_file)["threads"]
         self.threads = threads
-        self._session = ort_session(config.model_file, threads)
+        self.device = serving_device(config.model_file)
+        self._session = ort_session(config.model_file, threads, self.device)
 
     def measure(self, batch_size: int, pool: PayloadPool) -> BaselineResult:
         """Time calls of ``batch_size`` rows from ``pool`` (re-cut to that batch size)."""
@@ -154,6 +158,7 @@ class InProcessModel:
             p50_ms=float(np.percentile(latencies, 50)),
             p99_ms=float(np.percentile(latencies, 99)),
             repeats=tuple(rates),
+            provider=self._session.get_providers()[0],
         )
         logger.debug(
             "in-process %s B=%d: %.0f samples/s (median of %d), p50 %.3f ms",

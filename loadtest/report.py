@@ -422,9 +422,9 @@ def markdown(report: Report) -> str:
     if report.baselines:
         lines += ["## In-process ONNX Runtime (same files, same rows)", ""]
         lines += _table(
-            ["model", "batch", "threads", "samples/s (median)", "p50 ms", "p99 ms"],
+            ["model", "provider", "batch", "threads", "samples/s (median)", "p50 ms", "p99 ms"],
             [
-                [model, r.batch_size, r.threads or "default", r.samples_per_s, r.p50_ms, r.p99_ms]
+                [model, r.provider, r.batch_size, r.threads or "default", r.samples_per_s, r.p50_ms, r.p99_ms]
                 for model, results in report.baselines.items()
                 for r in results
             ],

@@ -18,27 +18,45 @@ from bundle.errors import ConfigError, DataError
 THREADS_PARAMETER = "intra_op_thread_count"
 
 
-def ort_session(model_file: Path, threads: int = 0) -> Any:
-    """An ``onnxruntime.InferenceSession`` of ``model_file`` on CPU.
+#: ONNX Runtime providers of an in-process session, by the device the server runs the model on.
+PROVIDERS: dict[str, list[str]] = {
+    "cpu": ["CPUExecutionProvider"],
+    "gpu": ["CUDAExecutionProvider", "CPUExecutionProvider"],
+}
+
+
+def ort_session(model_file: Path, threads: int = 0, device: str = "cpu") -> Any:
+    """An ``onnxruntime.InferenceSession`` of ``model_file`` on ``device``.
 
     Args:
         model_file: an exported ``model.onnx`` (external data beside it is found).
         threads: intra-op threads (0: ONNX Runtime's default).
+        device: ``cpu``, or ``gpu`` (ONNX Runtime's CUDA provider, as a KIND_GPU instance runs it).
 
     Raises:
+        ConfigError: ``gpu`` with an onnxruntime that has no CUDA provider.
         DataError: the file is missing or ONNX Runtime cannot load it.
     """
     import onnxruntime as ort
 
     if threads < 0:
         raise ConfigError(f"threads must be >= 0, got {threads}")
+    if device not in PROVIDERS:
+        raise ConfigError(f"device must be one of {', '.join(PROVIDERS)}, got {device!r}")
     if not model_file.is_file():
         raise DataError(f"model file {model_file} does not exist")
+    providers = PROVIDERS[device]
+    if providers[0] not in ort.get_available_providers():
+        raise ConfigError(
+            f"{model_file} is served on a GPU (KIND_GPU), but this onnxruntime offers "
+            f"{ort.get_available_providers()}: its in-process baseline would time the CPU against the GPU; "
+            "install onnxruntime-gpu in place of onnxruntime, or pass --no-baseline"
+        )
     options = ort.SessionOptions()
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
     options.intra_op_num_threads = threads
     try:
-        return ort.InferenceSession(str(model_file), sess_options=options, providers=["CPUExecutionProvider"])
+        return ort.InferenceSession(str(model_file), sess_options=options, providers=providers)
     # ONNX Runtime's own exceptions derive from Exception directly.
     except Exception as exc:
         raise DataError(f"onnxruntime cannot load {model_file}: {exc}") from exc
@@ -48,6 +66,22 @@ def config_of(model_file: Path) -> Path | None:
     """The config.pbtxt of a repository model file ``<model>/<version>/model.onnx``, if there is one."""
     candidate = model_file.resolve().parent.parent / "config.pbtxt"
     return candidate if candidate.is_file() else None
+
+
+def serving_device(model_file: Path) -> str:
+    """``gpu`` when the model's config.pbtxt puts an instance on a GPU (KIND_GPU), else ``cpu``."""
+    config_path = config_of(model_file)
+    if config_path is None:
+        return "cpu"
+    from google.protobuf import text_format
+    from tritonclient.grpc import model_config_pb2
+
+    try:
+        config = text_format.Parse(config_path.read_text(), model_config_pb2.ModelConfig())
+    except (OSError, text_format.ParseError) as exc:
+        raise DataError(f"{config_path}: not a valid Triton model config ({exc})") from None
+    gpu = model_config_pb2.ModelInstanceGroup.KIND_GPU
+    return "gpu" if any(group.kind == gpu for group in config.instance_group) else "cpu"
 
 
 def serving_settings(model_file: Path) -> dict[str, int]:

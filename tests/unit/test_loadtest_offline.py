@@ -138,3 +138,55 @@ def test_locust_gets_absolute_paths_whatever_the_working_directory(
     for flag in ("--payload", "--results-dir", "--csv"):
         value = Path(command[command.index(flag) + 1])
         assert value.is_absolute() and value.is_relative_to(tmp_path), (flag, value)
+
+
+def _served_model(repository: Path, kind: str) -> Path:
+    """A one-node model (sigmoid of the counts' sum) in ``repository/m/1`` with an instance of ``kind``."""
+    import onnx
+    from onnx import TensorProto, helper
+
+    from criteo.schema import CATEGORICAL_INPUT, DENSE_INPUT, NUM_CATEGORICAL, NUM_DENSE, OUTPUT
+
+    graph = helper.make_graph(
+        [
+            helper.make_node("ReduceSum", [DENSE_INPUT], ["s"], keepdims=1),
+            helper.make_node("Sigmoid", ["s"], [OUTPUT]),
+        ],
+        "g",
+        [
+            helper.make_tensor_value_info(DENSE_INPUT, TensorProto.FLOAT, ["b", NUM_DENSE]),
+            helper.make_tensor_value_info(CATEGORICAL_INPUT, TensorProto.INT64, ["b", NUM_CATEGORICAL]),
+        ],
+        [helper.make_tensor_value_info(OUTPUT, TensorProto.FLOAT, ["b", 1])],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    path = repository / "m" / "1" / "model.onnx"
+    path.parent.mkdir(parents=True)
+    onnx.save_model(model, str(path))
+    (repository / "m" / "config.pbtxt").write_text(f'name: "m"\ninstance_group {{ kind: {kind} }}\n')
+    return path
+
+
+def test_the_baseline_runs_on_the_served_models_device(tmp_path: Path) -> None:
+    """A KIND_GPU model is timed on ONNX Runtime's CUDA provider (as the server runs it), never
+    silently on the CPU; without onnxruntime-gpu that is one clear error."""
+    import onnxruntime as ort
+
+    from bundle.errors import ConfigError
+    from loadtest.baseline import BaselineConfig, InProcessModel
+    from loadtest.payload import build_pool
+
+    cpu = InProcessModel(
+        BaselineConfig(_served_model(tmp_path / "cpu", "KIND_CPU"), (4,), repeats=1, seconds=0.01)
+    )
+    result = cpu.measure(4, build_pool(1, batches=16))
+    assert cpu.device == "cpu" and result.provider == "CPUExecutionProvider"
+
+    gpu_file = _served_model(tmp_path / "gpu", "KIND_GPU")
+    if "CUDAExecutionProvider" in ort.get_available_providers():
+        model = InProcessModel(BaselineConfig(gpu_file, (4,), repeats=1, seconds=0.01))
+        assert model.measure(4, build_pool(1, batches=16)).provider == "CUDAExecutionProvider"
+    else:
+        with pytest.raises(ConfigError, match=r"KIND_GPU.*onnxruntime-gpu.*--no-baseline"):
+            InProcessModel(BaselineConfig(gpu_file, (4,)))
