@@ -3,6 +3,10 @@ PY ?= $(shell command -v python3.11 || command -v python3)
 VENV := .venv
 PYTHON := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-$(shell sha1sum requirements.txt | cut -c1-12)
+# GPU=1: ONNX Runtime's CUDA build (requirements-gpu.txt) in place of the CPU one, so that the local
+# server's python-backend stubs (which import from this venv, never from PYTHONPATH) run KIND_GPU models.
+GPU ?= 0
+GPU_STAMP := $(VENV)/.installed-gpu-$(shell cat requirements.txt requirements-gpu.txt | sha1sum | cut -c1-12)
 export PYTHONPATH := $(CURDIR)
 export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 
@@ -16,7 +20,13 @@ $(STAMP): requirements.txt
 	rm -f $(VENV)/.installed-*
 	touch $@
 
-setup: $(STAMP)
+$(GPU_STAMP): $(STAMP) requirements-gpu.txt
+	$(PYTHON) -m pip uninstall --quiet -y onnxruntime onnxruntime-gpu
+	$(PYTHON) -m pip install --quiet --no-deps -r requirements-gpu.txt
+	$(PYTHON) -c 'import onnxruntime as o, sys; p = o.get_available_providers(); sys.exit(0 if "CUDAExecutionProvider" in p else f"onnxruntime offers {p}")'
+	touch $@
+
+setup: $(STAMP) $(if $(filter 1,$(GPU)),$(GPU_STAMP))
 
 # Debian's docker-compose validates docker-compose.yml in the tests (no Docker daemon needed).
 deps-system:

@@ -29,6 +29,7 @@ from bundle.errors import ServerError
 from server.config import ServerConfig
 from server.installation import TritonInstallation
 from server.ports import ensure_ports_free
+from server.preflight import check_stub_environment
 from server.probes import ModelStatus, ServerProbe
 from server.processes import stub_regions, tree_rss, unlink_regions
 from server.security import admin_headers, redact, restricted_api_args
@@ -194,6 +195,7 @@ class LocalServer:
         if not config.repository.is_dir():
             what = "is not a directory" if config.repository.exists() else "does not exist"
             raise ServerError(f"model repository {config.repository} {what}")
+        check_stub_environment(config.repository, config.load_models)
         ensure_ports_free(config.ports, host=config.address)
         installation = self._installation or TritonInstallation.locate()
 
