@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -131,6 +131,13 @@ def _constant_values(model: onnx.ModelProto) -> dict[str, np.ndarray]:
     return values
 
 
+def _is_permutation(value: np.ndarray) -> bool:
+    """``value`` is a 1-D list of all 26 column indices (``ids.index_select(1, columns)``)."""
+    if value.ndim != 1:
+        return False
+    return sorted(int(i) % NUM_CATEGORICAL for i in value) == list(range(NUM_CATEGORICAL))
+
+
 def _single_index(value: np.ndarray | None) -> int | None:
     if value is None or value.size != 1:
         return None
@@ -146,11 +153,17 @@ class _Trace:
         divisor: the divisor of the last ``Mod`` by a constant on the way (None: none).
         offset: a constant was added after that (rows of a stacked table: the
             table's own size is then not the column's).
+        added: the sum of the constants added since the last ``Mod`` (a stacked
+            table's row offsets); None when nothing was added or a value is not known.
+        order: with ``column`` None, the input column at each position of the last
+            axis (a constant ``Gather`` on axis 1 permuted them); None: C1..C26 in order.
     """
 
     column: int | None
     divisor: np.ndarray | None
     offset: bool
+    added: np.ndarray | None = None
+    order: tuple[int, ...] | None = None
 
 
 class _Tracer:
@@ -176,7 +189,38 @@ class _Tracer:
         upstream = self.trace(node.input[0], depth + 1)
         if upstream is None or upstream.column is not None:
             return None
-        return _Trace(column % NUM_CATEGORICAL, upstream.divisor, upstream.offset)
+        position = column % NUM_CATEGORICAL
+
+        def at_position(value: np.ndarray | None) -> np.ndarray | None:
+            if value is None or value.size != NUM_CATEGORICAL:
+                return value
+            return value.reshape(-1)[position : position + 1]
+
+        if upstream.order is None:
+            return _Trace(position, upstream.divisor, upstream.offset, at_position(upstream.added))
+        # Per-position constants of a permuted input: keep the one of this position.
+        return _Trace(
+            upstream.order[position],
+            at_position(upstream.divisor),
+            upstream.offset,
+            at_position(upstream.added),
+        )
+
+    def _permuted(self, node: onnx.NodeProto, index: np.ndarray, depth: int) -> _Trace | None:
+        """The whole input with its columns reordered (``ids.index_select(1, columns)``)."""
+        upstream = self.trace(node.input[0], depth + 1)
+        if upstream is None or upstream.column is not None:
+            return None
+        positions = [int(i) % NUM_CATEGORICAL for i in index]
+        before = upstream.order or tuple(range(NUM_CATEGORICAL))
+
+        def permute(value: np.ndarray | None) -> np.ndarray | None:
+            if value is None or value.size != NUM_CATEGORICAL:
+                return value
+            return value.reshape(-1)[positions].reshape(value.shape)
+
+        order = tuple(before[p] for p in positions)
+        return _Trace(None, permute(upstream.divisor), upstream.offset, permute(upstream.added), order)
 
     def _trace_node(self, name: str, depth: int) -> _Trace | None:
         node = self.producers.get(name)
@@ -190,9 +234,12 @@ class _Tracer:
             upstream = self.trace(node.input[0], depth + 1)
             if upstream is None:
                 return None
-            return _Trace(upstream.column, self.constants[node.input[1]], False)
+            return _Trace(upstream.column, self.constants[node.input[1]], False, order=upstream.order)
         if op == "Gather" and int(attrs.get("axis", 0)) in (1, -1):
-            index = _single_index(self.constants.get(node.input[1]))
+            value = self.constants.get(node.input[1])
+            index = _single_index(value)
+            if index is None and value is not None and _is_permutation(value):  # all 26 columns, reordered
+                return self._permuted(node, value, depth)
             return None if index is None else self._column(node, index, depth)
         if op == "Slice":
             starts, ends = self.constants.get(node.input[1]), self.constants.get(node.input[2])
@@ -214,17 +261,75 @@ class _Tracer:
         variable = [i for i in node.input if i and i not in self.fixed]
         if op == "Add" and len(variable) == 1:
             upstream = self.trace(variable[0], depth + 1)
-            return None if upstream is None else _Trace(upstream.column, upstream.divisor, True)
+            if upstream is None:
+                return None
+            value = next((self.constants.get(i) for i in node.input if i and i != variable[0]), None)
+            if value is None or (upstream.offset and upstream.added is None):
+                added = None
+            else:
+                added = value if upstream.added is None else upstream.added + value
+            return replace(upstream, offset=True, added=added)
         # Any other op whose every non-constant input comes from one and the same column
         # (Keras' fix-up of negative indices: Less, Not, Cast, Mul, Add of the column).
         traces = [self.trace(i, depth + 1) for i in variable]
         if not traces or any(t is None for t in traces):
             return None
         found = [t for t in traces if t is not None]
-        if len({t.column for t in found}) != 1:
+        if len({t.column for t in found}) != 1 or len({t.order for t in found}) != 1:
             return None
         divisor = next((t.divisor for t in found if t.divisor is not None), None)
-        return _Trace(found[0].column, divisor, all(t.offset for t in found))
+        return _Trace(found[0].column, divisor, all(t.offset for t in found), order=found[0].order)
+
+
+@dataclass(frozen=True)
+class TracedLookup:
+    """One embedding lookup of a graph and where its ids come from.
+
+    Attributes:
+        node: the ``Gather`` (axis 0) whose data is a weight initializer (the table).
+        column: the input column its ids are (0 = C1); None: all 26 columns, a
+            ``B x 26`` index tensor (a stacked table's lookup).
+        order: with ``column`` None, the input column at each position of the
+            indices' last axis (C1..C26 unless the graph permuted them).
+        divisor: the last ``Mod`` by a constant on the way (None: none); per position
+            when it has 26 values.
+        offset: a constant was added after that ``Mod``.
+        added: the constants added since that ``Mod``, summed (a stacked table's row
+            offsets, per position when 26 values); None when nothing was added or a
+            value is not known.
+    """
+
+    node: onnx.NodeProto
+    column: int | None
+    order: tuple[int, ...]
+    divisor: np.ndarray | None
+    offset: bool
+    added: np.ndarray | None
+
+
+def traced_lookups(model: onnx.ModelProto) -> list[TracedLookup]:
+    """Every ``Gather`` (axis 0) on an initializer whose indices trace back to ``categorical_ids``.
+
+    Args:
+        model: the graph (external data need not be loaded: only shapes and small constants are read).
+
+    Returns:
+        The lookups in graph order.
+    """
+    tracer = _Tracer(model)
+    tables = {t.name for t in model.graph.initializer if len(t.dims) >= 1}
+    found = []
+    for node in model.graph.node:
+        if node.op_type != "Gather" or node.input[0] not in tables:
+            continue
+        if any(a.name == "axis" and a.i != 0 for a in node.attribute):
+            continue
+        trace = tracer.trace(node.input[1])
+        if trace is None:
+            continue
+        order = trace.order or tuple(range(NUM_CATEGORICAL))
+        found.append(TracedLookup(node, trace.column, order, trace.divisor, trace.offset, trace.added))
+    return found
 
 
 def read_table_sizes(model: onnx.ModelProto) -> dict[int, int]:
@@ -244,23 +349,16 @@ def read_table_sizes(model: onnx.ModelProto) -> dict[int, int]:
     Raises:
         ExportError: one column indexes tables of different sizes.
     """
-    tracer = _Tracer(model)
     tables = {t.name: int(t.dims[0]) for t in model.graph.initializer if len(t.dims) >= 1}
     sizes: dict[int, set[int]] = {}
-    for node in model.graph.node:
-        if node.op_type != "Gather" or node.input[0] not in tables:
-            continue
-        if any(a.name == "axis" and a.i != 0 for a in node.attribute):
-            continue
-        trace = tracer.trace(node.input[1])
-        if trace is None:
-            continue
+    for trace in traced_lookups(model):
+        node = trace.node
         divisor = trace.divisor
         if trace.column is None:
             if divisor is not None and divisor.size == NUM_CATEGORICAL:
                 # One Mod by all 26 sizes in front of a stacked table (the bundle's own layout).
                 for i, size in enumerate(divisor.reshape(-1)):
-                    sizes.setdefault(i, set()).add(int(size))
+                    sizes.setdefault(trace.order[i], set()).add(int(size))
             continue
         if divisor is not None and divisor.size in (1, NUM_CATEGORICAL):
             size = int(divisor.reshape(-1)[trace.column if divisor.size > 1 else 0])

@@ -1,0 +1,524 @@
+"""Hot/cold placement of embedding tables behind one served model, at the ONNX level.
+
+A model whose tables outgrow memory is served as two stages: an embedding stage
+reduces each id into its table, maps it to a hot slot, and reads only the cold
+rows from a memory-mapped row store (:mod:`export.row_store`); the dense model is
+the exported graph with its embedding lookups replaced, holding only the hot rows.
+Between them (:mod:`criteo.schema` names, ``B`` rows, ``N`` cold lookups):
+
+- ``hot_slots`` ``B x 26`` int64: 0 where lookup ``(b, t)`` is cold, ``s >= 1``
+  where it is hot: row ``s - 1`` of table ``t``'s hot rows (``HotSet.ids[t]`` order).
+- ``cold_positions`` ``N`` int64: ``b * 26 + t`` of each cold lookup, ascending.
+- ``cold_rows`` ``N x W`` float32: the store's whole row of each cold lookup.
+
+Everything works on the ONNX graph (lookups found by :func:`export.lookups.find_lookups`),
+so every exporter's model qualifies. :func:`write_store` writes every row from the
+graph's own tables, :func:`split_lookups` writes the dense model, and
+:func:`stage_reference` is the embedding stage in numpy: the contract, executable
+(the served stage must give the same three tensors).
+
+In the dense model each lookup becomes a ``Gather`` on a small hot table (row 0
+zeros, then the hot rows of the columns it serves, copied from the original
+table) indexed by the slots, then a ``ScatterND`` that writes the cold rows over
+the cold positions. Hot values are the table's own and cold values the store's,
+so in FP32 the dense model computes what the all-in-graph model computes.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+import onnx
+from onnx import TensorProto, helper
+from onnx.external_data_helper import load_external_data_for_tensor
+
+from bundle.errors import ConfigError, DataError, ExportError
+from criteo.schema import (
+    CATEGORICAL_INPUT,
+    COLD_POSITIONS,
+    COLD_ROWS,
+    HOT_SLOTS,
+    NUM_CATEGORICAL,
+)
+from criteo.tables import check_table_sizes
+from export.hot_rows import HotSet
+from export.lookups import Lookup, check_sizes, find_lookups, load_graph, store_spec, table_values
+from export.onnx_io import EXTERNAL_DATA_THRESHOLD, weights_bytes
+from export.row_store import CHUNK_BYTES, RowStore, RowStoreWriter
+
+__all__ = [
+    "COLD_DIM",
+    "MIN_OPSET",
+    "PREFIX",
+    "Lookup",
+    "find_lookups",
+    "split_lookups",
+    "stage_reference",
+    "write_store",
+]
+
+log = logging.getLogger(__name__)
+
+#: The first opset with ``ScatterND``, which writes the cold rows.
+MIN_OPSET = 11
+#: Prefix of the names of every node and initializer the split adds.
+PREFIX = "hierarchical"
+#: Name of the dimension of ``cold_positions`` and ``cold_rows``.
+COLD_DIM = "cold_lookups"
+
+
+def write_store(
+    model: onnx.ModelProto | Path | str,
+    path: Path,
+    dtype: str,
+    table_sizes: Sequence[int],
+    *,
+    base_dir: Path | None = None,
+    metadata: Mapping[str, Any] | None = None,
+    on_rows: Callable[[int], None] | None = None,
+) -> RowStore:
+    """Write the row store of every row of the graph's tables: what the all-in-graph model looks up.
+
+    Row (table ``t``, in-table id ``i``) holds, per store column, row
+    ``row_offsets + i`` of the table that serves column ``t`` (DLRM: its embedding;
+    Wide & Deep: deep row, then wide weight). Tables are read in chunks of about
+    :data:`export.row_store.CHUNK_BYTES` (external data memory-mapped), so memory
+    holds one chunk whatever the model's size.
+
+    Args:
+        model: the graph, or the path of an ``.onnx`` file (external data beside it).
+        path: the store's folder.
+        dtype: ``"float32"`` or ``"float16"``.
+        table_sizes: rows of C1..C26 (the graph's own reduction, where it has one).
+        base_dir: the folder of the graph's external data (default: the file's folder).
+        metadata: kept in ``store.json``.
+        on_rows: called with the rows written after each chunk.
+
+    Returns:
+        The store, opened.
+
+    Raises:
+        ExportError: see :func:`find_lookups` and :func:`check_sizes`.
+    """
+    source, folder = load_graph(model, base_dir)
+    lookups = find_lookups(source)
+    sizes = check_sizes(lookups, table_sizes)
+    spec = store_spec(lookups, sizes, dtype)
+    tensors = {t.name: t for t in source.graph.initializer}
+    values = {lookup.table: table_values(tensors[lookup.table], folder) for lookup in lookups}
+    sources: dict[str, dict[int, tuple[Lookup, int]]] = {}
+    for lookup in lookups:
+        for j, column in enumerate(lookup.columns):
+            sources.setdefault(lookup.store_column, {}).setdefault(column, (lookup, j))
+    step = max(1, CHUNK_BYTES // spec.row_bytes)
+    described = {"source": "onnx", "tables": sorted(values), **dict(metadata or {})}
+    with RowStoreWriter(Path(path), spec, metadata=described) as writer:
+        for table, size in enumerate(sizes):
+            for start in range(0, size, step):
+                stop = min(size, start + step)
+                chunk = np.empty((stop - start, spec.width), dtype=spec.numpy_dtype)
+                for name, (first, last) in spec.columns.items():
+                    lookup, j = sources[name][table]
+                    row = lookup.row_offsets[j]
+                    part = np.asarray(values[lookup.table][row + start : row + stop])
+                    chunk[:, first:last] = part.reshape(stop - start, last - first)
+                writer.write(table, start, chunk)
+                if on_rows is not None:
+                    on_rows(stop - start)
+    log.info("row store %s: %d rows of %s from %d lookups", path, spec.rows, dict(spec.columns), len(lookups))
+    return RowStore.open(Path(path))
+
+
+def stage_reference(
+    ids: npt.ArrayLike, hot: HotSet, table_sizes: Sequence[int], store: RowStore
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The embedding stage in numpy: raw ids -> ``hot_slots``, ``cold_positions``, ``cold_rows``.
+
+    Each id is reduced into its table (``np.mod``, the divisor's sign as ONNX
+    ``Mod(fmod=0)``), looked up among its table's hot ids (sorted copy and
+    ``searchsorted``), and each cold lookup's row read from the store.
+
+    Args:
+        ids: ``B x 26`` int64 raw ids, any value.
+        hot: the hot rows.
+        table_sizes: rows of C1..C26 (those of ``hot`` and ``store``).
+        store: the row store.
+
+    Returns:
+        ``hot_slots`` ``B x 26`` int64, ``cold_positions`` ``N`` int64 ascending,
+        ``cold_rows`` ``N x W`` float32.
+
+    Raises:
+        ConfigError: ``hot`` or ``store`` made for other table sizes.
+        DataError: ``ids`` not ``B x 26``.
+    """
+    sizes = check_table_sizes(table_sizes)
+    if hot.table_sizes != sizes or store.spec.table_sizes != sizes:
+        raise ConfigError("the hot set, the row store and table_sizes must describe the same 26 tables")
+    values = np.asarray(ids)
+    if values.ndim != 2 or values.shape[1] != NUM_CATEGORICAL or not np.issubdtype(values.dtype, np.integer):
+        raise DataError(f"ids must be B x {NUM_CATEGORICAL} integers, got {values.dtype} {values.shape}")
+    reduced = np.mod(values.astype(np.int64, copy=False), np.asarray(sizes, dtype=np.int64)[None, :])
+    slots = np.zeros(reduced.shape, dtype=np.int64)
+    for table, hot_ids in enumerate(hot.ids):
+        if hot_ids.size == 0:
+            continue
+        order = np.argsort(hot_ids, kind="stable")
+        ascending = hot_ids[order]
+        where = np.minimum(np.searchsorted(ascending, reduced[:, table]), ascending.size - 1)
+        slots[:, table] = np.where(ascending[where] == reduced[:, table], order[where] + 1, 0)
+    positions = np.flatnonzero(slots.reshape(-1) == 0).astype(np.int64)
+    rows = store.rows(positions % NUM_CATEGORICAL, reduced.reshape(-1)[positions])
+    return slots, positions, rows.astype(np.float32, copy=False)
+
+
+class _Builder:
+    """The nodes and initializers the split adds, named uniquely under :data:`PREFIX`."""
+
+    def __init__(self, graph: onnx.GraphProto, taken: set[str], opset: int, width: int) -> None:
+        self.graph = graph
+        self.taken = taken
+        self.width = width
+        # ScatterND's reduction attribute exists from opset 16; "none" is also the earlier behaviour.
+        self.scatter: dict[str, Any] = {"reduction": "none"} if opset >= 16 else {}
+        self.nodes: list[onnx.NodeProto] = []
+        self.shared: dict[tuple[Any, ...], str] = {}
+
+    def fresh(self, hint: str) -> str:
+        base = f"{PREFIX}/{hint}"
+        name, count = base, 0
+        while name in self.taken:
+            count += 1
+            name = f"{base}_{count}"
+        self.taken.add(name)
+        return name
+
+    def constant(self, hint: str, value: np.ndarray, share: bool = True) -> str:
+        """An initializer of ``value``; small ones (``share``) made once per value."""
+        key = ("constant", value.dtype.str, value.shape, value.tobytes()) if share else None
+        if key is None or key not in self.shared:
+            # Written in place: copying a tensor message over 2 GB (a big hot table) fails.
+            tensor = self.graph.initializer.add()
+            tensor.name = self.fresh(hint)
+            tensor.data_type = helper.np_dtype_to_tensor_dtype(value.dtype)
+            tensor.dims.extend(value.shape)
+            tensor.raw_data = np.ascontiguousarray(value, dtype=value.dtype.newbyteorder("<")).tobytes()
+            if key is None:
+                return tensor.name
+            self.shared[key] = tensor.name
+        return self.shared[key]
+
+    def ints(self, *values: int) -> str:
+        """A 1-D int64 constant."""
+        return self.constant("ints", np.asarray(values, dtype=np.int64))
+
+    def scalar(self, value: int) -> str:
+        return self.constant("scalar", np.asarray(value, dtype=np.int64))
+
+    def op(
+        self, op_type: str, inputs: Sequence[str], hint: str, output: str | None = None, **attrs: Any
+    ) -> str:
+        out = output or self.fresh(hint)
+        self.nodes.append(
+            helper.make_node(op_type, list(inputs), [out], name=self.fresh(f"{hint}/{op_type}"), **attrs)
+        )
+        return out
+
+    def once(self, key: tuple[Any, ...], make: Callable[[], str]) -> str:
+        """The value of ``key``, made on first use (cold-row intermediates shared by lookups)."""
+        if key not in self.shared:
+            self.shared[key] = make()
+        return self.shared[key]
+
+    def cold_batch(self) -> str:
+        """``cold_positions // 26``: the row of each cold lookup."""
+        divisor = self.scalar(NUM_CATEGORICAL)
+        return self.once(("batch",), lambda: self.op("Div", [COLD_POSITIONS, divisor], "cold/batch"))
+
+    def cold_column(self) -> str:
+        """``cold_positions % 26``: the column of each cold lookup."""
+        divisor = self.scalar(NUM_CATEGORICAL)
+        return self.once(("column",), lambda: self.op("Mod", [COLD_POSITIONS, divisor], "cold/column"))
+
+
+def _cold_values(b: _Builder, lookup: Lookup) -> str:
+    """``N x width`` cold values of this lookup's store column, in its table's type."""
+    start, stop = lookup.store_range
+
+    def make() -> str:
+        values = COLD_ROWS
+        if (start, stop) != (0, b.width):
+            bounds = [b.ints(start), b.ints(stop), b.ints(1)]
+            values = b.op("Slice", [COLD_ROWS, *bounds], f"cold/{lookup.store_column}")
+        if lookup.data_type != TensorProto.FLOAT:
+            values = b.op("Cast", [values], f"cold/{lookup.store_column}", to=lookup.data_type)
+        return values
+
+    return b.once(("cold", lookup.store_range, lookup.data_type), make)
+
+
+def _hot_table(b: _Builder, lookup: Lookup, values: np.ndarray, hot: HotSet) -> tuple[str, list[int]]:
+    """The hot table (row 0 zeros, then each position's hot rows) and each position's first hot row - 1."""
+    parts = [np.zeros((1, *lookup.row_dims), dtype=values.dtype)]
+    bases, rows = [], 0
+    for j, column in enumerate(lookup.columns):
+        bases.append(rows)
+        parts.append(np.asarray(values[lookup.row_offsets[j] + hot.ids[column]]))
+        rows += int(hot.ids[column].size)
+    table = np.ascontiguousarray(np.concatenate(parts))
+    return b.constant(f"{lookup.table}/hot", table, share=False), bases
+
+
+def _replace_fused(b: _Builder, lookup: Lookup, values: np.ndarray, hot: HotSet) -> None:
+    """A stacked table read with ``B x 26`` ids: one Gather of the hot rows, one ScatterND of the cold."""
+    table, bases = _hot_table(b, lookup, values, hot)
+    dims = lookup.row_dims
+    identity = lookup.columns == tuple(range(NUM_CATEGORICAL))
+
+    def make_index() -> str:
+        slots = HOT_SLOTS
+        if not identity:  # the graph reads the columns permuted: read the slots the same way
+            order = b.constant("order", np.asarray(lookup.columns, dtype=np.int64))
+            slots = b.op("Gather", [HOT_SLOTS, order], "slots", axis=1)
+        shifted = b.op("Add", [slots, b.constant("bases", np.asarray([bases], dtype=np.int64))], "index")
+        is_hot = b.op("Greater", [slots, b.scalar(0)], "index")
+        return b.op("Where", [is_hot, shifted, b.scalar(0)], "index")
+
+    # Wide & Deep reads its deep and wide tables with the same rows: one index for both.
+    index = b.once(("index", lookup.columns, tuple(bases)), make_index)
+    gathered = b.op("Gather", [table, index], f"{lookup.table}/hot_rows")
+    flat = b.op("Reshape", [gathered, b.ints(-1, *dims)], f"{lookup.table}/flat")
+    positions = COLD_POSITIONS
+    if not identity:  # column t sits at position inverse[t] of this lookup's rows
+        inverse = np.argsort(np.asarray(lookup.columns)).astype(np.int64)
+        moved = b.op("Gather", [b.constant("inverse", inverse), b.cold_column()], "cold/permuted")
+        start = b.op("Mul", [b.cold_batch(), b.scalar(NUM_CATEGORICAL)], "cold/permuted")
+        positions = b.op("Add", [start, moved], "cold/permuted")
+    index_nd = b.once(("nd", positions), lambda: b.op("Reshape", [positions, b.ints(-1, 1)], "cold/index"))
+    updates = b.op("Reshape", [_cold_values(b, lookup), b.ints(-1, *dims)], f"{lookup.table}/cold_rows")
+    scattered = b.op("ScatterND", [flat, index_nd, updates], f"{lookup.table}/rows", **b.scatter)
+    b.op("Reshape", [scattered, b.ints(-1, NUM_CATEGORICAL, *dims)], lookup.table, output=lookup.output)
+
+
+def _replace_column(
+    b: _Builder, lookup: Lookup, values: np.ndarray, hot: HotSet, extra: tuple[int, ...]
+) -> None:
+    """A per-column lookup of column ``k``: the slots' column ``k``, then the cold lookups of ``k``."""
+    (column,) = lookup.columns
+    table, _ = _hot_table(b, lookup, values, hot)
+    dims = lookup.row_dims
+    slot = b.op("Gather", [HOT_SLOTS, b.scalar(column)], f"slots/{column}", axis=1)
+    gathered = b.op("Gather", [table, slot], f"{lookup.table}/hot_rows")
+
+    # The cold lookups of this column (shared by its deep and wide lookups): where, and their rows.
+    mask = b.once(
+        ("mask", column), lambda: b.op("Equal", [b.cold_column(), b.scalar(column)], f"cold/{column}")
+    )
+
+    def rows_of_column() -> str:
+        picked = b.op("Compress", [b.cold_batch(), mask], f"cold/{column}", axis=0)
+        return b.op("Reshape", [picked, b.ints(-1, 1)], f"cold/{column}")
+
+    index_nd = b.once(("rows", column), rows_of_column)
+    cold = b.op("Compress", [_cold_values(b, lookup), mask], f"cold/{column}", axis=0)
+    updates = b.op("Reshape", [cold, b.ints(-1, *dims)], f"{lookup.table}/cold_rows")
+    if not extra:
+        b.op("ScatterND", [gathered, index_nd, updates], lookup.table, output=lookup.output, **b.scatter)
+        return
+    scattered = b.op("ScatterND", [gathered, index_nd, updates], f"{lookup.table}/rows", **b.scatter)
+    b.op("Reshape", [scattered, b.ints(-1, *extra, *dims)], lookup.table, output=lookup.output)
+
+
+def _extra_dims(lookup: Lookup) -> tuple[int, ...]:
+    """Dims of the lookup's ids after the batch (``()`` for ``B``, ``(1,)`` for ``B x 1``).
+
+    Raises:
+        ExportError: ids not shaped ``B x 26`` (stacked) or ``B`` plus dims of one value (per column).
+    """
+    shape = lookup.id_shape
+    expected = f"B x {NUM_CATEGORICAL}" if lookup.fused else "B, B x 1, ..."
+    if shape is None or not shape or any(d is None for d in shape[1:]):
+        raise ExportError(
+            f"lookup {lookup.name}: the shape of its ids is not known statically (expected {expected})"
+        )
+    extra = tuple(int(d) for d in shape[1:] if d is not None)  # all known, checked above
+    if (lookup.fused and extra != (NUM_CATEGORICAL,)) or (not lookup.fused and int(np.prod(extra)) != 1):
+        raise ExportError(f"lookup {lookup.name} reads ids of shape {list(shape)}; expected {expected}")
+    return extra
+
+
+def _opset(model: onnx.ModelProto) -> int:
+    for entry in model.opset_import:
+        if entry.domain in ("", "ai.onnx"):
+            return int(entry.version)
+    raise ExportError("the graph imports no default-domain opset")
+
+
+def _inputs_of(node: onnx.NodeProto) -> set[str]:
+    """Names a node reads, including those its subgraphs (If, Loop, Scan) read from outer scope."""
+    names = {name for name in node.input if name}
+    for attribute in node.attribute:
+        for graph in [attribute.g] if attribute.type == onnx.AttributeProto.GRAPH else list(attribute.graphs):
+            for inner in graph.node:
+                names |= _inputs_of(inner)
+    return names
+
+
+def _remove(field: Any, keep: Callable[[int], bool]) -> None:
+    """Delete the elements of a repeated field whose index ``keep`` rejects, in place (nothing copied)."""
+    for i in reversed(range(len(field))):
+        if not keep(i):
+            del field[i]
+
+
+def _prune(graph: onnx.GraphProto, keep_inputs: set[str]) -> None:
+    """Drop the nodes, initializers, value infos and initializer-inputs nothing reads any more."""
+    needed = {value.name for value in graph.output} | keep_inputs
+    live = [False] * len(graph.node)
+    for i in reversed(range(len(graph.node))):
+        node = graph.node[i]
+        if any(name in needed for name in node.output if name):
+            live[i] = True
+            needed |= _inputs_of(node)
+    produced = {name for i, node in enumerate(graph.node) if live[i] for name in node.output}
+    _remove(graph.node, lambda i: live[i])
+    _remove(graph.initializer, lambda i: graph.initializer[i].name in needed)
+    _remove(graph.input, lambda i: graph.input[i].name in needed)
+    _remove(graph.value_info, lambda i: graph.value_info[i].name in produced)
+
+
+def _new_inputs(model: onnx.ModelProto, width: int) -> list[onnx.ValueInfoProto]:
+    """The dense model's inputs: the original ones with ``categorical_ids`` replaced by the stage's three."""
+    inputs = list(model.graph.input)
+    position = next((i for i, value in enumerate(inputs) if value.name == CATEGORICAL_INPUT), None)
+    if position is None:
+        raise ExportError(f"the graph has no input {CATEGORICAL_INPUT!r}")
+    batch = inputs[position].type.tensor_type.shape.dim
+    first: str | int = "batch"
+    if batch and batch[0].HasField("dim_param"):
+        first = batch[0].dim_param
+    elif batch and batch[0].HasField("dim_value"):
+        first = batch[0].dim_value
+    stage = [
+        helper.make_tensor_value_info(HOT_SLOTS, TensorProto.INT64, [first, NUM_CATEGORICAL]),
+        helper.make_tensor_value_info(COLD_POSITIONS, TensorProto.INT64, [COLD_DIM]),
+        helper.make_tensor_value_info(COLD_ROWS, TensorProto.FLOAT, [COLD_DIM, width]),
+    ]
+    return [*inputs[:position], *stage, *inputs[position + 1 :]]
+
+
+def split_lookups(
+    model: onnx.ModelProto | Path | str,
+    hot: HotSet,
+    table_sizes: Sequence[int],
+    *,
+    base_dir: Path | None = None,
+) -> onnx.ModelProto:
+    """The dense model: the graph with every embedding lookup served from hot rows and the stage's cold rows.
+
+    Inputs become the original ones with ``categorical_ids`` replaced by
+    ``hot_slots`` (``B x 26`` int64), ``cold_positions`` (``N`` int64) and
+    ``cold_rows`` (``N x W`` float32); the output, opset and dynamic batch stay.
+    A stacked table's lookup becomes ``Gather(hot_table, where(slot > 0,
+    first_hot[t] + slot, 0))``, then ``ScatterND`` of the cold rows on the
+    ``B*26 x D`` flattening; a column ``k``'s lookup reads ``hot_slots[:, k]``
+    and scatters the cold rows whose ``position % 26 == k`` at row ``position //
+    26``. Nodes that only served the old lookups, and the old tables, are gone.
+
+    Args:
+        model: the exported graph, or the path of its ``.onnx`` file.
+        hot: the hot rows of each table.
+        table_sizes: rows of C1..C26 (those of ``hot``).
+        base_dir: the folder of the graph's external data (default: the file's folder).
+
+    Returns:
+        The dense model, every initializer held in memory (save it with
+        :func:`export.onnx_io.save_model`).
+
+    Raises:
+        ConfigError: ``hot`` made for other table sizes.
+        ExportError: no usable lookups (see :func:`export.lookups.find_lookups`), an opset
+            below :data:`MIN_OPSET`, ids of an unexpected shape, or ids or a table still
+            read by something besides the lookups.
+    """
+    source, folder = load_graph(model, base_dir)
+    lookups = find_lookups(source)
+    sizes = check_sizes(lookups, table_sizes)
+    if hot.table_sizes != sizes:
+        raise ConfigError(f"the hot set was chosen for table sizes {hot.table_sizes}, not {sizes}")
+    opset = _opset(source)
+    if opset < MIN_OPSET:
+        raise ExportError(f"the hot/cold split needs opset >= {MIN_OPSET} (ScatterND); the graph has {opset}")
+    extra = {lookup.output: _extra_dims(lookup) for lookup in lookups}
+    tensors = {t.name: t for t in source.graph.initializer}
+    taken = {name for node in source.graph.node for name in [*node.input, *node.output, node.name]}
+    taken |= set(tensors) | {value.name for value in source.graph.input}
+    width = store_spec(lookups, sizes).width
+    replaced = {lookup.output for lookup in lookups}
+    tables = {lookup.table for lookup in lookups}
+
+    dense = onnx.ModelProto()
+    for field in ("ir_version", "producer_name", "producer_version", "domain", "model_version", "doc_string"):
+        setattr(dense, field, getattr(source, field))
+    dense.opset_import.extend(source.opset_import)
+    dense.metadata_props.extend(source.metadata_props)
+    dense.functions.extend(source.functions)
+    out = dense.graph
+    out.name, out.doc_string = source.graph.name, source.graph.doc_string
+    builder = _Builder(out, taken, opset, width)
+    for lookup in lookups:
+        values = table_values(tensors[lookup.table], folder)
+        if lookup.fused:
+            _replace_fused(builder, lookup, values, hot)
+        else:
+            _replace_column(builder, lookup, values, hot, extra[lookup.output])
+    # The new nodes read only the new inputs and initializers: in front, the graph stays sorted.
+    out.node.extend(builder.nodes)
+    out.node.extend(n for n in source.graph.node if not (n.op_type == "Gather" and n.output[0] in replaced))
+    out.initializer.extend(t for t in source.graph.initializer if t.name not in tables)
+    out.input.extend(_new_inputs(source, width))
+    out.output.extend(source.graph.output)
+    out.value_info.extend(v for v in source.graph.value_info if v.name not in replaced)
+    kept_inputs = {value.name for value in out.input if value.name not in tensors}
+    _prune(out, kept_inputs)
+    _check_dense(out, tables)
+    for tensor in out.initializer:
+        if tensor.data_location == TensorProto.EXTERNAL:
+            if folder is None:
+                raise ExportError(
+                    f"{tensor.name} is stored outside the graph: give the folder of its data file"
+                )
+            load_external_data_for_tensor(tensor, str(folder))
+            tensor.data_location = TensorProto.DEFAULT
+            del tensor.external_data[:]
+    if weights_bytes(dense) <= EXTERNAL_DATA_THRESHOLD:
+        try:
+            onnx.checker.check_model(dense)
+        except onnx.checker.ValidationError as exc:
+            raise ExportError(f"the dense model fails the ONNX checker: {exc}") from None
+    log.info(
+        "dense model: %d lookups replaced, %d hot rows of %d, opset %d",
+        len(lookups),
+        hot.rows,
+        sum(sizes),
+        opset,
+    )
+    return dense
+
+
+def _check_dense(graph: onnx.GraphProto, tables: set[str]) -> None:
+    """Nothing but the replaced lookups read ``categorical_ids`` or the old tables."""
+    readers: dict[str, str] = {}
+    for node in graph.node:
+        for name in _inputs_of(node) & (tables | {CATEGORICAL_INPUT}):
+            readers.setdefault(name, node.name or node.op_type)
+    if readers:
+        detail = ", ".join(f"{name} by {node}" for name, node in sorted(readers.items()))
+        raise ExportError(
+            f"the graph reads more than its embedding lookups from the ids or tables ({detail})"
+        )
