@@ -12,16 +12,15 @@ from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeEl
 
 from bundle.cli import new_app, run
 from bundle.errors import ConfigError
-from criteo.profile import (
+from criteo.coverage import (
     DEFAULT_FRACTIONS,
-    AccessProfile,
     CoverageConfig,
     measure_coverage,
     parse_fractions,
     parse_row_bytes,
-    profile_file,
     write_coverage,
 )
+from criteo.profile import AccessProfile, profile_file
 from criteo.synth import SynthConfig, write_tsv
 from criteo.tables import TABLE_SIZE_PRESETS, parse_table_sizes
 

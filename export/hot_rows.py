@@ -20,8 +20,9 @@ from pathlib import Path
 import numpy as np
 
 from bundle.errors import ConfigError, DataError
+from criteo.coverage import HotRanking, check_row_bytes
 from criteo.preprocess import hash_ids
-from criteo.profile import AccessProfile, HotRanking, check_row_bytes
+from criteo.profile import AccessProfile
 from criteo.schema import CATEGORICAL_COLUMNS, NUM_CATEGORICAL
 from criteo.tables import check_table_sizes
 from criteo.tsv import Batch

@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 
 from bundle.errors import ConfigError, DataError
-from criteo.profile import AccessProfile, CoverageConfig, TableCounts, measure_coverage, profile_file
+from criteo.coverage import CoverageConfig, measure_coverage
+from criteo.profile import AccessProfile, TableCounts, profile_file
 from criteo.schema import NUM_CATEGORICAL
 from criteo.synth import SynthConfig, write_tsv
 from criteo.tsv import read_batch

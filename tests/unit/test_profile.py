@@ -12,19 +12,14 @@ from typer.testing import CliRunner
 import criteo.profile as profile_module
 from bundle.errors import ConfigError, DataError
 from criteo.__main__ import app
+from criteo.coverage import HIT_RATE_PNG, RESULT_JSON, RESULT_MD, HotRanking, parse_fractions, parse_row_bytes
 from criteo.profile import (
     COUNTS_FILE,
     COVERAGE_PNG,
-    HIT_RATE_PNG,
     PROFILE_JSON,
-    RESULT_JSON,
-    RESULT_MD,
     AccessProfile,
-    HotRanking,
     TableCounts,
     coverage,
-    parse_fractions,
-    parse_row_bytes,
     profile_file,
 )
 from criteo.schema import MISSING_ID, NUM_CATEGORICAL, NUM_DENSE
