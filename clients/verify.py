@@ -10,6 +10,7 @@ import numpy as np
 from bundle.errors import ClientError
 from clients.reference import OnnxReference
 from clients.triton import TritonClient
+from criteo.schema import INPUTS
 from criteo.synth import SynthConfig, generate_lines
 from criteo.tsv import Batch, parse_lines, read_batch, to_batch
 
@@ -43,12 +44,28 @@ def sample_rows(data: Path | None, rows: int, seed: int = 7) -> Batch:
     return to_batch(parse_lines(lines, path="<synthetic>"))
 
 
+def _takes_the_schema(config_file: Path) -> bool:
+    """Whether the model's inputs are the schema's (a hierarchical model's dense part and
+    embedding stage take other tensors: only its ensemble serves the schema)."""
+    from google.protobuf import text_format
+    from tritonclient.grpc import model_config_pb2
+
+    try:
+        config = text_format.Parse(config_file.read_text(), model_config_pb2.ModelConfig())
+    except (OSError, text_format.ParseError):
+        return False
+    return sorted(t.name for t in config.input) == sorted(spec.name for spec in INPUTS)
+
+
 def repository_models(repository: Path) -> list[str]:
-    """Names of the models in ``repository`` that have a config and an ONNX version 1."""
+    """Names of the models in ``repository`` that take the schema's inputs and have an ONNX
+    version 1 (the file the in-process reference runs; a hierarchical model's ensemble has none)."""
     return sorted(
         d.name
         for d in repository.iterdir()
-        if (d / "config.pbtxt").is_file() and (d / "1" / "model.onnx").is_file()
+        if (d / "config.pbtxt").is_file()
+        and (d / "1" / "model.onnx").is_file()
+        and _takes_the_schema(d / "config.pbtxt")
     )
 
 

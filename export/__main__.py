@@ -15,9 +15,12 @@ from bundle.cli import VerboseOption, new_app, run, set_verbose, shared_options
 from bundle.errors import ConfigError
 from criteo.tables import TABLE_SIZE_PRESETS, parse_table_sizes
 from export.framework import FrameworkExporter
+from export.hot_rows import parse_size
 from export.pipeline import INT8_BY_DEFAULT, ExportedModel, ExportOptions, export_family
+from export.placement import PLACEMENTS, PlacementOptions
 from export.quantize import DEFAULT_METHOD, INT8_METHODS, QuantizeOptions
-from export.repository import ORT_TRT_CACHE_DIR, QUEUE_DELAY_US, ServingConfig
+from export.repository import CONFIG_NAME, ORT_TRT_CACHE_DIR, QUEUE_DELAY_US, ServingConfig, trt_model_name
+from export.row_store import DTYPES
 from export.row_store_cli import app as row_store_app
 from export.sources import SourceOptions, parse_feature_order, parse_input_map
 from export.trt_build import EngineResult, TensorRTOptions, build_engines
@@ -124,6 +127,30 @@ TableSizes = Annotated[
 Logits = Annotated[
     bool, typer.Option("--logits", help="Your model returns logits: the export appends the sigmoid.")
 ]
+Embeddings = Annotated[
+    str,
+    typer.Option(
+        help=f"Where the embedding tables go: {', '.join(PLACEMENTS)}. hierarchical: <family>_onnx is an "
+        "ensemble of an embedding stage (cold rows from a memory-mapped row store) and a dense model that "
+        "keeps the hottest rows within --hot-budget; auto: hierarchical when the tables take more than "
+        "--hot-budget, else in-graph."
+    ),
+]
+HotBudget = Annotated[
+    str | None,
+    typer.Option(
+        help="Bytes of hot embedding rows the dense model keeps (512M, 2G; binary units). Turns on "
+        "hot/cold placement when the tables are larger (or with --embeddings hierarchical)."
+    ),
+]
+ProfileData = Annotated[
+    Path | None,
+    typer.Option(
+        help="Criteo TSV whose lookups per row choose the hot rows (default: --calibration-data, "
+        "else --check-data)."
+    ),
+]
+StoreDtype = Annotated[str, typer.Option(help=f"Values of the hot/cold row store: {' or '.join(DTYPES)}.")]
 
 
 def _graph_sizes(text: str | None) -> tuple[int, ...] | None:
@@ -165,6 +192,10 @@ def _export_options(
     int8_auc_tolerance: Int8AucTolerance = 1e-3,
     table_sizes: TableSizes = None,
     logits: Logits = False,
+    embeddings: Embeddings = "auto",
+    hot_budget: HotBudget = None,
+    profile_data: ProfileData = None,
+    store_dtype: StoreDtype = "float32",
     verbose: VerboseOption = False,
 ) -> tuple[ExportOptions, SourceOptions]:
     """The options every export command shares, declared once (see :func:`bundle.cli.shared_options`)."""
@@ -199,6 +230,12 @@ def _export_options(
         quantize=quantize,
         int8_auc_tolerance=int8_auc_tolerance,
         calibration_data=calibration_data,
+        placement=PlacementOptions(
+            mode=embeddings,
+            hot_budget=None if hot_budget is None else parse_size(hot_budget),
+            profile_data=profile_data,
+            store_dtype=store_dtype,
+        ),
     )
     sizes = None if table_sizes is None else parse_table_sizes(table_sizes)
     return options, SourceOptions(table_sizes=sizes, logits=logits)
@@ -220,10 +257,13 @@ def _print(results: list[ExportedModel]) -> None:
             f"{r.seconds:.1f}",
         )
     Console(width=max(Console().width, 120)).print(table)
+    for r in results:
+        if r.summary:
+            print(r.summary)
 
 
-def _print_next_step(options: ExportOptions) -> None:
-    if options.serving.profile == "gpu":
+def _print_next_step(options: ExportOptions, family: str) -> None:
+    if (options.repository / trt_model_name(family) / CONFIG_NAME).is_file():
         print(
             "TensorRT model config written; build its FP16 plan on the serving GPU: "
             f"python -m export tensorrt --repository {options.repository} "
@@ -233,7 +273,7 @@ def _print_next_step(options: ExportOptions) -> None:
 
 def _export(exporter: FrameworkExporter, options: ExportOptions) -> None:
     _print(export_family(exporter, options))
-    _print_next_step(options)
+    _print_next_step(options, exporter.family)
 
 
 @app.command()

@@ -27,6 +27,7 @@ from export.fp16 import convert_to_fp16
 from export.framework import FrameworkExporter
 from export.onnx_io import save_model
 from export.parity import ParityResult, check_rows, compare, extreme_id_rows, run_onnx
+from export.placement import NO_PROFILE_DATA, PlacementOptions, place_embeddings
 from export.quantize import QuantizeOptions, quantize_int8
 from export.repository import (
     MODEL_FILE,
@@ -91,6 +92,7 @@ class ExportOptions:
     quantize: QuantizeOptions = field(default_factory=QuantizeOptions)
     int8_auc_tolerance: float = 1e-3
     calibration_data: Path | None = None
+    placement: PlacementOptions = field(default_factory=PlacementOptions)
 
     @property
     def writes_int8(self) -> bool:
@@ -113,6 +115,11 @@ class ExportOptions:
             )
         if self.calibration_data is not None and not Path(self.calibration_data).is_file():
             raise ConfigError(f"calibration data {self.calibration_data} is not a file")
+        if self.placement.may_split:
+            if self.placement.profile_source(self.calibration_data, self.check_data) is None:
+                raise ConfigError(NO_PROFILE_DATA)
+            if self.placement.mode == "hierarchical" and self.serving.ort_trt:
+                raise ConfigError("--ort-trt does not apply to a hot/cold model's dense part: drop it")
 
 
 @dataclass(frozen=True)
@@ -124,6 +131,8 @@ class ExportedModel:
     reference: str
     parity: ParityResult
     seconds: float
+    #: One line the CLI prints after its table ("" for none).
+    summary: str = ""
 
 
 def _report(exported: ExportedModel, options: ExportOptions, extra: dict[str, Any]) -> dict[str, Any]:
@@ -160,6 +169,11 @@ def export_family(exporter: FrameworkExporter, options: ExportOptions) -> list[E
     ``<family>_trt`` left from an earlier gpu export, which a CPU server could
     not load and which would no longer match the new ONNX.
 
+    When ``options.placement`` places the tables hot/cold, ``<family>_onnx`` becomes
+    the ensemble of ``<family>_embedding`` and ``<family>_dense``, checked against the
+    all-in-graph FP32 graph (:func:`export.placement.place_embeddings`); no FP16, INT8
+    or TensorRT variant is written then.
+
     Returns:
         The ONNX models written, each with its parity result.
 
@@ -185,6 +199,12 @@ def export_family(exporter: FrameworkExporter, options: ExportOptions) -> list[E
     except BaseException:
         clear_model(options.repository, fp32_name)
         raise
+    placed = place_embeddings(exporter, fp32_path, fp32.parity, rows, options)
+    if placed is not None:
+        reference = "onnx_fp32 (in-graph)"
+        return [
+            ExportedModel(placed.name, placed.path, reference, placed.parity, placed.seconds, placed.summary)
+        ]
     if options.fp16:
         results.append(_export_fp16(exporter, fp32_path, rows, options))
     int8_name = f"{exporter.family}_onnx_int8"

@@ -419,3 +419,20 @@ def test_an_empty_or_malformed_output_is_one_client_error() -> None:
         ClientError, match=r"output 'click_probability' came back malformed or empty .*numpy<2"
     ):
         decode(prepared, EmptyAnswer())
+
+
+def test_repository_models_lists_only_models_that_take_the_schema(tmp_path: Path) -> None:
+    """A hierarchical model's dense part takes hot_slots/cold rows and its stage takes only ids:
+    verify and the soak send the schema's two inputs, so they list neither."""
+    from clients.verify import repository_models
+
+    def model(name: str, inputs: list[str]) -> None:
+        (tmp_path / name / "1").mkdir(parents=True)
+        (tmp_path / name / "1" / "model.onnx").write_bytes(b"")
+        text = "".join(f'input {{ name: "{i}" data_type: TYPE_FP32 dims: [ 1 ] }}\n' for i in inputs)
+        (tmp_path / name / "config.pbtxt").write_text(f'name: "{name}"\n{text}')
+
+    model("dlrm_onnx_fp16", [DENSE_INPUT, CATEGORICAL_INPUT])
+    model("dlrm_dense", [DENSE_INPUT, "hot_slots", "cold_positions", "cold_rows"])
+    model("dlrm_embedding", [CATEGORICAL_INPUT])
+    assert repository_models(tmp_path) == ["dlrm_onnx_fp16"]

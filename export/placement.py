@@ -1,0 +1,483 @@
+"""Where a model's embedding tables live when it is served: in the graph, or hot/cold (hierarchical).
+
+By default every table stays inside the exported ONNX graph (``in-graph``). With
+a hot budget, a model whose tables take more bytes than the budget is served as
+a Triton ensemble under its family's usual name instead (``hierarchical``, see
+:mod:`export.ensemble`): the dense model keeps the most looked-up rows inside
+the graph, as many as fit the budget, and an embedding stage reads every other
+row from a memory-mapped row store. ``auto`` picks hierarchical exactly when the
+tables exceed the budget, and says so.
+
+After the all-in-graph FP32 graph is written and checked against its framework
+(:func:`export.pipeline.export_family`), :func:`place_embeddings`:
+
+1. profiles the profile data's lookups per table row (:func:`criteo.profile.profile_file`)
+   and chooses the hot rows under the budget (:func:`export.hot_rows.choose_hot_rows`);
+2. writes the row store from the graph's own tables (``<family>_embedding/1/rows/``),
+   the hot set and the dense model (``<family>_dense/1/model.onnx``);
+3. checks the two stages in-process (:func:`export.hierarchical.stage_reference`,
+   then ONNX Runtime on the dense model) against the all-in-graph graph on the check
+   rows and on ids at the int64 limits: within :data:`FP32_STORE_TOLERANCE` for an
+   FP32 store, within the FP16 AUC tolerance for an FP16 store;
+4. writes the stage's, the dense model's and the ensemble's configs; the ensemble
+   ``<family>_onnx`` replaces the all-in-graph model and its ``export_report.json``
+   records the placement.
+
+A failure leaves none of the family's hierarchical entries (nor the all-in-graph
+model they would have replaced) in the repository.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import onnx
+
+from bundle.errors import ConfigError, ExportError
+from criteo.profile import profile_file
+from criteo.schema import COLD_POSITIONS, COLD_ROWS, DENSE_INPUT, HOT_SLOTS, OUTPUT
+from criteo.tsv import Batch
+from export.ensemble import (
+    HOT_SET_FILE,
+    add_hierarchical_models,
+    dense_model_name,
+    embedding_model_name,
+    ensemble_model_name,
+)
+from export.framework import FrameworkExporter
+from export.hierarchical import split_lookups, stage_reference, write_store
+from export.hot_rows import HotSet, choose_hot_rows
+from export.lookups import check_sizes, find_lookups, store_spec
+from export.onnx_io import save_model
+from export.parity import ParityResult, compare, extreme_id_rows, run_onnx
+from export.repository import MODEL_FILE, clear_model, trt_model_name, version_dir, write_report
+from export.row_store import DTYPES, RowStore, RowStoreSpec, format_bytes
+
+if TYPE_CHECKING:  # export.pipeline imports this module
+    from export.pipeline import ExportOptions
+
+log = logging.getLogger(__name__)
+
+#: How the export places embedding tables (``--embeddings``).
+PLACEMENTS: tuple[str, ...] = ("auto", "in-graph", "hierarchical")
+#: Max |hierarchical - all-in-graph| per probability with an FP32 store: the same
+#: values reach the same layers, only gathered another way.
+FP32_STORE_TOLERANCE = 1e-6
+#: The row store's folder inside the embedding stage's version folder.
+ROWS_FOLDER = "rows"
+#: The error when no file can choose the hot rows.
+NO_PROFILE_DATA = (
+    "hot/cold placement chooses its hot rows from measured lookups: give --profile-data FILE "
+    "(a Criteo TSV such as the training data), or --calibration-data / --check-data"
+)
+#: Rows per stage + dense model call in the checks (as :func:`export.parity.run_onnx` chunks).
+CHECK_CHUNK = 4096
+
+
+@dataclass(frozen=True)
+class PlacementOptions:
+    """Where the embedding tables go (options ``--embeddings``, ``--hot-budget``, ``--profile-data``, ...).
+
+    Args:
+        mode: ``auto`` (hierarchical when ``hot_budget`` is given and the tables'
+            bytes exceed it, else in-graph), ``in-graph`` or ``hierarchical``.
+        hot_budget: bytes of hot rows the dense model keeps (see
+            :func:`export.hot_rows.parse_size`); None: no budget (in-graph).
+        profile_data: Criteo TSV whose lookups choose the hot rows (None: the export's
+            calibration data, else its check data; see :meth:`profile_source`).
+        store_dtype: the row store's values, ``float32`` or ``float16``.
+
+    Raises:
+        ConfigError: an unknown mode or dtype, a negative budget, ``hierarchical``
+            without a budget, a budget with ``in-graph``, profile data or an FP16 store
+            without a budget, or profile data that is not a file.
+    """
+
+    mode: str = "auto"
+    hot_budget: int | None = None
+    profile_data: Path | None = None
+    store_dtype: str = "float32"
+
+    def __post_init__(self) -> None:
+        if self.mode not in PLACEMENTS:
+            raise ConfigError(f"--embeddings must be {', '.join(PLACEMENTS)}; got {self.mode!r}")
+        if self.store_dtype not in DTYPES:
+            raise ConfigError(f"--store-dtype must be {' or '.join(DTYPES)}; got {self.store_dtype!r}")
+        budget = self.hot_budget
+        if budget is not None and (isinstance(budget, bool) or not isinstance(budget, int) or budget < 0):
+            raise ConfigError(f"--hot-budget must be a byte count >= 0, got {budget!r}")
+        if self.mode == "hierarchical" and budget is None:
+            raise ConfigError(
+                "--embeddings hierarchical needs --hot-budget SIZE: the bytes of hot rows the dense "
+                "model keeps (e.g. 512M)"
+            )
+        if self.mode == "in-graph" and budget is not None:
+            raise ConfigError(
+                "--hot-budget places tables hot/cold; --embeddings in-graph keeps them all in the graph: "
+                "drop one"
+            )
+        if budget is None and (self.profile_data is not None or self.store_dtype != "float32"):
+            raise ConfigError(
+                "--profile-data and --store-dtype apply to hot/cold placement: give --hot-budget too"
+            )
+        if self.profile_data is not None and not Path(self.profile_data).is_file():
+            raise ConfigError(f"profile data {self.profile_data} is not a file")
+
+    @property
+    def may_split(self) -> bool:
+        """Whether the export may place the tables hot/cold (a budget is given)."""
+        return self.hot_budget is not None
+
+    def profile_source(
+        self, calibration_data: Path | None, check_data: Path | None
+    ) -> tuple[Path, str] | None:
+        """The file whose lookups choose the hot rows and the option it came from (None: no file)."""
+        for path, option in (
+            (self.profile_data, "--profile-data"),
+            (calibration_data, "--calibration-data"),
+            (check_data, "--check-data"),
+        ):
+            if path is not None:
+                return Path(path), option
+        return None
+
+
+@dataclass(frozen=True)
+class Decision:
+    """Whether the tables are split, and why (one line for the log and the report).
+
+    Attributes:
+        hierarchical: split hot/cold (else kept in the graph).
+        reason: why, in words.
+        table_bytes: bytes of every table row in FP32 (None: not measured).
+    """
+
+    hierarchical: bool
+    reason: str
+    table_bytes: int | None = None
+
+
+def decide(options: PlacementOptions, table_bytes: int | None) -> Decision:
+    """The placement of tables that take ``table_bytes`` (FP32, every row) under ``options``.
+
+    Args:
+        options: the placement options.
+        table_bytes: the tables' bytes; None when not measured (only allowed without a budget).
+    """
+    budget = options.hot_budget
+    if budget is None or options.mode == "in-graph":
+        return Decision(False, "no hot budget: every table stays in the graph", table_bytes)
+    if table_bytes is None:
+        raise ConfigError("the placement needs the tables' bytes")
+    sizes = f"the embedding tables take {format_bytes(table_bytes)} ({table_bytes} bytes)"
+    limit = f"the hot budget of {format_bytes(budget)} ({budget} bytes)"
+    if options.mode == "hierarchical":
+        return Decision(
+            True, f"--embeddings hierarchical: {sizes}, {limit} keeps the hottest rows", table_bytes
+        )
+    if table_bytes > budget:
+        return Decision(True, f"{sizes}, more than {limit}: hot/cold placement", table_bytes)
+    return Decision(False, f"{sizes}, within {limit}: every table stays in the graph", table_bytes)
+
+
+@dataclass(frozen=True)
+class PlacedModel:
+    """The ensemble written in place of the all-in-graph model, and its check against that model.
+
+    Attributes:
+        name: ``<family>_onnx``.
+        path: its config.
+        parity: the ensemble's stages (in-process) vs the all-in-graph FP32 graph, on the
+            check rows and the out-of-range ids (AUC on the check rows).
+        seconds: time spent placing and checking.
+        report: what ``export_report.json`` holds.
+        summary: one line for the CLI.
+    """
+
+    name: str
+    path: Path
+    parity: ParityResult
+    seconds: float
+    report: dict[str, Any]
+    summary: str
+
+
+def run_hierarchical(
+    dense_path: Path, hot: HotSet, store: RowStore, batch: Batch, chunk: int = CHECK_CHUNK
+) -> np.ndarray:
+    """Probabilities of the two stages in-process: :func:`stage_reference`, then the dense model (ORT CPU).
+
+    Returns:
+        ``B x 1`` float32.
+    """
+    import onnxruntime as ort
+
+    try:
+        session = ort.InferenceSession(str(dense_path), providers=["CPUExecutionProvider"])
+    except Exception as exc:  # onnxruntime raises its own untyped errors
+        raise ExportError(f"ONNX Runtime cannot load {dense_path}: {exc}") from exc
+    outputs = []
+    for start in range(0, len(batch), chunk):
+        part = batch.slice(start, start + chunk)
+        slots, positions, rows = stage_reference(part.categorical, hot, hot.table_sizes, store)
+        feeds = {DENSE_INPUT: part.dense, HOT_SLOTS: slots, COLD_POSITIONS: positions, COLD_ROWS: rows}
+        outputs.append(session.run([OUTPUT], feeds)[0])
+    return np.concatenate(outputs)
+
+
+def _check(
+    name: str,
+    in_graph: Path,
+    dense_path: Path,
+    hot: HotSet,
+    store: RowStore,
+    rows: Batch,
+    auc_tolerance: float,
+) -> tuple[ParityResult, dict[str, Any]]:
+    """The stages vs the all-in-graph graph on ``rows`` and their out-of-range copies.
+
+    Returns:
+        The combined comparison (max abs diff over both; AUC on ``rows``) and report fields.
+
+    Raises:
+        ExportError: an FP32 store off by more than :data:`FP32_STORE_TOLERANCE`, or an
+            FP16 store whose AUC moved more than ``auc_tolerance``.
+    """
+    extreme = extreme_id_rows(rows)
+    check = compare(run_hierarchical(dense_path, hot, store, rows), run_onnx(in_graph, rows), rows.labels)
+    out_of_range = compare(
+        run_hierarchical(dense_path, hot, store, extreme), run_onnx(in_graph, extreme), None
+    )
+    worst = max(check.max_abs_diff, out_of_range.max_abs_diff)
+    parity = ParityResult(check.rows + out_of_range.rows, worst, check.auc, check.auc_delta)
+    dtype = store.spec.dtype
+    where = f"{name} ({dtype} row store) vs the all-in-graph graph {in_graph}"
+    if dtype == "float32":
+        gate: dict[str, Any] = {"max_abs_diff": FP32_STORE_TOLERANCE}
+        if not worst <= FP32_STORE_TOLERANCE:
+            raise ExportError(
+                f"{where}: max abs diff {worst:.3g} (tolerance {FP32_STORE_TOLERANCE:g}; "
+                f"out-of-range ids: {out_of_range.max_abs_diff:.3g})"
+            )
+    else:
+        gate = {"auc_delta": auc_tolerance}
+        delta = check.auc_delta if check.auc_delta is not None else float("nan")
+        if rows.labels is None or not abs(delta) <= auc_tolerance:
+            raise ExportError(
+                f"{where}: AUC differs by {delta:.3g} (tolerance {auc_tolerance:g}; max abs diff {worst:.3g})"
+            )
+    extra = {
+        "tolerance": gate,
+        "parity_check_rows": asdict(check),
+        "parity_out_of_range_ids": asdict(out_of_range),
+    }
+    return parity, extra
+
+
+def hierarchical_entries(family: str) -> tuple[str, ...]:
+    """The repository entries of a family's hierarchical model: stage, dense model, ensemble."""
+    return embedding_model_name(family), dense_model_name(family), ensemble_model_name(family)
+
+
+def clear_split(repository: Path, family: str) -> None:
+    """Remove the stage and dense model of an earlier hot/cold export: the family is served in-graph now."""
+    for name in hierarchical_entries(family)[:2]:
+        clear_model(repository, name)
+
+
+def clear_variants(repository: Path, family: str, fp16: bool, int8: bool) -> None:
+    """Remove the family's FP16, INT8 and TensorRT models, which a hierarchical export does not write (yet).
+
+    They would be all-in-graph models of an earlier export, out of step with the ensemble.
+    """
+    names = (f"{family}_onnx_fp16", f"{family}_onnx_int8", trt_model_name(family))
+    for name in names:
+        clear_model(repository, name)
+    wanted = [label for label, on in (("FP16", fp16), ("INT8", int8)) if on]
+    if wanted:
+        log.info(
+            "%s: %s variants are not written for hot/cold placement yet; only the ensemble %s is served",
+            family, " and ".join(wanted), ensemble_model_name(family),
+        )  # fmt: skip
+
+
+def place_embeddings(
+    exporter: FrameworkExporter,
+    in_graph: Path,
+    in_graph_parity: ParityResult,
+    rows: Batch,
+    options: ExportOptions,
+) -> PlacedModel | None:
+    """Place the tables of the checked all-in-graph graph at ``in_graph`` as ``options.placement`` asks.
+
+    Args:
+        exporter: the model's exporter (its ``table_sizes``, ``family`` and ``source``).
+        in_graph: ``<repository>/<family>_onnx/1/model.onnx``, checked against the framework.
+        in_graph_parity: that check's result (kept in the ensemble's report).
+        rows: the labeled check rows.
+        options: the export options.
+
+    Returns:
+        None when the tables stay in the graph (the all-in-graph model stays; a stage and
+        dense model of an earlier hot/cold export are removed); else the ensemble that
+        replaced the all-in-graph model.
+
+    Raises:
+        ConfigError: the exporter does not know its table sizes, or the serving options
+            do not apply to a dense model.
+        ExportError: the split or its check failed; none of the family's entries are left.
+    """
+    placement = options.placement
+    family = exporter.family
+    if not placement.may_split:
+        clear_split(options.repository, family)
+        return None
+    start = time.perf_counter()
+    try:
+        plan = _plan(exporter, in_graph, options)
+        if plan is None:
+            clear_split(options.repository, family)
+            return None
+        placed = _write_hierarchical(exporter, in_graph, in_graph_parity, rows, options, plan)
+        seconds = time.perf_counter() - start
+        placed.report["seconds"] = round(seconds, 3)
+        write_report(options.repository, placed.name, placed.report)
+    except BaseException:  # the all-in-graph model was to be replaced: it goes too
+        for name in hierarchical_entries(family):
+            clear_model(options.repository, name)
+        raise
+    clear_variants(options.repository, family, options.fp16, options.writes_int8)
+    return PlacedModel(placed.name, placed.path, placed.parity, seconds, placed.report, placed.summary)
+
+
+@dataclass(frozen=True)
+class _Plan:
+    """A hot/cold placement decided: why, the store's rows (FP32), and the file to profile with its option."""
+
+    decision: Decision
+    spec: RowStoreSpec
+    profile: tuple[Path, str]
+
+
+def _plan(exporter: FrameworkExporter, in_graph: Path, options: ExportOptions) -> _Plan | None:
+    """Measure the graph's tables and decide (None: they stay in the graph); refuse what cannot be split."""
+    placement = options.placement
+    family = exporter.family
+    sizes = exporter.table_sizes
+    if sizes is None:
+        raise ConfigError(
+            f"hot/cold placement of {family} needs the rows of each table: give --table-sizes "
+            "(the model reduces ids its own way, so the export could not read them from the graph)"
+        )
+    lookups = find_lookups(onnx.load(str(in_graph), load_external_data=False))
+    spec = store_spec(lookups, check_sizes(lookups, sizes))  # FP32: the graph's tables and hot rows
+    decision = decide(placement, spec.total_bytes)
+    log.info("%s: %s", family, decision.reason)
+    if not decision.hierarchical:
+        return None
+    if options.serving.ort_trt:
+        raise ConfigError(
+            "--ort-trt does not apply to a hot/cold model's dense part: drop it, or keep the tables "
+            "in the graph (--embeddings in-graph)"
+        )
+    source = placement.profile_source(options.calibration_data, options.check_data)
+    if source is None:  # ExportOptions refuses this already
+        raise ConfigError(NO_PROFILE_DATA)
+    return _Plan(decision, spec, source)
+
+
+def _write_hierarchical(
+    exporter: FrameworkExporter,
+    in_graph: Path,
+    in_graph_parity: ParityResult,
+    rows: Batch,
+    options: ExportOptions,
+    plan: _Plan,
+) -> PlacedModel:
+    """Profile; choose the hot rows; write the store, hot set and dense model; check them; write configs."""
+    placement, decision = options.placement, plan.decision
+    repository, family = options.repository, exporter.family
+    sizes, row_bytes = plan.spec.table_sizes, plan.spec.row_bytes
+    budget = placement.hot_budget if placement.hot_budget is not None else 0
+    stage_name, dense_name, name = hierarchical_entries(family)
+    clear_model(repository, stage_name)
+    clear_model(repository, dense_name)
+
+    profile_path, profile_option = plan.profile
+    log.info("profiling %s lookups of %s (%s)", family, profile_path, profile_option)
+    profile = profile_file(profile_path, sizes)
+    hot = choose_hot_rows(profile, sizes, row_bytes, budget)
+    log.info(
+        "%s: %d hot rows of %d (%s of the %s budget), expected hit rate %.1f%%",
+        family, hot.rows, sum(sizes), format_bytes(hot.bytes_used), format_bytes(budget),
+        100 * hot.expected_hit_rate,
+    )  # fmt: skip
+
+    stage_dir = version_dir(repository, stage_name, 1)
+    store_dir = stage_dir / ROWS_FOLDER
+    metadata = {"model": name, "graph": in_graph.name, "source": exporter.source.get("path", "")}
+    log.info("writing the %s row store to %s", placement.store_dtype, store_dir)
+    store = write_store(in_graph, store_dir, placement.store_dtype, sizes, metadata=metadata)
+    hot_path = hot.save(stage_dir / HOT_SET_FILE)
+    dense_path = version_dir(repository, dense_name, 1) / MODEL_FILE
+    save_model(split_lookups(in_graph, hot, sizes), dense_path)
+
+    parity, check_fields = _check(name, in_graph, dense_path, hot, store, rows, options.fp16_auc_tolerance)
+    measured = hot.hit_rate(rows)
+    config = add_hierarchical_models(repository, family, store_dir, hot_path, options.serving)[-1]
+    store_bytes = store.spec.total_bytes
+    report: dict[str, Any] = {
+        "model": name,
+        "placement": "hierarchical",
+        "placement_reason": decision.reason,
+        "models": {"embedding_stage": stage_name, "dense": dense_name},
+        "checked_against": "onnx_fp32_in_graph",
+        "parity": asdict(parity),
+        **check_fields,
+        "hot_budget_bytes": budget,
+        "hot_rows": hot.rows,
+        "hot_bytes": hot.bytes_used,
+        "hot_rows_per_table": list(hot.table_rows),
+        "table_rows": sum(sizes),
+        "table_sizes": list(sizes),
+        "table_bytes": decision.table_bytes,
+        "row_bytes": row_bytes,
+        "profile": {
+            "source": str(profile_path),
+            "from": profile_option,
+            "rows": profile.rows,
+            "lookups": hot.profiled_lookups,
+        },
+        "expected_hit_rate": hot.expected_hit_rate,
+        "measured_hit_rate": {"rows": len(rows), "hit_rate": measured, "data": _rows_source(options)},
+        "row_store": {
+            "path": store_dir.relative_to(repository).as_posix(),
+            "dtype": store.spec.dtype,
+            "bytes": store_bytes,
+            "width": store.spec.width,
+            "rows": store.spec.rows,
+        },
+        "in_graph": {"checked_against": "framework", "parity": asdict(in_graph_parity)},
+        "opset": options.opset,
+        "source": exporter.source,
+    }
+    summary = (
+        f"{name}: hot/cold placement: {hot.rows} of {sum(sizes)} rows hot "
+        f"({format_bytes(hot.bytes_used)} of the {format_bytes(budget)} budget; "
+        f"tables {format_bytes(decision.table_bytes or 0)}); "
+        f"hit rate expected {100 * hot.expected_hit_rate:.1f}% "
+        f"(profile {profile_path.name}), measured {100 * measured:.1f}% on the check rows; "
+        f"row store {store_dir.relative_to(repository).as_posix()} ({store.spec.dtype}, "
+        f"{format_bytes(store_bytes)}); max abs diff vs in-graph {parity.max_abs_diff:.2e}"
+    )
+    log.info("wrote %s as the ensemble of %s and %s", name, stage_name, dense_name)
+    return PlacedModel(name, config, parity, 0.0, report, summary)
+
+
+def _rows_source(options: ExportOptions) -> str:
+    return str(options.check_data) if options.check_data is not None else "synthetic"
