@@ -22,6 +22,13 @@ zeros, then the hot rows of the columns it serves, copied from the original
 table) indexed by the slots, then a ``ScatterND`` that writes the cold rows over
 the cold positions. Hot values are the table's own and cold values the store's,
 so in FP32 the dense model computes what the all-in-graph model computes.
+
+A model too large to exist as one graph (the Criteo Terabyte preset: 96 GB of FP32
+tables) takes another way in: a graph with placeholder tables (a few rows each,
+its own ``Mod`` reducing into them) and a row store written without the graph
+(:func:`export.row_store.random_store`). ``split_lookups(..., rows=store)`` then
+takes the hot rows from the store, for the store's real ``table_sizes``; the
+placeholder tables and their reduction are dropped with the old lookups.
 """
 
 from __future__ import annotations
@@ -262,21 +269,44 @@ def _cold_values(b: _Builder, lookup: Lookup) -> str:
     return b.once(("cold", lookup.store_range, lookup.data_type), make)
 
 
-def _hot_table(b: _Builder, lookup: Lookup, values: np.ndarray, hot: HotSet) -> tuple[str, list[int]]:
-    """The hot table (row 0 zeros, then each position's hot rows) and each position's first hot row - 1."""
-    parts = [np.zeros((1, *lookup.row_dims), dtype=values.dtype)]
+def _store_hot_rows(store: RowStore, lookup: Lookup, column: int, ids: np.ndarray, out: np.ndarray) -> None:
+    """Rows ``ids`` of table ``column`` from the store's column of ``lookup`` into ``out`` (N x row dims)."""
+    # Read in file order (neighbouring rows share pages of a store larger than memory), then put back.
+    order = np.argsort(ids, kind="stable")
+    found = store.rows(np.int64(column), ids[order], column=lookup.store_column)
+    out[order] = found.reshape(ids.size, *lookup.row_dims)
+
+
+def _hot_table(
+    b: _Builder, lookup: Lookup, values: np.ndarray | None, hot: HotSet, store: RowStore | None = None
+) -> tuple[str, list[int]]:
+    """The hot table (row 0 zeros, then each position's hot rows) and each position's first hot row - 1.
+
+    The hot rows come from the graph's table ``values``, or from ``store`` when given.
+    """
+    dtype = values.dtype if values is not None else helper.tensor_dtype_to_np_dtype(lookup.data_type)
+    counts = [int(hot.ids[column].size) for column in lookup.columns]
+    # Filled in place: a hot table of gigabytes is held once, not as parts and their concatenation.
+    table = np.zeros((1 + sum(counts), *lookup.row_dims), dtype=dtype)
     bases, rows = [], 0
     for j, column in enumerate(lookup.columns):
         bases.append(rows)
-        parts.append(np.asarray(values[lookup.row_offsets[j] + hot.ids[column]]))
-        rows += int(hot.ids[column].size)
-    table = np.ascontiguousarray(np.concatenate(parts))
+        target = table[1 + rows : 1 + rows + counts[j]]
+        if store is not None:
+            _store_hot_rows(store, lookup, column, hot.ids[column], target)
+        elif values is not None:
+            target[...] = values[lookup.row_offsets[j] + hot.ids[column]]
+        else:
+            raise ExportError(f"{lookup.table}: neither its values nor a row store to take hot rows from")
+        rows += counts[j]
     return b.constant(f"{lookup.table}/hot", table, share=False), bases
 
 
-def _replace_fused(b: _Builder, lookup: Lookup, values: np.ndarray, hot: HotSet) -> None:
+def _replace_fused(
+    b: _Builder, lookup: Lookup, values: np.ndarray | None, hot: HotSet, store: RowStore | None = None
+) -> None:
     """A stacked table read with ``B x 26`` ids: one Gather of the hot rows, one ScatterND of the cold."""
-    table, bases = _hot_table(b, lookup, values, hot)
+    table, bases = _hot_table(b, lookup, values, hot, store)
     dims = lookup.row_dims
     identity = lookup.columns == tuple(range(NUM_CATEGORICAL))
 
@@ -306,11 +336,16 @@ def _replace_fused(b: _Builder, lookup: Lookup, values: np.ndarray, hot: HotSet)
 
 
 def _replace_column(
-    b: _Builder, lookup: Lookup, values: np.ndarray, hot: HotSet, extra: tuple[int, ...]
+    b: _Builder,
+    lookup: Lookup,
+    values: np.ndarray | None,
+    hot: HotSet,
+    extra: tuple[int, ...],
+    store: RowStore | None = None,
 ) -> None:
     """A per-column lookup of column ``k``: the slots' column ``k``, then the cold lookups of ``k``."""
     (column,) = lookup.columns
-    table, _ = _hot_table(b, lookup, values, hot)
+    table, _ = _hot_table(b, lookup, values, hot, store)
     dims = lookup.row_dims
     slot = b.op("Gather", [HOT_SLOTS, b.scalar(column)], f"slots/{column}", axis=1)
     gathered = b.op("Gather", [table, slot], f"{lookup.table}/hot_rows")
@@ -418,6 +453,7 @@ def split_lookups(
     table_sizes: Sequence[int],
     *,
     base_dir: Path | None = None,
+    rows: RowStore | None = None,
 ) -> onnx.ModelProto:
     """The dense model: the graph with every embedding lookup served from hot rows and the stage's cold rows.
 
@@ -435,20 +471,24 @@ def split_lookups(
         hot: the hot rows of each table.
         table_sizes: rows of C1..C26 (those of ``hot``).
         base_dir: the folder of the graph's external data (default: the file's folder).
+        rows: take the hot rows from this row store (of ``table_sizes``, with the columns the
+            graph's lookups serve) instead of the graph's own tables. The graph's tables and
+            its reduction of the ids may then be placeholders of any size (a graph too large
+            to build otherwise, see the module docstring); they are dropped either way.
 
     Returns:
         The dense model, every initializer held in memory (save it with
         :func:`export.onnx_io.save_model`).
 
     Raises:
-        ConfigError: ``hot`` made for other table sizes.
+        ConfigError: ``hot`` made for other table sizes; ``rows`` holding other table sizes.
         ExportError: no usable lookups (see :func:`export.lookups.find_lookups`), an opset
             below :data:`MIN_OPSET`, ids of an unexpected shape, or ids or a table still
-            read by something besides the lookups.
+            read by something besides the lookups; ``rows`` without the lookups' store columns.
     """
     source, folder = load_graph(model, base_dir)
     lookups = find_lookups(source)
-    sizes = check_sizes(lookups, table_sizes)
+    sizes = check_sizes(lookups, table_sizes) if rows is None else _check_store(lookups, table_sizes, rows)
     if hot.table_sizes != sizes:
         raise ConfigError(f"the hot set was chosen for table sizes {hot.table_sizes}, not {sizes}")
     opset = _opset(source)
@@ -472,11 +512,11 @@ def split_lookups(
     out.name, out.doc_string = source.graph.name, source.graph.doc_string
     builder = _Builder(out, taken, opset, width)
     for lookup in lookups:
-        values = table_values(tensors[lookup.table], folder)
+        values = table_values(tensors[lookup.table], folder) if rows is None else None
         if lookup.fused:
-            _replace_fused(builder, lookup, values, hot)
+            _replace_fused(builder, lookup, values, hot, rows)
         else:
-            _replace_column(builder, lookup, values, hot, extra[lookup.output])
+            _replace_column(builder, lookup, values, hot, extra[lookup.output], rows)
     # The new nodes read only the new inputs and initializers: in front, the graph stays sorted.
     out.node.extend(builder.nodes)
     out.node.extend(n for n in source.graph.node if not (n.op_type == "Gather" and n.output[0] in replaced))
@@ -522,3 +562,24 @@ def _check_dense(graph: onnx.GraphProto, tables: set[str]) -> None:
         raise ExportError(
             f"the graph reads more than its embedding lookups from the ids or tables ({detail})"
         )
+
+
+def _check_store(lookups: Sequence[Lookup], table_sizes: Sequence[int], store: RowStore) -> tuple[int, ...]:
+    """``table_sizes`` (26 ints), checked against the store the hot rows come from (not the graph's tables).
+
+    Raises:
+        ConfigError: the store holds other table sizes.
+        ExportError: the store's row columns are not those the graph's lookups serve.
+    """
+    sizes = check_table_sizes(table_sizes)
+    if store.spec.table_sizes != sizes:
+        raise ConfigError(
+            f"row store {store.path} holds tables of {list(store.spec.table_sizes)} rows, not {list(sizes)}"
+        )
+    needed = store_spec(lookups, sizes)
+    if dict(store.spec.columns) != dict(needed.columns) or store.spec.width != needed.width:
+        raise ExportError(
+            f"row store {store.path} has rows of {dict(store.spec.columns)} (width {store.spec.width}); "
+            f"the graph's lookups need {dict(needed.columns)} (width {needed.width})"
+        )
+    return sizes
