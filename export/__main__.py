@@ -22,8 +22,8 @@ from export.quantize import DEFAULT_METHOD, INT8_METHODS, QuantizeOptions
 from export.repository import CONFIG_NAME, ORT_TRT_CACHE_DIR, QUEUE_DELAY_US, ServingConfig, trt_model_name
 from export.row_store import DTYPES
 from export.row_store_cli import app as row_store_app
-from export.synthetic_model_cli import random_dlrm
 from export.sources import SourceOptions, parse_feature_order, parse_input_map
+from export.synthetic_model_cli import random_dlrm
 from export.trt_build import EngineResult, TensorRTOptions, build_engines
 
 app = new_app("Export trained DLRM and Wide & Deep models into a Triton model repository.")
