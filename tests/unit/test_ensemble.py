@@ -353,3 +353,24 @@ def test_the_stage_files_run_in_a_bare_python_stub() -> None:
             for module in modules:
                 top = module.split(".")[0]
                 assert top in allowed or top in sys.stdlib_module_names, f"{name} imports {module}"
+
+
+def test_the_slot_map_and_the_sorted_search_place_alike(
+    store_and_hot_set: tuple[Path, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Tables whose slot map would pass SLOT_MAP_MAX_BYTES are placed by searchsorted instead:
+    both give the same slots, positions and rows, in- and out-of-range ids alike."""
+    store_dir, hot_path = store_and_hot_set
+    rng = np.random.default_rng(11)
+    ids = rng.integers(-(2**62), 2**62, (64, NUM_CATEGORICAL))
+    ids[:32] = rng.integers(0, 40, (32, NUM_CATEGORICAL))  # small ids: many hot
+    mapped = HotColdLookup.open(store_dir, hot_path, SIZES)
+    assert mapped._slot_map is not None
+    monkeypatch.setattr(stage, "SLOT_MAP_MAX_BYTES", 0)
+    searched = HotColdLookup.open(store_dir, hot_path, SIZES)
+    assert searched._slot_map is None
+    a, b = mapped.place(ids), searched.place(ids)
+    assert 0 < a.hot_lookups < ids.size
+    np.testing.assert_array_equal(a.hot_slots, b.hot_slots)
+    np.testing.assert_array_equal(a.cold_positions, b.cold_positions)
+    np.testing.assert_array_equal(a.cold_rows, b.cold_rows)
