@@ -14,8 +14,8 @@ Between them (:mod:`criteo.schema` names, ``B`` rows, ``N`` cold lookups):
 Everything works on the ONNX graph (lookups found by :func:`export.lookups.find_lookups`),
 so every exporter's model qualifies. :func:`write_store` writes every row from the
 graph's own tables, :func:`split_lookups` writes the dense model, and
-:func:`stage_reference` is the embedding stage in numpy: the contract, executable
-(the served stage must give the same three tensors).
+:func:`stage_reference` runs the served embedding stage's own code in-process, so
+the export's checks feed the dense model exactly what Triton's stage will.
 
 In the dense model each lookup becomes a ``Gather`` on a small hot table (row 0
 zeros, then the hot rows of the columns it serves, copied from the original
@@ -144,11 +144,13 @@ def write_store(
 def stage_reference(
     ids: npt.ArrayLike, hot: HotSet, table_sizes: Sequence[int], store: RowStore
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """The embedding stage in numpy: raw ids -> ``hot_slots``, ``cold_positions``, ``cold_rows``.
+    """The embedding stage in-process: raw ids -> ``hot_slots``, ``cold_positions``, ``cold_rows``.
 
-    Each id is reduced into its table (``np.mod``, the divisor's sign as ONNX
-    ``Mod(fmod=0)``), looked up among its table's hot ids (sorted copy and
-    ``searchsorted``), and each cold lookup's row read from the store.
+    Runs the served stage's own code (``server/stages/embedding/hot_cold_lookup.py``,
+    what ``<family>_embedding`` runs in Triton), so the export's checks verify the
+    placement that will serve: each id reduced into its table (``np.mod``, the
+    divisor's sign as ONNX ``Mod(fmod=0)``), looked up among its table's hot ids,
+    and each cold lookup's row read from the store.
 
     Args:
         ids: ``B x 26`` int64 raw ids, any value.
@@ -164,24 +166,16 @@ def stage_reference(
         ConfigError: ``hot`` or ``store`` made for other table sizes.
         DataError: ``ids`` not ``B x 26``.
     """
+    from server.stages.embedding.hot_cold_lookup import HotColdLookup
+
     sizes = check_table_sizes(table_sizes)
     if hot.table_sizes != sizes or store.spec.table_sizes != sizes:
         raise ConfigError("the hot set, the row store and table_sizes must describe the same 26 tables")
     values = np.asarray(ids)
     if values.ndim != 2 or values.shape[1] != NUM_CATEGORICAL or not np.issubdtype(values.dtype, np.integer):
         raise DataError(f"ids must be B x {NUM_CATEGORICAL} integers, got {values.dtype} {values.shape}")
-    reduced = np.mod(values.astype(np.int64, copy=False), np.asarray(sizes, dtype=np.int64)[None, :])
-    slots = np.zeros(reduced.shape, dtype=np.int64)
-    for table, hot_ids in enumerate(hot.ids):
-        if hot_ids.size == 0:
-            continue
-        order = np.argsort(hot_ids, kind="stable")
-        ascending = hot_ids[order]
-        where = np.minimum(np.searchsorted(ascending, reduced[:, table]), ascending.size - 1)
-        slots[:, table] = np.where(ascending[where] == reduced[:, table], order[where] + 1, 0)
-    positions = np.flatnonzero(slots.reshape(-1) == 0).astype(np.int64)
-    rows = store.rows(positions % NUM_CATEGORICAL, reduced.reshape(-1)[positions])
-    return slots, positions, rows.astype(np.float32, copy=False)
+    placement = HotColdLookup(sizes, hot.ids, store.data).place(values.astype(np.int64, copy=False))
+    return placement.hot_slots, placement.cold_positions, placement.cold_rows
 
 
 class _Builder:
