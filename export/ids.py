@@ -98,12 +98,11 @@ def probe(path: Path) -> str | None:
     """
     import onnxruntime as ort
 
+    from export.parity import onnx_session
+
     options = ort.SessionOptions()
     options.log_severity_level = 4  # the out-of-bounds Gather expected here is not worth a red log line
-    try:
-        session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
-    except Exception as exc:  # onnxruntime raises its own untyped errors
-        raise ExportError(f"ONNX Runtime cannot load {path}: {exc}") from exc
+    session = onnx_session(path, options)
     try:
         quiet = ort.RunOptions()
         quiet.log_severity_level = 4

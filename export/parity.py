@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -70,14 +71,27 @@ def batch_arrays(batch: Batch) -> tuple[np.ndarray, np.ndarray]:
     return dense, ids
 
 
-def run_onnx(path: Path, batch: Batch, chunk: int = 4096) -> np.ndarray:
-    """Probabilities of the ONNX graph at ``path`` under ONNX Runtime (CPU): ``B x 1``."""
+def onnx_session(path: Path, options: Any = None) -> Any:
+    """An ONNX Runtime (CPU) session of the graph at ``path``, as the export's checks run it.
+
+    Args:
+        path: the ``.onnx`` file (external data beside it is found).
+        options: ``onnxruntime.SessionOptions`` (None: the defaults).
+
+    Raises:
+        ExportError: ONNX Runtime cannot load it.
+    """
     import onnxruntime as ort
 
     try:
-        session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+        return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
     except Exception as exc:  # onnxruntime raises its own untyped errors
         raise ExportError(f"ONNX Runtime cannot load {path}: {exc}") from exc
+
+
+def run_onnx(path: Path, batch: Batch, chunk: int = 4096) -> np.ndarray:
+    """Probabilities of the ONNX graph at ``path`` under ONNX Runtime (CPU): ``B x 1``."""
+    session = onnx_session(path)
     outputs = []
     for start in range(0, len(batch), chunk):
         part = batch.slice(start, start + chunk)

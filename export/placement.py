@@ -54,7 +54,7 @@ from export.hierarchical import split_lookups, stage_reference, write_store
 from export.hot_rows import HotSet, choose_hot_rows
 from export.lookups import check_sizes, find_lookups, store_spec
 from export.onnx_io import save_model
-from export.parity import ParityResult, compare, extreme_id_rows, run_onnx
+from export.parity import ParityResult, compare, extreme_id_rows, onnx_session, run_onnx
 from export.repository import MODEL_FILE, clear_model, trt_model_name, version_dir, write_report
 from export.row_store import DTYPES, RowStore, RowStoreSpec, format_bytes
 
@@ -215,12 +215,7 @@ def run_hierarchical(
     Returns:
         ``B x 1`` float32.
     """
-    import onnxruntime as ort
-
-    try:
-        session = ort.InferenceSession(str(dense_path), providers=["CPUExecutionProvider"])
-    except Exception as exc:  # onnxruntime raises its own untyped errors
-        raise ExportError(f"ONNX Runtime cannot load {dense_path}: {exc}") from exc
+    session = onnx_session(dense_path)
     outputs = []
     for start in range(0, len(batch), chunk):
         part = batch.slice(start, start + chunk)

@@ -64,6 +64,7 @@ from export.ensemble import (
 from export.hierarchical import split_lookups, stage_reference
 from export.hot_rows import HotSet, choose_hot_rows
 from export.onnx_io import save_model
+from export.parity import onnx_session
 from export.repository import (
     MODEL_FILE,
     ServingConfig,
@@ -355,12 +356,7 @@ def check_exactness(
         ExportError: ONNX Runtime cannot load the dense model, or a case's max abs diff is
             over :data:`TOLERANCES` for the store's dtype (one line).
     """
-    import onnxruntime as ort
-
-    try:
-        session = ort.InferenceSession(str(dense_path), providers=["CPUExecutionProvider"])
-    except Exception as exc:  # onnxruntime raises its own untyped errors
-        raise ExportError(f"ONNX Runtime cannot load {dense_path}: {exc}") from exc
+    session = onnx_session(dense_path)
     tolerance = TOLERANCES[store.spec.dtype]
     results = {}
     for name, ids in check_batches(hot, rows, seed).items():
