@@ -68,36 +68,40 @@ def config_of(model_file: Path) -> Path | None:
     return candidate if candidate.is_file() else None
 
 
-def serving_device(model_file: Path) -> str:
-    """``gpu`` when the model's config.pbtxt puts an instance on a GPU (KIND_GPU), else ``cpu``."""
+def _model_config(model_file: Path) -> Any | None:
+    """The parsed config.pbtxt of a repository model file (None outside a model repository).
+
+    Raises:
+        DataError: the config exists but is not a valid Triton model config.
+    """
     config_path = config_of(model_file)
     if config_path is None:
-        return "cpu"
+        return None
     from google.protobuf import text_format
     from tritonclient.grpc import model_config_pb2
 
     try:
-        config = text_format.Parse(config_path.read_text(), model_config_pb2.ModelConfig())
+        return text_format.Parse(config_path.read_text(), model_config_pb2.ModelConfig())
     except (OSError, text_format.ParseError) as exc:
         raise DataError(f"{config_path}: not a valid Triton model config ({exc})") from None
+
+
+def serving_device(model_file: Path) -> str:
+    """``gpu`` when the model's config.pbtxt puts an instance on a GPU (KIND_GPU), else ``cpu``."""
+    from tritonclient.grpc import model_config_pb2
+
+    config = _model_config(model_file)
     gpu = model_config_pb2.ModelInstanceGroup.KIND_GPU
-    return "gpu" if any(group.kind == gpu for group in config.instance_group) else "cpu"
+    return "gpu" if config is not None and any(g.kind == gpu for g in config.instance_group) else "cpu"
 
 
 def serving_settings(model_file: Path) -> dict[str, int]:
     """``threads`` (intra-op), ``instances`` and ``max_queue_delay_us`` of the model's config.pbtxt
     (zeros when the file is not inside a model repository)."""
-    config_path = config_of(model_file)
     settings = {"threads": 0, "instances": 0, "max_queue_delay_us": 0}
-    if config_path is None:
+    config = _model_config(model_file)
+    if config is None:
         return settings
-    from google.protobuf import text_format
-    from tritonclient.grpc import model_config_pb2
-
-    try:
-        config = text_format.Parse(config_path.read_text(), model_config_pb2.ModelConfig())
-    except (OSError, text_format.ParseError) as exc:
-        raise DataError(f"{config_path}: not a valid Triton model config ({exc})") from None
     raw = config.parameters[THREADS_PARAMETER].string_value if THREADS_PARAMETER in config.parameters else ""
     settings["threads"] = int(raw) if raw.isdigit() else 0
     settings["instances"] = sum(group.count or 1 for group in config.instance_group) or 1
