@@ -1,1 +1,1 @@
-"""Shared plumbing of the bundle: the error hierarchy and the CLI runner."""
+"""Shared plumbing of the bundle: the error hierarchy, the CLI runner, admin-key headers and run records."""

@@ -29,3 +29,7 @@ class ServerError(BundleError):
 
 class ClientError(BundleError):
     """A request to the server failed (server down, model unknown, bad input)."""
+
+
+class StorageError(BundleError):
+    """Object storage (S3) refused or could not be reached: no bucket, no credentials, no endpoint."""

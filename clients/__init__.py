@@ -18,7 +18,9 @@ Modules, one concern each:
 - :mod:`clients.evaluate`    AUC and logloss of served predictions, per model and reference.
 - :mod:`clients.reference`   ONNX Runtime in-process, the reference for served predictions.
 - :mod:`clients.verify`      served vs in-process for every model of a repository (demo).
-- :mod:`clients.bench`       client-side cost per request (``python -m clients bench``).
+
+The client-side cost per request is measured by ``python -m loadtest client-cost``
+(:mod:`loadtest.client_cost`): it starts a server, and clients know nothing of the server.
 
 ``python -m clients --help`` lists the commands. Nothing here imports
 TensorFlow or PyTorch; tritonclient's protocol modules load on first use.

@@ -306,54 +306,5 @@ def evaluate(
     print(_table(header, rows))
 
 
-@app.command()
-def bench(
-    repository: Annotated[
-        Path | None,
-        typer.Option(
-            "--repository", "-r", help="Start the local tritonserver on this repository.", file_okay=False
-        ),
-    ] = None,
-    http_url: Annotated[str | None, typer.Option(help="HTTP host:port of a running server.")] = None,
-    grpc_url: Annotated[str | None, typer.Option(help="gRPC host:port of a running server.")] = None,
-    model: ModelOption = "dlrm_onnx",
-    batch_size: Annotated[list[int] | None, typer.Option("--batch-size", "-b", help="Repeatable.")] = None,
-    requests: Annotated[int, typer.Option(help="Measured requests per case.")] = 1000,
-    warmup: Annotated[int, typer.Option(help="Warm-up requests per case.")] = 50,
-    rounds: Annotated[
-        int, typer.Option(help="Turns the cases take, each with a share of the requests.")
-    ] = 10,
-    out: Annotated[Path, typer.Option(help="Folder for client_cost.json and .md.", file_okay=False)] = Path(
-        "benchmarks/clients"
-    ),
-) -> None:
-    """Measure the client-side cost per request of HTTP, gRPC and shared memory (a benchmark)."""
-    from clients import bench as bench_module
-
-    options = bench_module.BenchOptions(model, tuple(batch_size or (1, 1024)), requests, warmup, rounds)
-    command = bench_module.command_line()
-    if repository is not None:
-        if http_url or grpc_url:
-            raise ClientError("give either --repository or --http-url/--grpc-url, not both")
-        with bench_module.local_server(repository) as (http, grpc):
-            report = bench_module.run_bench(http, grpc, options, command)
-        data = repository.parent
-        reproduce = [
-            f"# any repository serving {model}; the cost depends on tensor sizes, not weights. Here:",
-            f"python -m criteo synth --rows 5000 --out {data}/rows.tsv",
-            f"python -m models train dlrm --data {data}/rows.tsv --out {data}/dlrm --preset tiny",
-            f"python -m export dlrm --checkpoint {data}/dlrm --repository {repository}",
-            command,
-        ]
-    else:
-        if not (http_url and grpc_url):
-            raise ClientError("give --repository, or both --http-url and --grpc-url of a running server")
-        report = bench_module.run_bench(http_url, grpc_url, options, command)
-        reproduce = ["python -m server serve --repository model_repository   # in another terminal", command]
-    json_path, md_path = bench_module.write_report(report, out, reproduce)
-    print(bench_module.markdown(report, reproduce))
-    print(f"wrote {json_path} and {md_path}")
-
-
 if __name__ == "__main__":
     run(app)

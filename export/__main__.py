@@ -11,13 +11,22 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from bundle.admin import ADMIN_KEY_ENV
 from bundle.cli import VerboseOption, new_app, run, set_verbose, shared_options
 from bundle.errors import ConfigError
 from criteo.tables import TABLE_SIZE_PRESETS, parse_table_sizes
 from export.framework import FrameworkExporter
 from export.hot_rows import parse_size
-from export.pipeline import INT8_BY_DEFAULT, ExportedModel, ExportOptions, export_family
+from export.pipeline import (
+    INT8_BY_DEFAULT,
+    TORCH_BY_DEFAULT,
+    TORCH_DTYPES,
+    ExportedModel,
+    ExportOptions,
+    export_family,
+)
 from export.placement import PLACEMENTS, PlacementOptions
+from export.publish_cli import fetch, publish
 from export.quantize import DEFAULT_METHOD, INT8_METHODS, QuantizeOptions
 from export.repository import CONFIG_NAME, ORT_TRT_CACHE_DIR, QUEUE_DELAY_US, ServingConfig, trt_model_name
 from export.row_store import DTYPES
@@ -29,6 +38,8 @@ from export.trt_build import EngineResult, TensorRTOptions, build_engines
 app = new_app("Export trained DLRM and Wide & Deep models into a Triton model repository.")
 app.add_typer(row_store_app, name="row-store")
 app.command("random-dlrm")(random_dlrm)
+app.command()(publish)
+app.command()(fetch)
 
 Repository = Annotated[Path, typer.Option(help="Triton model repository to write into.")]
 ProfileOpt = Annotated[
@@ -153,6 +164,21 @@ ProfileData = Annotated[
     ),
 ]
 StoreDtype = Annotated[str, typer.Option(help=f"Values of the hot/cold row store: {' or '.join(DTYPES)}.")]
+Torch = Annotated[
+    bool | None,
+    typer.Option(
+        "--torch/--no-torch",
+        help="PyTorch DLRMs: also write <family>_torch, TorchScript for Triton's PyTorch backend (FP16 "
+        "weights, FP32 interaction and output; a failed check is an error). Instances follow --profile. "
+        "Default: "
+        + ", ".join(
+            f"{'written when it passes its check' if on else 'off'} ({profile})"
+            for profile, on in TORCH_BY_DEFAULT.items()
+        )
+        + ".",
+    ),
+]
+TorchDtype = Annotated[str, typer.Option(help=f"Precision of <family>_torch: {' or '.join(TORCH_DTYPES)}.")]
 
 
 def _graph_sizes(text: str | None) -> tuple[int, ...] | None:
@@ -198,6 +224,8 @@ def _export_options(
     hot_budget: HotBudget = None,
     profile_data: ProfileData = None,
     store_dtype: StoreDtype = "float32",
+    torch: Torch = None,
+    torch_dtype: TorchDtype = "float16",
     verbose: VerboseOption = False,
 ) -> tuple[ExportOptions, SourceOptions]:
     """The options every export command shares, declared once (see :func:`bundle.cli.shared_options`)."""
@@ -238,6 +266,8 @@ def _export_options(
             profile_data=profile_data,
             store_dtype=store_dtype,
         ),
+        torch=torch,
+        torch_dtype=torch_dtype,
     )
     sizes = None if table_sizes is None else parse_table_sizes(table_sizes)
     return options, SourceOptions(table_sizes=sizes, logits=logits)
@@ -307,7 +337,7 @@ def dlrm(
     ] = None,
 ) -> None:
     """Export a PyTorch DLRM (torch.onnx) as dlrm_onnx, dlrm_onnx_fp16 and, in the cpu profile,
-    dlrm_onnx_int8 (in the gpu profile: the config of dlrm_trt instead)."""
+    dlrm_onnx_int8 (in the gpu profile: dlrm_torch, TorchScript FP16, and the config of dlrm_trt instead)."""
     options, source = shared
     if checkpoint is None and factory is None:
         raise ConfigError(
@@ -415,6 +445,65 @@ def tensorrt(
         force=force,
     )
     _print_engines(build_engines(options))
+
+
+@app.command("rollout-hot-set")
+def rollout_hot_set(
+    profile_data: Annotated[
+        Path,
+        typer.Option(
+            help="Fresh lookups that choose the new hot rows: a Criteo TSV, or a folder "
+            "`python -m criteo profile` wrote."
+        ),
+    ],
+    check_data: Annotated[
+        Path,
+        typer.Option(help="Labeled Criteo TSV: the new version must answer what the serving one does."),
+    ],
+    repository: Annotated[Path, typer.Option(help="Model repository holding the hot/cold model.")] = Path(
+        "model_repository"
+    ),
+    family: Annotated[str, typer.Option(help="Model family: the served model is <family>_onnx.")] = "dlrm",
+    hot_budget: Annotated[
+        str | None,
+        typer.Option(help="Bytes of hot rows, e.g. 512M (default: the serving version's budget)."),
+    ] = None,
+    check_rows: Annotated[int, typer.Option(help="Rows of --check-data compared.")] = 2048,
+    row_store: Annotated[
+        Path | None,
+        typer.Option(help="The row store's folder here, when the stage's config names a container path."),
+    ] = None,
+    url: Annotated[
+        str | None,
+        typer.Option(
+            help="HTTP endpoint of a server in --model-control-mode explicit: it switches to the new "
+            "version under load, with no failed request. Without it only the files are written."
+        ),
+    ] = None,
+    admin_key: Annotated[
+        str | None,
+        typer.Option(envvar=ADMIN_KEY_ENV, show_default=False, help="The server's admin key."),
+    ] = None,
+) -> None:
+    """Roll out a new hot set of a hot/cold model as its next version (stage and dense model
+    together), checked against the serving version first."""
+    from export.rollout import RolloutOptions, roll_out, serving_state
+    from export.synthetic_model_cli import load_profile
+
+    options = RolloutOptions(
+        repository=repository,
+        family=family,
+        check_data=check_data,
+        hot_budget=parse_size(hot_budget) if hot_budget is not None else None,
+        check_rows=check_rows,
+        row_store=row_store,
+        url=url,
+        admin_key=admin_key,
+    )
+    if not profile_data.exists():
+        raise ConfigError(f"profile data {profile_data} does not exist")
+    sizes = serving_state(repository, family, row_store).store.spec.table_sizes
+    print(roll_out(options, load_profile(profile_data, sizes)).summary())
 
 
 if __name__ == "__main__":

@@ -140,12 +140,16 @@ class GatherDLRM(nn.Module):
         _load_linears(self.bottom_mlp, state, bottom_keys)
         _load_linears(self.top_mlp, state, top_keys)
 
-    def forward(self, dense: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+    def logits(self, dense: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+        """The ``B x 1`` logits (the TorchScript variant applies the sigmoid in FP32 itself)."""
         in_table_order = ids.index_select(1, self.columns) if self.permuted else ids
         # remainder takes the divisor's sign: negative and huge ids land in [0, rows).
         rows = torch.remainder(in_table_order, self.sizes) + self.offsets
         x = self.bottom_mlp(dense)
-        return torch.sigmoid(self.top_mlp(self.interaction(x, self.embedding(rows))))
+        return cast(torch.Tensor, self.top_mlp(self.interaction(x, self.embedding(rows))))
+
+    def forward(self, dense: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+        return torch.sigmoid(self.logits(dense, ids))
 
 
 def _fb_mlp(widths: Sequence[int], width_in: int, sigmoid_last: bool) -> nn.Sequential:

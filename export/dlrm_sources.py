@@ -36,7 +36,7 @@ import onnx
 from bundle.errors import ConfigError, ExportError
 from criteo.schema import CATEGORICAL_COLUMNS, NUM_CATEGORICAL
 from criteo.tsv import Batch
-from export.framework import FrameworkExporter
+from export.framework import FrameworkExporter, TorchServing
 from export.sources import SourceOptions
 from export.torch_onnx import (
     example_inputs,
@@ -279,6 +279,14 @@ class CheckpointExporter:
         if not outputs:
             return np.empty((0, 1), dtype=np.float32)
         return np.concatenate(outputs).astype(np.float32, copy=False)
+
+    def torch_serving(self) -> TorchServing:
+        """The rebuilt DLRM's logits for the TorchScript variant: a ``dot`` interaction stays FP32
+        there (a ``cat`` only moves values), the sigmoid is FP32, and the module reduces ids itself."""
+        from export.torchscript import Logits
+
+        keep = ("model.interaction",) if self.layout.interaction == "dot" else ()
+        return TorchServing(Logits(self.module), True, keep, None)
 
     def fp32_nodes(self, model: onnx.ModelProto) -> list[str]:
         """The interaction (every node under ``/interaction/``, for ``dot``) and the output sigmoid.

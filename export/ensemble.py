@@ -50,7 +50,9 @@ from criteo.schema import (
     OUTPUTS,
     TensorSpec,
 )
+from export.hierarchical import lookup_graph
 from export.hot_rows import HotSet
+from export.onnx_io import save_model
 from export.repository import (
     MODEL_FILE,
     ONNX_BACKEND,
@@ -71,8 +73,18 @@ DENSE_SUFFIX = "_dense"
 ENSEMBLE_SUFFIX = "_onnx"
 #: The hot set's file in the stage's version folder.
 HOT_SET_FILE = "hot_set.npz"
+#: The dense model's graph with its tables' values dropped, in its model folder
+#: (:func:`export.hierarchical.lookup_graph`): a new hot set's dense model is built from it.
+LOOKUP_GRAPH_FILE = "lookup_graph.onnx"
 PYTHON_BACKEND = "python"
 ENSEMBLE_PLATFORM = "ensemble"
+
+#: Versions of the stage and of the dense model that may be loaded at once: the serving
+#: pair and a new one, while the ensemble switches (:mod:`export.rollout`). The policy
+#: never changes after the export, because tritonserver reloads every version of a model
+#: whose config changed, and reloading the serving version under load crashed the python
+#: backend of tritonserver 2.51 (seen in tests/integration/test_hot_set_rollout.py).
+VERSIONS_LOADED = 2
 
 #: The dims of ``B x ...`` tensors in a model with ``max_batch_size: 0``.
 ANY_ROWS = -1
@@ -172,6 +184,7 @@ def build_embedding_config(
     group = config.instance_group.add()
     group.count = instances
     group.kind = mc.ModelInstanceGroup.KIND_CPU
+    config.version_policy.latest.num_versions = VERSIONS_LOADED
     config.parameters[PARAM_ROW_STORE].string_value = row_store
     config.parameters[PARAM_HOT_SET].string_value = hot_set
     config.parameters[PARAM_TABLE_SIZES].string_value = ",".join(str(size) for size in sizes)
@@ -205,6 +218,7 @@ def build_dense_config(name: str, width: int, serving: ServingConfig) -> mc.Mode
         _add(config.input, tensor)
     for spec in OUTPUTS:
         _add(config.output, _schema_dims(spec))
+    config.version_policy.latest.num_versions = VERSIONS_LOADED
     group = config.instance_group.add()
     group.count = serving.instances
     group.kind = serving.instance_kind
@@ -213,13 +227,23 @@ def build_dense_config(name: str, width: int, serving: ServingConfig) -> mc.Mode
     return config
 
 
-def build_ensemble_config(family: str) -> mc.ModelConfig:
+def build_ensemble_config(family: str, version: int = 1) -> mc.ModelConfig:
     """The ModelConfig of ``<family>_onnx`` as an ensemble of the stage and the dense model.
 
     Its inputs and output are the schema's (``dense_features`` ``-1 x 13``,
     ``categorical_ids`` ``-1 x 26``, ``click_probability`` ``-1 x 1``), so clients
     send the same tensors as to an in-graph model.
+
+    Both steps name ``version`` of their model, never "the latest": a stage's hot
+    slots are only meaningful to the dense model built from the same hot set, so a
+    new hot set (:mod:`export.rollout`) switches both at once by reloading this
+    ensemble with the new version, while the old pair keeps answering.
+
+    Raises:
+        ConfigError: a version below 1.
     """
+    if isinstance(version, bool) or not isinstance(version, int) or version < 1:
+        raise ConfigError(f"a model version is an int >= 1, got {version!r}")
     config = mc.ModelConfig(name=ensemble_model_name(family), platform=ENSEMBLE_PLATFORM, max_batch_size=0)
     for spec in INPUTS:
         _add(config.input, _schema_dims(spec))
@@ -227,13 +251,13 @@ def build_ensemble_config(family: str) -> mc.ModelConfig:
         _add(config.output, _schema_dims(spec))
     stage = config.ensemble_scheduling.step.add()
     stage.model_name = embedding_model_name(family)
-    stage.model_version = -1
+    stage.model_version = version
     stage.input_map[CATEGORICAL_INPUT] = CATEGORICAL_INPUT
     for tensor in (HOT_SLOTS, COLD_POSITIONS, COLD_ROWS):
         stage.output_map[tensor] = tensor
     dense = config.ensemble_scheduling.step.add()
     dense.model_name = dense_model_name(family)
-    dense.model_version = -1
+    dense.model_version = version
     for tensor in (DENSE_INPUT, HOT_SLOTS, COLD_POSITIONS, COLD_ROWS):
         dense.input_map[tensor] = tensor
     for spec in OUTPUTS:
@@ -346,6 +370,26 @@ def write_ensemble(repository: Path, family: str, version: int = 1) -> Path:
     clear_model(repository, name)
     version_dir(repository, name, version).mkdir(parents=True)
     return write_config(repository / name, build_ensemble_config(family))
+
+
+def write_lookup_graph(graph: Path | str, repository: Path, family: str) -> Path:
+    """Keep ``graph``'s lookup graph as ``<family>_dense/lookup_graph.onnx`` (see :data:`LOOKUP_GRAPH_FILE`).
+
+    Triton reads only the numbered version folders and ``config.pbtxt`` of a model
+    folder, so the file lies beside them unserved.
+
+    Args:
+        graph: the all-in-graph graph the dense model was split from, or the placeholder
+            graph of a model built from a row store.
+        repository: the model repository root.
+        family: ``dlrm``, ``wide_deep``, ...
+
+    Returns:
+        The file written.
+    """
+    path = repository / dense_model_name(family) / LOOKUP_GRAPH_FILE
+    save_model(lookup_graph(graph), path)
+    return path
 
 
 def add_hierarchical_models(

@@ -9,13 +9,17 @@ repository writing stay shared.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 import numpy as np
 import onnx
 
 from criteo.tsv import Batch
+
+if TYPE_CHECKING:
+    from torch import nn
 
 
 class FrameworkExporter(Protocol):
@@ -61,6 +65,37 @@ class FrameworkExporter(Protocol):
     def fp32_nodes(self, model: onnx.ModelProto) -> list[str]:
         """Names of the nodes of the FP32 graph that stay FP32 in the FP16 variant
         (DLRM's interaction, the final sigmoid)."""
+        ...
+
+
+@dataclass(frozen=True)
+class TorchServing:
+    """What a PyTorch exporter hands the TorchScript variant (:mod:`export.torchscript`).
+
+    Args:
+        module: the exporter's own FP32 module in eval mode (never changed: the
+            variant works on a copy), ``forward(dense B x 13 float32, ids B x 26
+            int64)`` -> ``B x 1`` or ``B`` probabilities, or logits with ``logits``.
+        logits: ``module`` returns logits; the variant appends the sigmoid, in FP32.
+        fp32_modules: qualified names of submodules that keep computing in FP32 in a
+            reduced-precision variant (DLRM's dot interaction); empty for a module
+            whose structure is unknown.
+        table_sizes: the 26 sizes the variant reduces ids into before ``module`` runs;
+            None where ``module`` reduces every id into its tables itself.
+    """
+
+    module: nn.Module
+    logits: bool
+    fp32_modules: tuple[str, ...]
+    table_sizes: tuple[int, ...] | None
+
+
+@runtime_checkable
+class TorchSource(Protocol):
+    """A PyTorch exporter that can also give its model as a module, for the ``<family>_torch`` variant."""
+
+    def torch_serving(self) -> TorchServing:
+        """The module the TorchScript variant is traced from (known once ``to_onnx`` has run)."""
         ...
 
 

@@ -64,6 +64,7 @@ __all__ = [
     "PREFIX",
     "Lookup",
     "find_lookups",
+    "lookup_graph",
     "split_lookups",
     "stage_reference",
     "write_store",
@@ -543,6 +544,48 @@ def split_lookups(
         opset,
     )
     return dense
+
+
+def lookup_graph(model: onnx.ModelProto | Path | str, *, base_dir: Path | None = None) -> onnx.ModelProto:
+    """The graph with its embedding tables' values dropped: what :func:`split_lookups` needs with a store.
+
+    A hierarchical model keeps this beside its dense model. A new hot set then
+    builds the next dense model from it and the row store
+    (``split_lookups(lookup_graph, hot, sizes, rows=store)``), long after the
+    all-in-graph graph (as large as the tables) is gone. Each table keeps its
+    name, type and dims, so :func:`export.lookups.find_lookups` finds the same
+    lookups; every other initializer is loaded into the proto.
+
+    Args:
+        model: the all-in-graph graph, or the path of its ``.onnx`` file.
+        base_dir: the folder of its external data (default: the file's folder).
+
+    Returns:
+        A graph as large as its layers (the tables hold no values: not a runnable model).
+
+    Raises:
+        ExportError: see :func:`export.lookups.find_lookups`; external data without its folder.
+    """
+    source, folder = load_graph(model, base_dir)
+    graph = onnx.ModelProto()
+    graph.CopyFrom(source)
+    tables = {lookup.table for lookup in find_lookups(graph)}
+    for tensor in graph.graph.initializer:
+        if tensor.name in tables:
+            tensor.ClearField("raw_data")
+            for field in ("float_data", "double_data", "int32_data", "int64_data", "external_data"):
+                tensor.ClearField(field)
+            tensor.data_location = TensorProto.DEFAULT
+            tensor.doc_string = "values dropped: the rows live in the row store"
+        elif tensor.data_location == TensorProto.EXTERNAL:
+            if folder is None:
+                raise ExportError(
+                    f"{tensor.name} is stored outside the graph: give the folder of its data file"
+                )
+            load_external_data_for_tensor(tensor, str(folder))
+            tensor.data_location = TensorProto.DEFAULT
+            del tensor.external_data[:]
+    return graph
 
 
 def _check_dense(graph: onnx.GraphProto, tables: set[str]) -> None:

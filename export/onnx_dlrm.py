@@ -25,7 +25,7 @@ import onnx
 from bundle.errors import ConfigError, ExportError
 from criteo.schema import NUM_CATEGORICAL, NUM_DENSE
 from criteo.tsv import Batch
-from export.framework import own_model_source
+from export.framework import TorchServing, own_model_source
 from export.torch_onnx import EXAMPLE_ROWS, export_module, python_command
 from models.config import DLRMConfig, load_config
 
@@ -34,8 +34,10 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
+#: The DLRM's interaction submodule (kept FP32 in the reduced-precision variants).
+INTERACTION_MODULE = "interaction"
 #: Substring of the names of the interaction's nodes (the ``interaction`` submodule).
-INTERACTION_SCOPE = "/interaction/"
+INTERACTION_SCOPE = f"/{INTERACTION_MODULE}/"
 
 
 def _repro_command(checkpoint: Path, out: Path, opset: int) -> str:
@@ -151,6 +153,13 @@ class DLRMExporter:
         from models.dlrm import predict_probabilities
 
         return predict_probabilities(self.model, batch)
+
+    def torch_serving(self) -> TorchServing:
+        """The DLRM's logits for the TorchScript variant: the dot interaction stays FP32 there,
+        the sigmoid is applied in FP32, and the model reduces ids itself."""
+        from export.torchscript import Logits
+
+        return TorchServing(Logits(self.model), True, (f"model.{INTERACTION_MODULE}",), None)
 
     def fp32_nodes(self, model: onnx.ModelProto) -> list[str]:
         """Nodes of the FP32 graph that stay FP32 in the FP16 variant.

@@ -89,14 +89,46 @@ def onnx_session(path: Path, options: Any = None) -> Any:
         raise ExportError(f"ONNX Runtime cannot load {path}: {exc}") from exc
 
 
-def run_onnx(path: Path, batch: Batch, chunk: int = 4096) -> np.ndarray:
-    """Probabilities of the ONNX graph at ``path`` under ONNX Runtime (CPU): ``B x 1``."""
-    session = onnx_session(path)
+def onnx_cuda_session(path: Path) -> tuple[Any, str]:
+    """An ONNX Runtime session of the graph at ``path`` on the CUDA provider, where one runs here.
+
+    Returns:
+        ``(session, "")``; or ``(None, why not)`` when this onnxruntime has no CUDA
+        provider (the CPU build) or its CUDA provider did not start (no usable GPU).
+
+    Raises:
+        ExportError: ONNX Runtime cannot load the graph at all.
+    """
+    import onnxruntime as ort
+
+    available = ort.get_available_providers()
+    if "CUDAExecutionProvider" not in available:
+        return None, (
+            f"onnxruntime {ort.__version__} has no CUDAExecutionProvider "
+            f"(providers: {', '.join(available)}); onnxruntime-gpu brings it"
+        )
+    try:
+        session = ort.InferenceSession(str(path), providers=["CUDAExecutionProvider", "CPUExecutionProvider"])
+    except Exception as exc:  # onnxruntime raises its own untyped errors
+        raise ExportError(f"ONNX Runtime cannot load {path} with its CUDA provider: {exc}") from exc
+    if session.get_providers()[0] != "CUDAExecutionProvider":
+        # ONNX Runtime falls back to the CPU, with a log line, when CUDA does not start.
+        return None, "onnxruntime's CUDAExecutionProvider did not start (no usable GPU or CUDA libraries)"
+    return session, ""
+
+
+def run_session(session: Any, batch: Batch, chunk: int = 4096) -> np.ndarray:
+    """Probabilities of an ONNX Runtime ``session`` for ``batch``, ``chunk`` rows per call: ``B x 1``."""
     outputs = []
     for start in range(0, len(batch), chunk):
         part = batch.slice(start, start + chunk)
         outputs.append(session.run([OUTPUT], part.inputs())[0])
     return np.concatenate(outputs)
+
+
+def run_onnx(path: Path, batch: Batch, chunk: int = 4096) -> np.ndarray:
+    """Probabilities of the ONNX graph at ``path`` under ONNX Runtime (CPU): ``B x 1``."""
+    return run_session(onnx_session(path), batch, chunk)
 
 
 def compare(candidate: np.ndarray, reference: np.ndarray, labels: np.ndarray | None) -> ParityResult:

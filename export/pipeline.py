@@ -6,7 +6,14 @@ checked against FP32 on AUC; a variant that fails is not written) -> Triton
 model repository entries with their configs and export reports. The gpu
 profile also writes each family's TensorRT model config (``<family>_trt``);
 its plan is built from the FP16 ONNX by ``python -m export tensorrt``
-(:mod:`export.trt_build`), on the serving GPU's own TensorRT.
+(:mod:`export.trt_build`), on the serving GPU's own TensorRT. A PyTorch family
+gets, in the gpu profile, ``<family>_torch``: TorchScript in FP16 for Triton's
+PyTorch backend (:mod:`export.torchscript`), checked against the framework.
+
+Where a GPU is visible, the reduced-precision checks run there too: the FP16
+ONNX on ONNX Runtime's CUDA provider (with onnxruntime-gpu) and the TorchScript
+on CUDA; each report's ``cuda_check`` holds the result and the largest
+CUDA-vs-CPU difference, or why the check was skipped.
 """
 
 from __future__ import annotations
@@ -24,17 +31,28 @@ import onnx
 from bundle.errors import ConfigError, ExportError
 from criteo.tsv import Batch, read_batch
 from export.fp16 import convert_to_fp16
-from export.framework import FrameworkExporter
+from export.framework import FrameworkExporter, TorchSource
 from export.onnx_io import save_model
-from export.parity import ParityResult, check_rows, compare, extreme_id_rows, run_onnx
+from export.parity import (
+    ParityResult,
+    check_rows,
+    compare,
+    extreme_id_rows,
+    onnx_cuda_session,
+    run_onnx,
+    run_session,
+)
 from export.placement import NO_PROFILE_DATA, PlacementOptions, place_embeddings
 from export.quantize import QuantizeOptions, quantize_int8
 from export.repository import (
     MODEL_FILE,
+    TORCHSCRIPT_FILE,
     ServingConfig,
     add_model,
+    add_torch_model,
     add_trt_model,
     clear_model,
+    torch_model_name,
     trt_model_name,
     version_dir,
 )
@@ -54,6 +72,16 @@ INT8_GATE_BATCHES = (1, 64, CHECK_CHUNK)
 #: INT8 variant is the cpu profile's fastest model that passes the accuracy gate
 #: (benchmarks/cpu/precision.md); the gpu profile serves FP16 TensorRT instead.
 INT8_BY_DEFAULT: dict[str, bool] = {"cpu": True, "gpu": False}
+#: Whether a PyTorch family's export writes ``<family>_torch`` unless told otherwise, per profile:
+#: it is a GPU model (FP16 weights; the PyTorch backend); on a CPU the ONNX models serve.
+TORCH_BY_DEFAULT: dict[str, bool] = {"cpu": False, "gpu": True}
+#: Precisions of ``<family>_torch`` (BF16 has FP32's range, FP16 more mantissa).
+TORCH_DTYPES: tuple[str, ...] = ("float16", "bfloat16")
+#: Max |TorchScript - framework| per probability, out-of-range ids included: the TensorRT
+#: engines' default bound (``python -m export tensorrt --max-abs-tolerance``). Measured on the
+#: ``small`` preset (108k synthetic training rows, 4096 held-out rows, CPU): FP16 8.0e-4,
+#: BF16 6.3e-3 (its 8-bit mantissa), AUC change +1e-5 and +2e-5.
+TORCH_MAX_ABS_DIFF = 0.02
 
 
 @dataclass(frozen=True)
@@ -78,6 +106,13 @@ class ExportOptions:
         calibration_data: Criteo TSV whose rows calibrate the static INT8 variant
             (None: the check data, after the check rows when it has enough; synthetic
             rows of another seed when there is no check data either).
+        placement: where the embedding tables go (in the graph, or hot/cold).
+        torch: write ``<family>_torch`` (TorchScript, PyTorch families only): True (a
+            failed check is an error), False, or None: the profile's default
+            (:data:`TORCH_BY_DEFAULT`), where a variant that fails is left out with a warning.
+            Its instances follow the profile: KIND_GPU, or KIND_CPU in the cpu profile.
+        torch_dtype: the TorchScript's precision, one of :data:`TORCH_DTYPES`; gated like
+            FP16 (``fp16_auc_tolerance``) and by :data:`TORCH_MAX_ABS_DIFF`.
     """
 
     repository: Path
@@ -93,11 +128,18 @@ class ExportOptions:
     int8_auc_tolerance: float = 1e-3
     calibration_data: Path | None = None
     placement: PlacementOptions = field(default_factory=PlacementOptions)
+    torch: bool | None = None
+    torch_dtype: str = "float16"
 
     @property
     def writes_int8(self) -> bool:
         """Whether the export tries the INT8 variant."""
         return self.int8 if self.int8 is not None else INT8_BY_DEFAULT.get(self.serving.profile, False)
+
+    @property
+    def writes_torch(self) -> bool:
+        """Whether the export tries the TorchScript variant (of a PyTorch family)."""
+        return self.torch if self.torch is not None else TORCH_BY_DEFAULT.get(self.serving.profile, False)
 
     def __post_init__(self) -> None:
         if not 13 <= self.opset <= 23:
@@ -112,6 +154,10 @@ class ExportOptions:
             raise ConfigError(
                 "INT8 variants run on ONNX Runtime's CPU kernels: export them with --profile cpu "
                 "(the gpu profile serves FP16 TensorRT)"
+            )
+        if self.torch_dtype not in TORCH_DTYPES:
+            raise ConfigError(
+                f"unknown TorchScript precision {self.torch_dtype!r}; choose one of {', '.join(TORCH_DTYPES)}"
             )
         if self.calibration_data is not None and not Path(self.calibration_data).is_file():
             raise ConfigError(f"calibration data {self.calibration_data} is not a file")
@@ -169,10 +215,14 @@ def export_family(exporter: FrameworkExporter, options: ExportOptions) -> list[E
     ``<family>_trt`` left from an earlier gpu export, which a CPU server could
     not load and which would no longer match the new ONNX.
 
+    For a PyTorch family, ``options.writes_torch`` adds ``<family>_torch``
+    (TorchScript, :func:`_export_torch`); a ``<family>_torch`` of an earlier export
+    is removed otherwise.
+
     When ``options.placement`` places the tables hot/cold, ``<family>_onnx`` becomes
     the ensemble of ``<family>_embedding`` and ``<family>_dense``, checked against the
-    all-in-graph FP32 graph (:func:`export.placement.place_embeddings`); no FP16, INT8
-    or TensorRT variant is written then.
+    all-in-graph FP32 graph (:func:`export.placement.place_embeddings`); no FP16, INT8,
+    TorchScript or TensorRT variant is written then.
 
     Returns:
         The ONNX models written, each with its parity result.
@@ -181,6 +231,10 @@ def export_family(exporter: FrameworkExporter, options: ExportOptions) -> list[E
         ExportError: a conversion failed or a check exceeded its tolerance; the
             failing model is not left in the repository.
     """
+    if options.torch and not isinstance(exporter, TorchSource):
+        raise ConfigError(
+            f"--torch: {exporter.family} is not a PyTorch model; the TorchScript variant is for PyTorch DLRMs"
+        )
     rows = check_rows(options.check_data, options.check_rows)
     fp32_name = f"{exporter.family}_onnx"
     fp32_path = version_dir(options.repository, fp32_name, 1) / MODEL_FILE
@@ -199,6 +253,8 @@ def export_family(exporter: FrameworkExporter, options: ExportOptions) -> list[E
     except BaseException:
         clear_model(options.repository, fp32_name)
         raise
+    torch_name = torch_model_name(exporter.family)
+    clear_model(options.repository, torch_name)
     placed = place_embeddings(exporter, fp32_path, fp32.parity, rows, options)
     if placed is not None:
         reference = "onnx_fp32 (in-graph)"
@@ -219,6 +275,16 @@ def export_family(exporter: FrameworkExporter, options: ExportOptions) -> list[E
                 "%s not written (the cpu profile serves the other models): %s. "
                 "--int8 makes this an error, --no-int8 skips INT8, --int8-method picks another method",
                 int8_name, exc,
+            )  # fmt: skip
+    if options.writes_torch and isinstance(exporter, TorchSource):
+        try:
+            results.append(_export_torch(exporter, exporter, rows, options))
+        except ExportError as exc:
+            if options.torch:
+                raise
+            log.warning(
+                "%s not written (the ONNX models serve): %s. --torch makes it an error, --no-torch skips it",
+                torch_name, exc,
             )  # fmt: skip
     trt_name = trt_model_name(exporter.family)
     clear_model(options.repository, trt_name)
@@ -264,6 +330,7 @@ def _export_variant(
     build: Callable[[Path], dict[str, Any]],
     fp16: bool = False,
     gate_batches: tuple[int, ...] = (CHECK_CHUNK,),
+    cuda: bool = False,
 ) -> ExportedModel:
     """Write variant ``name`` with ``build(path)``, gate it on AUC against the FP32 graph, add it.
 
@@ -277,6 +344,8 @@ def _export_variant(
         build: writes the variant's ``model.onnx`` to the path given; returns extra report fields.
         fp16: the variant is the FP16 graph (for the config's accelerator settings).
         gate_batches: batch sizes the check rows run at.
+        cuda: also gate the variant on ONNX Runtime's CUDA provider where one runs
+            here (:func:`_onnx_cuda_check`); the report's ``cuda_check`` says how it went.
 
     Raises:
         ExportError: the conversion failed or the AUC moved more than ``tolerance``;
@@ -297,6 +366,8 @@ def _export_variant(
                 f"{path}: {label} AUC differs from FP32 by {delta:.3g}{at} "
                 f"(tolerance {tolerance:g}; max abs diff {parity.max_abs_diff:.3g})"
             )
+        if cuda:
+            gate_extra["cuda_check"] = _onnx_cuda_check(path, fp32_path, rows, label, tolerance)
         exported = ExportedModel(name, path, "onnx_fp32", parity, time.perf_counter() - start)
         report = _report(exported, options, {"auc_tolerance": tolerance, **extra, **gate_extra})
         add_model(options.repository, name, options.serving, report=report, fp16=fp16)
@@ -318,8 +389,148 @@ def _export_fp16(
 
     name = f"{exporter.family}_onnx_fp16"
     return _export_variant(
-        name, "FP16", fp32_path, rows, options, options.fp16_auc_tolerance, build, fp16=True
+        name, "FP16", fp32_path, rows, options, options.fp16_auc_tolerance, build, fp16=True, cuda=True
     )
+
+
+def _cuda_skipped(reason: str) -> dict[str, Any]:
+    """A report's ``cuda_check`` where no GPU check ran."""
+    log.info("CUDA check skipped: %s", reason)
+    return {"status": "skipped", "reason": reason}
+
+
+def _onnx_cuda_check(
+    path: Path, fp32_path: Path, rows: Batch, label: str, tolerance: float
+) -> dict[str, Any]:
+    """Gate the variant at ``path`` on ONNX Runtime's CUDA provider as on the CPU, where CUDA runs here.
+
+    The reference stays the FP32 graph on the CPU, so the AUC gate means the same on
+    both; the CUDA-vs-CPU difference of the variant itself is reported beside it.
+
+    Returns:
+        The report's ``cuda_check``: ``status`` ``passed`` with the parity and
+        ``max_abs_diff_vs_cpu``, or ``skipped`` with the ``reason``.
+
+    Raises:
+        ExportError: the variant's AUC on CUDA moved more than ``tolerance``.
+    """
+    session, why_not = onnx_cuda_session(path)
+    if session is None:
+        return _cuda_skipped(why_not)
+    on_cuda = run_session(session, rows, CHECK_CHUNK)
+    on_cpu = run_onnx(path, rows, CHECK_CHUNK)
+    parity = compare(on_cuda, run_onnx(fp32_path, rows, CHECK_CHUNK), rows.labels)
+    delta = parity.auc_delta if parity.auc_delta is not None else float("nan")
+    if not abs(delta) <= tolerance:
+        raise ExportError(
+            f"{path}: {label} on ONNX Runtime's CUDA provider: AUC differs from FP32 by {delta:.3g} "
+            f"(tolerance {tolerance:g}; max abs diff {parity.max_abs_diff:.3g})"
+        )
+    vs_cpu = float(np.max(np.abs(on_cuda.astype(np.float64) - on_cpu.astype(np.float64))))
+    log.info("%s on CUDA: AUC delta %+.1e, max abs diff vs its CPU run %.2e", path, delta, vs_cpu)
+    return {
+        "status": "passed",
+        "provider": "CUDAExecutionProvider",
+        "parity": asdict(parity),
+        "max_abs_diff_vs_cpu": vs_cpu,
+    }
+
+
+def _torch_gate(
+    path: Path,
+    device: str,
+    rows: Batch,
+    reference: np.ndarray,
+    extreme: Batch,
+    extreme_reference: np.ndarray,
+    options: ExportOptions,
+) -> tuple[ParityResult, np.ndarray]:
+    """Run the TorchScript at ``path`` on ``device`` and gate it against the framework's outputs.
+
+    Returns:
+        The parity (rows and out-of-range-id rows together; AUC on ``rows``) and the
+        outputs on ``rows``.
+
+    Raises:
+        ExportError: an invalid probability, the AUC moved more than
+            ``options.fp16_auc_tolerance``, or a probability more than :data:`TORCH_MAX_ABS_DIFF`.
+    """
+    from export.torchscript import run_torchscript
+
+    output = run_torchscript(path, rows, device)
+    try:
+        parity = compare(output, reference, rows.labels)
+        extreme_parity = compare(run_torchscript(path, extreme, device), extreme_reference, None)
+    except ExportError as exc:
+        raise ExportError(f"{path} on {device}: {exc}") from None
+    worst = max(parity.max_abs_diff, extreme_parity.max_abs_diff)
+    delta = parity.auc_delta if parity.auc_delta is not None else float("nan")
+    if not abs(delta) <= options.fp16_auc_tolerance or worst > TORCH_MAX_ABS_DIFF:
+        raise ExportError(
+            f"{path} ({options.torch_dtype}) on {device} differs from the framework: AUC by {delta:.3g} "
+            f"(tolerance {options.fp16_auc_tolerance:g}), probabilities by up to {worst:.3g} "
+            f"(tolerance {TORCH_MAX_ABS_DIFF:g}; out-of-range ids: {extreme_parity.max_abs_diff:.3g})"
+        )
+    return ParityResult(parity.rows + extreme_parity.rows, worst, parity.auc, parity.auc_delta), output
+
+
+def _export_torch(
+    exporter: FrameworkExporter, source: TorchSource, rows: Batch, options: ExportOptions
+) -> ExportedModel:
+    """Write ``<family>_torch``: the model as TorchScript in ``options.torch_dtype``.
+
+    Checked against the framework's own output on the check rows and on ids at the
+    int64 limits, negative and past every table (:func:`_torch_gate`), on the CPU
+    and, where torch sees one, on a CUDA device (its CUDA-vs-CPU difference in the
+    report's ``cuda_check``).
+
+    Args:
+        exporter: the model's exporter (``predict`` is the reference).
+        source: the same exporter, as the source of its module.
+        rows: labeled check rows.
+        options: the export options.
+
+    Raises:
+        ExportError: tracing failed or a check failed; the model is then not left in the repository.
+    """
+    from export.torchscript import cuda_device_name, torch_cuda_unavailable, write_torchscript
+
+    name = torch_model_name(exporter.family)
+    path = version_dir(options.repository, name, 1) / TORCHSCRIPT_FILE
+    clear_model(options.repository, name)
+    try:
+        start = time.perf_counter()
+        log.info("tracing %s as TorchScript (%s) at %s", exporter.family, options.torch_dtype, path)
+        built = write_torchscript(source.torch_serving(), options.torch_dtype, path)
+        if rows.labels is None:
+            raise ExportError("the TorchScript check needs labeled rows")
+        extreme = extreme_id_rows(rows)
+        reference, extreme_reference = exporter.predict(rows), exporter.predict(extreme)
+        parity, on_cpu = _torch_gate(path, "cpu", rows, reference, extreme, extreme_reference, options)
+        why_not = torch_cuda_unavailable()
+        if why_not is not None:
+            cuda = _cuda_skipped(why_not)
+        else:
+            cuda_parity, on_cuda = _torch_gate(
+                path, "cuda", rows, reference, extreme, extreme_reference, options
+            )
+            cuda = {
+                "status": "passed",
+                "device": cuda_device_name(),
+                "parity": asdict(cuda_parity),
+                "max_abs_diff_vs_cpu": float(np.max(np.abs(on_cuda.astype(np.float64) - on_cpu))),
+            }
+        exported = ExportedModel(name, path, "framework", parity, time.perf_counter() - start)
+        report = _report(exported, options, {"source": exporter.source, "torchscript": built})
+        del report["opset"]  # no ONNX here
+        report.update(
+            auc_tolerance=options.fp16_auc_tolerance, max_abs_tolerance=TORCH_MAX_ABS_DIFF, cuda_check=cuda
+        )
+        add_torch_model(options.repository, name, options.serving, report=report)
+        return exported
+    except BaseException:
+        clear_model(options.repository, name)
+        raise
 
 
 def calibration_rows(options: ExportOptions) -> tuple[Batch, str]:

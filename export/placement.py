@@ -13,8 +13,10 @@ After the all-in-graph FP32 graph is written and checked against its framework
 
 1. profiles the profile data's lookups per table row (:func:`criteo.profile.profile_file`)
    and chooses the hot rows under the budget (:func:`export.hot_rows.choose_hot_rows`);
-2. writes the row store from the graph's own tables (``<family>_embedding/1/rows/``),
-   the hot set and the dense model (``<family>_dense/1/model.onnx``);
+2. writes the row store from the graph's own tables (``<family>_embedding/rows/``, beside
+   the version folders: every version of the stage reads it), the hot set, the dense model
+   (``<family>_dense/1/model.onnx``) and its lookup graph (:func:`export.ensemble.write_lookup_graph`,
+   from which a new hot set builds the next version);
 3. checks the two stages in-process (:func:`export.hierarchical.stage_reference`,
    then ONNX Runtime on the dense model) against the all-in-graph graph on the check
    rows and on ids at the int64 limits: within :data:`FP32_STORE_TOLERANCE` for an
@@ -39,7 +41,7 @@ import numpy as np
 import onnx
 
 from bundle.errors import ConfigError, ExportError
-from criteo.profile import profile_file
+from criteo.profile import AccessProfile, profile_file
 from criteo.schema import COLD_POSITIONS, COLD_ROWS, DENSE_INPUT, HOT_SLOTS, OUTPUT
 from criteo.tsv import Batch
 from export.ensemble import (
@@ -48,6 +50,7 @@ from export.ensemble import (
     dense_model_name,
     embedding_model_name,
     ensemble_model_name,
+    write_lookup_graph,
 )
 from export.framework import FrameworkExporter
 from export.hierarchical import split_lookups, stage_reference, write_store
@@ -68,7 +71,7 @@ PLACEMENTS: tuple[str, ...] = ("auto", "in-graph", "hierarchical")
 #: Max |hierarchical - all-in-graph| per probability with an FP32 store: the same
 #: values reach the same layers, only gathered another way.
 FP32_STORE_TOLERANCE = 1e-6
-#: The row store's folder inside the embedding stage's version folder.
+#: The row store's folder inside the embedding stage's model folder (shared by its versions).
 ROWS_FOLDER = "rows"
 #: The error when no file can choose the hot rows.
 NO_PROFILE_DATA = (
@@ -88,14 +91,15 @@ class PlacementOptions:
             bytes exceed it, else in-graph), ``in-graph`` or ``hierarchical``.
         hot_budget: bytes of hot rows the dense model keeps (see
             :func:`export.hot_rows.parse_size`); None: no budget (in-graph).
-        profile_data: Criteo TSV whose lookups choose the hot rows (None: the export's
-            calibration data, else its check data; see :meth:`profile_source`).
+        profile_data: Criteo TSV whose lookups choose the hot rows, or the folder of a profile
+            ``python -m criteo profile`` wrote (None: the export's calibration data, else its
+            check data; see :meth:`profile_source`).
         store_dtype: the row store's values, ``float32`` or ``float16``.
 
     Raises:
         ConfigError: an unknown mode or dtype, a negative budget, ``hierarchical``
             without a budget, a budget with ``in-graph``, profile data or an FP16 store
-            without a budget, or profile data that is not a file.
+            without a budget, or profile data that does not exist.
     """
 
     mode: str = "auto"
@@ -125,8 +129,8 @@ class PlacementOptions:
             raise ConfigError(
                 "--profile-data and --store-dtype apply to hot/cold placement: give --hot-budget too"
             )
-        if self.profile_data is not None and not Path(self.profile_data).is_file():
-            raise ConfigError(f"profile data {self.profile_data} is not a file")
+        if self.profile_data is not None and not Path(self.profile_data).exists():
+            raise ConfigError(f"profile data {self.profile_data} does not exist")
 
     @property
     def may_split(self) -> bool:
@@ -405,7 +409,8 @@ def _write_hierarchical(
 
     profile_path, profile_option = plan.profile
     log.info("profiling %s lookups of %s (%s)", family, profile_path, profile_option)
-    profile = profile_file(profile_path, sizes)
+    # A folder is a profile `python -m criteo profile` wrote (raw ids, or reduced into these sizes).
+    profile = AccessProfile.load(profile_path) if profile_path.is_dir() else profile_file(profile_path, sizes)
     hot = choose_hot_rows(profile, sizes, row_bytes, budget)
     log.info(
         "%s: %d hot rows of %d (%s of the %s budget), expected hit rate %.1f%%",
@@ -414,13 +419,14 @@ def _write_hierarchical(
     )  # fmt: skip
 
     stage_dir = version_dir(repository, stage_name, 1)
-    store_dir = stage_dir / ROWS_FOLDER
+    store_dir = repository / stage_name / ROWS_FOLDER
     metadata = {"model": name, "graph": in_graph.name, "source": exporter.source.get("path", "")}
     log.info("writing the %s row store to %s", placement.store_dtype, store_dir)
     store = write_store(in_graph, store_dir, placement.store_dtype, sizes, metadata=metadata)
     hot_path = hot.save(stage_dir / HOT_SET_FILE)
     dense_path = version_dir(repository, dense_name, 1) / MODEL_FILE
     save_model(split_lookups(in_graph, hot, sizes), dense_path)
+    write_lookup_graph(in_graph, repository, family)
 
     parity, check_fields = _check(name, in_graph, dense_path, hot, store, rows, options.fp16_auc_tolerance)
     measured = hot.hit_rate(rows)

@@ -11,7 +11,9 @@ Two serving profiles:
 - ``gpu``: the same ONNX files on KIND_GPU instances (ONNX Runtime CUDA,
   optionally with its TensorRT execution accelerator), plus one
   ``<family>_trt`` model per family (``platform: "tensorrt_plan"``) whose
-  ``model.plan`` is built afterwards by ``python -m export tensorrt``.
+  ``model.plan`` is built afterwards by ``python -m export tensorrt``, and for
+  a PyTorch family ``<family>_torch`` (``platform: "pytorch_libtorch"``,
+  TorchScript FP16; also on KIND_CPU when a cpu-profile export asks for it).
 """
 
 from __future__ import annotations
@@ -38,6 +40,13 @@ ONNX_BACKEND = "onnxruntime"
 TRT_PLATFORM = "tensorrt_plan"
 #: Suffix of the TensorRT model of a family (``dlrm_trt``); it exists only in the gpu profile.
 TRT_SUFFIX = "_trt"
+#: The TorchScript file of a ``<family>_torch`` model.
+TORCHSCRIPT_FILE = "model.pt"
+#: The platform of a TorchScript model: the NGC image's LibTorch backend; locally,
+#: ``server/backends/pytorch/model.py`` (Triton maps the platform to backend ``pytorch``).
+TORCH_PLATFORM = "pytorch_libtorch"
+#: Suffix of the TorchScript (FP16) model of a PyTorch family (``dlrm_torch``).
+TORCH_SUFFIX = "_torch"
 
 Profile = Literal["cpu", "gpu"]
 PROFILES: tuple[str, ...] = ("cpu", "gpu")
@@ -47,6 +56,14 @@ PROFILES: tuple[str, ...] = ("cpu", "gpu")
 #: sizes, batches as large as are queued), to be raised only after measuring;
 #: the cpu profile keeps the 100 us the local server was tuned with.
 QUEUE_DELAY_US: dict[str, int] = {"cpu": 100, "gpu": 0}
+#: The config parameter (ONNX Runtime's own session config key) that turns the
+#: spin-waiting of idle intra-op threads on ("1") or off ("0"). ONNX Runtime spins by
+#: default; measured through the local server on 2 cores (benchmarks/cpu/concurrency.md),
+#: its spinning threads take the cores that tritonserver's gRPC threads, the python
+#: backend stub and co-located clients need while a request waits in the queue, so
+#: batch-1024 throughput at concurrency 2 and 4 fell below that of concurrency 1.
+#: The local backend reads it; Triton's C++ onnxruntime backend ignores unknown keys.
+ORT_SPINNING_KEY = "session.intra_op.allow_spinning"
 #: Where the ONNX Runtime TensorRT accelerator caches its engines, inside the
 #: serving container (a writable volume; the repository itself is read-only).
 ORT_TRT_CACHE_DIR = "/trt_cache"
@@ -68,6 +85,11 @@ _DATA_TYPES = {
 def trt_model_name(family: str) -> str:
     """The TensorRT model of a family: ``dlrm`` -> ``dlrm_trt``."""
     return f"{family}{TRT_SUFFIX}"
+
+
+def torch_model_name(family: str) -> str:
+    """The TorchScript model of a family: ``dlrm`` -> ``dlrm_torch``."""
+    return f"{family}{TORCH_SUFFIX}"
 
 
 @dataclass(frozen=True)
@@ -134,6 +156,9 @@ class ServingConfig:
             (see :data:`QUEUE_DELAY_US` for each profile's default).
         preferred_batch_sizes: batch sizes the dynamic batcher aims for (empty: as large as queued).
         intra_op_threads: ONNX Runtime threads per instance (0: ONNX Runtime's default).
+        intra_op_spinning: let ONNX Runtime's idle intra-op threads spin-wait for work
+            (ONNX Runtime's own default) instead of sleeping; off by default in both
+            profiles (see :data:`ORT_SPINNING_KEY` for why).
         warmup_batch_sizes: batch sizes run once at load, so the first request is not slow.
         ort_trt: gpu profile: run the ONNX models through ONNX Runtime's TensorRT
             execution accelerator (FP16 for the FP16 model, FP32 for the FP32 one).
@@ -151,6 +176,7 @@ class ServingConfig:
     max_queue_delay_us: int = 100
     preferred_batch_sizes: tuple[int, ...] = ()
     intra_op_threads: int = 0
+    intra_op_spinning: bool = False
     warmup_batch_sizes: tuple[int, ...] = (1, 64)
     ort_trt: bool = False
     ort_trt_cache_dir: str = ORT_TRT_CACHE_DIR
@@ -251,6 +277,7 @@ def build_config(name: str, serving: ServingConfig, fp16: bool = False) -> mc.Mo
     if serving.intra_op_threads:
         # The key the NGC image's onnxruntime backend reads; the local backend reads it too.
         config.parameters["intra_op_thread_count"].string_value = str(serving.intra_op_threads)
+    config.parameters[ORT_SPINNING_KEY].string_value = "1" if serving.intra_op_spinning else "0"
     if serving.ort_trt:
         _add_ort_tensorrt(config, name, serving, fp16)
     return config
@@ -302,6 +329,24 @@ def build_trt_config(name: str, serving: ServingConfig) -> mc.ModelConfig:
                 spec.input[tensor.name].dim.extend(tensor.shape)
                 spec.graph_lower_bound.input[tensor.name].dim.extend(tensor.shape)
             lower = size + 1
+    return config
+
+
+def build_torch_config(name: str, serving: ServingConfig) -> mc.ModelConfig:
+    """The ModelConfig of a TorchScript model (``platform: "pytorch_libtorch"``, ``model.pt``).
+
+    The inputs keep the schema's names: Triton's PyTorch backend maps them to the
+    traced ``forward``'s arguments of the same names (:mod:`export.torchscript`),
+    and the one output by order. ``INFERENCE_MODE`` is the backend's default since
+    24.xx, set here so the local backend reads the same value; the intra-op thread
+    count goes by the key both backends read.
+    """
+    config = _base_config(name, serving)
+    config.platform = TORCH_PLATFORM
+    config.default_model_filename = TORCHSCRIPT_FILE
+    config.parameters["INFERENCE_MODE"].string_value = "true"
+    if serving.intra_op_threads:
+        config.parameters["INTRA_OP_THREAD_COUNT"].string_value = str(serving.intra_op_threads)
     return config
 
 
@@ -375,6 +420,26 @@ def add_trt_model(repository: Path, name: str, serving: ServingConfig, version: 
     config = build_trt_config(name, serving)
     version_dir(repository, name, version).mkdir(parents=True, exist_ok=True)
     return write_config(repository / name, config)
+
+
+def add_torch_model(
+    repository: Path,
+    name: str,
+    serving: ServingConfig,
+    version: int = 1,
+    report: dict[str, Any] | None = None,
+) -> Path:
+    """Write the config of TorchScript model ``name`` whose ``model.pt`` is already in its version folder.
+
+    Returns:
+        The config path.
+    """
+    path = version_dir(repository, name, version) / TORCHSCRIPT_FILE
+    if not path.is_file():
+        raise ConfigError(f"{path} is missing: write the TorchScript file before its config")
+    if report is not None:
+        write_report(repository, name, report)
+    return write_config(repository / name, build_torch_config(name, serving))
 
 
 def clear_model(repository: Path, name: str) -> None:

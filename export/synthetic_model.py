@@ -60,6 +60,7 @@ from export.ensemble import (
     dense_model_name,
     embedding_model_name,
     ensemble_model_name,
+    write_lookup_graph,
 )
 from export.hierarchical import split_lookups, stage_reference
 from export.hot_rows import HotSet, choose_hot_rows
@@ -517,6 +518,7 @@ def make_random_hierarchical_dlrm(
         dense = split_lookups(small_path, hot, config.table_sizes, rows=store)
         save_model(dense, dense_path)
         del dense
+        write_lookup_graph(small_path, repository, FAMILY)
         hot_path = hot.save(version_dir(repository, stage_name) / HOT_SET_FILE)
         configs = add_hierarchical_models(
             repository,

@@ -33,6 +33,7 @@ from torch import nn
 from bundle.errors import ConfigError, ExportError
 from criteo.schema import NUM_CATEGORICAL, NUM_DENSE
 from criteo.tsv import Batch
+from export.framework import TorchServing
 from export.ids import IdReduction, ensure_id_reduction
 from export.sources import SourceOptions
 from export.torch_onnx import (
@@ -406,6 +407,20 @@ class TorchModuleExporter:
         if not outputs:
             return np.empty((0, 1), dtype=np.float32)
         return np.concatenate(outputs).astype(np.float32, copy=False)
+
+    def torch_serving(self) -> TorchServing:
+        """The user's module for the TorchScript variant, its ids reduced as the ONNX graph reduces them.
+
+        Its structure is unknown, so the whole module runs in the variant's precision; the
+        output stays FP32 (and the sigmoid, with ``--logits``), and the AUC gate decides.
+
+        Raises:
+            ExportError: called before :meth:`to_onnx` (which finds the table sizes).
+        """
+        if self.reduction is None:
+            raise ExportError(f"{self.what}: the TorchScript variant is built after to_onnx")
+        sizes = self.reduction.table_sizes if self.reduction.added else None
+        return TorchServing(self.module, self.options.logits, (), sizes)
 
     def fp32_nodes(self, model: onnx.ModelProto) -> list[str]:
         """Nodes that stay FP32 in the FP16 variant: the interaction and the output sigmoid.

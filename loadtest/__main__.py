@@ -8,12 +8,13 @@ Commands:
 - ``report``: rewrite the CSV, PNGs and report.md of a report.json.
 - ``roofline``: this machine's sgemm ceiling, a model's FLOPs per sample, and its in-process and
   served throughput as fractions of that ceiling, in one run.
+- ``soak``, ``client-cost``, ``precision``, ``serving-defaults``: the benchmarks whose committed
+  results live under ``benchmarks/`` (see :mod:`loadtest.commands`).
+- ``demo``: the whole path on this machine, data to load test (``make demo``).
 """
 
 from __future__ import annotations
 
-import shlex
-import sys
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -23,10 +24,16 @@ from rich.table import Table
 
 from bundle.cli import new_app, run
 from bundle.errors import ConfigError
+from bundle.records import command_line
+from loadtest import commands
 from loadtest.runs import PEERS, RunOptions, compare_run, sweep_run
 from loadtest.sweep import parse_ints
+from loadtest.writer import write_json
 
-app = new_app("Load tests of the served models: sweeps, latency curves, baselines, peer comparison.")
+app = new_app(
+    "Load tests and benchmarks of the served models: sweeps, latency curves, baselines, peer comparison, "
+    "roofline, soak, client cost, CPU precision and serving defaults; and the demo."
+)
 
 BatchSizes = Annotated[
     str, typer.Option("--batch-size", help="Rows per request; comma-separated for several.")
@@ -57,10 +64,6 @@ BaselineRepeats = Annotated[int, typer.Option(help="Timed repeats per batch size
 Title = Annotated[str | None, typer.Option(help="Heading of the report.")]
 
 
-def _command_line() -> str:
-    return shlex.join(["python", "-m", "loadtest", *sys.argv[1:]])
-
-
 def _check_protocols(protocols: list[str]) -> list[str]:
     """``protocols``, each checked to be ``grpc`` or ``http`` (before anything is measured)."""
     for name in protocols:
@@ -70,12 +73,8 @@ def _check_protocols(protocols: list[str]) -> list[str]:
 
 
 def _write_results(out: Path, results: Any) -> None:
-    """``results`` as indented JSON in ``out`` (its folder created), and say where."""
-    import json
-
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(results, indent=2) + "\n")
-    print(f"results: {out}")
+    """``results`` as indented strict JSON in ``out`` (its folder created), and say where."""
+    print(f"results: {write_json(out, results)}")
 
 
 def _options(
@@ -149,7 +148,7 @@ def sweep(
         options=options,
         out=out,
         title=title or f"Load test: {', '.join(model)} over {', '.join(protocols)}",
-        command=_command_line(),
+        command=command_line("loadtest"),
         raw=raw,
     )
     print(f"report: {paths['markdown']}")
@@ -197,7 +196,7 @@ def compare(
         options=options,
         out=out,
         title=title or f"Peer comparison: {model}, local Triton vs {', '.join(peer or PEERS)}",
-        command=_command_line(),
+        command=command_line("loadtest"),
         peers=peer or PEERS,
         raw=raw,
         rounds=rounds,
@@ -294,12 +293,18 @@ def roofline(
         data=data,
     )
     with Console().status("measuring the ceiling, then in-process, then served throughput"):
-        result = run_roofline(options)
-    result["command"] = _command_line()
+        result = run_roofline(options, command_line("loadtest"))
     for line in report_lines(result):
         print(line)
     if out is not None:
         _write_results(out, result)
+
+
+app.command()(commands.soak)
+app.command("client-cost")(commands.client_cost)
+app.command()(commands.precision)
+app.command("serving-defaults")(commands.serving_defaults)
+app.command()(commands.demo)
 
 
 if __name__ == "__main__":

@@ -4,26 +4,25 @@ The reference every served number is divided by. The session is set up as
 the local Triton backend sets up its own (:mod:`loadtest.session`), with
 the intra-op thread count of the model's config.pbtxt unless told otherwise,
 and runs on batches from the same payload pool the load test sends. Each
-batch size is timed ``repeats`` times for ``seconds`` each; the median
-repeat is reported, so one noisy second does not move the result.
+batch size is timed by :mod:`loadtest.timer`, ``repeats`` times for
+``seconds`` each; the median repeat is reported, so one noisy second does not
+move the result.
 """
 
 from __future__ import annotations
 
 import logging
 import math
-import statistics
-import time
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
-
-import numpy as np
 
 from bundle.errors import ConfigError
 from criteo.schema import OUTPUT
 from loadtest.payload import PayloadPool, build_pool
 from loadtest.session import ort_session, serving_device, serving_settings
+from loadtest.timer import Call, TimerConfig, Timing, time_call, time_calls
 
 logger = logging.getLogger(__name__)
 
@@ -63,6 +62,10 @@ class BaselineConfig:
         if self.warmup_calls < 0:
             raise ConfigError(f"warmup_calls must be >= 0, got {self.warmup_calls}")
 
+    def timer(self) -> TimerConfig:
+        """How :mod:`loadtest.timer` times one batch size."""
+        return TimerConfig(self.repeats, self.seconds, self.warmup_calls)
+
 
 @dataclass(frozen=True)
 class BaselineResult:
@@ -100,33 +103,6 @@ class BaselineResult:
         return cls(**values)
 
 
-def _time_batch(
-    session: Any, batches: list[dict[str, np.ndarray]], config: BaselineConfig
-) -> tuple[list[float], list[float]]:
-    """Samples/s of each repeat, and every call's latency in ms."""
-    rows = next(iter(batches[0].values())).shape[0]
-    for i in range(config.warmup_calls):
-        session.run([OUTPUT], batches[i % len(batches)])
-    rates: list[float] = []
-    latencies: list[float] = []
-    call = 0
-    for _ in range(config.repeats):
-        calls = 0
-        started = time.perf_counter()
-        deadline = started + config.seconds
-        while True:
-            before = time.perf_counter()
-            session.run([OUTPUT], batches[call % len(batches)])
-            after = time.perf_counter()
-            latencies.append((after - before) * 1000.0)
-            call += 1
-            calls += 1
-            if after >= deadline and calls >= 3:
-                break
-        rates.append(calls * rows / (time.perf_counter() - started))
-    return rates, latencies
-
-
 class InProcessModel:
     """One ONNX Runtime session of a model file, kept to be timed at several batch sizes.
 
@@ -144,20 +120,24 @@ class InProcessModel:
         self.device = serving_device(config.model_file)
         self._session = ort_session(config.model_file, threads, self.device)
 
-    def measure(self, batch_size: int, pool: PayloadPool) -> BaselineResult:
-        """Time calls of ``batch_size`` rows from ``pool`` (re-cut to that batch size)."""
-        batches = pool.rebatched(batch_size).batches()
-        rates, latencies = _time_batch(self._session, batches, self.config)
-        median = statistics.median(rates)
+    def call(self, pool: PayloadPool) -> Call:
+        """One session run per call, on the pool's batches in turn (for :mod:`loadtest.timer`)."""
+        batches = pool.batches()
+        session = self._session
+        return lambda index: session.run([OUTPUT], batches[index % len(batches)])
+
+    def result(self, batch_size: int, timing: Timing) -> BaselineResult:
+        """The timer's repeats of this session at ``batch_size`` as a result."""
+        median = timing.median
         result = BaselineResult(
             model_file=str(self.config.model_file),
             batch_size=batch_size,
             threads=self.threads,
             samples_per_s=median,
             calls_per_s=median / batch_size,
-            p50_ms=float(np.percentile(latencies, 50)),
-            p99_ms=float(np.percentile(latencies, 99)),
-            repeats=tuple(rates),
+            p50_ms=timing.percentile_ms(50),
+            p99_ms=timing.percentile_ms(99),
+            repeats=tuple(timing.rates),
             provider=self._session.get_providers()[0],
         )
         logger.debug(
@@ -165,10 +145,15 @@ class InProcessModel:
             self.config.model_file,
             batch_size,
             result.samples_per_s,
-            len(rates),
+            len(timing.rates),
             result.p50_ms,
         )
         return result
+
+    def measure(self, batch_size: int, pool: PayloadPool) -> BaselineResult:
+        """Time calls of ``batch_size`` rows from ``pool`` (re-cut to that batch size)."""
+        timing = time_call(self.call(pool.rebatched(batch_size)), batch_size, self.config.timer())
+        return self.result(batch_size, timing)
 
     def measure_all(self, pool: PayloadPool) -> list[BaselineResult]:
         """Time every batch size of the config, in order."""
@@ -194,3 +179,12 @@ def ratio(served: float, in_process: float) -> float:
     if not in_process or math.isnan(in_process) or math.isnan(served):
         return math.nan
     return served / in_process
+
+
+def measure_interleaved(
+    models: Mapping[str, InProcessModel], pool: PayloadPool, config: TimerConfig
+) -> dict[str, BaselineResult]:
+    """Several sessions at the pool's batch size, timed in turns (:func:`loadtest.timer.time_calls`),
+    so a burst of background load hits them alike."""
+    timings = time_calls({name: model.call(pool) for name, model in models.items()}, pool.batch_size, config)
+    return {name: models[name].result(pool.batch_size, timing) for name, timing in timings.items()}

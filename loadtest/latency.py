@@ -1,4 +1,5 @@
-"""Raw request latencies in a mergeable log-bucket histogram, and their percentiles.
+"""Raw request latencies in a mergeable log-bucket histogram, their percentiles, and the tally
+of one measurement window (the histogram and the request counts every load generator keeps).
 
 locust rounds the response times it keeps to whole milliseconds (and coarser
 above 100 ms), too coarse for a sub-millisecond round trip. Every locust
@@ -12,7 +13,9 @@ from __future__ import annotations
 
 import json
 import math
+from collections import Counter
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +30,10 @@ GROWTH = 1.002
 BUCKETS = 10_000
 #: Percentiles every report shows.
 PERCENTILES: tuple[float, ...] = (50.0, 90.0, 95.0, 99.0)
+#: Percentiles a tally's summary lists (the long runs of the soak reach 99.9).
+SUMMARY_PERCENTILES: tuple[float, ...] = (*PERCENTILES, 99.9)
+#: Error messages are counted by their first line, cut to this length.
+ERROR_KIND_CHARS = 200
 
 _LOG_GROWTH = math.log(GROWTH)
 
@@ -153,4 +160,162 @@ def merged(histograms: Iterable[LatencyHistogram]) -> LatencyHistogram:
     total = LatencyHistogram()
     for histogram in histograms:
         total.merge(histogram)
+    return total
+
+
+def error_kind(error: BaseException | str) -> str:
+    """The first line of an error message (its type's name when empty), cut short: how errors are counted."""
+    text = str(error)
+    first = (text.splitlines() or [type(error).__name__ if isinstance(error, BaseException) else ""])[0]
+    return first[:ERROR_KIND_CHARS]
+
+
+@dataclass
+class Tally:
+    """What one measurement saw: the latency of every answered request in one histogram, and counts.
+
+    The locust users (one per process, :mod:`loadtest.recorder`) and the
+    closed-loop driver (:mod:`loadtest.driver`) both keep one per window;
+    tallies of several processes or windows add up with :meth:`merge`.
+
+    Attributes:
+        histogram: latency (ms) of every answered request, accepted or wrong.
+        answered: requests that got an answer.
+        wrong: answers that matched none of the accepted ones (a load test that checks answers).
+        errors: requests that failed.
+        rows: rows of the accepted answers.
+        labels: accepted answers by label (e.g. which model version answered).
+        error_kinds: errors by :func:`error_kind`.
+        seconds: how long the window was open.
+        first_error_s, last_error_s: when errors came, in the clock of whoever records them.
+    """
+
+    histogram: LatencyHistogram = field(default_factory=LatencyHistogram)
+    answered: int = 0
+    wrong: int = 0
+    errors: int = 0
+    rows: int = 0
+    labels: Counter[str] = field(default_factory=Counter)
+    error_kinds: Counter[str] = field(default_factory=Counter)
+    seconds: float = 0.0
+    first_error_s: float | None = None
+    last_error_s: float | None = None
+
+    @property
+    def requests(self) -> int:
+        """Requests that completed, answered or failed."""
+        return self.answered + self.errors
+
+    @property
+    def ok(self) -> int:
+        """Requests answered with an accepted answer."""
+        return self.answered - self.wrong
+
+    def answer(self, latency_ms: float, rows: int = 1, label: str | None = "ok") -> None:
+        """Count one answered request; ``label`` None: a wrong answer (its rows are not counted)."""
+        self.histogram.record(latency_ms)
+        self.answered += 1
+        if label is None:
+            self.wrong += 1
+            return
+        self.rows += rows
+        self.labels[label] += 1
+
+    def error(self, error: BaseException | str, at_s: float | None = None) -> None:
+        """Count one failed request (``at_s``: when, for the first and last error times)."""
+        self.errors += 1
+        self.error_kinds[error_kind(error)] += 1
+        if at_s is not None:
+            self.first_error_s = at_s if self.first_error_s is None else self.first_error_s
+            self.last_error_s = at_s
+
+    def merge(self, other: Tally) -> None:
+        """Add ``other``'s requests (its window's seconds too)."""
+        self.histogram.merge(other.histogram)
+        self.answered += other.answered
+        self.wrong += other.wrong
+        self.errors += other.errors
+        self.rows += other.rows
+        self.labels.update(other.labels)
+        self.error_kinds.update(other.error_kinds)
+        self.seconds += other.seconds
+        firsts = [t for t in (self.first_error_s, other.first_error_s) if t is not None]
+        lasts = [t for t in (self.last_error_s, other.last_error_s) if t is not None]
+        self.first_error_s = min(firsts) if firsts else None
+        self.last_error_s = max(lasts) if lasts else None
+
+    @property
+    def requests_per_s(self) -> float:
+        """Accepted answers per second of the window (NaN before it has a length)."""
+        return self.ok / self.seconds if self.seconds > 0 else math.nan
+
+    @property
+    def samples_per_s(self) -> float:
+        """Rows of accepted answers per second of the window."""
+        return self.rows / self.seconds if self.seconds > 0 else math.nan
+
+    def latency_ms(self, qs: Sequence[float] = SUMMARY_PERCENTILES) -> dict[str, float]:
+        """``p50``, ``p90``, ... (``p99.9``), ``mean`` and ``max`` in ms; empty when nothing was answered."""
+        if not self.histogram.count:
+            return {}
+        values = {f"p{q:g}": round(v, 3) for q, v in self.histogram.percentiles(qs).items()}
+        return {**values, "mean": round(self.histogram.mean_ms, 3), "max": round(self.histogram.max_ms, 3)}
+
+    def summary(self) -> dict[str, Any]:
+        """Counts, rates and latency percentiles, JSON-ready (the histogram itself left out)."""
+        return {
+            "requests": self.requests,
+            "ok": self.ok,
+            "wrong": self.wrong,
+            "errors": self.errors,
+            "rows": self.rows,
+            "seconds": round(self.seconds, 3),
+            "requests_per_s": self.requests_per_s,
+            "samples_per_s": self.samples_per_s,
+            "latency_ms": self.latency_ms(),
+            "answers_by_label": dict(self.labels),
+            "error_kinds": dict(self.error_kinds.most_common(10)),
+            "first_error_s": self.first_error_s,
+            "last_error_s": self.last_error_s,
+        }
+
+    def to_json(self) -> dict[str, Any]:
+        """Everything, histogram included (what :meth:`from_json` reads back)."""
+        return {
+            "histogram": self.histogram.to_json(),
+            "answered": self.answered,
+            "wrong": self.wrong,
+            "errors": self.errors,
+            "rows": self.rows,
+            "labels": dict(self.labels),
+            "error_kinds": dict(self.error_kinds),
+            "seconds": self.seconds,
+            "first_error_s": self.first_error_s,
+            "last_error_s": self.last_error_s,
+        }
+
+    @classmethod
+    def from_json(cls, document: dict[str, Any]) -> Tally:
+        try:
+            return cls(
+                histogram=LatencyHistogram.from_json(document["histogram"]),
+                answered=int(document["answered"]),
+                wrong=int(document["wrong"]),
+                errors=int(document["errors"]),
+                rows=int(document["rows"]),
+                labels=Counter({str(k): int(v) for k, v in document.get("labels", {}).items()}),
+                error_kinds=Counter({str(k): int(v) for k, v in document.get("error_kinds", {}).items()}),
+                seconds=float(document.get("seconds", 0.0)),
+                first_error_s=document.get("first_error_s"),
+                last_error_s=document.get("last_error_s"),
+            )
+        except (KeyError, TypeError, ValueError) as exc:
+            raise DataError(f"not a tally: {exc}") from None
+
+
+def merged_tallies(tallies: Iterable[Tally]) -> Tally:
+    """One tally holding every request of ``tallies`` (their seconds added up)."""
+    total = Tally()
+    for tally in tallies:
+        total.merge(tally)
     return total

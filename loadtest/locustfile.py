@@ -17,16 +17,14 @@ exact latency of every request (locust itself rounds to whole milliseconds).
 from __future__ import annotations
 
 import random
-import time
 from typing import Any, ClassVar
 
 from locust import User, constant, task
 
-from bundle.errors import BundleError
 from clients.options import Protocol
 from clients.retry import RetryPolicy
 from clients.triton import TritonClient
-from loadtest.recorder import options, payload_pool
+from loadtest.recorder import options, payload_pool, timed_request
 
 
 class TritonUser(User):
@@ -71,30 +69,17 @@ class TritonUser(User):
         self._timed(self._model, lambda client: client.infer(self._model, inputs))
 
     def _timed(self, name: str, call: Any, report_success: bool = True) -> None:
-        if self._client is None:
+        client = self._client
+        if client is None:
             return
-        start_time = time.time()
-        started = time.perf_counter()
-        exception: BaseException | None = None
-        length = 0
-        try:
-            result = call(self._client)
-            length = int(getattr(result, "nbytes", 0))
-        except BundleError as exc:
-            exception = exc
-        elapsed_ms = (time.perf_counter() - started) * 1000.0
-        if exception is None and not report_success:
-            return
-        self.environment.events.request.fire(
-            request_type=self.protocol.upper(),
-            name=name,
-            response_time=elapsed_ms,
-            response_length=length,
-            response=None,
-            context={"batch_size": self._batch_size},
-            exception=exception,
-            start_time=start_time,
-            url=self.host,
+        timed_request(
+            self.environment,
+            self.protocol.upper(),
+            name,
+            lambda: int(getattr(call(client), "nbytes", 0)),
+            self._batch_size,
+            self.host,
+            report_success,
         )
 
 

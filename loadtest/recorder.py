@@ -12,7 +12,9 @@ listeners, once per process:
   payload pool, in every process that runs users;
 - ``request``: counts every request that *completes inside the measurement
   window* (``warmup`` seconds after the test starts, for ``window`` seconds)
-  and records its exact latency in a :class:`~loadtest.latency.LatencyHistogram`;
+  in a :class:`~loadtest.latency.Tally`: its exact latency in the one
+  latency histogram, errors by kind (the closed-loop driver,
+  :mod:`loadtest.driver`, keeps the same tally);
 - ``test_stop``: writes ``latency-<pid>.json`` into ``--results-dir``;
 - on the master (or the single process): reads Triton's statistics at the
   window's start and end and writes their difference as ``server-stats.json``.
@@ -26,7 +28,7 @@ import json
 import logging
 import os
 import time
-from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -40,7 +42,7 @@ from bundle.errors import BundleError, ConfigError
 from clients.retry import RetryPolicy
 from clients.stats import ModelStats
 from clients.triton import TritonClient
-from loadtest.latency import LatencyHistogram
+from loadtest.latency import Tally
 from loadtest.payload import PayloadPool, build_pool
 from loadtest.stepfiles import SERVER_STATS_FILE, latency_file
 
@@ -49,26 +51,20 @@ logger = logging.getLogger(__name__)
 
 @dataclass
 class Recording:
-    """This process's counts inside the measurement window.
+    """This process's requests inside the measurement window.
 
     Attributes:
         window_start: wall time (``time.time()``) the window opens; None before the test starts.
         window_end: wall time it closes (``inf``: at the end of the test).
-        histogram: latencies of the successful requests completed inside the window.
-        requests: successful requests completed inside the window.
-        errors: failed requests completed inside the window.
+        tally: the requests completed inside the window (latencies, errors by kind).
         errors_total: failed requests of the whole test, warm-up included.
-        error_kinds: the first line of each error message, counted.
         stopped_at: wall time the test stopped in this process.
     """
 
     window_start: float | None = None
     window_end: float = float("inf")
-    histogram: LatencyHistogram = field(default_factory=LatencyHistogram)
-    requests: int = 0
-    errors: int = 0
+    tally: Tally = field(default_factory=Tally)
     errors_total: int = 0
-    error_kinds: Counter[str] = field(default_factory=Counter)
     stopped_at: float | None = None
 
     def covered_s(self) -> float:
@@ -79,16 +75,13 @@ class Recording:
         return max(0.0, end - self.window_start)
 
     def to_json(self) -> dict[str, Any]:
+        self.tally.seconds = self.covered_s()
         return {
             "pid": os.getpid(),
             "window_start": self.window_start,
             "window_end": None if self.window_end == float("inf") else self.window_end,
-            "covered_s": self.covered_s(),
-            "requests": self.requests,
-            "errors": self.errors,
             "errors_total": self.errors_total,
-            "error_kinds": dict(self.error_kinds.most_common(10)),
-            "histogram": self.histogram.to_json(),
+            "tally": self.tally.to_json(),
         }
 
 
@@ -185,6 +178,47 @@ def _on_init(environment: Environment, **_: Any) -> None:
         )
 
 
+# ------------------------------------------------------------------ timing
+def timed_request(
+    environment: Environment,
+    request_type: str,
+    name: str,
+    call: Callable[[], int],
+    batch_size: int,
+    url: str | None,
+    report_success: bool = True,
+) -> None:
+    """Run one request, time it, and fire locust's ``request`` event with its exact latency.
+
+    ``call`` returns the answer's size in bytes; a :class:`BundleError` or
+    :class:`OSError` it raises is the request's failure (reported, never
+    retried: a load test counts it). ``report_success=False`` reports only
+    a failure (a set-up call such as the model's metadata).
+    """
+    start_time = time.time()
+    started = time.perf_counter()
+    exception: BaseException | None = None
+    length = 0
+    try:
+        length = call()
+    except (BundleError, OSError) as exc:
+        exception = exc
+    elapsed_ms = (time.perf_counter() - started) * 1000.0
+    if exception is None and not report_success:
+        return
+    environment.events.request.fire(
+        request_type=request_type,
+        name=name,
+        response_time=elapsed_ms,
+        response_length=length,
+        response=None,
+        context={"batch_size": batch_size},
+        exception=exception,
+        start_time=start_time,
+        url=url,
+    )
+
+
 # ------------------------------------------------------------------ recording
 @events.test_start.add_listener
 def _on_test_start(environment: Environment, **_: Any) -> None:
@@ -205,12 +239,9 @@ def _on_request(response_time: float, exception: BaseException | None = None, **
     if start is None or not start <= now < _recording.window_end:
         return
     if exception is None:
-        _recording.requests += 1
-        _recording.histogram.record(response_time)
+        _recording.tally.answer(response_time)
     else:
-        _recording.errors += 1
-        first_line = (str(exception).splitlines() or [type(exception).__name__])[0]
-        _recording.error_kinds[first_line[:200]] += 1
+        _recording.tally.error(exception)
 
 
 @events.test_stop.add_listener
@@ -233,8 +264,8 @@ def _on_test_stop(environment: Environment, **_: Any) -> None:
     path.write_text(json.dumps(_recording.to_json()))
     logger.info(
         "%d requests (%d errors) in the window; raw latencies in %s",
-        _recording.requests,
-        _recording.errors,
+        _recording.tally.ok,
+        _recording.tally.errors,
         path,
     )
 

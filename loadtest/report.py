@@ -25,9 +25,10 @@ from pathlib import Path
 from typing import Any
 
 from bundle.errors import DataError
+from bundle.records import RunRecord
 from loadtest.baseline import BaselineResult, ratio
-from loadtest.machine import summary as machine_summary
 from loadtest.sweep import StepResult
+from loadtest.writer import Panel, Series, plot, table, write_json, write_markdown
 
 CSV_FILE = "steps.csv"
 JSON_FILE = "report.json"
@@ -53,10 +54,7 @@ class Report:
 
     Attributes:
         title: what was measured, for the heading.
-        command: the command line that produced it.
-        started, finished: UTC timestamps (ISO 8601).
-        machine: :func:`loadtest.machine.describe` at the start.
-        load_after: the load average at the end.
+        record: the command, machine, dates and load across the run.
         steps: every step, in run order.
         baselines: in-process results by model name.
         settings: sweep and serving settings worth recording (JSON-ready).
@@ -65,11 +63,7 @@ class Report:
     """
 
     title: str
-    command: str
-    started: str
-    finished: str
-    machine: dict[str, Any]
-    load_after: tuple[float, float, float]
+    record: RunRecord
     steps: list[StepResult]
     baselines: dict[str, list[BaselineResult]] = field(default_factory=dict)
     settings: dict[str, Any] = field(default_factory=dict)
@@ -79,11 +73,7 @@ class Report:
     def to_json(self) -> dict[str, Any]:
         return {
             "title": self.title,
-            "command": self.command,
-            "started": self.started,
-            "finished": self.finished,
-            "machine": self.machine,
-            "load_after": list(self.load_after),
+            **self.record.to_json(),
             "settings": self.settings,
             "primary": self.primary,
             "notes": self.notes,
@@ -101,11 +91,7 @@ class Report:
         try:
             return cls(
                 title=document["title"],
-                command=document["command"],
-                started=document["started"],
-                finished=document["finished"],
-                machine=document["machine"],
-                load_after=tuple(document["load_after"]),
+                record=RunRecord.from_json(document),
                 steps=[StepResult.from_dict(step) for step in document["steps"]],
                 baselines={
                     model: [BaselineResult.from_dict(r) for r in results]
@@ -263,110 +249,41 @@ def read_csv(path: Path) -> list[dict[str, str]]:
         return list(csv.DictReader(handle))
 
 
-def _json_safe(value: Any) -> Any:
-    """NaN and infinity as null (strict JSON), dict keys as strings."""
-    if isinstance(value, float):
-        return None if math.isnan(value) or math.isinf(value) else value
-    if isinstance(value, dict):
-        return {str(k): _json_safe(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [_json_safe(v) for v in value]
-    return value
-
-
-def write_json(report: Report, path: Path) -> Path:
-    path.write_text(json.dumps(_json_safe(report.to_json()), indent=2) + "\n")
-    return path
-
-
-def _plot_panels(report: Report, path: Path, kind: str) -> Path:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    from matplotlib.ticker import FuncFormatter
-
-    plain = FuncFormatter(lambda value, _: f"{value:g}")
-
+def _panels(report: Report, kind: str) -> list[Panel]:
+    """One panel per batch size: latency against throughput, or p99 against concurrency."""
     series = _series(report.steps)
-    batches = sorted({key[3] for key in series})
-    fig, axes = plt.subplots(1, len(batches), figsize=(5.5 * len(batches), 4.4), squeeze=False)
-    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
-    color_of = {key[:3]: colors[i % len(colors)] for i, key in enumerate(sorted({k[:3] for k in series}))}
-    for ax, batch in zip(axes[0], batches, strict=True):
+    panels = []
+    for batch in sorted({key[3] for key in series}):
+        curves: list[Series] = []
         for key, steps in sorted(series.items()):
             if key[3] != batch:
                 continue
-            name = f"{key[0]} {key[1]} {key[2]}"
-            color = color_of[key[:3]]
+            name, color = f"{key[0]} {key[1]} {key[2]}", " ".join(key[:3])
             if kind == "throughput":
                 x = [s.samples_per_s for s in steps]
-                ax.plot(x, [s.p50_ms for s in steps], "o-", color=color, label=f"{name} p50")
-                ax.plot(x, [s.p99_ms for s in steps], "s--", color=color, label=f"{name} p99")
-                for s in steps:
-                    ax.annotate(
-                        f"c{s.concurrency}", (s.samples_per_s, s.p99_ms), fontsize=7, alpha=0.7,
-                        textcoords="offset points", xytext=(3, 3),
-                    )  # fmt: skip
+                notes = [(f"c{s.concurrency}", s.samples_per_s, s.p99_ms) for s in steps]
+                curves.append(Series(f"{name} p50", x, [s.p50_ms for s in steps], "o-", color))
+                curves.append(Series(f"{name} p99", x, [s.p99_ms for s in steps], "s--", color, notes))
             else:
                 x = [s.concurrency for s in steps]
-                ax.plot(x, [s.p99_ms for s in steps], "s-", color=color, label=f"{name} p99")
+                curves.append(Series(f"{name} p99", x, [s.p99_ms for s in steps], "s-", color))
         if kind == "throughput":
-            ax.set_xlabel("throughput (samples/s)")
-            ax.set_ylabel("latency (ms)")
-            ax.set_title(f"latency vs throughput, batch {batch}")
+            panels.append(
+                Panel(f"latency vs throughput, batch {batch}", "throughput (samples/s)", "latency (ms)",
+                      curves, ylog=True)
+            )  # fmt: skip
         else:
-            ax.set_xscale("log", base=2)
-            concurrency = sorted({s.concurrency for k, ss in series.items() if k[3] == batch for s in ss})
-            ax.set_xticks(concurrency, [str(c) for c in concurrency])
-            ax.set_xlabel("requests in flight (concurrency)")
-            ax.set_ylabel("p99 latency (ms)")
-            ax.set_title(f"p99 vs concurrency, batch {batch}")
-        ax.set_yscale("log")
-        ax.yaxis.set_major_formatter(plain)
-        ax.yaxis.set_minor_formatter(plain)
-        ax.tick_params(axis="y", which="minor", labelsize=7)
-        ax.grid(True, which="both", alpha=0.3)
-        ax.legend(fontsize=7)
-    fig.suptitle(report.title, fontsize=10)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
-
-
-def _fmt(value: Any, digits: int = 3) -> str:
-    if value is None or value == "" or (isinstance(value, float) and math.isnan(value)):
-        return "-"
-    if isinstance(value, float):
-        if abs(value) >= 100:
-            return f"{value:,.0f}"
-        return f"{value:.{digits}g}" if abs(value) < 1 else f"{value:.{digits}f}".rstrip("0").rstrip(".")
-    return str(value)
-
-
-def _table(header: list[str], rows: list[list[Any]]) -> list[str]:
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    lines += ["| " + " | ".join(_fmt(cell) for cell in row) + " |" for row in rows]
-    return lines
+            levels = sorted({s.concurrency for k, ss in series.items() if k[3] == batch for s in ss})
+            panels.append(
+                Panel(f"p99 vs concurrency, batch {batch}", "requests in flight (concurrency)",
+                      "p99 latency (ms)", curves, xlog2=True, ylog=True, xticks=levels)
+            )  # fmt: skip
+    return panels
 
 
 def markdown(report: Report) -> str:
     """The report as markdown (charts referenced by file name, beside it)."""
-    machine = report.machine
-    load = machine.get("load_average", ())
-    lines = [
-        f"# {report.title}",
-        "",
-        f"- **Date (UTC)**: {report.started} to {report.finished}",
-        f"- **Machine**: {machine_summary(machine)}; {machine.get('platform', '')}",
-        f"- **Load average** (1/5/15 min) at start: {', '.join(map(str, load))}; "
-        f"at end: {', '.join(map(str, report.load_after))}",
-        f"- **Software**: Python {machine.get('python')}, onnxruntime {machine.get('onnxruntime')}, "
-        f"tritonclient {machine.get('tritonclient')}, nvidia-pytriton {machine.get('nvidia-pytriton')}, "
-        f"locust {machine.get('locust')}",
-        f"- **Command**: `{report.command}`",
-    ]
+    lines = [f"# {report.title}", "", *report.record.lines()]
     for key, value in report.settings.items():
         lines.append(f"- **{key}**: {value}")
     lines += [f"- {note}" for note in report.notes]
@@ -375,7 +292,7 @@ def markdown(report: Report) -> str:
     throughput = throughput_ratios(report)
     if any(not math.isnan(row["ratio"]) for row in throughput):
         lines += ["## Served / in-process throughput", ""]
-        lines += _table(
+        lines += table(
             ["model", "protocol", "batch", "served samples/s (best)", "at concurrency",
              "in-process samples/s", "served / in-process", f"target >= {THROUGHPUT_RATIO_TARGET}"],
             [
@@ -390,7 +307,7 @@ def markdown(report: Report) -> str:
     latency = [r for r in latency_ratios(report) if r["batch_size"] == 1 and not math.isnan(r["ratio"])]
     if latency:
         lines += ["## Batch-1 latency, served / in-process", ""]
-        lines += _table(
+        lines += table(
             ["model", "protocol", "concurrency", "served p50 ms", "in-process p50 ms", "served / in-process"],
             [
                 [
@@ -408,7 +325,7 @@ def markdown(report: Report) -> str:
     peers = peer_comparison(report)
     if peers:
         lines += [f"## {report.primary} against its peers", ""]
-        lines += _table(
+        lines += table(
             ["model", "batch", "peer", f"{report.primary} best samples/s", "peer best samples/s",
              "throughput ratio", "p99 lower than peer at", "errors (ours / peer)"],
             [
@@ -421,7 +338,7 @@ def markdown(report: Report) -> str:
         lines.append("")
     if report.baselines:
         lines += ["## In-process ONNX Runtime (same files, same rows)", ""]
-        lines += _table(
+        lines += table(
             ["model", "provider", "batch", "threads", "samples/s (median)", "p50 ms", "p99 ms"],
             [
                 [model, r.provider, r.batch_size, r.threads or "default", r.samples_per_s, r.p50_ms, r.p99_ms]
@@ -431,7 +348,7 @@ def markdown(report: Report) -> str:
         )
         lines.append("")
     lines += ["## Steps", ""]
-    lines += _table(
+    lines += table(
         ["server", "model", "protocol", "batch", "concurrency", "procs", "requests/s", "samples/s",
          "p50 ms", "p90 ms", "p95 ms", "p99 ms", "errors", "server queue ms", "server compute ms",
          "server batch"],
@@ -467,12 +384,10 @@ def write_report(report: Report, out: Path) -> dict[str, Path]:
     if not report.steps:
         raise DataError("a report needs at least one step")
     out.mkdir(parents=True, exist_ok=True)
-    paths = {
+    return {
         "csv": write_csv(report.steps, out / CSV_FILE),
-        "json": write_json(report, out / JSON_FILE),
-        "throughput_png": _plot_panels(report, out / THROUGHPUT_PNG, "throughput"),
-        "p99_png": _plot_panels(report, out / P99_PNG, "p99"),
+        "json": write_json(out / JSON_FILE, report.to_json()),
+        "throughput_png": plot(out / THROUGHPUT_PNG, report.title, _panels(report, "throughput")),
+        "p99_png": plot(out / P99_PNG, report.title, _panels(report, "p99")),
+        "markdown": write_markdown(out / MARKDOWN_FILE, markdown(report).splitlines()),
     }
-    (out / MARKDOWN_FILE).write_text(markdown(report))
-    paths["markdown"] = out / MARKDOWN_FILE
-    return paths

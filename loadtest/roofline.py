@@ -15,8 +15,11 @@ share the machine's state:
   lookups and quantization steps are not counted;
 - the model's throughput in-process (ONNX Runtime on the file, as the local
   backend sets up its session: :mod:`loadtest.baseline`) and, with a server,
-  served (:func:`served_throughput`: gRPC or HTTP requests of ``B`` rows,
-  ``C`` in flight, for a fixed time).
+  served (:func:`loadtest.served.served_throughput`: gRPC or HTTP requests of
+  ``B`` rows, ``C`` in flight, on the closed-loop driver, for a fixed time).
+
+Every rate here comes from the one in-process timer (:mod:`loadtest.timer`)
+and the one load driver (:mod:`loadtest.driver`).
 
 Every throughput is then also a fraction of the ceiling:
 ``samples/s x FLOPs/sample / ceiling FLOP/s``. The FLOPs of an INT8 model
@@ -27,11 +30,7 @@ ceiling.
 
 from __future__ import annotations
 
-import asyncio
 import logging
-import statistics
-import time
-from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -39,8 +38,11 @@ from typing import Any
 import numpy as np
 
 from bundle.errors import ConfigError, DataError
+from bundle.records import RunRecord
 from loadtest.baseline import BaselineConfig, run_baseline
 from loadtest.payload import MAX_POOL_ROWS, PayloadPool, build_pool
+from loadtest.served import served_throughput
+from loadtest.timer import TimerConfig, time_call
 
 logger = logging.getLogger(__name__)
 
@@ -62,6 +64,11 @@ INT8_OPS = frozenset(
 )
 #: Initializers up to this many elements keep their values for shape inference (shape constants).
 _SMALL_INITIALIZER = 64
+
+
+def _gemm_timer(repeats: int) -> TimerConfig:
+    """Timer settings of a GEMM: one warm-up call, then ``repeats`` repeats of exactly one call."""
+    return TimerConfig(repeats=repeats, seconds=0.0, warmup_calls=1, min_calls=1)
 
 
 @dataclass(frozen=True)
@@ -124,13 +131,8 @@ def sgemm_ceiling(size: int = 4096, repeats: int = 7) -> GemmRate:
     a = rng.standard_normal((size, size), dtype=np.float32)
     b = rng.standard_normal((size, size), dtype=np.float32)
     out = np.empty((size, size), dtype=np.float32)
-    np.matmul(a, b, out=out)
-    rates = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        np.matmul(a, b, out=out)
-        rates.append(2.0 * size**3 / (time.perf_counter() - start) / 1e9)
-    return GemmRate(f"numpy sgemm ({_blas_name()})", size, statistics.median(rates), tuple(rates))
+    timing = time_call(lambda _: np.matmul(a, b, out=out), 2.0 * size**3 / 1e9, _gemm_timer(repeats))
+    return GemmRate(f"numpy sgemm ({_blas_name()})", size, timing.median, tuple(timing.rates))
 
 
 def _gemm_graph(kind: str, size: int) -> Any:
@@ -191,13 +193,8 @@ def ort_gemm_probe(kind: str, size: int = 2048, repeats: int = 7, threads: int =
         if kind == "int8"
         else rng.standard_normal((size, size), dtype=np.float32)
     )
-    session.run(None, {"x": x})
-    rates = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        session.run(None, {"x": x})
-        rates.append(2.0 * size**3 / (time.perf_counter() - start) / 1e9)
-    return GemmRate(what, size, statistics.median(rates), tuple(rates))
+    timing = time_call(lambda _: session.run(None, {"x": x}), 2.0 * size**3 / 1e9, _gemm_timer(repeats))
+    return GemmRate(what, size, timing.median, tuple(timing.rates))
 
 
 def _light_model(model_file: Path, batch: int) -> Any:
@@ -296,104 +293,6 @@ def in_process_throughput(
 
 
 @dataclass(frozen=True)
-class ServedResult:
-    """Served throughput at one concurrency.
-
-    Attributes:
-        model: the served model.
-        protocol: ``grpc`` or ``http``.
-        batch_size: rows per request.
-        concurrency: requests in flight.
-        samples_per_s: median over the repeats.
-        repeats: each repeat's samples/s.
-        p50_ms, p99_ms: request latency over all repeats.
-    """
-
-    model: str
-    protocol: str
-    batch_size: int
-    concurrency: int
-    samples_per_s: float
-    repeats: tuple[float, ...]
-    p50_ms: float
-    p99_ms: float
-
-
-async def _served(
-    url: str,
-    protocol: str,
-    model: str,
-    pool: PayloadPool,
-    concurrency: int,
-    seconds: float,
-    repeats: int,
-    warmup_s: float,
-) -> ServedResult:
-    from clients.aio import AsyncTritonClient
-
-    batches = pool.batches()
-    async with AsyncTritonClient(url, protocol, timeout_s=120.0, validate=False) as client:  # type: ignore[arg-type]
-        counter = 0
-        latencies: list[float] = []
-        recording = False
-
-        async def worker(stop: float) -> None:
-            nonlocal counter
-            index = 0
-            while time.perf_counter() < stop:
-                batch = batches[index % len(batches)]
-                index += concurrency
-                started = time.perf_counter()
-                await client.infer(model, batch)
-                if recording:
-                    counter += pool.batch_size
-                    latencies.append((time.perf_counter() - started) * 1000.0)
-
-        await asyncio.gather(*(worker(time.perf_counter() + warmup_s) for _ in range(concurrency)))
-        rates = []
-        for _ in range(repeats):
-            counter = 0
-            recording = True
-            started = time.perf_counter()
-            await asyncio.gather(*(worker(started + seconds) for _ in range(concurrency)))
-            rates.append(counter / (time.perf_counter() - started))
-            recording = False
-    return ServedResult(
-        model,
-        protocol,
-        pool.batch_size,
-        concurrency,
-        statistics.median(rates),
-        tuple(rates),
-        float(np.percentile(latencies, 50)),
-        float(np.percentile(latencies, 99)),
-    )
-
-
-def served_throughput(
-    url: str,
-    model: str,
-    pool: PayloadPool,
-    concurrency: int,
-    protocol: str = "grpc",
-    seconds: float = 5.0,
-    repeats: int = 3,
-    warmup_s: float = 2.0,
-) -> ServedResult:
-    """Samples/s of ``model`` served at ``url``: ``concurrency`` requests of ``pool.batch_size`` rows
-    always in flight, for ``repeats`` windows of ``seconds`` after ``warmup_s``; the median window.
-
-    A request counts when its answer arrives inside the window; requests still
-    in flight at its end finish before the next window starts.
-    """
-    if protocol not in ("grpc", "http"):
-        raise ConfigError(f"protocol must be grpc or http, got {protocol!r}")
-    if concurrency < 1 or repeats < 1 or seconds <= 0:
-        raise ConfigError("concurrency and repeats must be >= 1 and seconds > 0")
-    return asyncio.run(_served(url, protocol, model, pool, concurrency, seconds, repeats, warmup_s))
-
-
-@dataclass(frozen=True)
 class RooflineOptions:
     """What one roofline run measures.
 
@@ -445,16 +344,13 @@ def fraction(samples_per_s: float, flops_per_sample: float, ceiling_gflops: floa
     return samples_per_s * flops_per_sample / (ceiling_gflops * 1e9)
 
 
-def run_roofline(options: RooflineOptions) -> dict[str, Any]:
+def run_roofline(options: RooflineOptions, command: str = "") -> dict[str, Any]:
     """Ceiling, FLOPs, in-process and served throughput of one model, in one run (JSON-ready).
 
     Order: the ceiling first, then in-process, then served, each while nothing
-    else of this run is busy.
+    else of this run is busy. ``command`` goes into the run's record.
     """
-    from loadtest.machine import describe
-
-    machine = describe()
-    machine["cpu_flags"] = cpu_flags()
+    record = RunRecord.begin(command)
     ceiling = sgemm_ceiling(options.gemm_size)
     logger.info("sgemm ceiling: %.1f GFLOP/s", ceiling.gflops)
     probes = [ort_gemm_probe(kind) for kind in ("int8", "bf16")] if options.probes else []
@@ -486,7 +382,7 @@ def run_roofline(options: RooflineOptions) -> dict[str, Any]:
             )
             served.append(result)
     return {
-        "machine": machine,
+        **record.finish().to_json(),
         "ceiling": asdict(ceiling),
         "probes": [asdict(p) for p in probes],
         "model_file": str(options.model_file),
@@ -498,30 +394,16 @@ def run_roofline(options: RooflineOptions) -> dict[str, Any]:
     }
 
 
-def cpu_flags(
-    wanted: Sequence[str] = ("avx512f", "avx512_vnni", "avx512_bf16", "amx_int8", "amx_bf16"),
-) -> dict[str, bool]:
-    """Which of ``wanted`` the CPU reports in /proc/cpuinfo (all False when unreadable)."""
-    try:
-        with open("/proc/cpuinfo", encoding="ascii", errors="replace") as handle:
-            for line in handle:
-                if line.startswith("flags"):
-                    present = set(line.split(":", 1)[1].split())
-                    return {flag: flag in present for flag in wanted}
-    except OSError:
-        pass
-    return dict.fromkeys(wanted, False)
-
-
 def report_lines(result: dict[str, Any]) -> list[str]:
     """The run of :func:`run_roofline` as the lines ``python -m loadtest roofline`` prints."""
     ceiling = result["ceiling"]
     flops = result["flops"]
     machine = result["machine"]
     flags = ", ".join(flag for flag, on in machine.get("cpu_flags", {}).items() if on) or "none of note"
+    during = result["load_during"]
     lines = [
         f"machine: {machine['cpu']}, {machine['cores']} cores ({flags}); "
-        f"load average {machine['load_average']}",
+        f"load average (1 min) {during['min']}-{during['max']} during the run",
         f"FP32 ceiling: {ceiling['gflops']:.1f} GFLOP/s ({ceiling['what']}, {ceiling['size']}^3, median of "
         f"{len(ceiling['repeats'])}: {min(ceiling['repeats']):.1f}-{max(ceiling['repeats']):.1f})",
     ]

@@ -20,15 +20,14 @@ import contextlib
 import logging
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field, replace
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 from rich.console import Console
 
 from bundle.errors import ConfigError
+from bundle.records import RunRecord
 from loadtest.baseline import BaselineConfig, BaselineResult, InProcessModel
-from loadtest.machine import describe, load_average
 from loadtest.payload import PayloadPool
 from loadtest.peers.process import PeerProcess
 from loadtest.report import Report, write_report
@@ -114,10 +113,6 @@ class RunOptions:
             "Request rows": str(self.data) if self.data else "synthetic (criteo.synth), preprocessed once",
             **self.extra_settings,
         }
-
-
-def _now() -> str:
-    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def _print_step(step: StepResult) -> None:
@@ -232,22 +227,16 @@ def _sweep_targets(
 
 def _finish(
     title: str,
-    command: str,
-    started: str,
-    machine: dict[str, Any],
+    record: RunRecord,
     steps: list[StepResult],
     baselines: dict[str, list[BaselineResult]],
     settings: dict[str, Any],
     out: Path,
 ) -> tuple[Report, dict[str, Path]]:
-    """The run's report, stamped with its end time and load, written into ``out``."""
+    """The run's report, its record finished (end time, load), written into ``out``."""
     report = Report(
         title=title,
-        command=command,
-        started=started,
-        finished=_now(),
-        machine=machine,
-        load_after=load_average(),
+        record=record.finish(),
         steps=steps,
         baselines=baselines,
         settings=settings,
@@ -292,8 +281,7 @@ def sweep_run(
         )
     raw = raw or out / "raw"
     out.mkdir(parents=True, exist_ok=True)
-    machine = describe()
-    started = _now()
+    record = RunRecord.begin(command)
     payload = make_payload(raw, options.data)
     sessions = in_process_models(repository, models, options)
     in_process: dict[str, list[BaselineResult]] = {}
@@ -309,7 +297,7 @@ def sweep_run(
             # tritonserver and its python stubs (which hold the ONNX Runtime sessions), after the load.
             memory[SERVER_RSS] = round(sum(server.memory().values()) / 2**20, 1)
     settings = {**options.settings(), **_serving(repository, models), **memory}
-    return _finish(title, command, started, machine, steps, in_process, settings, out)
+    return _finish(title, record, steps, in_process, settings, out)
 
 
 def _peer_processes(
@@ -397,8 +385,7 @@ def compare_run(
         raise ConfigError(f"{path} does not exist")
     raw = raw or out / "raw"
     out.mkdir(parents=True, exist_ok=True)
-    machine = describe()
-    started = _now()
+    record = RunRecord.begin(command)
     payload = make_payload(raw, options.data)
     in_process: dict[str, list[BaselineResult]] = {}
     # Timed once, before any server runs: the peers are compared with each other.
@@ -437,7 +424,7 @@ def compare_run(
             else ""
         ),
     }
-    return _finish(title, command, started, machine, steps, in_process, settings, out)
+    return _finish(title, record, steps, in_process, settings, out)
 
 
 def _interleaved_steps(

@@ -29,7 +29,7 @@ from typing import Any
 
 import loadtest
 from bundle.errors import BundleError, ConfigError
-from loadtest.latency import PERCENTILES, LatencyHistogram, merged
+from loadtest.latency import PERCENTILES, Tally, merged_tallies
 from loadtest.payload import MAX_POOL_ROWS, PayloadPool, build_pool
 from loadtest.stepfiles import LATENCY_GLOB, LOCUST_LOG, SERVER_STATS_FILE
 
@@ -266,23 +266,15 @@ def collect_step(
     files = sorted(folder.glob(LATENCY_GLOB))
     if not files:
         raise BundleError(f"no latency results in {folder}: see {folder / LOCUST_LOG}")
-    histograms: list[LatencyHistogram] = []
-    requests = errors = errors_total = 0
-    rate = 0.0
-    covered_total = 0.0
-    kinds: dict[str, int] = {}
-    for path in files:
-        document = json.loads(path.read_text())
-        histograms.append(LatencyHistogram.from_json(document["histogram"]))
-        requests += int(document["requests"])
-        errors += int(document["errors"])
-        errors_total += int(document["errors_total"])
-        covered = float(document["covered_s"]) or window_s
-        covered_total += covered
-        rate += int(document["requests"]) / covered
-        for kind, count in document.get("error_kinds", {}).items():
-            kinds[kind] = kinds.get(kind, 0) + int(count)
-    histogram = merged(histograms)
+    # The processes ran side by side over one window: their rates add up, each over the part
+    # of the window it covered; their latencies and counts merge.
+    documents = [json.loads(path.read_text()) for path in files]
+    tallies = [Tally.from_json(document["tally"]) for document in documents]
+    errors_total = sum(int(document["errors_total"]) for document in documents)
+    rate = sum(t.ok / (t.seconds or window_s) for t in tallies)
+    covered = [t.seconds or window_s for t in tallies]
+    tally = merged_tallies(tallies)
+    histogram = tally.histogram
     p50, p90, p95, p99 = (histogram.percentile(q) for q in PERCENTILES)
     server = None
     stats_path = folder / SERVER_STATS_FILE
@@ -295,9 +287,9 @@ def collect_step(
         batch_size=batch_size,
         concurrency=concurrency,
         processes=processes,
-        seconds=covered_total / len(files),
-        requests=requests,
-        errors=errors,
+        seconds=sum(covered) / len(covered),
+        requests=tally.ok,
+        errors=tally.errors,
         requests_per_s=rate,
         samples_per_s=rate * batch_size,
         p50_ms=p50,
@@ -308,7 +300,7 @@ def collect_step(
         max_ms=histogram.max_ms if histogram.count else math.nan,
         server=server,
         errors_total=errors_total,
-        error_kinds=dict(sorted(kinds.items(), key=lambda kv: -kv[1])[:5]),
+        error_kinds=dict(tally.error_kinds.most_common(5)),
     )
 
 

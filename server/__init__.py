@@ -1,8 +1,8 @@
 """The no-Docker local server: the nvidia-pytriton wheel's tritonserver.
 
-``LocalServer`` starts the real tritonserver on a model repository, with a
-Python-based ``onnxruntime`` backend (``server/backends/onnxruntime/model.py``)
-so configs written for the NGC container's C++ backend serve unchanged.
+``LocalServer`` starts the real tritonserver on a model repository, with
+Python-based ``onnxruntime`` and ``pytorch`` backends (``server/backends/*/model.py``)
+so configs written for the NGC container's C++ backends serve unchanged.
 ``python -m server serve --repository DIR`` is the command-line front end.
 """
 

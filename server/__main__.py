@@ -1,4 +1,4 @@
-"""``python -m server serve --repository DIR``: the local tritonserver, in the foreground."""
+"""``python -m server serve --repository DIR|s3://...``: the local tritonserver, in the foreground."""
 
 from __future__ import annotations
 
@@ -116,7 +116,16 @@ def serve_forever(config: ServerConfig) -> int:
 
 @app.command()
 def serve(
-    repository: Annotated[Path, typer.Option("--repository", "-r", help="Triton model repository to serve.")],
+    repository: Annotated[
+        str,
+        typer.Option(
+            "--repository",
+            "-r",
+            help="Triton model repository to serve: a directory, or s3://bucket/prefix (s3://host:port/bucket/"
+            "prefix for another S3-compatible endpoint), downloaded by tritonserver with the credentials in "
+            "AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY and AWS_DEFAULT_REGION.",
+        ),
+    ],
     http_port: Annotated[int, typer.Option(help="HTTP/REST port.")] = 8000,
     grpc_port: Annotated[int, typer.Option(help="gRPC port.")] = 8001,
     metrics_port: Annotated[int, typer.Option(help="Prometheus metrics port.")] = 8002,

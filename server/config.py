@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from bundle.errors import ConfigError
+from bundle.s3 import S3Url, is_s3_url
 from server.ports import free_ports
 from server.security import DEFAULT_RESTRICTED_APIS, check_admin_key, check_restricted_apis
 
@@ -72,7 +73,11 @@ class ServerConfig:
     """Everything needed to start one local tritonserver.
 
     Args:
-        repository: the Triton model repository directory to serve.
+        repository: the Triton model repository to serve: a directory, or an ``s3://`` URL in
+            tritonserver's form (:mod:`bundle.s3`), kept as a string and passed on as it is;
+            tritonserver downloads that repository at start, with the credentials of the
+            usual AWS variables (``AWS_ACCESS_KEY_ID``, ``AWS_SECRET_ACCESS_KEY``,
+            ``AWS_DEFAULT_REGION``) in this process's environment.
         http_port: port of the HTTP/REST endpoint (KServe v2 protocol).
         grpc_port: port of the gRPC endpoint.
         metrics_port: port of the Prometheus metrics endpoint (``/metrics``).
@@ -100,7 +105,7 @@ class ServerConfig:
             could then load and unload models and register shared memory.
     """
 
-    repository: Path
+    repository: Path | str
     http_port: int = 8000
     grpc_port: int = 8001
     metrics_port: int = 8002
@@ -119,7 +124,10 @@ class ServerConfig:
     def __post_init__(self) -> None:
         # Accept str paths and lists from callers, store canonical types so the
         # frozen config stays hashable and comparable.
-        object.__setattr__(self, "repository", Path(self.repository))
+        if is_s3_url(self.repository):
+            object.__setattr__(self, "repository", str(S3Url.parse(str(self.repository))))
+        else:
+            object.__setattr__(self, "repository", Path(self.repository))
         object.__setattr__(self, "log_file", Path(self.log_file))
         try:
             object.__setattr__(self, "model_control_mode", ModelControlMode(self.model_control_mode))
@@ -168,12 +176,22 @@ class ServerConfig:
         """Whether the admin APIs need the key."""
         return self.admin_key is not None
 
+    @property
+    def remote(self) -> bool:
+        """Whether the repository is in object storage (an ``s3://`` URL), not a local directory."""
+        return isinstance(self.repository, str)
+
+    @property
+    def repository_argument(self) -> str:
+        """tritonserver's ``--model-repository`` value: the URL, or the directory's absolute path."""
+        return self.repository if isinstance(self.repository, str) else str(self.repository.resolve())
+
     @classmethod
-    def with_free_ports(cls, repository: Path, **options: Any) -> ServerConfig:
+    def with_free_ports(cls, repository: Path | str, **options: Any) -> ServerConfig:
         """A config for ``repository`` whose three ports are free right now.
 
         Args:
-            repository: the model repository directory.
+            repository: the model repository directory (or ``s3://`` URL).
             **options: any other ServerConfig field except the ports.
 
         Returns:

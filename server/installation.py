@@ -15,7 +15,11 @@ runs outside its container when (verified on this project's machines):
 
 Python-based backends (``server/backends/<name>/model.py``) are copied next to
 ``python/`` as ``<name>/model.py``; tritonserver then serves every model whose
-config says ``backend: "<name>"`` with that file, without a model.py per model.
+config says ``backend: "<name>"`` (or a platform Triton maps to it, e.g.
+``pytorch_libtorch`` -> ``pytorch``) with that file, without a model.py per
+model. The modules they share (``server/backends/*.py``, e.g.
+``batched_model.py``) are copied beside each ``model.py``: the python backend
+puts that folder on ``sys.path``.
 """
 
 from __future__ import annotations
@@ -135,17 +139,20 @@ class TritonInstallation:
             sources: folder of Python-based backends, ``<name>/model.py`` each.
 
         Returns:
-            ``target``, holding ``python/`` and one ``<name>/model.py`` per backend.
+            ``target``, holding ``python/`` and one ``<name>/model.py`` per backend,
+            each with the shared modules of ``sources`` beside it.
         """
         python_dir = target / "python"
         python_dir.mkdir(parents=True, exist_ok=True)
         for name in _PYTHON_BACKEND_FILES:
             shutil.copy2(self.python_backend / name, python_dir / name)
         shutil.copy2(self.stub, python_dir / _STUB_NAME)
+        shared = sorted(path for path in sources.glob("*.py") if path.name != "__init__.py")
         backends = sorted(path.parent for path in sources.glob("*/model.py"))
         for backend in backends:
             (target / backend.name).mkdir(exist_ok=True)
-            shutil.copy2(backend / "model.py", target / backend.name / "model.py")
+            for module in (backend / "model.py", *shared):
+                shutil.copy2(module, target / backend.name / module.name)
         logger.debug("backend directory %s: python + %s", target, ", ".join(b.name for b in backends))
         return target
 

@@ -16,6 +16,7 @@ import os
 import shlex
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -26,6 +27,7 @@ from types import TracebackType
 from typing import IO, Any
 
 from bundle.errors import ServerError
+from bundle.s3 import S3Url
 from server.config import ServerConfig
 from server.installation import TritonInstallation
 from server.ports import ensure_ports_free
@@ -33,7 +35,7 @@ from server.preflight import check_stub_environment
 from server.probes import ModelStatus, ServerProbe
 from server.processes import stub_regions, tree_rss, unlink_regions
 from server.security import admin_headers, redact, restricted_api_args
-from server.triton_log import last_error, model_failures, read_tail, service_failures
+from server.triton_log import last_error, model_failures, read_tail, repository_failures, service_failures
 
 logger = logging.getLogger(__name__)
 
@@ -42,6 +44,8 @@ _POLL_INTERVAL_S = 0.1
 # before it kills: unloading python stubs takes a few seconds on its own.
 _KILL_GRACE_S = 5.0
 _PR_SET_PDEATHSIG = 1
+# How long an S3 endpoint may take to accept a connection before start() gives up.
+_ENDPOINT_TIMEOUT_S = 5.0
 
 
 def _parent_death_signal() -> Callable[[], None] | None:
@@ -153,7 +157,7 @@ class LocalServer:
         config = self._config
         command = [
             str(installation.binary),
-            f"--model-repository={config.repository.resolve()}",
+            f"--model-repository={config.repository_argument}",
             f"--backend-directory={backend_dir}",
             f"--cache-directory={installation.caches}",
             f"--http-address={config.address}",
@@ -185,17 +189,23 @@ class LocalServer:
             self, for chaining.
 
         Raises:
-            ServerError: the repository is missing, a port is taken, the
-                process exited, a model failed to load, or readiness timed
-                out; the server is stopped before the error propagates.
+            ServerError: the repository is missing (or its object storage is
+                unreachable), a port is taken, the process exited, a model
+                failed to load, or readiness timed out; the server is stopped
+                before the error propagates.
         """
         if self.running:
             raise ServerError(f"tritonserver is already running (pid {self.pid})")
         config = self._config
-        if not config.repository.is_dir():
-            what = "is not a directory" if config.repository.exists() else "does not exist"
-            raise ServerError(f"model repository {config.repository} {what}")
-        check_stub_environment(config.repository, config.load_models)
+        if isinstance(config.repository, Path):
+            if not config.repository.is_dir():
+                what = "is not a directory" if config.repository.exists() else "does not exist"
+                raise ServerError(f"model repository {config.repository} {what}")
+            check_stub_environment(config.repository, config.load_models)
+        else:
+            # tritonserver downloads the repository itself; its configs are not here to check.
+            _check_endpoint(config.repository)
+            logger.info("tritonserver downloads the repository %s at start", config.repository)
         ensure_ports_free(config.ports, host=config.address)
         installation = self._installation or TritonInstallation.locate()
 
@@ -266,6 +276,10 @@ class LocalServer:
             if self._probe.is_ready():
                 logger.info("tritonserver pid %d ready after %.1f s", process.pid, time.monotonic() - started)
                 return
+            if self._config.remote:
+                # A repository it cannot read leaves tritonserver running, not live, with
+                # no model in its index: only its log says why.
+                self._check_remote_repository()
             if self._probe.is_live():
                 try:
                     index = self._probe.repository_index()
@@ -402,6 +416,21 @@ class LocalServer:
             shutil.rmtree(self._backend_dir, ignore_errors=True)
             self._backend_dir = None
 
+    def _check_remote_repository(self) -> None:
+        """Raise if tritonserver logged that it cannot read its ``s3://`` repository.
+
+        It then serves on with no models and is never ready: without this a
+        wrong endpoint, bucket or key would only show as a readiness timeout.
+        """
+        if self._log_handle is not None:
+            self._log_handle.flush()
+        reasons = repository_failures(read_tail(self.log_file))
+        if reasons:
+            raise ServerError(
+                f"tritonserver cannot read the model repository {self._config.repository}: {reasons[-1]} "
+                f"(log: {self.log_file})"
+            )
+
     def _exit_error(self, code: int) -> ServerError:
         if self._log_handle is not None:
             self._log_handle.flush()
@@ -417,6 +446,24 @@ class LocalServer:
             return ServerError(f"model(s) failed to load: {described} {where}")
         detail = last_error(text) or "no error in its log"
         return ServerError(f"tritonserver exited with code {code} before it was ready: {detail} {where}")
+
+
+def _check_endpoint(url: str) -> None:
+    """Raise unless the S3 endpoint that ``url`` names (if any) accepts a connection.
+
+    tritonserver's S3 client retries an unreachable endpoint for about a minute
+    before it logs why; a connection attempt here says so in seconds.
+    """
+    endpoint = S3Url.parse(url).endpoint
+    if endpoint is None:
+        return  # AWS itself: its endpoint depends on the region and the SDK's settings
+    host, _, port = endpoint.rpartition(":")
+    try:
+        socket.create_connection((host, int(port)), timeout=_ENDPOINT_TIMEOUT_S).close()
+    except OSError as exc:
+        raise ServerError(
+            f"cannot reach the S3 endpoint {endpoint} of the model repository {url}: {exc}"
+        ) from None
 
 
 def _one_line(reason: str) -> str:

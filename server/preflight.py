@@ -2,7 +2,7 @@
 repository's models need?
 
 The local server runs every model through python-backend stubs, which import
-numpy and onnxruntime from this interpreter's environment (PYTHONPATH is
+numpy, onnxruntime and torch from this interpreter's environment (PYTHONPATH is
 ignored by the stub). Two failures seen on a GPU machine came from there, and
 neither said so where a user would look:
 
@@ -11,7 +11,8 @@ neither said so where a user would look:
 - numpy 2 made tritonserver 2.51's python backend answer every request with an
   empty output and no error at all.
 
-So the launcher checks first and stops with one line naming what to install.
+So the launcher checks first and stops with one line naming what to install;
+a KIND_GPU TorchScript model likewise needs a torch that sees a CUDA device.
 """
 
 from __future__ import annotations
@@ -26,7 +27,9 @@ from bundle.errors import ServerError
 log = logging.getLogger(__name__)
 
 #: Backends the local server runs through python-backend stubs (the bundle's own and Triton's).
-PYTHON_BACKENDS = ("onnxruntime", "python")
+PYTHON_BACKENDS = ("onnxruntime", "pytorch", "python")
+#: The platform Triton maps to the ``pytorch`` backend (TorchScript models).
+TORCH_PLATFORM = "pytorch_libtorch"
 #: The command that installs the GPU build of ONNX Runtime in place of the CPU one.
 GPU_SETUP = "make setup GPU=1"
 
@@ -65,14 +68,25 @@ def check_stub_environment(repository: Path, models: Sequence[str] = ()) -> None
 
     Raises:
         ServerError: numpy 2 with a python-backend model, no onnxruntime with an
-            onnxruntime model, or a KIND_GPU onnxruntime instance without
-            onnxruntime-gpu's CUDA provider; the line names what to install.
+            onnxruntime model, a KIND_GPU onnxruntime instance without
+            onnxruntime-gpu's CUDA provider, or a KIND_GPU TorchScript instance
+            where torch sees no CUDA device; the line names what to install.
     """
     from tritonclient.grpc import model_config_pb2
 
     gpu_kind = model_config_pb2.ModelInstanceGroup.KIND_GPU
     configs = _configs(repository, models)
-    stubbed = [name for name, config in configs if config.backend in PYTHON_BACKENDS]  # type: ignore[attr-defined]
+    stubbed = [
+        name
+        for name, config in configs
+        if config.backend in PYTHON_BACKENDS or config.platform == TORCH_PLATFORM  # type: ignore[attr-defined]
+    ]
+    torch_gpu = [
+        name
+        for name, config in configs
+        if (config.backend == "pytorch" or config.platform == TORCH_PLATFORM)  # type: ignore[attr-defined]
+        and any(group.kind == gpu_kind for group in config.instance_group)  # type: ignore[attr-defined]
+    ]
     onnx = [name for name, config in configs if config.backend == "onnxruntime"]  # type: ignore[attr-defined]
     gpu = [
         name
@@ -97,6 +111,15 @@ def check_stub_environment(repository: Path, models: Sequence[str] = ()) -> None
             raise ServerError(
                 f"{gpu[0]} has a KIND_GPU instance, but this onnxruntime offers {providers}: "
                 f"install onnxruntime-gpu in place of onnxruntime ({GPU_SETUP})"
+            )
+    if torch_gpu:
+        import torch  # only here: a second or so, and only for a repository with such a model
+
+        if not torch.cuda.is_available():
+            raise ServerError(
+                f"{torch_gpu[0]} has a KIND_GPU instance, but torch {torch.__version__} here sees no CUDA "
+                "device: install a CUDA build of torch in this venv, or load only the ONNX models "
+                "(--model-control-mode explicit --load-model ...)"
             )
     log.debug(
         "stub environment: numpy %s, %d python-backend models, %d on GPU", numpy, len(stubbed), len(gpu)

@@ -15,6 +15,9 @@ _SERVICE_FAILED = re.compile(r'failed to start (\w+) service: (.*?)"?\s*$', re.M
 _MODEL_FAILED = re.compile(r"failed to load '([^']+)' version (\d+): (.*?)\"?\s*$", re.MULTILINE)
 _LOADER_FAILED = re.compile(r"error while loading shared libraries: .*$", re.MULTILINE)
 _ERROR_LINE = re.compile(r"^E\d{4} .*$", re.MULTILINE)
+# tritonserver.cc, when it cannot read the repository (it keeps running with --exit-on-error=false):
+# "Internal: Unable to create S3 filesystem client. Check account credentials. ..."
+_REPOSITORY_FAILED = re.compile(r'^E\d{4} [^\]]* tritonserver\.cc:\d+\] "(.*?)"?\s*$', re.MULTILINE)
 
 
 def read_tail(path: Path, max_bytes: int = 256 * 1024) -> str:
@@ -52,3 +55,8 @@ def last_error(text: str) -> str:
         return str(loader[-1]).strip()
     errors = [line for line in _ERROR_LINE.findall(text) if "CudaDriverHelper" not in line]
     return errors[-1].strip() if errors else ""
+
+
+def repository_failures(text: str) -> list[str]:
+    """Why tritonserver could not read its model repository (e.g. an unreachable S3 endpoint)."""
+    return [reason.strip() for reason in _REPOSITORY_FAILED.findall(text)]

@@ -2,9 +2,13 @@
 # Reproduces benchmarks/cpu: reference-size DLRM and Wide & Deep (table 100000) trained on
 # 200,000 synthetic rows, exported FP32 + FP16 + INT8 (static, calibrated on training rows: the
 # default) and INT8 dynamic, then
-#   1. serving_defaults.{json,md}: candidate serving settings through the local tritonserver;
-#   2. precision.{json,md}: served and in-process samples/s of every precision at batch 1024 as
-#      fractions of the FP32 sgemm ceiling measured in the same run, with each AUC delta.
+#   1. serving_defaults.{json,md} (python -m loadtest serving-defaults): candidate serving settings
+#      through the local tritonserver;
+#   2. precision.{json,md} (python -m loadtest precision): served and in-process samples/s of every
+#      precision at batch 1024 as fractions of the FP32 sgemm ceiling measured in the same run, with
+#      each AUC delta.
+# Both measure with the bundle's one load driver and one in-process timer (loadtest/driver.py,
+# loadtest/timer.py); the code is in loadtest/, this folder holds only results and this script.
 #
 #   bash benchmarks/cpu/run.sh        # from the repository root, after `make setup`
 #
@@ -44,7 +48,7 @@ if [[ ! -f $WORK/repo/dlrm_onnx_int8/1/model.onnx || ! -f $WORK/repo/wide_deep_o
   python -m export wide-deep --saved-model "$WORK/wide_deep" --repository "$WORK/repo_dynamic" "${dynamic[@]}"
 fi
 
-quiet python -m benchmarks.cpu serving --repository "$WORK/repo" --model dlrm_onnx_int8 \
+quiet python -m loadtest serving-defaults --repository "$WORK/repo" --model dlrm_onnx_int8 \
   --model wide_deep_onnx_int8 --data "$WORK/data/check.tsv" --out "$OUT"
-quiet python -m benchmarks.cpu precision --repository "$WORK/repo" --dynamic-repository "$WORK/repo_dynamic" \
+quiet python -m loadtest precision --repository "$WORK/repo" --dynamic-repository "$WORK/repo_dynamic" \
   --data "$WORK/data/check.tsv" --out "$OUT"

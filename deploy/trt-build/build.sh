@@ -10,7 +10,7 @@
 set -euo pipefail
 
 DEPS=/opt/bundle-deps
-PACKAGES=(numpy onnx onnxruntime protobuf "tritonclient[grpc]" typer rich)
+PACKAGES=(numpy onnx onnxruntime protobuf "tritonclient[grpc]" typer rich psutil)
 STAMP="$DEPS/.installed-$(sha1sum /bundle/requirements.txt | cut -c1-12)"
 
 if [ ! -f "$STAMP" ]; then

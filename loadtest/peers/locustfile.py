@@ -11,15 +11,14 @@ binary format of :mod:`loadtest.peers.wire`::
 from __future__ import annotations
 
 import random
-import time
 from typing import Any
 
 from geventhttpclient import HTTPClient
 from locust import User, constant, task
 
-from bundle.errors import ClientError, DataError
+from bundle.errors import ClientError
 from loadtest.peers import wire
-from loadtest.recorder import options, payload_pool
+from loadtest.recorder import options, payload_pool, timed_request
 
 
 class FastApiUser(User):
@@ -59,27 +58,13 @@ class FastApiUser(User):
         body, rows = self._bodies[self._next % len(self._bodies)]
         self._next += 1
         headers = {wire.BATCH_HEADER: str(rows), "content-type": wire.CONTENT_TYPE}
-        start_time = time.time()
-        started = time.perf_counter()
-        exception: BaseException | None = None
-        length = 0
-        try:
-            response = self._client.post(self._path, body=body, headers=headers)
+        client = self._client
+
+        def call() -> int:
+            response = client.post(self._path, body=body, headers=headers)
             answer = response.read()
             if response.status_code != 200:
                 raise ClientError(f"HTTP {response.status_code}: {answer[:200]!r}")
-            length = wire.decode_output(answer, rows).nbytes
-        except (ClientError, DataError, OSError) as exc:
-            exception = exc
-        elapsed_ms = (time.perf_counter() - started) * 1000.0
-        self.environment.events.request.fire(
-            request_type="FASTAPI",
-            name=self._model,
-            response_time=elapsed_ms,
-            response_length=length,
-            response=None,
-            context={"batch_size": rows},
-            exception=exception,
-            start_time=start_time,
-            url=self.host,
-        )
+            return int(wire.decode_output(answer, rows).nbytes)
+
+        timed_request(self.environment, "FASTAPI", self._model, call, rows, self.host)

@@ -45,6 +45,8 @@ def start_triton(
 ) -> Iterator[StartTriton]:
     """Factory: ``start_triton(repository, **config_options) -> LocalServer``.
 
+    ``repository`` is a folder, or an ``s3://`` URL (tritonserver downloads it).
+
     Each call starts one tritonserver on ``repository`` on three free ports of
     127.0.0.1, with its log in a temporary folder (``server.log_file``), and
     returns once every model is ready; ``config_options`` are further
@@ -57,10 +59,11 @@ def start_triton(
     logs = tmp_path_factory.mktemp("tritonserver-logs")
     counter = itertools.count()
 
-    def start(repository: Path, **options: Any) -> LocalServer:
+    def start(repository: Path | str, **options: Any) -> LocalServer:
         options.setdefault("log_file", logs / f"{Path(repository).name}-{next(counter)}.log")
         server = LocalServer(
-            ServerConfig.with_free_ports(Path(repository), **options),
+            # A str stays one: an s3:// URL is passed to tritonserver as it is.
+            ServerConfig.with_free_ports(repository, **options),
             installation=triton_installation,
         )
         servers.append(server)

@@ -151,3 +151,39 @@ def test_compare_sweeps_triton_and_both_peers_on_the_same_file(
         )
     assert "against its peers" in (out / "report.md").read_text()
     assert (out / "latency_vs_throughput.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_served_throughput_on_the_driver_counts_windows_of_answered_requests(
+    exported_server: LocalServer,
+) -> None:
+    """The closed-loop driver against the real server: two requests in flight, two timed windows."""
+    from loadtest.payload import build_pool
+    from loadtest.served import served_throughput
+
+    pool = build_pool(BATCH, batches=16)
+    for protocol, url in (("grpc", exported_server.grpc_url), ("http", exported_server.http_url)):
+        result = served_throughput(url, MODEL, pool, 2, protocol, seconds=0.5, repeats=2, warmup_s=0.2)
+        assert result.errors == 0 and len(result.repeats) == 2 and all(r > 0 for r in result.repeats)
+        assert result.samples_per_s == pytest.approx(sum(result.repeats) / 2)  # the median of two
+        assert 0 < result.p50_ms <= result.p99_ms and result.batch_size == BATCH
+
+
+def test_client_cost_times_each_transport_phase_by_phase(
+    exported_server: LocalServer, tmp_path: Path
+) -> None:
+    """``python -m loadtest client-cost``'s library on the driver (one worker), briefly."""
+    from loadtest.client_cost import TRANSPORTS, CostOptions, run_client_cost, write_report
+
+    options = CostOptions(MODEL, batch_sizes=(1, BATCH), requests=10, warmup=1, rounds=2)
+    report = run_client_cost(exported_server.http_url, exported_server.grpc_url, options, "pytest")
+    assert [(c.protocol, c.shared_memory, c.batch_size) for c in report.cases] == [
+        (protocol, memory, batch) for batch in (1, BATCH) for protocol, memory in TRANSPORTS
+    ]
+    for case in report.cases:
+        assert case.requests == 10 and 0 < case.server_us < case.total_us
+        assert 0 < case.client_us <= case.client_p90_us
+        assert case.build_us > 0 and case.call_us > 0 and case.decode_us > 0
+    paths = write_report(report, tmp_path, ["pytest"])
+    document = json.loads(paths["json"].read_text())
+    assert document["command"] == "pytest" and len(document["cases"]) == 8
+    assert "client-side" in paths["markdown"].read_text()

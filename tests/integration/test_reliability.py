@@ -7,11 +7,11 @@
 - A model reloaded to a new version under load (explicit model control, an
   authenticated load call): no request fails, and the new version serves.
 - The soak command, briefly (the 10-minute soak itself is the ``slow`` test
-  at the end, and ``python -m benchmarks.soak run``).
+  at the end, and ``python -m loadtest soak``).
 
-The load comes from :class:`benchmarks.soak.load.LoadLoop`: client threads of
-:class:`clients.triton.TritonClient` over gRPC and HTTP, every answer compared
-with ONNX Runtime in this process.
+The load is :func:`loadtest.soak.checked_load`: the closed-loop driver's
+client threads of :class:`clients.triton.TritonClient` over gRPC and HTTP,
+paced to a steady rate, every answer compared with ONNX Runtime in this process.
 """
 
 from __future__ import annotations
@@ -27,12 +27,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from benchmarks.soak.load import Case, LoadLoop, LoadStats, Worker
-from benchmarks.soak.soak import SoakConfig, markdown, run_soak, write_result
 from clients.reference import OnnxReference
 from clients.retry import RetryPolicy
 from clients.triton import TritonClient
 from criteo.tsv import Batch, read_batch
+from loadtest.latency import Tally
+from loadtest.soak import Case, Endpoint, SoakConfig, checked_load, markdown, run_soak, write_result
 from server import LocalServer
 from server.probes import ServerProbe
 from server.processes import SHM_DIR, stub_regions
@@ -67,8 +67,12 @@ def _cases(rows: Batch, answers: dict[str, OnnxReference]) -> list[Case]:
     return cases
 
 
-def _workers(server: LocalServer) -> list[Worker]:
-    return [Worker(server.grpc_url, "grpc"), Worker(server.http_url, "http"), Worker(server.grpc_url, "grpc")]
+def _workers(server: LocalServer) -> list[Endpoint]:
+    return [
+        Endpoint(server.grpc_url, "grpc"),
+        Endpoint(server.http_url, "http"),
+        Endpoint(server.grpc_url, "grpc"),
+    ]
 
 
 def _wait_for(condition: Callable[[], bool], what: str, timeout_s: float = 30.0) -> None:
@@ -94,11 +98,13 @@ def test_server_killed_and_restarted_under_load_clients_retry_and_recover(
     server = start_triton(exported_repository, model_control_mode="explicit", load_models=(MODEL,))
     reference = OnnxReference(_onnx(exported_repository, MODEL))
     workers = _workers(server)
-    loop = LoadLoop(workers, _cases(rows, {"v1": reference}), rate=RATE, retry=RESTART_RETRY, timeout_s=10)
+    loop = checked_load(
+        workers, _cases(rows, {"v1": reference}), rate=RATE, retry=RESTART_RETRY, timeout_s=10
+    )
     restarted = LocalServer(server.config.replace(log_file=tmp_path / "restarted.log"))
     try:
         with loop:
-            _wait_for(lambda: loop.stats.ok >= WARM_REQUESTS, "load before the kill")
+            _wait_for(lambda: loop.total.ok >= WARM_REQUESTS, "load before the kill")
             killed_pid = server.pid
             assert killed_pid is not None
             regions = stub_regions(killed_pid)
@@ -107,9 +113,9 @@ def test_server_killed_and_restarted_under_load_clients_retry_and_recover(
             server.stop()  # reaps it; removes the stubs' shared-memory regions it left behind
             restarted.start()  # same ports, same repository; returns once the model is ready
             ready_at = loop.elapsed_s()
-            answered = loop.stats.ok
-            _wait_for(lambda: loop.stats.ok >= answered + WARM_REQUESTS, "load after the restart")
-        stats = loop.stats
+            answered = loop.total.ok
+            _wait_for(lambda: loop.total.ok >= answered + WARM_REQUESTS, "load after the restart")
+        stats = loop.total
         _exact(restarted, rows.slice(0, 16), reference)
         assert restarted.pid != killed_pid
     finally:
@@ -119,13 +125,13 @@ def test_server_killed_and_restarted_under_load_clients_retry_and_recover(
     # Every request waits out the restart in the clients' retries, the ones in flight at the
     # kill included: their connection drops (gRPC UNAVAILABLE, HTTP connection reset or
     # closed), and inference, free of side effects, is sent again.
-    assert stats.errors == 0, stats.as_dict()
-    for index, timeline in stats.timelines.items():
+    assert stats.errors == 0, stats.summary()
+    for index, timeline in loop.timelines.items():
         assert any(t > ready_at for t, _ in timeline), f"worker {index} got no answer after the restart"
     assert regions and not [name for name in regions if (SHM_DIR / name).exists()]
     print(
         f"kill/restart: down {ready_at - killed_at:.2f} s; {stats.requests} requests, "
-        f"{stats.errors} errors {dict(stats.error_kinds)}, latency {stats.as_dict()['latency_ms']}"
+        f"{stats.errors} errors {dict(stats.error_kinds)}, latency {stats.summary()['latency_ms']}"
     )
 
 
@@ -157,7 +163,7 @@ def test_model_reloaded_to_a_new_version_under_load_without_a_failed_request(
     cases = _cases(rows, {"v1": v1, "v2": v2})
     for case in cases:  # the versions are told apart by their answers
         assert np.abs(case.answers["v1"] - case.answers["v2"]).max() > 1e-4
-    loop = LoadLoop(_workers(server), cases, rate=RATE, retry=RetryPolicy(max_tries=1), timeout_s=10)
+    loop = checked_load(_workers(server), cases, rate=RATE, retry=RetryPolicy(max_tries=1), timeout_s=10)
     not_ready: list[float] = []
     stop_watch = threading.Event()
     watcher = threading.Thread(
@@ -165,7 +171,7 @@ def test_model_reloaded_to_a_new_version_under_load_without_a_failed_request(
         args=(ServerProbe("127.0.0.1", server.config.http_port), stop_watch, not_ready),
     )
     with loop:
-        _wait_for(lambda: loop.stats.labels["v1"] >= WARM_REQUESTS, "load on version 1")
+        _wait_for(lambda: loop.total.labels["v1"] >= WARM_REQUESTS, "load on version 1")
         # Version 2 appears at once, complete: staged beside the repository, then renamed in.
         stage = tmp_path / "stage" / "2"
         stage.mkdir(parents=True)
@@ -175,15 +181,15 @@ def test_model_reloaded_to_a_new_version_under_load_without_a_failed_request(
         load_called_at = loop.elapsed_s()
         server.load_model(MODEL)  # authenticated (the server's key); returns once version 2 serves
         loaded_at = loop.elapsed_s()
-        _wait_for(lambda: loop.stats.labels["v2"] >= WARM_REQUESTS, "load on version 2")
+        _wait_for(lambda: loop.total.labels["v2"] >= WARM_REQUESTS, "load on version 2")
     stop_watch.set()
     watcher.join()
-    stats: LoadStats = loop.stats
+    stats: Tally = loop.total
 
     # Retries were off: every request was answered first time, by one version or the other.
-    assert stats.errors == 0 and stats.wrong == 0, stats.as_dict()
+    assert stats.errors == 0 and stats.wrong == 0, stats.summary()
     assert stats.labels["v1"] >= WARM_REQUESTS and stats.labels["v2"] >= WARM_REQUESTS
-    for index, timeline in stats.timelines.items():
+    for index, timeline in loop.timelines.items():
         assert _monotonic(timeline), f"worker {index} got version 1 after version 2"
         assert all(label == "v2" for t, label in timeline if t > loaded_at + 0.5), index
     states = {(m.name, m.version): m.state for m in server.models()}
@@ -215,14 +221,19 @@ def test_soak_command_reports_requests_errors_and_memory(exported_repository: Pa
         log_file=tmp_path / "soak-tritonserver.log",
     )
     result = run_soak(config, command="pytest")
-    json_path, md_path = write_result(result, tmp_path)
+    paths = write_result(result, tmp_path)
     assert result.completed and result.load["requests"] >= 100
     assert result.load["errors"] == 0 and result.load["wrong"] == 0
     assert len(result.memory) >= 4 and result.memory[result.baseline_index].t_s >= 2.0
     assert all(s.server_rss > 0 and s.stubs_rss > 0 for s in result.memory)
-    summary = json.loads(json_path.read_text())["summary"]
+    document = json.loads(paths["json"].read_text())
+    summary = document["summary"]
     assert summary["requests"] == result.load["requests"] and "rss_growth" in summary
-    assert "RSS growth after warm-up" in md_path.read_text()
+    # The run record: command, machine, and the load average sampled across the run.
+    assert document["command"] == "pytest" and document["machine"]["cores"] >= 1
+    assert document["load_during"]["samples"] >= 2
+    assert "RSS growth after warm-up" in paths["markdown"].read_text()
+    assert paths["png"].read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
 @pytest.mark.slow
@@ -239,4 +250,4 @@ def test_soak_ten_minutes_meets_its_targets(exported_repository: Path, tmp_path:
     )
     result = run_soak(config, command=f"SOAK_SECONDS={seconds:.0f} pytest -m slow {__file__}")
     write_result(result, tmp_path)
-    assert result.passed, markdown(result)
+    assert result.passed, "\n".join(markdown(result))

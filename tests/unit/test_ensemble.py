@@ -156,7 +156,7 @@ def test_the_three_configs_are_written_and_read_back(
     ]
     assert _tensors(ensemble.output) == [(OUTPUT, mc.TYPE_FP32, [-1, 1])]
     first, second = ensemble.ensemble_scheduling.step
-    assert (first.model_name, first.model_version) == ("dlrm_embedding", -1)
+    assert (first.model_name, first.model_version) == ("dlrm_embedding", 1)
     assert dict(first.input_map) == {CATEGORICAL_INPUT: CATEGORICAL_INPUT}
     assert dict(first.output_map) == {name: name for name in (HOT_SLOTS, COLD_POSITIONS, COLD_ROWS)}
     assert second.model_name == "dlrm_dense"

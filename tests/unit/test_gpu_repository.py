@@ -42,6 +42,8 @@ from export.trt_build import (
 
 ONNX_MODELS = ["dlrm_onnx", "dlrm_onnx_fp16", "wide_deep_onnx", "wide_deep_onnx_fp16"]
 TRT_MODELS = ["dlrm_trt", "wide_deep_trt"]
+#: TorchScript for the PyTorch family only (Wide & Deep is a Keras model).
+TORCH_MODELS = ["dlrm_torch"]
 MAX_BATCH = 2048
 INSTANCES = 2
 
@@ -103,7 +105,7 @@ def _configs(repository: Path) -> dict[str, mc.ModelConfig]:
 
 def test_every_config_parses_and_every_model_is_there(gpu_repository: Path) -> None:
     configs = _configs(gpu_repository)
-    assert sorted(configs) == sorted(ONNX_MODELS + TRT_MODELS)
+    assert sorted(configs) == sorted(ONNX_MODELS + TRT_MODELS + TORCH_MODELS)
     for name, config in configs.items():
         assert config.name == name
         assert [(t.name, list(t.dims)) for t in config.input] == [(s.name, list(s.shape)) for s in INPUTS]
@@ -137,6 +139,18 @@ def test_onnx_models_use_the_tensorrt_accelerator_with_a_cache_volume(gpu_reposi
             parameters["trt_profile_max_shapes"]
             == f"dense_features:{MAX_BATCH}x13,categorical_ids:{MAX_BATCH}x26"
         )
+
+
+def test_torch_model_is_torchscript_for_the_pytorch_backend(gpu_repository: Path) -> None:
+    (name,) = TORCH_MODELS
+    config = _configs(gpu_repository)[name]
+    assert config.platform == "pytorch_libtorch" and not config.backend
+    assert config.default_model_filename == "model.pt"
+    assert (gpu_repository / name / "1" / "model.pt").is_file()
+    assert not config.optimization.execution_accelerators.gpu_execution_accelerator, "no ONNX Runtime here"
+    report = json.loads((gpu_repository / name / "export_report.json").read_text())
+    assert report["torchscript"]["dtype"] == "float16"
+    assert report["cuda_check"]["status"] in ("skipped", "passed")
 
 
 def test_trt_models_are_plans_with_cuda_graphs_over_contiguous_batches(gpu_repository: Path) -> None:

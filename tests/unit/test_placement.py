@@ -71,7 +71,7 @@ def test_defaults_keep_the_tables_in_the_graph() -> None:
         ({"mode": "in-graph", "hot_budget": 10}, "--embeddings in-graph keeps them all"),
         ({"store_dtype": "float16"}, "give --hot-budget too"),
         ({"profile_data": Path("rows.tsv")}, "give --hot-budget too"),
-        ({"hot_budget": 10, "profile_data": Path("/nonexistent/rows.tsv")}, "is not a file"),
+        ({"hot_budget": 10, "profile_data": Path("/nonexistent/rows.tsv")}, "does not exist"),
     ],
 )
 def test_bad_options_fail_where_they_are_set(fields: dict[str, Any], message: str) -> None:
@@ -210,7 +210,7 @@ def test_hierarchical_export_is_exact_with_an_fp32_store(
     assert report["expected_hit_rate"] == pytest.approx(hot.expected_hit_rate)
     assert 0 < report["measured_hit_rate"]["hit_rate"] < 1
     assert report["row_store"] == {
-        "path": "dlrm_embedding/1/rows",
+        "path": "dlrm_embedding/rows",
         "dtype": "float32",
         "bytes": TABLE_BYTES,
         "width": 8,
@@ -218,7 +218,7 @@ def test_hierarchical_export_is_exact_with_an_fp32_store(
     }
     assert report["parity"]["max_abs_diff"] <= FP32_STORE_TOLERANCE
     assert report["in_graph"]["checked_against"] == "framework"
-    store = RowStore.open(repository / "dlrm_embedding" / "1" / "rows")
+    store = RowStore.open(repository / "dlrm_embedding" / "rows")
     assert store.spec.table_sizes == SIZES
 
 

@@ -3,6 +3,7 @@ lacks what the repository's models need, with one line naming what to install.""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -37,6 +38,23 @@ def test_a_gpu_instance_needs_onnxruntime_gpu(tmp_path: Path) -> None:
     with pytest.raises(ServerError, match="onnxruntime-gpu"):
         server.start()
     assert not server.running and not (tmp_path / "log.txt").exists()
+
+
+def test_a_gpu_torchscript_instance_needs_torch_with_cuda(tmp_path: Path) -> None:
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("this torch has CUDA")
+    (tmp_path / "dlrm_torch" / "1").mkdir(parents=True)
+    config = 'name: "dlrm_torch"\nplatform: "pytorch_libtorch"\ninstance_group {{ kind: {} }}\n'
+    (tmp_path / "dlrm_torch" / "config.pbtxt").write_text(config.format("KIND_CPU"))
+    check_stub_environment(tmp_path)  # CPU instances: torch's CPU build runs them
+    (tmp_path / "dlrm_torch" / "config.pbtxt").write_text(config.format("KIND_GPU"))
+    with pytest.raises(
+        ServerError,
+        match=rf"^dlrm_torch has a KIND_GPU instance, but torch {re.escape(torch.__version__)} here",
+    ):
+        check_stub_environment(tmp_path)
 
 
 def test_numpy_2_is_refused_for_python_backend_models(

@@ -25,10 +25,11 @@ Each request is checked on its own: one with a wrong dtype or shape gets an
 INVALID_ARGUMENT response naming the input, and the others are answered.
 
 Metrics: the counter family ``ctr_embedding_lookups_total`` (python backend custom
-metrics, on the server's Prometheus page), labelled ``model``, ``version`` and
-``tier`` (``hot`` or ``cold``): the hot-hit rate is
-``rate(..{tier="hot"}) / sum without (tier) (rate(..))`` and the cold rows read
-per second ``rate(..{tier="cold"})``. A python backend without the metrics API
+metrics, on the server's Prometheus page), labelled ``model``, ``version``,
+``tier`` (``hot`` or ``cold``) and ``stub`` (one per stub process, see
+:class:`_LookupCounters`): the hot-hit rate is
+``sum by (model) (rate(..{tier="hot"})) / sum by (model) (rate(..))`` and the cold
+rows read per second ``sum by (model) (rate(..{tier="cold"}))``. A python backend without the metrics API
 serves without them (one warning at load).
 
 This file and ``hot_cold_lookup.py`` are copied into the model's version folder
@@ -40,6 +41,7 @@ library and ``triton_python_backend_utils``.
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -108,9 +110,17 @@ def _check_tensors(config: dict[str, Any], tables: int, width: int) -> list[str]
 
 
 class _LookupCounters:
-    """Hot and cold lookup counters of one model version (no-ops without the metrics API)."""
+    """Hot and cold lookup counters of one model instance (no-ops without the metrics API).
 
-    def __init__(self, model: str, version: str) -> None:
+    Each stub process counts under its own ``stub`` label (instance name and pid).
+    Two stubs that create a metric of the same labels share it inside tritonserver,
+    and when one of them unloads, the other's metric is freed under it: tritonserver
+    2.51 then crashed on the next count (triton-inference-server/server#8663). That
+    happens whenever a loaded version is loaded again, which a hot-set rollout does
+    (:mod:`export.rollout`). Sum over ``stub`` (``sum by (model, version, tier)``).
+    """
+
+    def __init__(self, model: str, version: str, instance: str) -> None:
         self._family: Any = None
         self._hot: Any = None
         self._cold: Any = None
@@ -128,7 +138,7 @@ class _LookupCounters:
                 "dense model, cold rows read from the row store",
                 kind=family_type.COUNTER,
             )
-            labels = {"model": model, "version": version}
+            labels = {"model": model, "version": version, "stub": f"{instance}/{os.getpid()}"}
             self._hot = self._family.Metric(labels={**labels, "tier": "hot"})
             self._cold = self._family.Metric(labels={**labels, "tier": "cold"})
         except pb_utils.TritonModelException as exc:
@@ -188,7 +198,7 @@ class TritonPythonModel:
             )
         self._input = str(config["input"][0]["name"])
         self._outputs = [str(entry["name"]) for entry in config["output"]]
-        self._counters = _LookupCounters(self._name, args["model_version"])
+        self._counters = _LookupCounters(self._name, args["model_version"], args["model_instance_name"])
         pb_utils.Logger.log_info(
             f"{args['model_instance_name']}: row store {store.resolve()} "
             f"({sum(sizes)} rows x {self._lookup.width}), {self._lookup.hot_rows} hot rows from {hot_set}"

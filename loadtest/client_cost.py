@@ -1,8 +1,11 @@
 """Client-side cost per request: HTTP, gRPC and system shared memory, batch 1 and 1024.
 
-A benchmark, not a test: ``python -m clients bench`` writes
+A benchmark, not a test: ``python -m loadtest client-cost`` writes
 ``benchmarks/clients/client_cost.json`` and ``client_cost.md``.
 
+Each case is one transport at one batch size, driven by the closed-loop
+driver (:mod:`loadtest.driver`) with one worker in this thread, so one
+request in flight.
 Each request is timed in three phases on the sync client: *build* (check the
 inputs against the metadata, make the tritonclient tensors, or copy them into
 shared memory), *call* (serialize, send, wait, parse the response message)
@@ -12,34 +15,29 @@ inside tritonserver (``success.ns``, arrival to response); the client-side
 cost is what is left: ``total - server``, i.e. the client library, the
 loopback transport and the server's HTTP/gRPC front end. The process CPU time
 of the client per request (all its threads, ``time.process_time``) is
-reported too. Medians over many requests, one case after another on the same
+reported too. Medians over many requests, the cases taking turns on the same
 server.
 """
 
 from __future__ import annotations
 
-import datetime as dt
-import json
 import logging
-import os
-import platform
-import shlex
-import subprocess
-import sys
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import ExitStack, contextmanager
 from dataclasses import asdict, dataclass, field
-from importlib import metadata as package_metadata
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from bundle.errors import ConfigError
+from bundle.errors import ClientError, ConfigError
+from bundle.records import RunRecord
 from clients.options import ClientOptions, Protocol, SharedMemory
 from clients.triton import TritonClient
 from clients.verify import sample_rows
+from loadtest.driver import Answer, Connect, Driver, Request
+from loadtest.writer import table, write_json, write_markdown
 
 logger = logging.getLogger(__name__)
 
@@ -50,10 +48,12 @@ TRANSPORTS: tuple[tuple[Protocol, SharedMemory], ...] = (
     ("http", "system"),
     ("grpc", "system"),
 )
+#: Columns of one request's sample, in seconds.
+PHASES = ("total", "server", "build", "call", "decode", "client_cpu")
 
 
 @dataclass(frozen=True)
-class BenchOptions:
+class CostOptions:
     """What to measure.
 
     Args:
@@ -114,85 +114,81 @@ class CaseResult:
     client_cpu_us: float
 
 
-@dataclass(frozen=True)
-class BenchReport:
-    """One run: the machine, the command and every case."""
+@dataclass
+class CostReport:
+    """One run: its record, the server, the options and every case."""
 
-    date: str
-    command: str
-    machine: dict[str, Any]
-    software: dict[str, str]
-    model: str
-    options: dict[str, Any]
+    record: RunRecord
+    tritonserver: str
+    options: CostOptions
     cases: list[CaseResult] = field(default_factory=list)
 
-    def as_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-
-def machine_info() -> dict[str, Any]:
-    """CPU model and cores (from ``lscpu``), cores usable by this process, OS."""
-    info: dict[str, Any] = {"cpu": platform.processor() or "unknown", "cpus": os.cpu_count()}
-    try:
-        output = subprocess.run(["lscpu"], capture_output=True, text=True, check=True, timeout=10).stdout
-    except (OSError, subprocess.SubprocessError):
-        output = ""
-    for line in output.splitlines():
-        key, _, value = line.partition(":")
-        if key.strip() == "Model name":
-            info["cpu"] = value.strip()
-        elif key.strip() == "CPU(s)":
-            info["cpus"] = int(value.strip())
-    info["cpus_usable"] = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else info["cpus"]
-    info["os"] = f"{platform.system()} {platform.release()}"
-    return info
-
-
-def _software(server_version: str) -> dict[str, str]:
-    versions = {"python": platform.python_version(), "tritonserver": server_version}
-    for package in ("tritonclient", "grpcio", "geventhttpclient", "numpy"):
-        try:
-            versions[package] = package_metadata.version(package)
-        except package_metadata.PackageNotFoundError:
-            versions[package] = "absent"
-    return versions
+    def to_json(self) -> dict[str, Any]:
+        return {
+            **self.record.to_json(),
+            "tritonserver": self.tritonserver,
+            "model": self.options.model,
+            "options": asdict(self.options),
+            "cases": [asdict(case) for case in self.cases],
+        }
 
 
 def _server_ns(stats_client: TritonClient, model: str) -> int:
     return sum(entry.success_ns for entry in stats_client.statistics(model))
 
 
-def measure(
-    client: TritonClient, stats_client: TritonClient, model: str, inputs: dict[str, np.ndarray], requests: int
-) -> np.ndarray:
-    """Time ``requests`` sequential requests, phase by phase.
+def phase_timed(
+    client: TritonClient, stats_client: TritonClient, model: str, inputs: dict[str, np.ndarray], into: list
+) -> Connect:
+    """One worker's requests: each timed phase by phase, its sample (:data:`PHASES`) appended to ``into``.
 
     Args:
         client: the measured client (warmed up).
         stats_client: a second client that reads the server's statistics between requests.
         model: the model to call.
         inputs: one batch, ``B x 13`` and ``B x 26``.
-        requests: how many.
-
-    Returns:
-        ``requests x 6`` seconds: total, server, build, call, decode, client CPU.
+        into: where each request's seconds go.
     """
-    samples = np.empty((requests, 6), dtype=np.float64)
-    before = _server_ns(stats_client, model)
-    for index in range(requests):
-        cpu0 = time.process_time()
-        t0 = time.perf_counter()
-        prepared = client.prepare(model, inputs)
-        t1 = time.perf_counter()
-        result = client.send(prepared)
-        t2 = time.perf_counter()
-        client.decode(prepared, result)
-        t3 = time.perf_counter()
-        cpu1 = time.process_time()
-        after = _server_ns(stats_client, model)
-        samples[index] = (t3 - t0, (after - before) / 1e9, t1 - t0, t2 - t1, t3 - t2, cpu1 - cpu0)
-        before = after
-    return samples
+    rows = next(iter(inputs.values())).shape[0]
+
+    @contextmanager
+    def connect(_: int) -> Iterator[Request]:
+        before = [_server_ns(stats_client, model)]
+
+        def request(_: int) -> Answer:
+            cpu0 = time.process_time()
+            t0 = time.perf_counter()
+            prepared = client.prepare(model, inputs)
+            t1 = time.perf_counter()
+            result = client.send(prepared)
+            t2 = time.perf_counter()
+            client.decode(prepared, result)
+            t3 = time.perf_counter()
+            cpu1 = time.process_time()
+            after = _server_ns(stats_client, model)
+            into.append((t3 - t0, (after - before[0]) / 1e9, t1 - t0, t2 - t1, t3 - t2, cpu1 - cpu0))
+            before[0] = after
+            return Answer(rows)
+
+        yield request
+
+    return connect
+
+
+def measure(
+    client: TritonClient, stats_client: TritonClient, model: str, inputs: dict[str, np.ndarray], requests: int
+) -> np.ndarray:
+    """``requests`` requests one after another on the driver: ``requests x 6`` seconds (:data:`PHASES`).
+
+    Raises:
+        ClientError: a request failed (a cost is only measured on answered requests).
+    """
+    samples: list[tuple[float, ...]] = []
+    # In this thread: the clients were made here, and tritonclient's HTTP client stays on its thread.
+    tally = Driver(phase_timed(client, stats_client, model, inputs, samples), 1, max_requests=requests).run()
+    if tally.errors:
+        raise ClientError(f"{tally.errors} of {requests} requests failed: {dict(tally.error_kinds)}")
+    return np.asarray(samples, dtype=np.float64)
 
 
 def summarize(options: ClientOptions, batch_size: int, samples: np.ndarray) -> CaseResult:
@@ -220,7 +216,7 @@ def summarize(options: ClientOptions, batch_size: int, samples: np.ndarray) -> C
     )
 
 
-def run_bench(http_url: str, grpc_url: str, options: BenchOptions, command: str) -> BenchReport:
+def run_client_cost(http_url: str, grpc_url: str, options: CostOptions, command: str) -> CostReport:
     """Every transport at every batch size against one running server.
 
     The cases take turns (``options.rounds`` rounds, each a share of every
@@ -233,7 +229,7 @@ def run_bench(http_url: str, grpc_url: str, options: BenchOptions, command: str)
         options: model, batch sizes, request counts.
         command: the command line, recorded in the report.
     """
-    load_before = os.getloadavg()[0]
+    record = RunRecord.begin(command)
     rows = sample_rows(None, max(options.batch_sizes), seed=3)
     urls = {"http": http_url, "grpc": grpc_url}
     cases = [
@@ -255,17 +251,7 @@ def run_bench(http_url: str, grpc_url: str, options: BenchOptions, command: str)
             logger.info("round %d of %d", round_index + 1, options.rounds)
             for index, (client, batch) in enumerate(zip(clients, inputs, strict=True)):
                 samples[index].append(measure(client, stats_client, options.model, batch, share))
-    machine = machine_info()
-    # Other jobs on a shared machine move the numbers: say how busy it was.
-    machine["load_average_1min"] = {"start": round(load_before, 2), "end": round(os.getloadavg()[0], 2)}
-    report = BenchReport(
-        date=dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
-        command=command,
-        machine=machine,
-        software=_software(server_version),
-        model=options.model,
-        options=asdict(options),
-    )
+    report = CostReport(record.finish(), server_version, options)
     for (case, batch_size), parts in zip(cases, samples, strict=True):
         report.cases.append(summarize(case, batch_size, np.concatenate(parts)))
     return report
@@ -273,13 +259,10 @@ def run_bench(http_url: str, grpc_url: str, options: BenchOptions, command: str)
 
 @contextmanager
 def local_server(repository: Path) -> Iterator[tuple[str, str]]:
-    """Start the bundle's local tritonserver on ``repository``; yield its HTTP and gRPC urls.
-
-    The only place clients/ touches server/, and only for this benchmark.
-    """
+    """Start the bundle's local tritonserver on ``repository``; yield its HTTP and gRPC urls."""
     from server import LocalServer, ServerConfig
 
-    config = ServerConfig.with_free_ports(repository, log_file=Path("logs/tritonserver-bench.log"))
+    config = ServerConfig.with_free_ports(repository, log_file=Path("logs/tritonserver-client-cost.log"))
     with LocalServer(config) as server:
         yield server.http_url, server.grpc_url
 
@@ -293,28 +276,19 @@ def _transport(case: CaseResult) -> str:
     )
 
 
-def markdown(report: BenchReport, reproduce: Sequence[str]) -> str:
+def markdown(report: CostReport, reproduce: Sequence[str]) -> list[str]:
     """The report as a Markdown page, with how to reproduce it."""
-    machine = report.machine
-    software = report.software
+    options = report.options
     lines = [
         "# Client-side cost per request",
         "",
-        f"Model `{report.model}` on the bundle's local tritonserver {software['tritonserver']} "
+        f"Model `{options.model}` on the bundle's local tritonserver {report.tritonserver} "
         f"(Python-based onnxruntime backend), client and server on the same machine.",
         "",
-        f"- machine: {machine['cpu']}, {machine['cpus']} CPUs ({machine['cpus_usable']} usable), "
-        f"{machine['os']}",
-        f"- load average (1 min) at start and end: {machine['load_average_1min']['start']} and "
-        f"{machine['load_average_1min']['end']} (the machine is shared with other jobs; server and "
-        "client run on the same cores)",
-        f"- date: {report.date}",
-        f"- software: Python {software['python']}, tritonclient {software['tritonclient']}, "
-        f"grpcio {software['grpcio']}, geventhttpclient {software['geventhttpclient']}",
-        f"- command: `{report.command}`",
-        f"- {report.options['requests']} measured requests per case after {report.options['warmup']} "
-        f"warm-up requests, one request in flight (sync client); the cases take turns in "
-        f"{report.options['rounds']} rounds, so background load changes hit them alike",
+        *report.record.lines(),
+        f"- {options.requests} measured requests per case after {options.warmup} warm-up requests, one "
+        f"request in flight (the closed-loop driver, one worker, sync client); the cases take turns in "
+        f"{options.rounds} rounds, so background load changes hit them alike",
         "",
         "Medians in microseconds. **client-side** = total - server, where *server* is the request's "
         "time inside tritonserver from its statistics API (read after every request); it holds the "
@@ -323,30 +297,24 @@ def markdown(report: BenchReport, reproduce: Sequence[str]) -> str:
         "shared memory); *call*: serialize, send, wait, parse (server time included); *decode*: "
         "output to numpy. *client CPU*: the client process's CPU time per request (all threads).",
         "",
-        "| transport | batch | total | server | **client-side** | client-side p90 | build | call "
-        "| decode | client CPU |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
-    for case in report.cases:
-        lines.append(
-            f"| {_transport(case)} | {case.batch_size} | {case.total_us:.0f} | {case.server_us:.0f} "
-            f"| **{case.client_us:.0f}** | {case.client_p90_us:.0f} | {case.build_us:.0f} "
-            f"| {case.call_us:.0f} | {case.decode_us:.0f} | {case.client_cpu_us:.0f} |"
-        )
-    lines += ["", "## Reproduce", "", "```bash", *reproduce, "```", ""]
-    return "\n".join(lines)
+    lines += table(
+        ["transport", "batch", "total", "server", "**client-side**", "client-side p90", "build", "call",
+         "decode", "client CPU"],
+        [
+            [_transport(c), str(c.batch_size), f"{c.total_us:.0f}", f"{c.server_us:.0f}",
+             f"**{c.client_us:.0f}**", f"{c.client_p90_us:.0f}", f"{c.build_us:.0f}", f"{c.call_us:.0f}",
+             f"{c.decode_us:.0f}", f"{c.client_cpu_us:.0f}"]
+            for c in report.cases
+        ],
+    )  # fmt: skip
+    lines += ["", "## Reproduce", "", "```bash", *reproduce, "```"]
+    return lines
 
 
-def write_report(report: BenchReport, out_dir: Path, reproduce: Sequence[str]) -> tuple[Path, Path]:
+def write_report(report: CostReport, out_dir: Path, reproduce: Sequence[str]) -> dict[str, Path]:
     """Write ``client_cost.json`` and ``client_cost.md`` into ``out_dir``."""
-    out_dir.mkdir(parents=True, exist_ok=True)
-    json_path = out_dir / "client_cost.json"
-    md_path = out_dir / "client_cost.md"
-    json_path.write_text(json.dumps(report.as_dict(), indent=2) + "\n")
-    md_path.write_text(markdown(report, reproduce))
-    return json_path, md_path
-
-
-def command_line() -> str:
-    """This process's command line as ``python -m clients ...``."""
-    return shlex.join(["python", "-m", "clients", *sys.argv[1:]])
+    return {
+        "json": write_json(out_dir / "client_cost.json", report.to_json()),
+        "markdown": write_markdown(out_dir / "client_cost.md", markdown(report, reproduce)),
+    }

@@ -10,7 +10,11 @@ One run, in this order:
 4. the sgemm ceiling again (its repeats from both ends make the ceiling).
 
 Each variant's AUC delta and max abs difference against FP32 come from its
-``export_report.json`` (the export's accuracy gate).
+``export_report.json`` (the export's accuracy gate). Served numbers come from
+the closed-loop driver (:func:`loadtest.served.served_throughput`), in-process
+ones and the ceiling from the in-process timer (:mod:`loadtest.timer`).
+``python -m loadtest precision`` writes ``precision.json`` and ``precision.md``;
+``benchmarks/cpu/run.sh`` reproduces the committed ones.
 """
 
 from __future__ import annotations
@@ -24,12 +28,15 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from benchmarks.cpu.common import finish_record, interleaved_in_process, machine_lines, markdown_table
 from bundle.errors import ConfigError
+from bundle.records import RunRecord
 from export.repository import MODEL_FILE, read_config, version_dir, write_config
-from loadtest.payload import MAX_POOL_ROWS, build_pool
-from loadtest.roofline import count_flops, fraction, ort_gemm_probe, served_throughput, sgemm_ceiling
-from server import LocalServer, ServerConfig
+from loadtest.baseline import BaselineConfig, InProcessModel, measure_interleaved
+from loadtest.payload import MAX_POOL_ROWS, PayloadPool, build_pool
+from loadtest.roofline import count_flops, fraction, ort_gemm_probe, sgemm_ceiling
+from loadtest.served import served_throughput
+from loadtest.timer import TimerConfig
+from loadtest.writer import table, write_json, write_markdown
 
 logger = logging.getLogger(__name__)
 
@@ -103,7 +110,7 @@ def add_dynamic_variants(repository: Path, dynamic_repository: Path) -> list[str
 
 
 def _served_round(
-    server: LocalServer, names: list[str], pool: Any, options: PrecisionOptions, results: dict[str, Any]
+    server: Any, names: list[str], pool: PayloadPool, options: PrecisionOptions, results: dict[str, Any]
 ) -> None:
     for name in names:
         for level in options.concurrency:
@@ -198,8 +205,29 @@ def _verdict(rows: list[dict[str, Any]]) -> list[str]:
     return lines
 
 
-def run_precision(options: PrecisionOptions, record: dict[str, Any]) -> dict[str, Any]:
+def _in_process(
+    options: PrecisionOptions, families: dict[str, list[tuple[str, str]]], pool: PayloadPool
+) -> dict[str, Any]:
+    """Every variant's in-process samples/s, the variants of a family taking turns."""
+    timer = TimerConfig(repeats=options.rounds, seconds=options.seconds)
+    results: dict[str, Any] = {}
+    for variants in families.values():
+        models = {
+            name: InProcessModel(
+                BaselineConfig(version_dir(options.repository, name) / MODEL_FILE, (pool.batch_size,))
+            )
+            for _, name in variants
+        }
+        for name, result in measure_interleaved(models, pool, timer).items():
+            results[name] = result.as_dict()
+    return results
+
+
+def run_precision(options: PrecisionOptions, command: str) -> dict[str, Any]:
     """Measure every variant of every family in ``options.repository`` (see the module doc)."""
+    from server import LocalServer, ServerConfig
+
+    record = RunRecord.begin(command)
     if options.dynamic_repository is not None:
         add_dynamic_variants(options.repository, options.dynamic_repository)
     ceiling_start = sgemm_ceiling(options.gemm_size, repeats=9)
@@ -228,10 +256,7 @@ def run_precision(options: PrecisionOptions, record: dict[str, Any]) -> dict[str
                 _served_round(server, names, pool, options, served)
             for name in names:
                 server.unload_model(name)
-    in_process: dict[str, Any] = {}
-    for variants in families.values():
-        files = {name: version_dir(options.repository, name) / MODEL_FILE for _, name in variants}
-        in_process.update(interleaved_in_process(files, pool, options.rounds, options.seconds))
+    in_process = _in_process(options, families, pool)
     ceiling_end = sgemm_ceiling(options.gemm_size, repeats=9)
     ceiling = statistics.median([*ceiling_start.repeats, *ceiling_end.repeats])
     rows: list[dict[str, Any]] = []
@@ -258,9 +283,8 @@ def run_precision(options: PrecisionOptions, record: dict[str, Any]) -> dict[str
                     "serving": _serving(options.repository, name),
                 }
             )
-    finish_record(record)
     return {
-        **record,
+        **record.finish().to_json(),
         "options": {k: str(v) if isinstance(v, Path) else v for k, v in asdict(options).items()},
         "ceiling_gflops": ceiling,
         "ceiling_start": asdict(ceiling_start),
@@ -294,13 +318,10 @@ def _fmt(value: float | None, spec: str) -> str:
 
 def write_precision(result: dict[str, Any], out: Path) -> dict[str, Path]:
     """Write ``precision.json`` and ``precision.md`` into ``out``."""
-    out.mkdir(parents=True, exist_ok=True)
-    json_path = out / "precision.json"
-    json_path.write_text(json.dumps(result, indent=2) + "\n")
     lines = [
         "# CPU serving by precision: DLRM and Wide & Deep against this machine's FP32 ceiling",
         "",
-        *machine_lines(result),
+        *RunRecord.from_json(result).lines(),
         "",
         f"FP32 ceiling: numpy sgemm {result['ceiling_start']['size']}^3 on all cores "
         f"({result['ceiling_start']['what']}), median of the 18 products at the start and the end "
@@ -332,10 +353,10 @@ def write_precision(result: dict[str, Any], out: Path) -> dict[str, Path]:
             f"{', '.join(map(str, options['concurrency']))}; serving: {first['serving']}.",
             "",
         ]
-        table = []
+        cells = []
         for r in rows:
             gate = r["gate"]
-            table.append(
+            cells.append(
                 [
                     f"{r['precision']} (`{r['model']}`)",
                     f"{r['served']['samples_per_s']:,.0f}",
@@ -349,8 +370,8 @@ def write_precision(result: dict[str, Any], out: Path) -> dict[str, Path]:
                     _fmt(gate.get("max_abs_diff_between_batch_sizes"), ".2g"),
                 ]
             )
-        table.append(["BF16", "-", "-", "-", "-", "-", "-", "-", "-", "-"])
-        lines += markdown_table(HEADER, table)
+        cells.append(["BF16", "-", "-", "-", "-", "-", "-", "-", "-", "-"])
+        lines += table(HEADER, cells)
         lines += ["", *_verdict(rows), ""]
     lines += [
         "- AUC delta and max abs diff: the export's accuracy gate against the FP32 ONNX on the labeled "
@@ -363,6 +384,7 @@ def write_precision(result: dict[str, Any], out: Path) -> dict[str, Path]:
         "- Served and in-process numbers are medians over the rounds; each round gives every variant one "
         f"{options['seconds']:g} s window per concurrency.",
     ]
-    md_path = out / "precision.md"
-    md_path.write_text("\n".join(lines) + "\n")
-    return {"json": json_path, "markdown": md_path}
+    return {
+        "json": write_json(out / "precision.json", result),
+        "markdown": write_markdown(out / "precision.md", lines),
+    }

@@ -1,10 +1,20 @@
-"""The soak: a local tritonserver under steady load for minutes; requests, errors and memory growth.
+"""Checked load and the soak: a local tritonserver under steady load for minutes, every answer checked.
 
-:func:`run_soak` starts the bundle's local tritonserver on a repository,
-sends a steady rate of requests from a few client threads (HTTP and gRPC,
-batch sizes mixed, every answer compared with ONNX Runtime in this process),
-samples the resident memory (RSS) of tritonserver and of its python stub
-processes every few seconds, and reports:
+Checked load (:func:`checked_load`, also what the fault tests in
+``tests/integration/test_reliability.py`` drive): the closed-loop driver
+(:mod:`loadtest.driver`) paced to a steady rate, each worker with its own
+:class:`clients.triton.TritonClient` (HTTP or gRPC, retrying UNAVAILABLE by
+its :class:`~clients.retry.RetryPolicy`), drawing a :class:`Case` at random,
+and comparing the answer with every answer the case allows (e.g. the old and
+the new version of a model during a reload): the label of the first that
+matches is counted; no match is a *wrong* answer, an exception that survived
+the retries an *error*.
+
+The soak (:func:`run_soak`, ``python -m loadtest soak``) starts the bundle's
+local tritonserver on a repository, keeps it under checked load (batch sizes
+mixed, every answer compared with ONNX Runtime in this process), samples the
+resident memory (RSS) of tritonserver and of its python stub processes every
+few seconds, and reports:
 
 - requests, rows, errors (target 0) and wrong answers (target 0);
 - RSS growth from the end of the warm-up to the end (target < 5 %): the
@@ -12,44 +22,127 @@ processes every few seconds, and reports:
   grow to the largest batch first, so what remains is growth under steady load;
 - latency percentiles, and the server's own success and failure counts.
 
-:func:`write_result` writes ``result.json`` and ``result.md`` with the machine,
-the command, the date and the load average (the machine may be shared).
+:func:`write_result` writes ``result.json``, ``result.md`` and ``rss.png``.
 """
 
 from __future__ import annotations
 
-import json
 import logging
-import os
-import shlex
-import sys
 import threading
 import time
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-import psutil
+import numpy as np
 
-from benchmarks.soak.load import Case, LoadLoop, Worker
-from bundle.errors import ConfigError
-from clients.bench import machine_info
+from bundle.errors import BundleError, ConfigError
+from bundle.records import RunRecord
+from clients.options import Protocol
 from clients.reference import OnnxReference
 from clients.retry import RetryPolicy
 from clients.triton import TritonClient
 from clients.verify import repository_models
 from criteo.synth import SynthConfig, write_tsv
 from criteo.tsv import Batch, read_batch
-from server import LocalServer, ServerConfig
+from loadtest.driver import Answer, Connect, Driver, Request
+from loadtest.writer import Panel, Series, plot, table, write_json, write_markdown
 
 logger = logging.getLogger(__name__)
 
-#: Targets of the issue: no failed request, resident memory growth under 5 %.
+#: Targets of the soak: no failed request, resident memory growth under 5 %.
 MAX_ERRORS = 0
 MAX_RSS_GROWTH = 0.05
 
 
+class SoakFailed(BundleError):
+    """The soak missed a target (errors, wrong answers or RSS growth)."""
+
+
+# ------------------------------------------------------------------ checked load
+@dataclass(frozen=True)
+class Case:
+    """One request the load may send, with the answers it accepts.
+
+    Args:
+        model: model name.
+        batch: the inputs (``B x 13`` dense, ``B x 26`` ids).
+        answers: accepted ``B x 1`` outputs by label (e.g. ``{"v1": ..., "v2": ...}``).
+        atol: largest absolute difference that still matches.
+    """
+
+    model: str
+    batch: Batch
+    answers: Mapping[str, np.ndarray]
+    atol: float = 1e-6
+
+    def __post_init__(self) -> None:
+        if not self.answers:
+            raise ConfigError(f"case for model {self.model!r} accepts no answer")
+        for label, answer in self.answers.items():
+            if answer.shape != (len(self.batch), 1):
+                raise ConfigError(
+                    f"answer {label!r} of model {self.model!r} has shape {answer.shape}, "
+                    f"expected ({len(self.batch)}, 1)"
+                )
+
+    def label(self, output: np.ndarray) -> str | None:
+        """The label of the accepted answer ``output`` matches, or None."""
+        if output.shape != (len(self.batch), 1):
+            return None
+        for label, answer in self.answers.items():
+            if np.all(np.abs(output - answer) <= self.atol):
+                return label
+        return None
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    """Where one worker sends, and over which protocol."""
+
+    url: str
+    protocol: Protocol
+
+
+def checked_requests(
+    endpoints: Sequence[Endpoint], cases: Sequence[Case], retry: RetryPolicy, timeout_s: float, seed: int
+) -> Connect:
+    """Worker ``i``'s connection: a client of ``endpoints[i]`` drawing ``cases`` at random (seed + i)."""
+    if not endpoints or not cases:
+        raise ConfigError("checked load needs at least one endpoint and one case")
+
+    @contextmanager
+    def connect(worker: int) -> Iterator[Request]:
+        endpoint = endpoints[worker % len(endpoints)]
+        rng = np.random.default_rng(seed + worker)
+        with TritonClient(endpoint.url, endpoint.protocol, timeout_s, retry=retry) as client:
+
+            def request(_: int) -> Answer:
+                case = cases[int(rng.integers(len(cases)))]
+                return Answer(len(case.batch), case.label(client.infer(case.model, case.batch.inputs())))
+
+            yield request
+
+    return connect
+
+
+def checked_load(
+    endpoints: Sequence[Endpoint],
+    cases: Sequence[Case],
+    rate: float,
+    retry: RetryPolicy | None = None,
+    timeout_s: float = 10.0,
+    seed: int = 0,
+) -> Driver:
+    """A driver (not started) with one worker per endpoint, ``rate`` requests/s in all, every
+    answer checked against its case."""
+    connect = checked_requests(endpoints, cases, retry or RetryPolicy(), timeout_s, seed)
+    return Driver(connect, len(endpoints), rate=rate, seed=seed)
+
+
+# ------------------------------------------------------------------ the soak
 @dataclass(frozen=True)
 class SoakConfig:
     """One soak run.
@@ -116,11 +209,7 @@ class SoakResult:
     """What :func:`run_soak` measured (see the module docstring)."""
 
     config: dict[str, Any]
-    date: str
-    command: str
-    machine: dict[str, Any]
-    load_average_start: tuple[float, float, float]
-    load_average_end: tuple[float, float, float]
+    record: RunRecord
     tritonserver: str
     models: list[str]
     seconds: float
@@ -160,23 +249,37 @@ class SoakResult:
         )
 
     def as_dict(self) -> dict[str, Any]:
-        document = asdict(self)
-        document["memory"] = [
-            {"t_s": round(s.t_s, 1), "server_rss": s.server_rss, "stubs_rss": s.stubs_rss, "total": s.total}
-            for s in self.memory
-        ]
-        document["summary"] = {
-            "requests": self.load["requests"],
-            "errors": self.load["errors"],
-            "wrong": self.load["wrong"],
-            "rss_start_bytes": self.rss_start,
-            "rss_after_warmup_bytes": self.rss_baseline,
-            "rss_end_bytes": self.rss_end,
-            "rss_growth": round(self.rss_growth, 5),
-            "targets": {"errors": MAX_ERRORS, "rss_growth_below": MAX_RSS_GROWTH},
-            "passed": self.passed,
+        return {
+            **self.record.to_json(),
+            "config": self.config,
+            "tritonserver": self.tritonserver,
+            "models": self.models,
+            "seconds": self.seconds,
+            "load": self.load,
+            "server_counts": self.server_counts,
+            "memory": [
+                {
+                    "t_s": round(m.t_s, 1),
+                    "server_rss": m.server_rss,
+                    "stubs_rss": m.stubs_rss,
+                    "total": m.total,
+                }
+                for m in self.memory
+            ],
+            "baseline_index": self.baseline_index,
+            "completed": self.completed,
+            "summary": {
+                "requests": self.load["requests"],
+                "errors": self.load["errors"],
+                "wrong": self.load["wrong"],
+                "rss_start_bytes": self.rss_start,
+                "rss_after_warmup_bytes": self.rss_baseline,
+                "rss_end_bytes": self.rss_end,
+                "rss_growth": round(self.rss_growth, 5),
+                "targets": {"errors": MAX_ERRORS, "rss_growth_below": MAX_RSS_GROWTH},
+                "passed": self.passed,
+            },
         }
-        return document
 
 
 def _rows(config: SoakConfig, count: int) -> Batch:
@@ -208,7 +311,7 @@ def _cases(config: SoakConfig, models: list[str]) -> list[Case]:
 class _MemorySampler:
     """Samples ``server.memory()`` every ``interval_s`` in a thread."""
 
-    def __init__(self, server: LocalServer, interval_s: float) -> None:
+    def __init__(self, server: Any, interval_s: float) -> None:
         self._server = server
         self._interval_s = interval_s
         self._stop = threading.Event()
@@ -254,29 +357,30 @@ def _server_counts(url: str, models: list[str]) -> dict[str, dict[str, int]]:
     }
 
 
-def run_soak(config: SoakConfig, command: str = "") -> SoakResult:
-    """Serve ``config.repository`` locally and keep it under load for ``config.duration_s``.
+def run_soak(config: SoakConfig, command: str) -> SoakResult:
+    """Serve ``config.repository`` locally and keep it under checked load for ``config.duration_s``.
 
     Args:
         config: the run.
-        command: the command line to record (this process's when empty).
+        command: the command line to record.
 
     Returns:
         The measurements; :attr:`SoakResult.passed` says whether the targets held.
     """
+    from server import LocalServer, ServerConfig
+
     models = list(config.models) or repository_models(config.repository)
     if not models:
         raise ConfigError(f"{config.repository} holds no ONNX models")
     cases = _cases(config, models)
-    load_start = os.getloadavg()
-    date = datetime.now(UTC).isoformat(timespec="seconds")
+    record = RunRecord.begin(command)
     server_config = ServerConfig.with_free_ports(
         config.repository, model_control_mode="explicit", load_models=tuple(models), log_file=config.log_file
     )
     with LocalServer(server_config) as server:
         urls = {"grpc": server.grpc_url, "http": server.http_url}
-        protocols = [("grpc", "http")[index % 2] for index in range(config.threads)]
-        workers = [Worker(urls[protocol], protocol) for protocol in protocols]  # type: ignore[arg-type]
+        protocols: list[Protocol] = [("grpc", "http")[index % 2] for index in range(config.threads)]
+        endpoints = [Endpoint(urls[protocol], protocol) for protocol in protocols]
         version = str(server.metadata().get("version", "?"))
         logger.info(
             "soak: %s for %.0f s at %.0f requests/s over %d threads (log %s)",
@@ -285,16 +389,16 @@ def run_soak(config: SoakConfig, command: str = "") -> SoakResult:
         # No retries: a request that meets UNAVAILABLE counts as an error here.
         # Counted from here: the models' config warm-up requests are already in the statistics.
         counts_before = _server_counts(server.grpc_url, models)
-        loop = LoadLoop(workers, cases, rate=config.rate, retry=RetryPolicy(max_tries=1), seed=config.seed)
+        load = checked_load(endpoints, cases, config.rate, RetryPolicy(max_tries=1), seed=config.seed)
         started = time.monotonic()
         next_report = 60.0
-        with _MemorySampler(server, config.sample_interval_s) as sampler, loop:
+        with _MemorySampler(server, config.sample_interval_s) as sampler, load:
             while (elapsed := time.monotonic() - started) < config.duration_s and server.running:
                 time.sleep(min(1.0, config.duration_s - elapsed))
                 if elapsed >= next_report:
                     next_report += 60.0
-                    stats = loop.stats
-                    logger.info("soak: %.0f s, %d requests, %d errors", elapsed, stats.requests, stats.errors)
+                    total = load.total
+                    logger.info("soak: %.0f s, %d requests, %d errors", elapsed, total.requests, total.errors)
         seconds = time.monotonic() - started
         completed = server.running
         if not completed:
@@ -311,15 +415,11 @@ def run_soak(config: SoakConfig, command: str = "") -> SoakResult:
     )
     return SoakResult(
         config={k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(config).items()},
-        date=date,
-        command=command or shlex.join(["python", "-m", "benchmarks.soak", *sys.argv[1:]]),
-        machine={**machine_info(), "memory_bytes": psutil.virtual_memory().total},
-        load_average_start=_rounded(load_start),
-        load_average_end=_rounded(os.getloadavg()),
+        record=record.finish(),
         tritonserver=version,
         models=models,
         seconds=round(seconds, 1),
-        load=loop.stats.as_dict(),
+        load=load.total.summary(),
         server_counts=counts,
         memory=sampler.samples,
         baseline_index=baseline,
@@ -327,17 +427,16 @@ def run_soak(config: SoakConfig, command: str = "") -> SoakResult:
     )
 
 
-def _rounded(values: tuple[float, float, float]) -> tuple[float, float, float]:
-    return (round(values[0], 2), round(values[1], 2), round(values[2], 2))
-
-
 def _mib(value: int) -> str:
     return f"{value / 2**20:.1f} MiB"
 
 
-def markdown(result: SoakResult) -> str:
+RSS_PNG = "rss.png"
+
+
+def markdown(result: SoakResult) -> list[str]:
     """A short human-readable report of ``result``."""
-    load, machine, config = result.load, result.machine, result.config
+    load, config = result.load, result.config
     latency = load["latency_ms"]
     verdict = "passed" if result.passed else "FAILED"
     lines = [
@@ -346,30 +445,31 @@ def markdown(result: SoakResult) -> str:
         f"Targets: 0 failed requests, RSS growth < {MAX_RSS_GROWTH:.0%} (tritonserver + its python stubs, "
         f"from the end of the {config['warmup_s']:.0f} s warm-up to the end). Result: **{verdict}**.",
         "",
-        f"- date: {result.date}",
-        f"- command: `{result.command}`",
-        f"- machine: {machine.get('cpu')}, {machine.get('cpus')} CPUs ({machine.get('cpus_usable')} usable), "
-        f"{_mib(machine.get('memory_bytes', 0))} RAM, {machine.get('os')}",
-        f"- load average (1, 5, 15 min) at start {tuple(result.load_average_start)} and end "
-        f"{tuple(result.load_average_end)}: the machine is shared with other jobs",
-        f"- tritonserver {result.tritonserver} (nvidia-pytriton wheel), Python-based onnxruntime backend; "
-        f"models: {', '.join(result.models)}",
-        f"- load: {config['rate']:.0f} requests/s over {config['threads']} client threads (gRPC and HTTP), "
-        f"batch sizes {config['batch_sizes']}, every answer compared with ONNX Runtime in process",
+        *result.record.lines(),
+        f"- **Server**: tritonserver {result.tritonserver} (nvidia-pytriton wheel), Python-based onnxruntime "
+        f"backend; models: {', '.join(result.models)}",
+        f"- **Load**: {config['rate']:.0f} requests/s over {config['threads']} client threads "
+        f"(gRPC and HTTP), batch sizes {config['batch_sizes']}, every answer compared with ONNX Runtime "
+        "in process",
         "",
-        "| | value |",
-        "|---|---:|",
-        f"| duration | {result.seconds:.0f} s |",
-        f"| requests | {load['requests']} |",
-        f"| rows | {load['rows']} |",
-        f"| errors | {load['errors']} |",
-        f"| wrong answers | {load['wrong']} |",
-        f"| latency p50 / p99 / p99.9 | {latency.get('p50', '-')} / {latency.get('p99', '-')} / "
-        f"{latency.get('p99.9', '-')} ms |",
-        f"| RSS right after start | {_mib(result.rss_start)} |",
-        f"| RSS after warm-up | {_mib(result.rss_baseline)} |",
-        f"| RSS at end | {_mib(result.rss_end)} |",
-        f"| **RSS growth after warm-up** | **{result.rss_growth:+.2%}** |",
+        *table(
+            ["", "value"],
+            [
+                ["duration", f"{result.seconds:.0f} s"],
+                ["requests", str(load["requests"])],
+                ["rows", str(load["rows"])],
+                ["errors", str(load["errors"])],
+                ["wrong answers", str(load["wrong"])],
+                [
+                    "latency p50 / p99 / p99.9",
+                    f"{latency.get('p50', '-')} / {latency.get('p99', '-')} / {latency.get('p99.9', '-')} ms",
+                ],
+                ["RSS right after start", _mib(result.rss_start)],
+                ["RSS after warm-up", _mib(result.rss_baseline)],
+                ["RSS at end", _mib(result.rss_end)],
+                ["**RSS growth after warm-up**", f"**{result.rss_growth:+.2%}**"],
+            ],
+        ),
         "",
         "Server-side counts during the load (statistics API): "
         + ", ".join(
@@ -379,14 +479,27 @@ def markdown(result: SoakResult) -> str:
     ]
     if load["error_kinds"]:
         lines += ["Errors:", "", *(f"- {count} x {kind}" for kind, count in load["error_kinds"].items()), ""]
-    lines += ["RSS samples (time, total) are in `result.json`.", ""]
-    return "\n".join(lines)
+    lines += [f"![RSS over the run]({RSS_PNG})", "", "RSS samples are in `result.json`."]
+    return lines
 
 
-def write_result(result: SoakResult, out_dir: Path) -> tuple[Path, Path]:
-    """Write ``result.json`` and ``result.md`` into ``out_dir``; their paths."""
-    out_dir.mkdir(parents=True, exist_ok=True)
-    json_path, md_path = out_dir / "result.json", out_dir / "result.md"
-    json_path.write_text(json.dumps(result.as_dict(), indent=2) + "\n")
-    md_path.write_text(markdown(result))
-    return json_path, md_path
+def write_result(result: SoakResult, out_dir: Path) -> dict[str, Path]:
+    """Write ``result.json``, ``result.md`` and ``rss.png`` (RSS against time) into ``out_dir``."""
+    seconds = [s.t_s for s in result.memory]
+    mib = 2.0**20
+    panel = Panel(
+        "resident memory during the soak",
+        "seconds since the server was ready",
+        "RSS (MiB)",
+        [
+            Series("tritonserver + stubs", seconds, [s.total / mib for s in result.memory], ".-"),
+            Series("tritonserver", seconds, [s.server_rss / mib for s in result.memory], ".-"),
+            Series("python stubs", seconds, [s.stubs_rss / mib for s in result.memory], ".-"),
+        ],
+        vlines=[(result.memory[result.baseline_index].t_s, "RSS baseline (end of warm-up)")],
+    )
+    return {
+        "json": write_json(out_dir / "result.json", result.as_dict()),
+        "markdown": write_markdown(out_dir / "result.md", markdown(result)),
+        "png": plot(out_dir / RSS_PNG, "Soak: the local tritonserver under steady load", [panel]),
+    }

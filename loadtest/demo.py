@@ -1,4 +1,4 @@
-"""``python -m bundle.demo`` (what ``make demo`` runs): the whole path, locally.
+"""``python -m loadtest demo`` (what ``make demo`` runs): the whole path, locally.
 
 synthetic Criteo data -> train DLRM (PyTorch) and Wide & Deep (Keras) ->
 export both to ONNX FP32 + FP16 + INT8 with parity and accuracy checks ->
@@ -8,7 +8,9 @@ sweep of both families over gRPC and HTTP (reports/demo/report.md, PNG
 curves, served / in-process ratios).
 
 Each stage runs as its own ``python -m`` process, so TensorFlow and PyTorch
-never load into one process.
+never load into one process. The demo lives in ``loadtest``, the top stage:
+it drives every stage below it, starts the local server and checks the
+answers with the clients, and ends with a load test.
 """
 
 from __future__ import annotations
@@ -18,17 +20,14 @@ import shlex
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated
 
-import typer
 from rich.console import Console
 from rich.table import Table
 
-from bundle.cli import new_app, run
-from bundle.errors import BundleError
+from bundle.errors import BundleError, ConfigError
 
-app = new_app("Run the demo: data, training, export, local Triton, requests.")
 console = Console()
 
 
@@ -43,24 +42,46 @@ def _step(title: str, *args: str) -> None:
     console.print(f"done in {time.perf_counter() - started:.1f} s", style="green")
 
 
-@app.command("run")
-def demo(
-    workdir: Annotated[Path, typer.Option(help="Where data and checkpoints go.")] = Path("artifacts/demo"),
-    repository: Annotated[Path, typer.Option(help="Model repository to write and serve.")] = Path(
-        "model_repository"
-    ),
-    rows: Annotated[int, typer.Option(help="Synthetic training rows.")] = 200_000,
-    preset: Annotated[str, typer.Option(help="Model preset: tiny, small, reference.")] = "small",
-    table_size: Annotated[int, typer.Option(help="Rows per embedding table.")] = 20_000,
-    tolerance: Annotated[float, typer.Option(help="Max served vs in-process difference.")] = 1e-6,
-    report: Annotated[Path, typer.Option(help="Folder of the load-test report.")] = Path("reports/demo"),
-    sweep_seconds: Annotated[float, typer.Option(help="Seconds per load-test step (0: no load test).")] = 3.0,
-) -> None:
+@dataclass(frozen=True)
+class DemoOptions:
+    """What the demo builds and serves (the defaults are those of ``python -m loadtest demo``).
+
+    Args:
+        workdir: where data and checkpoints go.
+        repository: the model repository to write and serve.
+        rows: synthetic training rows.
+        preset: model preset (``tiny``, ``small``, ``reference``).
+        table_size: rows per embedding table.
+        tolerance: largest served vs in-process difference accepted.
+        report: folder of the load-test report.
+        sweep_seconds: seconds per load-test step (0: no load test).
+    """
+
+    workdir: Path
+    repository: Path
+    rows: int
+    preset: str
+    table_size: int
+    tolerance: float
+    report: Path
+    sweep_seconds: float
+
+    def __post_init__(self) -> None:
+        if self.rows < 1 or self.table_size < 1:
+            raise ConfigError(f"rows and table size must be >= 1, got {self.rows} and {self.table_size}")
+        if self.tolerance < 0 or self.sweep_seconds < 0:
+            raise ConfigError("tolerance and sweep seconds must be >= 0")
+
+
+def run_demo(options: DemoOptions) -> None:
     """Run every stage of the bundle on this machine (no Docker, no GPU)."""
     from clients.verify import sample_rows, verify_repository
     from server.config import ServerConfig
     from server.launcher import LocalServer
 
+    workdir, repository, rows, preset = options.workdir, options.repository, options.rows, options.preset
+    table_size, tolerance, report = options.table_size, options.tolerance, options.report
+    sweep_seconds = options.sweep_seconds
     started = time.perf_counter()
     data = workdir / "data"
     train_file, valid_file = data / "train.tsv", data / "valid.tsv"
@@ -145,7 +166,3 @@ def _served_variant(models: list[str], family: str) -> str:
     INT8 variant when the export wrote it (it passed the accuracy gate), else FP32."""
     int8 = f"{family}_onnx_int8"
     return int8 if int8 in models else f"{family}_onnx"
-
-
-if __name__ == "__main__":
-    run(app)

@@ -9,27 +9,30 @@ concurrencies; the candidates take ``rounds`` turns in alternating order, so
 background load hits them alike, and medians are reported.
 
 Graph optimization levels are compared in-process (both the local backend
-and Triton's C++ onnxruntime backend default to all optimizations).
+and Triton's C++ onnxruntime backend default to all optimizations), with the
+in-process timer (:mod:`loadtest.timer`); served steps run on the closed-loop
+driver (:func:`loadtest.served.served_throughput`).
+``python -m loadtest serving-defaults`` writes ``serving_defaults.json`` and
+``.md``; ``benchmarks/cpu/run.sh`` reproduces the committed ones.
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import shutil
 import statistics
-import time
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from benchmarks.cpu.common import finish_record, machine_lines, markdown_table
 from bundle.errors import ConfigError
+from bundle.records import RunRecord
 from criteo.schema import OUTPUT
 from export.repository import MODEL_FILE, ServingConfig, build_config, version_dir, write_config
 from loadtest.payload import MAX_POOL_ROWS, PayloadPool, build_pool
-from loadtest.roofline import served_throughput
-from server import LocalServer, ServerConfig
+from loadtest.served import served_throughput
+from loadtest.timer import TimerConfig, time_calls
+from loadtest.writer import table, write_json, write_markdown
 
 logger = logging.getLogger(__name__)
 
@@ -119,7 +122,7 @@ def _pools(options: ServingOptions) -> dict[int, PayloadPool]:
 
 
 def _measure_candidate(
-    server: LocalServer, model: str, pools: dict[int, PayloadPool], options: ServingOptions
+    server: Any, model: str, pools: dict[int, PayloadPool], options: ServingOptions
 ) -> dict[str, dict[str, float]]:
     results = {}
     for batch, level in options.steps:
@@ -146,27 +149,30 @@ def _graph_levels(model_file: Path, pool: PayloadPool, rounds: int, seconds: flo
             str(model_file), session_options, providers=["CPUExecutionProvider"]
         )
     batches = pool.batches()
-    rates: dict[str, list[float]] = {level: [] for level in GRAPH_LEVELS}
-    for _ in range(rounds):
-        for level, session in sessions.items():
-            calls = 0
-            started = time.perf_counter()
-            while time.perf_counter() - started < seconds or calls < 3:
-                session.run([OUTPUT], batches[calls % len(batches)])
-                calls += 1
-            rates[level].append(calls * pool.batch_size / (time.perf_counter() - started))
-    return {level: statistics.median(values) for level, values in rates.items()}
+
+    def call(session: Any) -> Any:
+        return lambda index: session.run([OUTPUT], batches[index % len(batches)])
+
+    timings = time_calls(
+        {level: call(session) for level, session in sessions.items()},
+        pool.batch_size,
+        TimerConfig(repeats=rounds, seconds=seconds),
+    )
+    return {level: timing.median for level, timing in timings.items()}
 
 
-def run_serving(options: ServingOptions, record: dict[str, Any]) -> dict[str, Any]:
+def run_serving(options: ServingOptions, command: str) -> dict[str, Any]:
     """Measure every candidate for every model (see the module doc)."""
+    from server import LocalServer, ServerConfig
+
+    record = RunRecord.begin(command)
     names = list(options.candidates or CANDIDATES)
     pools = _pools(options)
     per_model: dict[str, Any] = {}
     for model in options.models:
         root = _scratch_repository(options, model)
         config = ServerConfig.with_free_ports(
-            root, model_control_mode="explicit", log_file=Path("logs/benchmarks-cpu-serving.log")
+            root, model_control_mode="explicit", log_file=Path("logs/serving-defaults-tritonserver.log")
         )
         raw: dict[str, list[dict[str, dict[str, float]]]] = {name: [] for name in names}
         with LocalServer(config) as server:
@@ -195,9 +201,8 @@ def run_serving(options: ServingOptions, record: dict[str, Any]) -> dict[str, An
             levels[model] = _graph_levels(
                 version_dir(options.repository, model) / MODEL_FILE, pools[max(pools)], 5, 1.0
             )
-    finish_record(record)
     return {
-        **record,
+        **record.finish().to_json(),
         "options": {
             k: str(v) if isinstance(v, Path) else v for k, v in asdict(options).items() if k != "scratch"
         },
@@ -235,7 +240,7 @@ def _ranking(results: dict[str, dict[str, dict[str, Any]]]) -> list[str]:
         f"(`{CURRENT_DEFAULT}`):",
         "",
     ]
-    lines += markdown_table(
+    lines += table(
         ["candidate", "x default (geomean)", "worst step", "best step"],
         [
             [name, f"{score[name]:.2f}", f"{min(ratios[name]):.2f}", f"{max(ratios[name]):.2f}"]
@@ -247,14 +252,11 @@ def _ranking(results: dict[str, dict[str, dict[str, Any]]]) -> list[str]:
 
 def write_serving(result: dict[str, Any], out: Path, name: str = "serving_defaults") -> dict[str, Path]:
     """Write ``<name>.json`` and ``<name>.md`` into ``out``."""
-    out.mkdir(parents=True, exist_ok=True)
-    json_path = out / f"{name}.json"
-    json_path.write_text(json.dumps(result, indent=2, default=list) + "\n")
     options = result["options"]
     lines = [
         "# CPU serving defaults, measured through the local tritonserver",
         "",
-        *machine_lines(result),
+        *RunRecord.from_json(result).lines(),
         f"- each candidate's config loaded in turn into one tritonserver (explicit model control); "
         f"gRPC, {options['seconds']:g} s per step after 1 s of warm-up, {options['rounds']} turns over the "
         "candidates in alternating order; medians of the turns. Client and server share the 2 cores.",
@@ -269,7 +271,7 @@ def write_serving(result: dict[str, Any], out: Path, name: str = "serving_defaul
                 [candidate]
                 + [f"{by_step[s]['samples_per_s']:,.0f} ({by_step[s]['p99_ms']:.1f})" for s in steps]
             )
-        lines += markdown_table(["candidate", *steps], rows)
+        lines += table(["candidate", *steps], rows)
         lines.append("")
     lines += [*_ranking(result["results"]), ""]
     if result.get("graph_levels_in_process"):
@@ -278,8 +280,9 @@ def write_serving(result: dict[str, Any], out: Path, name: str = "serving_defaul
             [model, *[f"{levels[level]:,.0f}" for level in GRAPH_LEVELS]]
             for model, levels in result["graph_levels_in_process"].items()
         ]
-        lines += markdown_table(["model", *GRAPH_LEVELS], rows)
+        lines += table(["model", *GRAPH_LEVELS], rows)
         lines.append("")
-    md_path = out / f"{name}.md"
-    md_path.write_text("\n".join(lines) + "\n")
-    return {"json": json_path, "markdown": md_path}
+    return {
+        "json": write_json(out / f"{name}.json", result),
+        "markdown": write_markdown(out / f"{name}.md", lines),
+    }

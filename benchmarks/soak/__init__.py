@@ -1,1 +1,0 @@
-"""The soak benchmark: ``python -m benchmarks.soak`` (see :mod:`benchmarks.soak.soak`)."""

