@@ -58,7 +58,14 @@ from export.hot_rows import HotSet, choose_hot_rows
 from export.lookups import check_sizes, find_lookups, store_spec
 from export.onnx_io import save_model
 from export.parity import ParityResult, compare, extreme_id_rows, onnx_session, run_onnx
-from export.repository import MODEL_FILE, clear_model, trt_model_name, version_dir, write_report
+from export.repository import (
+    MODEL_FILE,
+    clear_model,
+    torch_model_name,
+    trt_model_name,
+    version_dir,
+    write_report,
+)
 from export.row_store import DTYPES, RowStore, RowStoreSpec, format_bytes
 
 if TYPE_CHECKING:  # export.pipeline imports this module
@@ -290,11 +297,12 @@ def clear_split(repository: Path, family: str) -> None:
 
 
 def clear_variants(repository: Path, family: str, fp16: bool, int8: bool) -> None:
-    """Remove the family's FP16, INT8 and TensorRT models, which a hierarchical export does not write (yet).
+    """Remove the family's FP16, INT8, TensorRT and TorchScript models, which a hierarchical export does
+    not write (yet).
 
     They would be all-in-graph models of an earlier export, out of step with the ensemble.
     """
-    names = (f"{family}_onnx_fp16", f"{family}_onnx_int8", trt_model_name(family))
+    names = (f"{family}_onnx_fp16", f"{family}_onnx_int8", trt_model_name(family), torch_model_name(family))
     for name in names:
         clear_model(repository, name)
     wanted = [label for label, on in (("FP16", fp16), ("INT8", int8)) if on]

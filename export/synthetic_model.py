@@ -71,6 +71,7 @@ from export.repository import (
     ServingConfig,
     add_model,
     clear_model,
+    torch_model_name,
     trt_model_name,
     version_dir,
     write_report,
@@ -405,9 +406,9 @@ def _entries() -> tuple[str, str, str]:
     return embedding_model_name(FAMILY), dense_model_name(FAMILY), ensemble_model_name(FAMILY)
 
 
-def _variants() -> tuple[str, str, str]:
-    """The family's FP16, INT8 and TensorRT models, which this function does not write."""
-    return f"{FAMILY}_onnx_fp16", f"{FAMILY}_onnx_int8", trt_model_name(FAMILY)
+def _variants() -> tuple[str, ...]:
+    """The family's FP16, INT8, TensorRT and TorchScript models, which this function does not write."""
+    return f"{FAMILY}_onnx_fp16", f"{FAMILY}_onnx_int8", trt_model_name(FAMILY), torch_model_name(FAMILY)
 
 
 def make_random_hierarchical_dlrm(

@@ -187,7 +187,7 @@ def test_hierarchical_export_is_exact_with_an_fp32_store(
 ) -> None:
     repository = tmp_path / "repo"
     # Stale all-in-graph variants of an earlier export go: they no longer match what is served.
-    for stale in ("dlrm_onnx_fp16", "dlrm_onnx_int8", "dlrm_trt"):
+    for stale in ("dlrm_onnx_fp16", "dlrm_onnx_int8", "dlrm_trt", "dlrm_torch"):
         (repository / stale / "1").mkdir(parents=True)
     caplog.set_level("INFO", logger="export.placement")
     (result,) = export_family(_exporter(checkpoint), replace(_options(repository, data), fp16=True))
