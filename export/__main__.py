@@ -159,11 +159,14 @@ HotBudget = Annotated[
 ProfileData = Annotated[
     Path | None,
     typer.Option(
-        help="Criteo TSV whose lookups per row choose the hot rows (default: --calibration-data, "
-        "else --check-data)."
+        help="Criteo TSV whose lookups per row choose the hot rows, or a folder `python -m criteo "
+        "profile` wrote (default: --calibration-data, else --check-data)."
     ),
 ]
 StoreDtype = Annotated[str, typer.Option(help=f"Values of the hot/cold row store: {' or '.join(DTYPES)}.")]
+StageInstances = Annotated[
+    int, typer.Option(help="Instances of the hot/cold embedding stage (each a stub mapping the same store).")
+]
 Torch = Annotated[
     bool | None,
     typer.Option(
@@ -224,6 +227,7 @@ def _export_options(
     hot_budget: HotBudget = None,
     profile_data: ProfileData = None,
     store_dtype: StoreDtype = "float32",
+    stage_instances: StageInstances = 1,
     torch: Torch = None,
     torch_dtype: TorchDtype = "float16",
     verbose: VerboseOption = False,
@@ -265,6 +269,7 @@ def _export_options(
             hot_budget=None if hot_budget is None else parse_size(hot_budget),
             profile_data=profile_data,
             store_dtype=store_dtype,
+            stage_instances=stage_instances,
         ),
         torch=torch,
         torch_dtype=torch_dtype,

@@ -102,17 +102,21 @@ class PlacementOptions:
             ``python -m criteo profile`` wrote (None: the export's calibration data, else its
             check data; see :meth:`profile_source`).
         store_dtype: the row store's values, ``float32`` or ``float16``.
+        stage_instances: instances of the embedding stage (python stubs; each maps the
+            same store and holds its own slot map).
 
     Raises:
         ConfigError: an unknown mode or dtype, a negative budget, ``hierarchical``
             without a budget, a budget with ``in-graph``, profile data or an FP16 store
-            without a budget, or profile data that does not exist.
+            without a budget, fewer than 1 stage instance (or more without a budget), or
+            profile data that does not exist.
     """
 
     mode: str = "auto"
     hot_budget: int | None = None
     profile_data: Path | None = None
     store_dtype: str = "float32"
+    stage_instances: int = 1
 
     def __post_init__(self) -> None:
         if self.mode not in PLACEMENTS:
@@ -132,9 +136,15 @@ class PlacementOptions:
                 "--hot-budget places tables hot/cold; --embeddings in-graph keeps them all in the graph: "
                 "drop one"
             )
-        if budget is None and (self.profile_data is not None or self.store_dtype != "float32"):
+        instances = self.stage_instances
+        if isinstance(instances, bool) or not isinstance(instances, int) or instances < 1:
+            raise ConfigError(f"--stage-instances must be an int >= 1, got {instances!r}")
+        if budget is None and (
+            self.profile_data is not None or self.store_dtype != "float32" or instances != 1
+        ):
             raise ConfigError(
-                "--profile-data and --store-dtype apply to hot/cold placement: give --hot-budget too"
+                "--profile-data, --store-dtype and --stage-instances apply to hot/cold placement: "
+                "give --hot-budget too"
             )
         if self.profile_data is not None and not Path(self.profile_data).exists():
             raise ConfigError(f"profile data {self.profile_data} does not exist")
@@ -438,7 +448,9 @@ def _write_hierarchical(
 
     parity, check_fields = _check(name, in_graph, dense_path, hot, store, rows, options.fp16_auc_tolerance)
     measured = hot.hit_rate(rows)
-    config = add_hierarchical_models(repository, family, store_dir, hot_path, options.serving)[-1]
+    config = add_hierarchical_models(
+        repository, family, store_dir, hot_path, options.serving, stage_instances=placement.stage_instances
+    )[-1]
     store_bytes = store.spec.total_bytes
     report: dict[str, Any] = {
         "model": name,

@@ -72,6 +72,8 @@ def test_defaults_keep_the_tables_in_the_graph() -> None:
         ({"store_dtype": "float16"}, "give --hot-budget too"),
         ({"profile_data": Path("rows.tsv")}, "give --hot-budget too"),
         ({"hot_budget": 10, "profile_data": Path("/nonexistent/rows.tsv")}, "does not exist"),
+        ({"hot_budget": 10, "stage_instances": 0}, "--stage-instances must be an int >= 1"),
+        ({"stage_instances": 2}, "give --hot-budget too"),
     ],
 )
 def test_bad_options_fail_where_they_are_set(fields: dict[str, Any], message: str) -> None:
@@ -190,7 +192,8 @@ def test_hierarchical_export_is_exact_with_an_fp32_store(
     for stale in ("dlrm_onnx_fp16", "dlrm_onnx_int8", "dlrm_trt", "dlrm_torch"):
         (repository / stale / "1").mkdir(parents=True)
     caplog.set_level("INFO", logger="export.placement")
-    (result,) = export_family(_exporter(checkpoint), replace(_options(repository, data), fp16=True))
+    options = replace(_options(repository, data, stage_instances=2), fp16=True)
+    (result,) = export_family(_exporter(checkpoint), options)
     assert _entries(repository) == {"dlrm_onnx", "dlrm_embedding", "dlrm_dense"}
     assert "more than the hot budget" in caplog.text
     assert "FP16 variants are not written for hot/cold placement yet" in caplog.text
@@ -200,6 +203,7 @@ def test_hierarchical_export_is_exact_with_an_fp32_store(
     assert result.summary.startswith("dlrm_onnx: hot/cold placement: 64 of")
 
     assert read_config(repository / "dlrm_onnx" / "config.pbtxt").platform == "ensemble"
+    assert read_config(repository / "dlrm_embedding" / "config.pbtxt").instance_group[0].count == 2
     assert not (repository / "dlrm_onnx" / "1" / "model.onnx").exists()
     report = json.loads((repository / "dlrm_onnx" / "export_report.json").read_text())
     assert report["placement"] == "hierarchical"
