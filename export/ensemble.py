@@ -58,6 +58,7 @@ from export.repository import (
     ONNX_BACKEND,
     ServingConfig,
     clear_model,
+    set_ort_threading,
     version_dir,
     write_config,
 )
@@ -222,8 +223,7 @@ def build_dense_config(name: str, width: int, serving: ServingConfig) -> mc.Mode
     group = config.instance_group.add()
     group.count = serving.instances
     group.kind = serving.instance_kind
-    if serving.intra_op_threads:
-        config.parameters["intra_op_thread_count"].string_value = str(serving.intra_op_threads)
+    set_ort_threading(config, serving)
     return config
 
 

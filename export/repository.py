@@ -56,13 +56,21 @@ PROFILES: tuple[str, ...] = ("cpu", "gpu")
 #: sizes, batches as large as are queued), to be raised only after measuring;
 #: the cpu profile keeps the 100 us the local server was tuned with.
 QUEUE_DELAY_US: dict[str, int] = {"cpu": 100, "gpu": 0}
+#: Default preferred batch sizes per profile (capped: none above ``max_batch_size``). In the cpu
+#: profile the batcher sends a batch once it holds 1024 rows, so 1024-row requests run one at
+#: a time instead of merged: merged, all clients waited for one long run and then sent their
+#: next requests while the model sat idle (with :data:`ORT_SPINNING_KEY`, see there).
+#: Smaller requests are still merged up to 1024 rows. The gpu profile keeps Triton's
+#: recommended starting point (no preferred sizes).
+PREFERRED_BATCH_SIZES: dict[str, tuple[int, ...]] = {"cpu": (1024,), "gpu": ()}
 #: The config parameter (ONNX Runtime's own session config key) that turns the
 #: spin-waiting of idle intra-op threads on ("1") or off ("0"). ONNX Runtime spins by
-#: default; measured through the local server on 2 cores (benchmarks/cpu/concurrency.md),
-#: its spinning threads take the cores that tritonserver's gRPC threads, the python
-#: backend stub and co-located clients need while a request waits in the queue, so
-#: batch-1024 throughput at concurrency 2 and 4 fell below that of concurrency 1.
-#: The local backend reads it; Triton's C++ onnxruntime backend ignores unknown keys.
+#: default; on 2 cores its spinning threads take the cores that tritonserver's gRPC
+#: threads, the python backend stub and a co-located client need between runs. Off, with
+#: :data:`PREFERRED_BATCH_SIZES`, served INT8 DLRM at batch 1024 kept 0.97x / 1.40x of its
+#: concurrency-1 throughput at concurrency 2 / 4, against 1.00x / 0.53x before
+#: (benchmarks/cpu/concurrency.md, a shared machine; the README says how sure that is).
+#: The local backend reads it; Triton's C++ onnxruntime backend does not read this key.
 ORT_SPINNING_KEY = "session.intra_op.allow_spinning"
 #: Where the ONNX Runtime TensorRT accelerator caches its engines, inside the
 #: serving container (a writable volume; the repository itself is read-only).
@@ -154,7 +162,9 @@ class ServingConfig:
         instances: model instances (each runs batches independently; per GPU in the gpu profile).
         max_queue_delay_us: how long the dynamic batcher waits to fill a batch
             (see :data:`QUEUE_DELAY_US` for each profile's default).
-        preferred_batch_sizes: batch sizes the dynamic batcher aims for (empty: as large as queued).
+        preferred_batch_sizes: batch sizes the dynamic batcher aims for (empty: as large as
+            queued; None: the profile's :data:`PREFERRED_BATCH_SIZES` up to ``max_batch_size``,
+            resolved at construction, so the field always holds a tuple afterwards).
         intra_op_threads: ONNX Runtime threads per instance (0: ONNX Runtime's default).
         intra_op_spinning: let ONNX Runtime's idle intra-op threads spin-wait for work
             (ONNX Runtime's own default) instead of sleeping; off by default in both
@@ -174,7 +184,7 @@ class ServingConfig:
     max_batch_size: int = 4096
     instances: int = 1
     max_queue_delay_us: int = 100
-    preferred_batch_sizes: tuple[int, ...] = ()
+    preferred_batch_sizes: tuple[int, ...] | None = None
     intra_op_threads: int = 0
     intra_op_spinning: bool = False
     warmup_batch_sizes: tuple[int, ...] = (1, 64)
@@ -194,8 +204,13 @@ class ServingConfig:
             raise ConfigError(f"max_queue_delay_us must be >= 0, got {self.max_queue_delay_us}")
         if self.intra_op_threads < 0:
             raise ConfigError(f"intra_op_threads must be >= 0, got {self.intra_op_threads}")
+        if self.preferred_batch_sizes is None:
+            defaults = PREFERRED_BATCH_SIZES[self.profile]
+            object.__setattr__(
+                self, "preferred_batch_sizes", tuple(s for s in defaults if s <= self.max_batch_size)
+            )
         for size in (
-            *self.preferred_batch_sizes,
+            *self.preferred_sizes,
             *self.warmup_batch_sizes,
             *(self.cuda_graph_batch_sizes or ()),
         ):
@@ -210,6 +225,11 @@ class ServingConfig:
                 raise ConfigError("CUDA graphs need --profile gpu")
         if not PurePosixPath(self.ort_trt_cache_dir).is_absolute():
             raise ConfigError(f"ort_trt_cache_dir must be an absolute path, got {self.ort_trt_cache_dir!r}")
+
+    @property
+    def preferred_sizes(self) -> tuple[int, ...]:
+        """The dynamic batcher's preferred batch sizes (the profile's default resolved)."""
+        return self.preferred_batch_sizes or ()
 
     @property
     def instance_kind(self) -> int:
@@ -247,7 +267,7 @@ def _base_config(name: str, serving: ServingConfig) -> mc.ModelConfig:
     # Set explicitly even when 0, so `dynamic_batching {}` is present and enabled.
     config.dynamic_batching.max_queue_delay_microseconds = serving.max_queue_delay_us
     config.dynamic_batching.SetInParent()
-    config.dynamic_batching.preferred_batch_size.extend(serving.preferred_batch_sizes)
+    config.dynamic_batching.preferred_batch_size.extend(serving.preferred_sizes)
     group = config.instance_group.add()
     group.count = serving.instances
     group.kind = serving.instance_kind
@@ -274,13 +294,18 @@ def build_config(name: str, serving: ServingConfig, fp16: bool = False) -> mc.Mo
     config = _base_config(name, serving)
     config.backend = ONNX_BACKEND
     config.default_model_filename = MODEL_FILE
+    set_ort_threading(config, serving)
+    if serving.ort_trt:
+        _add_ort_tensorrt(config, name, serving, fp16)
+    return config
+
+
+def set_ort_threading(config: mc.ModelConfig, serving: ServingConfig) -> None:
+    """The ONNX Runtime thread parameters of ``serving`` on an onnxruntime-backend ``config``."""
     if serving.intra_op_threads:
         # The key the NGC image's onnxruntime backend reads; the local backend reads it too.
         config.parameters["intra_op_thread_count"].string_value = str(serving.intra_op_threads)
     config.parameters[ORT_SPINNING_KEY].string_value = "1" if serving.intra_op_spinning else "0"
-    if serving.ort_trt:
-        _add_ort_tensorrt(config, name, serving, fp16)
-    return config
 
 
 def _add_ort_tensorrt(config: mc.ModelConfig, name: str, serving: ServingConfig, fp16: bool) -> None:

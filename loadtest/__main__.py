@@ -10,6 +10,7 @@ Commands:
   served throughput as fractions of that ceiling, in one run.
 - ``soak``, ``client-cost``, ``precision``, ``serving-defaults``: the benchmarks whose committed
   results live under ``benchmarks/`` (see :mod:`loadtest.commands`).
+- ``tune``: search serving configs and client loads within a p99 budget (:mod:`loadtest.tune`).
 - ``demo``: the whole path on this machine, data to load test (``make demo``).
 """
 
@@ -304,6 +305,7 @@ app.command()(commands.soak)
 app.command("client-cost")(commands.client_cost)
 app.command()(commands.precision)
 app.command("serving-defaults")(commands.serving_defaults)
+app.command()(commands.tune)
 app.command()(commands.demo)
 
 

@@ -4,6 +4,7 @@
 - ``client-cost``: the client-side cost per request of HTTP, gRPC and shared memory.
 - ``precision``: served and in-process samples/s of FP32, FP16 and INT8 against the sgemm ceiling.
 - ``serving-defaults``: candidate serving settings (threads, instances, batcher) through the server.
+- ``tune``: the fastest serving config and client load within a p99 budget (:mod:`loadtest.tune`).
 - ``demo``: the whole path on this machine (what ``make demo`` runs).
 
 Each builds its options object and calls the library function of its module;
@@ -163,7 +164,10 @@ def serving_defaults(
     out: CpuOut = Path("reports/cpu"),
     data: Data = None,
     candidate: Annotated[
-        list[str] | None, typer.Option(help="Candidate settings by name (repeatable; default: all).")
+        list[str] | None,
+        typer.Option(
+            help="Candidate settings by name (repeatable; default: all but the concurrency study's)."
+        ),
     ] = None,
     step: Annotated[
         list[str] | None,
@@ -191,6 +195,98 @@ def serving_defaults(
     )
     paths = write_serving(run_serving(options, command_line("loadtest")), out, name)
     print(f"report: {paths['markdown']}")
+
+
+def tune(
+    repository: Repository,
+    model: Annotated[str, typer.Option(help="Model family: dlrm or wide_deep.")],
+    p99_budget_ms: Annotated[float, typer.Option(help="The p99 latency budget in ms.")],
+    batch_sizes: Annotated[str, typer.Option(help="Client batch sizes, comma-separated.")] = "64,256,1024",
+    concurrency: Annotated[
+        str, typer.Option(help="Requests in flight (a ladder), comma-separated.")
+    ] = "1,2,4,8",
+    variants: Annotated[str, typer.Option(help="Variants to try: fp32, fp16, int8 (comma-separated).")] = (
+        "fp32,fp16,int8"
+    ),
+    instances: Annotated[str, typer.Option(help="Model instances, comma-separated.")] = "1,2",
+    threads: Annotated[str, typer.Option(help="ONNX Runtime threads per instance (0: its default).")] = "0,1",
+    queue_delay_us: Annotated[
+        str, typer.Option(help="Max queue delays in us, comma-separated.")
+    ] = "100,2000",
+    preferred: Annotated[
+        str, typer.Option(help="Preferred batch size sets, ';'-separated, 'none' for none: e.g. 'none;2048'.")
+    ] = "none",
+    window: Annotated[float, typer.Option(help="Seconds per measurement window.")] = 0.5,
+    warmup: Annotated[float, typer.Option(help="Seconds of warm-up per step.")] = 0.5,
+    min_windows: Annotated[int, typer.Option(help="Windows before a step may stop early.")] = 3,
+    max_windows: Annotated[
+        int, typer.Option(help="Windows of an undecided step (every step of --brute-force).")
+    ] = 8,
+    precision_: Annotated[
+        float,
+        typer.Option("--precision", help="A step is decided once its samples/s CI is this tight (relative)."),
+    ] = 0.10,
+    confirm_rounds: Annotated[int, typer.Option(help="Rounds of finalists vs default, side by side.")] = 3,
+    finalists: Annotated[int, typer.Option(help="Best configs re-measured beside the default.")] = 3,
+    top: Annotated[int, typer.Option(help="Configurations listed with their config.pbtxt diffs.")] = 5,
+    brute_force: Annotated[
+        bool, typer.Option("--brute-force", help="Measure every grid point for max-windows (no pruning).")
+    ] = False,
+    apply: Annotated[
+        bool, typer.Option("--apply", help="Write the winner's config into --repository.")
+    ] = False,
+    data: Data = None,
+    out: Annotated[Path, typer.Option(help="Folder for report.md, report.json and frontier.png.")] = Path(
+        "reports/tune"
+    ),
+) -> None:
+    """Search serving configs and client loads for the most samples/s within a p99 budget."""
+    from dataclasses import replace as with_changes
+
+    from loadtest.tune import Policy, TuneOptions, apply_winner, run_tune
+    from loadtest.tune_report import write_tune
+    from loadtest.tune_space import Space, parse_preferred
+
+    space = Space(
+        family=model,
+        variants=tuple(v.strip() for v in variants.split(",") if v.strip()),
+        instances=parse_ints(instances, "--instances"),
+        threads=tuple(int(t) for t in threads.split(",") if t.strip()),
+        queue_delays_us=tuple(int(d) for d in queue_delay_us.split(",") if d.strip()),
+        preferred=parse_preferred(preferred),
+        batch_sizes=parse_ints(batch_sizes, "--batch-sizes"),
+        concurrency=parse_ints(concurrency, "--concurrency"),
+    )
+    policy = Policy(
+        budget_ms=p99_budget_ms,
+        window_s=window,
+        warmup_s=warmup,
+        min_windows=min_windows,
+        max_windows=max_windows,
+        precision=precision_,
+        confirm_rounds=confirm_rounds,
+        finalists=finalists,
+    )
+    if brute_force:
+        policy = with_changes(policy, adaptive=False)
+    document = run_tune(TuneOptions(repository, space, policy, data, top), command_line("loadtest"))
+    paths = write_tune(document, out)
+    winner = document["winner"]
+    if winner is None:
+        print(
+            f"no configuration kept p99 within {p99_budget_ms:g} ms side by side; report: {paths['markdown']}"
+        )
+    else:
+        confirmed = winner.get("confirmed") or winner
+        print(
+            f"winner: {winner['model']} {winner['server_label']} at B={winner['client']['batch_size']} "
+            f"c={winner['client']['concurrency']}: {confirmed['samples_per_s']:,.0f} samples/s, "
+            f"p99 {confirmed['p99_ms']:.2f} ms; report: {paths['markdown']}"
+        )
+    if apply:
+        path, diff = apply_winner(repository, document)
+        print(f"applied: {path}")
+        print(diff or "(no change)", end="" if diff else "\n")
 
 
 def demo(

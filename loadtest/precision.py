@@ -30,7 +30,7 @@ from typing import Any
 
 from bundle.errors import ConfigError
 from bundle.records import RunRecord
-from export.repository import MODEL_FILE, read_config, version_dir, write_config
+from export.repository import MODEL_FILE, ORT_SPINNING_KEY, read_config, version_dir, write_config
 from loadtest.baseline import BaselineConfig, InProcessModel, measure_interleaved
 from loadtest.payload import MAX_POOL_ROWS, PayloadPool, build_pool
 from loadtest.roofline import count_flops, fraction, ort_gemm_probe, sgemm_ceiling
@@ -302,9 +302,12 @@ def _serving(repository: Path, name: str) -> str:
         if "intra_op_thread_count" in parameters
         else "default"
     )
+    spinning = {"0": "off", "1": "on"}.get(
+        parameters[ORT_SPINNING_KEY].string_value if ORT_SPINNING_KEY in parameters else "", "default (on)"
+    )
     group = config.instance_group[0]
     return (
-        f"{group.count} instance(s), intra-op threads {threads}, "
+        f"{group.count} instance(s), intra-op threads {threads}, intra-op spinning {spinning}, "
         f"queue delay {config.dynamic_batching.max_queue_delay_microseconds} us, "
         f"preferred {list(config.dynamic_batching.preferred_batch_size) or 'none'}"
     )

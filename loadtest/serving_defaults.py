@@ -53,6 +53,54 @@ CANDIDATES: dict[str, dict[str, Any]] = {
         "preferred_batch_sizes": (16, 64),
     },
 }
+#: Why served batch-1024 throughput fell at concurrency 2 and 4 (issue 14): each candidate
+#: isolates one hypothesis against the old default (ONNX Runtime's spinning on) and the new one.
+#: Spinning idle intra-op threads taking the cores that tritonserver, the stub and the client
+#: need; the dynamic batcher merging two 1024-row requests into one 2048-row batch (max batch
+#: 1024 forbids it, preferred 1024 avoids it); the intra-op pool oversubscribing 2 cores
+#: (1 thread; 2 instances x 1).
+#: The candidates above take the cpu profile's spinning and preferred-size defaults (off, 1024:
+#: the fix these measured); these name both.
+CONCURRENCY_CANDIDATES: dict[str, dict[str, Any]] = {
+    "1 inst x default threads, spin on, delay 100": {"intra_op_spinning": True, "preferred_batch_sizes": ()},
+    "1 inst x default threads, spin off, delay 100": {
+        "intra_op_spinning": False,
+        "preferred_batch_sizes": (),
+    },
+    "1 inst x default threads, spin on, delay 100, max batch 1024": {
+        "intra_op_spinning": True,
+        "max_batch_size": 1024,
+        "preferred_batch_sizes": (),
+    },
+    "1 inst x default threads, spin off, delay 100, max batch 1024": {
+        "intra_op_spinning": False,
+        "max_batch_size": 1024,
+        "preferred_batch_sizes": (),
+    },
+    "1 inst x default threads, spin off, delay 100, preferred 1024": {
+        "intra_op_spinning": False,
+        "preferred_batch_sizes": (1024,),
+    },
+    "1 inst x 1 thread, spin off, delay 100": {
+        "intra_op_threads": 1,
+        "intra_op_spinning": False,
+        "preferred_batch_sizes": (),
+    },
+    "2 inst x 1 thread, spin off, delay 100": {
+        "instances": 2,
+        "intra_op_threads": 1,
+        "intra_op_spinning": False,
+        "preferred_batch_sizes": (),
+    },
+}
+CANDIDATES.update(
+    {
+        name: {"instances": 1, "intra_op_threads": 0, "max_queue_delay_us": 100, **changes}
+        for name, changes in CONCURRENCY_CANDIDATES.items()
+    }
+)
+#: The candidates ``python -m loadtest serving-defaults`` tries when none is named.
+DEFAULT_CANDIDATES: tuple[str, ...] = tuple(name for name in CANDIDATES if name not in CONCURRENCY_CANDIDATES)
 #: (batch size, concurrency) steps measured per candidate.
 STEPS: tuple[tuple[int, int], ...] = ((1024, 1), (1024, 4), (1, 1), (1, 16))
 #: ONNX Runtime graph optimization levels compared in-process.
@@ -76,7 +124,7 @@ class ServingOptions:
         models: the models whose settings are tried (each on its own).
         out: folder for ``serving_defaults.json`` and ``.md``.
         data: Criteo TSV for the request rows (None: synthetic).
-        candidates: names from :data:`CANDIDATES` (empty: all).
+        candidates: names from :data:`CANDIDATES` (empty: :data:`DEFAULT_CANDIDATES`).
         steps: (batch size, concurrency) pairs.
         rounds: turns over the candidates.
         seconds: one measured window per step and turn.
@@ -166,7 +214,7 @@ def run_serving(options: ServingOptions, command: str) -> dict[str, Any]:
     from server import LocalServer, ServerConfig
 
     record = RunRecord.begin(command)
-    names = list(options.candidates or CANDIDATES)
+    names = list(options.candidates or DEFAULT_CANDIDATES)
     pools = _pools(options)
     per_model: dict[str, Any] = {}
     for model in options.models:
@@ -250,6 +298,44 @@ def _ranking(results: dict[str, dict[str, dict[str, Any]]]) -> list[str]:
     return lines
 
 
+def _scaling(results: dict[str, dict[str, dict[str, Any]]]) -> list[str]:
+    """Per model, each candidate's samples/s at every concurrency of a batch size as a ratio of
+    its samples/s at the lowest concurrency measured for that batch size (same run, same turns)."""
+    lines: list[str] = []
+    for model, candidates in results.items():
+        steps = [
+            parse_step(step.replace("B=", "").replace(" c=", "x")) for step in next(iter(candidates.values()))
+        ]
+        by_batch: dict[int, list[int]] = {}
+        for batch, level in steps:
+            by_batch.setdefault(batch, []).append(level)
+        pairs = [
+            (batch, min(levels), level) for batch, levels in by_batch.items() for level in sorted(levels)[1:]
+        ]
+        if not pairs:
+            continue
+        headers = [f"B={b} c={c} / c={low}" for b, low, c in pairs]
+        rows = []
+        for candidate, by_step in candidates.items():
+            cells = []
+            for batch, low, level in pairs:
+                base = by_step[f"B={batch} c={low}"]
+                step = by_step[f"B={batch} c={level}"]
+                ratio = step["samples_per_s"] / base["samples_per_s"] if base["samples_per_s"] else 0.0
+                cells.append(f"{ratio:.2f} (p50 {base['p50_ms']:.0f} -> {step['p50_ms']:.0f} ms)")
+            rows.append([candidate, *cells])
+        lines += [
+            f"## {model}: concurrency scaling",
+            "",
+            "samples/s at the higher concurrency / samples/s at the lowest, same batch size "
+            "(medians of the turns), and the p50 latency at both:",
+            "",
+            *table(["candidate", *headers], rows),
+            "",
+        ]
+    return lines
+
+
 def write_serving(result: dict[str, Any], out: Path, name: str = "serving_defaults") -> dict[str, Path]:
     """Write ``<name>.json`` and ``<name>.md`` into ``out``."""
     options = result["options"]
@@ -273,6 +359,7 @@ def write_serving(result: dict[str, Any], out: Path, name: str = "serving_defaul
             )
         lines += table(["candidate", *steps], rows)
         lines.append("")
+    lines += _scaling(result["results"])
     lines += [*_ranking(result["results"]), ""]
     if result.get("graph_levels_in_process"):
         lines += ["## Graph optimization level (in-process, batch 1024, samples/s)", ""]

@@ -4,10 +4,13 @@
 # default) and INT8 dynamic, then
 #   1. serving_defaults.{json,md} (python -m loadtest serving-defaults): candidate serving settings
 #      through the local tritonserver;
-#   2. precision.{json,md} (python -m loadtest precision): served and in-process samples/s of every
+#   2. concurrency.{json,md} (python -m loadtest serving-defaults --name concurrency): why served
+#      INT8 DLRM at batch 1024 lost throughput from concurrency 1 to 2 and 4 (issue 14), each
+#      hypothesis (ONNX Runtime spinning, the batcher merging requests, thread counts) side by side;
+#   3. precision.{json,md} (python -m loadtest precision): served and in-process samples/s of every
 #      precision at batch 1024 as fractions of the FP32 sgemm ceiling measured in the same run, with
 #      each AUC delta.
-# Both measure with the bundle's one load driver and one in-process timer (loadtest/driver.py,
+# All measure with the bundle's one load driver and one in-process timer (loadtest/driver.py,
 # loadtest/timer.py); the code is in loadtest/, this folder holds only results and this script.
 #
 #   bash benchmarks/cpu/run.sh        # from the repository root, after `make setup`
@@ -50,5 +53,17 @@ fi
 
 quiet python -m loadtest serving-defaults --repository "$WORK/repo" --model dlrm_onnx_int8 \
   --model wide_deep_onnx_int8 --data "$WORK/data/check.tsv" --out "$OUT"
+concurrency=(
+  --candidate "1 inst x default threads, spin on, delay 100"
+  --candidate "1 inst x default threads, spin off, delay 100"
+  --candidate "1 inst x default threads, spin on, delay 100, max batch 1024"
+  --candidate "1 inst x default threads, spin off, delay 100, max batch 1024"
+  --candidate "1 inst x default threads, spin off, delay 100, preferred 1024"
+  --candidate "1 inst x 1 thread, spin off, delay 100"
+  --candidate "2 inst x 1 thread, spin off, delay 100"
+)
+quiet python -m loadtest serving-defaults --repository "$WORK/repo" --model dlrm_onnx_int8 \
+  --data "$WORK/data/check.tsv" --out "$OUT" --name concurrency --step 1024x1 --step 1024x2 --step 1024x4 \
+  --step 1x1 --step 1x16 --rounds 3 "${concurrency[@]}"
 quiet python -m loadtest precision --repository "$WORK/repo" --dynamic-repository "$WORK/repo_dynamic" \
   --data "$WORK/data/check.tsv" --out "$OUT"

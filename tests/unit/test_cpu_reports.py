@@ -92,3 +92,30 @@ def test_the_serving_report_ranks_candidates_against_the_current_default(tmp_pat
     assert ranking.index(CURRENT_DEFAULT) < ranking.index("2 inst x 1 thread")
     assert "| 2 inst x 1 thread | 0.75 | 0.75 | 0.75 |" in ranking
     assert (tmp_path / "defaults.json").is_file()
+
+
+def test_the_serving_report_gives_each_candidates_concurrency_scaling(tmp_path: Path) -> None:
+    def steps(c1: float, c2: float, c4: float) -> dict[str, dict[str, float]]:
+        return {
+            "B=1024 c=1": {"samples_per_s": c1, "p50_ms": 16.0, "p99_ms": 20.0},
+            "B=1024 c=2": {"samples_per_s": c2, "p50_ms": 89.0, "p99_ms": 95.0},
+            "B=1024 c=4": {"samples_per_s": c4, "p50_ms": 120.0, "p99_ms": 130.0},
+        }
+
+    result = {
+        **_record(),
+        "options": {"seconds": 3.0, "rounds": 3},
+        "candidates": {},
+        "results": {
+            "dlrm_onnx_int8": {
+                "spin on": steps(58_000, 23_200, 31_900),
+                "spin off": steps(50_000, 50_000, 55_000),
+            }
+        },
+    }
+    text = write_serving(result, tmp_path, "concurrency")["markdown"].read_text()
+
+    scaling = text[text.index("## dlrm_onnx_int8: concurrency scaling") :]
+    assert "| candidate | B=1024 c=2 / c=1 | B=1024 c=4 / c=1 |" in scaling
+    assert "| spin on | 0.40 (p50 16 -> 89 ms) | 0.55 (p50 16 -> 120 ms) |" in scaling
+    assert "| spin off | 1.00 (p50 16 -> 89 ms) | 1.10 (p50 16 -> 120 ms) |" in scaling

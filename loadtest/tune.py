@@ -1,0 +1,716 @@
+"""``python -m loadtest tune``: the fastest serving configuration whose p99 stays under a budget.
+
+It searches, through the real local tritonserver, the variant (FP32 / FP16 /
+INT8), instances, ONNX Runtime threads, the batcher's max queue delay and
+preferred batch sizes (:mod:`loadtest.tune_space`), and per loaded config the
+client's batch size and concurrency. Every step runs on the bundle's one
+closed-loop driver (:class:`loadtest.driver.Driver`, windows of
+:meth:`~loadtest.driver.Driver.measure`).
+
+The search, and why it beats the grid:
+
+1. Server configs are loaded one at a time into one tritonserver under
+   explicit model control, in a scratch repository whose version folders
+   link to the user's (a reload takes seconds; a restart, tens). The default
+   (what the cpu profile exports) goes first, so an incumbent exists early.
+2. Every config after the first is first measured at the incumbent's client load; when its
+   whole throughput interval there lies below the incumbent's, it is dominated and dropped
+   (configs rank alike at neighbouring loads; a config that loses where the incumbent is best
+   would need another load to win, and the ladder of the incumbent's own config already
+   explored those). Otherwise, per batch size, the concurrency is a ladder, climbed from the
+   lowest level. Latency grows with requests in flight in a closed loop, so
+   once a step is over the budget every higher one is too: the ladder stops.
+   It also stops once one more level adds less than ``min_gain`` throughput
+   (saturated: by Little's law the extra requests only queue). When the
+   lowest level of a batch size is over the budget, larger batches are
+   skipped (a larger batch is never faster to answer).
+3. Each step measures windows until its verdict is decided
+   (:mod:`loadtest.tune_stats`): after ``min_windows``, it stops when the p99
+   interval lies wholly above the budget (infeasible), when its throughput
+   interval lies wholly below the incumbent's lower bound (dominated: it
+   cannot be the winner, whatever its p99), or when its p99 interval lies
+   wholly under the budget and its throughput interval is narrower than
+   ``precision``.
+   Only undecided steps run ``max_windows``.
+4. The best certified step (its whole p99 interval within the budget; the
+   best feasible one where a config has none) of each of the ``finalists``
+   fastest configs and of the default are then measured again side by side, in alternating
+   rounds; the winner is the fastest of them whose median p99 holds the
+   budget there (:func:`pick_winner`): the search's own figures were taken
+   minutes apart on a shared machine, and a step near the budget can cross it.
+
+Measured time is accounted window by window (warm-up included). The brute
+force it is compared with measures every grid point (server x client) for
+the fixed ``warmup_s + max_windows x window_s`` that the search spends at
+most on one step: ``grid points x that``. ``--brute-force`` runs exactly that
+search (no early stop, no pruning), to check that both find the same winner.
+"""
+
+from __future__ import annotations
+
+import logging
+import statistics
+import tempfile
+import time
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import AbstractContextManager, contextmanager
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from typing import Any, Protocol
+
+from rich.console import Console
+from rich.progress import Progress
+
+from bundle.errors import ConfigError
+from bundle.records import RunRecord
+from export.repository import version_dir, write_config
+from loadtest.driver import Driver
+from loadtest.latency import Tally
+from loadtest.payload import MAX_POOL_ROWS, PayloadPool, build_pool
+from loadtest.served import triton_requests
+from loadtest.tune_space import (
+    ClientPoint,
+    ServerPoint,
+    Space,
+    base_configs,
+    candidate_config,
+    config_diff,
+    config_text,
+    default_point,
+    model_name,
+)
+from loadtest.tune_stats import StepEstimate, estimate
+
+logger = logging.getLogger(__name__)
+console = Console(stderr=True, soft_wrap=True)
+
+#: Measures one window of ``seconds`` of the load that is running; returns its tally.
+Measure = Callable[[float], Tally]
+
+
+class Probe(Protocol):
+    """Where steps are measured: loads a server point, then runs client loads against it."""
+
+    def load(self, point: ServerPoint) -> None:
+        """Serve ``point`` (write its config, (re)load its model)."""
+
+    def run(self, client: ClientPoint) -> AbstractContextManager[Measure]:
+        """Start ``client``'s load on the loaded point; yields a window function; stops on exit."""
+
+
+@dataclass(frozen=True)
+class Policy:
+    """How each step is measured and when the search stops early.
+
+    Args:
+        budget_ms: the p99 latency budget.
+        window_s: length of one measurement window.
+        warmup_s: a window run and thrown away at the start of each step.
+        min_windows: windows before a step may stop (3: a t interval with 2 degrees of freedom).
+        max_windows: windows of an undecided step; every step of a brute force.
+        precision: a feasible step stops once its throughput interval's half width is below this
+            fraction of its mean.
+        min_gain: a concurrency level must add this fraction of throughput, or the ladder stops.
+        adaptive: False: the brute force (every point ``max_windows``, nothing pruned).
+        confirm_rounds: rounds of the finalists' re-measurement (alternating order).
+        confirm_windows: windows per step of that re-measurement.
+        finalists: the best configs of the search re-measured beside the default; the winner is
+            the fastest of them whose median p99 holds the budget there.
+    """
+
+    budget_ms: float
+    window_s: float = 0.5
+    warmup_s: float = 0.5
+    min_windows: int = 3
+    max_windows: int = 8
+    precision: float = 0.10
+    min_gain: float = 0.05
+    adaptive: bool = True
+    confirm_rounds: int = 3
+    confirm_windows: int = 6
+    finalists: int = 3
+
+    def __post_init__(self) -> None:
+        if not self.budget_ms > 0:
+            raise ConfigError(f"the p99 budget must be > 0 ms, got {self.budget_ms}")
+        if not self.window_s > 0 or self.warmup_s < 0:
+            raise ConfigError("window_s must be > 0 and warmup_s >= 0")
+        if not 2 <= self.min_windows <= self.max_windows:
+            raise ConfigError(
+                f"need 2 <= min_windows <= max_windows, got {self.min_windows}, {self.max_windows}"
+            )
+        if not 0 < self.precision < 1 or self.min_gain < 0:
+            raise ConfigError("precision must be in (0, 1) and min_gain >= 0")
+        if self.confirm_rounds < 1 or self.confirm_windows < 1 or self.finalists < 1:
+            raise ConfigError("confirm_rounds, confirm_windows and finalists must be >= 1")
+
+    @property
+    def point_seconds(self) -> float:
+        """What the brute force spends on every grid point: warm-up plus ``max_windows`` windows."""
+        return self.warmup_s + self.max_windows * self.window_s
+
+
+@dataclass(frozen=True)
+class Trial:
+    """One measured step: a server point under one client load.
+
+    Attributes:
+        server, client: what was measured.
+        samples_per_s, rate_low, rate_high: mean samples/s of the windows and its 95 % interval.
+        p50_ms, p99_ms, p99_low, p99_high: latency over every window; the p99's 95 % interval.
+        windows: windows measured (warm-up excluded).
+        requests, errors: answered and failed requests over the windows.
+        measured_s: seconds of load, warm-up included.
+        stop: why the step ended: ``over budget``, ``decided``, ``dominated``, ``max windows``, ``errors``.
+        budget_ms: the budget it was judged against.
+    """
+
+    server: ServerPoint
+    client: ClientPoint
+    samples_per_s: float
+    rate_low: float
+    rate_high: float
+    p50_ms: float
+    p99_ms: float
+    p99_low: float
+    p99_high: float
+    windows: int
+    requests: int
+    errors: int
+    measured_s: float
+    stop: str
+    budget_ms: float
+
+    @property
+    def feasible(self) -> bool:
+        """Answered, without errors, with its p99 within the budget."""
+        return self.requests > 0 and self.errors == 0 and self.p99_ms <= self.budget_ms
+
+    @property
+    def certified(self) -> bool:
+        """Feasible with the whole p99 interval within the budget: what finalists are drawn from."""
+        return self.feasible and self.p99_high <= self.budget_ms
+
+    def as_dict(self) -> dict[str, Any]:
+        values = asdict(self)
+        values["server"] = self.server.as_dict()
+        values["server_label"] = self.server.label
+        values["feasible"] = self.feasible
+        return values
+
+
+def _verdict(step: StepEstimate, policy: Policy, incumbent_low: float) -> str | None:
+    """Why the step may stop now, or None to measure on (see the module doc, point 3)."""
+    if step.errors:
+        return "errors"
+    if step.p99.low > policy.budget_ms:
+        return "over budget"
+    if step.rate.high < incumbent_low:
+        # Slower than the incumbent whatever its p99: more windows cannot make it the winner.
+        return "dominated"
+    if step.p99.high <= policy.budget_ms and step.rate.relative_half_width <= policy.precision:
+        return "decided"
+    return None
+
+
+def run_trial(
+    measure: Measure, server: ServerPoint, client: ClientPoint, policy: Policy, incumbent_low: float = 0.0
+) -> Trial:
+    """Measure one step: a warm-up window, then windows until decided (adaptive) or ``max_windows``."""
+    measured = measure(policy.warmup_s).seconds if policy.warmup_s > 0 else 0.0
+    windows: list[Tally] = []
+    stop = "max windows"
+    while len(windows) < policy.max_windows:
+        window = measure(policy.window_s)
+        windows.append(window)
+        measured += window.seconds
+        if policy.adaptive and len(windows) >= policy.min_windows:
+            verdict = _verdict(estimate(windows), policy, incumbent_low)
+            if verdict is not None:
+                stop = verdict
+                break
+    step = estimate(windows)
+    return Trial(
+        server=server,
+        client=client,
+        samples_per_s=step.rate.value,
+        rate_low=step.rate.low,
+        rate_high=step.rate.high,
+        p50_ms=step.p50_ms,
+        p99_ms=step.p99.value,
+        p99_low=step.p99.low,
+        p99_high=step.p99.high,
+        windows=step.windows,
+        requests=step.requests,
+        errors=step.errors,
+        measured_s=measured,
+        stop="errors" if step.errors else stop,
+        budget_ms=policy.budget_ms,
+    )
+
+
+@dataclass
+class SearchResult:
+    """Every step of a search, in order, and what it cost.
+
+    Attributes:
+        trials: the measured steps.
+        loads: server configs loaded.
+        skipped: ``(server label, client label, reason)`` of each grid point not measured.
+        wall_s: wall time of the search, loads included.
+    """
+
+    trials: list[Trial] = field(default_factory=list)
+    loads: int = 0
+    skipped: list[tuple[str, str, str]] = field(default_factory=list)
+    wall_s: float = 0.0
+
+    @property
+    def measured_s(self) -> float:
+        return sum(trial.measured_s for trial in self.trials)
+
+    def best(self, server: ServerPoint | None = None, certified: bool = False) -> Trial | None:
+        """The feasible step with the most samples/s (of ``server`` only, when given);
+        ``certified``: among the certified steps, else the feasible ones when none is certified."""
+        feasible = [t for t in self.trials if t.feasible and (server is None or t.server == server)]
+        sure = [t for t in feasible if t.certified] if certified else []
+        return max(sure or feasible, key=lambda t: t.samples_per_s, default=None)
+
+
+def search(
+    probe: Probe,
+    points: Sequence[ServerPoint],
+    batch_sizes: Sequence[int],
+    concurrency: Sequence[int],
+    policy: Policy,
+    on_trial: Callable[[Trial], None] | None = None,
+) -> SearchResult:
+    """Search ``points`` x client loads through ``probe`` (see the module doc for the pruning).
+
+    Args:
+        probe: loads server points and measures client loads.
+        points: server configs, in the order to load them (the default first).
+        batch_sizes: request batch sizes (ascending).
+        concurrency: the ladder of requests in flight (ascending).
+        policy: budget, windows and early stopping (``adaptive=False``: brute force).
+        on_trial: called after each step (progress).
+    """
+    started = time.monotonic()
+    result = SearchResult()
+    incumbent: Trial | None = None
+    clients = [ClientPoint(b, c) for b in batch_sizes for c in concurrency]
+
+    def step(point: ServerPoint, client: ClientPoint) -> Trial:
+        nonlocal incumbent
+        low = incumbent.rate_low if incumbent is not None and policy.adaptive else 0.0
+        with probe.run(client) as measure:
+            trial = run_trial(measure, point, client, policy, low)
+        result.trials.append(trial)
+        if on_trial is not None:
+            on_trial(trial)
+        if trial.feasible and (incumbent is None or trial.samples_per_s > incumbent.samples_per_s):
+            incumbent = trial
+        return trial
+
+    for point in points:
+        probe.load(point)
+        result.loads += 1
+        done: dict[ClientPoint, Trial] = {}
+        leader = incumbent
+        if policy.adaptive and leader is not None:
+            # First the incumbent's own load: a config slower there (its whole interval below the
+            # incumbent's) is dominated; its ladders are not climbed.
+            done[leader.client] = probe_trial = step(point, leader.client)
+            if probe_trial.rate_high < leader.rate_low:
+                dropped = f"config dominated at the incumbent's load {leader.client.label}"
+                result.skipped += [(point.label, c.label, dropped) for c in clients if c != leader.client]
+                continue
+        for b_index, batch in enumerate(batch_sizes):
+            previous: Trial | None = None
+            first: Trial | None = None
+            for c_index, level in enumerate(concurrency):
+                client = ClientPoint(batch, level)
+                trial = done.pop(client, None) or step(point, client)
+                first = first or trial
+                if not policy.adaptive:
+                    continue
+                reason: str | None = None
+                if not trial.feasible:
+                    reason = "higher concurrency: the step below is over budget"
+                elif previous is not None and trial.samples_per_s < previous.samples_per_s * (
+                    1 + policy.min_gain
+                ):
+                    reason = "higher concurrency: throughput saturated"
+                previous = trial
+                if reason is not None:
+                    result.skipped += [
+                        (point.label, f"B={batch} c={c}", reason)
+                        for c in concurrency[c_index + 1 :]
+                        if ClientPoint(batch, c) not in done
+                    ]
+                    break
+            if policy.adaptive and first is not None and not first.feasible:
+                larger = f"larger batch: B={batch} at c={concurrency[0]} is over budget"
+                result.skipped += [
+                    (point.label, f"B={b} c={c}", larger)
+                    for b in batch_sizes[b_index + 1 :]
+                    for c in concurrency
+                    if ClientPoint(b, c) not in done
+                ]
+                break
+    result.wall_s = time.monotonic() - started
+    return result
+
+
+def confirm(probe: Probe, trials: Sequence[Trial], policy: Policy) -> list[list[Trial]]:
+    """Measure each of ``trials``' steps again, ``confirm_rounds`` times in alternating order,
+    every step ``confirm_windows`` windows; per trial, its rounds."""
+    fixed = replace(policy, adaptive=False, max_windows=policy.confirm_windows)
+    rounds: list[list[Trial]] = [[] for _ in trials]
+    for index in range(policy.confirm_rounds):
+        order = list(range(len(trials)))
+        for which in order if index % 2 == 0 else order[::-1]:
+            trial = trials[which]
+            probe.load(trial.server)
+            with probe.run(trial.client) as measure:
+                rounds[which].append(run_trial(measure, trial.server, trial.client, fixed))
+    return rounds
+
+
+def _median_of(rounds: Sequence[Trial]) -> dict[str, Any]:
+    return {
+        "samples_per_s": statistics.median(t.samples_per_s for t in rounds),
+        "p99_ms": statistics.median(t.p99_ms for t in rounds),
+        "rounds_samples_per_s": [t.samples_per_s for t in rounds],
+        "rounds_p99_ms": [t.p99_ms for t in rounds],
+        "errors": sum(t.errors for t in rounds),
+        "measured_s": sum(t.measured_s for t in rounds),
+    }
+
+
+def pick_winner(
+    finalists: Sequence[Trial], rounds: Sequence[Sequence[Trial]], budget_ms: float
+) -> int | None:
+    """Index of the finalist with the most median samples/s over its side-by-side rounds among
+    those whose median p99 is within ``budget_ms`` and that failed no request; None if none held.
+
+    The search ranks steps measured minutes apart; on a shared machine a step measured near the
+    budget can cross it when measured again, so the side-by-side rounds decide.
+    """
+    best: int | None = None
+    best_rate = -1.0
+    for index, measured in enumerate(rounds):
+        if not measured:
+            continue
+        median = _median_of(measured)
+        if median["errors"] or median["p99_ms"] > budget_ms:
+            continue
+        if median["samples_per_s"] > best_rate:
+            best, best_rate = index, median["samples_per_s"]
+    if len(finalists) != len(rounds):
+        raise ConfigError("one list of rounds per finalist")
+    return best
+
+
+def pareto_frontier(trials: Sequence[Trial]) -> list[Trial]:
+    """The steps no other step beats on both p99 (lower) and samples/s (higher), by p99 ascending.
+
+    Steps with errors or no answers are left out.
+    """
+    usable = sorted(
+        (t for t in trials if t.requests > 0 and t.errors == 0), key=lambda t: (t.p99_ms, -t.samples_per_s)
+    )
+    frontier: list[Trial] = []
+    for trial in usable:
+        if not frontier or trial.samples_per_s > frontier[-1].samples_per_s:
+            frontier.append(trial)
+    return frontier
+
+
+def top_configs(result: SearchResult, count: int, certified: bool = False) -> list[Trial]:
+    """The best feasible (``certified``: certified, see :meth:`SearchResult.best`) step of each
+    server config, the ``count`` fastest."""
+    best = [result.best(point, certified) for point in dict.fromkeys(t.server for t in result.trials)]
+    ranked = sorted((t for t in best if t is not None), key=lambda t: t.samples_per_s, reverse=True)
+    return ranked[:count]
+
+
+# ---------------------------------------------------------------- the real probe
+class ServedProbe:
+    """A local tritonserver (explicit model control) on a scratch copy of the repository.
+
+    The scratch repository holds, per variant, a folder whose version folders
+    link to the user's and whose config.pbtxt is rewritten for each candidate;
+    the user's repository is never written. One variant is loaded at a time:
+    switching variants unloads the previous one, so it takes no core.
+
+    Args:
+        repository: the exported repository.
+        family: ``dlrm`` or ``wide_deep``.
+        pools: request batches by batch size.
+        log_file: tritonserver's log.
+    """
+
+    def __init__(self, repository: Path, family: str, pools: dict[int, PayloadPool], log_file: Path) -> None:
+        self._repository = repository
+        self._family = family
+        self._pools = pools
+        self._log_file = log_file
+        self._bases = base_configs(repository, family, tuple(model_name_variants(repository, family)))
+        self._scratch: tempfile.TemporaryDirectory[str] | None = None
+        self._server: Any = None
+        self._loaded: str | None = None
+        self._model = ""
+
+    def __enter__(self) -> ServedProbe:
+        from server import LocalServer, ServerConfig
+
+        self._scratch = tempfile.TemporaryDirectory(prefix="tune-")
+        root = Path(self._scratch.name)
+        for variant in self._bases:
+            name = model_name(self._family, variant)
+            (root / name).mkdir()
+            for folder in sorted((self._repository / name).iterdir()):
+                if folder.is_dir() and folder.name.isdigit():
+                    (root / name / folder.name).symlink_to(folder.resolve(), target_is_directory=True)
+        config = ServerConfig.with_free_ports(root, model_control_mode="explicit", log_file=self._log_file)
+        self._server = LocalServer(config).start()
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        if self._server is not None:
+            self._server.stop()
+        if self._scratch is not None:
+            self._scratch.cleanup()
+
+    def load(self, point: ServerPoint) -> None:
+        if self._scratch is None:
+            raise ConfigError("enter the probe before loading a config")
+        name = model_name(self._family, point.variant)
+        if self._loaded is not None and self._loaded != name:
+            self._server.unload_model(self._loaded)
+        write_config(Path(self._scratch.name) / name, candidate_config(self._bases[point.variant], point))
+        self._server.load_model(name, timeout=600)
+        self._loaded = self._model = name
+
+    @contextmanager
+    def run(self, client: ClientPoint) -> Iterator[Measure]:
+        pool = self._pools[client.batch_size]
+        connect = triton_requests(self._server.grpc_url, "grpc", self._model, pool, client.concurrency)
+        with Driver(connect, client.concurrency) as driver:
+            yield driver.measure
+
+
+def model_name_variants(repository: Path, family: str) -> list[str]:
+    """The variants of ``family`` whose ``model.onnx`` is in ``repository``."""
+    return [
+        v
+        for v in ("fp32", "fp16", "int8")
+        if (version_dir(repository, model_name(family, v)) / "model.onnx").is_file()
+    ]
+
+
+# ---------------------------------------------------------------- the command
+@dataclass(frozen=True)
+class TuneOptions:
+    """What ``python -m loadtest tune`` does.
+
+    Args:
+        repository: an exported cpu-profile repository.
+        space: what is searched.
+        policy: budget, windows, early stopping.
+        data: Criteo TSV for the request rows (None: synthetic).
+        top: configurations listed with their config.pbtxt diffs.
+        log_file: tritonserver's log.
+    """
+
+    repository: Path
+    space: Space
+    policy: Policy
+    data: Path | None = None
+    top: int = 5
+    log_file: Path = Path("logs/tune-tritonserver.log")
+
+    def __post_init__(self) -> None:
+        if self.top < 1:
+            raise ConfigError(f"top must be >= 1, got {self.top}")
+        if self.data is not None and not self.data.is_file():
+            raise ConfigError(f"--data {self.data} is not a file")
+
+
+def run_tune(options: TuneOptions, command: str) -> dict[str, Any]:
+    """Search, confirm the winner against the default, and return the JSON-ready result.
+
+    Raises:
+        ConfigError: the repository lacks the family, or a batch size exceeds its max_batch_size.
+    """
+    space, policy = options.space, options.policy
+    variants = tuple(v for v in space.variants if v in model_name_variants(options.repository, space.family))
+    if not variants:
+        raise ConfigError(f"{options.repository} holds no variant of {space.family} among {space.variants}")
+    bases = base_configs(options.repository, space.family, variants)
+    default = default_point(tuple(model_name_variants(options.repository, space.family)))
+    space = replace(space, variants=variants, extra=(default,))
+    limit = min(config.max_batch_size for config in bases.values())
+    if space.batch_sizes[-1] > limit:
+        raise ConfigError(f"batch size {space.batch_sizes[-1]} exceeds the models' max_batch_size {limit}")
+    points = space.server_points()
+    points = [default, *[p for p in points if p != default]]
+    for point in points:  # fails before anything is measured
+        candidate_config(bases[point.variant], point)
+    record = RunRecord.begin(command)
+    rows = build_pool(1, data=options.data, batches=MAX_POOL_ROWS)
+    pools = {batch: rows.rebatched(batch) for batch in space.batch_sizes}
+    with (
+        ServedProbe(options.repository, space.family, pools, options.log_file) as probe,
+        Progress(console=console, transient=True) as progress,
+    ):
+        task = progress.add_task("tuning", total=len(points) * len(space.client_points()))
+
+        def on_trial(trial: Trial) -> None:
+            progress.update(
+                task,
+                advance=1,
+                description=f"{trial.server.label} {trial.client.label}: {trial.samples_per_s:,.0f}/s "
+                f"p99 {trial.p99_ms:.1f} ms ({trial.stop})",
+            )
+
+        result = search(probe, points, space.batch_sizes, space.concurrency, policy, on_trial)
+        default_best = result.best(default, certified=True)
+        candidates = [default_best, *top_configs(result, policy.finalists, certified=True)]
+        finalists = [t for t in dict.fromkeys(candidates) if t is not None]
+        progress.update(task, description="finalists and the default, side by side")
+        confirmed = confirm(probe, finalists, policy) if finalists else []
+    chosen = pick_winner(finalists, confirmed, policy.budget_ms)
+    winner = None if chosen is None else finalists[chosen]
+    return _document(
+        options,
+        space,
+        points,
+        default,
+        bases,
+        result,
+        winner,
+        default_best,
+        finalists,
+        confirmed,
+        record.finish().to_json(),
+    )
+
+
+def _document(
+    options: TuneOptions,
+    space: Space,
+    points: Sequence[ServerPoint],
+    default: ServerPoint,
+    bases: dict[str, Any],
+    result: SearchResult,
+    winner: Trial | None,
+    default_best: Trial | None,
+    finalists: Sequence[Trial],
+    confirmed: Sequence[Sequence[Trial]],
+    record: dict[str, Any],
+) -> dict[str, Any]:
+    policy = options.policy
+    default_config = candidate_config(bases[default.variant], default)
+    top = top_configs(result, options.top)
+    by_trial = {id(t): _median_of(rounds) for t, rounds in zip(finalists, confirmed, strict=True)}
+    confirm_s = sum(t.measured_s for rounds in confirmed for t in rounds)
+    brute_s = len(points) * len(space.client_points()) * policy.point_seconds
+    return {
+        **record,
+        "family": space.family,
+        "budget_ms": policy.budget_ms,
+        "space": {
+            "variants": list(space.variants),
+            "instances": list(space.instances),
+            "threads": list(space.threads),
+            "queue_delays_us": list(space.queue_delays_us),
+            "preferred": [list(p) for p in space.preferred],
+            "batch_sizes": list(space.batch_sizes),
+            "concurrency": list(space.concurrency),
+            "server_points": len(points),
+            "grid_points": len(points) * len(space.client_points()),
+        },
+        "policy": asdict(policy),
+        "default": {
+            "server": default.as_dict(),
+            "label": default.label,
+            "model": model_name(space.family, default.variant),
+            "config": config_text(default_config),
+            "best": default_best.as_dict() if default_best else None,
+            "confirmed": by_trial.get(id(default_best)) if default_best else None,
+        },
+        "winner": None
+        if winner is None
+        else {
+            **winner.as_dict(),
+            "model": model_name(space.family, winner.server.variant),
+            "config": config_text(candidate_config(bases[winner.server.variant], winner.server)),
+            "confirmed": by_trial.get(id(winner)),
+        },
+        "search_winner": None if result.best() is None else result.best().as_dict(),  # type: ignore[union-attr]
+        "finalists": [
+            {
+                **t.as_dict(),
+                "is_default": t is default_best,
+                "is_winner": t is winner,
+                "confirmed": by_trial[id(t)],
+            }
+            for t in finalists
+        ],
+        "top": [
+            {
+                **t.as_dict(),
+                "model": model_name(space.family, t.server.variant),
+                "diff": config_diff(default_config, candidate_config(bases[t.server.variant], t.server)),
+            }
+            for t in top
+        ],
+        "frontier": [t.as_dict() for t in pareto_frontier(result.trials)],
+        "trials": [t.as_dict() for t in result.trials],
+        "skipped": [list(s) for s in result.skipped],
+        "time": {
+            "search_measured_s": result.measured_s,
+            "confirm_measured_s": confirm_s,
+            "brute_force_s": brute_s,
+            "brute_force_rule": f"{len(points)} server configs x {len(space.client_points())} client loads "
+            f"x {policy.point_seconds:g} s ({policy.warmup_s:g} s warm-up + {policy.max_windows} windows of "
+            f"{policy.window_s:g} s)",
+            "search_fraction": result.measured_s / brute_s,
+            "total_fraction": (result.measured_s + confirm_s) / brute_s,
+            "search_wall_s": result.wall_s,
+            "steps_measured": len(result.trials),
+            "loads": result.loads,
+        },
+        "adaptive": policy.adaptive,
+    }
+
+
+def apply_winner(repository: Path, document: dict[str, Any]) -> tuple[Path, str]:
+    """Write the winner's config into ``repository`` (as a ModelConfig, through ``write_config``).
+
+    Returns:
+        The config's path and the diff against the config it replaced.
+
+    Raises:
+        ConfigError: the tune found no configuration within its budget.
+    """
+    winner = document.get("winner")
+    if winner is None:
+        raise ConfigError(
+            f"no configuration met the p99 budget of {document['budget_ms']:g} ms: nothing to apply"
+        )
+    family = document["family"]
+    server = winner["server"]
+    point = ServerPoint(
+        server["variant"],
+        server["instances"],
+        server["threads"],
+        server["queue_delay_us"],
+        tuple(server["preferred"]),
+    )
+    name = model_name(family, point.variant)
+    before = base_configs(repository, family, (point.variant,))[point.variant]
+    after = candidate_config(before, point)
+    return write_config(repository / name, after), config_diff(before, after)

@@ -1,0 +1,63 @@
+"""``python -m loadtest tune`` end to end: a tiny space searched through the real local tritonserver,
+its report files read back, and ``--apply``'s config parsed back and loaded by a server."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from export.repository import CONFIG_NAME, read_config
+from loadtest.session import THREADS_PARAMETER
+
+pytestmark = pytest.mark.integration
+
+
+def test_tune_searches_reports_and_applies_through_the_server(
+    exported_repository: Path, start_triton, tmp_path: Path
+) -> None:
+    repository = tmp_path / "repository"  # --apply writes here, never into the shared fixture
+    for name in ("dlrm_onnx", "dlrm_onnx_int8"):
+        shutil.copytree(exported_repository / name, repository / name)
+    out = tmp_path / "report"
+    command = [
+        sys.executable, "-m", "loadtest", "tune", "--repository", str(repository), "--model", "dlrm",
+        "--p99-budget-ms", "500", "--variants", "fp32,int8", "--instances", "1,2", "--threads", "0",
+        "--queue-delay-us", "100", "--preferred", "none;32", "--batch-sizes", "16", "--concurrency", "1,2",
+        "--window", "0.25", "--warmup", "0.1", "--min-windows", "2", "--max-windows", "3",
+        "--confirm-rounds", "1", "--top", "3", "--apply", "--out", str(out),
+    ]  # fmt: skip
+    completed = subprocess.run(command, capture_output=True, text=True, timeout=300, check=False)
+    assert completed.returncode == 0, completed.stderr[-3000:]
+    assert "winner:" in completed.stdout and "applied:" in completed.stdout
+
+    document = json.loads((out / "report.json").read_text())
+    assert (out / "frontier.png").stat().st_size > 0
+    markdown = (out / "report.md").read_text()
+    assert "brute force over the same space" in markdown and "## Throughput vs p99 frontier" in markdown
+    # The default (INT8, cpu-profile settings) plus 2 variants x 2 instance counts x 2 preferred sets.
+    assert document["space"]["server_points"] == 8
+    assert document["time"]["brute_force_s"] == pytest.approx(8 * 2 * (0.1 + 3 * 0.25))
+    assert 0 < document["time"]["search_measured_s"] <= document["time"]["brute_force_s"]
+    trials = document["trials"]
+    assert trials and all(t["errors"] == 0 and t["requests"] > 0 for t in trials)
+    assert trials[0]["server"] == document["default"]["server"]  # the default goes first
+    winner = document["winner"]
+    assert winner["feasible"] and winner["confirmed"]["samples_per_s"] > 0
+    assert document["default"]["confirmed"]["samples_per_s"] > 0
+    assert document["top"] and all("diff" in entry for entry in document["top"])
+    finalists = document["finalists"]
+    assert sum(f["is_winner"] for f in finalists) == 1 and sum(f["is_default"] for f in finalists) == 1
+    assert all(len(f["confirmed"]["rounds_samples_per_s"]) == 1 for f in finalists)
+
+    written = read_config(repository / winner["model"] / CONFIG_NAME)
+    assert written.instance_group[0].count == winner["server"]["instances"]
+    assert list(written.dynamic_batching.preferred_batch_size) == winner["server"]["preferred"]
+    assert THREADS_PARAMETER not in written.parameters
+    server = start_triton(repository, model_control_mode="explicit", load_models=(winner["model"],))
+    assert any(m.name == winner["model"] and m.state == "READY" for m in server.models())
+    server.stop()

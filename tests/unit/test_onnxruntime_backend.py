@@ -1,0 +1,131 @@
+"""The local onnxruntime backend's session options, read from a config the repository writer built.
+
+The backend runs inside tritonserver's python stub, where ``triton_python_backend_utils``
+exists; here a stand-in module with the few names ``initialize`` uses takes its place.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+import types
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnx
+import pytest
+from google.protobuf import json_format
+from onnx import TensorProto, helper, numpy_helper
+
+from criteo.schema import CATEGORICAL_INPUT, DENSE_INPUT, NUM_CATEGORICAL, NUM_DENSE, OUTPUT
+from export.repository import MODEL_FILE, ORT_SPINNING_KEY, ServingConfig, build_config
+
+BACKENDS = Path(__file__).resolve().parents[2] / "server" / "backends"
+
+
+class _ModelException(Exception):
+    pass
+
+
+def _stand_in_utils() -> types.ModuleType:
+    """What ``initialize`` needs of ``triton_python_backend_utils``."""
+    module = types.ModuleType("triton_python_backend_utils")
+    module.TritonModelException = _ModelException  # type: ignore[attr-defined]
+    module.Logger = types.SimpleNamespace(log_info=lambda _: None, log_warn=lambda _: None)  # type: ignore[attr-defined]
+    types_by_name = {"TYPE_FP32": np.float32, "TYPE_INT64": np.int64}
+    module.triton_string_to_numpy = types_by_name.__getitem__  # type: ignore[attr-defined]
+    return module
+
+
+@pytest.fixture
+def backend(monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
+    """The onnxruntime backend's ``model`` module, imported as the stub imports it."""
+    monkeypatch.setitem(sys.modules, "triton_python_backend_utils", _stand_in_utils())
+    # The server copies batched_model.py beside model.py; server/backends itself is not put on
+    # sys.path, where its onnxruntime/ folder would shadow the onnxruntime package.
+    _import(monkeypatch, "batched_model", BACKENDS / "batched_model.py")
+    yield _import(monkeypatch, "ort_backend_model", BACKENDS / "onnxruntime" / "model.py")
+
+
+def _import(monkeypatch: pytest.MonkeyPatch, name: str, path: Path) -> types.ModuleType:
+    """Import ``path`` as module ``name`` (in sys.modules for this test only)."""
+    spec = importlib.util.spec_from_file_location(name, path)
+    if spec is None or spec.loader is None:
+        raise ImportError(f"cannot import {path}")
+    module = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, name, module)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _tiny_model(path: Path) -> None:
+    """``B x 13`` and ``B x 26`` in, ``B x 1`` out: sigmoid of a linear layer on the dense part."""
+    weight = numpy_helper.from_array(np.full((NUM_DENSE, 1), 0.1, np.float32), "w")
+    nodes = [
+        helper.make_node("MatMul", [DENSE_INPUT, "w"], ["logit"]),
+        helper.make_node("Sigmoid", ["logit"], [OUTPUT]),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "tiny",
+        [
+            helper.make_tensor_value_info(DENSE_INPUT, TensorProto.FLOAT, ["batch", NUM_DENSE]),
+            helper.make_tensor_value_info(CATEGORICAL_INPUT, TensorProto.INT64, ["batch", NUM_CATEGORICAL]),
+        ],
+        [helper.make_tensor_value_info(OUTPUT, TensorProto.FLOAT, ["batch", 1])],
+        [weight],
+    )
+    opset = helper.make_opsetid("", 17)
+    model = helper.make_model(
+        graph, opset_imports=[opset], ir_version=helper.find_min_ir_version_for([opset])
+    )
+    path.parent.mkdir(parents=True)
+    onnx.save(model, path)
+
+
+def _load(backend: Any, tmp_path: Path, serving: ServingConfig) -> Any:
+    _tiny_model(tmp_path / "1" / MODEL_FILE)
+    config = build_config("dlrm_onnx_int8", serving)
+    instance = backend.TritonPythonModel()
+    instance.initialize(
+        {
+            "model_config": json_format.MessageToJson(config, preserving_proto_field_name=True),
+            "model_repository": str(tmp_path),
+            "model_version": "1",
+            "model_name": config.name,
+            "model_instance_name": f"{config.name}_0",
+            "model_instance_kind": "CPU",
+            "model_instance_device_id": "0",
+        }
+    )
+    return instance
+
+
+@pytest.mark.parametrize("spinning", [False, True])
+def test_spinning_reaches_the_session(backend: Any, tmp_path: Path, spinning: bool) -> None:
+    instance = _load(backend, tmp_path, ServingConfig(intra_op_spinning=spinning))
+    options = instance._session.get_session_options()
+    assert options.get_session_config_entry(ORT_SPINNING_KEY) == ("1" if spinning else "0")
+
+
+def test_cpu_profile_default_does_not_spin() -> None:
+    config = build_config("dlrm_onnx_int8", ServingConfig())
+    assert config.parameters[ORT_SPINNING_KEY].string_value == "0"
+
+
+def test_bad_spinning_value_fails_the_load(backend: Any, tmp_path: Path) -> None:
+    _tiny_model(tmp_path / "1" / MODEL_FILE)
+    config = build_config("dlrm_onnx_int8", ServingConfig())
+    config.parameters[ORT_SPINNING_KEY].string_value = "sometimes"
+    with pytest.raises(_ModelException, match="true or false"):
+        backend.TritonPythonModel().initialize(
+            {
+                "model_config": json_format.MessageToJson(config, preserving_proto_field_name=True),
+                "model_repository": str(tmp_path),
+                "model_version": "1",
+                "model_name": config.name,
+                "model_instance_name": f"{config.name}_0",
+            }
+        )
