@@ -524,13 +524,7 @@ def split_lookups(
     _check_dense(out, tables)
     for tensor in out.initializer:
         if tensor.data_location == TensorProto.EXTERNAL:
-            if folder is None:
-                raise ExportError(
-                    f"{tensor.name} is stored outside the graph: give the folder of its data file"
-                )
-            load_external_data_for_tensor(tensor, str(folder))
-            tensor.data_location = TensorProto.DEFAULT
-            del tensor.external_data[:]
+            _load_inline(tensor, folder)
     if weights_bytes(dense) <= EXTERNAL_DATA_THRESHOLD:
         try:
             onnx.checker.check_model(dense)
@@ -544,6 +538,15 @@ def split_lookups(
         opset,
     )
     return dense
+
+
+def _load_inline(tensor: onnx.TensorProto, folder: Path | None) -> None:
+    """Read an initializer's external data into the proto (it no longer points at a file)."""
+    if folder is None:
+        raise ExportError(f"{tensor.name} is stored outside the graph: give the folder of its data file")
+    load_external_data_for_tensor(tensor, str(folder))
+    tensor.data_location = TensorProto.DEFAULT
+    del tensor.external_data[:]
 
 
 def lookup_graph(model: onnx.ModelProto | Path | str, *, base_dir: Path | None = None) -> onnx.ModelProto:
@@ -578,13 +581,7 @@ def lookup_graph(model: onnx.ModelProto | Path | str, *, base_dir: Path | None =
             tensor.data_location = TensorProto.DEFAULT
             tensor.doc_string = "values dropped: the rows live in the row store"
         elif tensor.data_location == TensorProto.EXTERNAL:
-            if folder is None:
-                raise ExportError(
-                    f"{tensor.name} is stored outside the graph: give the folder of its data file"
-                )
-            load_external_data_for_tensor(tensor, str(folder))
-            tensor.data_location = TensorProto.DEFAULT
-            del tensor.external_data[:]
+            _load_inline(tensor, folder)
     return graph
 
 
