@@ -59,8 +59,8 @@ CANDIDATES: dict[str, dict[str, Any]] = {
 #: need; the dynamic batcher merging two 1024-row requests into one 2048-row batch (max batch
 #: 1024 forbids it, preferred 1024 avoids it); the intra-op pool oversubscribing 2 cores
 #: (1 thread; 2 instances x 1).
-#: The candidates above take the cpu profile's spinning and preferred-size defaults (off, 1024:
-#: the fix these measured); these name both.
+#: The candidates above take the cpu profile's spinning and preferred-size defaults (on, none);
+#: these name both.
 CONCURRENCY_CANDIDATES: dict[str, dict[str, Any]] = {
     "1 inst x default threads, spin on, delay 100": {"intra_op_spinning": True, "preferred_batch_sizes": ()},
     "1 inst x default threads, spin off, delay 100": {

@@ -14,7 +14,7 @@
 # Space (chosen so that the four runs take about 20 minutes on a 2-core machine): FP32 and INT8
 # (FP16 runs slower than FP32 on this CPU, benchmarks/cpu/precision.md), 1 or 2 instances,
 # ONNX Runtime threads auto or 1, queue delay 100 or 2000 us, no preferred batch sizes (16 configs;
-# --preferred is searched by tests/integration/test_tune.py), plus the cpu profile's default (INT8,
+# --preferred is searched by tests/integration/test_tune_served.py), plus the cpu profile's default (INT8,
 # 1 instance, auto threads, 100 us, preferred 1024); client batch 64, 256, 1024 and concurrency
 # 1, 2, 4, 8: 17 x 12 = 204 grid points.
 # Windows of 0.5 s, 0.5 s warm-up, 3 to 8 windows per step. Last, a check of the pruning:

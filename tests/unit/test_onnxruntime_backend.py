@@ -110,9 +110,9 @@ def test_spinning_reaches_the_session(backend: Any, tmp_path: Path, spinning: bo
     assert options.get_session_config_entry(ORT_SPINNING_KEY) == ("1" if spinning else "0")
 
 
-def test_cpu_profile_default_does_not_spin() -> None:
+def test_cpu_profile_default_spins() -> None:
     config = build_config("dlrm_onnx_int8", ServingConfig())
-    assert config.parameters[ORT_SPINNING_KEY].string_value == "0"
+    assert config.parameters[ORT_SPINNING_KEY].string_value == "1"
 
 
 def test_bad_spinning_value_fails_the_load(backend: Any, tmp_path: Path) -> None:

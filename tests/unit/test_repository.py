@@ -50,8 +50,7 @@ def test_missing_onnx_and_bad_options(tmp_path: Path) -> None:
 
 
 def test_profile_default_preferred_batch_sizes() -> None:
-    # cpu: batches close at 1024 rows, so 1024-row requests are not merged (benchmarks/cpu/concurrency.md).
-    assert ServingConfig().preferred_batch_sizes == (1024,)
+    assert ServingConfig().preferred_batch_sizes == ()
     assert ServingConfig(max_batch_size=512).preferred_batch_sizes == ()
     assert ServingConfig(profile="gpu").preferred_batch_sizes == ()
     assert ServingConfig(preferred_batch_sizes=()).preferred_batch_sizes == ()

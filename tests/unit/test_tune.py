@@ -1,6 +1,6 @@
 """The tune search's logic: intervals, early stops, ladder and batch pruning, frontier, time accounting,
 candidate configs and --apply. A fake probe stands in for the served measurement here only; the
-integration test (tests/integration/test_tune.py) runs the same search through tritonserver."""
+integration test (tests/integration/test_tune_served.py) runs the same search through tritonserver."""
 
 from __future__ import annotations
 
@@ -192,7 +192,7 @@ def test_the_smart_search_finds_the_brute_force_winner_in_under_a_third_of_its_t
     smart = search(FakeProbe(CAPACITY), points, SPACE.batch_sizes, SPACE.concurrency, smart_policy)
     brute_policy = Policy(budget_ms=50.0, adaptive=False)
     brute = search(FakeProbe(CAPACITY), points, SPACE.batch_sizes, SPACE.concurrency, brute_policy)
-    # The cpu profile's default (preferred 1024) is searched beside the space's points.
+    # The cpu profile's default is searched beside the space's points (it may lie outside it).
     grid = len(points) * len(SPACE.batch_sizes) * len(SPACE.concurrency)
     assert len(brute.trials) == grid
     assert brute.measured_s == pytest.approx(grid * brute_policy.point_seconds, rel=0.01)
