@@ -56,21 +56,15 @@ PROFILES: tuple[str, ...] = ("cpu", "gpu")
 #: sizes, batches as large as are queued), to be raised only after measuring;
 #: the cpu profile keeps the 100 us the local server was tuned with.
 QUEUE_DELAY_US: dict[str, int] = {"cpu": 100, "gpu": 0}
-#: Default preferred batch sizes per profile (capped: none above ``max_batch_size``). In the cpu
-#: profile the batcher sends a batch once it holds 1024 rows, so 1024-row requests run one at
-#: a time instead of merged: merged, all clients waited for one long run and then sent their
-#: next requests while the model sat idle (with :data:`ORT_SPINNING_KEY`, see there).
-#: Smaller requests are still merged up to 1024 rows. The gpu profile keeps Triton's
-#: recommended starting point (no preferred sizes).
-PREFERRED_BATCH_SIZES: dict[str, tuple[int, ...]] = {"cpu": (1024,), "gpu": ()}
+#: Default preferred batch sizes per profile (capped: none above ``max_batch_size``); none in
+#: either profile. Measured for the cpu profile (benchmarks/cpu/concurrency.md): on a quiet
+#: machine, preferred 1024 scaled worse from concurrency 1 to 2 and 4 at batch 1024 than none.
+PREFERRED_BATCH_SIZES: dict[str, tuple[int, ...]] = {"cpu": (), "gpu": ()}
 #: The config parameter (ONNX Runtime's own session config key) that turns the
-#: spin-waiting of idle intra-op threads on ("1") or off ("0"). ONNX Runtime spins by
-#: default; on 2 cores its spinning threads take the cores that tritonserver's gRPC
-#: threads, the python backend stub and a co-located client need between runs. Off, with
-#: :data:`PREFERRED_BATCH_SIZES`, served INT8 DLRM at batch 1024 kept 0.97x / 1.40x of its
-#: concurrency-1 throughput at concurrency 2 / 4, against 1.00x / 0.53x before
-#: (benchmarks/cpu/concurrency.md, a shared machine; the README says how sure that is).
-#: The local backend reads it; Triton's C++ onnxruntime backend does not read this key.
+#: spin-waiting of idle intra-op threads on ("1", ONNX Runtime's default and the bundle's) or
+#: off ("0"). Spinning off was slower on a quiet machine (benchmarks/cpu/concurrency.md); it
+#: may help where other processes share the cores. The local backend reads it; Triton's C++
+#: onnxruntime backend does not read this key.
 ORT_SPINNING_KEY = "session.intra_op.allow_spinning"
 #: Where the ONNX Runtime TensorRT accelerator caches its engines, inside the
 #: serving container (a writable volume; the repository itself is read-only).
@@ -167,8 +161,7 @@ class ServingConfig:
             resolved at construction, so the field always holds a tuple afterwards).
         intra_op_threads: ONNX Runtime threads per instance (0: ONNX Runtime's default).
         intra_op_spinning: let ONNX Runtime's idle intra-op threads spin-wait for work
-            (ONNX Runtime's own default) instead of sleeping; off by default in both
-            profiles (see :data:`ORT_SPINNING_KEY` for why).
+            (ONNX Runtime's own default, kept) instead of sleeping (see :data:`ORT_SPINNING_KEY`).
         warmup_batch_sizes: batch sizes run once at load, so the first request is not slow.
         ort_trt: gpu profile: run the ONNX models through ONNX Runtime's TensorRT
             execution accelerator (FP16 for the FP16 model, FP32 for the FP32 one).
@@ -186,7 +179,7 @@ class ServingConfig:
     max_queue_delay_us: int = 100
     preferred_batch_sizes: tuple[int, ...] | None = None
     intra_op_threads: int = 0
-    intra_op_spinning: bool = False
+    intra_op_spinning: bool = True
     warmup_batch_sizes: tuple[int, ...] = (1, 64)
     ort_trt: bool = False
     ort_trt_cache_dir: str = ORT_TRT_CACHE_DIR
