@@ -42,7 +42,11 @@ def test_tune_searches_reports_and_applies_through_the_server(
     # The default (INT8, cpu-profile settings) plus 2 variants x 2 instance counts x 2 preferred sets.
     assert document["space"]["server_points"] == 8
     assert document["time"]["brute_force_s"] == pytest.approx(8 * 2 * (0.1 + 3 * 0.25))
-    assert 0 < document["time"]["search_measured_s"] <= document["time"]["brute_force_s"]
+    # How much less the search measured is a benchmark's figure (benchmarks/tune), not a test's: on this
+    # tiny space it is timing noise. Here only the accounting: measured time > 0, the fraction from it.
+    spent = document["time"]
+    assert spent["search_measured_s"] > 0
+    assert spent["search_fraction"] == pytest.approx(spent["search_measured_s"] / spent["brute_force_s"])
     trials = document["trials"]
     assert trials and all(t["errors"] == 0 and t["requests"] > 0 for t in trials)
     assert trials[0]["server"] == document["default"]["server"]  # the default goes first
