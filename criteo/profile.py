@@ -342,6 +342,24 @@ class AccessProfile:
         return cls(tables, rows, sizes, source)
 
 
+def read_profile(
+    path: Path | str,
+    table_sizes: Sequence[int] | None = None,
+    on_rows: Callable[[int], None] | None = None,
+) -> AccessProfile:
+    """The access profile at ``path``: a folder :meth:`AccessProfile.save` wrote (or its
+    ``counts.npz``), else a Criteo TSV profiled here (:func:`profile_file`, ids reduced into
+    ``table_sizes``; ``on_rows`` as there).
+
+    Raises:
+        DataError: see :meth:`AccessProfile.load` and :func:`profile_file`.
+    """
+    path = Path(path)
+    if path.is_dir() or path.name == COUNTS_FILE:
+        return AccessProfile.load(path if path.is_dir() else path.parent)
+    return profile_file(path, table_sizes, on_rows=on_rows)
+
+
 def profile_file(
     path: Path | str,
     table_sizes: Sequence[int] | None = None,

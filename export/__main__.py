@@ -507,8 +507,9 @@ def rollout_hot_set(
     )
     if not profile_data.exists():
         raise ConfigError(f"profile data {profile_data} does not exist")
-    sizes = serving_state(repository, family, row_store).store.spec.table_sizes
-    print(roll_out(options, load_profile(profile_data, sizes)).summary())
+    serving = serving_state(repository, family, row_store)
+    profile = load_profile(profile_data, serving.store.spec.table_sizes)
+    print(roll_out(options, profile, serving).summary())
 
 
 if __name__ == "__main__":

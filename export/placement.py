@@ -41,7 +41,7 @@ import numpy as np
 import onnx
 
 from bundle.errors import ConfigError, ExportError
-from criteo.profile import AccessProfile, profile_file
+from criteo.profile import read_profile
 from criteo.schema import COLD_POSITIONS, COLD_ROWS, DENSE_INPUT, HOT_SLOTS, OUTPUT
 from criteo.tsv import Batch
 from export.ensemble import (
@@ -427,8 +427,7 @@ def _write_hierarchical(
 
     profile_path, profile_option = plan.profile
     log.info("profiling %s lookups of %s (%s)", family, profile_path, profile_option)
-    # A folder is a profile `python -m criteo profile` wrote (raw ids, or reduced into these sizes).
-    profile = AccessProfile.load(profile_path) if profile_path.is_dir() else profile_file(profile_path, sizes)
+    profile = read_profile(profile_path, sizes)  # a TSV, or a folder `python -m criteo profile` wrote
     hot = choose_hot_rows(profile, sizes, row_bytes, budget)
     log.info(
         "%s: %d hot rows of %d (%s of the %s budget), expected hit rate %.1f%%",

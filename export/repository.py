@@ -389,9 +389,13 @@ def version_dir(repository: Path, name: str, version: int = 1) -> Path:
     return repository / name / str(version)
 
 
+#: The export's checks beside a model's config (:func:`write_report`).
+REPORT_FILE = "export_report.json"
+
+
 def write_report(repository: Path, name: str, report: dict[str, Any]) -> Path:
     """Write ``report`` as ``<repository>/<name>/export_report.json``."""
-    path = repository / name / "export_report.json"
+    path = repository / name / REPORT_FILE
     path.write_text(json.dumps(report, indent=2) + "\n")
     return path
 

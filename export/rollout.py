@@ -60,7 +60,15 @@ from export.hot_rows import HotSet, choose_hot_rows
 from export.onnx_io import save_model
 from export.parity import ParityResult, compare, extreme_id_rows
 from export.placement import FP32_STORE_TOLERANCE, run_hierarchical
-from export.repository import CONFIG_NAME, MODEL_FILE, read_config, version_dir, write_config, write_report
+from export.repository import (
+    CONFIG_NAME,
+    MODEL_FILE,
+    REPORT_FILE,
+    read_config,
+    version_dir,
+    write_config,
+    write_report,
+)
 from export.row_store import RowStore, format_bytes
 from server.stages.embedding import SOURCE_DIR, SOURCE_FILES
 from server.stages.embedding.hot_cold_lookup import PARAM_ROW_STORE
@@ -70,8 +78,6 @@ log = logging.getLogger(__name__)
 #: Max |AUC(new pair) - AUC(old pair)| with an FP16 store (the export's FP16 gate): the
 #: first export took its hot rows from the FP32 graph, a rollout takes them from the store.
 FP16_STORE_AUC_TOLERANCE = 1e-3
-#: The report beside the ensemble's config (:func:`export.repository.write_report`).
-REPORT_FILE = "export_report.json"
 #: Where a replaced version's folders go, inside each model's folder.
 RETIRED_FOLDER = "retired"
 #: Check rows read from the check data by default.
@@ -389,13 +395,16 @@ def _apply(
         client.close()
 
 
-def roll_out(options: RolloutOptions, profile: AccessProfile) -> RolloutResult:
+def roll_out(
+    options: RolloutOptions, profile: AccessProfile, serving: Serving | None = None
+) -> RolloutResult:
     """Choose a new hot set from ``profile`` and roll it out as the next version (see the module docstring).
 
     Args:
         options: the repository, model, budget, check data and server.
         profile: the lookups that choose the hot rows (reduced into the store's table
             sizes, or raw ids).
+        serving: :func:`serving_state` of ``options`` when the caller read it already.
 
     Returns:
         What was rolled out; ``export_report.json`` of ``<family>_onnx`` records it too.
@@ -406,7 +415,8 @@ def roll_out(options: RolloutOptions, profile: AccessProfile) -> RolloutResult:
         ExportError: the new pair does not match the serving pair (nothing is left written).
     """
     repository = Path(options.repository)
-    serving = serving_state(repository, options.family, options.row_store)
+    if serving is None:
+        serving = serving_state(repository, options.family, options.row_store)
     spec = serving.store.spec
     seconds: dict[str, float] = {}
 

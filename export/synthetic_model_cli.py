@@ -17,7 +17,7 @@ import typer
 from rich.console import Console
 
 from bundle.cli import new_app, run
-from criteo.profile import COUNTS_FILE, AccessProfile, profile_file
+from criteo.profile import COUNTS_FILE, AccessProfile, read_profile
 from criteo.tables import TABLE_SIZE_PRESETS, parse_table_sizes
 from export.hot_rows import parse_size
 from export.repository import ServingConfig
@@ -43,8 +43,8 @@ def _stderr() -> Console:
 def load_profile(path: Path, table_sizes: tuple[int, ...]) -> AccessProfile:
     """The access profile at ``path``: a folder ``python -m criteo profile`` wrote, or a Criteo TSV
     profiled here (ids reduced into ``table_sizes``, with a progress bar)."""
-    if path.is_dir() or path.name == COUNTS_FILE:
-        return AccessProfile.load(path if path.is_dir() else path.parent)
+    if path.is_dir() or path.name == COUNTS_FILE:  # nothing to count: no progress bar
+        return read_profile(path)
     from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
     with Progress(
@@ -55,7 +55,7 @@ def load_profile(path: Path, table_sizes: tuple[int, ...]) -> AccessProfile:
         console=_stderr(),
     ) as progress:
         task = progress.add_task(f"profiling {path}", total=None)
-        return profile_file(path, table_sizes, on_rows=lambda n: progress.advance(task, n))
+        return read_profile(path, table_sizes, on_rows=lambda n: progress.advance(task, n))
 
 
 def random_dlrm(
