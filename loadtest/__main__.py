@@ -305,6 +305,7 @@ app.command()(commands.soak)
 app.command("client-cost")(commands.client_cost)
 app.command()(commands.precision)
 app.command("serving-defaults")(commands.serving_defaults)
+app.command()(commands.gpu)
 app.command()(commands.tune)
 app.command()(commands.demo)
 

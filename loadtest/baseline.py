@@ -188,3 +188,80 @@ def measure_interleaved(
     so a burst of background load hits them alike."""
     timings = time_calls({name: model.call(pool) for name, model in models.items()}, pool.batch_size, config)
     return {name: models[name].result(pool.batch_size, timing) for name, timing in timings.items()}
+
+
+class TorchInProcessModel:
+    """A TorchScript ``model.pt`` (a ``<family>_torch`` variant) in this process, timed like
+    :class:`InProcessModel`: on the device its config puts the served instance on
+    (``cuda:0`` for KIND_GPU), fed numpy batches that are copied to the device and
+    answered back to numpy on every call, as the served backend does.
+
+    Args:
+        config: the model file, repeats, seconds (``threads``: torch's intra-op threads; 0 or
+            None: torch's default).
+    """
+
+    def __init__(self, config: BaselineConfig) -> None:
+        import torch
+
+        self.config = config
+        self.threads = config.threads or 0
+        if self.threads:
+            torch.set_num_threads(self.threads)
+        if serving_device(config.model_file) == "gpu":
+            if not torch.cuda.is_available():
+                raise ConfigError(
+                    f"{config.model_file} is served on a GPU (KIND_GPU), but torch {torch.__version__} "
+                    "sees no CUDA device: its in-process baseline would time the CPU against the GPU"
+                )
+            self._device = torch.device("cuda", 0)
+        else:
+            self._device = torch.device("cpu")
+        try:
+            self._module = torch.jit.load(str(config.model_file), map_location=self._device).eval()
+        except (RuntimeError, ValueError) as exc:
+            raise ConfigError(f"torch.jit.load cannot load {config.model_file}: {exc}") from None
+        self._order = [argument.name for argument in self._module.forward.schema.arguments][1:]
+
+    @property
+    def provider(self) -> str:
+        return f"torch {self._device}"
+
+    def call(self, pool: PayloadPool) -> Call:
+        """One forward per call, numpy in and out, on the pool's batches in turn."""
+        import torch
+
+        batches = [[torch.from_numpy(batch[name]) for name in self._order] for batch in pool.batches()]
+        module, device = self._module, self._device
+
+        def run(index: int) -> Any:
+            with torch.inference_mode():
+                tensors = [t.to(device) for t in batches[index % len(batches)]]
+                return module(*tensors).cpu().numpy()
+
+        return run
+
+    def result(self, batch_size: int, timing: Timing) -> BaselineResult:
+        return BaselineResult(
+            model_file=str(self.config.model_file),
+            batch_size=batch_size,
+            threads=self.threads,
+            samples_per_s=timing.median,
+            calls_per_s=timing.median / batch_size,
+            p50_ms=timing.percentile_ms(50),
+            p99_ms=timing.percentile_ms(99),
+            repeats=tuple(timing.rates),
+            provider=self.provider,
+        )
+
+    def measure(self, batch_size: int, pool: PayloadPool) -> BaselineResult:
+        """Time calls of ``batch_size`` rows from ``pool`` (re-cut to that batch size)."""
+        timing = time_call(self.call(pool.rebatched(batch_size)), batch_size, self.config.timer())
+        return self.result(batch_size, timing)
+
+
+def in_process_model(config: BaselineConfig) -> InProcessModel | TorchInProcessModel:
+    """The in-process runner for ``config.model_file``: TorchScript for ``.pt``, else ONNX Runtime."""
+    if config.model_file.suffix == ".pt":
+        return TorchInProcessModel(config)
+    return InProcessModel(config)

@@ -4,6 +4,7 @@
 - ``client-cost``: the client-side cost per request of HTTP, gRPC and shared memory.
 - ``precision``: served and in-process samples/s of FP32, FP16 and INT8 against the sgemm ceiling.
 - ``serving-defaults``: candidate serving settings (threads, instances, batcher) through the server.
+- ``gpu``: served and in-process samples/s of every variant on the served device (:mod:`loadtest.gpu`).
 - ``tune``: the fastest serving config and client load within a p99 budget (:mod:`loadtest.tune`).
 - ``demo``: the whole path on this machine (what ``make demo`` runs).
 
@@ -155,6 +156,56 @@ def precision(
         seconds=seconds,
     )
     paths = write_precision(run_precision(options, command_line("loadtest")), out)
+    print(f"report: {paths['markdown']}")
+
+
+def gpu(
+    repository: Annotated[
+        Path, typer.Option(help="Exported repository (gpu profile; a cpu one runs on the CPU).")
+    ],
+    out: CpuOut = Path("reports/gpu"),
+    model: Annotated[
+        list[str] | None,
+        typer.Option(help="Model to measure (repeatable); default: every model with a file."),
+    ] = None,
+    data: Data = None,
+    step: Annotated[
+        list[str] | None,
+        typer.Option(
+            help="A measured step BATCHxCONCURRENCY (repeatable; default: 1024 and 8192 rows at 1, 4 and 16 "
+            "requests in flight)."
+        ),
+    ] = None,
+    shared_memory: Annotated[
+        str,
+        typer.Option(help="Where request tensors travel: system (POSIX shared memory) or none (in gRPC)."),
+    ] = "system",
+    protocol: Annotated[str, typer.Option(help="grpc or http.")] = "grpc",
+    processes: Annotated[int, typer.Option(help="Client processes per step, at most.")] = 8,
+    seconds: Seconds = 2.0,
+    repeats: Annotated[int, typer.Option(help="Windows per step (the median is reported).")] = 3,
+    profile_calls: Annotated[
+        int, typer.Option(help="Profiled ONNX Runtime calls per ONNX model (0: no profile).")
+    ] = 20,
+) -> None:
+    """Served and in-process samples/s of every variant, side by side, on the served device (issue 13)."""
+    from loadtest.gpu import DEFAULT_STEPS, GpuOptions, run_gpu_bench, write_gpu_report
+    from loadtest.serving_defaults import parse_step
+
+    options = GpuOptions(
+        repository=repository,
+        out=out,
+        models=tuple(model or ()),
+        data=data,
+        steps=tuple(parse_step(s) for s in step) if step else DEFAULT_STEPS,
+        shared_memory=shared_memory,
+        protocol=protocol,
+        max_processes=processes,
+        seconds=seconds,
+        repeats=repeats,
+        profile_calls=profile_calls,
+    )
+    paths = write_gpu_report(run_gpu_bench(options, command_line("loadtest")), out)
     print(f"report: {paths['markdown']}")
 
 

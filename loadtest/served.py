@@ -11,17 +11,23 @@ window starts with the pipeline full.
 
 from __future__ import annotations
 
+import contextlib
+import multiprocessing
+import queue
 import statistics
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
 
 from bundle.errors import ClientError, ConfigError
-from clients.options import Protocol
+from clients.options import Protocol, SharedMemory
 from clients.retry import RetryPolicy
 from clients.triton import TritonClient
 from loadtest.driver import Answer, Connect, Driver, Request
-from loadtest.latency import merged_tallies
+from loadtest.latency import Tally, merged_tallies
 from loadtest.payload import PayloadPool
 
 
@@ -52,22 +58,41 @@ class ServedResult:
 
 
 def triton_requests(
-    url: str, protocol: Protocol, model: str, pool: PayloadPool, workers: int, timeout_s: float = 120.0
+    url: str,
+    protocol: Protocol,
+    model: str,
+    pool: PayloadPool,
+    workers: int,
+    timeout_s: float = 120.0,
+    shared_memory: SharedMemory = "none",
+    first: int = 0,
+    stride: int = 0,
 ) -> Connect:
     """Each worker's connection: its own client, sending the pool's batches in turn.
 
-    Worker ``i`` starts at batch ``i`` and steps by ``workers``, so requests in
-    flight at one moment carry different rows. Requests are not retried and
-    not checked against the model's metadata: the load measures the server.
+    Worker ``i`` starts at batch ``first + i`` and steps by ``stride`` (default
+    ``workers``), so requests in flight at one moment carry different rows (with
+    several client processes, each gets its own ``first`` and the total as
+    ``stride``). Requests are not retried and not checked against the model's
+    metadata: the load measures the server. ``shared_memory="system"`` puts each
+    worker's inputs and output in its own registered region.
     """
+    step = stride or workers
 
     @contextmanager
     def connect(worker: int) -> Iterator[Request]:
         batches = pool.batches()
-        with TritonClient(url, protocol, timeout_s, retry=RetryPolicy(max_tries=1), validate=False) as client:
+        with TritonClient(
+            url,
+            protocol,
+            timeout_s,
+            shared_memory=shared_memory,
+            retry=RetryPolicy(max_tries=1),
+            validate=False,
+        ) as client:
 
             def request(sequence: int) -> Answer:
-                client.infer(model, batches[(worker + sequence * workers) % len(batches)])
+                client.infer(model, batches[(first + worker + sequence * step) % len(batches)])
                 return Answer(pool.batch_size)
 
             yield request
@@ -100,6 +125,161 @@ def served_throughput(
         windows = [driver.measure(seconds) for _ in range(repeats)]
     rates = [window.samples_per_s for window in windows]
     tally = merged_tallies(windows)
+    if not tally.answered:
+        raise ClientError(
+            f"{model} at {url} answered no request in {repeats} x {seconds:g} s: {dict(tally.error_kinds)}"
+        )
+    return ServedResult(
+        model=model,
+        protocol=protocol,
+        batch_size=pool.batch_size,
+        concurrency=concurrency,
+        samples_per_s=statistics.median(rates),
+        repeats=tuple(rates),
+        p50_ms=tally.histogram.percentile(50),
+        p99_ms=tally.histogram.percentile(99),
+        errors=tally.errors,
+    )
+
+
+def spread(concurrency: int, max_processes: int) -> tuple[int, int]:
+    """``(processes, workers per process)`` for ``concurrency`` requests in flight: the most
+    processes, at most ``max_processes``, that divide ``concurrency`` evenly."""
+    if concurrency < 1 or max_processes < 1:
+        raise ConfigError(
+            f"concurrency and max_processes must be >= 1, got {concurrency} and {max_processes}"
+        )
+    processes = max(p for p in range(1, min(concurrency, max_processes) + 1) if concurrency % p == 0)
+    return processes, concurrency // processes
+
+
+@dataclass(frozen=True)
+class _Job:
+    """What one client process of :func:`served_throughput_processes` runs."""
+
+    url: str
+    protocol: str
+    model: str
+    pool: str
+    workers: int
+    first: int
+    stride: int
+    shared_memory: str
+    warmup_s: float
+    seconds: float
+    repeats: int
+
+
+def _client_process(job: _Job, barrier: Any, results: Any) -> None:
+    """One client process: its workers load the server; after the barrier (every process's
+    workers running), the warm-up, then ``repeats`` windows, sent back as tallies."""
+    try:
+        pool = PayloadPool.load(Path(job.pool))
+        connect = triton_requests(
+            job.url,
+            job.protocol,  # type: ignore[arg-type]
+            job.model,
+            pool,
+            job.workers,
+            shared_memory=job.shared_memory,  # type: ignore[arg-type]
+            first=job.first,
+            stride=job.stride,
+        )
+        with Driver(connect, job.workers) as driver:
+            barrier.wait(timeout=BARRIER_TIMEOUT_S)
+            driver.wait(job.warmup_s)
+            windows = [driver.measure(job.seconds) for _ in range(job.repeats)]
+        results.put(("ok", [window.to_json() for window in windows]))
+    except BaseException as exc:  # reported to the parent, which raises it as one line
+        with contextlib.suppress(Exception):
+            barrier.abort()
+        results.put(("error", f"{type(exc).__name__}: {exc}".splitlines()[0]))
+
+
+#: Seconds every client process may take to start and reach the common start line.
+BARRIER_TIMEOUT_S = 120.0
+
+
+def served_throughput_processes(
+    url: str,
+    model: str,
+    pool: PayloadPool,
+    concurrency: int,
+    workdir: Path,
+    protocol: str = "grpc",
+    shared_memory: SharedMemory = "none",
+    max_processes: int = 8,
+    seconds: float = 2.0,
+    repeats: int = 3,
+    warmup_s: float = 2.0,
+) -> ServedResult:
+    """:func:`served_throughput` from several client processes, for loads one Python process
+    cannot send (a GPU serves millions of samples/s; one process's gRPC tops out near 1M).
+
+    ``concurrency`` requests in flight are spread over at most ``max_processes``
+    processes (:func:`spread`), each running the bundle's :class:`Driver` on its
+    share. The processes start their windows together (a barrier, then the
+    warm-up), so window ``k`` of every process covers the same seconds; a
+    window's rate is the sum over processes, and the median window is the figure.
+    """
+    if protocol not in ("grpc", "http"):
+        raise ConfigError(f"protocol must be grpc or http, got {protocol!r}")
+    if repeats < 1 or seconds <= 0 or warmup_s < 0:
+        raise ConfigError("repeats must be >= 1, seconds > 0 and warmup_s >= 0")
+    processes, workers = spread(concurrency, max_processes)
+    pool_file = pool.save(workdir / f"pool-{pool.batch_size}.npz")
+    context = multiprocessing.get_context("spawn")
+    barrier = context.Barrier(processes)
+    results = context.Queue()
+    children = [
+        context.Process(
+            target=_client_process,
+            args=(
+                _Job(
+                    url,
+                    protocol,
+                    model,
+                    str(pool_file),
+                    workers,
+                    index * workers,
+                    concurrency,
+                    shared_memory,
+                    warmup_s,
+                    seconds,
+                    repeats,
+                ),
+                barrier,
+                results,
+            ),
+            daemon=True,
+        )
+        for index in range(processes)
+    ]
+    for child in children:
+        child.start()
+    deadline = time.monotonic() + BARRIER_TIMEOUT_S + warmup_s + repeats * seconds + 60.0
+    answers: list[tuple[str, Any]] = []
+    try:
+        while len(answers) < processes:
+            try:
+                answers.append(results.get(timeout=max(1.0, deadline - time.monotonic())))
+            except queue.Empty:
+                raise ClientError(
+                    f"{processes} client processes against {model} did not report within "
+                    f"{BARRIER_TIMEOUT_S + warmup_s + repeats * seconds + 60.0:.0f} s"
+                ) from None
+    finally:
+        for child in children:
+            child.join(timeout=10)
+            if child.is_alive():
+                child.kill()
+                child.join()
+    failures = [str(detail) for status, detail in answers if status != "ok"]
+    if failures:
+        raise ClientError(f"a client process against {model} failed: {failures[0]}")
+    per_process = [[Tally.from_json(window) for window in detail] for _, detail in answers]
+    rates = [sum(windows[k].samples_per_s for windows in per_process) for k in range(repeats)]
+    tally = merged_tallies(window for windows in per_process for window in windows)
     if not tally.answered:
         raise ClientError(
             f"{model} at {url} answered no request in {repeats} x {seconds:g} s: {dict(tally.error_kinds)}"

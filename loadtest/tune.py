@@ -29,15 +29,28 @@ The search, and why it beats the grid:
    interval lies wholly above the budget (infeasible), when its throughput
    interval lies wholly below the incumbent's lower bound (dominated: it
    cannot be the winner, whatever its p99), or when its p99 interval lies
-   wholly under the budget and its throughput interval is narrower than
-   ``precision``.
-   Only undecided steps run ``max_windows``.
+   wholly under the budget less a margin (``p99_margin``) and its throughput
+   interval is narrower than ``precision``. Only undecided steps run
+   ``max_windows``; a feasible one whose p99 interval reaches within the
+   margin of the budget ends as ``near budget``. The margin is there because
+   the interval only covers the noise inside the step's own seconds, not the
+   drift of a shared machine between the search and the side-by-side rounds:
+   in benchmarks/tune/dlrm-50ms, steps decided on 3 windows of 0.5 s at p99
+   31-41 ms (upper bounds 41-45 ms) went to 52-63 ms side by side. Steps far
+   from the budget still stop after ``min_windows``, where the saving is.
 4. The best certified step (its whole p99 interval within the budget; the
    best feasible one where a config has none) of each of the ``finalists``
    fastest configs and of the default are then measured again side by side, in alternating
-   rounds; the winner is the fastest of them whose median p99 holds the
-   budget there (:func:`pick_winner`): the search's own figures were taken
-   minutes apart on a shared machine, and a step near the budget can cross it.
+   rounds (:func:`confirm`): the search's own figures were taken minutes
+   apart on a shared machine, and a step near the budget can cross it. A
+   config whose median p99 there is over the budget (or that failed
+   requests) steps its client load down (:func:`step_down`: the next lower
+   concurrency of the space, then the next lower batch size) and is measured
+   again, in new rounds beside every config still in, at most ``step_downs``
+   times; the default follows the same rule, so winner and default are
+   compared at the same budget, in the same rounds. The winner is the
+   fastest config whose median p99 holds the budget at the load it ended at
+   (:func:`pick_winner`); none may.
 
 Measured time is accounted window by window (warm-up included). The brute
 force it is compared with measures every grid point (server x client) for
@@ -112,10 +125,14 @@ class Policy:
             fraction of its mean.
         min_gain: a concurrency level must add this fraction of throughput, or the ladder stops.
         adaptive: False: the brute force (every point ``max_windows``, nothing pruned).
-        confirm_rounds: rounds of the finalists' re-measurement (alternating order).
+        p99_margin: a step stops as decided only when its p99 interval's upper bound is at most
+            ``(1 - p99_margin) x budget_ms``; closer, it runs ``max_windows`` (see the module doc).
+        confirm_rounds: rounds of the finalists' re-measurement (alternating order), per stage.
         confirm_windows: windows per step of that re-measurement.
         finalists: the best configs of the search re-measured beside the default; the winner is
             the fastest of them whose median p99 holds the budget there.
+        step_downs: side-by-side stages after the first, each of ``confirm_rounds`` rounds, in
+            which configs over the budget are measured again one load lower (0: never step down).
     """
 
     budget_ms: float
@@ -126,9 +143,11 @@ class Policy:
     precision: float = 0.10
     min_gain: float = 0.05
     adaptive: bool = True
+    p99_margin: float = 0.20
     confirm_rounds: int = 3
     confirm_windows: int = 6
     finalists: int = 3
+    step_downs: int = 2
 
     def __post_init__(self) -> None:
         if not self.budget_ms > 0:
@@ -141,13 +160,25 @@ class Policy:
             )
         if not 0 < self.precision < 1 or self.min_gain < 0:
             raise ConfigError("precision must be in (0, 1) and min_gain >= 0")
-        if self.confirm_rounds < 1 or self.confirm_windows < 1 or self.finalists < 1:
-            raise ConfigError("confirm_rounds, confirm_windows and finalists must be >= 1")
+        if not 0 <= self.p99_margin < 1:
+            raise ConfigError(f"p99_margin must be in [0, 1), got {self.p99_margin}")
+        if self.confirm_rounds < 1 or self.finalists < 1:
+            raise ConfigError("confirm_rounds and finalists must be >= 1")
+        if self.confirm_windows < 2:
+            # A side-by-side step is a fixed-length step of this policy, which needs min_windows >= 2.
+            raise ConfigError(f"confirm_windows must be >= 2, got {self.confirm_windows}")
+        if self.step_downs < 0:
+            raise ConfigError(f"step_downs must be >= 0, got {self.step_downs}")
 
     @property
     def point_seconds(self) -> float:
         """What the brute force spends on every grid point: warm-up plus ``max_windows`` windows."""
         return self.warmup_s + self.max_windows * self.window_s
+
+    @property
+    def decided_below_ms(self) -> float:
+        """The highest p99 upper bound at which a step may stop early as decided."""
+        return self.budget_ms * (1.0 - self.p99_margin)
 
 
 @dataclass(frozen=True)
@@ -161,7 +192,9 @@ class Trial:
         windows: windows measured (warm-up excluded).
         requests, errors: answered and failed requests over the windows.
         measured_s: seconds of load, warm-up included.
-        stop: why the step ended: ``over budget``, ``decided``, ``dominated``, ``max windows``, ``errors``.
+        stop: why the step ended: ``over budget``, ``decided``, ``dominated``, ``near budget`` (every
+            window: feasible, but its p99 interval reaches within ``p99_margin`` of the budget),
+            ``max windows`` (every window: undecided, or a brute force), ``errors``.
         budget_ms: the budget it was judged against.
     """
 
@@ -208,9 +241,14 @@ def _verdict(step: StepEstimate, policy: Policy, incumbent_low: float) -> str | 
     if step.rate.high < incumbent_low:
         # Slower than the incumbent whatever its p99: more windows cannot make it the winner.
         return "dominated"
-    if step.p99.high <= policy.budget_ms and step.rate.relative_half_width <= policy.precision:
+    if step.p99.high <= policy.decided_below_ms and step.rate.relative_half_width <= policy.precision:
         return "decided"
     return None
+
+
+def _near_budget(step: StepEstimate, policy: Policy) -> bool:
+    """Answered within the budget, but with a p99 interval that reaches the margin below it."""
+    return not step.errors and step.p99.value <= policy.budget_ms and step.p99.high > policy.decided_below_ms
 
 
 def run_trial(
@@ -230,6 +268,8 @@ def run_trial(
                 stop = verdict
                 break
     step = estimate(windows)
+    if stop == "max windows" and policy.adaptive and _near_budget(step, policy):
+        stop = "near budget"
     return Trial(
         server=server,
         client=client,
@@ -362,19 +402,157 @@ def search(
     return result
 
 
-def confirm(probe: Probe, trials: Sequence[Trial], policy: Policy) -> list[list[Trial]]:
-    """Measure each of ``trials``' steps again, ``confirm_rounds`` times in alternating order,
-    every step ``confirm_windows`` windows; per trial, its rounds."""
-    fixed = replace(policy, adaptive=False, max_windows=policy.confirm_windows)
-    rounds: list[list[Trial]] = [[] for _ in trials]
-    for index in range(policy.confirm_rounds):
-        order = list(range(len(trials)))
-        for which in order if index % 2 == 0 else order[::-1]:
-            trial = trials[which]
-            probe.load(trial.server)
-            with probe.run(trial.client) as measure:
-                rounds[which].append(run_trial(measure, trial.server, trial.client, fixed))
-    return rounds
+def step_down(
+    client: ClientPoint, batch_sizes: Sequence[int], concurrency: Sequence[int]
+) -> ClientPoint | None:
+    """The next lower client load of the space: the next lower concurrency at the same batch size;
+    at the lowest concurrency, the next lower batch size; None below both.
+
+    In a closed loop, fewer requests in flight (or fewer rows per request) wait less in the queue:
+    the nearest load that can bring an over-budget p99 back under the budget.
+    """
+    lower = [c for c in concurrency if c < client.concurrency]
+    if lower:
+        return ClientPoint(client.batch_size, max(lower))
+    smaller = [b for b in batch_sizes if b < client.batch_size]
+    return ClientPoint(max(smaller), client.concurrency) if smaller else None
+
+
+@dataclass
+class LoadTry:
+    """One client load of a config in the side-by-side stage, and what its rounds said.
+
+    Attributes:
+        client: the load.
+        rounds: its side-by-side rounds (every stage the config spent at this load).
+        kept: its median p99 held the budget without failed requests: the config ended here.
+        reason: why it was kept or dropped, and where the config went next.
+    """
+
+    client: ClientPoint
+    rounds: list[Trial] = field(default_factory=list)
+    kept: bool = False
+    reason: str = "not measured"
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "client": asdict(self.client),
+            "label": self.client.label,
+            "rounds": len(self.rounds),
+            **_median_of(self.rounds),
+            "kept": self.kept,
+            "reason": self.reason,
+        }
+
+
+@dataclass
+class Confirmation:
+    """A finalist (or the default) through the side-by-side stage.
+
+    Attributes:
+        search: the search's step it was drawn from: its server config and the load it started at.
+        tries: the loads measured, in order; the last is where it ended.
+        live: still in the rounds (held so far, or stepped down and waiting for its next stage).
+    """
+
+    search: Trial
+    tries: list[LoadTry]
+    live: bool = True
+
+    @property
+    def server(self) -> ServerPoint:
+        return self.search.server
+
+    @property
+    def current(self) -> LoadTry:
+        """The load it is at (the last tried)."""
+        return self.tries[-1]
+
+    @property
+    def held(self) -> bool:
+        """Its last load held the budget side by side."""
+        return self.current.kept
+
+    def summary(self) -> dict[str, Any]:
+        """Medians of the rounds at its last load, and that load."""
+        return {"client": asdict(self.current.client), **_median_of(self.current.rounds)}
+
+
+def confirm(
+    probe: Probe,
+    trials: Sequence[Trial],
+    policy: Policy,
+    batch_sizes: Sequence[int],
+    concurrency: Sequence[int],
+) -> list[Confirmation]:
+    """Measure ``trials``' steps again side by side, stepping down the load of those over budget.
+
+    A stage is ``confirm_rounds`` rounds in alternating order over every config still in, each step
+    ``confirm_windows`` windows. After a stage, a config whose median p99 at its load (over every
+    round there) is over the budget, or that failed requests, moves to :func:`step_down`'s load
+    and stays in; the others keep their load and are measured again beside it, so the configs
+    left are always compared in the same rounds. A config is out when no lower load is left or
+    ``step_downs`` extra stages have run; the stages end once no config moved.
+
+    Args:
+        probe: loads server points and measures client loads.
+        trials: the steps to confirm, one per server config (the default's first).
+        policy: the budget, rounds, windows and ``step_downs``.
+        batch_sizes, concurrency: the space's client dimensions (ascending): the loads to step to.
+
+    Returns:
+        Per trial, its loads tried and their rounds.
+    """
+    fixed = replace(policy, adaptive=False, min_windows=2, max_windows=policy.confirm_windows)
+    entries = [Confirmation(trial, [LoadTry(trial.client)]) for trial in trials]
+    turn = 0
+    for stage in range(policy.step_downs + 1):
+        live = [entry for entry in entries if entry.live]
+        if not live:
+            break
+        for _ in range(policy.confirm_rounds):
+            for entry in live if turn % 2 == 0 else live[::-1]:
+                load = entry.current
+                probe.load(entry.server)
+                with probe.run(load.client) as measure:
+                    load.rounds.append(run_trial(measure, entry.server, load.client, fixed))
+            turn += 1
+        last = stage == policy.step_downs
+        moved = [_judge(entry, policy, batch_sizes, concurrency, last) for entry in live]
+        if not any(moved):
+            break
+    return entries
+
+
+def _judge(
+    entry: Confirmation, policy: Policy, batch_sizes: Sequence[int], concurrency: Sequence[int], last: bool
+) -> bool:
+    """Keep ``entry`` at its load, step it down, or drop it; True when it stepped down."""
+    load = entry.current
+    median = _median_of(load.rounds)
+    budget = policy.budget_ms
+    rounds = f"{len(load.rounds)} round{'s' if len(load.rounds) > 1 else ''}"
+    if _holds(median, budget):
+        load.kept = True
+        load.reason = f"kept: median p99 {median['p99_ms']:.2f} ms within {budget:g} ms ({rounds})"
+        return False
+    load.kept = False
+    why = (
+        f"{median['errors']} failed requests"
+        if median["errors"]
+        else f"median p99 {median['p99_ms']:.2f} ms over {budget:g} ms"
+    )
+    lower = step_down(load.client, batch_sizes, concurrency)
+    if lower is None:
+        load.reason = f"dropped: {why} ({rounds}); no lower load in the space"
+    elif last:
+        load.reason = f"dropped: {why} ({rounds}); no step-down left (at most {policy.step_downs})"
+    else:
+        load.reason = f"dropped: {why} ({rounds}); stepped down to {lower.label}"
+        entry.tries.append(LoadTry(lower))
+        return True
+    entry.live = False
+    return False
 
 
 def _median_of(rounds: Sequence[Trial]) -> dict[str, Any]:
@@ -388,28 +566,91 @@ def _median_of(rounds: Sequence[Trial]) -> dict[str, Any]:
     }
 
 
+def _holds(median: dict[str, Any], budget_ms: float) -> bool:
+    """Medians of rounds that failed no request and whose median p99 is within ``budget_ms``."""
+    return not median["errors"] and median["p99_ms"] <= budget_ms
+
+
 def pick_winner(
     finalists: Sequence[Trial], rounds: Sequence[Sequence[Trial]], budget_ms: float
 ) -> int | None:
     """Index of the finalist with the most median samples/s over its side-by-side rounds among
     those whose median p99 is within ``budget_ms`` and that failed no request; None if none held.
 
+    ``rounds`` are each finalist's rounds at the load it ended at (:attr:`Confirmation.current`).
     The search ranks steps measured minutes apart; on a shared machine a step measured near the
     budget can cross it when measured again, so the side-by-side rounds decide.
     """
+    if len(finalists) != len(rounds):
+        raise ConfigError("one list of rounds per finalist")
     best: int | None = None
     best_rate = -1.0
     for index, measured in enumerate(rounds):
         if not measured:
             continue
         median = _median_of(measured)
-        if median["errors"] or median["p99_ms"] > budget_ms:
+        if not _holds(median, budget_ms):
             continue
         if median["samples_per_s"] > best_rate:
             best, best_rate = index, median["samples_per_s"]
-    if len(finalists) != len(rounds):
-        raise ConfigError("one list of rounds per finalist")
     return best
+
+
+def side_by_side(
+    confirmations: Sequence[Confirmation], default: ServerPoint, budget_ms: float
+) -> dict[str, Any]:
+    """The JSON-ready outcome of :func:`confirm`.
+
+    Args:
+        confirmations: every confirmed config.
+        default: the cpu profile's default config (confirmed where the search found it a step).
+        budget_ms: the p99 budget.
+
+    Returns:
+        ``winner`` (None when no config held: else its server, the load it held at and the medians
+        there as ``samples_per_s`` / ``p99_ms``, ``confirmed``, ``search`` and ``loads``),
+        ``default`` (the default's ``confirmed``, ``held`` and ``loads``; None where not confirmed)
+        and ``finalists`` (per config, its search step, ``held``, ``confirmed`` at the load it
+        ended at, and ``loads``: each load tried, its rounds and why it was kept or dropped).
+    """
+    chosen = pick_winner(
+        [c.search for c in confirmations], [c.current.rounds for c in confirmations], budget_ms
+    )
+    winner = None if chosen is None else confirmations[chosen]
+    ours = next((c for c in confirmations if c.server == default), None)
+    finalists = [
+        {
+            **c.search.as_dict(),
+            "is_default": c is ours,
+            "is_winner": c is winner,
+            "held": c.held,
+            "confirmed": c.summary(),
+            "loads": [load.as_dict() for load in c.tries],
+        }
+        for c in confirmations
+    ]
+    won = None
+    if winner is not None:
+        summary = winner.summary()
+        won = {
+            "server": winner.server.as_dict(),
+            "server_label": winner.server.label,
+            "client": summary["client"],
+            "samples_per_s": summary["samples_per_s"],
+            "p99_ms": summary["p99_ms"],
+            "budget_ms": budget_ms,
+            "feasible": True,
+            "confirmed": summary,
+            "search": winner.search.as_dict(),
+            "loads": [load.as_dict() for load in winner.tries],
+        }
+    return {
+        "winner": won,
+        "default": None
+        if ours is None
+        else {"confirmed": ours.summary(), "held": ours.held, "loads": [t.as_dict() for t in ours.tries]},
+        "finalists": finalists,
+    }
 
 
 def pareto_frontier(trials: Sequence[Trial]) -> list[Trial]:
@@ -433,6 +674,16 @@ def top_configs(result: SearchResult, count: int, certified: bool = False) -> li
     best = [result.best(point, certified) for point in dict.fromkeys(t.server for t in result.trials)]
     ranked = sorted((t for t in best if t is not None), key=lambda t: t.samples_per_s, reverse=True)
     return ranked[:count]
+
+
+def finalists_of(result: SearchResult, default: ServerPoint, policy: Policy) -> list[Trial]:
+    """What :func:`confirm` measures: the default's best certified step (where it has a feasible
+    one), then those of the ``policy.finalists`` fastest configs, one step per config."""
+    candidates = [
+        result.best(default, certified=True),
+        *top_configs(result, policy.finalists, certified=True),
+    ]
+    return [t for t in dict.fromkeys(candidates) if t is not None]
 
 
 # ---------------------------------------------------------------- the real probe
@@ -576,25 +827,12 @@ def run_tune(options: TuneOptions, command: str) -> dict[str, Any]:
             )
 
         result = search(probe, points, space.batch_sizes, space.concurrency, policy, on_trial)
+        finalists = finalists_of(result, default, policy)
         default_best = result.best(default, certified=True)
-        candidates = [default_best, *top_configs(result, policy.finalists, certified=True)]
-        finalists = [t for t in dict.fromkeys(candidates) if t is not None]
         progress.update(task, description="finalists and the default, side by side")
-        confirmed = confirm(probe, finalists, policy) if finalists else []
-    chosen = pick_winner(finalists, confirmed, policy.budget_ms)
-    winner = None if chosen is None else finalists[chosen]
+        confirmed = confirm(probe, finalists, policy, space.batch_sizes, space.concurrency)
     return _document(
-        options,
-        space,
-        points,
-        default,
-        bases,
-        result,
-        winner,
-        default_best,
-        finalists,
-        confirmed,
-        record.finish().to_json(),
+        options, space, points, default, bases, result, default_best, confirmed, record.finish().to_json()
     )
 
 
@@ -605,17 +843,24 @@ def _document(
     default: ServerPoint,
     bases: dict[str, Any],
     result: SearchResult,
-    winner: Trial | None,
     default_best: Trial | None,
-    finalists: Sequence[Trial],
-    confirmed: Sequence[Sequence[Trial]],
+    confirmed: Sequence[Confirmation],
     record: dict[str, Any],
 ) -> dict[str, Any]:
     policy = options.policy
     default_config = candidate_config(bases[default.variant], default)
     top = top_configs(result, options.top)
-    by_trial = {id(t): _median_of(rounds) for t, rounds in zip(finalists, confirmed, strict=True)}
-    confirm_s = sum(t.measured_s for rounds in confirmed for t in rounds)
+    outcome = side_by_side(confirmed, default, policy.budget_ms)
+    winner = outcome["winner"]
+    if winner is not None:
+        point = _server_of(winner["server"])
+        winner = {
+            **winner,
+            "model": model_name(space.family, point.variant),
+            "config": config_text(candidate_config(bases[point.variant], point)),
+        }
+    rounds = [t for c in confirmed for load in c.tries for t in load.rounds]
+    confirm_s = sum(t.measured_s for t in rounds)
     brute_s = len(points) * len(space.client_points()) * policy.point_seconds
     return {
         **record,
@@ -639,26 +884,14 @@ def _document(
             "model": model_name(space.family, default.variant),
             "config": config_text(default_config),
             "best": default_best.as_dict() if default_best else None,
-            "confirmed": by_trial.get(id(default_best)) if default_best else None,
+            "confirmed": None,
+            "held": None,
+            "loads": [],
+            **(outcome["default"] or {}),
         },
-        "winner": None
-        if winner is None
-        else {
-            **winner.as_dict(),
-            "model": model_name(space.family, winner.server.variant),
-            "config": config_text(candidate_config(bases[winner.server.variant], winner.server)),
-            "confirmed": by_trial.get(id(winner)),
-        },
+        "winner": winner,
         "search_winner": None if result.best() is None else result.best().as_dict(),  # type: ignore[union-attr]
-        "finalists": [
-            {
-                **t.as_dict(),
-                "is_default": t is default_best,
-                "is_winner": t is winner,
-                "confirmed": by_trial[id(t)],
-            }
-            for t in finalists
-        ],
+        "finalists": outcome["finalists"],
         "top": [
             {
                 **t.as_dict(),
@@ -677,6 +910,7 @@ def _document(
             "brute_force_rule": f"{len(points)} server configs x {len(space.client_points())} client loads "
             f"x {policy.point_seconds:g} s ({policy.warmup_s:g} s warm-up + {policy.max_windows} windows of "
             f"{policy.window_s:g} s)",
+            "confirm_steps": len(rounds),
             "search_fraction": result.measured_s / brute_s,
             "total_fraction": (result.measured_s + confirm_s) / brute_s,
             "search_wall_s": result.wall_s,
@@ -702,15 +936,19 @@ def apply_winner(repository: Path, document: dict[str, Any]) -> tuple[Path, str]
             f"no configuration met the p99 budget of {document['budget_ms']:g} ms: nothing to apply"
         )
     family = document["family"]
-    server = winner["server"]
-    point = ServerPoint(
+    point = _server_of(winner["server"])
+    name = model_name(family, point.variant)
+    before = base_configs(repository, family, (point.variant,))[point.variant]
+    after = candidate_config(before, point)
+    return write_config(repository / name, after), config_diff(before, after)
+
+
+def _server_of(server: dict[str, Any]) -> ServerPoint:
+    """A server point back from its :meth:`ServerPoint.as_dict`."""
+    return ServerPoint(
         server["variant"],
         server["instances"],
         server["threads"],
         server["queue_delay_us"],
         tuple(server["preferred"]),
     )
-    name = model_name(family, point.variant)
-    before = base_configs(repository, family, (point.variant,))[point.variant]
-    after = candidate_config(before, point)
-    return write_config(repository / name, after), config_diff(before, after)

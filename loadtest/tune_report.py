@@ -1,6 +1,6 @@
-"""The files of a tune: ``report.md`` (frontier, winner vs default, top-N with config.pbtxt diffs,
-time against the brute force), ``report.json`` (everything) and ``frontier.png``, through the
-shared writer (:mod:`loadtest.writer`)."""
+"""The files of a tune: ``report.md`` (winner vs default side by side with the loads each confirmed
+config tried, time against the brute force, frontier, top-N with config.pbtxt diffs),
+``report.json`` (everything) and ``frontier.png``, through the shared writer (:mod:`loadtest.writer`)."""
 
 from __future__ import annotations
 
@@ -26,57 +26,98 @@ def _step(trial: dict[str, Any]) -> list[Any]:
 STEP_HEADER = ["server config", "client", "samples/s [95 % CI]", "p99 ms", "p50 ms", "step ended"]
 
 
+def _load(client: dict[str, Any]) -> str:
+    return f"B={client['batch_size']} c={client['concurrency']}"
+
+
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}" + ("" if n == 1 else "s")
+
+
+def side_by_side_lines(document: dict[str, Any]) -> list[str]:
+    """The section on the finalists and the default measured side by side: where each ended, the
+    winner against the default, and every load each config tried with why it was kept or dropped."""
+    budget = document["budget_ms"]
+    policy = document["policy"]
+    winner, default = document["winner"], document["default"]
+    finalists = document["finalists"]
+    others = sum(not entry["is_default"] for entry in finalists)
+    rounds = _count(policy["confirm_rounds"], "round")
+    lines = [
+        "## Winner vs the cpu profile's default, measured side by side",
+        "",
+        f"The default's best step and the best step of the {others} fastest other configs, re-measured "
+        f"in {rounds} in alternating order, each of {policy['confirm_windows']} windows of "
+        f"{policy['window_s']:g} s, after the search; medians of the rounds. A config whose "
+        f"median p99 is over {budget:g} ms (or that failed requests) steps its client load down (the "
+        "next lower concurrency of the space, then the next lower batch size) and is measured again for "
+        f"{rounds} beside every config still in, at most {_count(policy['step_downs'], 'time')}; "
+        "the default follows the same rule. The winner is the fastest "
+        f"whose median p99 holds {budget:g} ms at the load it ended at.",
+        "",
+    ]
+    rows = []
+    for entry in finalists:
+        role = " + ".join(
+            r for r, on in (("default", entry["is_default"]), ("**winner**", entry["is_winner"])) if on
+        )
+        confirmed = entry["confirmed"]
+        rows.append(
+            [
+                role or "finalist",
+                entry["server_label"],
+                _load(entry["client"]),
+                f"{entry['samples_per_s']:,.0f} ({entry['p99_ms']:.2f})",
+                _load(confirmed["client"]),
+                f"{confirmed['samples_per_s']:,.0f}",
+                f"{confirmed['p99_ms']:.2f}" + ("" if entry["held"] else " (over)"),
+            ]
+        )
+    if not default.get("best"):
+        rows.append(["default", default["label"], "-", f"no step within {budget:g} ms", "-", "-", "-"])
+    header = ["", "config", "search: client", "search: samples/s (p99 ms)", "side by side: client"]
+    lines += table([*header, "samples/s", "p99 ms"], rows)
+    lines.append("")
+    if winner and default.get("held"):
+        ratio = winner["confirmed"]["samples_per_s"] / default["confirmed"]["samples_per_s"]
+        lines.append(f"Winner / default (side by side, same rounds): **{ratio:.2f}x**.")
+    elif winner and default.get("confirmed"):
+        tried = ", ".join(load["label"] for load in default["loads"])
+        lines.append(
+            f"The default held {budget:g} ms side by side at none of the loads it tried ({tried}): no ratio."
+        )
+    elif not winner:
+        lines.append(f"No finalist held p99 within {budget:g} ms side by side, at any load tried: no winner.")
+    if finalists:
+        lines += ["", "### Loads tried side by side", ""]
+        steps = []
+        for entry in finalists:
+            name = entry["server_label"] + (" (default)" if entry["is_default"] else "")
+            for load in entry["loads"]:
+                per_round = ", ".join(f"{p99:.1f}" for p99 in load["rounds_p99_ms"])
+                steps.append(
+                    [name, load["label"], str(load["rounds"]), f"{load['samples_per_s']:,.0f}",
+                     f"{load['p99_ms']:.2f}", per_round, load["reason"]]
+                )  # fmt: skip
+        columns = ["config", "client", "rounds", "samples/s", "p99 ms", "p99 ms per round", "verdict"]
+        lines += table(columns, steps, align="lrrrrrl")
+    return lines
+
+
 def report_lines(document: dict[str, Any], command_note: str = "") -> list[str]:
     """The markdown page of a tune."""
     budget = document["budget_ms"]
     time = document["time"]
     space = document["space"]
     policy = document["policy"]
-    winner, default = document["winner"], document["default"]
-    others = sum(not entry["is_default"] for entry in document["finalists"])
     lines = [
         f"# Tune: {document['family']}, p99 budget {budget:g} ms",
         "",
         *RunRecord.from_json(document).lines(),
         *([command_note] if command_note else []),
         "",
-        "## Winner vs the cpu profile's default, measured side by side",
-        "",
-        f"The default's best step and the best step of the {others} fastest other configs, re-measured "
-        f"in {policy['confirm_rounds']} alternating rounds of {policy['confirm_windows']} "
-        f"windows of {policy['window_s']:g} s after the search; medians of the rounds. The winner is the "
-        f"fastest whose median p99 holds {budget:g} ms here.",
-        "",
     ]
-    rows = []
-    for entry in document["finalists"]:
-        role = " + ".join(
-            r for r, on in (("default", entry["is_default"]), ("**winner**", entry["is_winner"])) if on
-        )
-        confirmed = entry["confirmed"]
-        client = entry["client"]
-        rows.append(
-            [
-                role or "finalist",
-                entry["server_label"],
-                f"B={client['batch_size']} c={client['concurrency']}",
-                f"{entry['samples_per_s']:,.0f} ({entry['p99_ms']:.2f})",
-                f"{confirmed['samples_per_s']:,.0f}",
-                f"{confirmed['p99_ms']:.2f}" + ("" if confirmed["p99_ms"] <= budget else " (over)"),
-            ]
-        )
-    if not document["default"].get("best"):
-        rows.append(["default", default["label"], "-", f"no step within {budget:g} ms", "-", "-"])
-    lines += table(
-        ["", "config", "client", "search: samples/s (p99 ms)", "side by side: samples/s", "p99 ms"], rows
-    )
-    if winner and default.get("confirmed"):
-        ratio = winner["confirmed"]["samples_per_s"] / default["confirmed"]["samples_per_s"]
-        lines += ["", f"Winner / default (side by side, same run): **{ratio:.2f}x**."]
-        if default["confirmed"]["p99_ms"] > budget:
-            lines += [f"The default's step crossed {budget:g} ms side by side (its p99 above)."]
-    elif not winner:
-        lines += ["", f"No finalist held p99 within {budget:g} ms side by side: no winner."]
+    lines += side_by_side_lines(document)
     lines += [
         "",
         "## Measurement time",
@@ -85,7 +126,10 @@ def report_lines(document: dict[str, Any], command_note: str = "") -> list[str]:
             ["", "seconds"],
             [
                 ["tune's search (every window, warm-ups included)", f"{time['search_measured_s']:.0f}"],
-                ["finalists vs default, side by side", f"{time['confirm_measured_s']:.0f}"],
+                [
+                    f"finalists vs default, side by side ({time['confirm_steps']} steps, step-downs in)",
+                    f"{time['confirm_measured_s']:.0f}",
+                ],
                 ["brute force over the same space", f"{time['brute_force_s']:.0f}"],
             ],
         ),
@@ -94,7 +138,9 @@ def report_lines(document: dict[str, Any], command_note: str = "") -> list[str]:
         f"longest step. Search / brute force = **{time['search_fraction']:.2f}** "
         f"({time['total_fraction']:.2f} with the side-by-side re-measurement); {time['steps_measured']} of "
         f"{space['grid_points']} grid points measured, {time['loads']} config loads, "
-        f"search wall time {time['search_wall_s']:.0f} s.",
+        f"search wall time {time['search_wall_s']:.0f} s. A step stops early as decided only when its "
+        f"whole p99 interval lies at least {policy['p99_margin']:.0%} under the budget; closer, it runs "
+        f"all {policy['max_windows']} windows (`near budget`).",
         "",
         "Space: variants " + ", ".join(space["variants"])
         + "; instances " + ", ".join(map(str, space["instances"]))

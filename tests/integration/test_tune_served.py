@@ -56,7 +56,14 @@ def test_tune_searches_reports_and_applies_through_the_server(
     assert document["top"] and all("diff" in entry for entry in document["top"])
     finalists = document["finalists"]
     assert sum(f["is_winner"] for f in finalists) == 1 and sum(f["is_default"] for f in finalists) == 1
-    assert all(len(f["confirmed"]["rounds_samples_per_s"]) == 1 for f in finalists)
+    for entry in finalists:  # the loads each tried side by side, and why each was kept or dropped
+        loads = entry["loads"]
+        assert loads[0]["client"] == entry["client"]  # it starts at the search's load
+        assert all(load["reason"].startswith(("kept", "dropped")) for load in loads)
+        assert loads[-1]["kept"] == entry["held"] and loads[-1]["client"] == entry["confirmed"]["client"]
+        assert len(entry["confirmed"]["rounds_samples_per_s"]) == loads[-1]["rounds"] >= 1
+    assert winner["loads"][-1]["kept"] and winner["client"] == winner["loads"][-1]["client"]
+    assert "### Loads tried side by side" in markdown
 
     written = read_config(repository / winner["model"] / CONFIG_NAME)
     assert written.instance_group[0].count == winner["server"]["instances"]

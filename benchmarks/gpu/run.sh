@@ -1,0 +1,71 @@
+#!/usr/bin/env bash
+# Reproduces benchmarks/gpu (issue 13) on a machine with an NVIDIA GPU:
+#   1. a reference-size DLRM (26 tables of 100,000 rows, D 128, bottom 512-256-128, top
+#      1024-1024-512-256-1) trained on 200,000 synthetic rows, exported in the gpu profile:
+#      dlrm_onnx (FP32) and dlrm_onnx_fp16 on ONNX Runtime CUDA, dlrm_torch (TorchScript FP16),
+#      each checked by the export (parity, AUC gate, and CUDA against CPU where a GPU is present);
+#   2. Wide & Deep's gpu variants beside them: trained and exported here when TensorFlow is
+#      installed, else taken from WIDE_DEEP_REPO (a gpu-profile repository exported elsewhere);
+#   3. copies of dlrm_torch and dlrm_onnx with two instances on the GPU (<model>_x2);
+#   4. python -m loadtest gpu: served (local tritonserver, gRPC, system shared memory, up to 8
+#      client processes) and in-process samples/s of every model at batch 1024 and 8192,
+#      concurrency 1, 4 and 16 -> result.{json,md,png}.
+#
+#   bash benchmarks/gpu/run.sh      # from the repository root, after `make setup GPU=1` and a CUDA torch
+#
+# PYTHON picks the interpreter (default: python); it needs onnxruntime-gpu in place of onnxruntime and a
+# CUDA build of torch. About 15 minutes on an H100 host with 16 cores. Models and data go to WORK
+# (artifacts/gpu-bench, not committed); the results to OUT (benchmarks/gpu).
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+PYTHON=${PYTHON:-python}
+WORK=${WORK:-artifacts/gpu-bench}
+OUT=${OUT:-benchmarks/gpu}
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
+
+# PRESET, TABLE_SIZE, ROWS, PROFILE and LOADTEST_ARGS are for trying the script out at a small size.
+ROWS=${ROWS:-200000}
+train=(--preset "${PRESET:-reference}" --table-size "${TABLE_SIZE:-100000}" --data "$WORK/data/train.tsv"
+  --valid "$WORK/data/valid.tsv" --max-rows "$ROWS")
+export_flags=(--profile "${PROFILE:-gpu}" --max-batch-size 16384 --check-data "$WORK/data/check.tsv"
+  --check-rows 4096)
+if [[ ! -f $WORK/data/valid.tsv ]]; then
+  "$PYTHON" -m criteo synth --rows "$ROWS" --seed 1 --out "$WORK/data/train.tsv"
+  "$PYTHON" -m criteo synth --rows 20000 --seed 2 --out "$WORK/data/check.tsv"
+  "$PYTHON" -m criteo synth --rows 20000 --seed 3 --out "$WORK/data/valid.tsv"
+fi
+[[ -f $WORK/dlrm/model.pt ]] || "$PYTHON" -m models train dlrm "${train[@]}" --out "$WORK/dlrm"
+if [[ ! -f $WORK/repo/dlrm_torch/1/model.pt ]]; then
+  "$PYTHON" -m export dlrm --checkpoint "$WORK/dlrm" --repository "$WORK/repo" --torch "${export_flags[@]}"
+fi
+if [[ ! -f $WORK/repo/wide_deep_onnx/1/model.onnx ]]; then
+  if [[ -n ${WIDE_DEEP_REPO:-} ]]; then
+    cp -r "$WIDE_DEEP_REPO"/wide_deep_onnx "$WIDE_DEEP_REPO"/wide_deep_onnx_fp16 "$WORK/repo/"
+  else
+    [[ -f $WORK/wide_deep/config.json ]] || "$PYTHON" -m models train wide-deep "${train[@]}" --out "$WORK/wide_deep"
+    "$PYTHON" -m export wide-deep --saved-model "$WORK/wide_deep" --repository "$WORK/repo" "${export_flags[@]}"
+  fi
+fi
+# <model>_x2: the same files (hard links) under another name, two instances on the GPU.
+for model in dlrm_torch dlrm_onnx; do
+  if [[ ! -d $WORK/repo/${model}_x2 ]]; then
+    cp -al "$WORK/repo/$model" "$WORK/repo/${model}_x2"
+    rm "$WORK/repo/${model}_x2/config.pbtxt"  # a link to the original's: written anew below
+    "$PYTHON" - "$WORK/repo" "$model" <<'PY'
+import sys
+from pathlib import Path
+
+from export.repository import read_config, write_config
+
+repository, model = Path(sys.argv[1]), sys.argv[2]
+config = read_config(repository / model / "config.pbtxt")
+config.name = f"{model}_x2"
+config.instance_group[0].count = 2
+write_config(repository / config.name, config)
+PY
+  fi
+done
+
+"$PYTHON" -m loadtest gpu --repository "$WORK/repo" --data "$WORK/data/check.tsv" --out "$OUT" \
+  --model dlrm_onnx --model dlrm_onnx_fp16 --model dlrm_torch --model wide_deep_onnx \
+  --model wide_deep_onnx_fp16 --model dlrm_torch_x2 --model dlrm_onnx_x2 ${LOADTEST_ARGS:-}
