@@ -51,6 +51,8 @@ logger = logging.getLogger(__name__)
 
 #: The model file of a TorchScript variant.
 TORCH_FILE = "model.pt"
+#: The models measured so far, rewritten after each one and removed when the run completes.
+PARTIAL_FILE = "partial.json"
 #: Steps measured by default: issue 13's batch sizes and concurrencies.
 DEFAULT_STEPS: tuple[tuple[int, int], ...] = tuple((b, c) for b in (1024, 8192) for c in (1, 4, 16))
 #: Served/in-process at the largest batch that issue 13 asks for.
@@ -305,7 +307,14 @@ def device_resident_ms(path: Path, device: str, batch: dict[str, Any], calls: in
             with torch.inference_mode():
                 module(*[tensor.to(target) for tensor in host]).cpu()
 
-        return {"resident_ms": median_ms(on_device), "numpy_ms": median_ms(from_host), "calls": calls}
+        found: dict[str, Any] = {
+            "resident_ms": median_ms(on_device),
+            "numpy_ms": median_ms(from_host),
+            "calls": calls,
+        }
+        if target.type == "cuda":
+            found["cuda_graph_ms"] = _torch_graph_ms(module, resident, median_ms)
+        return found
     import onnxruntime as ort
 
     from criteo.schema import OUTPUT
@@ -322,11 +331,71 @@ def device_resident_ms(path: Path, device: str, batch: dict[str, Any], calls: in
         session.run_with_iobinding(binding)
         binding.synchronize_outputs()
 
-    return {
+    timings: dict[str, Any] = {
         "resident_ms": median_ms(bound),
         "numpy_ms": median_ms(lambda: session.run([OUTPUT], batch)),
         "calls": calls,
     }
+    if device == "gpu":
+        timings["cuda_graph_ms"] = _ort_graph_ms(path, batch, median_ms)
+    return timings
+
+
+def _ort_graph_ms(path: Path, batch: dict[str, Any], median_ms: Any) -> float | str:
+    """Median ms of one replay of the model captured as a CUDA graph by ONNX Runtime
+    (``enable_cuda_graph``; inputs and output bound on the device): the GPU's own time with no
+    kernel launches from the host. The error's first line when the graph cannot be captured."""
+    import numpy as np
+    import onnxruntime as ort
+
+    from criteo.schema import OUTPUT
+
+    try:
+        options = ort.SessionOptions()
+        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+        providers = [("CUDAExecutionProvider", {"enable_cuda_graph": "1"}), "CPUExecutionProvider"]
+        session = ort.InferenceSession(str(path), sess_options=options, providers=providers)
+        binding = session.io_binding()
+        for name, array in batch.items():
+            binding.bind_ortvalue_input(name, ort.OrtValue.ortvalue_from_numpy(array, "cuda", 0))
+        rows = next(iter(batch.values())).shape[0]
+        output = ort.OrtValue.ortvalue_from_shape_and_type((rows, 1), np.float32, "cuda", 0)
+        binding.bind_ortvalue_output(OUTPUT, output)
+
+        def replay() -> None:
+            session.run_with_iobinding(binding)
+            binding.synchronize_outputs()
+
+        return float(median_ms(replay))
+    except Exception as exc:  # ONNX Runtime raises its own exception types; reported, not fatal
+        return f"not captured: {str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__}"
+
+
+def _torch_graph_ms(module: Any, inputs: list[Any], median_ms: Any) -> float | str:
+    """Median ms of one replay of ``module`` on ``inputs`` captured as a CUDA graph (torch.cuda.graph):
+    the GPU's own time with no kernel launches from the host; the error's first line when it
+    cannot be captured."""
+    import torch
+
+    try:
+        with torch.inference_mode():
+            side = torch.cuda.Stream()
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):
+                for _ in range(3):
+                    module(*inputs)
+            torch.cuda.current_stream().wait_stream(side)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                module(*inputs)
+
+        def replay() -> None:
+            graph.replay()
+            torch.cuda.synchronize()
+
+        return float(median_ms(replay))
+    except Exception as exc:  # torch raises RuntimeError and others; reported, not fatal
+        return f"not captured: {str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__}"
 
 
 # ------------------------------------------------------------------ the run
@@ -450,6 +519,9 @@ def run_gpu_bench(options: GpuOptions, command: str) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="loadtest-gpu-") as scratch, LocalServer(config) as server:
         for name in names:
             results.append(_measure_model(options, server, name, rows, Path(scratch)))
+            # What is measured so far survives a run cut short (a lent machine's time running out).
+            write_json(options.out / PARTIAL_FILE, {**record.to_json(), "results": results})
+    (options.out / PARTIAL_FILE).unlink(missing_ok=True)
     return {
         **record.finish().to_json(),
         "gpu": describe_gpu(),
@@ -513,6 +585,12 @@ def verdicts(results: list[dict[str, Any]], batch_size: int) -> dict[str, Any]:
         ),
         "fp16_over_fp32": fp16_vs_fp32,
     }
+
+
+def _graph_cell(value: float | str | None) -> str:
+    if value is None:
+        return "- (CPU)"
+    return f"{value:.3f}" if isinstance(value, float) else value
 
 
 def _fallbacks(ort: dict[str, Any]) -> str:
@@ -612,14 +690,17 @@ def write_gpu_report(result: dict[str, Any], out: Path) -> dict[str, Path]:
             f"## One call at batch {max(batches)}: the model's own time and the copies",
             "",
             "Inputs already on the device and the output left there (ONNX Runtime IOBinding, torch "
-            "tensors on the device) against numpy in and out, as the backend runs it; medians.",
+            "tensors on the device) against numpy in and out, as the backend runs it; and the same "
+            "call captured once as a CUDA graph and replayed (the GPU's own time, no kernel launches "
+            "from the host); medians.",
             "",
         ]
         lines += table(
-            ["model", "device-resident ms", "numpy in/out ms", "copies' share"],
+            ["model", "CUDA graph replay ms", "device-resident ms", "numpy in/out ms", "copies' share"],
             [
                 [
                     f"`{r['model']}`",
+                    _graph_cell(d.get("cuda_graph_ms")),
                     f"{d['resident_ms']:.3f}",
                     f"{d['numpy_ms']:.3f}",
                     f"{max(0.0, 1 - d['resident_ms'] / d['numpy_ms']):.0%}",

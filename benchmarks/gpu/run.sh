@@ -6,12 +6,17 @@
 #      each checked by the export (parity, AUC gate, and CUDA against CPU where a GPU is present);
 #   2. Wide & Deep's gpu variants beside them: trained and exported here when TensorFlow is
 #      installed, else taken from WIDE_DEEP_REPO (a gpu-profile repository exported elsewhere);
-#   3. copies of dlrm_torch and dlrm_onnx with two instances on the GPU (<model>_x2);
+#   3. copies of dlrm_torch and dlrm_onnx with two instances on the GPU (<model>_x2; COPIES);
 #   4. python -m loadtest gpu: served (local tritonserver, gRPC, system shared memory, up to 8
 #      client processes) and in-process samples/s of every model at batch 1024 and 8192,
 #      concurrency 1, 4 and 16 -> result.{json,md,png}.
 #
 #   bash benchmarks/gpu/run.sh      # from the repository root, after `make setup GPU=1` and a CUDA torch
+#   # instances per GPU (benchmarks/gpu/instances), the second run:
+#   COPIES="dlrm_torch:4 dlrm_onnx:4 dlrm_onnx_fp16:2 dlrm_onnx_fp16:4 wide_deep_onnx:2 wide_deep_onnx_fp16:2" \
+#   MODELS="dlrm_torch_x4 dlrm_onnx_x4 dlrm_onnx_fp16_x2 dlrm_onnx_fp16_x4 wide_deep_onnx_x2 wide_deep_onnx_fp16_x2" \
+#   LOADTEST_ARGS="--step 1024x16 --step 8192x4 --step 8192x16 --step 8192x32" OUT=benchmarks/gpu/instances \
+#   bash benchmarks/gpu/run.sh
 #
 # PYTHON picks the interpreter (default: python); it needs onnxruntime-gpu in place of onnxruntime and a
 # CUDA build of torch. About 15 minutes on an H100 host with 16 cores. Models and data go to WORK
@@ -46,26 +51,31 @@ if [[ ! -f $WORK/repo/wide_deep_onnx/1/model.onnx ]]; then
     "$PYTHON" -m export wide-deep --saved-model "$WORK/wide_deep" --repository "$WORK/repo" "${export_flags[@]}"
   fi
 fi
-# <model>_x2: the same files (hard links) under another name, two instances on the GPU.
-for model in dlrm_torch dlrm_onnx; do
-  if [[ ! -d $WORK/repo/${model}_x2 ]]; then
-    cp -al "$WORK/repo/$model" "$WORK/repo/${model}_x2"
-    rm "$WORK/repo/${model}_x2/config.pbtxt"  # a link to the original's: written anew below
-    "$PYTHON" - "$WORK/repo" "$model" <<'PY'
+# COPIES: <model>:<n> -> <model>_x<n>, the same files (hard links) with n instances on the GPU.
+for spec in ${COPIES:-dlrm_torch:2 dlrm_onnx:2}; do
+  model=${spec%:*} count=${spec#*:}
+  if [[ ! -d $WORK/repo/${model}_x$count ]]; then
+    cp -al "$WORK/repo/$model" "$WORK/repo/${model}_x$count"
+    rm "$WORK/repo/${model}_x$count/config.pbtxt"  # a link to the original's: written anew below
+    "$PYTHON" - "$WORK/repo" "$model" "$count" <<'PY'
 import sys
 from pathlib import Path
 
 from export.repository import read_config, write_config
 
-repository, model = Path(sys.argv[1]), sys.argv[2]
+repository, model, count = Path(sys.argv[1]), sys.argv[2], int(sys.argv[3])
 config = read_config(repository / model / "config.pbtxt")
-config.name = f"{model}_x2"
-config.instance_group[0].count = 2
+config.name = f"{model}_x{count}"
+config.instance_group[0].count = count
 write_config(repository / config.name, config)
 PY
   fi
 done
 
-"$PYTHON" -m loadtest gpu --repository "$WORK/repo" --data "$WORK/data/check.tsv" --out "$OUT" \
-  --model dlrm_onnx --model dlrm_onnx_fp16 --model dlrm_torch --model wide_deep_onnx \
-  --model wide_deep_onnx_fp16 --model dlrm_torch_x2 --model dlrm_onnx_x2 ${LOADTEST_ARGS:-}
+models=()
+for model in ${MODELS:-dlrm_onnx dlrm_onnx_fp16 dlrm_torch wide_deep_onnx wide_deep_onnx_fp16 dlrm_torch_x2 dlrm_onnx_x2}; do
+  models+=(--model "$model")
+done
+# shellcheck disable=SC2086  # LOADTEST_ARGS: extra options, split on purpose
+"$PYTHON" -m loadtest gpu --repository "$WORK/repo" --data "$WORK/data/check.tsv" --out "$OUT" "${models[@]}" \
+  ${LOADTEST_ARGS:-}
