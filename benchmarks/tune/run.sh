@@ -3,8 +3,9 @@
 # 10 ms and 50 ms, on the reference-size models of benchmarks/cpu (table 100000, FP32 + FP16 +
 # INT8 static), served by the local tritonserver. Each run writes report.{md,json} and
 # frontier.png to benchmarks/tune/<family>-<budget>ms. The cpu profile's default (INT8, 1
-# instance, ONNX Runtime's default threads, 100 us queue delay, preferred 1024) and the best other
-# configs are re-measured side by side in the same run, and the report states the search's
+# instance, ONNX Runtime's default threads, 100 us queue delay, no preferred batch sizes) and the best other
+# configs are re-measured side by side in the same run (a config over the budget steps its load down
+# and is measured again, the default by the same rule), and the report states the search's
 # measured seconds against a brute force over the same space (grid points x the fixed per-point
 # duration, rule in each report).
 #
@@ -14,9 +15,9 @@
 # Space (chosen so that the four runs take about 20 minutes on a 2-core machine): FP32 and INT8
 # (FP16 runs slower than FP32 on this CPU, benchmarks/cpu/precision.md), 1 or 2 instances,
 # ONNX Runtime threads auto or 1, queue delay 100 or 2000 us, no preferred batch sizes (16 configs;
-# --preferred is searched by tests/integration/test_tune_served.py), plus the cpu profile's default (INT8,
-# 1 instance, auto threads, 100 us, preferred 1024); client batch 64, 256, 1024 and concurrency
-# 1, 2, 4, 8: 17 x 12 = 204 grid points.
+# --preferred is searched by tests/integration/test_tune_served.py), the cpu profile's default (INT8,
+# 1 instance, auto threads, 100 us, no preferred sizes) among them; client batch 64, 256, 1024 and
+# concurrency 1, 2, 4, 8: 16 x 12 = 192 grid points.
 # Windows of 0.5 s, 0.5 s warm-up, 3 to 8 windows per step. Last, a check of the pruning:
 # tune and `tune --brute-force` over one reduced grid (benchmarks/tune/validate-dlrm-10ms).
 #
