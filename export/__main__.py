@@ -47,6 +47,16 @@ ProfileOpt = Annotated[
 ]
 Opset = Annotated[int, typer.Option(help="ONNX opset.")]
 Fp16 = Annotated[bool, typer.Option("--fp16/--no-fp16", help="Also write the FP16 variant.")]
+Fp16Islands = Annotated[
+    bool | None,
+    typer.Option(
+        "--fp16-islands/--no-fp16-islands",
+        help="FP16 variant: keep the exporter's FP32 islands (DLRM's interaction); --no-fp16-islands "
+        "keeps only the output's sigmoid in FP32 (no casts inside the graph). Default: islands in the "
+        "cpu profile, none in the gpu profile (where the casts cost more than the interaction).",
+        show_default=False,
+    ),
+]
 CheckData = Annotated[
     Path | None, typer.Option(help="Labeled Criteo TSV for the checks (default: synthetic rows).")
 ]
@@ -96,7 +106,9 @@ CalibrationData = Annotated[
 CalibrationRows = Annotated[int, typer.Option(help="Rows that calibrate static INT8.")]
 Int8AucTolerance = Annotated[float, typer.Option(help="Max |AUC(INT8) - AUC(FP32)|.")]
 MaxBatch = Annotated[int, typer.Option(help="max_batch_size in config.pbtxt.")]
-Instances = Annotated[int, typer.Option(help="Model instances per model.")]
+Instances = Annotated[
+    int, typer.Option(help="Model instances per model (per GPU in the gpu profile); 0: 1 on CPU, 4 per GPU.")
+]
 QueueDelay = Annotated[
     int | None,
     typer.Option(
@@ -206,8 +218,9 @@ def _export_options(
     check_data: CheckData = None,
     check_rows: CheckRows = 4096,
     fp16_auc_tolerance: AucTolerance = 1e-3,
+    fp16_islands: Fp16Islands = None,
     max_batch_size: MaxBatch = 4096,
-    instances: Instances = 1,
+    instances: Instances = 0,
     max_queue_delay_us: QueueDelay = None,
     threads: Threads = 0,
     ort_trt: OrtTrt = False,
@@ -260,6 +273,7 @@ def _export_options(
         check_data=check_data,
         check_rows=check_rows,
         fp16_auc_tolerance=fp16_auc_tolerance,
+        fp16_islands=fp16_islands,
         int8=int8,
         quantize=quantize,
         int8_auc_tolerance=int8_auc_tolerance,

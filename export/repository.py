@@ -56,6 +56,13 @@ PROFILES: tuple[str, ...] = ("cpu", "gpu")
 #: sizes, batches as large as are queued), to be raised only after measuring;
 #: the cpu profile keeps the 100 us the local server was tuned with.
 QUEUE_DELAY_US: dict[str, int] = {"cpu": 100, "gpu": 0}
+#: Default instances per model: one on the CPU (ONNX Runtime's threads use the cores); four per
+#: GPU, where one instance leaves the GPU idle while its Python stub copies and batches: at batch
+#: 8192 on an H100, served/in-process went 0.52 -> 0.99 -> 1.31 and samples/s 4.2M -> 8.0M -> 9.9M
+#: (dlrm_onnx; dlrm_torch 10.7M at 4) for 1, 2 and 4 instances (benchmarks/gpu/result.md and
+#: benchmarks/gpu/instances/result.md).
+INSTANCES: dict[str, int] = {"cpu": 1, "gpu": 4}
+
 #: Default preferred batch sizes per profile (capped: none above ``max_batch_size``); none in
 #: either profile. Measured for the cpu profile (benchmarks/cpu/concurrency.md): on a quiet
 #: machine, preferred 1024 scaled worse from concurrency 1 to 2 and 4 at batch 1024 than none.
@@ -153,7 +160,8 @@ class ServingConfig:
     Args:
         profile: ``cpu`` (KIND_CPU instances) or ``gpu`` (KIND_GPU instances, TensorRT models).
         max_batch_size: the largest batch Triton forms or accepts.
-        instances: model instances (each runs batches independently; per GPU in the gpu profile).
+        instances: model instances (each runs batches independently; per GPU in the gpu profile);
+            0: the profile's :data:`INSTANCES`, resolved at construction.
         max_queue_delay_us: how long the dynamic batcher waits to fill a batch
             (see :data:`QUEUE_DELAY_US` for each profile's default).
         preferred_batch_sizes: batch sizes the dynamic batcher aims for (empty: as large as
@@ -175,7 +183,7 @@ class ServingConfig:
 
     profile: Profile = "cpu"
     max_batch_size: int = 4096
-    instances: int = 1
+    instances: int = 0
     max_queue_delay_us: int = 100
     preferred_batch_sizes: tuple[int, ...] | None = None
     intra_op_threads: int = 0
@@ -191,8 +199,10 @@ class ServingConfig:
             raise ConfigError(f"unknown profile {self.profile!r}; choose one of {', '.join(PROFILES)}")
         if self.max_batch_size <= 0:
             raise ConfigError(f"max_batch_size must be positive, got {self.max_batch_size}")
-        if self.instances <= 0:
-            raise ConfigError(f"instances must be positive, got {self.instances}")
+        if self.instances < 0:
+            raise ConfigError(f"instances must be positive (0: the profile's default), got {self.instances}")
+        if self.instances == 0:
+            object.__setattr__(self, "instances", INSTANCES[self.profile])
         if self.max_queue_delay_us < 0:
             raise ConfigError(f"max_queue_delay_us must be >= 0, got {self.max_queue_delay_us}")
         if self.intra_op_threads < 0:

@@ -16,6 +16,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import onnx
 import pytest
 from tritonclient.grpc import model_config_pb2 as mc
 
@@ -230,8 +231,32 @@ def test_cpu_export_removes_a_stale_trt_model(trained: Path, gpu_repository: Pat
     assert (repository / "wide_deep_trt").is_dir(), "the other family is untouched"
     config = read_config(repository / "dlrm_onnx" / "config.pbtxt")
     assert config.instance_group[0].kind == mc.ModelInstanceGroup.KIND_CPU
+    assert config.instance_group[0].count == 1
     assert config.dynamic_batching.max_queue_delay_microseconds == 100
     assert not config.HasField("optimization")
+    # The cpu profile keeps DLRM's interaction in FP32 inside the FP16 graph.
+    assert _interaction_casts(repository / "dlrm_onnx_fp16") > 0
+
+
+def _interaction_casts(model_dir: Path) -> int:
+    graph = onnx.load(str(model_dir / "1" / "model.onnx"), load_external_data=False).graph
+    return sum(1 for node in graph.node if node.op_type == "Cast" and "/interaction/" in node.name)
+
+
+def test_gpu_fp16_dlrm_has_no_fp32_islands(gpu_repository: Path) -> None:
+    """In the gpu profile only the output's sigmoid stays FP32: no activation is cast inside the graph."""
+    assert _interaction_casts(gpu_repository / "dlrm_onnx_fp16") == 0
+    report = json.loads((gpu_repository / "dlrm_onnx_fp16" / "export_report.json").read_text())
+    assert report["fp16_islands"] is False
+    assert abs(report["parity"]["auc_delta"]) <= report["auc_tolerance"]
+
+
+def test_instances_follow_the_profile() -> None:
+    assert ServingConfig().instances == 1
+    assert ServingConfig(profile="gpu").instances == 4
+    assert ServingConfig(profile="gpu", instances=2).instances == 2
+    with pytest.raises(ConfigError, match="instances"):
+        ServingConfig(instances=-1)
 
 
 def test_serving_options_that_need_the_gpu_profile() -> None:
