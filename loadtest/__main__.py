@@ -306,6 +306,7 @@ app.command("client-cost")(commands.client_cost)
 app.command()(commands.precision)
 app.command("serving-defaults")(commands.serving_defaults)
 app.command()(commands.gpu)
+app.command()(commands.kernels)
 app.command()(commands.tune)
 app.command()(commands.demo)
 

@@ -4,6 +4,7 @@
 - ``client-cost``: the client-side cost per request of HTTP, gRPC and shared memory.
 - ``precision``: served and in-process samples/s of FP32, FP16 and INT8 against the sgemm ceiling.
 - ``serving-defaults``: candidate serving settings (threads, instances, batcher) through the server.
+- ``kernels``: each CUDA kernel's GPU time in one call of a model (:mod:`loadtest.kernels`).
 - ``gpu``: served and in-process samples/s of every variant on the served device (:mod:`loadtest.gpu`).
 - ``tune``: the fastest serving config and client load within a p99 budget (:mod:`loadtest.tune`).
 - ``demo``: the whole path on this machine (what ``make demo`` runs).
@@ -207,6 +208,28 @@ def gpu(
     )
     paths = write_gpu_report(run_gpu_bench(options, command_line("loadtest")), out)
     print(f"report: {paths['markdown']}")
+
+
+def kernels(
+    repository: Annotated[Path, typer.Option(help="Exported repository.")],
+    model: Annotated[list[str], typer.Option(help="Model to profile (repeatable).")],
+    out: CpuOut = Path("reports/gpu"),
+    data: Data = None,
+    batch_size: Annotated[int, typer.Option(help="Rows per call.")] = 8192,
+    calls: Annotated[int, typer.Option(help="Profiled calls per model.")] = 10,
+) -> None:
+    """Each CUDA kernel's GPU time in one call of each model (CUPTI through torch.profiler)."""
+    from loadtest.gpu import model_file
+    from loadtest.kernels import run_kernels
+
+    files = {}
+    for name in model:
+        path = model_file(repository, name)
+        if path is None:
+            raise ConfigError(f"model {name} has no model.onnx or model.pt in {repository}")
+        files[name] = path
+    paths = run_kernels(files, data, batch_size, calls, out)
+    print(f"report: {paths['text']}")
 
 
 def serving_defaults(

@@ -17,6 +17,13 @@
 #   MODELS="dlrm_torch_x4 dlrm_onnx_x4 dlrm_onnx_fp16_x2 dlrm_onnx_fp16_x4 wide_deep_onnx_x2 wide_deep_onnx_fp16_x2" \
 #   LOADTEST_ARGS="--step 1024x16 --step 8192x4 --step 8192x16 --step 8192x32" OUT=benchmarks/gpu/instances \
 #   bash benchmarks/gpu/run.sh
+#   # FP16 without FP32 islands against FP32 (benchmarks/gpu/fp16; that run trained on 20,000 rows, checked
+#   # on 8,192, and exported with --no-torch), the third run:
+#   ROWS=20000 COPIES="" MODELS="dlrm_onnx dlrm_onnx_fp16" LOADTEST_ARGS="--step 8192x4 --step 8192x16" \
+#   OUT=benchmarks/gpu/fp16 bash benchmarks/gpu/run.sh
+#   # each kernel's GPU time in one call (benchmarks/gpu/kernels.txt; that run's FP16 DLRM kept its FP32 island):
+#   python -m loadtest kernels --repository artifacts/gpu-bench/repo --model dlrm_onnx --model dlrm_onnx_fp16 \
+#     --model wide_deep_onnx --model wide_deep_onnx_fp16 --model dlrm_torch --out benchmarks/gpu
 #
 # PYTHON picks the interpreter (default: python); it needs onnxruntime-gpu in place of onnxruntime and a
 # CUDA build of torch. About 15 minutes on an H100 host with 16 cores. Models and data go to WORK
@@ -52,7 +59,7 @@ if [[ ! -f $WORK/repo/wide_deep_onnx/1/model.onnx ]]; then
   fi
 fi
 # COPIES: <model>:<n> -> <model>_x<n>, the same files (hard links) with n instances on the GPU.
-for spec in ${COPIES:-dlrm_torch:2 dlrm_onnx:2}; do
+for spec in ${COPIES-dlrm_torch:2 dlrm_onnx:2}; do
   model=${spec%:*} count=${spec#*:}
   if [[ ! -d $WORK/repo/${model}_x$count ]]; then
     cp -al "$WORK/repo/$model" "$WORK/repo/${model}_x$count"
