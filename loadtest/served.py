@@ -100,6 +100,34 @@ def triton_requests(
     return connect
 
 
+def _result(
+    url: str,
+    model: str,
+    protocol: str,
+    batch_size: int,
+    concurrency: int,
+    rates: list[float],
+    tally: Tally,
+    seconds: float,
+) -> ServedResult:
+    """The median of the windows' ``rates``, and the latency and errors of their merged ``tally``."""
+    if not tally.answered:
+        raise ClientError(
+            f"{model} at {url} answered no request in {len(rates)} x {seconds:g} s: {dict(tally.error_kinds)}"
+        )
+    return ServedResult(
+        model=model,
+        protocol=protocol,
+        batch_size=batch_size,
+        concurrency=concurrency,
+        samples_per_s=statistics.median(rates),
+        repeats=tuple(rates),
+        p50_ms=tally.histogram.percentile(50),
+        p99_ms=tally.histogram.percentile(99),
+        errors=tally.errors,
+    )
+
+
 def served_throughput(
     url: str,
     model: str,
@@ -124,21 +152,8 @@ def served_throughput(
         driver.wait(warmup_s)
         windows = [driver.measure(seconds) for _ in range(repeats)]
     rates = [window.samples_per_s for window in windows]
-    tally = merged_tallies(windows)
-    if not tally.answered:
-        raise ClientError(
-            f"{model} at {url} answered no request in {repeats} x {seconds:g} s: {dict(tally.error_kinds)}"
-        )
-    return ServedResult(
-        model=model,
-        protocol=protocol,
-        batch_size=pool.batch_size,
-        concurrency=concurrency,
-        samples_per_s=statistics.median(rates),
-        repeats=tuple(rates),
-        p50_ms=tally.histogram.percentile(50),
-        p99_ms=tally.histogram.percentile(99),
-        errors=tally.errors,
+    return _result(
+        url, model, protocol, pool.batch_size, concurrency, rates, merged_tallies(windows), seconds
     )
 
 
@@ -280,18 +295,4 @@ def served_throughput_processes(
     per_process = [[Tally.from_json(window) for window in detail] for _, detail in answers]
     rates = [sum(windows[k].samples_per_s for windows in per_process) for k in range(repeats)]
     tally = merged_tallies(window for windows in per_process for window in windows)
-    if not tally.answered:
-        raise ClientError(
-            f"{model} at {url} answered no request in {repeats} x {seconds:g} s: {dict(tally.error_kinds)}"
-        )
-    return ServedResult(
-        model=model,
-        protocol=protocol,
-        batch_size=pool.batch_size,
-        concurrency=concurrency,
-        samples_per_s=statistics.median(rates),
-        repeats=tuple(rates),
-        p50_ms=tally.histogram.percentile(50),
-        p99_ms=tally.histogram.percentile(99),
-        errors=tally.errors,
-    )
+    return _result(url, model, protocol, pool.batch_size, concurrency, rates, tally, seconds)
