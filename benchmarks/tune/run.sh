@@ -67,7 +67,7 @@ if [[ $PARTS == *main* ]]; then
 fi
 
 # Validation of the pruning: the same reduced grid (FP32 and INT8, 1 or 2 instances, batch 64 and
-# 256, concurrency 1, 2, 4, plus the default: 30 points) searched by tune and by --brute-force (every point 8 windows).
+# 256, concurrency 1, 2, 4, the default among them: 24 points) searched by tune and by --brute-force (every point 8 windows).
 small=(--variants fp32,int8 --instances 1,2 --threads 0 --queue-delay-us 100 --preferred none
        --batch-sizes 64,256 --concurrency 1,2,4 --window 0.5 --warmup 0.5 --min-windows 3 --max-windows 8)
 if [[ $PARTS == *validate* ]]; then
