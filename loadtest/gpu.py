@@ -276,17 +276,13 @@ def device_resident_ms(path: Path, device: str, batch: dict[str, Any], calls: in
     ONNX models run with ONNX Runtime's IOBinding; TorchScript ones with torch tensors on
     ``cuda:0``. On the CPU both times are the same work.
     """
-    import time
+    from loadtest.timer import TimerConfig, time_call
+
+    config = TimerConfig(repeats=1, seconds=0.0, warmup_calls=3, min_calls=max(1, calls))
 
     def median_ms(run: Any) -> float:
-        for _ in range(3):
-            run()
-        times = []
-        for _ in range(calls):
-            start = time.perf_counter()
-            run()
-            times.append((time.perf_counter() - start) * 1000)
-        return sorted(times)[len(times) // 2]
+        """The median of ``calls`` timed calls (the bundle's one in-process timer)."""
+        return time_call(lambda _: run(), 1, config).percentile_ms(50)
 
     if path.suffix == ".pt":
         import torch
