@@ -410,6 +410,12 @@ def write_report(repository: Path, name: str, report: dict[str, Any]) -> Path:
     return path
 
 
+def read_report(repository: Path, name: str) -> dict[str, Any]:
+    """``<repository>/<name>/export_report.json`` as :func:`write_report` wrote it (empty if absent)."""
+    path = repository / name / REPORT_FILE
+    return json.loads(path.read_text()) if path.is_file() else {}
+
+
 def add_model(
     repository: Path,
     name: str,

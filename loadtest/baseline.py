@@ -103,7 +103,51 @@ class BaselineResult:
         return cls(**values)
 
 
-class InProcessModel:
+class _InProcess:
+    """What both in-process runners share: a result from the timer's repeats, and timing one
+    batch size. A runner sets ``config`` and ``threads`` and defines ``call`` and ``provider``."""
+
+    config: BaselineConfig
+    threads: int
+
+    @property
+    def provider(self) -> str:
+        raise NotImplementedError
+
+    def call(self, pool: PayloadPool) -> Call:
+        raise NotImplementedError
+
+    def result(self, batch_size: int, timing: Timing) -> BaselineResult:
+        """The timer's repeats at ``batch_size`` as a result."""
+        median = timing.median
+        result = BaselineResult(
+            model_file=str(self.config.model_file),
+            batch_size=batch_size,
+            threads=self.threads,
+            samples_per_s=median,
+            calls_per_s=median / batch_size,
+            p50_ms=timing.percentile_ms(50),
+            p99_ms=timing.percentile_ms(99),
+            repeats=tuple(timing.rates),
+            provider=self.provider,
+        )
+        logger.debug(
+            "in-process %s B=%d: %.0f samples/s (median of %d), p50 %.3f ms",
+            self.config.model_file,
+            batch_size,
+            result.samples_per_s,
+            len(timing.rates),
+            result.p50_ms,
+        )
+        return result
+
+    def measure(self, batch_size: int, pool: PayloadPool) -> BaselineResult:
+        """Time calls of ``batch_size`` rows from ``pool`` (re-cut to that batch size)."""
+        timing = time_call(self.call(pool.rebatched(batch_size)), batch_size, self.config.timer())
+        return self.result(batch_size, timing)
+
+
+class InProcessModel(_InProcess):
     """One ONNX Runtime session of a model file, kept to be timed at several batch sizes.
 
     Args:
@@ -120,40 +164,15 @@ class InProcessModel:
         self.device = serving_device(config.model_file)
         self._session = ort_session(config.model_file, threads, self.device)
 
+    @property
+    def provider(self) -> str:
+        return str(self._session.get_providers()[0])
+
     def call(self, pool: PayloadPool) -> Call:
         """One session run per call, on the pool's batches in turn (for :mod:`loadtest.timer`)."""
         batches = pool.batches()
         session = self._session
         return lambda index: session.run([OUTPUT], batches[index % len(batches)])
-
-    def result(self, batch_size: int, timing: Timing) -> BaselineResult:
-        """The timer's repeats of this session at ``batch_size`` as a result."""
-        median = timing.median
-        result = BaselineResult(
-            model_file=str(self.config.model_file),
-            batch_size=batch_size,
-            threads=self.threads,
-            samples_per_s=median,
-            calls_per_s=median / batch_size,
-            p50_ms=timing.percentile_ms(50),
-            p99_ms=timing.percentile_ms(99),
-            repeats=tuple(timing.rates),
-            provider=self._session.get_providers()[0],
-        )
-        logger.debug(
-            "in-process %s B=%d: %.0f samples/s (median of %d), p50 %.3f ms",
-            self.config.model_file,
-            batch_size,
-            result.samples_per_s,
-            len(timing.rates),
-            result.p50_ms,
-        )
-        return result
-
-    def measure(self, batch_size: int, pool: PayloadPool) -> BaselineResult:
-        """Time calls of ``batch_size`` rows from ``pool`` (re-cut to that batch size)."""
-        timing = time_call(self.call(pool.rebatched(batch_size)), batch_size, self.config.timer())
-        return self.result(batch_size, timing)
 
     def measure_all(self, pool: PayloadPool) -> list[BaselineResult]:
         """Time every batch size of the config, in order."""
@@ -190,7 +209,23 @@ def measure_interleaved(
     return {name: models[name].result(pool.batch_size, timing) for name, timing in timings.items()}
 
 
-class TorchInProcessModel:
+def load_torchscript(path: Path, device: Any) -> tuple[Any, list[str]]:
+    """The TorchScript module at ``path`` on ``device`` (a ``torch.device``), in eval mode, and the
+    names of its ``forward``'s arguments: the order in which it takes the model's inputs.
+
+    Raises:
+        ConfigError: ``path`` is not a TorchScript file torch can load.
+    """
+    import torch
+
+    try:
+        module = torch.jit.load(str(path), map_location=device).eval()
+    except (RuntimeError, ValueError) as exc:
+        raise ConfigError(f"torch.jit.load cannot load {path}: {exc}") from None
+    return module, [argument.name for argument in module.forward.schema.arguments][1:]
+
+
+class TorchInProcessModel(_InProcess):
     """A TorchScript ``model.pt`` (a ``<family>_torch`` variant) in this process, timed like
     :class:`InProcessModel`: on the device its config puts the served instance on
     (``cuda:0`` for KIND_GPU), fed numpy batches that are copied to the device and
@@ -217,11 +252,7 @@ class TorchInProcessModel:
             self._device = torch.device("cuda", 0)
         else:
             self._device = torch.device("cpu")
-        try:
-            self._module = torch.jit.load(str(config.model_file), map_location=self._device).eval()
-        except (RuntimeError, ValueError) as exc:
-            raise ConfigError(f"torch.jit.load cannot load {config.model_file}: {exc}") from None
-        self._order = [argument.name for argument in self._module.forward.schema.arguments][1:]
+        self._module, self._order = load_torchscript(config.model_file, self._device)
 
     @property
     def provider(self) -> str:
@@ -240,24 +271,6 @@ class TorchInProcessModel:
                 return module(*tensors).cpu().numpy()
 
         return run
-
-    def result(self, batch_size: int, timing: Timing) -> BaselineResult:
-        return BaselineResult(
-            model_file=str(self.config.model_file),
-            batch_size=batch_size,
-            threads=self.threads,
-            samples_per_s=timing.median,
-            calls_per_s=timing.median / batch_size,
-            p50_ms=timing.percentile_ms(50),
-            p99_ms=timing.percentile_ms(99),
-            repeats=tuple(timing.rates),
-            provider=self.provider,
-        )
-
-    def measure(self, batch_size: int, pool: PayloadPool) -> BaselineResult:
-        """Time calls of ``batch_size`` rows from ``pool`` (re-cut to that batch size)."""
-        timing = time_call(self.call(pool.rebatched(batch_size)), batch_size, self.config.timer())
-        return self.result(batch_size, timing)
 
 
 def in_process_model(config: BaselineConfig) -> InProcessModel | TorchInProcessModel:

@@ -41,8 +41,8 @@ from typing import Any
 
 from bundle.errors import ConfigError
 from bundle.records import RunRecord
-from export.repository import MODEL_FILE, read_config, version_dir
-from loadtest.baseline import BaselineConfig, in_process_model
+from export.repository import MODEL_FILE, read_config, read_report, version_dir
+from loadtest.baseline import BaselineConfig, in_process_model, load_torchscript
 from loadtest.payload import MAX_POOL_ROWS, PayloadPool, build_pool
 from loadtest.served import served_throughput_processes
 from loadtest.writer import Panel, Series, plot, table, write_json, write_markdown
@@ -154,7 +154,7 @@ def describe_gpu() -> dict[str, Any]:
 
 def _precision(repository: Path, name: str) -> str:
     """FP32, FP16, BF16 or INT8, from the model's export report (or its name)."""
-    report = _export_report(repository, name)
+    report = read_report(repository, name)
     torchscript = report.get("torchscript") or {}
     if torchscript.get("dtype"):
         return {"float16": "FP16", "bfloat16": "BF16", "float32": "FP32"}.get(torchscript["dtype"], "?")
@@ -163,14 +163,9 @@ def _precision(repository: Path, name: str) -> str:
     return "FP16" if "fp16" in name else "FP32"
 
 
-def _export_report(repository: Path, name: str) -> dict[str, Any]:
-    path = repository / name / "export_report.json"
-    return json.loads(path.read_text()) if path.is_file() else {}
-
-
 def gate(repository: Path, name: str) -> dict[str, Any]:
     """The export's accuracy check of ``name``, and whether it passes the AUC gate."""
-    report = _export_report(repository, name)
+    report = read_report(repository, name)
     parity = report.get("parity") or {}
     # An FP32 model is checked against its framework with no AUC tolerance of its own: the gate's.
     delta, tolerance = parity.get("auc_delta"), report.get("auc_tolerance", AUC_GATE)
@@ -288,8 +283,7 @@ def device_resident_ms(path: Path, device: str, batch: dict[str, Any], calls: in
         import torch
 
         target = torch.device("cuda", 0) if device == "gpu" else torch.device("cpu")
-        module = torch.jit.load(str(path), map_location=target).eval()
-        order = [argument.name for argument in module.forward.schema.arguments][1:]
+        module, order = load_torchscript(path, target)
         host = [torch.from_numpy(batch[name]) for name in order]
         resident = [tensor.to(target) for tensor in host]
         sync = torch.cuda.synchronize if target.type == "cuda" else (lambda: None)
@@ -311,17 +305,11 @@ def device_resident_ms(path: Path, device: str, batch: dict[str, Any], calls: in
         if target.type == "cuda":
             found["cuda_graph_ms"] = _torch_graph_ms(module, resident, median_ms)
         return found
-    import onnxruntime as ort
-
     from criteo.schema import OUTPUT
-    from loadtest.session import ort_session
+    from loadtest.session import device_binding, ort_session
 
     session = ort_session(path, 0, device)
-    where = "cuda" if device == "gpu" else "cpu"
-    binding = session.io_binding()
-    for name, array in batch.items():
-        binding.bind_ortvalue_input(name, ort.OrtValue.ortvalue_from_numpy(array, where, 0))
-    binding.bind_output(OUTPUT, where, 0)
+    binding = device_binding(session, batch, "cuda" if device == "gpu" else "cpu")
 
     def bound() -> None:
         session.run_with_iobinding(binding)
@@ -341,22 +329,16 @@ def _ort_graph_ms(path: Path, batch: dict[str, Any], median_ms: Any) -> float | 
     """Median ms of one replay of the model captured as a CUDA graph by ONNX Runtime
     (``enable_cuda_graph``; inputs and output bound on the device): the GPU's own time with no
     kernel launches from the host. The error's first line when the graph cannot be captured."""
-    import numpy as np
     import onnxruntime as ort
 
-    from criteo.schema import OUTPUT
+    from loadtest.session import device_binding
 
     try:
         options = ort.SessionOptions()
         options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
         providers = [("CUDAExecutionProvider", {"enable_cuda_graph": "1"}), "CPUExecutionProvider"]
         session = ort.InferenceSession(str(path), sess_options=options, providers=providers)
-        binding = session.io_binding()
-        for name, array in batch.items():
-            binding.bind_ortvalue_input(name, ort.OrtValue.ortvalue_from_numpy(array, "cuda", 0))
-        rows = next(iter(batch.values())).shape[0]
-        output = ort.OrtValue.ortvalue_from_shape_and_type((rows, 1), np.float32, "cuda", 0)
-        binding.bind_ortvalue_output(OUTPUT, output)
+        binding = device_binding(session, batch)
 
         def replay() -> None:
             session.run_with_iobinding(binding)
@@ -439,15 +421,14 @@ def _measure_model(
     logger.info("%s: in-process", name)
     in_process = _measure_in_process(options, path, rows)
     profile: dict[str, Any] = {}
+    device = serving_device(path)
+    batch = rows.rebatched(max(options.batch_sizes)).batch(0)
     if options.profile_calls:
-        batch = rows.rebatched(max(options.batch_sizes)).batch(0)
-        profile["device_resident"] = device_resident_ms(
-            path, serving_device(path), batch, options.profile_calls
-        )
+        profile["device_resident"] = device_resident_ms(path, device, batch, options.profile_calls)
     if path.suffix == ".onnx":
         profile["graph"] = graph_summary(path)
         if options.profile_calls:
-            profile["ort"] = ort_profile(path, serving_device(path), batch, options.profile_calls)
+            profile["ort"] = ort_profile(path, device, batch, options.profile_calls)
     url = server.grpc_url if options.protocol == "grpc" else server.http_url
     server.load_model(name, timeout=900)
     served = []
@@ -496,11 +477,8 @@ def run_gpu_bench(options: GpuOptions, command: str) -> dict[str, Any]:
     missing = [name for name in names if model_file(options.repository, name) is None]
     if missing:
         raise ConfigError(f"no model file for {', '.join(missing)} in {options.repository}")
-    too_large = {
-        name: serving(options.repository, name)["max_batch_size"]
-        for name in names
-        if serving(options.repository, name)["max_batch_size"] < max(options.batch_sizes)
-    }
+    max_batch = {name: serving(options.repository, name)["max_batch_size"] for name in names}
+    too_large = {name: size for name, size in max_batch.items() if size < max(options.batch_sizes)}
     if too_large:
         raise ConfigError(
             f"batch {max(options.batch_sizes)} exceeds max_batch_size of {too_large}: export with "

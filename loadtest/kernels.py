@@ -22,7 +22,9 @@ from pathlib import Path
 from typing import Any
 
 from bundle.errors import ConfigError
+from loadtest.baseline import load_torchscript
 from loadtest.payload import build_pool
+from loadtest.session import device_binding
 
 #: Kernels listed per model (the rest are summed into the total).
 TOP = 14
@@ -42,8 +44,7 @@ def _runner(path: Path, batch: dict[str, Any]) -> Any:
     import torch
 
     if path.suffix == ".pt":
-        module = torch.jit.load(str(path), map_location="cuda").eval()
-        order = [argument.name for argument in module.forward.schema.arguments][1:]
+        module, order = load_torchscript(path, torch.device("cuda", 0))
         inputs = [torch.from_numpy(batch[name]).cuda() for name in order]
 
         def run_torch() -> None:
@@ -51,21 +52,12 @@ def _runner(path: Path, batch: dict[str, Any]) -> Any:
                 module(*inputs)
 
         return run_torch
-    import numpy as np
     import onnxruntime as ort
-
-    from criteo.schema import OUTPUT
 
     if "CUDAExecutionProvider" not in ort.get_available_providers():
         raise ConfigError("loadtest kernels needs onnxruntime-gpu (its CUDA provider) for an ONNX model")
     session = ort.InferenceSession(str(path), providers=["CUDAExecutionProvider"])
-    binding = session.io_binding()
-    for name, array in batch.items():
-        binding.bind_ortvalue_input(name, ort.OrtValue.ortvalue_from_numpy(array, "cuda", 0))
-    rows = next(iter(batch.values())).shape[0]
-    binding.bind_ortvalue_output(
-        OUTPUT, ort.OrtValue.ortvalue_from_shape_and_type((rows, 1), np.float32, "cuda", 0)
-    )
+    binding = device_binding(session, batch)
     return lambda: session.run_with_iobinding(binding)
 
 

@@ -19,7 +19,6 @@ ones and the ceiling from the in-process timer (:mod:`loadtest.timer`).
 
 from __future__ import annotations
 
-import json
 import logging
 import math
 import shutil
@@ -30,7 +29,14 @@ from typing import Any
 
 from bundle.errors import ConfigError
 from bundle.records import RunRecord
-from export.repository import MODEL_FILE, ORT_SPINNING_KEY, read_config, version_dir, write_config
+from export.repository import (
+    MODEL_FILE,
+    ORT_SPINNING_KEY,
+    read_config,
+    read_report,
+    version_dir,
+    write_config,
+)
 from loadtest.baseline import BaselineConfig, InProcessModel, measure_interleaved
 from loadtest.payload import MAX_POOL_ROWS, PayloadPool, build_pool
 from loadtest.roofline import count_flops, fraction, ort_gemm_probe, sgemm_ceiling
@@ -137,10 +143,9 @@ def _best_served(by_level: dict[str, Any]) -> dict[str, Any]:
 
 def _gate(repository: Path, name: str) -> dict[str, Any]:
     """The accuracy check of ``name`` from its export report (FP32: against the framework)."""
-    path = repository / name / "export_report.json"
-    if not path.is_file():
+    report = read_report(repository, name)
+    if not report:
         return {}
-    report = json.loads(path.read_text())
     parity = report.get("parity", {})
     return {
         "checked_against": report.get("checked_against"),

@@ -100,6 +100,14 @@ def triton_requests(
     return connect
 
 
+def _check_load(protocol: str, concurrency: int, repeats: int, seconds: float, warmup_s: float) -> None:
+    """Refuse a load that cannot be measured (either function below)."""
+    if protocol not in ("grpc", "http"):
+        raise ConfigError(f"protocol must be grpc or http, got {protocol!r}")
+    if concurrency < 1 or repeats < 1 or seconds <= 0 or warmup_s < 0:
+        raise ConfigError("concurrency and repeats must be >= 1, seconds > 0 and warmup_s >= 0")
+
+
 def _result(
     url: str,
     model: str,
@@ -143,10 +151,7 @@ def served_throughput(
 
     A request counts when its answer arrives inside a window.
     """
-    if protocol not in ("grpc", "http"):
-        raise ConfigError(f"protocol must be grpc or http, got {protocol!r}")
-    if concurrency < 1 or repeats < 1 or seconds <= 0 or warmup_s < 0:
-        raise ConfigError("concurrency and repeats must be >= 1, seconds > 0 and warmup_s >= 0")
+    _check_load(protocol, concurrency, repeats, seconds, warmup_s)
     connect = triton_requests(url, protocol, model, pool, concurrency)  # type: ignore[arg-type]
     with Driver(connect, concurrency) as driver:
         driver.wait(warmup_s)
@@ -237,10 +242,7 @@ def served_throughput_processes(
     warm-up), so window ``k`` of every process covers the same seconds; a
     window's rate is the sum over processes, and the median window is the figure.
     """
-    if protocol not in ("grpc", "http"):
-        raise ConfigError(f"protocol must be grpc or http, got {protocol!r}")
-    if repeats < 1 or seconds <= 0 or warmup_s < 0:
-        raise ConfigError("repeats must be >= 1, seconds > 0 and warmup_s >= 0")
+    _check_load(protocol, concurrency, repeats, seconds, warmup_s)
     processes, workers = spread(concurrency, max_processes)
     pool_file = pool.save(workdir / f"pool-{pool.batch_size}.npz")
     context = multiprocessing.get_context("spawn")
@@ -272,7 +274,8 @@ def served_throughput_processes(
     ]
     for child in children:
         child.start()
-    deadline = time.monotonic() + BARRIER_TIMEOUT_S + warmup_s + repeats * seconds + 60.0
+    limit_s = BARRIER_TIMEOUT_S + warmup_s + repeats * seconds + 60.0
+    deadline = time.monotonic() + limit_s
     answers: list[tuple[str, Any]] = []
     try:
         while len(answers) < processes:
@@ -280,8 +283,7 @@ def served_throughput_processes(
                 answers.append(results.get(timeout=max(1.0, deadline - time.monotonic())))
             except queue.Empty:
                 raise ClientError(
-                    f"{processes} client processes against {model} did not report within "
-                    f"{BARRIER_TIMEOUT_S + warmup_s + repeats * seconds + 60.0:.0f} s"
+                    f"{processes} client processes against {model} did not report within {limit_s:.0f} s"
                 ) from None
     finally:
         for child in children:

@@ -107,3 +107,22 @@ def serving_settings(model_file: Path) -> dict[str, int]:
     settings["instances"] = sum(group.count or 1 for group in config.instance_group) or 1
     settings["max_queue_delay_us"] = int(config.dynamic_batching.max_queue_delay_microseconds)
     return settings
+
+
+def device_binding(session: Any, batch: dict[str, Any], where: str = "cuda") -> Any:
+    """An IOBinding of ``session`` with ``batch``'s inputs copied to ``where`` (``cuda`` or ``cpu``)
+    once and a ``B x 1`` float32 output allocated there: calls through it move no tensor
+    between host and device (and a CUDA graph can replay it: the addresses never change)."""
+    import numpy as np
+    import onnxruntime as ort
+
+    from criteo.schema import OUTPUT
+
+    binding = session.io_binding()
+    for name, array in batch.items():
+        binding.bind_ortvalue_input(name, ort.OrtValue.ortvalue_from_numpy(array, where, 0))
+    rows = next(iter(batch.values())).shape[0]
+    binding.bind_ortvalue_output(
+        OUTPUT, ort.OrtValue.ortvalue_from_shape_and_type((rows, 1), np.float32, where, 0)
+    )
+    return binding
