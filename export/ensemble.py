@@ -72,6 +72,10 @@ EMBEDDING_SUFFIX = "_embedding"
 DENSE_SUFFIX = "_dense"
 #: Suffix of the served model, the ensemble (``dlrm_onnx``): the family's usual name.
 ENSEMBLE_SUFFIX = "_onnx"
+#: Precisions of a hot/cold model's dense part: "" (FP32, ``<family>_dense`` under
+#: ``<family>_onnx``), then the variants, each its own dense model and ensemble over the one
+#: shared stage (``<family>_dense_fp16`` under ``<family>_onnx_fp16``, ...).
+PRECISIONS: tuple[str, ...] = ("", "fp16", "int8")
 #: The hot set's file in the stage's version folder.
 HOT_SET_FILE = "hot_set.npz"
 #: The dense model's graph with its tables' values dropped, in its model folder
@@ -96,14 +100,20 @@ def embedding_model_name(family: str) -> str:
     return f"{_check_family(family)}{EMBEDDING_SUFFIX}"
 
 
-def dense_model_name(family: str) -> str:
-    """The dense model of a family: ``dlrm`` -> ``dlrm_dense``."""
-    return f"{_check_family(family)}{DENSE_SUFFIX}"
+def dense_model_name(family: str, precision: str = "") -> str:
+    """The dense model of a family: ``dlrm`` -> ``dlrm_dense`` (``fp16``: ``dlrm_dense_fp16``)."""
+    return f"{_check_family(family)}{DENSE_SUFFIX}{_precision_suffix(precision)}"
 
 
-def ensemble_model_name(family: str) -> str:
-    """The served model of a family: ``dlrm`` -> ``dlrm_onnx``."""
-    return f"{_check_family(family)}{ENSEMBLE_SUFFIX}"
+def ensemble_model_name(family: str, precision: str = "") -> str:
+    """The served model of a family: ``dlrm`` -> ``dlrm_onnx`` (``int8``: ``dlrm_onnx_int8``)."""
+    return f"{_check_family(family)}{ENSEMBLE_SUFFIX}{_precision_suffix(precision)}"
+
+
+def _precision_suffix(precision: str) -> str:
+    if precision not in PRECISIONS:
+        raise ConfigError(f"a hot/cold model's precision is one of {PRECISIONS}, got {precision!r}")
+    return f"_{precision}" if precision else ""
 
 
 def _check_family(family: str) -> str:
@@ -227,8 +237,9 @@ def build_dense_config(name: str, width: int, serving: ServingConfig) -> mc.Mode
     return config
 
 
-def build_ensemble_config(family: str, version: int = 1) -> mc.ModelConfig:
-    """The ModelConfig of ``<family>_onnx`` as an ensemble of the stage and the dense model.
+def build_ensemble_config(family: str, version: int = 1, precision: str = "") -> mc.ModelConfig:
+    """The ModelConfig of ``<family>_onnx`` as an ensemble of the stage and the dense model
+    (``precision``: ``<family>_onnx_<precision>`` over ``<family>_dense_<precision>``, same stage).
 
     Its inputs and output are the schema's (``dense_features`` ``-1 x 13``,
     ``categorical_ids`` ``-1 x 26``, ``click_probability`` ``-1 x 1``), so clients
@@ -244,7 +255,9 @@ def build_ensemble_config(family: str, version: int = 1) -> mc.ModelConfig:
     """
     if isinstance(version, bool) or not isinstance(version, int) or version < 1:
         raise ConfigError(f"a model version is an int >= 1, got {version!r}")
-    config = mc.ModelConfig(name=ensemble_model_name(family), platform=ENSEMBLE_PLATFORM, max_batch_size=0)
+    config = mc.ModelConfig(
+        name=ensemble_model_name(family, precision), platform=ENSEMBLE_PLATFORM, max_batch_size=0
+    )
     for spec in INPUTS:
         _add(config.input, _schema_dims(spec))
     for spec in OUTPUTS:
@@ -256,7 +269,7 @@ def build_ensemble_config(family: str, version: int = 1) -> mc.ModelConfig:
     for tensor in (HOT_SLOTS, COLD_POSITIONS, COLD_ROWS):
         stage.output_map[tensor] = tensor
     dense = config.ensemble_scheduling.step.add()
-    dense.model_name = dense_model_name(family)
+    dense.model_name = dense_model_name(family, precision)
     dense.model_version = version
     for tensor in (DENSE_INPUT, HOT_SLOTS, COLD_POSITIONS, COLD_ROWS):
         dense.input_map[tensor] = tensor
@@ -339,9 +352,9 @@ def write_embedding_stage(
 
 
 def write_dense_config(
-    repository: Path, family: str, width: int, serving: ServingConfig, version: int = 1
+    repository: Path, family: str, width: int, serving: ServingConfig, version: int = 1, precision: str = ""
 ) -> Path:
-    """Write the config of ``<family>_dense`` whose ONNX file is already in its version folder.
+    """Write the config of ``<family>_dense[_<precision>]`` whose ONNX file is in its version folder.
 
     Returns:
         The config path.
@@ -349,15 +362,15 @@ def write_dense_config(
     Raises:
         ConfigError: the ONNX file is missing, or see :func:`build_dense_config`.
     """
-    name = dense_model_name(family)
+    name = dense_model_name(family, precision)
     onnx_path = version_dir(repository, name, version) / MODEL_FILE
     if not onnx_path.is_file():
         raise ConfigError(f"{onnx_path} is missing: export the dense model before writing its config")
     return write_config(repository / name, build_dense_config(name, width, serving))
 
 
-def write_ensemble(repository: Path, family: str, version: int = 1) -> Path:
-    """Write ``<family>_onnx`` as the ensemble of the stage and the dense model.
+def write_ensemble(repository: Path, family: str, version: int = 1, precision: str = "") -> Path:
+    """Write ``<family>_onnx`` (``_<precision>``) as the ensemble of the stage and the dense model.
 
     Whatever the repository held under that name (an in-graph model's ONNX file,
     its report) is removed first: the name now means the ensemble. Triton needs
@@ -366,10 +379,10 @@ def write_ensemble(repository: Path, family: str, version: int = 1) -> Path:
     Returns:
         The config path.
     """
-    name = ensemble_model_name(family)
+    name = ensemble_model_name(family, precision)
     clear_model(repository, name)
     version_dir(repository, name, version).mkdir(parents=True)
-    return write_config(repository / name, build_ensemble_config(family))
+    return write_config(repository / name, build_ensemble_config(family, version, precision))
 
 
 def write_lookup_graph(graph: Path | str, repository: Path, family: str) -> Path:

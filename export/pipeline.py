@@ -230,8 +230,9 @@ def export_family(exporter: FrameworkExporter, options: ExportOptions) -> list[E
 
     When ``options.placement`` places the tables hot/cold, ``<family>_onnx`` becomes
     the ensemble of ``<family>_embedding`` and ``<family>_dense``, checked against the
-    all-in-graph FP32 graph (:func:`export.placement.place_embeddings`); no FP16, INT8,
-    TorchScript or TensorRT variant is written then.
+    all-in-graph FP32 graph (:func:`export.placement.place_embeddings`); the FP16 and
+    INT8 variants are then ensembles of the same stage and their own dense model
+    (:mod:`export.hot_cold_variants`), and no TorchScript or TensorRT variant is written.
 
     Returns:
         The ONNX models written, each with its parity result.
@@ -267,9 +268,10 @@ def export_family(exporter: FrameworkExporter, options: ExportOptions) -> list[E
     placed = place_embeddings(exporter, fp32_path, fp32.parity, rows, options)
     if placed is not None:
         reference = "onnx_fp32 (in-graph)"
-        return [
-            ExportedModel(placed.name, placed.path, reference, placed.parity, placed.seconds, placed.summary)
-        ]
+        ensemble = ExportedModel(
+            placed.name, placed.path, reference, placed.parity, placed.seconds, placed.summary
+        )
+        return [ensemble, *_export_placed_variants(exporter, rows, options)]
     if options.fp16:
         results.append(_export_fp16(exporter, fp32_path, rows, options))
     int8_name = f"{exporter.family}_onnx_int8"
@@ -392,18 +394,23 @@ def output_nodes(model: onnx.ModelProto, names: list[str]) -> list[str]:
     return [node.name for node in model.graph.node if node.name in names and outputs & set(node.output)]
 
 
+def _fp16_keep(
+    exporter: FrameworkExporter, model: onnx.ModelProto, options: ExportOptions
+) -> tuple[list[str], bool]:
+    """The nodes the FP16 variant keeps in FP32, and whether they include the exporter's islands
+    (``--fp16-islands``; default: in the cpu profile, not in the gpu one)."""
+    keep = exporter.fp32_nodes(model)
+    islands = options.fp16_islands if options.fp16_islands is not None else options.serving.profile != "gpu"
+    return (keep if islands else output_nodes(model, keep)), islands
+
+
 def _export_fp16(
     exporter: FrameworkExporter, fp32_path: Path, rows: Batch, options: ExportOptions
 ) -> ExportedModel:
     def build(path: Path) -> dict[str, Any]:
         log.info("converting %s to FP16 at %s", fp32_path, path)
         model = onnx.load(str(fp32_path))
-        keep = exporter.fp32_nodes(model)
-        islands = (
-            options.fp16_islands if options.fp16_islands is not None else options.serving.profile != "gpu"
-        )
-        if not islands:
-            keep = output_nodes(model, keep)
+        keep, islands = _fp16_keep(exporter, model, options)
         save_model(convert_to_fp16(model, keep, source=fp32_path), path)
         return {"source": exporter.source, "fp32_nodes": keep, "fp16_islands": islands}
 
@@ -611,3 +618,44 @@ def _export_int8(
         build,
         gate_batches=INT8_GATE_BATCHES,
     )
+
+
+def _export_placed_variants(
+    exporter: FrameworkExporter, rows: Batch, options: ExportOptions
+) -> list[ExportedModel]:
+    """A hot/cold model's FP16 and INT8 variants, as ``options`` ask (:mod:`export.hot_cold_variants`).
+
+    As for an in-graph model, an INT8 variant that fails its gate is an error only with ``--int8``.
+    """
+    from export.ensemble import dense_model_name
+    from export.hot_cold_variants import VariantRecipe, export_variant
+
+    family, repository = exporter.family, options.repository
+    dense = onnx.load(
+        str(version_dir(repository, dense_model_name(family), 1) / MODEL_FILE), load_external_data=False
+    )
+    written = []
+    if options.fp16:
+        keep, islands = _fp16_keep(exporter, dense, options)
+        recipe = VariantRecipe("fp16", tuple(keep), options.fp16_auc_tolerance)
+        extra = {"source": exporter.source, "fp16_islands": islands, "opset": options.opset}
+        written.append(export_variant(repository, family, recipe, rows, options.serving, report=extra))
+    if options.writes_int8:
+        recipe = VariantRecipe(
+            "int8", tuple(exporter.fp32_nodes(dense)), options.int8_auc_tolerance, options.quantize
+        )
+        calibration, source = calibration_rows(options) if options.quantize.method == "static" else (None, "")
+        extra = {"source": exporter.source, "opset": options.opset}
+        try:
+            written.append(
+                export_variant(repository, family, recipe, rows, options.serving, calibration, source, extra)
+            )
+        except ExportError as exc:
+            if options.int8:
+                raise
+            log.warning(
+                "%s_onnx_int8 not written (the other models serve): %s. --int8 makes this an error",
+                family, exc,
+            )  # fmt: skip
+    reference = "hot/cold FP32 (same stage)"
+    return [ExportedModel(w.name, w.config, reference, w.parity, w.seconds, w.summary) for w in written]

@@ -45,7 +45,9 @@ from criteo.profile import read_profile
 from criteo.schema import COLD_POSITIONS, COLD_ROWS, DENSE_INPUT, HOT_SLOTS, OUTPUT
 from criteo.tsv import Batch
 from export.ensemble import (
+    ENSEMBLE_PLATFORM,
     HOT_SET_FILE,
+    PRECISIONS,
     add_hierarchical_models,
     dense_model_name,
     embedding_model_name,
@@ -59,8 +61,10 @@ from export.lookups import check_sizes, find_lookups, store_spec
 from export.onnx_io import save_model
 from export.parity import ParityResult, compare, extreme_id_rows, onnx_session, run_onnx
 from export.repository import (
+    CONFIG_NAME,
     MODEL_FILE,
     clear_model,
+    read_config,
     torch_model_name,
     trt_model_name,
     version_dir,
@@ -239,11 +243,15 @@ def run_hierarchical(
     session = onnx_session(dense_path)
     outputs = []
     for start in range(0, len(batch), chunk):
-        part = batch.slice(start, start + chunk)
-        slots, positions, rows = stage_reference(part.categorical, hot, hot.table_sizes, store)
-        feeds = {DENSE_INPUT: part.dense, HOT_SLOTS: slots, COLD_POSITIONS: positions, COLD_ROWS: rows}
+        feeds = hierarchical_feeds(batch.slice(start, start + chunk), hot, store)
         outputs.append(session.run([OUTPUT], feeds)[0])
     return np.concatenate(outputs)
+
+
+def hierarchical_feeds(batch: Batch, hot: HotSet, store: RowStore) -> dict[str, np.ndarray]:
+    """The dense model's inputs for ``batch``: its dense features and the stage's answer (in-process)."""
+    slots, positions, rows = stage_reference(batch.categorical, hot, hot.table_sizes, store)
+    return {DENSE_INPUT: batch.dense, HOT_SLOTS: slots, COLD_POSITIONS: positions, COLD_ROWS: rows}
 
 
 def _check(
@@ -300,27 +308,40 @@ def hierarchical_entries(family: str) -> tuple[str, ...]:
     return embedding_model_name(family), dense_model_name(family), ensemble_model_name(family)
 
 
+def variant_entries(family: str) -> tuple[str, ...]:
+    """The FP16 and INT8 variants' ensembles and dense models (:mod:`export.hot_cold_variants`)."""
+    return tuple(
+        name
+        for precision in PRECISIONS
+        if precision
+        for name in (ensemble_model_name(family, precision), dense_model_name(family, precision))
+    )
+
+
 def clear_split(repository: Path, family: str) -> None:
-    """Remove the stage and dense model of an earlier hot/cold export: the family is served in-graph now."""
-    for name in hierarchical_entries(family)[:2]:
+    """Remove the stage and dense models of an earlier hot/cold export, and its variants' ensembles
+    (an in-graph variant of that name stays): the family is served in-graph now."""
+    for name in (*hierarchical_entries(family)[:2], *variant_entries(family)):
+        config = repository / name / CONFIG_NAME
+        if name.startswith(ensemble_model_name(family)) and config.is_file():
+            try:
+                if read_config(config).platform != ENSEMBLE_PLATFORM:
+                    continue
+            except ConfigError:
+                pass
         clear_model(repository, name)
 
 
-def clear_variants(repository: Path, family: str, fp16: bool, int8: bool) -> None:
-    """Remove the family's FP16, INT8, TensorRT and TorchScript models, which a hierarchical export does
-    not write (yet).
+def clear_variants(repository: Path, family: str) -> None:
+    """Remove the family's FP16, INT8, TensorRT and TorchScript models before a hierarchical export.
 
-    They would be all-in-graph models of an earlier export, out of step with the ensemble.
+    They would be models of an earlier export, out of step with the new ensemble: the
+    FP16 and INT8 variants are written again from the new dense model
+    (:mod:`export.hot_cold_variants`); TensorRT and TorchScript are not written for a
+    hot/cold model.
     """
-    names = (f"{family}_onnx_fp16", f"{family}_onnx_int8", trt_model_name(family), torch_model_name(family))
-    for name in names:
+    for name in (*variant_entries(family), trt_model_name(family), torch_model_name(family)):
         clear_model(repository, name)
-    wanted = [label for label, on in (("FP16", fp16), ("INT8", int8)) if on]
-    if wanted:
-        log.info(
-            "%s: %s variants are not written for hot/cold placement yet; only the ensemble %s is served",
-            family, " and ".join(wanted), ensemble_model_name(family),
-        )  # fmt: skip
 
 
 def place_embeddings(
@@ -365,10 +386,10 @@ def place_embeddings(
         placed.report["seconds"] = round(seconds, 3)
         write_report(options.repository, placed.name, placed.report)
     except BaseException:  # the all-in-graph model was to be replaced: it goes too
-        for name in hierarchical_entries(family):
+        for name in (*hierarchical_entries(family), *variant_entries(family)):
             clear_model(options.repository, name)
         raise
-    clear_variants(options.repository, family, options.fp16, options.writes_int8)
+    clear_variants(options.repository, family)
     return PlacedModel(placed.name, placed.path, placed.parity, seconds, placed.report, placed.summary)
 
 

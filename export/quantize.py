@@ -38,7 +38,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path
@@ -55,6 +55,8 @@ from export.onnx_io import EXTERNAL_DATA_THRESHOLD, save_model, weights_bytes
 log = logging.getLogger(__name__)
 
 Int8Method = Literal["static", "dynamic"]
+#: A batch of rows -> the graph's inputs.
+Feeds = Callable[[Batch], dict[str, np.ndarray]]
 INT8_METHODS: tuple[str, ...] = ("static", "dynamic")
 #: The method the export uses unless told otherwise: static. Measured on the reference DLRM and
 #: Wide & Deep (benchmarks/cpu/precision.md), both methods pass the accuracy gate and both beat
@@ -223,11 +225,14 @@ class BatchCalibrationReader:
     Args:
         rows: the calibration rows (``dense_features`` ``N x 13``, ``categorical_ids`` ``N x 26``).
         chunk: rows per batch ``B``.
+        feeds: a batch's inputs to the graph (default: the schema's tensors, ``Batch.inputs``;
+            a hot/cold dense model takes the stage's answer instead).
     """
 
-    def __init__(self, rows: Batch, chunk: int) -> None:
+    def __init__(self, rows: Batch, chunk: int, feeds: Feeds | None = None) -> None:
+        make = feeds or Batch.inputs
         self._batches: Iterator[dict[str, np.ndarray]] = (
-            rows.slice(start, start + chunk).inputs() for start in range(0, len(rows), chunk)
+            make(rows.slice(start, start + chunk)) for start in range(0, len(rows), chunk)
         )
 
     def get_next(self) -> dict[str, np.ndarray] | None:
@@ -242,6 +247,7 @@ def quantize_int8(
     options: QuantizeOptions,
     calibration: Batch | None = None,
     calibration_source: str = "",
+    feeds: Feeds | None = None,
 ) -> QuantizedGraph:
     """Write the INT8 variant of the FP32 graph at ``fp32_path`` to ``out``.
 
@@ -252,6 +258,7 @@ def quantize_int8(
         options: method and weight granularity.
         calibration: rows for the static method's activation ranges (>= 1 row).
         calibration_source: where the rows came from, for the report.
+        feeds: how calibration rows become the graph's inputs (see :class:`BatchCalibrationReader`).
 
     Returns:
         The quantized and kept nodes and the settings used.
@@ -283,7 +290,7 @@ def quantize_int8(
     if options.method == "static":
         if calibration is None or len(calibration) == 0:
             raise ExportError("static INT8 quantization needs calibration rows")
-        reader = BatchCalibrationReader(calibration, options.calibration_chunk)
+        reader = BatchCalibrationReader(calibration, options.calibration_chunk, feeds)
         settings["calibration_rows"] = len(calibration)
         settings["calibration_data"] = calibration_source or "given rows"
     log.info("quantizing %d layers to INT8 (%s): %s", len(nodes), options.method, nodes)

@@ -24,7 +24,16 @@ server in explicit model-control mode the rollout goes:
    again: the old versions unload (their files stay there).
 
 Without a server the files are written straight in the state after step 3, for a
-server started (or pointed at the repository) later. The row store is shared by
+server started (or pointed at the repository) later.
+
+The FP16 and INT8 variants of the model (:mod:`export.hot_cold_variants`) run the same
+stage, so they roll out with it: version ``N`` of each variant's dense model is made
+from the new FP32 dense model by the recipe its report keeps (an INT8 one keeping the
+serving version's quantization parameters, so a row's answer does not move), checked
+against its serving version, loaded in step 1, and its ensemble switches in step 2
+beside the FP32 one.
+
+The row store is shared by
 every version (it holds every row); each version holds only its hot rows, so a
 rollout needs memory for two hot sets while both pairs are loaded.
 """
@@ -47,6 +56,7 @@ from criteo.profile import AccessProfile
 from criteo.tsv import Batch, read_batch
 from export.ensemble import (
     ENSEMBLE_PLATFORM,
+    ENSEMBLE_SUFFIX,
     HOT_SET_FILE,
     LOOKUP_GRAPH_FILE,
     VERSIONS_LOADED,
@@ -56,6 +66,15 @@ from export.ensemble import (
     ensemble_model_name,
 )
 from export.hierarchical import split_lookups
+from export.hot_cold_variants import (
+    LABELS,
+    VARIANTS,
+    VariantRecipe,
+    build_dense_variant,
+    check_variant,
+    keep_quantization,
+    variant_models,
+)
 from export.hot_rows import HotSet, choose_hot_rows
 from export.onnx_io import save_model
 from export.parity import ParityResult, compare, extreme_id_rows
@@ -133,7 +152,11 @@ class RolloutOptions:
 
 @dataclass(frozen=True)
 class Serving:
-    """The hierarchical model as the repository serves it now."""
+    """The hierarchical model as the repository serves it now.
+
+    ``variants``: the FP16/INT8 variants served beside it (:mod:`export.hot_cold_variants`), each
+    with its recipe; they run the same stage version and roll out with it.
+    """
 
     name: str
     stage: str
@@ -143,6 +166,21 @@ class Serving:
     store_dir: Path
     hot: HotSet
     report: dict[str, Any]
+    variants: dict[str, VariantRecipe] = field(default_factory=dict)
+
+    @property
+    def ensembles(self) -> list[str]:
+        """Every ensemble that switches: the FP32 one, then the variants'."""
+        return [self.name, *(variant_models(self.family, p)[0] for p in self.variants)]
+
+    @property
+    def dense_models(self) -> list[str]:
+        """Every dense model: FP32, then the variants'."""
+        return [self.dense, *(variant_models(self.family, p)[1] for p in self.variants)]
+
+    @property
+    def family(self) -> str:
+        return self.name.removesuffix(ENSEMBLE_SUFFIX)
 
 
 @dataclass(frozen=True)
@@ -170,17 +208,21 @@ class RolloutResult:
     parity: ParityResult
     applied: bool
     seconds: dict[str, float]
+    variants: dict[str, ParityResult] = field(default_factory=dict)
 
     def summary(self) -> str:
         """One line for the CLI."""
         where = "served" if self.applied else "written (load it on the server, or start one)"
         old, new = self.check_hit_rates
-        return (
+        line = (
             f"{self.name}: hot set version {self.new_version} {where}: {self.hot_rows} hot rows "
             f"({format_bytes(self.hot_bytes)}), expected hit rate {100 * self.expected_hit_rate:.1f}%; "
             f"check rows hit {100 * old:.1f}% -> {100 * new:.1f}%; max abs diff vs version "
             f"{self.old_version} {self.parity.max_abs_diff:.2e}"
         )
+        for precision, parity in self.variants.items():
+            line += f"; {LABELS[precision]} AUC delta {parity.auc_delta:+.1e}"
+        return line
 
 
 def _versions(model_dir: Path) -> list[int]:
@@ -235,7 +277,37 @@ def serving_state(repository: Path, family: str, row_store: Path | None = None) 
     hot = HotSet.load(version_dir(repository, stage, version) / HOT_SET_FILE)
     report_path = repository / name / REPORT_FILE
     report = json.loads(report_path.read_text()) if report_path.is_file() else {}
-    return Serving(name, stage, dense, version, store, Path(row_store), hot, report)
+    variants = _serving_variants(repository, family, stage, version)
+    return Serving(name, stage, dense, version, store, Path(row_store), hot, report, variants)
+
+
+def _serving_variants(repository: Path, family: str, stage: str, version: int) -> dict[str, VariantRecipe]:
+    """The variant ensembles over ``stage`` and the recipes that made them.
+
+    Raises:
+        ConfigError: a variant that runs another version of the stage, keeps too few versions
+            loaded, or has no recipe.
+    """
+    variants = {}
+    for precision in VARIANTS:
+        name, dense = variant_models(family, precision)
+        config_path = repository / name / CONFIG_NAME
+        if not config_path.is_file():
+            continue
+        config = read_config(config_path)
+        if config.platform != ENSEMBLE_PLATFORM:
+            continue  # not a hot/cold variant (a model of another export): left alone
+        steps = {step.model_name: step.model_version for step in config.ensemble_scheduling.step}
+        if steps != {stage: version, dense: version}:
+            raise ConfigError(f"{name} runs {steps}, not version {version} of {stage} and {dense}")
+        if read_config(repository / dense / CONFIG_NAME).version_policy.latest.num_versions < VERSIONS_LOADED:
+            raise ConfigError(
+                f"{dense} keeps fewer than {VERSIONS_LOADED} versions loaded: export {name} again"
+            )
+        report_path = repository / name / REPORT_FILE
+        report = json.loads(report_path.read_text()) if report_path.is_file() else {}
+        variants[precision] = VariantRecipe.from_report(report, str(report_path))
+    return variants
 
 
 def _budget(options: RolloutOptions, serving: Serving) -> int:
@@ -296,6 +368,39 @@ def _write_version(repository: Path, serving: Serving, hot: HotSet, version: int
     return dense_path
 
 
+def _variants(
+    repository: Path, serving: Serving, dense_path: Path, hot: HotSet, version: int, rows: Batch
+) -> dict[str, ParityResult]:
+    """Version ``version`` of each variant's dense model, made from the new FP32 one by its recipe,
+    each checked against its serving version.
+
+    An INT8 variant keeps the serving version's quantization parameters
+    (:func:`export.hot_cold_variants.keep_quantization`): the static method still needs rows to
+    build the graph, and gets the check rows.
+
+    Raises:
+        ExportError: a conversion failed or a variant's AUC moved more than its tolerance.
+    """
+    checks = {}
+    for precision, recipe in serving.variants.items():
+        name, dense = variant_models(serving.family, precision)
+        path = version_dir(repository, dense, version) / MODEL_FILE
+        old = version_dir(repository, dense, serving.version) / MODEL_FILE
+        build_dense_variant(recipe, dense_path, path, hot, serving.store, rows, "the rollout's check rows")
+        if recipe.quantize is not None:
+            taken = keep_quantization(path, old)
+            log.info(
+                "%s version %d: %d quantization parameters kept from version %d",
+                dense,
+                version,
+                taken,
+                serving.version,
+            )
+        what = f"{name}: the new hot set vs version {serving.version}"
+        checks[precision] = check_variant(recipe, path, old, serving.hot, hot, serving.store, rows, what)
+    return checks
+
+
 class _Switch:
     """The file changes of a rollout, and how to undo them.
 
@@ -310,19 +415,24 @@ class _Switch:
         self.repository = repository
         self.serving = serving
         self.family = family
-        self.config_path = repository / serving.name / CONFIG_NAME
-        self.original = self.config_path.read_text()
+        self.originals = {
+            name: (repository / name / CONFIG_NAME).read_text()
+            for name in serving.ensembles  # the FP32 ensemble and each variant's
+        }
         self.retired: list[tuple[Path, Path]] = []
 
     def switch(self, version: int) -> None:
-        """The ensemble runs ``version`` of both steps."""
-        config = read_config(self.config_path)
-        config.ensemble_scheduling.CopyFrom(build_ensemble_config(self.family, version).ensemble_scheduling)
-        write_config(self.repository / self.serving.name, config)
+        """Every ensemble runs ``version`` of both its steps."""
+        for precision in ("", *self.serving.variants):
+            name = ensemble_model_name(self.family, precision)
+            config = read_config(self.repository / name / CONFIG_NAME)
+            steps = build_ensemble_config(self.family, version, precision).ensemble_scheduling
+            config.ensemble_scheduling.CopyFrom(steps)
+            write_config(self.repository / name, config)
 
     def retire(self, version: int) -> None:
-        """Move ``version`` of the stage and the dense model out of tritonserver's sight."""
-        for name in (self.serving.stage, self.serving.dense):
+        """Move ``version`` of the stage and of every dense model out of tritonserver's sight."""
+        for name in (self.serving.stage, *self.serving.dense_models):
             folder = version_dir(self.repository, name, version)
             target = self.repository / name / RETIRED_FOLDER / str(version)
             if target.exists():
@@ -334,7 +444,8 @@ class _Switch:
     def undo(self) -> None:
         for folder, target in reversed(self.retired):
             target.rename(folder)
-        self.config_path.write_text(self.original)
+        for name, text in self.originals.items():
+            (self.repository / name / CONFIG_NAME).write_text(text)
 
 
 def _http_client(url: str, timeout_s: float) -> Any:
@@ -382,13 +493,15 @@ def _apply(
         if not live:
             raise ConfigError(f"{url}: the server is not live")
         old = serving.version
-        for name in (serving.stage, serving.dense):  # 1: the new pair loads beside the serving one
+        models = (serving.stage, *serving.dense_models)
+        for name in models:  # 1: the new pair (and variants) load beside the serving ones
             _load(client, name, headers, url)
             _require(client, name, version, True, url)
-        changes.switch(version)  # 2: the ensemble switches pairs
-        _load(client, serving.name, headers, url)
-        changes.retire(old)  # 3: the old pair unloads
-        for name in (serving.stage, serving.dense):
+        changes.switch(version)  # 2: the ensembles switch pairs
+        for name in serving.ensembles:
+            _load(client, name, headers, url)
+        changes.retire(old)  # 3: the old versions unload
+        for name in models:
             _load(client, name, headers, url)
             _require(client, name, old, False, url)
     finally:
@@ -430,7 +543,10 @@ def roll_out(
             "nothing to roll out"
         )
     version = 1 + max(
-        [*_versions(repository / serving.stage), *_versions(repository / serving.dense), serving.version]
+        [
+            *(v for name in (serving.stage, *serving.dense_models) for v in _versions(repository / name)),
+            serving.version,
+        ]
     )
     log.info(
         "%s: hot set version %d: %d hot rows (%s of the %s budget), expected hit rate %.1f%%",
@@ -438,7 +554,7 @@ def roll_out(
         100 * hot.expected_hit_rate,
     )  # fmt: skip
 
-    new_dirs = [version_dir(repository, name, version) for name in (serving.stage, serving.dense)]
+    new_dirs = [version_dir(repository, name, version) for name in (serving.stage, *serving.dense_models)]
     changes = _Switch(repository, serving, options.family)
     try:
         started = time.perf_counter()
@@ -448,6 +564,7 @@ def roll_out(
         started = time.perf_counter()
         rows = read_batch(options.check_data, options.check_rows)
         parity = _check(repository, serving, dense_path, hot, rows)
+        variants = _variants(repository, serving, dense_path, hot, version, rows)
         rates = (serving.hot.hit_rate(rows), hot.hit_rate(rows))
         seconds["check"] = time.perf_counter() - started
 
@@ -475,6 +592,7 @@ def roll_out(
         parity,
         options.url is not None,
         {key: round(value, 3) for key, value in seconds.items()},
+        variants,
     )
     _record(repository, serving, result, budget, profile)
     return result
@@ -508,3 +626,11 @@ def _record(
     }
     report["rollouts"] = [*report.get("rollouts", []), entry]
     write_report(repository, serving.name, report)
+    for precision, parity in result.variants.items():
+        name = variant_models(serving.family, precision)[0]
+        path = repository / name / REPORT_FILE
+        variant = json.loads(path.read_text()) if path.is_file() else {}
+        variant["version"] = result.new_version
+        step = {**entry, "parity_vs_old": asdict(parity)}
+        variant["rollouts"] = [*variant.get("rollouts", []), step]
+        write_report(repository, name, variant)

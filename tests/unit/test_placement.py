@@ -193,10 +193,18 @@ def test_hierarchical_export_is_exact_with_an_fp32_store(
         (repository / stale / "1").mkdir(parents=True)
     caplog.set_level("INFO", logger="export.placement")
     options = replace(_options(repository, data, stage_instances=2), fp16=True)
-    (result,) = export_family(_exporter(checkpoint), options)
-    assert _entries(repository) == {"dlrm_onnx", "dlrm_embedding", "dlrm_dense"}
+    result, fp16 = export_family(_exporter(checkpoint), options)
+    # The FP16 variant is the shared stage and its own dense model; nothing else of before is left.
+    assert _entries(repository) == {
+        "dlrm_onnx",
+        "dlrm_embedding",
+        "dlrm_dense",
+        "dlrm_onnx_fp16",
+        "dlrm_dense_fp16",
+    }
     assert "more than the hot budget" in caplog.text
-    assert "FP16 variants are not written for hot/cold placement yet" in caplog.text
+    assert fp16.name == "dlrm_onnx_fp16" and fp16.reference == "hot/cold FP32 (same stage)"
+    assert abs(fp16.parity.auc_delta or 0.0) <= options.fp16_auc_tolerance
     assert result.name == "dlrm_onnx" and result.reference == "onnx_fp32 (in-graph)"
     assert result.parity.max_abs_diff <= FP32_STORE_TOLERANCE
     assert result.parity.rows == 1024 + 64  # the check rows and their out-of-range copies
