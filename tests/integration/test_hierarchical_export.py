@@ -15,8 +15,6 @@ from __future__ import annotations
 
 import json
 import re
-import subprocess
-import sys
 import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -36,6 +34,7 @@ from export.hot_rows import HotSet
 from export.repository import read_config
 from loadtest.payload import build_pool
 from server import LocalServer
+from tests.cli import run_module as _run
 
 pytestmark = pytest.mark.integration
 
@@ -49,15 +48,6 @@ TOLERANCE = 1e-6
 INT64 = np.iinfo(np.int64)
 METRIC = re.compile(r"^ctr_embedding_lookups_total\{(?P<labels>[^}]*)\}\s+(?P<value>\S+)$", re.MULTILINE)
 CASES = ("hot", "cold", "mixed", "out_of_range", "batch_1_hot", "batch_1_cold")
-
-
-def _run(*args: str) -> subprocess.CompletedProcess[str]:
-    """``python -m ...`` in its own process (TensorFlow and PyTorch never share one); its output."""
-    command = [sys.executable, "-m", *args]
-    done = subprocess.run(command, capture_output=True, text=True, timeout=300, check=False)
-    if done.returncode != 0:
-        raise RuntimeError(f"{' '.join(command)} failed ({done.returncode}):\n{done.stdout}\n{done.stderr}")
-    return done
 
 
 @dataclass(frozen=True)

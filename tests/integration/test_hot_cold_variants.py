@@ -16,8 +16,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import subprocess
-import sys
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -37,6 +35,7 @@ from export.repository import read_config
 from export.row_store import RowStore
 from server import LocalServer
 from server.security import generate_admin_key
+from tests.cli import run_module as _run
 
 pytestmark = pytest.mark.integration
 
@@ -51,14 +50,6 @@ HOT_BUDGET = "8K"
 SERVED_TOLERANCE = 1e-5
 #: A new hot set with an FP32 store: the same values reach the same layers.
 ROLLOUT_TOLERANCE = 1e-6
-
-
-def _run(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    command = [sys.executable, "-m", *args]
-    done = subprocess.run(command, capture_output=True, text=True, timeout=300, check=False, env=env)
-    if done.returncode != 0:
-        raise RuntimeError(f"{' '.join(command)} failed ({done.returncode}):\n{done.stdout}\n{done.stderr}")
-    return done
 
 
 @dataclass(frozen=True)

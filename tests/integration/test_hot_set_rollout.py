@@ -19,8 +19,6 @@ import json
 import os
 import re
 import shutil
-import subprocess
-import sys
 import time
 import urllib.request
 from collections.abc import Callable
@@ -42,6 +40,7 @@ from export.repository import read_config
 from loadtest.soak import Case, Endpoint, checked_load
 from server import LocalServer
 from server.security import generate_admin_key
+from tests.cli import run_module as _run
 
 pytestmark = pytest.mark.integration
 
@@ -56,16 +55,6 @@ TOLERANCE = 1e-6
 RATE = 120.0  # requests per second over all workers: steady, and light on 2 shared cores
 WARM_REQUESTS = 40
 METRIC = re.compile(r'^ctr_embedding_lookups_total\{[^}]*version="(\d+)"[^}]*\}\s+(\S+)$', re.MULTILINE)
-
-
-def _run(
-    *args: str, env: dict[str, str] | None = None, check: bool = True
-) -> subprocess.CompletedProcess[str]:
-    command = [sys.executable, "-m", *args]
-    done = subprocess.run(command, capture_output=True, text=True, timeout=120, check=False, env=env)
-    if check and done.returncode != 0:
-        raise RuntimeError(f"{' '.join(command)} failed ({done.returncode}):\n{done.stdout}\n{done.stderr}")
-    return done
 
 
 @dataclass(frozen=True)
