@@ -33,9 +33,10 @@ with their ``Mod``, and every row it serves comes from the store.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -43,6 +44,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from bundle.errors import ConfigError, ExportError
+from bundle.memory import PeakMemory
 from criteo.profile import AccessProfile
 from criteo.schema import (
     COLD_POSITIONS,
@@ -66,6 +68,7 @@ from export.hierarchical import split_lookups, stage_reference
 from export.hot_rows import HotSet, choose_hot_rows
 from export.onnx_io import save_model
 from export.parity import onnx_session
+from export.placement import variant_entries
 from export.repository import (
     MODEL_FILE,
     ServingConfig,
@@ -155,6 +158,15 @@ class RandomDLRM:
     tolerance: float
     heldout_hit_rate: float | None = None
     seconds: dict[str, float] = field(default_factory=dict)
+    memory: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+    @property
+    def peak_memory(self) -> tuple[int, int] | None:
+        """The largest anonymous and file-backed resident bytes of any step (None: not reported here)."""
+        steps = [m for m in self.memory.values() if "anon_bytes" in m]
+        if not steps:
+            return None
+        return max(m["anon_bytes"] for m in steps), max(m["file_bytes"] for m in steps)
 
     @property
     def max_abs_diff(self) -> float:
@@ -188,6 +200,11 @@ class RandomDLRM:
                 "cases": {name: asdict(case) for name, case in self.checks.items()},
             },
             "seconds": {name: round(value, 3) for name, value in self.seconds.items()},
+            "memory": {
+                "per_step": self.memory,
+                "note": "peak resident bytes per step, sampled: anonymous (must fit in RAM) and "
+                "file-backed (the memory-mapped row store's pages: page cache, reclaimable)",
+            },
         }
 
     def summary(self) -> list[str]:
@@ -209,6 +226,12 @@ class RandomDLRM:
             + f" (tolerance {self.tolerance:g})",
             "seconds: " + ", ".join(f"{name} {value:.1f}" for name, value in self.seconds.items()),
         ]
+        peak = self.peak_memory
+        if peak is not None:
+            lines.append(
+                f"peak memory: {format_bytes(peak[0])} anonymous, {format_bytes(peak[1])} of mapped files "
+                "(the row store's pages: page cache the kernel reclaims)"
+            )
         return lines
 
 
@@ -407,8 +430,19 @@ def _entries() -> tuple[str, str, str]:
 
 
 def _variants() -> tuple[str, ...]:
-    """The family's FP16, INT8, TensorRT and TorchScript models, which this function does not write."""
-    return f"{FAMILY}_onnx_fp16", f"{FAMILY}_onnx_int8", trt_model_name(FAMILY), torch_model_name(FAMILY)
+    """The family's FP16, INT8 (their ensembles and dense models), TensorRT and TorchScript models,
+    which this function does not write."""
+    return *variant_entries(FAMILY), trt_model_name(FAMILY), torch_model_name(FAMILY)
+
+
+@contextlib.contextmanager
+def _step(name: str, seconds: dict[str, float], memory: dict[str, dict[str, Any]]) -> Iterator[None]:
+    """Time the block into ``seconds[name]`` and record its peak memory into ``memory[name]``."""
+    started = time.perf_counter()
+    with PeakMemory() as peak:
+        yield
+    seconds[name] = time.perf_counter() - started
+    memory[name] = peak.report()
 
 
 def make_random_hierarchical_dlrm(
@@ -481,60 +515,56 @@ def make_random_hierarchical_dlrm(
     serving = serving or ServingConfig()
     seconds: dict[str, float] = {}
 
-    started = time.perf_counter()
-    hot = choose_hot_rows(profile, config.table_sizes, config.embedding_dim * 4, hot_budget)
-    seconds["hot_rows"] = time.perf_counter() - started
+    memory: dict[str, dict[str, Any]] = {}
+    with _step("hot_rows", seconds, memory):
+        hot = choose_hot_rows(profile, config.table_sizes, config.embedding_dim * 4, hot_budget)
     log.info(
         "%d hot rows of %d (%s), expected hit rate %.2f%%",
         hot.rows, spec.rows, format_bytes(hot.bytes_used), 100 * hot.expected_hit_rate,
     )  # fmt: skip
 
-    started = time.perf_counter()
-    store = existing_random_store(store_dir, spec, seed)
-    written = store is None
-    if store is None:
-        if (store_dir / META_FILE).exists():
-            log.warning(
-                "%s holds another row store (other sizes, dtype or seed, or damaged): it is replaced",
-                store_dir,
-            )
-        log.info("writing the row store %s: %s", store_dir, format_bytes(spec.total_bytes))
-        store = random_store(store_dir, spec, seed=seed, init=INIT, on_rows=on_store_rows)
-    else:
-        log.info("reusing the row store %s (same spec and seed)", store_dir)
-    seconds["row_store"] = time.perf_counter() - started
+    with _step("row_store", seconds, memory):
+        store = existing_random_store(store_dir, spec, seed)
+        written = store is None
+        if store is None:
+            if (store_dir / META_FILE).exists():
+                log.warning(
+                    "%s holds another row store (other sizes, dtype or seed, or damaged): it is replaced",
+                    store_dir,
+                )
+            log.info("writing the row store %s: %s", store_dir, format_bytes(spec.total_bytes))
+            store = random_store(store_dir, spec, seed=seed, init=INIT, on_rows=on_store_rows)
+        else:
+            log.info("reusing the row store %s (same spec and seed)", store_dir)
 
     stage_name, dense_name, _ = _entries()
     # The family's other variants would be all-in-graph models of an earlier export, out of step.
     for name in (*_entries(), SMALL_MODEL, *_variants()):
         clear_model(repository, name)
     try:
-        started = time.perf_counter()
-        module = _placeholder_module(small_config, seed)
-        small_path = _export_small(module, repository, opset, serving)
-        seconds["export"] = time.perf_counter() - started
+        with _step("export", seconds, memory):
+            module = _placeholder_module(small_config, seed)
+            small_path = _export_small(module, repository, opset, serving)
 
-        started = time.perf_counter()
-        dense_path = version_dir(repository, dense_name) / MODEL_FILE
-        dense = split_lookups(small_path, hot, config.table_sizes, rows=store)
-        save_model(dense, dense_path)
-        del dense
-        write_lookup_graph(small_path, repository, FAMILY)
-        hot_path = hot.save(version_dir(repository, stage_name) / HOT_SET_FILE)
-        configs = add_hierarchical_models(
-            repository,
-            FAMILY,
-            store_dir,
-            hot_path,
-            serving,
-            store_path=store_path,
-            stage_instances=stage_instances,
-        )
-        seconds["dense_model"] = time.perf_counter() - started
+        with _step("dense_model", seconds, memory):
+            dense_path = version_dir(repository, dense_name) / MODEL_FILE
+            dense = split_lookups(small_path, hot, config.table_sizes, rows=store)
+            save_model(dense, dense_path)
+            del dense
+            write_lookup_graph(small_path, repository, FAMILY)
+            hot_path = hot.save(version_dir(repository, stage_name) / HOT_SET_FILE)
+            configs = add_hierarchical_models(
+                repository,
+                FAMILY,
+                store_dir,
+                hot_path,
+                serving,
+                store_path=store_path,
+                stage_instances=stage_instances,
+            )
 
-        started = time.perf_counter()
-        checks = check_exactness(module, dense_path, hot, store, seed)
-        seconds["check"] = time.perf_counter() - started
+        with _step("check", seconds, memory):
+            checks = check_exactness(module, dense_path, hot, store, seed)
     except BaseException:
         for name in (*_entries(), SMALL_MODEL):
             clear_model(repository, name)
@@ -542,9 +572,8 @@ def make_random_hierarchical_dlrm(
 
     rate = None
     if heldout_data is not None:
-        started = time.perf_counter()
-        rate = heldout_hit_rate(hot, heldout_data)
-        seconds["heldout_hit_rate"] = time.perf_counter() - started
+        with _step("heldout_hit_rate", seconds, memory):
+            rate = heldout_hit_rate(hot, heldout_data)
     result = RandomDLRM(
         repository=repository,
         config=config,
@@ -557,6 +586,7 @@ def make_random_hierarchical_dlrm(
         tolerance=TOLERANCES[spec.dtype],
         heldout_hit_rate=rate,
         seconds=seconds,
+        memory=memory,
     )
     report = result.report()
     if heldout_data is not None:

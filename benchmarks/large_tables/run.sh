@@ -131,6 +131,14 @@ lines = [
     f"{exact['max_abs_diff']:.2g} (tolerance {exact['tolerance']:g})",
     f"- random-dlrm: wall {wall}, peak RSS {peak / 2**20:.1f} GiB; steps (s): "
     + ", ".join(f"{k} {v:.0f}" for k, v in made["seconds"].items()),
+    "- random-dlrm's peak memory by kind (sampled per step, bundle.memory.PeakMemory): "
+    + ", ".join(
+        f"{k} {m['anon_bytes'] / 2**30:.1f} GiB anonymous + {m['file_bytes'] / 2**30:.1f} GiB mapped files"
+        for k, m in made["memory"]["per_step"].items()
+        if "anon_bytes" in m and k in ("dense_model", "check")
+    )
+    + ". The peak RSS above counts both: the mapped files are the row store's pages (page cache, "
+    "reclaimable); the anonymous part is what the machine must hold",
     "- payload: the load test sends a pool of the held-out file's rows (at most 32,768, cycled), so after the "
     "first pass their cold rows are in the page cache: the cold tier measured is memory-mapped pages mostly "
     "in memory, not disk reads",

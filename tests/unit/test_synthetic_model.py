@@ -170,6 +170,9 @@ def test_fp32_store_answers_as_the_real_size_model(
     assert report["row_store"]["bytes"] == sum(SIZES) * DIM * 4
     assert report["hot_rows"]["rows"] == hot.rows and report["exactness"]["max_abs_diff"] <= 1e-6
     assert report["source"]["seed"] == 3
+    steps = report["memory"]["per_step"]
+    assert set(steps) == set(report["seconds"])  # every step's peak memory, by kind
+    assert all(m.get("anon_bytes", 1) > 0 for m in steps.values())
 
 
 def test_fp16_store_within_its_tolerance_and_reused(tmp_path: Path, profile: AccessProfile) -> None:
