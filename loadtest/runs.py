@@ -40,6 +40,8 @@ console = Console(stderr=True, soft_wrap=True)
 MODEL_FILE = Path("1") / "model.onnx"
 #: Report setting: resident memory of a local tritonserver and its stubs after the steps.
 SERVER_RSS = "Server RSS after the steps (MiB, tritonserver + python stubs)"
+#: The same without mapped files' and shared memory's pages (a row store's page cache, libraries).
+SERVER_ANON = "Server anonymous memory after the steps (MiB, tritonserver + python stubs)"
 
 
 @dataclass(frozen=True)
@@ -296,6 +298,7 @@ def sweep_run(
         if not urls:
             # tritonserver and its python stubs (which hold the ONNX Runtime sessions), after the load.
             memory[SERVER_RSS] = round(sum(server.memory().values()) / 2**20, 1)
+            memory[SERVER_ANON] = round(sum(server.memory(anonymous=True).values()) / 2**20, 1)
     settings = {**options.settings(), **_serving(repository, models), **memory}
     return _finish(title, record, steps, in_process, settings, out)
 

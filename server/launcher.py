@@ -307,9 +307,13 @@ class LocalServer:
         self._require_process()
         return self._probe.server_metadata()
 
-    def memory(self) -> dict[int, int]:
-        """Resident memory (bytes) of tritonserver and each python stub, by pid; {} when not running."""
-        return tree_rss(self.pid) if self.running and self.pid is not None else {}
+    def memory(self, anonymous: bool = False) -> dict[int, int]:
+        """Resident memory (bytes) of tritonserver and each python stub, by pid; {} when not running.
+
+        ``anonymous``: without the resident pages of mapped files and shared memory (see
+        :func:`server.processes.tree_rss`).
+        """
+        return tree_rss(self.pid, anonymous) if self.running and self.pid is not None else {}
 
     def load_model(self, name: str, timeout: float = 120.0) -> None:
         """Load or reload ``name`` (explicit model control), with the admin key if set.

@@ -71,14 +71,17 @@ def unlink_regions(names: Iterable[str], directory: Path = SHM_DIR) -> list[str]
     return removed
 
 
-def tree_rss(pid: int) -> dict[int, int]:
+def tree_rss(pid: int, anonymous: bool = False) -> dict[int, int]:
     """Resident memory of tritonserver ``pid`` and of each of its descendants (the stubs).
 
     Args:
         pid: tritonserver's process id.
+        anonymous: count only anonymous pages (RSS less the resident pages of mapped files
+            and shared memory, psutil's ``shared``): what the processes themselves hold, not
+            the page cache of a memory-mapped row store, nor the loaded libraries.
 
     Returns:
-        RSS in bytes by process id, tritonserver first; empty when it is gone.
+        Bytes by process id, tritonserver first; empty when it is gone.
         Processes that exit while being read are left out.
     """
     try:
@@ -89,5 +92,7 @@ def tree_rss(pid: int) -> dict[int, int]:
     rss = {}
     for process in processes:
         with contextlib.suppress(psutil.Error):
-            rss[process.pid] = int(process.memory_info().rss)
+            info = process.memory_info()
+            shared = int(getattr(info, "shared", 0)) if anonymous else 0
+            rss[process.pid] = int(info.rss) - shared
     return rss

@@ -86,7 +86,7 @@ import re
 import sys
 from pathlib import Path
 
-from loadtest.runs import SERVER_RSS
+from loadtest.runs import SERVER_ANON, SERVER_RSS
 
 out, command, budget = Path(sys.argv[1]), sys.argv[2], sys.argv[3]
 timing = (out / "random_dlrm_time.txt").read_text()
@@ -126,7 +126,9 @@ lines = [
     f"- **throughput ratio dlrm_onnx / dlrm_small: {ratio:.2f}** (best of each over concurrency 1, 2, 4; "
     f"target >= 0.8) at batch 1024, gRPC; {errors} failed requests",
     f"- **server RSS after the sweep** (tritonserver + python stubs, both models loaded): "
-    f"{report['settings'][SERVER_RSS] / 1024:.2f} GiB",
+    f"{report['settings'][SERVER_RSS] / 1024:.2f} GiB, of which "
+    f"{report['settings'][SERVER_ANON] / 1024:.2f} GiB anonymous (the rest: the row store's and the "
+    "libraries' mapped pages, and shared memory)",
     f"- exactness of dlrm_onnx vs the store reference (hot, cold, mixed, out-of-range ids): max abs diff "
     f"{exact['max_abs_diff']:.2g} (tolerance {exact['tolerance']:g})",
     f"- random-dlrm: wall {wall}, peak RSS {peak / 2**20:.1f} GiB; steps (s): "

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import numpy as np
@@ -35,3 +36,15 @@ def test_without_proc_status_it_says_so(monkeypatch: pytest.MonkeyPatch, tmp_pat
     with PeakMemory() as peak:
         pass
     assert not peak.available and peak.report() == {"available": False}
+
+
+def test_a_process_tree_s_anonymous_memory_leaves_mapped_pages_out(tmp_path: Path) -> None:
+    from server.processes import tree_rss
+
+    path = tmp_path / "rows.bin"
+    np.ones(32 * MB // 8).tofile(path)
+    mapped = np.memmap(path, dtype=np.float64, mode="r")
+    assert float(mapped.sum()) > 0  # 32 MB of file pages resident in this process
+    me = os.getpid()
+    rss, anonymous = tree_rss(me)[me], tree_rss(me, anonymous=True)[me]
+    assert 0 < anonymous <= rss - 30 * MB
