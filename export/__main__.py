@@ -179,6 +179,14 @@ StoreDtype = Annotated[str, typer.Option(help=f"Values of the hot/cold row store
 StageInstances = Annotated[
     int, typer.Option(help="Instances of the hot/cold embedding stage (each a stub mapping the same store).")
 ]
+StreamTables = Annotated[
+    bool,
+    typer.Option(
+        help="Hot/cold placement without building the all-in-graph graph: the row store is written "
+        "straight from the checkpoint's tables (memory-mapped), for tables larger than memory. DLRM "
+        "checkpoints (the bundle's, facebookresearch/dlrm, TorchRec); needs --hot-budget."
+    ),
+]
 Torch = Annotated[
     bool | None,
     typer.Option(
@@ -241,6 +249,7 @@ def _export_options(
     profile_data: ProfileData = None,
     store_dtype: StoreDtype = "float32",
     stage_instances: StageInstances = 1,
+    stream_tables: StreamTables = False,
     torch: Torch = None,
     torch_dtype: TorchDtype = "float16",
     verbose: VerboseOption = False,
@@ -284,6 +293,7 @@ def _export_options(
             profile_data=profile_data,
             store_dtype=store_dtype,
             stage_instances=stage_instances,
+            stream_tables=stream_tables,
         ),
         torch=torch,
         torch_dtype=torch_dtype,

@@ -41,7 +41,7 @@ def _linear_stack(widths: Sequence[int], width_in: int, relu_last: bool) -> nn.S
     return nn.Sequential(*layers)
 
 
-def _table_key(layout: DLRMLayout, name: str) -> str:
+def table_key(layout: DLRMLayout, name: str) -> str:
     return f"{name}.weight" if layout.codebase == "facebookresearch" else f"{TORCHREC_TABLES}{name}.weight"
 
 
@@ -119,7 +119,7 @@ class GatherDLRM(nn.Module):
 
     def __init__(self, layout: DLRMLayout, state: Mapping[str, torch.Tensor], sizes: Sequence[int]) -> None:
         super().__init__()
-        tables = [state[_table_key(layout, name)].float() for name in layout.tables]
+        tables = [state[table_key(layout, name)].float() for name in layout.tables]
         self.embedding = nn.Embedding.from_pretrained(torch.cat(tables), freeze=True)
         starts = [0]
         for rows in layout.rows[:-1]:

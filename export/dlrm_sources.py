@@ -49,6 +49,8 @@ from export.torch_onnx import (
 if TYPE_CHECKING:
     import torch
 
+    from export.dlrm_rebuild import GatherDLRM
+
 log = logging.getLogger(__name__)
 
 FileFormat = Literal["torchscript", "torch_export", "torch_save"]
@@ -133,7 +135,7 @@ def load_state(path: Path) -> tuple[dict[str, torch.Tensor], Literal["checkpoint
 
     try:
         with torch.serialization.safe_globals(_safe_globals()):
-            loaded = torch.load(path, map_location="cpu", weights_only=True)
+            loaded = _load(path)
     except pickle.UnpicklingError as exc:
         found = re.search(r"GLOBAL ([\w.]+)", str(exc))
         if found is None:
@@ -164,6 +166,16 @@ def load_state(path: Path) -> tuple[dict[str, torch.Tensor], Literal["checkpoint
     return tensors, container
 
 
+def _load(path: Path) -> Any:
+    """``torch.load`` memory-mapped where the file allows it (the zip format ``torch.save`` writes since
+    PyTorch 1.6): tables larger than memory stay in the file's pages until rows are read."""
+    import torch
+
+    if zipfile.is_zipfile(path):
+        return torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+    return torch.load(path, map_location="cpu", weights_only=True)
+
+
 class CheckpointExporter:
     """A facebookresearch/dlrm or TorchRec DLRM state dict, rebuilt from its weights (the ``dlrm`` family).
 
@@ -192,7 +204,7 @@ class CheckpointExporter:
         options: SourceOptions,
     ) -> None:
         from export.dlrm_layouts import read_layout
-        from export.dlrm_rebuild import GatherDLRM, reference_module
+        from export.dlrm_rebuild import reference_module
 
         self.path = path
         self.options = options
@@ -206,9 +218,61 @@ class CheckpointExporter:
             raise ConfigError(f"--table-sizes exceed the checkpoint's tables: {', '.join(larger[:4])}")
         self.sizes: tuple[int, ...] = tuple(sizes)
         self.format = f"{self.layout.codebase}_dlrm_{container}"
-        in_table_order = [self.sizes[column] for column in self.layout.columns]
-        self.module = GatherDLRM(self.layout, state, in_table_order).eval()
+        self.state = state
+        self._module: GatherDLRM | None = None
         self.reference = reference_module(self.layout, state)
+
+    @property
+    def module(self) -> GatherDLRM:
+        """The rebuilt module the export writes (built on first use: it stacks every table in memory)."""
+        from export.dlrm_rebuild import GatherDLRM
+
+        if self._module is None:
+            in_table_order = [self.sizes[column] for column in self.layout.columns]
+            self._module = GatherDLRM(self.layout, self.state, in_table_order).eval()
+        return self._module
+
+    @property
+    def embedding_dim(self) -> int:
+        """``D`` of the tables (:class:`export.framework.StreamedTables`)."""
+        return self.layout.dim
+
+    def table_rows(self, column: int, start: int, stop: int) -> np.ndarray:
+        """Rows ``start:stop`` of the table C<column + 1> looks up (from the memory-mapped state dict)."""
+        from export.dlrm_rebuild import table_key
+
+        table = self.layout.tables[self.layout.columns.index(column)]
+        return self.state[table_key(self.layout, table)].detach()[start:stop].float().numpy()
+
+    def placeholder_onnx(self, out: Path, opset: int, small_rows: int) -> None:
+        """The rebuilt module with tables of at most ``small_rows`` rows (zeros), as an ONNX graph."""
+        import dataclasses
+
+        import torch
+
+        from export.dlrm_rebuild import GatherDLRM, table_key
+        from export.hierarchical import small_table_sizes
+
+        rows = small_table_sizes(self.layout.rows, small_rows)
+        sizes = small_table_sizes([self.sizes[column] for column in self.layout.columns], small_rows)
+        layout = dataclasses.replace(self.layout, rows=rows)
+        state = dict(self.state)
+        for table, count in zip(self.layout.tables, rows, strict=True):
+            state[table_key(self.layout, table)] = torch.zeros(count, self.layout.dim)
+        module = GatherDLRM(layout, state, sizes).eval()
+        export_module(
+            module,
+            example_inputs(small_table_sizes(self.sizes, small_rows)),
+            out,
+            opset,
+            f"{self.path} ({self.format}, placeholder tables)",
+            reproduce=python_command(
+                "from pathlib import Path; from export.dlrm_sources import open_dlrm_source; "
+                f"from export.sources import SourceOptions; open_dlrm_source(Path({str(self.path)!r}), "
+                f"{self.options!r}).placeholder_onnx(Path({str(out)!r}), {opset}, {small_rows})"
+            ),
+            doc=f"DLRM rebuilt from {self.path} ({self.format}) with placeholder tables",
+        )
 
     @property
     def table_sizes(self) -> tuple[int, ...]:

@@ -99,6 +99,32 @@ class TorchSource(Protocol):
         ...
 
 
+@runtime_checkable
+class StreamedTables(Protocol):
+    """An exporter whose tables can be read a row range at a time, and whose layers export with
+    placeholder tables: what a hot/cold export needs to never build the all-in-graph graph
+    (``--stream-tables``, :func:`export.placement.place_streamed`), for tables larger than memory.
+
+    A DLRM has one embedding per id, so the row store's row for (table ``t``, id ``i``) is that
+    table's row ``i``.
+    """
+
+    @property
+    def embedding_dim(self) -> int:
+        """``D``: the width of every table's rows."""
+        ...
+
+    def table_rows(self, column: int, start: int, stop: int) -> np.ndarray:
+        """Rows ``start:stop`` of the table that serves column ``C<column + 1>``: ``(stop - start) x D``
+        float32 (read from the checkpoint's memory-mapped pages)."""
+        ...
+
+    def placeholder_onnx(self, out: Path, opset: int, small_rows: int) -> None:
+        """Write the FP32 graph of the same layers with tables of at most ``small_rows`` rows (values
+        unused): the graph the hot/cold split takes its layers from."""
+        ...
+
+
 def own_model_source(kind: str, path: Path, table_sizes: tuple[int, ...]) -> dict[str, Any]:
     """The ``source`` record of the bundle's own training output (its graph reduces ids itself)."""
     return {

@@ -56,7 +56,7 @@ from criteo.tables import check_table_sizes
 from export.hot_rows import HotSet
 from export.lookups import Lookup, check_sizes, find_lookups, load_graph, store_spec, table_values
 from export.onnx_io import EXTERNAL_DATA_THRESHOLD, weights_bytes
-from export.row_store import CHUNK_BYTES, RowStore, RowStoreWriter
+from export.row_store import CHUNK_BYTES, RowStore, RowStoreSpec, RowStoreWriter
 
 __all__ = [
     "COLD_DIM",
@@ -76,8 +76,22 @@ log = logging.getLogger(__name__)
 MIN_OPSET = 11
 #: Prefix of the names of every node and initializer the split adds.
 PREFIX = "hierarchical"
+#: Rows of each placeholder table of a graph whose real tables live only in the row store (fewer
+#: where the real table is smaller): 26 x 4096 rows at ``D`` 128 are 54 MB.
+SMALL_ROWS = 4096
 #: Name of the dimension of ``cold_positions`` and ``cold_rows``.
 COLD_DIM = "cold_lookups"
+
+
+def small_table_sizes(table_sizes: Sequence[int], small_rows: int = SMALL_ROWS) -> tuple[int, ...]:
+    """The placeholder tables: each real size capped at ``small_rows`` (and at least 2, as DLRMConfig asks).
+
+    Raises:
+        ConfigError: ``small_rows`` below 2.
+    """
+    if isinstance(small_rows, bool) or not isinstance(small_rows, int) or small_rows < 2:
+        raise ConfigError(f"placeholder tables need at least 2 rows each, got {small_rows!r}")
+    return tuple(max(2, min(int(size), small_rows)) for size in table_sizes)
 
 
 def write_store(
@@ -139,6 +153,50 @@ def write_store(
                 if on_rows is not None:
                     on_rows(stop - start)
     log.info("row store %s: %d rows of %s from %d lookups", path, spec.rows, dict(spec.columns), len(lookups))
+    return RowStore.open(Path(path))
+
+
+def write_table_store(
+    read_rows: Callable[[int, int, int], np.ndarray],
+    spec: RowStoreSpec,
+    path: Path,
+    *,
+    metadata: Mapping[str, Any] | None = None,
+    on_rows: Callable[[int], None] | None = None,
+) -> RowStore:
+    """Write the row store from the model's own tables, a chunk at a time (:data:`CHUNK_BYTES`).
+
+    For tables larger than memory: ``read_rows(table, start, stop)`` may read a
+    memory-mapped checkpoint, and memory holds one chunk at a time whatever the tables'
+    size (their pages stay page cache). Only a store of one column (one embedding per
+    id: DLRM) can be written this way.
+
+    Args:
+        read_rows: rows ``start:stop`` of the table behind C<table + 1>, ``n x width``.
+        spec: the store (its table sizes, width and dtype).
+        path: the store's folder.
+        metadata: kept in ``store.json``.
+        on_rows: called with the rows written after each chunk.
+
+    Raises:
+        ExportError: a spec of more than one column, or rows of another shape.
+    """
+    if len(spec.columns) != 1:
+        raise ExportError(f"a row store written from the tables has one column, not {dict(spec.columns)}")
+    step = max(1, CHUNK_BYTES // spec.row_bytes)
+    with RowStoreWriter(Path(path), spec, metadata={"source": "tables", **dict(metadata or {})}) as writer:
+        for table, size in enumerate(spec.table_sizes):
+            for start in range(0, size, step):
+                stop = min(size, start + step)
+                rows = np.asarray(read_rows(table, start, stop))
+                if rows.shape != (stop - start, spec.width):
+                    raise ExportError(
+                        f"table C{table + 1} rows {start}..{stop - 1}: got shape {rows.shape}, "
+                        f"expected {(stop - start, spec.width)}"
+                    )
+                writer.write(table, start, rows)
+                if on_rows is not None:
+                    on_rows(stop - start)
     return RowStore.open(Path(path))
 
 

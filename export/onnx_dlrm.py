@@ -24,8 +24,10 @@ import onnx
 
 from bundle.errors import ConfigError, ExportError
 from criteo.schema import NUM_CATEGORICAL, NUM_DENSE
+from criteo.tables import table_offsets
 from criteo.tsv import Batch
 from export.framework import TorchServing, own_model_source
+from export.hierarchical import small_table_sizes
 from export.torch_onnx import EXAMPLE_ROWS, export_module, python_command
 from models.config import DLRMConfig, load_config
 
@@ -79,7 +81,8 @@ class DLRMExporter:
         if not weights.is_file():
             raise ExportError(f"{weights} not found: is {self.checkpoint} a DLRM training output?")
         try:
-            state = torch.load(weights, map_location="cpu", weights_only=True)
+            # Memory-mapped: tables larger than memory stay in the file's pages until rows are read.
+            state = torch.load(weights, map_location="cpu", weights_only=True, mmap=True)
         except (
             RuntimeError,
             OSError,
@@ -91,9 +94,8 @@ class DLRMExporter:
             raise ExportError(f"{weights}: not a readable PyTorch state dict ({exc})") from None
         if not isinstance(state, dict):
             raise ExportError(f"{weights}: expected a state dict, got {type(state).__name__}")
-        model = DLRM(config)
         try:
-            model.load_state_dict(state)
+            model = DLRM.from_state(config, state)
         except RuntimeError as exc:
             raise ExportError(
                 f"{weights}: weights do not match {self.checkpoint / 'config.json'} ({exc})"
@@ -146,6 +148,39 @@ class DLRMExporter:
             str(self.checkpoint),
             reproduce=_repro_command(self.checkpoint, Path(out), opset),
             doc=f"DLRM {self.config} exported from {self.checkpoint}",
+        )
+
+    @property
+    def embedding_dim(self) -> int:
+        """``D`` of the tables (:class:`export.framework.StreamedTables`)."""
+        return self.config.embedding_dim
+
+    def table_rows(self, column: int, start: int, stop: int) -> np.ndarray:
+        """Rows ``start:stop`` of table ``C<column + 1>`` (a view of the memory-mapped weights)."""
+        offset = table_offsets(self.config.table_sizes)[column]
+        return self.model.embedding.weight.detach()[offset + start : offset + stop].numpy()
+
+    def placeholder_onnx(self, out: Path, opset: int, small_rows: int) -> None:
+        """The same layers with tables of at most ``small_rows`` rows (zeros), as an ONNX graph."""
+        from models.dlrm import DLRM
+
+        small = DLRMConfig(
+            small_table_sizes(self.config.table_sizes, small_rows),
+            self.config.embedding_dim,
+            self.config.bottom_mlp,
+            self.config.top_mlp,
+        )
+        module = DLRM(small)
+        layers = {k: v for k, v in self.model.state_dict().items() if k != "embedding.weight"}
+        module.load_state_dict({**layers, "embedding.weight": module.embedding.weight.detach().zero_()})
+        export_module(
+            module.eval(),
+            self._example_inputs(),
+            Path(out),
+            opset,
+            str(self.checkpoint),
+            reproduce=_repro_command(self.checkpoint, Path(out), opset),
+            doc=f"DLRM {small} (placeholder tables) with the layers of {self.checkpoint}",
         )
 
     def predict(self, batch: Batch) -> np.ndarray:

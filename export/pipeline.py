@@ -42,7 +42,7 @@ from export.parity import (
     run_onnx,
     run_session,
 )
-from export.placement import NO_PROFILE_DATA, PlacementOptions, place_embeddings
+from export.placement import NO_PROFILE_DATA, PlacementOptions, place_embeddings, place_streamed
 from export.quantize import QuantizeOptions, quantize_int8
 from export.repository import (
     MODEL_FILE,
@@ -246,6 +246,12 @@ def export_family(exporter: FrameworkExporter, options: ExportOptions) -> list[E
             f"--torch: {exporter.family} is not a PyTorch model; the TorchScript variant is for PyTorch DLRMs"
         )
     rows = check_rows(options.check_data, options.check_rows)
+    if options.placement.stream_tables:  # no all-in-graph graph: the tables may not fit in memory
+        streamed = place_streamed(exporter, rows, options)
+        ensemble = ExportedModel(
+            streamed.name, streamed.path, "framework", streamed.parity, streamed.seconds, streamed.summary
+        )
+        return [ensemble, *_export_placed_variants(exporter, rows, options)]
     fp32_name = f"{exporter.family}_onnx"
     fp32_path = version_dir(options.repository, fp32_name, 1) / MODEL_FILE
     clear_model(options.repository, fp32_name)

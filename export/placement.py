@@ -33,7 +33,8 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import asdict, dataclass
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -43,6 +44,7 @@ import onnx
 from bundle.errors import ConfigError, ExportError
 from criteo.profile import read_profile
 from criteo.schema import COLD_POSITIONS, COLD_ROWS, DENSE_INPUT, HOT_SLOTS, OUTPUT
+from criteo.tables import check_table_sizes
 from criteo.tsv import Batch
 from export.ensemble import (
     ENSEMBLE_PLATFORM,
@@ -54,8 +56,8 @@ from export.ensemble import (
     ensemble_model_name,
     write_lookup_graph,
 )
-from export.framework import FrameworkExporter
-from export.hierarchical import split_lookups, stage_reference, write_store
+from export.framework import FrameworkExporter, StreamedTables
+from export.hierarchical import SMALL_ROWS, split_lookups, stage_reference, write_store, write_table_store
 from export.hot_rows import HotSet, choose_hot_rows
 from export.lookups import check_sizes, find_lookups, store_spec
 from export.onnx_io import save_model
@@ -108,6 +110,9 @@ class PlacementOptions:
         store_dtype: the row store's values, ``float32`` or ``float16``.
         stage_instances: instances of the embedding stage (python stubs; each maps the
             same store and holds its own slot map).
+        stream_tables: never build the all-in-graph graph: write the row store from the
+            checkpoint's tables (memory-mapped) and take the layers from a graph with
+            placeholder tables (:func:`place_streamed`), for tables larger than memory.
 
     Raises:
         ConfigError: an unknown mode or dtype, a negative budget, ``hierarchical``
@@ -121,6 +126,7 @@ class PlacementOptions:
     profile_data: Path | None = None
     store_dtype: str = "float32"
     stage_instances: int = 1
+    stream_tables: bool = False
 
     def __post_init__(self) -> None:
         if self.mode not in PLACEMENTS:
@@ -149,6 +155,11 @@ class PlacementOptions:
             raise ConfigError(
                 "--profile-data, --store-dtype and --stage-instances apply to hot/cold placement: "
                 "give --hot-budget too"
+            )
+        if self.stream_tables and (budget is None or self.mode == "in-graph"):
+            raise ConfigError(
+                "--stream-tables writes the row store straight from the checkpoint's tables for hot/cold "
+                "placement: give --hot-budget SIZE (and --embeddings hierarchical to split whatever the size)"
             )
         if self.profile_data is not None and not Path(self.profile_data).exists():
             raise ConfigError(f"profile data {self.profile_data} does not exist")
@@ -256,36 +267,37 @@ def hierarchical_feeds(batch: Batch, hot: HotSet, store: RowStore) -> dict[str, 
 
 def _check(
     name: str,
-    in_graph: Path,
+    against: str,
+    reference: Callable[[Batch], np.ndarray],
     dense_path: Path,
     hot: HotSet,
     store: RowStore,
     rows: Batch,
+    fp32_tolerance: float,
     auc_tolerance: float,
 ) -> tuple[ParityResult, dict[str, Any]]:
-    """The stages vs the all-in-graph graph on ``rows`` and their out-of-range copies.
+    """The stages vs ``reference`` (the all-in-graph graph, or the framework) on ``rows`` and their
+    out-of-range copies.
 
     Returns:
         The combined comparison (max abs diff over both; AUC on ``rows``) and report fields.
 
     Raises:
-        ExportError: an FP32 store off by more than :data:`FP32_STORE_TOLERANCE`, or an
-            FP16 store whose AUC moved more than ``auc_tolerance``.
+        ExportError: an FP32 store off by more than ``fp32_tolerance``, or an FP16 store whose
+            AUC moved more than ``auc_tolerance``.
     """
     extreme = extreme_id_rows(rows)
-    check = compare(run_hierarchical(dense_path, hot, store, rows), run_onnx(in_graph, rows), rows.labels)
-    out_of_range = compare(
-        run_hierarchical(dense_path, hot, store, extreme), run_onnx(in_graph, extreme), None
-    )
+    check = compare(run_hierarchical(dense_path, hot, store, rows), reference(rows), rows.labels)
+    out_of_range = compare(run_hierarchical(dense_path, hot, store, extreme), reference(extreme), None)
     worst = max(check.max_abs_diff, out_of_range.max_abs_diff)
     parity = ParityResult(check.rows + out_of_range.rows, worst, check.auc, check.auc_delta)
     dtype = store.spec.dtype
-    where = f"{name} ({dtype} row store) vs the all-in-graph graph {in_graph}"
+    where = f"{name} ({dtype} row store) vs {against}"
     if dtype == "float32":
-        gate: dict[str, Any] = {"max_abs_diff": FP32_STORE_TOLERANCE}
-        if not worst <= FP32_STORE_TOLERANCE:
+        gate: dict[str, Any] = {"max_abs_diff": fp32_tolerance}
+        if not worst <= fp32_tolerance:
             raise ExportError(
-                f"{where}: max abs diff {worst:.3g} (tolerance {FP32_STORE_TOLERANCE:g}; "
+                f"{where}: max abs diff {worst:.3g} (tolerance {fp32_tolerance:g}; "
                 f"out-of-range ids: {out_of_range.max_abs_diff:.3g})"
             )
     else:
@@ -370,18 +382,80 @@ def place_embeddings(
             do not apply to a dense model.
         ExportError: the split or its check failed; none of the family's entries are left.
     """
-    placement = options.placement
-    family = exporter.family
-    if not placement.may_split:
-        clear_split(options.repository, family)
+    if not options.placement.may_split:
+        clear_split(options.repository, exporter.family)
         return None
+    return _place(exporter, _Tables(in_graph, None, in_graph_parity), rows, options)
+
+
+def place_streamed(exporter: FrameworkExporter, rows: Batch, options: ExportOptions) -> PlacedModel:
+    """The hot/cold model of a checkpoint whose tables may be larger than memory, never built in-graph.
+
+    1. the exporter's layers with placeholder tables (:data:`export.hierarchical.SMALL_ROWS`
+       rows at most) as an ONNX graph, whose lookups give the row store's layout;
+    2. the row store written from the checkpoint's own tables, a chunk at a time
+       (:func:`export.hierarchical.write_table_store`; the tables stay memory-mapped);
+    3. the hot rows chosen from the profile, read from the store into the dense model
+       (:func:`export.hierarchical.split_lookups` with ``rows=``);
+    4. the two stages in-process checked against the framework's own model (which reads
+       only the rows the check looks up) on the check rows and the out-of-range ids:
+       within ``options.fp32_tolerance`` for an FP32 store, the FP16 AUC gate for FP16.
+
+    Raises:
+        ConfigError: an exporter that cannot read its tables by rows (not a DLRM checkpoint), or
+            tables that fit the hot budget (they would stay in the graph).
+        ExportError: the store, the split or the check failed; none of the family's entries are left.
+    """
+    import tempfile
+
+    if not isinstance(exporter, StreamedTables):
+        raise ConfigError(
+            f"--stream-tables reads the tables from a DLRM checkpoint (the bundle's, facebookresearch/dlrm "
+            f"or TorchRec); {exporter.source.get('format', 'this model')} is exported through its whole "
+            "graph: drop --stream-tables"
+        )
+
+    with tempfile.TemporaryDirectory(prefix="placeholder-") as tmp:
+        graph = Path(tmp) / MODEL_FILE
+        log.info("exporting %s's layers with placeholder tables (--stream-tables)", exporter.family)
+        exporter.placeholder_onnx(graph, options.opset, SMALL_ROWS)
+        placed = _place(exporter, _Tables(graph, exporter, None), rows, options)
+    if placed is None:
+        raise ConfigError(
+            f"--stream-tables: the tables of {exporter.family} fit the hot budget, so they stay in the "
+            "graph: drop --stream-tables, or give --embeddings hierarchical"
+        )
+    return placed
+
+
+@dataclass(frozen=True)
+class _Tables:
+    """Where a hot/cold export takes its layers, tables and reference from.
+
+    Attributes:
+        graph: the graph whose layers the dense model keeps: the all-in-graph graph, or
+            (streamed) the placeholder graph.
+        streamed: the exporter whose tables fill the store (None: the graph's own tables).
+        in_graph_parity: the all-in-graph graph's check against the framework (None: streamed,
+            the stages are checked against the framework itself).
+    """
+
+    graph: Path
+    streamed: StreamedTables | None
+    in_graph_parity: ParityResult | None
+
+
+def _place(
+    exporter: FrameworkExporter, tables: _Tables, rows: Batch, options: ExportOptions
+) -> PlacedModel | None:
+    family = exporter.family
     start = time.perf_counter()
     try:
-        plan = _plan(exporter, in_graph, options)
+        plan = _plan(exporter, tables, options)
         if plan is None:
             clear_split(options.repository, family)
             return None
-        placed = _write_hierarchical(exporter, in_graph, in_graph_parity, rows, options, plan)
+        placed = _write_hierarchical(exporter, tables, rows, options, plan)
         seconds = time.perf_counter() - start
         placed.report["seconds"] = round(seconds, 3)
         write_report(options.repository, placed.name, placed.report)
@@ -402,7 +476,7 @@ class _Plan:
     profile: tuple[Path, str]
 
 
-def _plan(exporter: FrameworkExporter, in_graph: Path, options: ExportOptions) -> _Plan | None:
+def _plan(exporter: FrameworkExporter, tables: _Tables, options: ExportOptions) -> _Plan | None:
     """Measure the graph's tables and decide (None: they stay in the graph); refuse what cannot be split."""
     placement = options.placement
     family = exporter.family
@@ -412,8 +486,9 @@ def _plan(exporter: FrameworkExporter, in_graph: Path, options: ExportOptions) -
             f"hot/cold placement of {family} needs the rows of each table: give --table-sizes "
             "(the model reduces ids its own way, so the export could not read them from the graph)"
         )
-    lookups = find_lookups(onnx.load(str(in_graph), load_external_data=False))
-    spec = store_spec(lookups, check_sizes(lookups, sizes))  # FP32: the graph's tables and hot rows
+    lookups = find_lookups(onnx.load(str(tables.graph), load_external_data=False))
+    # FP32: the graph's tables and hot rows (a placeholder graph reduces ids into its own small tables)
+    spec = store_spec(lookups, check_table_sizes(sizes) if tables.streamed else check_sizes(lookups, sizes))
     decision = decide(placement, spec.total_bytes)
     log.info("%s: %s", family, decision.reason)
     if not decision.hierarchical:
@@ -430,12 +505,7 @@ def _plan(exporter: FrameworkExporter, in_graph: Path, options: ExportOptions) -
 
 
 def _write_hierarchical(
-    exporter: FrameworkExporter,
-    in_graph: Path,
-    in_graph_parity: ParityResult,
-    rows: Batch,
-    options: ExportOptions,
-    plan: _Plan,
+    exporter: FrameworkExporter, tables: _Tables, rows: Batch, options: ExportOptions, plan: _Plan
 ) -> PlacedModel:
     """Profile; choose the hot rows; write the store, hot set and dense model; check them; write configs."""
     placement, decision = options.placement, plan.decision
@@ -458,15 +528,37 @@ def _write_hierarchical(
 
     stage_dir = version_dir(repository, stage_name, 1)
     store_dir = repository / stage_name / ROWS_FOLDER
-    metadata = {"model": name, "graph": in_graph.name, "source": exporter.source.get("path", "")}
+    graph, streamed = tables.graph, tables.streamed
+    metadata = {"model": name, "source": exporter.source.get("path", "")}
     log.info("writing the %s row store to %s", placement.store_dtype, store_dir)
-    store = write_store(in_graph, store_dir, placement.store_dtype, sizes, metadata=metadata)
+    if streamed is None:
+        store = write_store(
+            graph, store_dir, placement.store_dtype, sizes, metadata={**metadata, "graph": graph.name}
+        )
+    else:
+        spec = replace(plan.spec, dtype=placement.store_dtype)
+        store = write_table_store(streamed.table_rows, spec, store_dir, metadata=metadata)
     hot_path = hot.save(stage_dir / HOT_SET_FILE)
     dense_path = version_dir(repository, dense_name, 1) / MODEL_FILE
-    save_model(split_lookups(in_graph, hot, sizes), dense_path)
-    write_lookup_graph(in_graph, repository, family)
+    save_model(split_lookups(graph, hot, sizes, rows=None if streamed is None else store), dense_path)
+    write_lookup_graph(graph, repository, family)
 
-    parity, check_fields = _check(name, in_graph, dense_path, hot, store, rows, options.fp16_auc_tolerance)
+    if streamed is None:
+        reference: Callable[[Batch], np.ndarray] = lambda batch: run_onnx(graph, batch)  # noqa: E731
+        fp32_tolerance, checked_against = FP32_STORE_TOLERANCE, "onnx_fp32_in_graph"
+    else:
+        reference, fp32_tolerance, checked_against = exporter.predict, options.fp32_tolerance, "framework"
+    parity, check_fields = _check(
+        name,
+        checked_against,
+        reference,
+        dense_path,
+        hot,
+        store,
+        rows,
+        fp32_tolerance,
+        options.fp16_auc_tolerance,
+    )
     measured = hot.hit_rate(rows)
     config = add_hierarchical_models(
         repository, family, store_dir, hot_path, options.serving, stage_instances=placement.stage_instances
@@ -477,7 +569,7 @@ def _write_hierarchical(
         "placement": "hierarchical",
         "placement_reason": decision.reason,
         "models": {"embedding_stage": stage_name, "dense": dense_name},
-        "checked_against": "onnx_fp32_in_graph",
+        "checked_against": checked_against,
         "parity": asdict(parity),
         **check_fields,
         "hot_budget_bytes": budget,
@@ -503,10 +595,15 @@ def _write_hierarchical(
             "width": store.spec.width,
             "rows": store.spec.rows,
         },
-        "in_graph": {"checked_against": "framework", "parity": asdict(in_graph_parity)},
         "opset": options.opset,
         "source": exporter.source,
     }
+    if tables.in_graph_parity is not None:
+        report["in_graph"] = {"checked_against": "framework", "parity": asdict(tables.in_graph_parity)}
+    else:
+        report["streamed_tables"] = (
+            "the row store written from the checkpoint's tables; no all-in-graph graph"
+        )
     summary = (
         f"{name}: hot/cold placement: {hot.rows} of {sum(sizes)} rows hot "
         f"({format_bytes(hot.bytes_used)} of the {format_bytes(budget)} budget; "
@@ -514,7 +611,7 @@ def _write_hierarchical(
         f"hit rate expected {100 * hot.expected_hit_rate:.1f}% "
         f"(profile {profile_path.name}), measured {100 * measured:.1f}% on the check rows; "
         f"row store {store_dir.relative_to(repository).as_posix()} ({store.spec.dtype}, "
-        f"{format_bytes(store_bytes)}); max abs diff vs in-graph {parity.max_abs_diff:.2e}"
+        f"{format_bytes(store_bytes)}); max abs diff vs {checked_against} {parity.max_abs_diff:.2e}"
     )
     log.info("wrote %s as the ensemble of %s and %s", name, stage_name, dense_name)
     return PlacedModel(name, config, parity, 0.0, report, summary)

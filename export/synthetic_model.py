@@ -36,7 +36,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -64,7 +64,7 @@ from export.ensemble import (
     ensemble_model_name,
     write_lookup_graph,
 )
-from export.hierarchical import split_lookups, stage_reference
+from export.hierarchical import SMALL_ROWS, small_table_sizes, split_lookups, stage_reference
 from export.hot_rows import HotSet, choose_hot_rows
 from export.onnx_io import save_model
 from export.parity import onnx_session
@@ -99,9 +99,6 @@ log = logging.getLogger(__name__)
 FAMILY = "dlrm"
 #: The same dense model with small in-graph tables: the baseline a benchmark serves beside ``dlrm_onnx``.
 SMALL_MODEL = "dlrm_small"
-#: Rows of each placeholder table (fewer where the real table is smaller): 26 x 4096 rows at ``D`` 128
-#: are 54 MB, small enough to stay in cache-friendly memory like the dense model's hot rows.
-SMALL_ROWS = 4096
 #: The ONNX opset of the export (as ``python -m export``'s default).
 DEFAULT_OPSET = 17
 #: Max |dense model - store reference| per probability, by store dtype.
@@ -233,17 +230,6 @@ class RandomDLRM:
                 "(the row store's pages: page cache the kernel reclaims)"
             )
         return lines
-
-
-def small_table_sizes(table_sizes: Sequence[int], small_rows: int = SMALL_ROWS) -> tuple[int, ...]:
-    """The placeholder tables: each real size capped at ``small_rows`` (and at least 2, as DLRMConfig asks).
-
-    Raises:
-        ConfigError: ``small_rows`` below 2.
-    """
-    if isinstance(small_rows, bool) or not isinstance(small_rows, int) or small_rows < 2:
-        raise ConfigError(f"placeholder tables need at least 2 rows each, got {small_rows!r}")
-    return tuple(max(2, min(int(size), small_rows)) for size in table_sizes)
 
 
 def random_store_spec(config: DLRMConfig, dtype: str) -> RowStoreSpec:

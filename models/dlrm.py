@@ -111,29 +111,52 @@ class DLRM(nn.Module):
     table_offsets: torch.Tensor
     table_sizes: torch.Tensor
 
-    def __init__(self, config: DLRMConfig, sparse: bool = False) -> None:
+    def __init__(self, config: DLRMConfig, sparse: bool = False, allocate_tables: bool = True) -> None:
         """Build the model.
 
         Args:
             config: the architecture.
             sparse: give the embedding sparse gradients (for ``SparseAdam``).
+            allocate_tables: allocate and initialise the embedding tables (else they are
+                ``meta`` tensors, shapes only, to be assigned: see :meth:`from_state`).
         """
         super().__init__()
         self.config = config
         self.bottom_mlp = _mlp(config.bottom_mlp, NUM_DENSE, relu_last=True)
-        self.embedding = nn.Embedding(config.embedding_rows, config.embedding_dim, sparse=sparse)
-        offsets = table_offsets(config.table_sizes)
-        with torch.no_grad():
-            for start, size in zip(offsets, config.table_sizes, strict=True):
-                bound = math.sqrt(1.0 / size)
-                self.embedding.weight[start : start + size].uniform_(-bound, bound)
+        device = None if allocate_tables else torch.device("meta")
+        self.embedding = nn.Embedding(
+            config.embedding_rows, config.embedding_dim, sparse=sparse, device=device
+        )
+        if allocate_tables:
+            offsets = table_offsets(config.table_sizes)
+            with torch.no_grad():
+                for start, size in zip(offsets, config.table_sizes, strict=True):
+                    bound = math.sqrt(1.0 / size)
+                    self.embedding.weight[start : start + size].uniform_(-bound, bound)
         sizes = torch.tensor(config.table_sizes, dtype=torch.int64).unsqueeze(0)
         self.register_buffer("table_sizes", sizes, persistent=False)
         self.register_buffer(
-            "table_offsets", torch.tensor(offsets, dtype=torch.int64).unsqueeze(0), persistent=False
+            "table_offsets",
+            torch.tensor(table_offsets(config.table_sizes), dtype=torch.int64).unsqueeze(0),
+            persistent=False,
         )
         self.interaction = DotInteraction(NUM_CATEGORICAL + 1)
         self.top_mlp = _mlp(config.top_mlp, config.num_interactions, relu_last=False)
+
+    @classmethod
+    def from_state(cls, config: DLRMConfig, state: dict[str, torch.Tensor]) -> DLRM:
+        """The model whose parameters are ``state``'s tensors themselves (assigned, not copied).
+
+        Nothing of the size of the tables is allocated (they start as ``meta``
+        tensors). With a state dict loaded by ``torch.load(mmap=True)`` the tables
+        stay in the file's pages until rows are read.
+
+        Raises:
+            RuntimeError: ``state`` does not fit ``config`` (missing, unexpected or misshapen keys).
+        """
+        model = cls(config, allocate_tables=False)
+        model.load_state_dict(state, strict=True, assign=True)
+        return model
 
     def embed(self, categorical: torch.Tensor) -> torch.Tensor:
         """Look up every feature in its table: ``B x 26`` int64 -> ``B x 26 x D``."""
