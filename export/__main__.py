@@ -14,6 +14,7 @@ from rich.table import Table
 from bundle.admin import ADMIN_KEY_ENV
 from bundle.cli import VerboseOption, new_app, run, set_verbose, shared_options
 from bundle.errors import ConfigError
+from bundle.memory import PeakMemory
 from criteo.tables import TABLE_SIZE_PRESETS, parse_table_sizes
 from export.framework import FrameworkExporter
 from export.hot_rows import parse_size
@@ -29,7 +30,7 @@ from export.placement import PLACEMENTS, PlacementOptions
 from export.publish_cli import fetch, publish
 from export.quantize import DEFAULT_METHOD, INT8_METHODS, QuantizeOptions
 from export.repository import CONFIG_NAME, ORT_TRT_CACHE_DIR, QUEUE_DELAY_US, ServingConfig, trt_model_name
-from export.row_store import DTYPES
+from export.row_store import DTYPES, format_bytes
 from export.row_store_cli import app as row_store_app
 from export.sources import SourceOptions, parse_feature_order, parse_input_map
 from export.synthetic_model_cli import random_dlrm
@@ -333,7 +334,14 @@ def _print_next_step(options: ExportOptions, family: str) -> None:
 
 
 def _export(exporter: FrameworkExporter, options: ExportOptions) -> None:
-    _print(export_family(exporter, options))
+    with PeakMemory() as peak:
+        results = export_family(exporter, options)
+    _print(results)
+    if peak.available:
+        print(
+            f"peak memory: {format_bytes(peak.anon_bytes)} anonymous, {format_bytes(peak.file_bytes)} of "
+            "mapped files (memory-mapped checkpoints and row stores: page cache the kernel reclaims)"
+        )
     _print_next_step(options, exporter.family)
 
 

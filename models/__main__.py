@@ -1,4 +1,5 @@
-"""``python -m models train dlrm|wide-deep``: train a reference architecture on Criteo TSV."""
+"""``python -m models train dlrm|wide-deep``: train a reference architecture on Criteo TSV;
+``python -m models random-dlrm``: an untrained DLRM checkpoint of any size."""
 
 from __future__ import annotations
 
@@ -67,6 +68,34 @@ def train(
         f"{architecture.value}: validation AUC {metrics['auc']:.4f}, "
         f"logloss {metrics['logloss']:.4f} on {metrics['rows']} rows; saved to {out}"
     )
+
+
+@app.command("random-dlrm")
+def random_dlrm(
+    out: Annotated[Path, typer.Option(help="Output directory (config.json + model.pt).")],
+    preset: Annotated[str, typer.Option(help=f"Architecture preset: {', '.join(PRESETS)}.")] = "small",
+    table_size: Annotated[int | None, typer.Option(help="Rows of every one of the 26 tables.")] = None,
+    table_sizes: Annotated[
+        str | None,
+        typer.Option(
+            help=f"Rows per table: {' or '.join(TABLE_SIZE_PRESETS)}, or 26 comma-separated sizes (C1..C26)."
+        ),
+    ] = None,
+    seed: Annotated[int, typer.Option(help="Seed of the tables and the layers.")] = 0,
+) -> None:
+    """An untrained DLRM checkpoint of the preset's size, as `train dlrm` writes one, written without
+    holding its tables in memory (for trying tables larger than memory; twice their bytes of disk)."""
+    from rich.progress import Progress
+
+    from models.random_checkpoint import write_random_dlrm
+
+    sizes = None if table_sizes is None else parse_table_sizes(table_sizes)
+    config = DLRMConfig.preset(preset, table_size, sizes)
+    with Progress() as progress:
+        task = progress.add_task("tables", total=config.embedding_rows)
+        path = write_random_dlrm(config, out, seed, on_rows=lambda n: progress.advance(task, n))
+    rows, size = config.embedding_rows, path.stat().st_size / 1e9
+    print(f"dlrm: untrained, {rows:,} table rows x D {config.embedding_dim}; {path} ({size:.2f} GB)")
 
 
 if __name__ == "__main__":

@@ -8,7 +8,8 @@ and stay within its AUC tolerance of the FP32 pair. A new hot set rolled out on 
 server in explicit model-control mode must switch every ensemble to version 2, and
 (FP32 row store) leave every variant's answers where they were: the INT8 dense model
 keeps version 1's quantization parameters. Exporting the family in the graph again
-removes the variants' ensembles and dense models.
+removes the variants' ensembles and dense models. A DLRM exported with
+``--stream-tables`` (no all-in-graph graph) serves what its stages compute.
 """
 
 from __future__ import annotations
@@ -220,3 +221,21 @@ def test_exports_that_write_no_variants_remove_them(
     for name in left:
         assert read_config(repository / name / "config.pbtxt").platform != "ensemble"
         assert (repository / name / "1" / "model.onnx").is_file()
+
+
+def test_a_streamed_export_serves_what_its_stages_compute(
+    start_triton: StartTriton, exported: Exported, batches: list[Batch], labeled_file: Path, tmp_path: Path
+) -> None:
+    repository = tmp_path / "streamed"
+    done = _run("export", *_export_args("dlrm", exported.models["dlrm"], labeled_file), "--repository",
+                str(repository), "--hot-budget", HOT_BUDGET, "--stream-tables", "--no-int8",
+                "--profile-data", str(labeled_file))  # fmt: skip
+    assert "dlrm_onnx" in done.stdout and "framework" in done.stdout
+    assert not (repository / "dlrm_onnx" / "1" / "model.onnx").exists()
+    server = start_triton(repository)
+    for precision in ("", "fp16"):
+        for batch in batches:
+            expected = _in_process(repository, "dlrm", precision, batch)
+            for served in _served(server, ensemble_model_name("dlrm", precision), batch):
+                np.testing.assert_allclose(served, expected, rtol=0, atol=SERVED_TOLERANCE)
+    server.stop()
