@@ -453,7 +453,8 @@ def _place(
     try:
         plan = _plan(exporter, tables, options)
         if plan is None:
-            clear_split(options.repository, family)
+            if tables.streamed is None:  # in the graph from now on (a streamed export refuses instead)
+                clear_split(options.repository, family)
             return None
         placed = _write_hierarchical(exporter, tables, rows, options, plan)
         seconds = time.perf_counter() - start

@@ -152,8 +152,11 @@ def test_what_cannot_be_streamed_is_one_clear_error(data: Path, tmp_path: Path) 
         check_rows=1024,
         placement=PlacementOptions(hot_budget=2**30, stream_tables=True),  # auto: the tables fit
     )
+    export_family(exporter, _options(fits.repository, data, stream=True))  # an earlier hot/cold export
+    before = sorted(p.name for p in fits.repository.iterdir())
     with pytest.raises(ConfigError, match="fit the hot budget, so they stay in the graph"):
         export_family(exporter, fits)
+    assert sorted(p.name for p in fits.repository.iterdir()) == before  # refused: nothing removed
 
     class NotStreamed:  # e.g. a Keras model or a TorchScript file: no table rows to read
         family = "wide_deep"
