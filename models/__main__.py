@@ -16,6 +16,16 @@ from models.config import PRESETS, DLRMConfig, TrainConfig, WideDeepConfig
 app = new_app("Train DLRM (PyTorch) or Wide & Deep (Keras) on Criteo-format data.")
 
 
+Preset = Annotated[str, typer.Option(help=f"Architecture preset: {', '.join(PRESETS)}.")]
+TableSize = Annotated[int | None, typer.Option(help="Rows of every one of the 26 tables.")]
+TableSizes = Annotated[
+    str | None,
+    typer.Option(
+        help=f"Rows per table: {' or '.join(TABLE_SIZE_PRESETS)}, or 26 comma-separated sizes (C1..C26)."
+    ),
+]
+
+
 class Architecture(StrEnum):
     dlrm = "dlrm"
     wide_deep = "wide-deep"
@@ -26,14 +36,9 @@ def train(
     architecture: Annotated[Architecture, typer.Argument(help="dlrm or wide-deep.")],
     data: Annotated[Path, typer.Option(help="Labeled Criteo TSV file.")],
     out: Annotated[Path, typer.Option(help="Output directory (checkpoint or SavedModel + config.json).")],
-    preset: Annotated[str, typer.Option(help=f"Architecture preset: {', '.join(PRESETS)}.")] = "small",
-    table_size: Annotated[int | None, typer.Option(help="Rows of every one of the 26 tables.")] = None,
-    table_sizes: Annotated[
-        str | None,
-        typer.Option(
-            help=f"Rows per table: {' or '.join(TABLE_SIZE_PRESETS)}, or 26 comma-separated sizes (C1..C26)."
-        ),
-    ] = None,
+    preset: Preset = "small",
+    table_size: TableSize = None,
+    table_sizes: TableSizes = None,
     epochs: Annotated[int, typer.Option(help="Passes over the training rows.")] = 1,
     batch_size: Annotated[int, typer.Option(help="Rows per step.")] = 1024,
     learning_rate: Annotated[float, typer.Option(help="Learning rate.")] = 1e-3,
@@ -73,14 +78,9 @@ def train(
 @app.command("random-dlrm")
 def random_dlrm(
     out: Annotated[Path, typer.Option(help="Output directory (config.json + model.pt).")],
-    preset: Annotated[str, typer.Option(help=f"Architecture preset: {', '.join(PRESETS)}.")] = "small",
-    table_size: Annotated[int | None, typer.Option(help="Rows of every one of the 26 tables.")] = None,
-    table_sizes: Annotated[
-        str | None,
-        typer.Option(
-            help=f"Rows per table: {' or '.join(TABLE_SIZE_PRESETS)}, or 26 comma-separated sizes (C1..C26)."
-        ),
-    ] = None,
+    preset: Preset = "small",
+    table_size: TableSize = None,
+    table_sizes: TableSizes = None,
     seed: Annotated[int, typer.Option(help="Seed of the tables and the layers.")] = 0,
 ) -> None:
     """An untrained DLRM checkpoint of the preset's size, as `train dlrm` writes one, written without
