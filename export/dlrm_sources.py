@@ -41,6 +41,7 @@ from export.sources import SourceOptions
 from export.torch_onnx import (
     example_inputs,
     export_module,
+    load_mapped,
     loop_nodes,
     output_sigmoids,
     python_command,
@@ -135,7 +136,7 @@ def load_state(path: Path) -> tuple[dict[str, torch.Tensor], Literal["checkpoint
 
     try:
         with torch.serialization.safe_globals(_safe_globals()):
-            loaded = _load(path)
+            loaded = load_mapped(path)
     except pickle.UnpicklingError as exc:
         found = re.search(r"GLOBAL ([\w.]+)", str(exc))
         if found is None:
@@ -164,16 +165,6 @@ def load_state(path: Path) -> tuple[dict[str, torch.Tensor], Literal["checkpoint
             f"{path}: a dict ({keys}) without a state dict of tensors; expected {EXPECTED_FORMS}"
         )
     return tensors, container
-
-
-def _load(path: Path) -> Any:
-    """``torch.load`` memory-mapped where the file allows it (the zip format ``torch.save`` writes since
-    PyTorch 1.6): tables larger than memory stay in the file's pages until rows are read."""
-    import torch
-
-    if zipfile.is_zipfile(path):
-        return torch.load(path, map_location="cpu", weights_only=True, mmap=True)
-    return torch.load(path, map_location="cpu", weights_only=True)
 
 
 class CheckpointExporter:

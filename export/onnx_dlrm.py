@@ -28,7 +28,7 @@ from criteo.tables import table_offsets
 from criteo.tsv import Batch
 from export.framework import TorchServing, own_model_source
 from export.hierarchical import small_table_sizes
-from export.torch_onnx import EXAMPLE_ROWS, export_module, python_command
+from export.torch_onnx import EXAMPLE_ROWS, export_module, load_mapped, python_command
 from models.config import DLRMConfig, load_config
 
 if TYPE_CHECKING:
@@ -68,8 +68,6 @@ class DLRMExporter:
     family = "dlrm"
 
     def __init__(self, checkpoint: Path) -> None:
-        import torch
-
         from models.dlrm import DLRM, WEIGHTS_FILE
 
         self.checkpoint = Path(checkpoint)
@@ -81,8 +79,7 @@ class DLRMExporter:
         if not weights.is_file():
             raise ExportError(f"{weights} not found: is {self.checkpoint} a DLRM training output?")
         try:
-            # Memory-mapped: tables larger than memory stay in the file's pages until rows are read.
-            state = torch.load(weights, map_location="cpu", weights_only=True, mmap=True)
+            state = load_mapped(weights)  # tables larger than memory stay in the file's pages
         except (
             RuntimeError,
             OSError,

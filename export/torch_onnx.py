@@ -53,6 +53,38 @@ MIN_OPSET = 11
 EMBEDDING_BAG_OP = "aten::embedding_bag"
 
 
+def load_mapped(path: Path) -> Any:
+    """``torch.load(path, weights_only=True)`` with the tensors memory-mapped from the file.
+
+    A checkpoint's tables then stay in the file's pages (page cache) until rows are
+    read, so tables larger than memory can be exported (``--stream-tables``). PyTorch
+    maps privately (copy-on-write) by default, and Linux refuses a private writable
+    mapping larger than its commit limit (RAM + swap, ``vm.overcommit_memory`` 0):
+    then the file is mapped shared, which commits nothing. Nothing in the export writes
+    to a loaded tensor; a shared mapping would write such a change into the file.
+
+    Raises:
+        Whatever ``torch.load`` raises for a file it cannot read (the callers turn it into
+        one error line); ``torch.save`` files older than the zip format cannot be mapped
+        and are loaded into memory instead.
+    """
+    import mmap
+    import zipfile
+
+    import torch
+
+    if not zipfile.is_zipfile(path):
+        return torch.load(path, map_location="cpu", weights_only=True)
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+    except RuntimeError as exc:
+        if "Cannot allocate memory" not in str(exc):
+            raise
+        log.info("%s: larger than a private mapping may be here (%s); mapping it shared", path, exc)
+    with torch.serialization.set_default_mmap_options(mmap.MAP_SHARED):
+        return torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+
+
 def example_inputs(
     table_sizes: Sequence[int] | None = None, rows: int = EXAMPLE_ROWS
 ) -> tuple[torch.Tensor, torch.Tensor]:
