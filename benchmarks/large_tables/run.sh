@@ -30,8 +30,9 @@
 # on this 2-core machine, about 15 minutes to write the store (measured here: random_rows makes the
 # big tables' FP16 values at about 60 MB/s, their +-sqrt(1/rows) ~ 1.6e-4 being FP16 subnormals, whose
 # conversion is slow; small tables go 5x faster), a few minutes for the data, the profile and the dense
-# model (its 4.2M hot rows are read from the store), and about 5 minutes of sweep; random-dlrm's peak
-# memory is a few times the hot budget. A store already in WORK with the same sizes, dtype and seed is
+# model (its 3.8M hot rows are read from the store), and about 5 minutes of sweep; random-dlrm's peak
+# anonymous memory is about twice the hot rows (its RSS also counts the store's mapped pages). A store
+# already in WORK with the same sizes, dtype and seed is
 # reused (then the whole run takes about 10 minutes). Every size can be overridden for a small run, e.g.
 #
 #   SIZES=$(python -c "from criteo.tables import CRITEO_TERABYTE as T; print(','.join(str(min(s, 100000)) for s in T))") \
