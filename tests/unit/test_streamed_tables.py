@@ -167,3 +167,26 @@ def test_what_cannot_be_streamed_is_one_clear_error(data: Path, tmp_path: Path) 
 
     with pytest.raises(ConfigError, match="keras_saved_model is exported through its whole graph"):
         export_family(NotStreamed(), _options(tmp_path / "other", data, stream=True))  # type: ignore[arg-type]
+
+
+def test_large_hot_tables_skip_the_fp16_converter_and_answer_alike(
+    data: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import onnx
+
+    from export import hot_cold_variants
+
+    exporter = _bundle(tmp_path)
+    answers = {}
+    for threshold in (hot_cold_variants.SET_ASIDE_BYTES, 0):  # the tiny tables: converted, then set aside
+        monkeypatch.setattr(hot_cold_variants, "SET_ASIDE_BYTES", threshold)
+        repository = tmp_path / f"set_aside_{threshold}"
+        options = _options(repository, data, stream=True)
+        export_family(exporter, ExportOptions(**{**options.__dict__, "fp16": True}))
+        dense = repository / "dlrm_dense_fp16" / "1" / "model.onnx"
+        (table,) = [t for t in onnx.load(str(dense)).graph.initializer if t.name.endswith("/hot")]
+        assert table.data_type == onnx.TensorProto.FLOAT16 and table.dims[0] > 1
+        hot, store, _ = _pair(repository)
+        answers[threshold] = run_hierarchical(dense, hot, store, read_batch(data, 512))
+    first, second = answers.values()
+    np.testing.assert_allclose(first, second, rtol=0, atol=1e-6)
