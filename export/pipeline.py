@@ -31,7 +31,7 @@ import onnx
 from bundle.errors import ConfigError, ExportError
 from criteo.tsv import Batch, read_batch
 from export.fp16 import convert_to_fp16
-from export.framework import FrameworkExporter, TorchSource
+from export.framework import FrameworkExporter, StreamedTables, TorchSource
 from export.onnx_io import save_model
 from export.parity import (
     ParityResult,
@@ -252,6 +252,7 @@ def export_family(exporter: FrameworkExporter, options: ExportOptions) -> list[E
             streamed.name, streamed.path, "framework", streamed.parity, streamed.seconds, streamed.summary
         )
         return [ensemble, *_export_placed_variants(exporter, rows, options)]
+    _suggest_streaming(exporter, options)
     fp32_name = f"{exporter.family}_onnx"
     fp32_path = version_dir(options.repository, fp32_name, 1) / MODEL_FILE
     clear_model(options.repository, fp32_name)
@@ -309,6 +310,25 @@ def export_family(exporter: FrameworkExporter, options: ExportOptions) -> list[E
         path = add_trt_model(options.repository, trt_name, options.serving)
         log.info("wrote %s; build its plan with `python -m export tensorrt`", path)
     return results
+
+
+def _suggest_streaming(exporter: FrameworkExporter, options: ExportOptions) -> None:
+    """Warn, before the all-in-graph graph is built, when a checkpoint's tables exceed the memory
+    available now and ``--stream-tables`` would place them hot/cold without building it."""
+    import psutil
+
+    sizes = exporter.table_sizes
+    if not options.placement.may_split or not isinstance(exporter, StreamedTables) or sizes is None:
+        return
+    table_bytes = sum(sizes) * exporter.embedding_dim * 4
+    available = int(psutil.virtual_memory().available)
+    if table_bytes > available:
+        log.warning(
+            "the tables take %.1f GB and %.1f GB of memory is available: the all-in-graph graph holds "
+            "them all while it is built; --stream-tables writes the row store straight from the "
+            "checkpoint instead",
+            table_bytes / 1e9, available / 1e9,
+        )  # fmt: skip
 
 
 def _gate_parity(

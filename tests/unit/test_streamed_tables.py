@@ -190,3 +190,21 @@ def test_large_hot_tables_skip_the_fp16_converter_and_answer_alike(
         answers[threshold] = run_hierarchical(dense, hot, store, read_batch(data, 512))
     first, second = answers.values()
     np.testing.assert_allclose(first, second, rtol=0, atol=1e-6)
+
+
+def test_tables_larger_than_available_memory_suggest_streaming(
+    data: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    import psutil
+
+    class Tight:
+        available = 1000  # bytes: less than the tiny model's tables
+
+    exporter = _bundle(tmp_path)
+    monkeypatch.setattr(psutil, "virtual_memory", lambda: Tight())
+    caplog.set_level("WARNING", logger="export.pipeline")
+    export_family(exporter, _options(tmp_path / "usual", data, stream=False))
+    assert "--stream-tables writes the row store straight from the checkpoint" in caplog.text
+    caplog.clear()
+    export_family(exporter, _options(tmp_path / "streamed", data, stream=True))
+    assert "--stream-tables" not in caplog.text  # already streaming: nothing to suggest
