@@ -54,10 +54,12 @@ from export.hierarchical import lookup_graph
 from export.hot_rows import HotSet
 from export.onnx_io import save_model
 from export.repository import (
+    CONFIG_NAME,
     MODEL_FILE,
     ONNX_BACKEND,
     ServingConfig,
     clear_model,
+    read_config,
     set_ort_threading,
     version_dir,
     write_config,
@@ -76,6 +78,8 @@ ENSEMBLE_SUFFIX = "_onnx"
 #: ``<family>_onnx``), then the variants, each its own dense model and ensemble over the one
 #: shared stage (``<family>_dense_fp16`` under ``<family>_onnx_fp16``, ...).
 PRECISIONS: tuple[str, ...] = ("", "fp16", "int8")
+#: The variants among them, in the order they are written.
+VARIANTS: tuple[str, ...] = tuple(precision for precision in PRECISIONS if precision)
 #: The hot set's file in the stage's version folder.
 HOT_SET_FILE = "hot_set.npz"
 #: The dense model's graph with its tables' values dropped, in its model folder
@@ -108,6 +112,11 @@ def dense_model_name(family: str, precision: str = "") -> str:
 def ensemble_model_name(family: str, precision: str = "") -> str:
     """The served model of a family: ``dlrm`` -> ``dlrm_onnx`` (``int8``: ``dlrm_onnx_int8``)."""
     return f"{_check_family(family)}{ENSEMBLE_SUFFIX}{_precision_suffix(precision)}"
+
+
+def variant_models(family: str, precision: str) -> tuple[str, str]:
+    """A variant's ensemble and dense model names: ``("dlrm_onnx_fp16", "dlrm_dense_fp16")``."""
+    return ensemble_model_name(family, precision), dense_model_name(family, precision)
 
 
 def _precision_suffix(precision: str) -> str:
@@ -285,6 +294,20 @@ def store_reference(store_dir: Path, repository: Path, version_folder: Path) -> 
     if store.is_relative_to(repository.resolve()):
         return Path(os.path.relpath(store, version_folder.resolve())).as_posix()
     return store.as_posix()
+
+
+def stage_store_path(
+    repository: Path, stage: str, version: int, config: mc.ModelConfig | None = None
+) -> Path:
+    """The row store that version ``version`` of ``stage`` maps: its config's ``row_store`` parameter,
+    resolved from the version folder (see :func:`store_reference`).
+
+    Args:
+        config: the stage's config, when the caller has read it already.
+    """
+    config = config or read_config(repository / stage / CONFIG_NAME)
+    raw = config.parameters[PARAM_ROW_STORE].string_value
+    return (version_dir(repository, stage, version) / raw).resolve()
 
 
 def write_embedding_stage(

@@ -137,23 +137,20 @@ def write_store(
     for lookup in lookups:
         for j, column in enumerate(lookup.columns):
             sources.setdefault(lookup.store_column, {}).setdefault(column, (lookup, j))
-    step = max(1, CHUNK_BYTES // spec.row_bytes)
+
+    def read_rows(table: int, start: int, stop: int) -> np.ndarray:
+        chunk = np.empty((stop - start, spec.width), dtype=spec.numpy_dtype)
+        for name, (first, last) in spec.columns.items():
+            lookup, j = sources[name][table]
+            row = lookup.row_offsets[j]
+            part = np.asarray(values[lookup.table][row + start : row + stop])
+            chunk[:, first:last] = part.reshape(stop - start, last - first)
+        return chunk
+
     described = {"source": "onnx", "tables": sorted(values), **dict(metadata or {})}
-    with RowStoreWriter(Path(path), spec, metadata=described) as writer:
-        for table, size in enumerate(sizes):
-            for start in range(0, size, step):
-                stop = min(size, start + step)
-                chunk = np.empty((stop - start, spec.width), dtype=spec.numpy_dtype)
-                for name, (first, last) in spec.columns.items():
-                    lookup, j = sources[name][table]
-                    row = lookup.row_offsets[j]
-                    part = np.asarray(values[lookup.table][row + start : row + stop])
-                    chunk[:, first:last] = part.reshape(stop - start, last - first)
-                writer.write(table, start, chunk)
-                if on_rows is not None:
-                    on_rows(stop - start)
+    store = write_table_store(read_rows, spec, Path(path), metadata=described, on_rows=on_rows)
     log.info("row store %s: %d rows of %s from %d lookups", path, spec.rows, dict(spec.columns), len(lookups))
-    return RowStore.open(Path(path))
+    return store
 
 
 def write_table_store(
@@ -164,27 +161,25 @@ def write_table_store(
     metadata: Mapping[str, Any] | None = None,
     on_rows: Callable[[int], None] | None = None,
 ) -> RowStore:
-    """Write the row store from the model's own tables, a chunk at a time (:data:`CHUNK_BYTES`).
+    """Write the row store ``read_rows`` gives, a chunk at a time (:data:`CHUNK_BYTES`).
 
-    For tables larger than memory: ``read_rows(table, start, stop)`` may read a
-    memory-mapped checkpoint, and memory holds one chunk at a time whatever the tables'
-    size (their pages stay page cache). Only a store of one column (one embedding per
-    id: DLRM) can be written this way.
+    Memory holds one chunk at a time whatever the tables' size: ``read_rows(table,
+    start, stop)`` may read the graph's tables (:func:`write_store`) or a memory-mapped
+    checkpoint, whose pages stay page cache (``--stream-tables``).
 
     Args:
-        read_rows: rows ``start:stop`` of the table behind C<table + 1>, ``n x width``.
+        read_rows: rows ``start:stop`` of the table behind C<table + 1>, ``n x width`` (the
+            store's columns side by side).
         spec: the store (its table sizes, width and dtype).
         path: the store's folder.
         metadata: kept in ``store.json``.
         on_rows: called with the rows written after each chunk.
 
     Raises:
-        ExportError: a spec of more than one column, or rows of another shape.
+        ExportError: rows of another shape.
     """
-    if len(spec.columns) != 1:
-        raise ExportError(f"a row store written from the tables has one column, not {dict(spec.columns)}")
     step = max(1, CHUNK_BYTES // spec.row_bytes)
-    with RowStoreWriter(Path(path), spec, metadata={"source": "tables", **dict(metadata or {})}) as writer:
+    with RowStoreWriter(Path(path), spec, metadata=dict(metadata or {})) as writer:
         for table, size in enumerate(spec.table_sizes):
             for start in range(0, size, step):
                 stop = min(size, start + step)

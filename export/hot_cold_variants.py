@@ -40,9 +40,12 @@ from bundle.errors import ConfigError, ExportError
 from criteo.tsv import Batch
 from export.ensemble import (
     HOT_SET_FILE,
+    VARIANTS,
     dense_model_name,
     embedding_model_name,
     ensemble_model_name,
+    stage_store_path,
+    variant_models,
     write_dense_config,
     write_ensemble,
 )
@@ -53,22 +56,11 @@ from export.onnx_io import save_model
 from export.parity import ParityResult, compare
 from export.placement import CHECK_CHUNK, hierarchical_feeds, run_hierarchical
 from export.quantize import QuantizeOptions, quantize_int8
-from export.repository import (
-    CONFIG_NAME,
-    MODEL_FILE,
-    ServingConfig,
-    clear_model,
-    read_config,
-    version_dir,
-    write_report,
-)
+from export.repository import MODEL_FILE, ServingConfig, clear_model, version_dir, write_report
 from export.row_store import RowStore
-from server.stages.embedding.hot_cold_lookup import PARAM_ROW_STORE
 
 log = logging.getLogger(__name__)
 
-#: The variants a hot/cold model can have, in the order they are written.
-VARIANTS: tuple[str, ...] = ("fp16", "int8")
 #: Each variant's label in messages.
 LABELS = {"fp16": "FP16", "int8": "INT8"}
 
@@ -135,11 +127,6 @@ class VariantRecipe:
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise ConfigError(f"{where}: its recipe is damaged ({exc})") from None
-
-
-def variant_models(family: str, precision: str) -> tuple[str, str]:
-    """A variant's ensemble and dense model names: ``("dlrm_onnx_fp16", "dlrm_dense_fp16")``."""
-    return ensemble_model_name(family, precision), dense_model_name(family, precision)
 
 
 def remove_variant(repository: Path, family: str, precision: str) -> None:
@@ -382,7 +369,5 @@ def export_variant(
 
 def _stage_files(repository: Path, stage: str, version: int) -> tuple[HotSet, RowStore]:
     """The hot set and row store of ``version`` of the stage, as its config names them."""
-    folder = version_dir(repository, stage, version)
-    config = read_config(repository / stage / CONFIG_NAME)
-    store = RowStore.open((folder / config.parameters[PARAM_ROW_STORE].string_value).resolve())
-    return HotSet.load(folder / HOT_SET_FILE), store
+    store = RowStore.open(stage_store_path(repository, stage, version))
+    return HotSet.load(version_dir(repository, stage, version) / HOT_SET_FILE), store

@@ -49,11 +49,12 @@ from criteo.tsv import Batch
 from export.ensemble import (
     ENSEMBLE_PLATFORM,
     HOT_SET_FILE,
-    PRECISIONS,
+    VARIANTS,
     add_hierarchical_models,
     dense_model_name,
     embedding_model_name,
     ensemble_model_name,
+    variant_models,
     write_lookup_graph,
 )
 from export.framework import FrameworkExporter, StreamedTables
@@ -322,12 +323,7 @@ def hierarchical_entries(family: str) -> tuple[str, ...]:
 
 def variant_entries(family: str) -> tuple[str, ...]:
     """The FP16 and INT8 variants' ensembles and dense models (:mod:`export.hot_cold_variants`)."""
-    return tuple(
-        name
-        for precision in PRECISIONS
-        if precision
-        for name in (ensemble_model_name(family, precision), dense_model_name(family, precision))
-    )
+    return tuple(name for precision in VARIANTS for name in variant_models(family, precision))
 
 
 def clear_split(repository: Path, family: str) -> None:
@@ -538,7 +534,11 @@ def _write_hierarchical(
         )
     else:
         spec = replace(plan.spec, dtype=placement.store_dtype)
-        store = write_table_store(streamed.table_rows, spec, store_dir, metadata=metadata)
+        if len(spec.columns) != 1:  # table_rows gives one embedding per id
+            raise ExportError(f"a row store written from the tables has one column, not {dict(spec.columns)}")
+        store = write_table_store(
+            streamed.table_rows, spec, store_dir, metadata={"source": "tables", **metadata}
+        )
     hot_path = hot.save(stage_dir / HOT_SET_FILE)
     dense_path = version_dir(repository, dense_name, 1) / MODEL_FILE
     save_model(split_lookups(graph, hot, sizes, rows=None if streamed is None else store), dense_path)

@@ -40,7 +40,6 @@ rollout needs memory for two hot sets while both pairs are loaded.
 
 from __future__ import annotations
 
-import json
 import logging
 import shutil
 import time
@@ -59,21 +58,22 @@ from export.ensemble import (
     ENSEMBLE_SUFFIX,
     HOT_SET_FILE,
     LOOKUP_GRAPH_FILE,
+    VARIANTS,
     VERSIONS_LOADED,
     build_ensemble_config,
     dense_model_name,
     embedding_model_name,
     ensemble_model_name,
+    stage_store_path,
+    variant_models,
 )
 from export.hierarchical import split_lookups
 from export.hot_cold_variants import (
     LABELS,
-    VARIANTS,
     VariantRecipe,
     build_dense_variant,
     check_variant,
     keep_quantization,
-    variant_models,
 )
 from export.hot_rows import HotSet, choose_hot_rows
 from export.onnx_io import save_model
@@ -84,13 +84,13 @@ from export.repository import (
     MODEL_FILE,
     REPORT_FILE,
     read_config,
+    read_report,
     version_dir,
     write_config,
     write_report,
 )
 from export.row_store import RowStore, format_bytes
 from server.stages.embedding import SOURCE_DIR, SOURCE_FILES
-from server.stages.embedding.hot_cold_lookup import PARAM_ROW_STORE
 
 log = logging.getLogger(__name__)
 
@@ -271,14 +271,13 @@ def serving_state(repository: Path, family: str, row_store: Path | None = None) 
                 f"version of the bundle): export {name} again to roll out hot sets"
             )
     if row_store is None:
-        raw = stage_config.parameters[PARAM_ROW_STORE].string_value
-        row_store = (version_dir(repository, stage, version) / raw).resolve()
+        row_store = stage_store_path(repository, stage, version, stage_config)
     store = RowStore.open(Path(row_store))
     hot = HotSet.load(version_dir(repository, stage, version) / HOT_SET_FILE)
-    report_path = repository / name / REPORT_FILE
-    report = json.loads(report_path.read_text()) if report_path.is_file() else {}
     variants = _serving_variants(repository, family, stage, version)
-    return Serving(name, stage, dense, version, store, Path(row_store), hot, report, variants)
+    return Serving(
+        name, stage, dense, version, store, Path(row_store), hot, read_report(repository, name), variants
+    )
 
 
 def _serving_variants(repository: Path, family: str, stage: str, version: int) -> dict[str, VariantRecipe]:
@@ -304,9 +303,8 @@ def _serving_variants(repository: Path, family: str, stage: str, version: int) -
             raise ConfigError(
                 f"{dense} keeps fewer than {VERSIONS_LOADED} versions loaded: export {name} again"
             )
-        report_path = repository / name / REPORT_FILE
-        report = json.loads(report_path.read_text()) if report_path.is_file() else {}
-        variants[precision] = VariantRecipe.from_report(report, str(report_path))
+        where = str(repository / name / REPORT_FILE)
+        variants[precision] = VariantRecipe.from_report(read_report(repository, name), where)
     return variants
 
 
@@ -628,8 +626,7 @@ def _record(
     write_report(repository, serving.name, report)
     for precision, parity in result.variants.items():
         name = variant_models(serving.family, precision)[0]
-        path = repository / name / REPORT_FILE
-        variant = json.loads(path.read_text()) if path.is_file() else {}
+        variant = read_report(repository, name)
         variant["version"] = result.new_version
         step = {**entry, "parity_vs_old": asdict(parity)}
         variant["rollouts"] = [*variant.get("rollouts", []), step]

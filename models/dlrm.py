@@ -127,8 +127,8 @@ class DLRM(nn.Module):
         self.embedding = nn.Embedding(
             config.embedding_rows, config.embedding_dim, sparse=sparse, device=device
         )
+        offsets = table_offsets(config.table_sizes)
         if allocate_tables:
-            offsets = table_offsets(config.table_sizes)
             with torch.no_grad():
                 for start, size in zip(offsets, config.table_sizes, strict=True):
                     bound = math.sqrt(1.0 / size)
@@ -137,7 +137,7 @@ class DLRM(nn.Module):
         self.register_buffer("table_sizes", sizes, persistent=False)
         self.register_buffer(
             "table_offsets",
-            torch.tensor(table_offsets(config.table_sizes), dtype=torch.int64).unsqueeze(0),
+            torch.tensor(offsets, dtype=torch.int64).unsqueeze(0),
             persistent=False,
         )
         self.interaction = DotInteraction(NUM_CATEGORICAL + 1)

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from bundle.errors import ConfigError
-from export.ensemble import build_ensemble_config, dense_model_name, ensemble_model_name
-from export.hot_cold_variants import VariantRecipe, variant_models
+from export.ensemble import build_ensemble_config, dense_model_name, ensemble_model_name, variant_models
+from export.hot_cold_variants import VariantRecipe
 from export.placement import variant_entries
 from export.quantize import QuantizeOptions
 
