@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 import inspect
 import logging
+import os
 import sys
 from collections.abc import Callable
 from typing import Annotated, Any, TypeVar
@@ -12,6 +13,7 @@ from typing import Annotated, Any, TypeVar
 import typer
 
 from bundle.errors import BundleError
+from bundle.staging import NO_SPACE
 
 _state = {"verbose": False}
 
@@ -104,4 +106,12 @@ def run(app: typer.Typer) -> None:
         if _state["verbose"]:
             logging.getLogger(__name__).exception("failed")
         print(f"error: {exc}", file=sys.stderr)
+        sys.exit(1)
+    except OSError as exc:
+        if exc.errno not in NO_SPACE:
+            raise
+        if _state["verbose"]:
+            logging.getLogger(__name__).exception("failed")
+        where = f" writing {exc.filename}" if exc.filename else ""
+        print(f"error: no space left on the device{where} ({os.strerror(exc.errno)})", file=sys.stderr)
         sys.exit(1)

@@ -33,3 +33,7 @@ class ClientError(BundleError):
 
 class StorageError(BundleError):
     """Object storage (S3) refused or could not be reached: no bucket, no credentials, no endpoint."""
+
+
+class DiskFullError(BundleError):
+    """A write ran out of space (or into the process's file-size limit); what it wrote into is as it was."""

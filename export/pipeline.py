@@ -18,6 +18,7 @@ CUDA-vs-CPU difference, or why the check was skipped.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from collections.abc import Callable
@@ -29,7 +30,9 @@ import numpy as np
 import onnx
 
 from bundle.errors import ConfigError, ExportError
+from bundle.staging import RepositoryWrite
 from criteo.tsv import Batch, read_batch
+from export.ensemble import PRECISIONS, dense_model_name, embedding_model_name, ensemble_model_name
 from export.fp16 import convert_to_fp16
 from export.framework import FrameworkExporter, StreamedTables, TorchSource
 from export.onnx_io import save_model
@@ -52,9 +55,11 @@ from export.repository import (
     add_torch_model,
     add_trt_model,
     clear_model,
+    read_report,
     torch_model_name,
     trt_model_name,
     version_dir,
+    write_report,
 )
 
 log = logging.getLogger(__name__)
@@ -217,7 +222,21 @@ def _check_fp32(exporter: FrameworkExporter, path: Path, rows: Batch, options: E
 
 def export_family(exporter: FrameworkExporter, options: ExportOptions) -> list[ExportedModel]:
     """Export ``exporter``'s model as ``<family>_onnx`` (and ``<family>_onnx_fp16``,
-    ``<family>_onnx_int8`` as ``options`` ask).
+    ``<family>_onnx_int8`` as ``options`` ask), all or nothing.
+
+    The models are written and checked in a staging repository beside
+    ``options.repository`` (:class:`bundle.staging.RepositoryWrite`), then moved in, one
+    rename per model folder, under a journal that finishes the moves if this process
+    dies among them. So an export that fails, is interrupted or runs out of space leaves
+    the repository as it was, and a server reading it never sees a half-written model.
+    Afterwards the family's models in the repository are exactly this export's: a model
+    of the family that it did not write (an INT8 variant that failed its gate, a
+    TorchScript or hot/cold model of an earlier export) is removed in the same commit.
+    Each ``export_report.json`` records the run that wrote it (``run``), so variants of
+    one family from two runs are told apart.
+
+    Disk: the earlier models stay until the commit, so the repository's filesystem holds
+    both for the length of the export.
 
     In the gpu profile, also write the config of ``<family>_trt`` (its plan is
     built later by ``python -m export tensorrt``); in the cpu profile, remove a
@@ -245,6 +264,37 @@ def export_family(exporter: FrameworkExporter, options: ExportOptions) -> list[E
         raise ConfigError(
             f"--torch: {exporter.family} is not a PyTorch model; the TorchScript variant is for PyTorch DLRMs"
         )
+    repository = Path(options.repository)
+    family = exporter.family
+    with RepositoryWrite(repository, f"export {family}") as write:
+        staged = dataclasses.replace(options, repository=write.staged)
+        results = _export_family(exporter, staged)
+        run = {"id": write.run_id, "written": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+        for name in family_models(family):
+            if (write.staged / name).is_dir():
+                report = read_report(write.staged, name)
+                if report:
+                    write_report(write.staged, name, {**report, "run": run})
+                write.put(write.staged / name, repository / name)
+            elif (repository / name).exists():
+                write.remove(repository / name)
+        write.commit()
+    return [dataclasses.replace(r, path=repository / r.path.relative_to(write.staged)) for r in results]
+
+
+def family_models(family: str) -> tuple[str, ...]:
+    """Every model name an export of ``family`` may write: an export owns them all."""
+    return (
+        *(ensemble_model_name(family, precision) for precision in PRECISIONS),
+        *(dense_model_name(family, precision) for precision in PRECISIONS),
+        embedding_model_name(family),
+        trt_model_name(family),
+        torch_model_name(family),
+    )
+
+
+def _export_family(exporter: FrameworkExporter, options: ExportOptions) -> list[ExportedModel]:
+    """:func:`export_family` into ``options.repository`` (the staging repository)."""
     rows = check_rows(options.check_data, options.check_rows)
     if options.placement.stream_tables:  # no all-in-graph graph: the tables may not fit in memory
         streamed = place_streamed(exporter, rows, options)

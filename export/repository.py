@@ -28,6 +28,7 @@ from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2 as mc
 
 from bundle.errors import ConfigError
+from bundle.staging import write_file_atomically
 from criteo.schema import INPUTS, OUTPUTS, TensorSpec
 
 CONFIG_NAME = "config.pbtxt"
@@ -379,11 +380,9 @@ def build_torch_config(name: str, serving: ServingConfig) -> mc.ModelConfig:
 
 
 def write_config(model_dir: Path, config: mc.ModelConfig) -> Path:
-    """Write ``config`` as ``model_dir/config.pbtxt``."""
-    model_dir.mkdir(parents=True, exist_ok=True)
-    path = model_dir / CONFIG_NAME
-    path.write_text(text_format.MessageToString(config))
-    return path
+    """Write ``config`` as ``model_dir/config.pbtxt`` (in one rename: a server polling the repository
+    reads the old config or the new one, never a part)."""
+    return write_file_atomically(model_dir / CONFIG_NAME, text_format.MessageToString(config))
 
 
 def read_config(path: Path) -> mc.ModelConfig:
@@ -405,9 +404,7 @@ REPORT_FILE = "export_report.json"
 
 def write_report(repository: Path, name: str, report: dict[str, Any]) -> Path:
     """Write ``report`` as ``<repository>/<name>/export_report.json``."""
-    path = repository / name / REPORT_FILE
-    path.write_text(json.dumps(report, indent=2) + "\n")
-    return path
+    return write_file_atomically(repository / name / REPORT_FILE, json.dumps(report, indent=2) + "\n")
 
 
 def read_report(repository: Path, name: str) -> dict[str, Any]:

@@ -40,6 +40,7 @@ rollout needs memory for two hot sets while both pairs are loaded.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import shutil
 import time
@@ -51,6 +52,7 @@ import numpy as np
 
 from bundle.admin import admin_headers
 from bundle.errors import ConfigError, ExportError
+from bundle.staging import RepositoryWrite
 from criteo.profile import AccessProfile
 from criteo.tsv import Batch, read_batch
 from export.ensemble import (
@@ -352,22 +354,23 @@ def _check(repository: Path, serving: Serving, dense_path: Path, hot: HotSet, ro
     return parity
 
 
-def _write_version(repository: Path, serving: Serving, hot: HotSet, version: int) -> Path:
-    """The new version folders of the stage and the dense model; the dense model's path."""
-    stage_dir = version_dir(repository, serving.stage, version)
+def _write_version(repository: Path, serving: Serving, hot: HotSet, version: int, staged: Path) -> Path:
+    """The new version folders of the stage and the dense model, written under ``staged`` (a tree
+    shaped like the repository); the dense model's path."""
+    stage_dir = version_dir(staged, serving.stage, version)
     stage_dir.mkdir(parents=True)
     for filename in SOURCE_FILES:
         shutil.copyfile(SOURCE_DIR / filename, stage_dir / filename)
     hot.save(stage_dir / HOT_SET_FILE)
     graph = repository / serving.dense / LOOKUP_GRAPH_FILE
     dense = split_lookups(graph, hot, serving.store.spec.table_sizes, rows=serving.store)
-    dense_path = version_dir(repository, serving.dense, version) / MODEL_FILE
+    dense_path = version_dir(staged, serving.dense, version) / MODEL_FILE
     save_model(dense, dense_path)
     return dense_path
 
 
 def _variants(
-    repository: Path, serving: Serving, dense_path: Path, hot: HotSet, version: int, rows: Batch
+    repository: Path, serving: Serving, dense_path: Path, hot: HotSet, version: int, rows: Batch, staged: Path
 ) -> dict[str, ParityResult]:
     """Version ``version`` of each variant's dense model, made from the new FP32 one by its recipe,
     each checked against its serving version.
@@ -382,7 +385,7 @@ def _variants(
     checks = {}
     for precision, recipe in serving.variants.items():
         name, dense = variant_models(serving.family, precision)
-        path = version_dir(repository, dense, version) / MODEL_FILE
+        path = version_dir(staged, dense, version) / MODEL_FILE
         old = version_dir(repository, dense, serving.version) / MODEL_FILE
         build_dense_variant(recipe, dense_path, path, hot, serving.store, rows, "the rollout's check rows")
         if recipe.quantize is not None:
@@ -399,51 +402,23 @@ def _variants(
     return checks
 
 
-class _Switch:
-    """The file changes of a rollout, and how to undo them.
+def _plan_switch(write: RepositoryWrite, repository: Path, serving: Serving, version: int) -> None:
+    """Planned moves: every ensemble's config names ``version`` of both its steps (staged files that
+    replace the served configs, each in one rename)."""
+    for precision in ("", *serving.variants):
+        name = ensemble_model_name(serving.family, precision)
+        config = read_config(repository / name / CONFIG_NAME)
+        steps = build_ensemble_config(serving.family, version, precision).ensemble_scheduling
+        config.ensemble_scheduling.CopyFrom(steps)
+        staged = write_config(write.staged / name, config)
+        write.put(staged, repository / name / CONFIG_NAME)
 
-    Only the ensemble's config changes: the stage's and the dense model's stay as the
-    export wrote them (``latest`` :data:`export.ensemble.VERSIONS_LOADED` versions), so a
-    load of either adds or drops a version without reloading the serving one. A
-    version is dropped by moving its folder to ``<model>/retired/<version>``, where
-    tritonserver does not look (it reads numbered folders only).
-    """
 
-    def __init__(self, repository: Path, serving: Serving, family: str) -> None:
-        self.repository = repository
-        self.serving = serving
-        self.family = family
-        self.originals = {
-            name: (repository / name / CONFIG_NAME).read_text()
-            for name in serving.ensembles  # the FP32 ensemble and each variant's
-        }
-        self.retired: list[tuple[Path, Path]] = []
-
-    def switch(self, version: int) -> None:
-        """Every ensemble runs ``version`` of both its steps."""
-        for precision in ("", *self.serving.variants):
-            name = ensemble_model_name(self.family, precision)
-            config = read_config(self.repository / name / CONFIG_NAME)
-            steps = build_ensemble_config(self.family, version, precision).ensemble_scheduling
-            config.ensemble_scheduling.CopyFrom(steps)
-            write_config(self.repository / name, config)
-
-    def retire(self, version: int) -> None:
-        """Move ``version`` of the stage and of every dense model out of tritonserver's sight."""
-        for name in (self.serving.stage, *self.serving.dense_models):
-            folder = version_dir(self.repository, name, version)
-            target = self.repository / name / RETIRED_FOLDER / str(version)
-            if target.exists():
-                shutil.rmtree(target)
-            target.parent.mkdir(exist_ok=True)
-            folder.rename(target)
-            self.retired.append((folder, target))
-
-    def undo(self) -> None:
-        for folder, target in reversed(self.retired):
-            target.rename(folder)
-        for name, text in self.originals.items():
-            (self.repository / name / CONFIG_NAME).write_text(text)
+def _plan_retire(write: RepositoryWrite, repository: Path, serving: Serving, version: int) -> None:
+    """Planned moves: ``version`` of the stage and of every dense model out of tritonserver's sight,
+    to ``<model>/retired/<version>`` (tritonserver reads numbered folders only)."""
+    for name in (serving.stage, *serving.dense_models):
+        write.put(version_dir(repository, name, version), repository / name / RETIRED_FOLDER / str(version))
 
 
 def _http_client(url: str, timeout_s: float) -> Any:
@@ -476,9 +451,11 @@ def _require(client: Any, name: str, version: int, ready: bool, url: str) -> Non
 
 
 def _apply(
-    changes: _Switch, serving: Serving, version: int, url: str, key: str | None, timeout_s: float
+    write: RepositoryWrite, serving: Serving, version: int, url: str, key: str | None, timeout_s: float
 ) -> None:
-    """Steps 1-3 of the module docstring on the server at ``url``."""
+    """Steps 1-3 of the module docstring on the server at ``url``, each step's moves made before
+    its loads (the write's planned moves: the new versions, the switch, the retirement, then the
+    reports)."""
     from tritonclient.utils import InferenceServerException
 
     headers = admin_headers(key, "http") if key else {}
@@ -492,13 +469,14 @@ def _apply(
             raise ConfigError(f"{url}: the server is not live")
         old = serving.version
         models = (serving.stage, *serving.dense_models)
+        write.apply(len(models))
         for name in models:  # 1: the new pair (and variants) load beside the serving ones
             _load(client, name, headers, url)
             _require(client, name, version, True, url)
-        changes.switch(version)  # 2: the ensembles switch pairs
+        write.apply(len(serving.ensembles))  # 2: the ensembles switch pairs
         for name in serving.ensembles:
             _load(client, name, headers, url)
-        changes.retire(old)  # 3: the old versions unload
+        write.apply()  # 3: the old versions unload
         for name in models:
             _load(client, name, headers, url)
             _require(client, name, old, False, url)
@@ -552,56 +530,57 @@ def roll_out(
         100 * hot.expected_hit_rate,
     )  # fmt: skip
 
-    new_dirs = [version_dir(repository, name, version) for name in (serving.stage, *serving.dense_models)]
-    changes = _Switch(repository, serving, options.family)
-    try:
-        started = time.perf_counter()
-        dense_path = _write_version(repository, serving, hot, version)
+    started = time.perf_counter()
+    with RepositoryWrite(repository, f"rollout-hot-set {serving.name}") as write:
+        dense_path = _write_version(repository, serving, hot, version, write.staged)
         seconds["write"] = time.perf_counter() - started
 
         started = time.perf_counter()
         rows = read_batch(options.check_data, options.check_rows)
         parity = _check(repository, serving, dense_path, hot, rows)
-        variants = _variants(repository, serving, dense_path, hot, version, rows)
+        variants = _variants(repository, serving, dense_path, hot, version, rows, write.staged)
         rates = (serving.hot.hit_rate(rows), hot.hit_rate(rows))
         seconds["check"] = time.perf_counter() - started
 
         started = time.perf_counter()
+        for name in (serving.stage, *serving.dense_models):
+            write.put(version_dir(write.staged, name, version), version_dir(repository, name, version))
+        _plan_switch(write, repository, serving, version)
+        _plan_retire(write, repository, serving, serving.version)
+        result = RolloutResult(
+            serving.name,
+            serving.version,
+            version,
+            hot.rows,
+            hot.bytes_used,
+            hot.expected_hit_rate,
+            rates,
+            parity,
+            options.url is not None,
+            {key: round(value, 3) for key, value in seconds.items()},
+            variants,
+        )
+        _plan_reports(write, repository, serving, result, hot, budget, profile)
+        write.decide()
         if options.url is not None:
-            _apply(changes, serving, version, options.url, options.admin_key, options.timeout_s)
-        else:
-            changes.switch(version)
-            changes.retire(serving.version)
+            _apply(write, serving, version, options.url, options.admin_key, options.timeout_s)
+        write.finish()
         seconds["switch"] = time.perf_counter() - started
-    except BaseException:
-        changes.undo()
-        for folder in new_dirs:
-            shutil.rmtree(folder, ignore_errors=True)
-        raise
-
-    result = RolloutResult(
-        serving.name,
-        serving.version,
-        version,
-        hot.rows,
-        hot.bytes_used,
-        hot.expected_hit_rate,
-        rates,
-        parity,
-        options.url is not None,
-        {key: round(value, 3) for key, value in seconds.items()},
-        variants,
-    )
-    _record(repository, serving, result, budget, profile)
-    return result
+    return dataclasses.replace(result, seconds={key: round(value, 3) for key, value in seconds.items()})
 
 
-def _record(
-    repository: Path, serving: Serving, result: RolloutResult, budget: int, profile: AccessProfile
+def _plan_reports(
+    write: RepositoryWrite,
+    repository: Path,
+    serving: Serving,
+    result: RolloutResult,
+    hot: HotSet,
+    budget: int,
+    profile: AccessProfile,
 ) -> None:
-    """The ensemble's report now describes the new hot set; ``rollouts`` lists every switch."""
+    """Planned moves: the ensemble's report describes the new hot set, ``rollouts`` lists every
+    switch (and each variant's report its own)."""
     report = dict(serving.report)
-    hot = HotSet.load(version_dir(repository, serving.stage, result.new_version) / HOT_SET_FILE)
     report.update(
         {
             "version": result.new_version,
@@ -623,11 +602,11 @@ def _record(
         "seconds": result.seconds,
     }
     report["rollouts"] = [*report.get("rollouts", []), entry]
-    write_report(repository, serving.name, report)
+    write.put(write_report(write.staged, serving.name, report), repository / serving.name / REPORT_FILE)
     for precision, parity in result.variants.items():
         name = variant_models(serving.family, precision)[0]
         variant = read_report(repository, name)
         variant["version"] = result.new_version
         step = {**entry, "parity_vs_old": asdict(parity)}
         variant["rollouts"] = [*variant.get("rollouts", []), step]
-        write_report(repository, name, variant)
+        write.put(write_report(write.staged, name, variant), repository / name / REPORT_FILE)

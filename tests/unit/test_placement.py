@@ -248,7 +248,8 @@ def test_an_fp16_store_passes_the_auc_gate(
     assert abs(result.parity.auc_delta or 0.0) <= options.fp16_auc_tolerance
     assert 0 < result.parity.max_abs_diff < 1e-2  # FP16 rounding of the cold rows, reported
 
-    # The same gate, closed: the export fails and leaves none of the family's entries.
+    # The same gate, closed: the export fails and leaves the repository as it was.
+    before = {path: path.read_bytes() for path in sorted(repository.rglob("*")) if path.is_file()}
     strict = replace(options, fp16_auc_tolerance=1e-12)
     original = placement_module.run_hierarchical
 
@@ -262,7 +263,7 @@ def test_an_fp16_store_passes_the_auc_gate(
         patch.setattr(placement_module, "run_hierarchical", nudged)
         with pytest.raises(ExportError, match="AUC differs by"):
             export_family(_exporter(checkpoint), strict)
-    assert _entries(repository) == set()
+    assert {path: path.read_bytes() for path in sorted(repository.rglob("*")) if path.is_file()} == before
 
 
 def test_a_failed_fp32_check_leaves_nothing(
