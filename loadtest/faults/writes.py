@@ -1,0 +1,271 @@
+"""Writes into a repository interrupted: a command killed with SIGKILL at chosen points, and a
+write that runs out of space.
+
+Each run starts from a copy of a complete repository (``before``), runs a command that
+writes into it (``python -m export dlrm ...``, ``python -m export rollout-hot-set ...``),
+and kills the command's process group when its log reaches a point (a line that matches a
+pattern) or after a delay. Then the bundle's local tritonserver starts on the copy (the
+start finishes or discards the interrupted write, :func:`bundle.staging.recover`) and
+every model of ``before`` is asked the same rows over gRPC. Each answer must equal,
+exactly, the answer of the same model served from ``before`` or from ``after`` (the
+repository the same command wrote without interruption), and the models of one family
+must all be one or all the other: a family whose variants came from two runs is a
+*mixed* outcome. A model that fails to load, or a staging folder left behind, fails the run.
+
+The disk-full run gives the command a file-size limit (``RLIMIT_FSIZE``, no root needed): it
+must stop with one ``error: ... no space left ...`` line and leave the repository byte for
+byte as it was.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import resource
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from bundle.staging import staging_root
+from clients.triton import TritonClient
+from criteo.tsv import Batch
+from loadtest.faults import FaultResult
+from server import LocalServer
+from server.config import ServerConfig
+from server.ports import free_ports
+
+log = logging.getLogger(__name__)
+
+#: Max |served - expected|: the same file served twice answers the same numbers.
+EXACT = 1e-6
+#: The placeholder for the repository in a command's arguments.
+REPOSITORY = "{repository}"
+
+
+@dataclass(frozen=True)
+class KillPoint:
+    """When the writing command dies: at the first log line matching ``pattern`` (None: never
+    waits for a line), after ``delay_s`` more seconds."""
+
+    name: str
+    pattern: str | None = None
+    delay_s: float = 0.0
+
+
+#: Spread over an export's run: start-up, the FP32 graph, FP16, INT8, its check, the commit.
+EXPORT_POINTS = (
+    KillPoint("at start-up (imports)", None, 0.3),
+    KillPoint("writing the FP32 graph", r"exporting \w+ to "),
+    KillPoint("converting to FP16", r"converting .* to FP16"),
+    KillPoint("quantizing to INT8", r"quantizing .* to INT8"),
+    KillPoint("checking INT8", r"quantizing \d+ layers"),
+    KillPoint("moving the models in", r"moving \d+ staged entries"),
+)
+
+#: Spread over a rollout's run (with ``--url``: a server in explicit model-control mode).
+ROLLOUT_POINTS = (
+    KillPoint("at start-up (imports)", None, 0.3),
+    KillPoint("after choosing the hot set", r"hot set version \d+:"),
+    KillPoint("building the variants", r"(converting|quantizing) .* at "),
+    KillPoint("moving the versions in", r"moving \d+ staged entries"),
+    KillPoint("loading the new versions", r"loading \w+_embedding"),
+    KillPoint("loading the switched ensembles", r"loading \w+_onnx"),
+)
+
+
+@dataclass(frozen=True)
+class Killed:
+    """One command run to a kill point: whether it was killed there, and after how long."""
+
+    killed: bool
+    seconds: float
+    returncode: int | None
+    tail: str
+
+
+def run_to(command: Sequence[str], point: KillPoint, env: Mapping[str, str] | None = None) -> Killed:
+    """Run ``command`` (its own process group) and SIGKILL the group at ``point``.
+
+    A command that ends before the point is not killed (``killed`` False).
+    """
+    started = time.monotonic()
+    process = subprocess.Popen(
+        list(command),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=None if env is None else dict(env),
+        start_new_session=True,
+    )
+    assert process.stderr is not None
+    matched = threading.Event()
+    lines: list[str] = []
+    pattern = None if point.pattern is None else re.compile(point.pattern)
+
+    def read() -> None:
+        for line in process.stderr:  # type: ignore[union-attr]
+            lines.append(line)
+            if pattern is not None and pattern.search(line):
+                matched.set()
+        matched.set()  # the command ended (or closed stderr): stop waiting
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    if pattern is not None:
+        matched.wait(timeout=600)
+    if point.delay_s:
+        time.sleep(point.delay_s)
+    killed = process.poll() is None
+    if killed:
+        os.killpg(process.pid, signal.SIGKILL)
+    returncode = process.wait()
+    reader.join(timeout=10)
+    return Killed(killed, time.monotonic() - started, returncode, "".join(lines[-5:]))
+
+
+def served_answers(
+    repository: Path, models: Sequence[str], batch: Batch, log_file: Path, timeout_s: float = 120
+) -> dict[str, np.ndarray]:
+    """Start the local tritonserver on ``repository`` (every model must load) and ask each model the rows."""
+    http, grpc, metrics = free_ports(3)
+    config = ServerConfig(
+        repository, http, grpc, metrics, log_file=log_file, startup_timeout_s=timeout_s
+    )
+    with LocalServer(config).start() as server, TritonClient(server.grpc_url, "grpc") as client:
+        return {name: client.infer(name, batch.inputs()) for name in models}
+
+
+def _same(a: np.ndarray, b: np.ndarray) -> bool:
+    return a.shape == b.shape and bool(np.all(np.abs(a - b) <= EXACT))
+
+
+def classify(
+    answers: Mapping[str, np.ndarray], before: Mapping[str, np.ndarray], after: Mapping[str, np.ndarray]
+) -> dict[str, str]:
+    """Each model's answer as ``before``, ``after``, ``either`` (the two agree) or ``wrong``."""
+    kinds = {}
+    for name, answer in answers.items():
+        old, new = _same(answer, before[name]), _same(answer, after[name])
+        kinds[name] = "either" if old and new else "before" if old else "after" if new else "wrong"
+    return kinds
+
+
+@dataclass(frozen=True)
+class WriteFaults:
+    """What the write faults run on.
+
+    Args:
+        before: a complete repository (copied for each run, never written).
+        command: the writing command, ``REPOSITORY`` where the repository goes.
+        models: the models every run must serve (those of ``before``).
+        rows: the rows each model is asked.
+        what: ``export`` or ``rollout``, for the table.
+        env: the command's environment (None: this process's).
+    """
+
+    before: Path
+    command: tuple[str, ...]
+    models: tuple[str, ...]
+    rows: Batch
+    what: str
+    env: Mapping[str, str] | None = None
+
+    def command_on(self, repository: Path) -> list[str]:
+        return [str(repository) if part == REPOSITORY else part for part in self.command]
+
+
+def _reference(faults: WriteFaults, work: Path) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
+    """The answers served from ``before`` and from the uninterrupted write (in ``work``)."""
+    before = served_answers(faults.before, faults.models, faults.rows, work / "before.log")
+    after_repo = work / "after"
+    shutil.copytree(faults.before, after_repo)
+    done = subprocess.run(faults.command_on(after_repo), capture_output=True, text=True, env=faults.env)
+    if done.returncode != 0:
+        raise RuntimeError(f"the uninterrupted {faults.what} failed: {done.stderr.strip()[-2000:]}")
+    after = served_answers(after_repo, faults.models, faults.rows, work / "after.log")
+    return before, after
+
+
+def interrupted_writes(faults: WriteFaults, points: Sequence[KillPoint]) -> list[FaultResult]:
+    """One :class:`FaultResult` per kill point (see the module docstring)."""
+    results = []
+    with tempfile.TemporaryDirectory(prefix="write-faults-") as tmp:
+        work = Path(tmp)
+        before, after = _reference(faults, work)
+        for index, point in enumerate(points):
+            repository = work / f"run{index}" / "model_repository"
+            shutil.copytree(faults.before, repository)
+            killed = run_to(faults.command_on(repository), point, faults.env)
+            started = time.monotonic()
+            fault = f"{faults.what} killed {point.name}"
+            try:
+                answers = served_answers(repository, faults.models, faults.rows, work / f"run{index}.log")
+            except Exception as exc:  # the server did not start: a model that was there is lost
+                results.append(FaultResult(fault, f"server failed to start: {exc}", 0, 1, 0, None, False))
+                continue
+            recovery = time.monotonic() - started
+            kinds = classify(answers, before, after)
+            wrong = sum(kind == "wrong" for kind in kinds.values())
+            states = set(kinds.values()) - {"either"}
+            mixed = len(states) > 1
+            left = staging_root(repository).exists()
+            state = "/".join(sorted(states)) or "either"
+            seen = (
+                f"{'killed' if killed.killed else 'finished before the point'} after {killed.seconds:.1f} s; "
+                f"server started, {len(answers)} models answer as {state}"
+                + ("; variants MIXED" if mixed else "")
+                + ("; staging left" if left else "")
+            )
+            results.append(
+                FaultResult(fault, seen, len(answers), 0, wrong, recovery, not (wrong or mixed or left))
+            )
+            log.info("%s: %s", fault, seen)
+    return results
+
+
+def _limit_file_size(limit: int) -> None:
+    resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+
+
+def _snapshot(root: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+def disk_full(faults: WriteFaults, limit_bytes: int = 64 * 1024) -> FaultResult:
+    """The command with a file-size limit of ``limit_bytes`` on a copy of ``before``."""
+    with tempfile.TemporaryDirectory(prefix="write-faults-") as tmp:
+        repository = Path(tmp) / "model_repository"
+        shutil.copytree(faults.before, repository)
+        snapshot = _snapshot(repository)
+        done = subprocess.run(
+            faults.command_on(repository),
+            capture_output=True,
+            text=True,
+            env=None if faults.env is None else dict(faults.env),
+            preexec_fn=lambda: _limit_file_size(limit_bytes),
+        )
+        errors = [line for line in done.stderr.splitlines() if line.startswith("error:")]
+        last = done.stderr.strip()[-300:]
+        seen = errors[-1] if errors else f"exit {done.returncode}, no error line: {last}"
+        unchanged = _snapshot(repository) == snapshot and not staging_root(repository).exists()
+        answers = served_answers(repository, faults.models, faults.rows, Path(tmp) / "server.log")
+        before = served_answers(faults.before, faults.models, faults.rows, Path(tmp) / "before.log")
+        wrong = sum(not _same(answers[name], before[name]) for name in faults.models)
+    ok = done.returncode == 1 and len(errors) == 1 and "no space left" in seen and unchanged and not wrong
+    fault = f"{faults.what} out of space (file-size limit {limit_bytes // 1024} KiB)"
+    return FaultResult(fault, seen, len(answers), 0, wrong, None, ok)
+
+
+def python_module(*args: str) -> tuple[str, ...]:
+    """``python -m *args`` with this interpreter."""
+    return (sys.executable, "-m", *args)

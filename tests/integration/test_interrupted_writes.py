@@ -1,0 +1,164 @@
+"""Writes into a served repository, interrupted: through the real CLIs and the real tritonserver.
+
+- ``python -m export dlrm`` of a second checkpoint into a repository that holds a complete
+  export of a first one, killed with SIGKILL at six points from start-up to its commit.
+- ``python -m export rollout-hot-set`` of a hot/cold DLRM with FP16 and INT8 variants,
+  killed at six points, with ``--url`` against a server in explicit model-control mode.
+- The export with a file-size limit (a full disk, without root).
+
+After each kill the local tritonserver starts on the repository (its start finishes or
+discards the interrupted write), every model that was there loads, and each answers
+exactly as before or exactly as the uninterrupted command made it, all of a family the
+same (:mod:`loadtest.faults.writes`). A rollout does not move an answer, so there both
+agree; there the point is that every ensemble, stage and dense model still loads.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from criteo.schema import NUM_CATEGORICAL
+from criteo.synth import SynthConfig, write_tsv
+from criteo.tsv import read_batch
+from loadtest.faults import FaultResult
+from loadtest.faults.writes import (
+    EXPORT_POINTS,
+    REPOSITORY,
+    ROLLOUT_POINTS,
+    WriteFaults,
+    disk_full,
+    interrupted_writes,
+    python_module,
+    run_to,
+    served_answers,
+)
+from server import LocalServer
+from server.security import generate_admin_key
+from tests.cli import run_module as _run
+
+pytestmark = pytest.mark.integration
+
+StartTriton = Callable[..., LocalServer]
+
+FAMILY_MODELS = ("dlrm_onnx", "dlrm_onnx_fp16", "dlrm_onnx_int8")
+TABLE_SIZES = ",".join(str(60 + 23 * t) for t in range(NUM_CATEGORICAL))
+
+
+def _check(results: list[FaultResult], points: int) -> None:
+    assert len(results) == points
+    for result in results:
+        assert result.ok and result.wrong == 0, result
+    print("\n".join(f"{r.fault}: {r.seen}" for r in results))
+
+
+@pytest.fixture(scope="module")
+def checkpoints(tmp_path_factory: pytest.TempPathFactory, labeled_file: Path) -> dict[str, Path]:
+    """Two tiny DLRMs of the same shape trained from different seeds: their answers differ."""
+    root = tmp_path_factory.mktemp("interrupted")
+    out = {}
+    for name, seed in (("first", "1"), ("second", "2")):
+        out[name] = root / name
+        _run("models", "train", "dlrm", "--data", str(labeled_file), "--preset", "tiny", "--table-sizes",
+             TABLE_SIZES, "--seed", seed, "--out", str(out[name]))  # fmt: skip
+    return out
+
+
+def _export_args(checkpoint: Path, labeled_file: Path) -> list[str]:
+    return ["export", "dlrm", "--checkpoint", str(checkpoint), "--check-data", str(labeled_file),
+            "--check-rows", "1024", "--int8-auc-tolerance", "1.0"]  # fmt: skip
+
+
+def test_an_export_killed_at_six_points_leaves_one_complete_family(
+    checkpoints: dict[str, Path], labeled_file: Path, tmp_path: Path
+) -> None:
+    before = tmp_path / "model_repository"
+    _run(*_export_args(checkpoints["first"], labeled_file), "--repository", str(before))
+    rows = read_batch(labeled_file, 64)
+    faults = WriteFaults(
+        before,
+        python_module(*_export_args(checkpoints["second"], labeled_file), "--repository", REPOSITORY),
+        FAMILY_MODELS,
+        rows,
+        "export",
+    )
+    first = served_answers(before, FAMILY_MODELS, rows, tmp_path / "first.log")
+    results = interrupted_writes(faults, EXPORT_POINTS)
+    _check(results, len(EXPORT_POINTS))
+    # The two checkpoints answer differently, so "as before or as after" says something.
+    second = tmp_path / "second"
+    _run(*_export_args(checkpoints["second"], labeled_file), "--repository", str(second))
+    answers = served_answers(second, FAMILY_MODELS, rows, tmp_path / "second.log")
+    assert all(not np.allclose(first[name], answers[name], atol=1e-4) for name in FAMILY_MODELS)
+    # Both states occur: the early points leave the first export, the last one the second.
+    seen = " ".join(r.seen for r in results)
+    assert "as before" in seen and "as after" in seen, seen
+    runs = {
+        json.loads((second / name / "export_report.json").read_text())["run"]["id"] for name in FAMILY_MODELS
+    }
+    assert len(runs) == 1, "every model of one export records the same run"
+
+
+def test_an_export_out_of_space_is_one_line_and_changes_nothing(
+    checkpoints: dict[str, Path], labeled_file: Path, tmp_path: Path
+) -> None:
+    before = tmp_path / "model_repository"
+    _run(*_export_args(checkpoints["first"], labeled_file), "--repository", str(before))
+    faults = WriteFaults(
+        before,
+        python_module(*_export_args(checkpoints["second"], labeled_file), "--repository", REPOSITORY),
+        FAMILY_MODELS,
+        read_batch(labeled_file, 16),
+        "export",
+    )
+    result = disk_full(faults)
+    assert result.ok, result
+    assert result.seen.startswith("error: no space left on the device"), result.seen
+
+
+def test_a_rollout_killed_at_six_points_leaves_every_model_serving(
+    start_triton: StartTriton, checkpoints: dict[str, Path], labeled_file: Path, tmp_path: Path
+) -> None:
+    before = tmp_path / "model_repository"
+    _run(*_export_args(checkpoints["first"], labeled_file), "--repository", str(before), "--hot-budget", "8K")
+    assert (
+        json.loads((before / "dlrm_onnx" / "export_report.json").read_text())["placement"] == "hierarchical"
+    )
+    fresh = tmp_path / "fresh.tsv"
+    write_tsv(SynthConfig(rows=3_000, seed=29, exponent=0.8), fresh)
+    rollout = ["export", "rollout-hot-set", "--repository", REPOSITORY, "--family", "dlrm", "--profile-data",
+               str(fresh), "--check-data", str(labeled_file), "--check-rows", "512"]  # fmt: skip
+    rows = read_batch(labeled_file, 64)
+    # Files only: the points up to the moves (the later ones need a server to load into).
+    files_only = WriteFaults(before, python_module(*rollout), FAMILY_MODELS, rows, "rollout")
+    _check(interrupted_writes(files_only, ROLLOUT_POINTS[:4]), 4)
+
+    # Against a live server in explicit model-control mode: killed while it loads.
+    key = generate_admin_key()
+    for point in ROLLOUT_POINTS[4:]:
+        repository = tmp_path / point.name.replace(" ", "_") / "model_repository"
+        shutil.copytree(before, repository)
+        server = start_triton(
+            repository, model_control_mode="explicit", load_models=FAMILY_MODELS, admin_key=key
+        )
+        live = WriteFaults(
+            before,
+            python_module(*rollout, "--url", server.http_url),
+            FAMILY_MODELS,
+            rows,
+            "rollout",
+            env={**os.environ, "TRITON_ADMIN_KEY": key},
+        )
+        killed = run_to(live.command_on(repository), point, live.env)
+        assert killed.killed, killed.tail
+        server.stop()
+        answers = served_answers(repository, FAMILY_MODELS, rows, tmp_path / f"{point.name}.log")
+        reference = served_answers(before, FAMILY_MODELS, rows, tmp_path / "before.log")
+        for name in FAMILY_MODELS:
+            np.testing.assert_allclose(answers[name], reference[name], rtol=0, atol=1e-6)
