@@ -8,7 +8,7 @@ Commands:
 - ``report``: rewrite the CSV, PNGs and report.md of a report.json.
 - ``roofline``: this machine's sgemm ceiling, a model's FLOPs per sample, and its in-process and
   served throughput as fractions of that ceiling, in one run.
-- ``soak``, ``client-cost``, ``precision``, ``serving-defaults``: the benchmarks whose committed
+- ``soak``, ``client-cost``, ``precision``, ``serving-defaults``, ``faults``: the benchmarks whose committed
   results live under ``benchmarks/`` (see :mod:`loadtest.commands`).
 - ``tune``: search serving configs and client loads within a p99 budget (:mod:`loadtest.tune`).
 - ``demo``: the whole path on this machine, data to load test (``make demo``).
@@ -308,6 +308,7 @@ app.command("serving-defaults")(commands.serving_defaults)
 app.command()(commands.gpu)
 app.command()(commands.kernels)
 app.command()(commands.tune)
+app.command()(commands.faults)
 app.command()(commands.demo)
 
 

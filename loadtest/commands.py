@@ -7,6 +7,7 @@
 - ``kernels``: each CUDA kernel's GPU time in one call of a model (:mod:`loadtest.kernels`).
 - ``gpu``: served and in-process samples/s of every variant on the served device (:mod:`loadtest.gpu`).
 - ``tune``: the fastest serving config and client load within a p99 budget (:mod:`loadtest.tune`).
+- ``faults``: crashes, damaged files, interrupted writes, a full disk (:mod:`loadtest.faults`).
 - ``demo``: the whole path on this machine (what ``make demo`` runs).
 
 Each builds its options object and calls the library function of its module;
@@ -379,3 +380,26 @@ def demo(
     from loadtest.demo import DemoOptions, run_demo
 
     run_demo(DemoOptions(workdir, repository, rows, preset, table_size, tolerance, report, sweep_seconds))
+
+
+def faults(
+    out: Annotated[Path, typer.Option(help="Folder for result.json and result.md.")] = Path("reports/faults"),
+    work: Annotated[
+        Path | None,
+        typer.Option(help="Where the workspace of models and copies goes (default: a temporary folder)."),
+    ] = None,
+    keep: Annotated[
+        bool, typer.Option("--keep/--no-keep", help="Keep the workspace (server logs) afterwards.")
+    ] = False,
+) -> None:
+    """Try every fault of the fault table on tiny models made for it; write the table.
+
+    Crashes under load (a python-backend stub of a plain model and of the hot/cold stage,
+    tritonserver itself), damaged files (row store, model files, config), an export and a
+    rollout killed at six points each, and an export out of space. Exits 1 if any fault
+    gave a wrong answer, lost a model or did not recover in time.
+    """
+    from loadtest.faults.table import measure
+
+    table = measure(command_line("loadtest"), out, work, keep)
+    print(f"{len(table.results)} faults, every target met: {out / 'result.md'}")

@@ -42,7 +42,6 @@ from criteo.tsv import Batch
 from loadtest.faults import FaultResult
 from server import LocalServer
 from server.config import ServerConfig
-from server.ports import free_ports
 
 log = logging.getLogger(__name__)
 
@@ -137,10 +136,7 @@ def served_answers(
     repository: Path, models: Sequence[str], batch: Batch, log_file: Path, timeout_s: float = 120
 ) -> dict[str, np.ndarray]:
     """Start the local tritonserver on ``repository`` (every model must load) and ask each model the rows."""
-    http, grpc, metrics = free_ports(3)
-    config = ServerConfig(
-        repository, http, grpc, metrics, log_file=log_file, startup_timeout_s=timeout_s
-    )
+    config = ServerConfig.with_free_ports(repository, log_file=log_file, startup_timeout_s=timeout_s)
     with LocalServer(config).start() as server, TritonClient(server.grpc_url, "grpc") as client:
         return {name: client.infer(name, batch.inputs()) for name in models}
 
@@ -229,6 +225,65 @@ def interrupted_writes(faults: WriteFaults, points: Sequence[KillPoint]) -> list
             results.append(
                 FaultResult(fault, seen, len(answers), 0, wrong, recovery, not (wrong or mixed or left))
             )
+            log.info("%s: %s", fault, seen)
+    return results
+
+
+def interrupted_live(
+    before: Path,
+    arguments: Sequence[str],
+    models: Sequence[str],
+    rows: Batch,
+    points: Sequence[KillPoint],
+    admin_key: str,
+) -> list[FaultResult]:
+    """A command that loads into a live server (``python -m export rollout-hot-set ... --url``),
+    killed at each of ``points``: the server (explicit model control, ``models`` loaded) is then
+    stopped and a new one started on the repository, which must serve ``models`` as ``before`` did.
+
+    Args:
+        before: the complete repository (copied for each run).
+        arguments: the command after ``python -m``, ``REPOSITORY`` where the repository goes; ``--url``
+            is added.
+        models: the models loaded and asked (answers that a completed command does not move).
+        rows: the rows asked.
+        points: the kill points.
+        admin_key: the server's admin key, given to the command as ``TRITON_ADMIN_KEY``.
+    """
+    results = []
+    with tempfile.TemporaryDirectory(prefix="write-faults-") as tmp:
+        work = Path(tmp)
+        expected = served_answers(before, models, rows, work / "before.log")
+        for index, point in enumerate(points):
+            repository = work / f"live{index}" / "model_repository"
+            shutil.copytree(before, repository)
+            config = ServerConfig.with_free_ports(
+                repository,
+                log_file=work / f"live{index}-server.log",
+                model_control_mode="explicit",
+                load_models=tuple(models),
+                admin_key=admin_key,
+            )
+            fault = f"rollout on a live server killed {point.name}"
+            with LocalServer(config).start() as server:
+                command = [*python_module(*arguments), "--url", server.http_url]
+                command = [str(repository) if part == REPOSITORY else part for part in command]
+                killed = run_to(command, point, {**os.environ, "TRITON_ADMIN_KEY": admin_key})
+            started = time.monotonic()
+            try:
+                answers = served_answers(repository, models, rows, work / f"live{index}.log")
+            except Exception as exc:
+                results.append(FaultResult(fault, f"server failed to start: {exc}", 0, 1, 0, None, False))
+                continue
+            wrong = sum(classify(answers, expected, expected)[name] == "wrong" for name in models)
+            left = staging_root(repository).exists()
+            seen = (
+                f"{'killed' if killed.killed else 'finished before the point'} after {killed.seconds:.1f} s; "
+                f"server restarted, {len(answers)} models answer as before"
+                + ("; staging left" if left else "")
+            )
+            results.append(FaultResult(fault, seen, len(answers), 0, wrong, time.monotonic() - started,
+                                       killed.killed and not (wrong or left)))  # fmt: skip
             log.info("%s: %s", fault, seen)
     return results
 

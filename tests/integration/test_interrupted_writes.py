@@ -16,9 +16,6 @@ agree; there the point is that every ensemble, stage and dense model still loads
 from __future__ import annotations
 
 import json
-import os
-import shutil
-from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -34,18 +31,15 @@ from loadtest.faults.writes import (
     ROLLOUT_POINTS,
     WriteFaults,
     disk_full,
+    interrupted_live,
     interrupted_writes,
     python_module,
-    run_to,
     served_answers,
 )
-from server import LocalServer
 from server.security import generate_admin_key
 from tests.cli import run_module as _run
 
 pytestmark = pytest.mark.integration
-
-StartTriton = Callable[..., LocalServer]
 
 FAMILY_MODELS = ("dlrm_onnx", "dlrm_onnx_fp16", "dlrm_onnx_int8")
 TABLE_SIZES = ",".join(str(60 + 23 * t) for t in range(NUM_CATEGORICAL))
@@ -123,7 +117,7 @@ def test_an_export_out_of_space_is_one_line_and_changes_nothing(
 
 
 def test_a_rollout_killed_at_six_points_leaves_every_model_serving(
-    start_triton: StartTriton, checkpoints: dict[str, Path], labeled_file: Path, tmp_path: Path
+    checkpoints: dict[str, Path], labeled_file: Path, tmp_path: Path
 ) -> None:
     before = tmp_path / "model_repository"
     _run(*_export_args(checkpoints["first"], labeled_file), "--repository", str(before), "--hot-budget", "8K")
@@ -140,25 +134,5 @@ def test_a_rollout_killed_at_six_points_leaves_every_model_serving(
     _check(interrupted_writes(files_only, ROLLOUT_POINTS[:4]), 4)
 
     # Against a live server in explicit model-control mode: killed while it loads.
-    key = generate_admin_key()
-    for point in ROLLOUT_POINTS[4:]:
-        repository = tmp_path / point.name.replace(" ", "_") / "model_repository"
-        shutil.copytree(before, repository)
-        server = start_triton(
-            repository, model_control_mode="explicit", load_models=FAMILY_MODELS, admin_key=key
-        )
-        live = WriteFaults(
-            before,
-            python_module(*rollout, "--url", server.http_url),
-            FAMILY_MODELS,
-            rows,
-            "rollout",
-            env={**os.environ, "TRITON_ADMIN_KEY": key},
-        )
-        killed = run_to(live.command_on(repository), point, live.env)
-        assert killed.killed, killed.tail
-        server.stop()
-        answers = served_answers(repository, FAMILY_MODELS, rows, tmp_path / f"{point.name}.log")
-        reference = served_answers(before, FAMILY_MODELS, rows, tmp_path / "before.log")
-        for name in FAMILY_MODELS:
-            np.testing.assert_allclose(answers[name], reference[name], rtol=0, atol=1e-6)
+    live = interrupted_live(before, rollout, FAMILY_MODELS, rows, ROLLOUT_POINTS[4:], generate_admin_key())
+    _check(live, len(ROLLOUT_POINTS) - 4)
