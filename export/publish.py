@@ -23,6 +23,7 @@ from typing import Any, TypeVar
 
 from bundle.errors import ConfigError, StorageError
 from bundle.s3 import S3Url
+from bundle.staging import RepositoryWrite
 from export.repository import CONFIG_NAME, read_config
 from server.stages.embedding.hot_cold_lookup import PARAM_ROW_STORE
 
@@ -115,12 +116,20 @@ def _check_bucket(client: Any, url: S3Url, action: str) -> None:
 
 
 def _repository_files(repository: Path) -> list[tuple[str, Path]]:
-    """``(relative posix path, file)`` of every file under ``repository``, sorted."""
+    """``(relative posix path, file)`` of every file under ``repository``, in upload order: model by
+    model, each model's version folders (weights, row store) before the files beside them
+    (``config.pbtxt`` last), so that a model whose upload was cut short keeps its old config."""
     files = []
-    for path in sorted(repository.rglob("*")):
+    for path in repository.rglob("*"):
         if path.is_file():
             files.append((path.relative_to(repository).as_posix(), path))
-    return files
+
+    def order(item: tuple[str, Path]) -> tuple[str, int, str]:
+        parts = item[0].split("/")
+        beside = len(parts) == 2  # <model>/<file>: its config and report
+        return parts[0], (2 if parts[-1] == CONFIG_NAME else 1) if beside else 0, item[0]
+
+    return sorted(files, key=order)
 
 
 def check_repository(repository: Path) -> list[str]:
@@ -161,6 +170,13 @@ def _remote_keys(client: Any, url: S3Url) -> Iterator[tuple[str, int]]:
 def publish_repository(repository: Path, url: S3Url, delete: bool = False) -> TransferResult:
     """Upload every file of ``repository`` to ``url`` (the key of each is its path inside the folder).
 
+    Object storage has no rename, so a publish is not all-or-nothing across objects: each object
+    is replaced whole, model by model, a model's weights before its ``config.pbtxt``, and stale
+    objects (``delete``) go last, after every upload succeeded. A replica that starts while a
+    publish runs may see some models old and some new. To switch replicas at once, publish each
+    release under a prefix of its own (``s3://bucket/releases/<id>``) and roll the deployment's
+    ``--model-repository`` to it; ``fetch`` into a folder is all-or-nothing.
+
     Args:
         repository: a model repository folder.
         url: where it goes; the bucket must exist.
@@ -200,7 +216,11 @@ def publish_repository(repository: Path, url: S3Url, delete: bool = False) -> Tr
 
 
 def fetch_repository(url: S3Url, target: Path) -> TransferResult:
-    """Download the repository at ``url`` into the folder ``target`` (created; files there are replaced).
+    """Download the repository at ``url`` into the folder ``target`` (created), all or nothing.
+
+    The objects download into a staging folder beside ``target``
+    (:class:`bundle.staging.RepositoryWrite`); only when all arrived does each model folder
+    replace its namesake in ``target`` (other models there stay), one rename each.
 
     Raises:
         StorageError: as for :func:`publish_repository`, or nothing is stored under the prefix.
@@ -211,15 +231,19 @@ def fetch_repository(url: S3Url, target: Path) -> TransferResult:
     objects = [(key, size) for key, size in objects if not key.endswith("/")]
     if not objects:
         raise StorageError(f"{url} holds no objects: publish a repository there first")
-    root = target.resolve()
     total = 0
-    for key, size in objects:
-        relative = key[len(url.key_prefix) :]
-        path = (root / relative).resolve()
-        if not path.is_relative_to(root):
-            raise StorageError(f"{url}: object {key!r} would be written outside {target}")
-        path.parent.mkdir(parents=True, exist_ok=True)
-        _call(url, "download from", functools.partial(client.download_file, url.bucket, key, str(path)))
-        total += size
+    with RepositoryWrite(target, f"fetch {url}") as write:
+        root = write.staged.resolve()
+        for key, size in objects:
+            relative = key[len(url.key_prefix) :]
+            path = (root / relative).resolve()
+            if not path.is_relative_to(root) or path == root:
+                raise StorageError(f"{url}: object {key!r} would be written outside {target}")
+            path.parent.mkdir(parents=True, exist_ok=True)
+            _call(url, "download from", functools.partial(client.download_file, url.bucket, key, str(path)))
+            total += size
+        for entry in sorted(root.iterdir()):
+            write.put(entry, Path(target) / entry.name)
+        write.commit()
     log.info("fetched %d files (%d bytes) from %s into %s", len(objects), total, url, target)
     return TransferResult(url=url, files=len(objects), bytes=total)
