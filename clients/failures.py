@@ -5,7 +5,7 @@ status such as ``"404"`` or a gRPC code such as ``"StatusCode.NOT_FOUND"``),
 and transport failures as the transport's own exceptions
 (``ConnectionRefusedError`` from the sync HTTP client, ``aiohttp`` errors from
 the asyncio one). This module classifies them, so that retries happen on
-UNAVAILABLE only, and turns them into :class:`~bundle.errors.ClientError`.
+UNAVAILABLE (and a model being reloaded) only, and turns them into :class:`~bundle.errors.ClientError`.
 """
 
 from __future__ import annotations
@@ -84,9 +84,10 @@ def is_unavailable(exc: BaseException) -> bool:
 
     True for gRPC UNAVAILABLE, HTTP 503, a refused connection and a connection
     the server dropped (inference has no side effects, so sending it again is
-    safe); False for everything else, INVALID_ARGUMENT and NOT_FOUND included,
-    and for a call refused by a restricted API (Triton answers those with gRPC
-    UNAVAILABLE).
+    safe), and for the two answers tritonserver 2.51 gives while a model whose
+    backend process died is being reloaded (:func:`is_model_reloading`); False for
+    everything else, INVALID_ARGUMENT and an unknown model included, and for a call
+    refused by a restricted API (Triton answers those with gRPC UNAVAILABLE).
     """
     if is_restricted(exc):
         return False
@@ -95,7 +96,26 @@ def is_unavailable(exc: BaseException) -> bool:
         or is_connection_dropped(exc)
         or grpc_code(exc) == _UNAVAILABLE_GRPC
         or http_status(exc) == _UNAVAILABLE_HTTP
+        or is_model_reloading(exc)
     )
+
+
+#: tritonserver's text for a known model none of whose versions is ready (loading or unloading).
+_NO_VERSION_READY = "has no available versions"
+#: ... and for an instance whose python-backend stub process died (before the server reloads it).
+_DEAD_STUB = ("Stub process", "is not healthy")
+
+
+def is_model_reloading(exc: BaseException) -> bool:
+    """Whether a known model cannot answer for now: none of its versions is ready (NOT_FOUND "has no
+    available versions", while it unloads or loads), or its backend process has just died (INTERNAL
+    "Stub process ... is not healthy", which the local server turns into a reload, and compose and
+    Kubernetes into a restart). tritonserver 2.51 answers neither with UNAVAILABLE."""
+    text = message(exc)
+    if is_not_found(exc):
+        return _NO_VERSION_READY in text
+    internal = grpc_code(exc) == "INTERNAL" or http_status(exc) == 500
+    return internal and all(part in text for part in _DEAD_STUB)
 
 
 def is_restricted(exc: BaseException) -> bool:

@@ -1,4 +1,9 @@
-"""``python -m server serve --repository DIR|s3://...``: the local tritonserver, in the foreground."""
+"""``python -m server serve --repository DIR|s3://...``: the local tritonserver, in the foreground.
+
+A model whose python stub dies is reloaded (``--model-control-mode explicit``) or the
+command stops the server and exits 1 with one line naming the model (``none``), for a
+supervisor to restart it; ``--on-dead-model`` chooses (see :mod:`server.dead_models`).
+"""
 
 from __future__ import annotations
 
@@ -14,6 +19,7 @@ import typer
 from bundle.cli import new_app, run
 from bundle.errors import ServerError
 from server.config import DEFAULT_LOG_FILE, ModelControlMode, ServerConfig
+from server.dead_models import DeadModelAction
 from server.launcher import LocalServer
 from server.security import ADMIN_HEADER, ADMIN_KEY_ENV, GRPC_ADMIN_HEADER, read_admin_key
 
@@ -83,7 +89,8 @@ def serve_forever(config: ServerConfig) -> int:
         tritonserver's exit code; 0 after a requested stop.
 
     Raises:
-        ServerError: it could not start, or it exited without being asked to.
+        ServerError: it could not start, it exited without being asked to, or it
+            was taken out of service because a model lost its python stub.
     """
     server = LocalServer(config)
     previous = {sig: signal.signal(sig, _request_stop) for sig in _STOP_SIGNALS}
@@ -92,8 +99,10 @@ def serve_forever(config: ServerConfig) -> int:
         try:
             server.start()
             _print_summary(server)
-            while server.running:
-                time.sleep(0.5)
+            while server.running and server.failure is None:
+                time.sleep(0.2)
+            if server.failure is not None:
+                raise ServerError(server.failure)
             raise ServerError(
                 f"tritonserver exited on its own with code {server.returncode} (log: {server.log_file})"
             )
@@ -159,6 +168,13 @@ def serve(
             help="Serve a non-loopback --address without an admin key (anyone reaching it can load models).",
         ),
     ] = False,
+    on_dead_model: Annotated[
+        DeadModelAction | None,
+        typer.Option(
+            help="When a model's backend process dies: reload the model (explicit model control only), or "
+            "stop the server and exit 1 naming it. Default: reload with explicit model control, else stop."
+        ),
+    ] = None,
 ) -> None:
     """Start tritonserver, wait until its models are ready, run until Ctrl-C or SIGTERM.
 
@@ -178,6 +194,7 @@ def serve(
         log_verbose=log_verbose,
         admin_key=read_admin_key(admin_key_file),
         allow_open_admin_apis=allow_open_admin_apis,
+        on_dead_model=on_dead_model,
     )
     code = serve_forever(config)
     if code != 0:

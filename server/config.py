@@ -11,6 +11,7 @@ from typing import Any
 
 from bundle.errors import ConfigError
 from bundle.s3 import S3Url, is_s3_url
+from server.dead_models import DeadModelAction
 from server.ports import free_ports
 from server.security import DEFAULT_RESTRICTED_APIS, check_admin_key, check_restricted_apis
 
@@ -56,10 +57,13 @@ class ModelControlMode(enum.StrEnum):
 
     ``none`` loads every model in the repository at start and never reloads;
     ``explicit`` loads only the models named by ``load_models`` (or later
-    through the repository API).
+    through the repository API); ``poll`` loads every model and reloads the ones
+    whose files change (every ``--repository-poll-secs``, 15 s by default: give it
+    in ``extra_args``).
     """
 
     NONE = "none"
+    POLL = "poll"
     EXPLICIT = "explicit"
 
 
@@ -103,6 +107,10 @@ class ServerConfig:
         allow_open_admin_apis: serve on a non-loopback ``address`` without an
             admin key; refused by default, because anyone who reaches the port
             could then load and unload models and register shared memory.
+        on_dead_model: what the launcher does when a model's python stub dies
+            (:mod:`server.dead_models`): ``reload`` it (explicit model control
+            only: tritonserver refuses the repository API otherwise) or ``stop``
+            the server; None: ``reload`` with explicit model control, else ``stop``.
     """
 
     repository: Path | str
@@ -120,6 +128,7 @@ class ServerConfig:
     admin_key: str | None = field(default=None, repr=False)
     restricted_apis: tuple[str, ...] = DEFAULT_RESTRICTED_APIS
     allow_open_admin_apis: bool = False
+    on_dead_model: DeadModelAction | None = None
 
     def __post_init__(self) -> None:
         # Accept str paths and lists from callers, store canonical types so the
@@ -162,6 +171,22 @@ class ServerConfig:
             flag = arg.split("=", 1)[0]
             if flag in _MANAGED_FLAGS:
                 raise ConfigError(f"extra_args must not set {flag}: the launcher sets it from ServerConfig")
+        if self.on_dead_model is not None:
+            try:
+                object.__setattr__(self, "on_dead_model", DeadModelAction(self.on_dead_model))
+            except ValueError:
+                choices = ", ".join(action.value for action in DeadModelAction)
+                raise ConfigError(
+                    f"on_dead_model must be one of {choices}, got {self.on_dead_model!r}"
+                ) from None
+            if (
+                self.on_dead_model is DeadModelAction.RELOAD
+                and self.model_control_mode is not ModelControlMode.EXPLICIT
+            ):
+                raise ConfigError(
+                    "on_dead_model 'reload' needs model_control_mode 'explicit' "
+                    "(tritonserver refuses to load or unload a model otherwise)"
+                )
         object.__setattr__(self, "restricted_apis", check_restricted_apis(self.restricted_apis))
         if self.admin_key is not None:
             check_admin_key(self.admin_key)
@@ -170,6 +195,15 @@ class ServerConfig:
                 f"address {self.address} exposes the admin APIs ({', '.join(self.restricted_apis)}) "
                 f"beyond this machine: set an admin key (TRITON_ADMIN_KEY), or allow_open_admin_apis"
             )
+
+    @property
+    def dead_model_action(self) -> DeadModelAction:
+        """``on_dead_model``, or its default for the model control mode."""
+        if self.on_dead_model is not None:
+            return self.on_dead_model
+        if self.model_control_mode is ModelControlMode.EXPLICIT:
+            return DeadModelAction.RELOAD
+        return DeadModelAction.STOP
 
     @property
     def restricted(self) -> bool:

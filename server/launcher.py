@@ -6,6 +6,10 @@ Typical use (tests, the demo, load tests)::
     with LocalServer(config) as server:        # returns once every model is READY
         client = tritonclient.grpc.InferenceServerClient(server.grpc_url)
         ...
+
+Once ready, the server watches its models' python stubs (:mod:`server.dead_models`):
+a model whose stub died is reloaded (explicit model control) or the server is taken
+out of service (``failure`` names the model), so a dead model never looks healthy.
 """
 
 from __future__ import annotations
@@ -20,22 +24,32 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import IO, Any
 
 from bundle.errors import ServerError
 from bundle.s3 import S3Url
+from bundle.staging import recover
 from server.config import ServerConfig
+from server.dead_models import DeadModel, DeadModelAction, Recovery, StubWatch
 from server.installation import TritonInstallation
 from server.ports import ensure_ports_free
 from server.preflight import check_stub_environment
 from server.probes import ModelStatus, ServerProbe
 from server.processes import stub_regions, tree_rss, unlink_regions
 from server.security import admin_headers, redact, restricted_api_args
-from server.triton_log import last_error, model_failures, read_tail, repository_failures, service_failures
+from server.triton_log import (
+    last_error,
+    model_failures,
+    models_left_unloading,
+    read_tail,
+    repository_failures,
+    service_failures,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -86,6 +100,14 @@ class LocalServer:
         self._backend_dir: Path | None = None
         # Regions of python stubs killed with SIGKILL: nobody else removes them.
         self._orphan_regions: list[str] = []
+        self._watch: StubWatch | None = None
+        self._stopping = False
+        # Instances whose stub died: tritonserver may never release them (see stop()).
+        self._dead_instances = 0
+        self._killed_after_drain = False
+        self._failure: str | None = None
+        self._recoveries: list[Recovery] = []
+        self._stop_lock = threading.RLock()
         headers = admin_headers(config.admin_key, "http") if config.admin_key else None
         self._probe = ServerProbe(config.address, config.http_port, headers=headers)
 
@@ -107,8 +129,24 @@ class LocalServer:
 
     @property
     def returncode(self) -> int | None:
-        """tritonserver's exit code once it has exited, else None."""
-        return None if self._process is None else self._process.poll()
+        """tritonserver's exit code once it has exited, else None.
+
+        0 too when ``stop()`` killed it once only instances whose stub had died were left.
+        """
+        if self._process is None:
+            return None
+        code = self._process.poll()
+        return 0 if code is not None and self._killed_after_drain else code
+
+    @property
+    def failure(self) -> str | None:
+        """Why the server took itself out of service (a model lost its stub), in one line; else None."""
+        return self._failure
+
+    @property
+    def recoveries(self) -> list[Recovery]:
+        """The models it reloaded after their stub died, in order."""
+        return list(self._recoveries)
 
     @property
     def _client_host(self) -> str:
@@ -201,6 +239,9 @@ class LocalServer:
             if not config.repository.is_dir():
                 what = "is not a directory" if config.repository.exists() else "does not exist"
                 raise ServerError(f"model repository {config.repository} {what}")
+            # A write into the repository that its process did not finish (an export or rollout
+            # killed among its renames) is finished, an unfinished one discarded, before Triton reads it.
+            recover(config.repository)
             check_stub_environment(config.repository, config.load_models)
         else:
             # tritonserver downloads the repository itself; its configs are not here to check.
@@ -275,6 +316,7 @@ class LocalServer:
                 raise self._exit_error(code)
             if self._probe.is_ready():
                 logger.info("tritonserver pid %d ready after %.1f s", process.pid, time.monotonic() - started)
+                self._start_watch(process.pid)
                 return
             if self._config.remote:
                 # A repository it cannot read leaves tritonserver running, not live, with
@@ -335,7 +377,11 @@ class LocalServer:
     def stop(self, sig: int = signal.SIGTERM, timeout: float | None = None) -> int | None:
         """Ask tritonserver to exit with ``sig``; kill it if it does not in time.
 
-        Safe to call more than once, and on a server that already exited.
+        Safe to call more than once, from any thread, and on a server that already exited.
+        When a model's stub had died, tritonserver 2.51 may never release that instance
+        and would wait out its whole exit timeout, then exit 1: once its log says that
+        only such instances are left (requests drained, every other model unloaded),
+        this kills it instead and reports 0.
 
         Args:
             sig: the signal to send (SIGTERM or SIGINT: tritonserver drains
@@ -347,24 +393,55 @@ class LocalServer:
             tritonserver's exit code (negative: killed by that signal), or None
             if it was never started.
         """
-        process = self._process
-        if process is None:
-            return None
-        if process.poll() is None:
-            wait_s = self._config.exit_timeout_s + _KILL_GRACE_S if timeout is None else timeout
-            logger.info("stopping tritonserver pid %d (%s)", process.pid, signal.Signals(sig).name)
-            process.send_signal(sig)
+        with self._stop_lock:
+            process = self._process
+            if process is None:
+                return None
+            self._stopping = True  # from here the watch reacts to nothing
+            if process.poll() is None:
+                wait_s = self._config.exit_timeout_s + _KILL_GRACE_S if timeout is None else timeout
+                logger.info("stopping tritonserver pid %d (%s)", process.pid, signal.Signals(sig).name)
+                process.send_signal(sig)
+                self._wait_exit(process, wait_s)
+                logger.info("tritonserver pid %d exited with code %s", process.pid, self.returncode)
+            # After the exit: a reload in progress in the watch's thread ends with the server.
+            if self._watch is not None:
+                self._watch.stop()
+            self._cleanup_files()
+            return self.returncode
+
+    def _wait_exit(self, process: subprocess.Popen[bytes], wait_s: float) -> None:
+        deadline = time.monotonic() + wait_s
+        while True:
             try:
-                process.wait(timeout=wait_s)
+                process.wait(
+                    timeout=_POLL_INTERVAL_S
+                    if self._dead_instances
+                    else max(0.0, deadline - time.monotonic())
+                )
+                return
             except subprocess.TimeoutExpired:
+                pass
+            left = (
+                models_left_unloading(read_tail(self.log_file, 64 * 1024)) if self._dead_instances else None
+            )
+            if left is not None and left <= self._dead_instances:
+                logger.info(
+                    "tritonserver pid %d: only %d model instance(s) whose python stub died are left, which "
+                    "tritonserver cannot release; killing it instead of waiting out its exit timeout",
+                    process.pid,
+                    left,
+                )
+                self._killed_after_drain = True
+            elif time.monotonic() < deadline:
+                continue
+            else:
                 logger.warning(
                     "tritonserver pid %d still running after %.0f s; killing it", process.pid, wait_s
                 )
-                self._kill_group(process)
-                process.wait()
-            logger.info("tritonserver pid %d exited with code %s", process.pid, process.returncode)
-        self._cleanup_files()
-        return process.returncode
+            self._kill_group(process)
+            process.wait()
+            return
 
     def kill(self) -> None:
         """SIGKILL tritonserver and its python stubs (its process group) now.
@@ -373,6 +450,7 @@ class LocalServer:
         ``stop()`` afterwards reaps the process and removes its files.
         """
         process = self._process
+        self._stopping = True
         # returncode stays None until the process is reaped, so until then its
         # pid (and group id) cannot have been reused by another process.
         if process is not None and process.returncode is None:
@@ -396,6 +474,52 @@ class LocalServer:
         if self._process is None:
             raise ServerError("tritonserver was not started; call start() first")
         return self._process
+
+    def _start_watch(self, pid: int) -> None:
+        if self._watch is None and not self._stopping:
+            self._watch = StubWatch(pid, self._probe, self._on_dead_models).start()
+
+    def _on_dead_models(self, dead: Sequence[DeadModel]) -> None:
+        """Reload each model whose stub died, or take the server out of service (the watch's thread)."""
+        if self._stopping:
+            return
+        for model in dead:
+            self._dead_instances += len(model.stubs)
+        if self._config.dead_model_action is DeadModelAction.STOP:
+            described = "; ".join(model.describe() for model in dead)
+            mode = self._config.model_control_mode.value
+            self._take_out_of_service(
+                f"{described}: stopped the server, since {mode} model control cannot reload a model "
+                f"(log: {self.log_file})"
+            )
+            return
+        for model in dead:
+            if self._stopping:
+                return
+            logger.warning("%s; reloading it", model.describe())
+            try:
+                # Unloading first turns the server's and the model's readiness non-200 at once.
+                self._probe.unload_model(model.model)
+                self._probe.load_model(model.model, self._config.startup_timeout_s)
+            except ServerError as exc:
+                if not self._stopping:
+                    self._take_out_of_service(
+                        f"{model.describe()} and could not be reloaded: {exc}; stopped the server"
+                    )
+                return
+            recovery = Recovery(model.model, model.version, model.seen_at, time.monotonic())
+            self._recoveries.append(recovery)
+            logger.warning(
+                "model '%s' reloaded, ready again %.1f s after its stub died", model.model, recovery.seconds
+            )
+
+    def _take_out_of_service(self, line: str) -> None:
+        """Record ``line`` as the failure and ask tritonserver to stop: readiness turns non-200 at once."""
+        self._failure = line
+        logger.error("%s", line)
+        process = self._process
+        if process is not None and process.poll() is None and not self._stopping:
+            process.send_signal(signal.SIGTERM)
 
     def _kill_group(self, process: subprocess.Popen[bytes]) -> None:
         # The process was started in its own session, so its pid is the group

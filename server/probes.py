@@ -83,6 +83,10 @@ class ServerProbe:
         """Whether the server is ready: with strict readiness, every model loaded."""
         return self._status_ok("/v2/health/ready")
 
+    def is_model_ready(self, name: str) -> bool:
+        """Whether the server says model ``name`` (its latest version) is ready to serve."""
+        return self._status_ok(f"/v2/models/{quote(name, safe='')}/ready")
+
     def _json(self, method: str, path: str, timeout_s: float | None = None) -> Any:
         try:
             status, body = self._request(method, path, timeout_s)

@@ -7,6 +7,13 @@ growing). tritonserver removes them when it stops; when it is killed with
 SIGKILL they stay in ``/dev/shm`` (RAM) for good. The region's name is the
 stub's second argument, so the launcher reads the names before it kills and
 removes exactly those regions afterwards, never another server's.
+
+A stub's argv also names what it serves: its first argument is the model file
+(``<repository>/<model>/<version>/model.onnx`` or ``model.py``), its eighth the
+instance (``<model>_<group>_<index>``). tritonserver 2.51 never reaps a stub that
+died on its own (killed, out of memory): it stays a zombie child while the model
+still reports READY. :func:`stub_processes` reports both, which is what
+:mod:`server.dead_models` watches.
 """
 
 from __future__ import annotations
@@ -15,6 +22,7 @@ import contextlib
 import logging
 import re
 from collections.abc import Iterable
+from dataclasses import dataclass
 from pathlib import Path
 
 import psutil
@@ -46,6 +54,66 @@ def stub_regions(pid: int) -> list[str]:
             if len(argv) > 2 and Path(argv[0]).name == _STUB_NAME and _REGION_NAME.fullmatch(argv[2]):
                 names.append(argv[2])
     return names
+
+
+@dataclass(frozen=True)
+class StubProcess:
+    """One python-backend stub of a tritonserver, as its argv describes it.
+
+    Args:
+        pid: the stub's process id.
+        model: the model it serves (the model file's grandparent folder).
+        version: the model version (the model file's folder).
+        instance: the model instance's name, e.g. ``dlrm_onnx_0_0``.
+        region: its shared-memory region's name (in ``/dev/shm``).
+    """
+
+    pid: int
+    model: str
+    version: str
+    instance: str
+    region: str
+
+
+def _stub_from_argv(pid: int, argv: list[str]) -> StubProcess | None:
+    # argv: stub, model file, region, shm sizes (2), parent pid, lib dir, ipc handle, instance, ...
+    if len(argv) < 9 or Path(argv[0]).name != _STUB_NAME or not _REGION_NAME.fullmatch(argv[2]):
+        return None
+    model_file = Path(argv[1])
+    return StubProcess(pid, model_file.parent.parent.name, model_file.parent.name, argv[8], argv[2])
+
+
+def stub_processes(pid: int) -> tuple[list[StubProcess], set[int]]:
+    """tritonserver ``pid``'s python stubs: the running ones, and the pids of dead ones.
+
+    Args:
+        pid: tritonserver's process id.
+
+    Returns:
+        The running stubs (argv read), and the pids of its children that are zombies
+        (processes that exited and that tritonserver has not reaped: their argv can no
+        longer be read, so a caller matches them with stubs it saw running). Both
+        empty when tritonserver is gone.
+    """
+    try:
+        children = psutil.Process(pid).children()
+    except psutil.Error:
+        return [], set()
+    running, zombies = [], set()
+    for child in children:
+        try:
+            if child.status() == psutil.STATUS_ZOMBIE:
+                zombies.add(child.pid)
+                continue
+            stub = _stub_from_argv(child.pid, child.cmdline())
+        except psutil.ZombieProcess:
+            zombies.add(child.pid)
+            continue
+        except psutil.Error:
+            continue  # exited while being read: the next look sees how
+        if stub is not None:
+            running.append(stub)
+    return running, zombies
 
 
 def unlink_regions(names: Iterable[str], directory: Path = SHM_DIR) -> list[str]:

@@ -60,3 +60,29 @@ def last_error(text: str) -> str:
 def repository_failures(text: str) -> list[str]:
     """Why tritonserver could not read its model repository (e.g. an unreachable S3 endpoint)."""
     return [reason.strip() for reason in _REPOSITORY_FAILED.findall(text)]
+
+
+# server.cc, once a second while a stopping tritonserver waits for its models to unload:
+# "Timeout 9: Found 2 live models and 0 in-flight non-inference requests"
+_UNLOAD_WAIT = re.compile(
+    r"Timeout -?\d+: Found (\d+) live models and (\d+) in-flight non-inference requests"
+)
+_UNLOADING_STARTED = "All models are stopped, unloading models"
+
+
+def models_left_unloading(text: str) -> int | None:
+    """How many models a stopping tritonserver still waits for, from its last unload-wait line.
+
+    Returns:
+        The count of live models, once in-flight inferences are done, tritonserver is
+        unloading its models and no non-inference request is in flight; None before
+        that (or when the log does not say).
+    """
+    started = text.rfind(_UNLOADING_STARTED)
+    if started < 0:
+        return None
+    waits = _UNLOAD_WAIT.findall(text, started)
+    if not waits:
+        return None
+    live, requests = waits[-1]
+    return int(live) if int(requests) == 0 else None

@@ -16,11 +16,16 @@ agree; there the point is that every ensemble, stage and dense model still loads
 from __future__ import annotations
 
 import json
+import shutil
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
 import pytest
 
+from clients.reference import OnnxReference
+from clients.retry import RetryPolicy
 from criteo.schema import NUM_CATEGORICAL
 from criteo.synth import SynthConfig, write_tsv
 from criteo.tsv import read_batch
@@ -36,11 +41,16 @@ from loadtest.faults.writes import (
     python_module,
     served_answers,
 )
+from loadtest.soak import Case, Endpoint, checked_load
+from server import LocalServer
 from server.security import generate_admin_key
 from tests.cli import run_module as _run
 
 pytestmark = pytest.mark.integration
 
+StartTriton = Callable[..., LocalServer]
+
+MODEL = "dlrm_onnx"
 FAMILY_MODELS = ("dlrm_onnx", "dlrm_onnx_fp16", "dlrm_onnx_int8")
 TABLE_SIZES = ",".join(str(60 + 23 * t) for t in range(NUM_CATEGORICAL))
 
@@ -136,3 +146,51 @@ def test_a_rollout_killed_at_six_points_leaves_every_model_serving(
     # Against a live server in explicit model-control mode: killed while it loads.
     live = interrupted_live(before, rollout, FAMILY_MODELS, rows, ROLLOUT_POINTS[4:], generate_admin_key())
     _check(live, len(ROLLOUT_POINTS) - 4)
+
+
+def test_an_export_into_a_polled_repository_never_loads_a_half_written_model(
+    start_triton: StartTriton, checkpoints: dict[str, Path], labeled_file: Path, tmp_path: Path
+) -> None:
+    """A server in poll mode (every second) under checked load while the export of the second
+    checkpoint replaces the first: every answer is the first's or the second's, the server never
+    fails a load, and in the end it serves the second."""
+    repository = tmp_path / "model_repository"
+    quick = ["--no-fp16", "--no-int8"]
+    _run(*_export_args(checkpoints["first"], labeled_file), *quick, "--repository", str(repository))
+    second = tmp_path / "second"
+    _run(*_export_args(checkpoints["second"], labeled_file), *quick, "--repository", str(second))
+    references = {
+        "first": OnnxReference(_copy_model(repository, tmp_path / "first.onnx")),
+        "second": OnnxReference(_copy_model(second, tmp_path / "second.onnx")),
+    }
+    rows = read_batch(labeled_file, 48)
+    cases = [
+        Case(MODEL, batch, {label: ref.predict(batch) for label, ref in references.items()})
+        for batch in (rows.slice(0, 1), rows.slice(1, 17), rows.slice(17, 48))
+    ]
+    server = start_triton(repository, model_control_mode="poll", extra_args=("--repository-poll-secs=1",))
+    endpoints = [Endpoint(server.grpc_url, "grpc"), Endpoint(server.http_url, "http")]
+    retry = RetryPolicy(max_tries=20, initial_backoff_s=0.05, max_backoff_s=0.5)
+    loop = checked_load(endpoints, cases, rate=60.0, retry=retry, timeout_s=10)
+    with loop:
+        _wait_for(lambda: loop.total.labels["first"] >= 30, "answers of the first export")
+        _run(*_export_args(checkpoints["second"], labeled_file), *quick, "--repository", str(repository))
+        _wait_for(lambda: loop.total.labels["second"] >= 30, "the polling server to serve the second export")
+    stats = loop.total
+    assert stats.wrong == 0 and stats.errors == 0, stats.summary()
+    log = server.log_file.read_text()
+    assert "failed to load" not in log and "successfully loaded 'dlrm_onnx'" in log.replace('"', "'"), log[
+        -2000:
+    ]
+
+
+def _copy_model(repository: Path, to: Path) -> Path:
+    return Path(shutil.copyfile(repository / MODEL / "1" / "model.onnx", to))
+
+
+def _wait_for(condition: Callable[[], bool], what: str, timeout_s: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        if time.monotonic() > deadline:
+            pytest.fail(f"timed out after {timeout_s} s waiting for {what}")
+        time.sleep(0.05)

@@ -436,3 +436,19 @@ def test_repository_models_lists_only_models_that_take_the_schema(tmp_path: Path
     model("dlrm_dense", [DENSE_INPUT, "hot_slots", "cold_positions", "cold_rows"])
     model("dlrm_embedding", [CATEGORICAL_INPUT])
     assert repository_models(tmp_path) == ["dlrm_onnx_fp16"]
+
+
+def test_a_model_being_reloaded_is_retried_and_an_unknown_one_is_not() -> None:
+    from tritonclient.utils import InferenceServerException
+
+    from clients.failures import is_model_reloading, is_unavailable
+
+    reloading = InferenceServerException(
+        "Request for unknown model: 'dlrm_onnx' has no available versions", status="StatusCode.NOT_FOUND"
+    )
+    dead = InferenceServerException("Stub process 'dlrm_onnx_0_0' is not healthy.", status="500")
+    unknown = InferenceServerException("Request for unknown model: 'nope' is not found", status="404")
+    broken = InferenceServerException("Failed to process the request", status="StatusCode.INTERNAL")
+    assert is_model_reloading(reloading) and is_unavailable(reloading)
+    assert is_model_reloading(dead) and is_unavailable(dead)
+    assert not is_unavailable(unknown) and not is_unavailable(broken)

@@ -17,19 +17,23 @@ No Docker and no root: the file is read the way Compose reads it, then checked.
 from __future__ import annotations
 
 import copy
+import http.server
 import importlib.resources
 import json
 import os
 import re
 import subprocess
 import sys
-from collections.abc import Mapping
+import threading
+from collections.abc import Iterator, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import jsonschema
 import pytest
 import yaml
+
+from server.ports import free_ports
 
 ROOT = Path(__file__).resolve().parents[2]
 COMPOSE_FILE = ROOT / "docker-compose.yml"
@@ -266,8 +270,10 @@ def test_mounts_of_the_checkout_are_read_only(services: dict[str, Any]) -> None:
 def test_server_health_start_order_and_hardening(services: dict[str, Any]) -> None:
     for name in SERVERS:
         server = services[name]
-        check = " ".join(server["healthcheck"]["test"])
-        assert "/v2/health/ready" in check and "8000" in check, name
+        test = server["healthcheck"]["test"]
+        # Not the ready endpoint alone: one tiny inference per served model, then a restart on an error.
+        assert test[:3] == ["CMD", "python3", "-c"] and test[4:] == ["restart", "8000", "/models"], name
+        assert "/v2/health/ready" in test[3] and "/infer" in test[3], name
         assert server["healthcheck"]["retries"] >= 1
         assert "--model-repository=/models" in server["command"]
         assert "--metrics-config=summary_latencies=true" in server["command"], "p50/p99 panels need summaries"
@@ -340,3 +346,113 @@ def test_there_is_no_default_admin_key_and_compose_refuses_to_run_without_one() 
         with pytest.raises(InterpolationError) as refused:
             _load(env)
         assert "set TRITON_ADMIN_KEY" in str(refused.value) and "openssl rand -hex 32" in str(refused.value)
+
+
+# ----------------------------------------------------------- the health check, run
+class _FakeTriton(http.server.BaseHTTPRequestHandler):
+    """Answers like tritonserver: ready, metadata of three models, and inference on them.
+
+    ``dlrm_onnx`` is served (the schema's inputs); ``dlrm_embedding`` (a stage) and
+    ``dlrm_dense`` (a hot/cold dense model) are not, and are never sent inference.
+    """
+
+    infer_status = 200
+    inferred: ClassVar[list[str]] = []
+    METADATA: ClassVar[dict[str, list[tuple[str, str, list[int]]]]] = {
+        "dlrm_onnx": [("dense_features", "FP32", [-1, 13]), ("categorical_ids", "INT64", [-1, 26])],
+        "dlrm_embedding": [("categorical_ids", "INT64", [-1, 26])],
+        "dlrm_dense": [("dense_features", "FP32", [-1, 13]), ("hot_slots", "INT64", [-1, 26])],
+    }
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+    def _answer(self, status: int, body: Any) -> None:
+        data = json.dumps(body).encode()
+        self.send_response(status)
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def do_GET(self) -> None:
+        if self.path in ("/v2/health/ready", "/v2/health/live"):
+            self._answer(200, None)
+            return
+        name = self.path.removeprefix("/v2/models/")
+        inputs = [{"name": n, "datatype": t, "shape": d} for n, t, d in self.METADATA[name]]
+        self._answer(200, {"name": name, "inputs": inputs})
+
+    def do_POST(self) -> None:
+        request = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        name = self.path.removeprefix("/v2/models/").removesuffix("/infer")
+        shapes = {tensor["name"]: (tensor["shape"], len(tensor["data"])) for tensor in request["inputs"]}
+        assert shapes == {"dense_features": ([1, 13], 13), "categorical_ids": ([1, 26], 26)}
+        type(self).inferred.append(name)
+        if self.infer_status == 200:
+            self._answer(200, {"outputs": [{"name": "click_probability", "data": [0.5]}]})
+        else:
+            self._answer(self.infer_status, {"error": "Stub process 'dlrm_onnx_0_0' is not healthy."})
+
+
+@pytest.fixture()
+def fake_triton(tmp_path: Path) -> Iterator[tuple[int, Path]]:
+    models = tmp_path / "models"
+    for name in _FakeTriton.METADATA:
+        (models / name).mkdir(parents=True)
+        (models / name / "config.pbtxt").write_text(f'name: "{name}"\n')
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _FakeTriton)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    _FakeTriton.inferred = []
+    try:
+        yield server.server_address[1], models
+    finally:
+        server.shutdown()
+        thread.join()
+        _FakeTriton.infer_status = 200
+
+
+def _health(services: dict[str, Any], mode: str, port: int, models: Path) -> subprocess.CompletedProcess[str]:
+    """The compose health check's script, run here (never in mode ``restart``: it signals PID 1)."""
+    assert mode in ("ready", "live")
+    script = services["tritonserver"]["healthcheck"]["test"][3]
+    env = {key: value for key, value in os.environ.items() if key != "TRITON_ADMIN_KEY"}
+    return subprocess.run(
+        [sys.executable, "-c", script, mode, str(port), str(models)],
+        capture_output=True, text=True, timeout=30, env=env, check=False,
+    )  # fmt: skip
+
+
+def test_health_check_infers_on_each_served_model(
+    services: dict[str, Any], fake_triton: tuple[int, Path]
+) -> None:
+    port, models = fake_triton
+    done = _health(services, "ready", port, models)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert _FakeTriton.inferred == ["dlrm_onnx"], "stages and dense models are reached through their ensemble"
+    assert done.stdout.strip() == "healthy: dlrm_onnx"
+
+
+def test_health_check_fails_naming_a_model_whose_backend_died(
+    services: dict[str, Any], fake_triton: tuple[int, Path]
+) -> None:
+    port, models = fake_triton
+    _FakeTriton.infer_status = 500
+    for mode in ("ready", "live"):
+        done = _health(services, mode, port, models)
+        assert done.returncode == 1, mode
+        assert done.stdout.strip() == (
+            'model dlrm_onnx answers HTTP 500: {"error": "Stub process \'dlrm_onnx_0_0\' is not healthy."}'
+        )
+
+
+def test_health_check_liveness_tolerates_a_busy_model_readiness_does_not(
+    services: dict[str, Any], fake_triton: tuple[int, Path]
+) -> None:
+    port, models = fake_triton
+    _FakeTriton.infer_status = 503
+    assert _health(services, "ready", port, models).returncode == 1
+    assert _health(services, "live", port, models).returncode == 0
+    for mode in ("ready", "live"):
+        down = _health(services, mode, free_ports(1)[0], models)
+        assert down.returncode == 1 and down.stdout.startswith("tritonserver not healthy:"), mode

@@ -152,14 +152,28 @@ def test_server_image_and_flags_match_compose(overlay: str) -> None:
     assert ports == {"http": 8000, "grpc": 8001, "metrics": 8002}
 
 
+def _compose_health_script() -> str:
+    """The script of docker-compose.yml's health check (tests/unit/test_compose.py runs it)."""
+    compose = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
+    return str(compose["x-triton"]["healthcheck"]["test"][3])
+
+
 @pytest.mark.parametrize("overlay", OVERLAYS)
-def test_probes_use_tritons_health_endpoints(overlay: str) -> None:
+def test_probes_infer_on_every_served_model_like_the_compose_health_check(overlay: str) -> None:
     server = _server(overlay)
-    for probe, path in (("startupProbe", "/v2/health/ready"), ("readinessProbe", "/v2/health/ready"),
-                        ("livenessProbe", "/v2/health/live")):  # fmt: skip
-        assert server[probe]["httpGet"] == {"path": path, "port": "http"}, probe
+    assert server["startupProbe"]["httpGet"] == {"path": "/v2/health/ready", "port": "http"}
     startup = server["startupProbe"]
     assert startup["periodSeconds"] * startup["failureThreshold"] >= 600, "model downloads take minutes"
+    # The ready and live endpoints stay 200 while a model whose backend died fails every request:
+    # both probes send one tiny inference per served model, with the compose check's very script.
+    for probe, mode in (("readinessProbe", "ready"), ("livenessProbe", "live")):
+        command = server[probe]["exec"]["command"]
+        assert command[:3] == ["python3", "-c", _compose_health_script()] and command[3:] == [mode, "8000"], (
+            probe
+        )
+        assert server[probe]["timeoutSeconds"] >= 5, f"{probe}: python3 and one inference per model"
+    # The script lists the served models with the repository index, which needs the admin key.
+    assert "TRITON_ADMIN_KEY" in _env(server)
 
 
 def test_gpu_overlay_requests_a_gpu_and_builds_plans_before_serving() -> None:

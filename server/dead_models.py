@@ -1,0 +1,182 @@
+"""Dead models: a python-backend stub that died while its model still reports READY.
+
+Each instance of a python-backend model (here: every model, since the local
+``onnxruntime`` and ``pytorch`` backends and the bundle's stages are python-based)
+runs in a ``triton_python_backend_stub`` process. When that process dies (SIGKILL,
+the kernel's out-of-memory killer, a crash in native code), tritonserver 2.51 goes on
+saying READY for the model and for itself (``/v2/health/ready``, the model's ready
+endpoint and the repository index all answer as before), and answers every request
+to the model with ``INTERNAL: Stub process '<instance>' is not healthy.``, for good.
+A version of that model that has answered such a request can never be unloaded
+either, so tritonserver then waits out its whole ``--exit-timeout-secs`` on SIGTERM
+and exits 1. Later Triton releases mark such a model not ready; none restarts it.
+
+:class:`StubWatch` finds such a stub: it looks at tritonserver's children every
+``interval_s`` (a ``/proc`` read, about a millisecond), remembers every running stub
+by pid, and reports a stub that became a zombie (tritonserver never reaps one that
+died on its own) while the repository index still says its model version is READY
+(a stub that exits because its model unloads does so while the version is
+UNLOADING, and is reaped at once). What happens then is the launcher's
+:class:`DeadModelAction`:
+
+- ``reload`` (the default with explicit model control): unload the model, so that
+  readiness (the server's and the model's) turns non-200 at once, then load it
+  again; about 1.5 s for a tiny model. Requests meanwhile get ``NOT_FOUND: ... has
+  no available versions`` (tritonserver 2.51's answer for a model without a ready
+  version). The dead instance stays behind, unreleased, until the server stops;
+  the launcher then kills tritonserver once only such instances are left, instead
+  of waiting out the exit timeout.
+- ``stop`` (the default with ``none`` model control, where tritonserver refuses
+  the repository API): take the server out of service. tritonserver is stopped
+  (readiness turns non-200 at once, in-flight requests to the other models finish),
+  and ``python -m server serve`` exits 1 with one line naming the model, for a
+  supervisor (systemd, a container's restart policy) to start it again.
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from bundle.errors import ServerError
+from server.probes import ServerProbe
+from server.processes import StubProcess, stub_processes
+
+logger = logging.getLogger(__name__)
+
+#: How often the watch looks at tritonserver's children.
+WATCH_INTERVAL_S = 0.2
+
+
+class DeadModelAction(enum.StrEnum):
+    """What the local server does when a model's python stub dies (see the module docstring)."""
+
+    RELOAD = "reload"
+    STOP = "stop"
+
+
+@dataclass(frozen=True)
+class DeadModel:
+    """A model version whose python stub(s) died while it was READY.
+
+    Args:
+        model: the model's name.
+        version: its version.
+        stubs: the stubs that died (pid, instance, shared-memory region).
+        seen_at: ``time.monotonic()`` when the watch saw them dead.
+    """
+
+    model: str
+    version: str
+    stubs: tuple[StubProcess, ...]
+    seen_at: float
+
+    def describe(self) -> str:
+        """``model 'dlrm_onnx' version 1 lost its backend process (stub dlrm_onnx_0_0, pid 123)``."""
+        stubs = ", ".join(f"stub {stub.instance}, pid {stub.pid}" for stub in self.stubs)
+        return f"model '{self.model}' version {self.version} lost its backend process ({stubs})"
+
+
+@dataclass(frozen=True)
+class Recovery:
+    """One dead model the local server brought back, with when.
+
+    Args:
+        model: the model's name.
+        version: the version whose stub died.
+        seen_at: ``time.monotonic()`` when the watch saw the stub dead.
+        ready_at: ``time.monotonic()`` when the reloaded model was READY again.
+    """
+
+    model: str
+    version: str
+    seen_at: float
+    ready_at: float
+
+    @property
+    def seconds(self) -> float:
+        """From the dead stub seen to the model ready again."""
+        return self.ready_at - self.seen_at
+
+
+class StubWatch:
+    """Watches tritonserver ``pid``'s python stubs in a thread; reports the ones that died.
+
+    Args:
+        pid: tritonserver's process id.
+        probe: asks the repository index whether a dead stub's model version is READY.
+        on_dead: called in the watch's thread with the dead model versions of one look;
+            an exception it raises is logged, and the watch goes on.
+        interval_s: seconds between looks.
+    """
+
+    def __init__(
+        self,
+        pid: int,
+        probe: ServerProbe,
+        on_dead: Callable[[Sequence[DeadModel]], None],
+        interval_s: float = WATCH_INTERVAL_S,
+    ) -> None:
+        self._pid = pid
+        self._probe = probe
+        self._on_dead = on_dead
+        self._interval_s = interval_s
+        self._known: dict[int, StubProcess] = {}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name=f"stub-watch-{pid}", daemon=True)
+
+    def start(self) -> StubWatch:
+        """Take note of the running stubs, then watch them in a daemon thread."""
+        self.look()
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        """Stop watching; waits for the thread unless called from it (from ``on_dead``)."""
+        self._stop.set()
+        if self._thread.is_alive() and threading.current_thread() is not self._thread:
+            self._thread.join()
+
+    def look(self) -> list[DeadModel]:
+        """One look: remember the running stubs, return the versions whose stubs died since.
+
+        A zombie stub whose version the index no longer calls READY exited because the
+        version unloads; it is forgotten. When the index cannot be read, the dead stubs
+        are kept for the next look.
+        """
+        running, zombies = stub_processes(self._pid)
+        for stub in running:
+            self._known.setdefault(stub.pid, stub)
+        died = [self._known.pop(pid) for pid in sorted(zombies) if pid in self._known]
+        if not died:
+            return []
+        seen_at = time.monotonic()
+        try:
+            ready = {(m.name, m.version) for m in self._probe.repository_index() if m.state == "READY"}
+        except ServerError as exc:
+            logger.debug("repository index unreadable; dead stubs kept for the next look: %s", exc)
+            self._known.update((stub.pid, stub) for stub in died)
+            return []
+        by_version: dict[tuple[str, str], list[StubProcess]] = {}
+        for stub in died:
+            if (stub.model, stub.version) in ready:
+                by_version.setdefault((stub.model, stub.version), []).append(stub)
+            else:
+                logger.debug("stub %s (pid %d) exited with its unloading model", stub.instance, stub.pid)
+        return [
+            DeadModel(model, version, tuple(stubs), seen_at) for (model, version), stubs in by_version.items()
+        ]
+
+    def _run(self) -> None:
+        while not self._stop.wait(self._interval_s):
+            dead = self.look()
+            if not dead or self._stop.is_set():
+                continue
+            try:
+                self._on_dead(dead)
+            except Exception:  # the watch must outlive one failed reaction; logged in full
+                logger.exception("handling dead model(s) %s failed", ", ".join(d.model for d in dead))
