@@ -66,7 +66,13 @@ from export.repository import (
 )
 from export.row_store import RowStore
 from server.stages.embedding import SOURCE_DIR, SOURCE_FILES
-from server.stages.embedding.hot_cold_lookup import PARAM_HOT_SET, PARAM_ROW_STORE, PARAM_TABLE_SIZES
+from server.stages.embedding.hot_cold_lookup import (
+    PARAM_HOT_SET,
+    PARAM_ROW_STORE,
+    PARAM_ROW_STORE_FINGERPRINT,
+    PARAM_TABLE_SIZES,
+    STORE_FINGERPRINT_KEY,
+)
 
 #: Suffix of a family's embedding stage (``dlrm_embedding``).
 EMBEDDING_SUFFIX = "_embedding"
@@ -371,6 +377,9 @@ def write_embedding_stage(
         shutil.copyfile(hot_set_path, target)
     reference = store_path or store_reference(Path(store_dir), repository, folder)
     config = build_embedding_config(name, sizes, store.spec.width, reference, HOT_SET_FILE, instances)
+    fingerprint = store.description.get(STORE_FINGERPRINT_KEY, "")
+    if fingerprint:  # the stage refuses another store under the same path (a store of another export)
+        config.parameters[PARAM_ROW_STORE_FINGERPRINT].string_value = str(fingerprint)
     return write_config(repository / name, config)
 
 

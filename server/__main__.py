@@ -175,6 +175,14 @@ def serve(
             "stop the server and exit 1 naming it. Default: reload with explicit model control, else stop."
         ),
     ] = None,
+    allow_failed_models: Annotated[
+        bool,
+        typer.Option(
+            "--allow-failed-models",
+            help="Serve the models that load when others fail (a damaged file, a config that does not "
+            "parse): each failed one is named in one line; the server's readiness stays non-200.",
+        ),
+    ] = False,
 ) -> None:
     """Start tritonserver, wait until its models are ready, run until Ctrl-C or SIGTERM.
 
@@ -195,6 +203,7 @@ def serve(
         admin_key=read_admin_key(admin_key_file),
         allow_open_admin_apis=allow_open_admin_apis,
         on_dead_model=on_dead_model,
+        allow_failed_models=allow_failed_models,
     )
     code = serve_forever(config)
     if code != 0:

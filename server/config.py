@@ -111,6 +111,10 @@ class ServerConfig:
             (:mod:`server.dead_models`): ``reload`` it (explicit model control
             only: tritonserver refuses the repository API otherwise) or ``stop``
             the server; None: ``reload`` with explicit model control, else ``stop``.
+        allow_failed_models: start even when some models fail to load (a damaged file, a
+            config that does not parse): each is named in one warning line and the others
+            serve; the server's readiness stays non-200 (``--strict-readiness``), each
+            served model's own ready endpoint says 200. False: such a start is an error.
     """
 
     repository: Path | str
@@ -129,6 +133,7 @@ class ServerConfig:
     restricted_apis: tuple[str, ...] = DEFAULT_RESTRICTED_APIS
     allow_open_admin_apis: bool = False
     on_dead_model: DeadModelAction | None = None
+    allow_failed_models: bool = False
 
     def __post_init__(self) -> None:
         # Accept str paths and lists from callers, store canonical types so the

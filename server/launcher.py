@@ -34,7 +34,7 @@ from typing import IO, Any
 from bundle.errors import ServerError
 from bundle.s3 import S3Url
 from bundle.staging import recover
-from server.config import ServerConfig
+from server.config import ModelControlMode, ServerConfig
 from server.dead_models import DeadModel, DeadModelAction, Recovery, StubWatch
 from server.installation import TritonInstallation
 from server.ports import ensure_ports_free
@@ -49,6 +49,7 @@ from server.triton_log import (
     read_tail,
     repository_failures,
     service_failures,
+    unreadable_models,
 )
 
 logger = logging.getLogger(__name__)
@@ -315,6 +316,10 @@ class LocalServer:
             if code is not None:
                 raise self._exit_error(code)
             if self._probe.is_ready():
+                unreadable = self._unreadable_models()
+                if unreadable and not self._config.allow_failed_models:
+                    raise ServerError(f"{_describe_failures(unreadable)} (log: {self.log_file})")
+                self._warn_failed(unreadable)
                 logger.info("tritonserver pid %d ready after %.1f s", process.pid, time.monotonic() - started)
                 self._start_watch(process.pid)
                 return
@@ -330,14 +335,36 @@ class LocalServer:
                     logger.debug("repository index not available yet: %s", exc)
                 else:
                     failed = [model for model in index if model.failed]
-                    if failed:
+                    if failed and not self._config.allow_failed_models:
                         raise ServerError(f"{_describe_failures(failed)} (log: {self.log_file})")
+                    if failed and all(model.state == "READY" or model.failed for model in index):
+                        # Every model settled, some failed: with allow_failed_models the rest serve.
+                        self._warn_failed([*failed, *self._unreadable_models()])
+                        logger.info(
+                            "tritonserver pid %d serving after %.1f s",
+                            process.pid,
+                            time.monotonic() - started,
+                        )
+                        self._start_watch(process.pid)
+                        return
             if time.monotonic() > deadline:
                 raise ServerError(
                     f"tritonserver (pid {process.pid}) was not ready after {timeout_s:.0f} s "
                     f"(log: {self.log_file})"
                 )
             time.sleep(_POLL_INTERVAL_S)
+
+    def _unreadable_models(self) -> list[ModelStatus]:
+        """Model folders tritonserver skipped because their config.pbtxt does not parse (it loads every
+        folder in none and poll model control, yet reports no failure for these: only its log names them)."""
+        if self._config.remote or self._config.model_control_mode is ModelControlMode.EXPLICIT:
+            return []
+        reasons = unreadable_models(read_tail(self.log_file))
+        return [ModelStatus(name, "", "UNAVAILABLE", reason) for name, reason in sorted(reasons.items())]
+
+    def _warn_failed(self, failed: list[ModelStatus]) -> None:
+        for model in failed:
+            logger.warning("%s; the other models serve (log: %s)", _describe_failures([model]), self.log_file)
 
     def models(self) -> list[ModelStatus]:
         """Every model in the repository with its state, from the repository index."""

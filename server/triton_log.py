@@ -48,6 +48,17 @@ def model_failures(text: str) -> dict[str, str]:
     }
 
 
+# model_repository_manager.cc, for a model folder whose config.pbtxt does not parse: the model is
+# left out of the index's states (tritonserver 2.51 reports no failure for it, and says it is ready):
+# "Poll failed for model directory 'name': failed to read text proto from /m/name/config.pbtxt"
+_UNREADABLE = re.compile(r"Poll failed for model directory '([^']+)': (.*?)\"?\s*$", re.MULTILINE)
+
+
+def unreadable_models(text: str) -> dict[str, str]:
+    """Model folders tritonserver could not read (a config.pbtxt that does not parse), by name."""
+    return {name: reason.replace("\\n", " ").strip() for name, reason in _UNREADABLE.findall(text)}
+
+
 def last_error(text: str) -> str:
     """The most telling error line of a log: a loader error, else the last ``E`` line."""
     loader = _LOADER_FAILED.findall(text)

@@ -64,27 +64,25 @@ def test_a_commit_replaces_adds_and_removes_and_leaves_no_staging(repository: Pa
 
 def test_an_exception_before_the_decision_leaves_the_repository_as_it_was(repository: Path) -> None:
     before = _tree(repository)
-    with pytest.raises(RuntimeError, match="check failed"):
-        with RepositoryWrite(repository, "test") as write:
-            _stage_new(write, repository)
-            raise RuntimeError("check failed")
+    with pytest.raises(RuntimeError, match="check failed"), RepositoryWrite(repository, "test") as write:
+        _stage_new(write, repository)
+        raise RuntimeError("check failed")
     assert _tree(repository) == before
     assert not staging_root(repository).exists()
 
 
 def test_an_exception_after_some_moves_undoes_them_files_included(repository: Path) -> None:
     before = _tree(repository)
-    with pytest.raises(RuntimeError, match="server refused"):
-        with RepositoryWrite(repository, "test") as write:
-            _stage_new(write, repository)
-            staged = write_file_atomically(write.staged / "other" / "config.pbtxt", "switched\n")
-            write.put(staged, repository / "other" / "config.pbtxt")  # a file replacing a file
-            write.decide()
-            write.apply(2)
-            assert (repository / "c").is_dir()
-            write.apply()
-            assert (repository / "other" / "config.pbtxt").read_text() == "switched\n"
-            raise RuntimeError("server refused the load")
+    with pytest.raises(RuntimeError, match="server refused"), RepositoryWrite(repository, "test") as write:
+        _stage_new(write, repository)
+        staged = write_file_atomically(write.staged / "other" / "config.pbtxt", "switched\n")
+        write.put(staged, repository / "other" / "config.pbtxt")  # a file replacing a file
+        write.decide()
+        write.apply(2)
+        assert (repository / "c").is_dir()
+        write.apply()
+        assert (repository / "other" / "config.pbtxt").read_text() == "switched\n"
+        raise RuntimeError("server refused the load")
     assert _tree(repository) == before
     assert not staging_root(repository).exists()
 

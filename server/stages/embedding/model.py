@@ -18,8 +18,17 @@ the config and every name in it from ``criteo.schema``).
 
 Config ``parameters`` (string values), written by ``export.ensemble``:
 ``row_store`` (the store's folder) and ``hot_set`` (the hot-set ``.npz``), each
-absolute or relative to this model's version folder, and ``table_sizes`` (26
-comma-separated sizes, checked against both files).
+absolute or relative to this model's version folder, ``table_sizes`` (26
+comma-separated sizes, checked against both files) and, optionally,
+``row_store_fingerprint`` (the store's fingerprint when the stage was exported:
+another store under the same path fails the load; absent, one warning).
+
+At load every byte of the store is checked against the checksums in its
+``store.json`` (see :mod:`hot_cold_lookup`: 6.7 GB/s on two cores here); a damaged
+or truncated ``rows.bin`` fails this model's load with one line naming the file,
+and the repository's other models load as usual. A store written before the
+checksums is checked against its SHA-256, or, written without one, loaded with a
+warning that it is unverified.
 
 Each request is checked on its own: one with a wrong dtype or shape gets an
 INVALID_ARGUMENT response naming the input, and the others are answered.
@@ -50,6 +59,7 @@ import triton_python_backend_utils as pb_utils
 from hot_cold_lookup import (
     PARAM_HOT_SET,
     PARAM_ROW_STORE,
+    PARAM_ROW_STORE_FINGERPRINT,
     PARAM_TABLE_SIZES,
     HotColdLookup,
     RequestError,
@@ -184,13 +194,23 @@ class TritonPythonModel:
             )
         parameters = config.get("parameters", {})
         version_dir = Path(args["model_repository"]) / args["model_version"]
-        store = version_dir / _parameter(parameters, PARAM_ROW_STORE, self._name)
-        hot_set = version_dir / _parameter(parameters, PARAM_HOT_SET, self._name)
+        # Resolved, so a load failure names the file as it lies on disk.
+        store = (version_dir / _parameter(parameters, PARAM_ROW_STORE, self._name)).resolve()
+        hot_set = (version_dir / _parameter(parameters, PARAM_HOT_SET, self._name)).resolve()
         sizes = _table_sizes(_parameter(parameters, PARAM_TABLE_SIZES, self._name), self._name)
+        fingerprint = str(parameters.get(PARAM_ROW_STORE_FINGERPRINT, {}).get("string_value", "")).strip()
         try:
-            self._lookup = HotColdLookup.open(store, hot_set, sizes)
+            self._lookup = HotColdLookup.open(store, hot_set, sizes, fingerprint=fingerprint)
         except StageError as exc:
             raise pb_utils.TritonModelException(f"model '{self._name}': {exc}") from exc
+        checked = self._lookup.store
+        if checked is not None and not checked.verified:
+            pb_utils.Logger.log_warn(f"model '{self._name}': row store {store}: {checked.check}")
+        if not fingerprint:
+            pb_utils.Logger.log_warn(
+                f"model '{self._name}': config parameter '{PARAM_ROW_STORE_FINGERPRINT}' is absent: "
+                "a different store under the same path would not be noticed"
+            )
         problems = _check_tensors(config, self._lookup.num_tables, self._lookup.width)
         if problems:
             raise pb_utils.TritonModelException(
@@ -200,8 +220,9 @@ class TritonPythonModel:
         self._outputs = [str(entry["name"]) for entry in config["output"]]
         self._counters = _LookupCounters(self._name, args["model_version"], args["model_instance_name"])
         pb_utils.Logger.log_info(
-            f"{args['model_instance_name']}: row store {store.resolve()} "
-            f"({sum(sizes)} rows x {self._lookup.width}), {self._lookup.hot_rows} hot rows from {hot_set}"
+            f"{args['model_instance_name']}: row store {store} "
+            f"({sum(sizes)} rows x {self._lookup.width}; {checked.check if checked else 'not checked'}), "
+            f"{self._lookup.hot_rows} hot rows from {hot_set}"
         )
 
     def _answer(self, request: Any) -> tuple[Any, int, int]:
