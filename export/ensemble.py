@@ -180,6 +180,7 @@ def build_embedding_config(
     row_store: str,
     hot_set: str = HOT_SET_FILE,
     instances: int = 1,
+    store_fingerprint: str = "",
 ) -> mc.ModelConfig:
     """The ModelConfig of an embedding stage (python backend, KIND_CPU, ``max_batch_size: 0``).
 
@@ -190,6 +191,8 @@ def build_embedding_config(
         row_store: the store's folder, absolute or relative to the version folder.
         hot_set: the hot-set file, absolute or relative to the version folder.
         instances: stage instances (each a python stub mapping the same store).
+        store_fingerprint: the store's fingerprint (its ``store.json``): the stage refuses
+            another store found under the same path ("" for none, e.g. an older store).
 
     Raises:
         ConfigError: not 26 sizes >= 1, a width below 1, fewer than 1 instance or an
@@ -214,6 +217,8 @@ def build_embedding_config(
     config.parameters[PARAM_ROW_STORE].string_value = row_store
     config.parameters[PARAM_HOT_SET].string_value = hot_set
     config.parameters[PARAM_TABLE_SIZES].string_value = ",".join(str(size) for size in sizes)
+    if store_fingerprint:
+        config.parameters[PARAM_ROW_STORE_FINGERPRINT].string_value = store_fingerprint
     return config
 
 
@@ -376,10 +381,10 @@ def write_embedding_stage(
     if Path(hot_set_path).resolve() != target.resolve():
         shutil.copyfile(hot_set_path, target)
     reference = store_path or store_reference(Path(store_dir), repository, folder)
-    config = build_embedding_config(name, sizes, store.spec.width, reference, HOT_SET_FILE, instances)
-    fingerprint = store.description.get(STORE_FINGERPRINT_KEY, "")
-    if fingerprint:  # the stage refuses another store under the same path (a store of another export)
-        config.parameters[PARAM_ROW_STORE_FINGERPRINT].string_value = str(fingerprint)
+    fingerprint = str(store.description.get(STORE_FINGERPRINT_KEY, ""))
+    config = build_embedding_config(
+        name, sizes, store.spec.width, reference, HOT_SET_FILE, instances, fingerprint
+    )
     return write_config(repository / name, config)
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import json
 import sys
 from pathlib import Path
 
@@ -113,8 +114,9 @@ def test_the_three_configs_are_written_and_read_back(
     ensemble_config = write_ensemble(repository, "dlrm")
 
     embedding = read_config(stage_config)
+    fingerprint = json.loads((store_dir / "store.json").read_text())["fingerprint"]
     assert embedding == build_embedding_config(
-        "dlrm_embedding", SIZES, WIDTH, str(store_dir.resolve()), instances=2
+        "dlrm_embedding", SIZES, WIDTH, str(store_dir.resolve()), instances=2, store_fingerprint=fingerprint
     )
     assert (embedding.backend, embedding.max_batch_size) == ("python", 0)
     assert _tensors(embedding.input) == [(CATEGORICAL_INPUT, mc.TYPE_INT64, [-1, 26])]
@@ -129,6 +131,7 @@ def test_the_three_configs_are_written_and_read_back(
         stage.PARAM_ROW_STORE: store_dir.resolve().as_posix(),
         stage.PARAM_HOT_SET: HOT_SET_FILE,
         stage.PARAM_TABLE_SIZES: ",".join(map(str, SIZES)),
+        stage.PARAM_ROW_STORE_FINGERPRINT: fingerprint,  # the stage refuses another store under that path
     }
 
     dense = read_config(dense_config)
