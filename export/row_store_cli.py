@@ -13,6 +13,7 @@ from typing import Annotated
 import typer
 
 from bundle.cli import new_app, run
+from bundle.staging import RepositoryWrite
 from criteo.schema import CATEGORICAL_COLUMNS
 from criteo.tables import TABLE_SIZE_PRESETS, parse_table_sizes
 from export.row_store import DTYPES, INITS, RowStore, RowStoreSpec, format_bytes, random_store
@@ -24,7 +25,9 @@ StorePath = Annotated[Path, typer.Argument(help="The store's folder.")]
 
 @app.command("random")
 def random_command(
-    out: Annotated[Path, typer.Option(help="Folder of the store to write (replaced if it exists).")],
+    out: Annotated[
+        Path, typer.Option(help="Folder of the store to write (replaced, once the new one is complete).")
+    ],
     table_sizes: Annotated[
         str,
         typer.Option(
@@ -63,7 +66,13 @@ def random_command(
         transient=True,
     ) as progress:
         task = progress.add_task(f"writing {format_bytes(spec.total_bytes)} of rows", total=spec.rows)
-        random_store(out, spec, seed=seed, init=init, on_rows=lambda n: progress.advance(task, n))
+        # Written beside --out, then moved in with one rename: an interrupted or failed write (a
+        # full disk) leaves a store that was there as it was.
+        with RepositoryWrite(out, f"row-store random {out}") as write:
+            staged = write.staged / "store"
+            random_store(staged, spec, seed=seed, init=init, on_rows=lambda n: progress.advance(task, n))
+            write.put(staged, out)
+            write.commit()
     seconds = time.perf_counter() - started
     print(
         f"wrote {spec.rows} rows x {spec.width} {spec.dtype} ({format_bytes(spec.total_bytes)}) "
