@@ -52,7 +52,7 @@ import math
 import mmap
 import os
 import shutil
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -251,16 +251,22 @@ def _sample_digest(fd: int, spec: RowStoreSpec) -> str:
     return digest.hexdigest()
 
 
-def _file_digest(fd: int, size: int, on_bytes: Callable[[int], None] | None = None) -> str:
-    """SHA-256 of the first ``size`` bytes of the open file ``fd``, read in pieces."""
-    digest = hashlib.sha256()
+def _pieces(fd: int, size: int, what: str) -> Iterator[bytes]:
+    """The first ``size`` bytes of the open file ``fd``, read in pieces of :data:`_HASH_READ_BYTES`."""
     offset = 0
     while offset < size:
         piece = os.pread(fd, min(_HASH_READ_BYTES, size - offset), offset)
         if not piece:
-            raise ExportError(f"file ended at byte {offset} of {size} while hashing")
-        digest.update(piece)
+            raise ExportError(f"file ended at byte {offset} of {size} while {what}")
+        yield piece
         offset += len(piece)
+
+
+def _file_digest(fd: int, size: int, on_bytes: Callable[[int], None] | None = None) -> str:
+    """SHA-256 of the first ``size`` bytes of the open file ``fd``, read in pieces."""
+    digest = hashlib.sha256()
+    for piece in _pieces(fd, size, "hashing"):
+        digest.update(piece)
         if on_bytes is not None:
             on_bytes(len(piece))
     return digest.hexdigest()
@@ -270,15 +276,10 @@ def _read_back(fd: int, size: int, digest: bool) -> tuple[str | None, dict[str, 
     """The SHA-256 (when ``digest``) and the chunk checksums of ``fd``'s first ``size`` bytes, in one read."""
     sha = hashlib.sha256() if digest else None
     checksums = stage_format.ChunkChecksums()
-    offset = 0
-    while offset < size:
-        piece = os.pread(fd, min(_HASH_READ_BYTES, size - offset), offset)
-        if not piece:
-            raise ExportError(f"file ended at byte {offset} of {size} while computing its checksums")
+    for piece in _pieces(fd, size, "computing its checksums"):
         if sha is not None:
             sha.update(piece)
         checksums.update(piece)
-        offset += len(piece)
     return (sha.hexdigest() if sha is not None else None), checksums.to_json()
 
 
