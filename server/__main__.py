@@ -145,7 +145,11 @@ def serve(
         Path, typer.Option(help="tritonserver's log (truncated at start).")
     ] = DEFAULT_LOG_FILE,
     model_control_mode: Annotated[
-        ModelControlMode, typer.Option(help="none: load every model; explicit: only --load-model.")
+        ModelControlMode,
+        typer.Option(
+            help="none: load every model; explicit: only --load-model; poll: every model, reloaded when its "
+            "files change."
+        ),
     ] = ModelControlMode.NONE,
     load_model: Annotated[
         list[str] | None, typer.Option(help="Model to load at start (explicit mode; repeatable).")

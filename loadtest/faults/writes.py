@@ -36,7 +36,7 @@ from pathlib import Path
 
 import numpy as np
 
-from bundle.staging import staging_root
+from bundle.staging import JOURNAL, staging_root
 from clients.triton import TritonClient
 from criteo.tsv import Batch
 from loadtest.faults import FaultResult
@@ -192,6 +192,17 @@ def _reference(faults: WriteFaults, work: Path) -> tuple[dict[str, np.ndarray], 
     return before, after
 
 
+def left_behind(repository: Path) -> str:
+    """What an interrupted write left beside ``repository`` for the next start to handle."""
+    root = staging_root(repository)
+    runs = [run for run in root.iterdir() if run.is_dir()] if root.is_dir() else []
+    if not runs:
+        return "nothing staged"
+    if any((run / JOURNAL).is_file() for run in runs):
+        return "a decided write, finished by the server's start"
+    return "an undecided write, discarded by the server's start"
+
+
 def interrupted_writes(faults: WriteFaults, points: Sequence[KillPoint]) -> list[FaultResult]:
     """One :class:`FaultResult` per kill point (see the module docstring)."""
     results = []
@@ -202,6 +213,7 @@ def interrupted_writes(faults: WriteFaults, points: Sequence[KillPoint]) -> list
             repository = work / f"run{index}" / "model_repository"
             shutil.copytree(faults.before, repository)
             killed = run_to(faults.command_on(repository), point, faults.env)
+            left = left_behind(repository)
             started = time.monotonic()
             fault = f"{faults.what} killed {point.name}"
             try:
@@ -214,16 +226,16 @@ def interrupted_writes(faults: WriteFaults, points: Sequence[KillPoint]) -> list
             wrong = sum(kind == "wrong" for kind in kinds.values())
             states = set(kinds.values()) - {"either"}
             mixed = len(states) > 1
-            left = staging_root(repository).exists()
+            staged = staging_root(repository).exists()
             state = "/".join(sorted(states)) or "either"
             seen = (
-                f"{'killed' if killed.killed else 'finished before the point'} after {killed.seconds:.1f} s; "
-                f"server started, {len(answers)} models answer as {state}"
+                f"{'killed' if killed.killed else 'finished before the point'} after {killed.seconds:.1f} s, "
+                f"{left}; {len(answers)} models answer as {state}"
                 + ("; variants MIXED" if mixed else "")
-                + ("; staging left" if left else "")
+                + ("; staging left" if staged else "")
             )
             results.append(
-                FaultResult(fault, seen, len(answers), 0, wrong, recovery, not (wrong or mixed or left))
+                FaultResult(fault, seen, len(answers), 0, wrong, recovery, not (wrong or mixed or staged))
             )
             log.info("%s: %s", fault, seen)
     return results
@@ -269,6 +281,7 @@ def interrupted_live(
                 command = [*python_module(*arguments), "--url", server.http_url]
                 command = [str(repository) if part == REPOSITORY else part for part in command]
                 killed = run_to(command, point, {**os.environ, "TRITON_ADMIN_KEY": admin_key})
+            left = left_behind(repository)
             started = time.monotonic()
             try:
                 answers = served_answers(repository, models, rows, work / f"live{index}.log")
@@ -276,14 +289,14 @@ def interrupted_live(
                 results.append(FaultResult(fault, f"server failed to start: {exc}", 0, 1, 0, None, False))
                 continue
             wrong = sum(classify(answers, expected, expected)[name] == "wrong" for name in models)
-            left = staging_root(repository).exists()
+            staged = staging_root(repository).exists()
             seen = (
-                f"{'killed' if killed.killed else 'finished before the point'} after {killed.seconds:.1f} s; "
-                f"server restarted, {len(answers)} models answer as before"
-                + ("; staging left" if left else "")
+                f"{'killed' if killed.killed else 'finished before the point'} after {killed.seconds:.1f} s, "
+                f"{left} (restarted); {len(answers)} models answer as before"
+                + ("; staging left" if staged else "")
             )
             results.append(FaultResult(fault, seen, len(answers), 0, wrong, time.monotonic() - started,
-                                       killed.killed and not (wrong or left)))  # fmt: skip
+                                       killed.killed and not (wrong or staged)))  # fmt: skip
             log.info("%s: %s", fault, seen)
     return results
 
@@ -309,7 +322,9 @@ def disk_full(faults: WriteFaults, limit_bytes: int = 64 * 1024) -> FaultResult:
             env=None if faults.env is None else dict(faults.env),
             preexec_fn=lambda: _limit_file_size(limit_bytes),
         )
-        errors = [line for line in done.stderr.splitlines() if line.startswith("error:")]
+        errors = [
+            line.replace(tmp, "<copy>") for line in done.stderr.splitlines() if line.startswith("error:")
+        ]
         last = done.stderr.strip()[-300:]
         seen = errors[-1] if errors else f"exit {done.returncode}, no error line: {last}"
         unchanged = _snapshot(repository) == snapshot and not staging_root(repository).exists()
