@@ -4,7 +4,7 @@ The workspace (a folder of its own, removed at the end unless kept) holds what t
 faults need, each made through the bundle's own CLIs, as a user makes it:
 
 - two tiny DLRMs of the same shape, trained from two seeds (their answers differ);
-- ``plain``: the first exported in the graph, FP32 + FP16 + INT8 + TorchScript;
+- ``plain``: the first exported in the graph, FP32 + FP16 + INT8 + TorchScript (FP16);
 - ``hot_cold``: the first exported hot/cold (a row store, an embedding stage, ensembles
   with FP16 and INT8 variants).
 
@@ -85,8 +85,7 @@ def make_workspace(root: Path) -> Workspace:
         _module("models", "train", "dlrm", "--data", str(rows), "--preset", "tiny", "--table-sizes",
                 TABLE_SIZES, "--seed", seed, "--out", str(checkpoints[name]))  # fmt: skip
     plain, hot_cold = root / "plain" / "model_repository", root / "hot_cold" / "model_repository"
-    _module(*export_args(checkpoints["first"], rows), "--repository", str(plain), "--torch", "--torch-dtype",
-            "float32")  # fmt: skip
+    _module(*export_args(checkpoints["first"], rows), "--repository", str(plain), "--torch")
     _module(
         *export_args(checkpoints["first"], rows), "--repository", str(hot_cold), "--hot-budget", HOT_BUDGET
     )
@@ -151,7 +150,7 @@ def _damaged(space: Workspace, damaged: Any) -> list[FaultResult]:
 
 def _export_faults(space: Workspace, writes: Any) -> Any:
     command = writes.python_module(*export_args(space.second, space.rows), "--repository", writes.REPOSITORY)
-    command = (*command, "--torch", "--torch-dtype", "float32")
+    command = (*command, "--torch")
     return writes.WriteFaults(space.plain, command, PLAIN_MODELS, read_batch(space.rows, 64), "export")
 
 
