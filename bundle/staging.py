@@ -185,7 +185,15 @@ class RepositoryWrite:
 
     def __enter__(self) -> RepositoryWrite:
         recover(self.repository)
-        self.run.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            self.run.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            if no_space(exc) is not None:
+                raise disk_full(self.repository, exc) from None
+            raise ConfigError(
+                f"cannot create the staging folder {self.run.parent} beside {self.repository} "
+                f"({exc.strerror}): a write into a repository needs its parent folder to be writable"
+            ) from None
         commit_lock = _hold(self.run.parent / LOCK)  # so that recover() never sees a run without its lock
         try:
             self.run.mkdir()
@@ -270,8 +278,12 @@ class RepositoryWrite:
             self._applied.append((move, _move(move, self.run)))
 
     def finish(self) -> None:
-        """Every move made: remove the journal, then the run and what it replaced."""
+        """Every move made: remove what the run replaced, then its journal, then the run."""
         self.apply()
+        # The journal goes after the folders it names: a process that dies in between leaves a
+        # decided run whose moves are all done, which recover() finishes without a move.
+        for folder in (self.run / REPLACED, self.staged):
+            shutil.rmtree(folder, ignore_errors=True)
         (self.run / JOURNAL).unlink()
         self._finished = True
         self._discard()
