@@ -2,7 +2,7 @@
 PY ?= $(shell command -v python3.11 || command -v python3)
 VENV := .venv
 PYTHON := $(VENV)/bin/python
-STAMP := $(VENV)/.installed-$(shell sha1sum requirements.txt | cut -c1-12)
+STAMP := $(VENV)/.installed-$(shell cat requirements.txt pyproject.toml | sha1sum | cut -c1-12)
 # GPU=1: ONNX Runtime's CUDA build (requirements-gpu.txt) in place of the CPU one, so that the local
 # server's python-backend stubs (which import from this venv, never from PYTHONPATH) run KIND_GPU models.
 GPU ?= 0
@@ -12,11 +12,14 @@ export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 
 .PHONY: setup demo test test-all lint clean
 
-$(STAMP): requirements.txt
+$(STAMP): requirements.txt pyproject.toml
 	@$(PY) -c 'import sys; sys.exit(0 if sys.version_info[:2] == (3, 11) else "Python 3.11 is required")'
 	test -x $(PYTHON) || $(PY) -m venv $(VENV)
 	$(PYTHON) -m pip install --quiet --upgrade pip
 	$(PYTHON) -m pip install --quiet -r requirements.txt
+	# The bundle itself, editable: with the venv active its stages run from any folder, and the
+	# console script `triton-recsys` is on PATH. Its dependencies are the pins above.
+	$(PYTHON) -m pip install --quiet --no-deps --no-build-isolation -e .
 	rm -f $(VENV)/.installed-*
 	touch $@
 
@@ -43,7 +46,7 @@ test-all: setup
 lint: setup
 	$(PYTHON) -m ruff check .
 	$(PYTHON) -m ruff format --check .
-	$(PYTHON) -m mypy bundle criteo models export server clients loadtest
+	$(PYTHON) -m mypy bundle criteo models export server clients loadtest triton_recsys
 
 clean:
 	rm -rf artifacts reports logs model_repository data

@@ -1,0 +1,1 @@
+"""``triton-recsys``: the bundle's stages as subcommands of one console script."""
