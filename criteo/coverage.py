@@ -2,7 +2,7 @@
 
 - :class:`HotRanking`: every profiled row of every table, hottest first: the order
   in which the hierarchical export keeps rows hot under a byte budget
-  (``export.hot_rows.choose_hot_rows``), and the ranks with which
+  (``export.tables.hot_rows.choose_hot_rows``), and the ranks with which
   :func:`measure_coverage` scores a held-out file against several budgets in one pass.
 - ``python -m criteo coverage`` (:func:`measure_coverage`, :func:`write_coverage`):
   the held-out hit rate per budget, as JSON, markdown and a PNG curve.
@@ -309,7 +309,7 @@ class CoverageResult:
             f"({self.profiled_rows / table_rows:.2%} of the table rows, "
             f"{self.profiled_bytes / 2**20:,.1f} MiB); {self.heldout_seen_share:.2%} of the held-out "
             "lookups fall on them: no budget can serve more.",
-            "- Hot rows are chosen greedily across tables by profiled lookups (`export.hot_rows`).",
+            "- Hot rows are chosen greedily across tables by profiled lookups (`export.tables.hot_rows`).",
             "",
         ]
         target = self.result_at("tables", cfg.target_fraction)
@@ -368,7 +368,7 @@ def measure_coverage(
 
     Each fraction gives two budgets: of the table bytes (``tables``: every row of
     ``config.table_sizes``) and of the profiled rows' bytes (``profiled``). The hot
-    set of a budget is the same one ``export.hot_rows.choose_hot_rows`` returns.
+    set of a budget is the same one ``export.tables.hot_rows.choose_hot_rows`` returns.
 
     Args:
         profile: the training file's profile (raw ids, or reduced into ``config.table_sizes``).

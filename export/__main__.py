@@ -16,25 +16,25 @@ from bundle.cli import VerboseOption, new_app, run, set_verbose, shared_options
 from bundle.errors import ConfigError
 from bundle.memory import PeakMemory
 from criteo.tables import TABLE_SIZE_PRESETS, parse_table_sizes
+from export.engines.trt_build import EngineResult, TensorRTOptions, build_engines
 from export.framework import FrameworkExporter
-from export.hot_rows import parse_size
-from export.pipeline import (
+from export.graphs.quantize import DEFAULT_METHOD, INT8_METHODS, QuantizeOptions
+from export.importers.sources import SourceOptions, parse_feature_order, parse_input_map
+from export.options import (
     INT8_BY_DEFAULT,
+    PLACEMENTS,
     TORCH_BY_DEFAULT,
     TORCH_DTYPES,
-    ExportedModel,
     ExportOptions,
-    export_family,
+    PlacementOptions,
 )
-from export.placement import PLACEMENTS, PlacementOptions
+from export.pipeline import ExportedModel, export_family
 from export.publish_cli import fetch, publish
-from export.quantize import DEFAULT_METHOD, INT8_METHODS, QuantizeOptions
 from export.repository import CONFIG_NAME, ORT_TRT_CACHE_DIR, QUEUE_DELAY_US, ServingConfig, trt_model_name
-from export.row_store import DTYPES, format_bytes
-from export.row_store_cli import app as row_store_app
-from export.sources import SourceOptions, parse_feature_order, parse_input_map
-from export.synthetic_model_cli import random_dlrm
-from export.trt_build import EngineResult, TensorRTOptions, build_engines
+from export.tables.hot_rows import parse_size
+from export.tables.row_store import DTYPES, format_bytes
+from export.tables.row_store_cli import app as row_store_app
+from export.tables.synthetic_model_cli import random_dlrm
 
 app = new_app("Export trained DLRM and Wide & Deep models into a Triton model repository.")
 app.add_typer(row_store_app, name="row-store")
@@ -382,7 +382,7 @@ def dlrm(
             "the function receives that path)"
         )
     source = replace(source, factory=factory, feature_order=parse_feature_order(feature_order))
-    from export.dlrm_sources import open_dlrm_source
+    from export.importers.dlrm_sources import open_dlrm_source
 
     _export(open_dlrm_source(checkpoint, source), options)
 
@@ -412,7 +412,7 @@ def wide_deep(
     in the cpu profile, wide_deep_onnx_int8 (in the gpu profile: the config of wide_deep_trt instead)."""
     options, source = shared
     source = replace(source, input_map=parse_input_map(input_map or []))
-    from export.keras_sources import open_wide_deep_source
+    from export.importers.keras_sources import open_wide_deep_source
 
     _export(open_wide_deep_source(saved_model, source), options)
 
@@ -524,8 +524,8 @@ def rollout_hot_set(
 ) -> None:
     """Roll out a new hot set of a hot/cold model as its next version (stage and dense model
     together), checked against the serving version first."""
-    from export.rollout import RolloutOptions, roll_out, serving_state
-    from export.synthetic_model_cli import load_profile
+    from export.tables.rollout import RolloutOptions, roll_out, serving_state
+    from export.tables.synthetic_model_cli import load_profile
 
     options = RolloutOptions(
         repository=repository,

@@ -4,11 +4,14 @@ Each source a user may bring (the bundle's own checkpoints, facebookresearch/dlr
 and TorchRec checkpoints, TorchScript, any SavedModel or ``.keras`` file)
 implements this protocol in its framework's own module, so that TensorFlow and
 PyTorch never load into one process and the FP16 conversion, parity checks and
-repository writing stay shared.
+repository writing stay shared. What the protocol's callers and implementers both
+use lives here too: the size of the placeholder tables (:func:`small_table_sizes`)
+and the example batch a PyTorch module is traced with (:func:`example_inputs`).
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
@@ -16,10 +19,19 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 import numpy as np
 import onnx
 
+from bundle.errors import ConfigError
+from criteo.schema import NUM_CATEGORICAL, NUM_DENSE
 from criteo.tsv import Batch
 
 if TYPE_CHECKING:
+    import torch
     from torch import nn
+
+#: Rows of each placeholder table of a graph whose real tables live only in the row store (fewer
+#: where the real table is smaller): 26 x 4096 rows at ``D`` 128 are 54 MB.
+SMALL_ROWS = 4096
+#: Rows of the example batch traced at export (> 1 so the batch stays dynamic).
+EXAMPLE_ROWS = 4
 
 
 class FrameworkExporter(Protocol):
@@ -70,7 +82,7 @@ class FrameworkExporter(Protocol):
 
 @dataclass(frozen=True)
 class TorchServing:
-    """What a PyTorch exporter hands the TorchScript variant (:mod:`export.torchscript`).
+    """What a PyTorch exporter hands the TorchScript variant (:mod:`export.engines.torchscript`).
 
     Args:
         module: the exporter's own FP32 module in eval mode (never changed: the
@@ -103,7 +115,7 @@ class TorchSource(Protocol):
 class StreamedTables(Protocol):
     """An exporter whose tables can be read a row range at a time, and whose layers export with
     placeholder tables: what a hot/cold export needs to never build the all-in-graph graph
-    (``--stream-tables``, :func:`export.placement.place_streamed`), for tables larger than memory.
+    (``--stream-tables``, :func:`export.tables.placement.place_streamed`), for tables larger than memory.
 
     A DLRM has one embedding per id, so the row store's row for (table ``t``, id ``i``) is that
     table's row ``i``.
@@ -134,3 +146,38 @@ def own_model_source(kind: str, path: Path, table_sizes: tuple[int, ...]) -> dic
         "table_sizes_from": "config.json",
         "id_reduction_added": False,
     }
+
+
+def small_table_sizes(table_sizes: Sequence[int], small_rows: int = SMALL_ROWS) -> tuple[int, ...]:
+    """The placeholder tables: each real size capped at ``small_rows`` (and at least 2, as DLRMConfig asks).
+
+    Raises:
+        ConfigError: ``small_rows`` below 2.
+    """
+    if isinstance(small_rows, bool) or not isinstance(small_rows, int) or small_rows < 2:
+        raise ConfigError(f"placeholder tables need at least 2 rows each, got {small_rows!r}")
+    return tuple(max(2, min(int(size), small_rows)) for size in table_sizes)
+
+
+def example_inputs(
+    table_sizes: Sequence[int] | None = None, rows: int = EXAMPLE_ROWS
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """A traced batch: ``rows x 13`` float32 counts and ``rows x 26`` int64 ids.
+
+    Args:
+        table_sizes: rows of the tables behind C1..C26: ids are drawn inside them
+            (a module that does not reduce ids may only see valid ones); None: id 0
+            everywhere (valid in any table).
+        rows: the batch size (> 1, so that torch.onnx keeps the batch dynamic).
+
+    Returns:
+        ``(dense B x 13, ids B x 26)``.
+    """
+    import torch
+
+    generator = torch.Generator().manual_seed(0)
+    dense = torch.rand(rows, NUM_DENSE, generator=generator)
+    if table_sizes is None:
+        return dense, torch.zeros(rows, NUM_CATEGORICAL, dtype=torch.int64)
+    raw = torch.randint(0, 2**62, (rows, NUM_CATEGORICAL), generator=generator)
+    return dense, torch.remainder(raw, torch.tensor(list(table_sizes), dtype=torch.int64))

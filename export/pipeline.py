@@ -6,9 +6,9 @@ checked against FP32 on AUC; a variant that fails is not written) -> Triton
 model repository entries with their configs and export reports. The gpu
 profile also writes each family's TensorRT model config (``<family>_trt``);
 its plan is built from the FP16 ONNX by ``python -m export tensorrt``
-(:mod:`export.trt_build`), on the serving GPU's own TensorRT. A PyTorch family
+(:mod:`export.engines.trt_build`), on the serving GPU's own TensorRT. A PyTorch family
 gets, in the gpu profile, ``<family>_torch``: TorchScript in FP16 for Triton's
-PyTorch backend (:mod:`export.torchscript`), checked against the framework.
+PyTorch backend (:mod:`export.engines.torchscript`), checked against the framework.
 
 Where a GPU is visible, the reduced-precision checks run there too: the FP16
 ONNX on ONNX Runtime's CUDA provider (with onnxruntime-gpu) and the TorchScript
@@ -22,7 +22,7 @@ import dataclasses
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -32,11 +32,10 @@ import onnx
 from bundle.errors import ConfigError, ExportError
 from bundle.staging import RepositoryWrite
 from criteo.tsv import Batch, read_batch
-from export.ensemble import PRECISIONS, dense_model_name, embedding_model_name, ensemble_model_name
-from export.fp16 import convert_to_fp16
 from export.framework import FrameworkExporter, StreamedTables, TorchSource
-from export.onnx_io import save_model
-from export.parity import (
+from export.graphs.fp16 import convert_to_fp16
+from export.graphs.onnx_io import save_model
+from export.graphs.parity import (
     ParityResult,
     check_rows,
     compare,
@@ -45,12 +44,11 @@ from export.parity import (
     run_onnx,
     run_session,
 )
-from export.placement import NO_PROFILE_DATA, PlacementOptions, place_embeddings, place_streamed
-from export.quantize import QuantizeOptions, quantize_int8
+from export.graphs.quantize import quantize_int8
+from export.options import ExportOptions
 from export.repository import (
     MODEL_FILE,
     TORCHSCRIPT_FILE,
-    ServingConfig,
     add_model,
     add_torch_model,
     add_trt_model,
@@ -61,125 +59,25 @@ from export.repository import (
     version_dir,
     write_report,
 )
+from export.tables.ensemble import PRECISIONS, dense_model_name, embedding_model_name, ensemble_model_name
+from export.tables.placement import place_embeddings, place_streamed
 
 log = logging.getLogger(__name__)
 
 #: Seed of synthetic calibration rows (the synthetic check rows use another).
 CALIBRATION_SEED = 20261123
-#: Rows per ONNX Runtime call in the checks (as :func:`export.parity.run_onnx` runs them).
+#: Rows per ONNX Runtime call in the checks (as :func:`export.graphs.parity.run_onnx` runs them).
 CHECK_CHUNK = 4096
 #: Batch sizes the INT8 check runs its rows at. Dynamically quantized layers take
 #: their activation scales from the whole batch, so a row's answer depends on the
 #: rows batched with it: the AUC must hold from single rows to large batches, and
 #: the worst counts. (Statically quantized answers are the same at every size.)
 INT8_GATE_BATCHES = (1, 64, CHECK_CHUNK)
-#: Whether an export writes ``<family>_onnx_int8`` unless told otherwise, per profile: the
-#: INT8 variant is the cpu profile's fastest model that passes the accuracy gate
-#: (benchmarks/cpu/precision.md); the gpu profile serves FP16 TensorRT instead.
-INT8_BY_DEFAULT: dict[str, bool] = {"cpu": True, "gpu": False}
-#: Whether a PyTorch family's export writes ``<family>_torch`` unless told otherwise, per profile:
-#: it is a GPU model (FP16 weights; the PyTorch backend); on a CPU the ONNX models serve.
-TORCH_BY_DEFAULT: dict[str, bool] = {"cpu": False, "gpu": True}
-#: Precisions of ``<family>_torch`` (BF16 has FP32's range, FP16 more mantissa).
-TORCH_DTYPES: tuple[str, ...] = ("float16", "bfloat16")
 #: Max |TorchScript - framework| per probability, out-of-range ids included: the TensorRT
 #: engines' default bound (``python -m export tensorrt --max-abs-tolerance``). Measured on the
 #: ``small`` preset (108k synthetic training rows, 4096 held-out rows, CPU): FP16 8.0e-4,
 #: BF16 6.3e-3 (its 8-bit mantissa), AUC change +1e-5 and +2e-5.
 TORCH_MAX_ABS_DIFF = 0.02
-
-
-@dataclass(frozen=True)
-class ExportOptions:
-    """Options of one export run.
-
-    Args:
-        repository: the Triton model repository to write into.
-        serving: how Triton serves the exported models.
-        opset: ONNX opset of the exported graphs.
-        fp16: also write the FP16 variant.
-        check_data: labeled Criteo TSV for the checks (None: synthetic rows).
-        check_rows: rows compared against the framework (>= 1024).
-        fp32_tolerance: max abs difference of FP32 ONNX vs framework probabilities.
-        fp16_auc_tolerance: max |AUC(FP16) - AUC(FP32)| on the check rows.
-        fp16_islands: keep the exporter's FP32 islands (DLRM's interaction) in the FP16
-            variant; False: only the node that makes the output (the sigmoid) stays FP32, so
-            no activation is cast between precisions inside the graph; None: islands in the
-            cpu profile, none in the gpu profile. On an H100 the islands' casts and FP32
-            concat cost more than the FP16 matrix products save: a reference DLRM's call at
-            batch 8192 took 0.80 ms of GPU time with them and 0.56 ms without, against 0.77 ms
-            in FP32 (benchmarks/gpu/kernels.txt, benchmarks/gpu/fp16/result.md); the AUC
-            gate still applies.
-        int8: write the INT8 variant ``<family>_onnx_int8`` (cpu profile only): True
-            (a failed check is an error), False, or None: the profile's default
-            (:data:`INT8_BY_DEFAULT`), where a variant that fails its check is
-            left out with a warning.
-        quantize: how the INT8 variant quantizes its MLP layers.
-        int8_auc_tolerance: max |AUC(INT8) - AUC(FP32)| on the check rows.
-        calibration_data: Criteo TSV whose rows calibrate the static INT8 variant
-            (None: the check data, after the check rows when it has enough; synthetic
-            rows of another seed when there is no check data either).
-        placement: where the embedding tables go (in the graph, or hot/cold).
-        torch: write ``<family>_torch`` (TorchScript, PyTorch families only): True (a
-            failed check is an error), False, or None: the profile's default
-            (:data:`TORCH_BY_DEFAULT`), where a variant that fails is left out with a warning.
-            Its instances follow the profile: KIND_GPU, or KIND_CPU in the cpu profile.
-        torch_dtype: the TorchScript's precision, one of :data:`TORCH_DTYPES`; gated like
-            FP16 (``fp16_auc_tolerance``) and by :data:`TORCH_MAX_ABS_DIFF`.
-    """
-
-    repository: Path
-    serving: ServingConfig = field(default_factory=ServingConfig)
-    opset: int = 17
-    fp16: bool = True
-    check_data: Path | None = None
-    check_rows: int = 4096
-    fp32_tolerance: float = 1e-5
-    fp16_auc_tolerance: float = 1e-3
-    fp16_islands: bool | None = None
-    int8: bool | None = None
-    quantize: QuantizeOptions = field(default_factory=QuantizeOptions)
-    int8_auc_tolerance: float = 1e-3
-    calibration_data: Path | None = None
-    placement: PlacementOptions = field(default_factory=PlacementOptions)
-    torch: bool | None = None
-    torch_dtype: str = "float16"
-
-    @property
-    def writes_int8(self) -> bool:
-        """Whether the export tries the INT8 variant."""
-        return self.int8 if self.int8 is not None else INT8_BY_DEFAULT.get(self.serving.profile, False)
-
-    @property
-    def writes_torch(self) -> bool:
-        """Whether the export tries the TorchScript variant (of a PyTorch family)."""
-        return self.torch if self.torch is not None else TORCH_BY_DEFAULT.get(self.serving.profile, False)
-
-    def __post_init__(self) -> None:
-        if not 13 <= self.opset <= 23:
-            raise ConfigError(f"opset must be in 13..23, got {self.opset}")
-        if self.check_rows < 1024:
-            raise ConfigError(f"check_rows must be >= 1024, got {self.check_rows}")
-        if self.fp32_tolerance <= 0 or self.fp16_auc_tolerance <= 0 or self.int8_auc_tolerance <= 0:
-            raise ConfigError("tolerances must be positive")
-        if self.serving.profile == "gpu" and not self.fp16:
-            raise ConfigError("the gpu profile builds its TensorRT models from the FP16 ONNX: drop --no-fp16")
-        if self.serving.profile == "gpu" and self.int8 is True:
-            raise ConfigError(
-                "INT8 variants run on ONNX Runtime's CPU kernels: export them with --profile cpu "
-                "(the gpu profile serves FP16 TensorRT)"
-            )
-        if self.torch_dtype not in TORCH_DTYPES:
-            raise ConfigError(
-                f"unknown TorchScript precision {self.torch_dtype!r}; choose one of {', '.join(TORCH_DTYPES)}"
-            )
-        if self.calibration_data is not None and not Path(self.calibration_data).is_file():
-            raise ConfigError(f"calibration data {self.calibration_data} is not a file")
-        if self.placement.may_split:
-            if self.placement.profile_source(self.calibration_data, self.check_data) is None:
-                raise ConfigError(NO_PROFILE_DATA)
-            if self.placement.mode == "hierarchical" and self.serving.ort_trt:
-                raise ConfigError("--ort-trt does not apply to a hot/cold model's dense part: drop it")
 
 
 @dataclass(frozen=True)
@@ -249,9 +147,9 @@ def export_family(exporter: FrameworkExporter, options: ExportOptions) -> list[E
 
     When ``options.placement`` places the tables hot/cold, ``<family>_onnx`` becomes
     the ensemble of ``<family>_embedding`` and ``<family>_dense``, checked against the
-    all-in-graph FP32 graph (:func:`export.placement.place_embeddings`); the FP16 and
+    all-in-graph FP32 graph (:func:`export.tables.placement.place_embeddings`); the FP16 and
     INT8 variants are then ensembles of the same stage and their own dense model
-    (:mod:`export.hot_cold_variants`), and no TorchScript or TensorRT variant is written.
+    (:mod:`export.tables.hot_cold_variants`), and no TorchScript or TensorRT variant is written.
 
     Returns:
         The ONNX models written, each with its parity result.
@@ -558,7 +456,7 @@ def _torch_gate(
         ExportError: an invalid probability, the AUC moved more than
             ``options.fp16_auc_tolerance``, or a probability more than :data:`TORCH_MAX_ABS_DIFF`.
     """
-    from export.torchscript import run_torchscript
+    from export.engines.torchscript import run_torchscript
 
     output = run_torchscript(path, rows, device)
     try:
@@ -596,7 +494,7 @@ def _export_torch(
     Raises:
         ExportError: tracing failed or a check failed; the model is then not left in the repository.
     """
-    from export.torchscript import cuda_device_name, torch_cuda_unavailable, write_torchscript
+    from export.engines.torchscript import cuda_device_name, torch_cuda_unavailable, write_torchscript
 
     name = torch_model_name(exporter.family)
     path = version_dir(options.repository, name, 1) / TORCHSCRIPT_FILE
@@ -699,12 +597,12 @@ def _export_int8(
 def _export_placed_variants(
     exporter: FrameworkExporter, rows: Batch, options: ExportOptions
 ) -> list[ExportedModel]:
-    """A hot/cold model's FP16 and INT8 variants, as ``options`` ask (:mod:`export.hot_cold_variants`).
+    """A hot/cold model's FP16 and INT8 variants, as ``options`` ask (:mod:`export.tables.hot_cold_variants`).
 
     As for an in-graph model, an INT8 variant that fails its gate is an error only with ``--int8``.
     """
-    from export.ensemble import dense_model_name
-    from export.hot_cold_variants import VariantRecipe, export_variant
+    from export.tables.ensemble import dense_model_name
+    from export.tables.hot_cold_variants import VariantRecipe, export_variant
 
     family, repository = exporter.family, options.repository
     dense = onnx.load(

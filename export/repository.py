@@ -365,7 +365,7 @@ def build_torch_config(name: str, serving: ServingConfig) -> mc.ModelConfig:
     """The ModelConfig of a TorchScript model (``platform: "pytorch_libtorch"``, ``model.pt``).
 
     The inputs keep the schema's names: Triton's PyTorch backend maps them to the
-    traced ``forward``'s arguments of the same names (:mod:`export.torchscript`),
+    traced ``forward``'s arguments of the same names (:mod:`export.engines.torchscript`),
     and the one output by order. ``INFERENCE_MODE`` is the backend's default since
     24.xx, set here so the local backend reads the same value; the intra-op thread
     count goes by the key both backends read.

@@ -10,7 +10,7 @@ row offsets: the exported graph holds one ``Mod``, one ``Add`` and two
 The math lives in one function, :func:`wide_deep_logit`, over a mapping of named
 parameters. The Keras layer :class:`WideDeepLogit` owns the parameters and calls
 it; the ONNX exporter calls it too, with the parameters as graph inputs (see
-:mod:`export.onnx_wide_deep` for why), so training, serving and export share a
+:mod:`export.importers.onnx_wide_deep` for why), so training, serving and export share a
 single definition of the model.
 
 ``build_wide_deep`` returns the served model (probability output named

@@ -1,7 +1,7 @@
 """Test-only PyTorch models in the layouts users bring (no import from ``export``).
 
 Written from the source codebases' published structure, so the importers in
-:mod:`export.dlrm_sources` are checked against modules they did not build:
+:mod:`export.importers.dlrm_sources` are checked against modules they did not build:
 
 - :class:`FacebookDLRMNet`: facebookresearch/dlrm ``DLRM_Net`` (``emb_l`` of
   ``nn.EmbeddingBag`` tables of different sizes, ``bot_l``/``top_l`` MLPs of

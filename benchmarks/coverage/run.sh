@@ -8,7 +8,7 @@
 #      table sizes (python -m criteo profile);
 #   3. result.{json,md}, hit_rate.png: hot rows chosen from that profile (DLRM Kaggle config:
 #      dimension 16, FP32, 64 bytes a row) at budgets of 1..50 % of the table bytes, scored on the
-#      held-out file's lookups (python -m criteo coverage; the same choice as export.hot_rows).
+#      held-out file's lookups (python -m criteo coverage; the same choice as export.tables.hot_rows).
 #
 #   bash benchmarks/coverage/run.sh        # from the repository root, after `make setup`
 #

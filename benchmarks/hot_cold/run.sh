@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# FP32, FP16 and INT8 of one hot/cold model, served side by side on this CPU (export.hot_cold_variants).
+# FP32, FP16 and INT8 of one hot/cold model, served side by side on this CPU (export.tables.hot_cold_variants).
 #
 # The reference DLRM (D 128, bottom 512-256-128, top 1024-1024-512-256-1, 26 tables of 100,000 rows:
 # 1.33 GB of FP32 tables) trained on 200,000 skewed synthetic rows, exported with a hot budget of

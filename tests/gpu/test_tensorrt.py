@@ -22,7 +22,7 @@ import pytest
 from bundle.errors import ExportError
 from criteo.synth import SynthConfig, write_tsv
 from criteo.tsv import Batch, read_batch
-from export.parity import run_onnx
+from export.graphs.parity import run_onnx
 from export.repository import PLAN_FILE, read_config
 
 pytestmark = pytest.mark.gpu
@@ -34,7 +34,7 @@ FAMILIES = ("dlrm", "wide_deep")
 def _gpu_or_skip() -> None:
     if importlib.util.find_spec("tensorrt") is None:
         pytest.skip("TensorRT is not installed (it builds in the compose trt-build service)")
-    from export.trt_engine import CudaRuntime, load_tensorrt
+    from export.engines.trt_engine import CudaRuntime, load_tensorrt
 
     try:
         load_tensorrt()
@@ -84,7 +84,7 @@ def test_plan_matches_onnx_fp32(built: tuple[Path, Path], family: str) -> None:
 
 @pytest.mark.parametrize("family", FAMILIES)
 def test_engine_reduces_out_of_range_ids_like_the_graph(built: tuple[Path, Path], family: str) -> None:
-    from export.trt_engine import EngineRunner
+    from export.engines.trt_engine import EngineRunner
 
     repository, rows_file = built
     rows = read_batch(rows_file, 64)

@@ -37,15 +37,6 @@ from criteo.schema import (
     OUTPUT,
 )
 from criteo.tsv import Batch
-from export.ensemble import (
-    dense_model_name,
-    embedding_model_name,
-    ensemble_model_name,
-    write_dense_config,
-    write_embedding_stage,
-    write_ensemble,
-)
-from export.hot_rows import HotSet
 from export.repository import (
     CONFIG_NAME,
     MODEL_FILE,
@@ -56,7 +47,16 @@ from export.repository import (
     read_config,
     version_dir,
 )
-from export.row_store import RowStoreSpec, write_arrays
+from export.tables.ensemble import (
+    dense_model_name,
+    embedding_model_name,
+    ensemble_model_name,
+    write_dense_config,
+    write_embedding_stage,
+    write_ensemble,
+)
+from export.tables.hot_rows import HotSet
+from export.tables.row_store import RowStoreSpec, write_arrays
 from loadtest.faults import FaultResult
 from loadtest.faults.damaged import DAMAGES, ROWS, Damage, healthy_answers, run_damage
 from server import TritonInstallation
@@ -236,7 +236,7 @@ def expected(
 def _ensemble_in_process(repository: Path, batch: Batch) -> np.ndarray:
     import onnxruntime as ort
 
-    from export.ensemble import stage_store_path
+    from export.tables.ensemble import stage_store_path
 
     inputs = batch.inputs()
     stage_dir = version_dir(repository, STAGE)

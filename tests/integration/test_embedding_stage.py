@@ -1,7 +1,7 @@
 """A hierarchical model served by the real local tritonserver: embedding stage + dense model as one ensemble.
 
 The repository holds a tiny row store (26 tables of different sizes, W = 4), a
-hand-made hot set, the stage (``export.ensemble``), a stand-in dense ONNX model
+hand-made hot set, the stage (``export.tables.ensemble``), a stand-in dense ONNX model
 built here whose answer depends on every tier (a Gather over its own hot rows,
 a ScatterND of the cold rows, the dense features), and the ensemble. Each
 answer is checked against numpy computing the same thing from the tables
@@ -39,7 +39,8 @@ from criteo.schema import (
     NUM_DENSE,
     OUTPUT,
 )
-from export.ensemble import (
+from export.repository import MODEL_FILE, ServingConfig, version_dir
+from export.tables.ensemble import (
     dense_model_name,
     embedding_model_name,
     ensemble_model_name,
@@ -47,9 +48,8 @@ from export.ensemble import (
     write_embedding_stage,
     write_ensemble,
 )
-from export.hot_rows import HotSet
-from export.repository import MODEL_FILE, ServingConfig, version_dir
-from export.row_store import RowStoreSpec, write_arrays
+from export.tables.hot_rows import HotSet
+from export.tables.row_store import RowStoreSpec, write_arrays
 from server import LocalServer
 
 pytestmark = pytest.mark.integration

@@ -28,12 +28,12 @@ from clients.triton import TritonClient
 from criteo.schema import NUM_CATEGORICAL
 from criteo.synth import SynthConfig, write_tsv
 from criteo.tsv import Batch, read_batch
-from export.ensemble import dense_model_name, embedding_model_name, ensemble_model_name
-from export.hot_rows import HotSet
-from export.parity import compare, extreme_id_rows
-from export.placement import run_hierarchical
+from export.graphs.parity import compare, extreme_id_rows
 from export.repository import read_config
-from export.row_store import RowStore
+from export.tables.ensemble import dense_model_name, embedding_model_name, ensemble_model_name
+from export.tables.hot_rows import HotSet
+from export.tables.placement import run_hierarchical
+from export.tables.row_store import RowStore
 from server import LocalServer
 from server.security import generate_admin_key
 from tests.cli import run_module as _run

@@ -34,9 +34,14 @@ from clients.triton import TritonClient
 from criteo.schema import NUM_CATEGORICAL
 from criteo.synth import SynthConfig, write_tsv
 from criteo.tsv import Batch, read_batch
-from export.ensemble import LOOKUP_GRAPH_FILE, dense_model_name, embedding_model_name, ensemble_model_name
-from export.hot_rows import HotSet
 from export.repository import read_config
+from export.tables.ensemble import (
+    LOOKUP_GRAPH_FILE,
+    dense_model_name,
+    embedding_model_name,
+    ensemble_model_name,
+)
+from export.tables.hot_rows import HotSet
 from loadtest.soak import Case, Endpoint, checked_load
 from server import LocalServer
 from server.security import generate_admin_key

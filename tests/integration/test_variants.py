@@ -16,9 +16,10 @@ from clients.aio import AsyncTritonClient
 from clients.triton import TritonClient
 from clients.verify import in_process
 from criteo.tsv import Batch, read_batch
-from export.onnx_dlrm import DLRMExporter
-from export.pipeline import ExportOptions, export_family
-from export.quantize import QuantizeOptions, quantized_op_counts
+from export.graphs.quantize import QuantizeOptions, quantized_op_counts
+from export.importers.onnx_dlrm import DLRMExporter
+from export.options import ExportOptions
+from export.pipeline import export_family
 from export.repository import ServingConfig, add_model, version_dir
 from loadtest.roofline import RooflineOptions, count_flops, report_lines, run_roofline
 from models.config import DLRMConfig, TrainConfig

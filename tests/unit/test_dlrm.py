@@ -16,7 +16,7 @@ from criteo.schema import CATEGORICAL_INPUT, DENSE_INPUT, NUM_CATEGORICAL, NUM_D
 from criteo.synth import SynthConfig, write_tsv
 from criteo.tables import table_offsets
 from criteo.tsv import Batch, read_batch
-from export.onnx_dlrm import DLRMExporter
+from export.importers.onnx_dlrm import DLRMExporter
 from models.config import CONFIG_FILE, DLRMConfig, TrainConfig, WideDeepConfig, load_config, save_config
 from models.dlrm import DLRM, WEIGHTS_FILE
 from models.train_dlrm import train_dlrm
@@ -205,8 +205,8 @@ def test_exporter_rejects_an_opset_without_mod(exported: tuple[DLRMExporter, Pat
 def test_the_graph_reduces_ids_itself_and_its_sizes_are_readable(
     exported: tuple[DLRMExporter, Path], tmp_path: Path
 ) -> None:
-    """export.ids reads the 26 per-table sizes from the Mod in front of the fused lookup and adds nothing."""
-    from export.ids import ensure_id_reduction
+    """export.graphs.ids reads the table sizes from the Mod in front of the fused lookup and adds nothing."""
+    from export.graphs.ids import ensure_id_reduction
 
     exporter, path = exported
     copy = tmp_path / "model.onnx"

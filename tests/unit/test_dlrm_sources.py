@@ -15,13 +15,18 @@ from torch import nn
 from bundle.errors import ConfigError, ExportError
 from criteo.schema import CATEGORICAL_INPUT, DENSE_INPUT, NUM_CATEGORICAL, NUM_DENSE, OUTPUT
 from criteo.tsv import Batch
-from export.dlrm_layouts import read_layout
-from export.dlrm_rebuild import GatherDLRM, PairInteraction, reference_module, reference_probabilities
-from export.dlrm_sources import CheckpointExporter, detect_format, open_dlrm_source
-from export.onnx_dlrm import DLRMExporter
-from export.sources import SourceOptions
-from export.torch_module import TorchModuleExporter, program_module
-from export.torch_onnx import interaction_nodes, loop_nodes, output_sigmoids, single_id_bags
+from export.importers.dlrm_layouts import read_layout
+from export.importers.dlrm_rebuild import (
+    GatherDLRM,
+    PairInteraction,
+    reference_module,
+    reference_probabilities,
+)
+from export.importers.dlrm_sources import CheckpointExporter, detect_format, open_dlrm_source
+from export.importers.onnx_dlrm import DLRMExporter
+from export.importers.sources import SourceOptions
+from export.importers.torch_module import TorchModuleExporter, program_module
+from export.importers.torch_onnx import interaction_nodes, loop_nodes, output_sigmoids, single_id_bags
 from models.config import DLRMConfig, save_config
 from models.dlrm import DLRM, WEIGHTS_FILE
 from tests.byom_torch import (
@@ -381,7 +386,7 @@ def test_torchscript_exports_embedding_bags_as_gathers(fb_net: nn.Module, tmp_pa
     exporter.to_onnx(tmp_path / "ts.onnx", OPSET)
     model = onnx.load(str(tmp_path / "ts.onnx"))
     assert not loop_nodes(model)
-    assert exporter.table_sizes == TABLE_SIZES  # read from the graph's tables by export.ids
+    assert exporter.table_sizes == TABLE_SIZES  # read from the graph's tables by export.graphs.ids
     assert exporter.source["id_reduction_added"] is True and exporter.source["format"] == "torchscript"
     batch, extreme = _batch(128, seed=9), _batch(12, seed=10, extreme=True)
     expected = facebook_probabilities(fb_net, batch.dense, in_range(batch.categorical))

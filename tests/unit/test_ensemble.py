@@ -1,4 +1,4 @@
-"""Hierarchical models without Triton: repository entries (export.ensemble), the stage's numpy core."""
+"""Hierarchical models without Triton: repository entries (export.tables.ensemble), the stage's numpy core."""
 
 from __future__ import annotations
 
@@ -21,8 +21,9 @@ from criteo.schema import (
     NUM_CATEGORICAL,
     OUTPUT,
 )
-from export import row_store
-from export.ensemble import (
+from export.repository import MODEL_FILE, ServingConfig, read_config, version_dir
+from export.tables import row_store
+from export.tables.ensemble import (
     HOT_SET_FILE,
     add_hierarchical_models,
     build_dense_config,
@@ -35,9 +36,8 @@ from export.ensemble import (
     write_embedding_stage,
     write_ensemble,
 )
-from export.hot_rows import HotSet
-from export.repository import MODEL_FILE, ServingConfig, read_config, version_dir
-from export.row_store import RowStore, RowStoreSpec, write_arrays
+from export.tables.hot_rows import HotSet
+from export.tables.row_store import RowStore, RowStoreSpec, write_arrays
 from server.stages.embedding import SOURCE_DIR, SOURCE_FILES
 from server.stages.embedding import hot_cold_lookup as stage
 from server.stages.embedding.hot_cold_lookup import HotColdLookup, RequestError, StageError
@@ -109,7 +109,7 @@ def test_the_three_configs_are_written_and_read_back(
     stage_config = write_embedding_stage(repository, "dlrm", store_dir, hot_path, SIZES, WIDTH, instances=2)
     dense_folder = version_dir(repository, "dlrm_dense")
     dense_folder.mkdir(parents=True)
-    (dense_folder / MODEL_FILE).write_bytes(b"written by export.hierarchical")
+    (dense_folder / MODEL_FILE).write_bytes(b"written by export.tables.hierarchical")
     dense_config = write_dense_config(repository, "dlrm", WIDTH, ServingConfig(intra_op_threads=2))
     ensemble_config = write_ensemble(repository, "dlrm")
 
@@ -177,7 +177,7 @@ def test_add_hierarchical_models_writes_all_three(
     repository = tmp_path / "repository"
     dense_folder = version_dir(repository, "wide_deep_dense")
     dense_folder.mkdir(parents=True)
-    (dense_folder / MODEL_FILE).write_bytes(b"written by export.hierarchical")
+    (dense_folder / MODEL_FILE).write_bytes(b"written by export.tables.hierarchical")
     paths = add_hierarchical_models(repository, "wide_deep", store_dir, hot_path, ServingConfig())
     names = [read_config(path).name for path in paths]
     assert names == ["wide_deep_embedding", "wide_deep_dense", "wide_deep_onnx"]

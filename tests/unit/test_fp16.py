@@ -1,4 +1,4 @@
-"""export.fp16: a user's own Cast-to-float nodes inside the FP16 region load and run."""
+"""export.graphs.fp16: a user's own Cast-to-float nodes inside the FP16 region load and run."""
 
 from __future__ import annotations
 
@@ -12,9 +12,9 @@ from onnx import TensorProto, helper, numpy_helper
 
 from bundle.errors import ExportError
 from criteo.schema import CATEGORICAL_INPUT, DENSE_INPUT, NUM_CATEGORICAL, NUM_DENSE, OUTPUT
-from export import fp16
-from export.fp16 import convert_to_fp16
-from export.onnx_io import save_model
+from export.graphs import fp16
+from export.graphs.fp16 import convert_to_fp16
+from export.graphs.onnx_io import save_model
 
 
 def _model() -> onnx.ModelProto:

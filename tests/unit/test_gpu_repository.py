@@ -23,7 +23,15 @@ from tritonclient.grpc import model_config_pb2 as mc
 from bundle.errors import ConfigError
 from criteo.schema import INPUTS, OUTPUTS
 from criteo.synth import SynthConfig, write_tsv
-from export.pipeline import ExportOptions
+from export.engines.trt_build import (
+    TensorRTOptions,
+    build_key,
+    find_trt_models,
+    plan_is_current,
+    resolve_profile,
+    source_models,
+)
+from export.options import ExportOptions
 from export.repository import (
     PLAN_FILE,
     BatchProfile,
@@ -31,14 +39,6 @@ from export.repository import (
     build_trt_config,
     default_graph_batch_sizes,
     read_config,
-)
-from export.trt_build import (
-    TensorRTOptions,
-    build_key,
-    find_trt_models,
-    plan_is_current,
-    resolve_profile,
-    source_models,
 )
 
 ONNX_MODELS = ["dlrm_onnx", "dlrm_onnx_fp16", "wide_deep_onnx", "wide_deep_onnx_fp16"]

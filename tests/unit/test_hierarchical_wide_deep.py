@@ -1,10 +1,10 @@
-"""export.hierarchical on the bundle's Wide & Deep (TensorFlow export): deep and wide tables in one store.
+"""export.tables.hierarchical on the bundle's Wide & Deep (TensorFlow): deep and wide tables in one store.
 
 Apart from test_hierarchical.py so that TensorFlow and PyTorch never load into one
 process. The tiny model is built, given non-zero wide weights (training starts
 them at zero, which would hide a wrong wide lookup), saved as the SavedModel
 training writes and exported by WideDeepExporter; the dense model fed with
-:func:`export.hierarchical.stage_reference` must answer as the export within 1e-6.
+:func:`export.tables.hierarchical.stage_reference` must answer as the export within 1e-6.
 """
 
 from __future__ import annotations
@@ -28,9 +28,9 @@ from criteo.schema import (
     OUTPUT,
 )
 from criteo.tables import table_offsets
-from export.hierarchical import split_lookups, stage_reference, write_store
-from export.hot_rows import HotSet
-from export.lookups import find_lookups
+from export.tables.hierarchical import split_lookups, stage_reference, write_store
+from export.tables.hot_rows import HotSet
+from export.tables.lookups import find_lookups
 
 SIZES = tuple(2 + 3 * t for t in range(NUM_CATEGORICAL))
 TOLERANCE = 1e-6
@@ -41,7 +41,7 @@ I64 = np.iinfo(np.int64)
 def exported(tmp_path_factory: pytest.TempPathFactory) -> Path:
     import keras
 
-    from export.onnx_wide_deep import WideDeepExporter
+    from export.importers.onnx_wide_deep import WideDeepExporter
     from models.config import WideDeepConfig, save_config
     from models.wide_deep import LOGIT_LAYER, build_wide_deep, export_saved_model
 

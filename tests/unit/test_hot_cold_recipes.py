@@ -1,14 +1,19 @@
-"""Names, configs and recipes of a hot/cold model's FP16 and INT8 variants (export.hot_cold_variants)."""
+"""Names, configs and recipes of hot/cold FP16 and INT8 variants (export.tables.hot_cold_variants)."""
 
 from __future__ import annotations
 
 import pytest
 
 from bundle.errors import ConfigError
-from export.ensemble import build_ensemble_config, dense_model_name, ensemble_model_name, variant_models
-from export.hot_cold_variants import VariantRecipe
-from export.placement import variant_entries
-from export.quantize import QuantizeOptions
+from export.graphs.quantize import QuantizeOptions
+from export.tables.ensemble import (
+    build_ensemble_config,
+    dense_model_name,
+    ensemble_model_name,
+    variant_models,
+)
+from export.tables.hot_cold_variants import VariantRecipe
+from export.tables.placement import variant_entries
 
 
 def test_variant_names_follow_the_in_graph_variants() -> None:

@@ -13,7 +13,7 @@ from criteo.profile import AccessProfile, TableCounts, profile_file
 from criteo.schema import NUM_CATEGORICAL
 from criteo.synth import SynthConfig, write_tsv
 from criteo.tsv import read_batch
-from export.hot_rows import HotSet, choose_hot_rows, parse_size
+from export.tables.hot_rows import HotSet, choose_hot_rows, parse_size
 
 SIZES = (10,) * NUM_CATEGORICAL
 #: C1 8 bytes a row, C2 12, every other table 4.

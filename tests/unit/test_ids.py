@@ -1,4 +1,4 @@
-"""export.ids: probing graphs with out-of-range ids, reading table sizes, inserting the reduction."""
+"""export.graphs.ids: probing graphs with out-of-range ids, reading table sizes, inserting the reduction."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from bundle.errors import ExportError
 from criteo.schema import CATEGORICAL_INPUT, DENSE_INPUT, NUM_CATEGORICAL, NUM_DENSE, OUTPUT
-from export.ids import PROBE_IDS, ensure_id_reduction, probe, probe_rows, read_table_sizes
+from export.graphs.ids import PROBE_IDS, ensure_id_reduction, probe, probe_rows, read_table_sizes
 
 SIZES = tuple(3 + 7 * i for i in range(NUM_CATEGORICAL))
 DIM = 4

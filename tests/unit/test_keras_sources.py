@@ -26,10 +26,11 @@ from criteo.schema import (
     OUTPUT,
 )
 from criteo.tsv import Batch
-from export.keras_sources import ModelInput, detect_format, map_inputs
-from export.onnx_keras import casts_to_fp32, sigmoid_and_logit_sum
-from export.parity import run_onnx
-from export.sources import SourceOptions, parse_input_map
+from export.graphs.parity import run_onnx
+from export.importers.keras_inputs import ModelInput, map_inputs
+from export.importers.keras_sources import detect_format
+from export.importers.onnx_keras import casts_to_fp32, sigmoid_and_logit_sum
+from export.importers.sources import SourceOptions, parse_input_map
 
 #: Tables of the per-feature test module: a different size per column.
 SIZES = tuple(3 + 2 * i for i in range(NUM_CATEGORICAL))
@@ -279,7 +280,7 @@ def _per_feature_module(tf: Any, path: Path) -> Path:
 
 
 def test_per_feature_savedmodel_dtypes_shapes_and_table_sizes_from_the_graph(tf: Any, tmp_path: Path) -> None:
-    from export.keras_sources import open_wide_deep_source
+    from export.importers.keras_sources import open_wide_deep_source
 
     path = _per_feature_module(tf, tmp_path / "per_feature")
     options = _options("dense_features=int_0..int_12", "categorical_ids=cat_0..cat_25", logits=True)
@@ -336,7 +337,7 @@ def _signature_module(tf: Any, path: Path, outputs: dict[str, Any]) -> Path:
 
 
 def test_output_errors_and_logits_without_flag(tf: Any, tmp_path: Path) -> None:
-    from export.keras_sources import open_wide_deep_source
+    from export.importers.keras_sources import open_wide_deep_source
 
     two = _signature_module(tf, tmp_path / "two", {"p": tf.sigmoid, "q": tf.sigmoid})
     with pytest.raises(ExportError, match=r"has 2 outputs \(p, q\)"):
@@ -358,7 +359,7 @@ def test_output_errors_and_logits_without_flag(tf: Any, tmp_path: Path) -> None:
 
 
 def test_an_input_the_model_ignores_stays_in_the_served_interface(tf: Any, tmp_path: Path) -> None:
-    from export.keras_sources import open_wide_deep_source
+    from export.importers.keras_sources import open_wide_deep_source
 
     module = tf.Module()
     specs = [tf.TensorSpec([None, 1], tf.float32, name=name) for name in DENSE_COLUMNS]
@@ -384,7 +385,7 @@ def test_an_input_the_model_ignores_stays_in_the_served_interface(tf: Any, tmp_p
 def test_keras_file_with_custom_layer_suggests_model_export(tf: Any, tmp_path: Path) -> None:
     import keras
 
-    from export.keras_sources import open_wide_deep_source
+    from export.importers.keras_sources import open_wide_deep_source
 
     class Doubling(keras.layers.Layer):
         def call(self, x: Any) -> Any:

@@ -1,4 +1,5 @@
-"""The stages import each other in one direction only (ARCHITECTURE.md), and nothing imports benchmarks/.
+"""The stages import each other in one direction only (ARCHITECTURE.md), no module imports another in a
+circle, and nothing imports benchmarks/.
 
 Every ``import`` of every module is read with :mod:`ast`, those inside
 functions and ``TYPE_CHECKING`` blocks included, so a lazy import breaks a
@@ -86,3 +87,122 @@ def test_the_checker_sees_lazy_imports(tmp_path: Path) -> None:
         "def f():\n    from server.launcher import LocalServer\n    from . import sibling\n"
     )
     assert imported_stages(module) == {"bundle": 2, "clients": 4, "server": 6}
+
+
+#: The packages whose modules may not import each other in a circle.
+PACKAGES = tuple(sorted(ALLOWED))
+
+
+def module_name(path: Path, root: Path = ROOT) -> str:
+    """``export/tables/placement.py`` -> ``export.tables.placement``; an ``__init__`` names its package."""
+    parts = list(path.relative_to(root).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def imported_modules(path: Path, modules: frozenset[str], root: Path = ROOT) -> set[str]:
+    """The bundle's modules ``path`` imports, relative imports resolved, lazy ones included.
+
+    ``from a.b import c`` counts ``a.b.c`` where that is a module, else ``a.b``.
+    """
+    name = module_name(path, root)
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            targets = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")[: len(package.split(".")) - node.level + 1]
+                module = ".".join([*base, *([node.module] if node.module else [])])
+            else:
+                module = node.module or ""
+            submodules = (f"{module}.{alias.name}" for alias in node.names)
+            targets = [sub if sub in modules else module for sub in submodules]
+        else:
+            continue
+        for target in targets:
+            # ``import a.b.c`` and ``from a.b import c`` name the deepest module that exists.
+            while target and target not in modules:
+                target = target.rpartition(".")[0]
+            if target:
+                found.add(target)
+    return found
+
+
+def import_graph(root: Path = ROOT) -> dict[str, set[str]]:
+    """Every module of :data:`PACKAGES` and the bundle's modules it imports."""
+    paths = {module_name(p, root): p for stage in PACKAGES for p in sorted((root / stage).rglob("*.py"))}
+    modules = frozenset(paths)
+    return {name: imported_modules(path, modules, root) for name, path in paths.items()}
+
+
+def cycles(graph: dict[str, set[str]]) -> list[tuple[str, ...]]:
+    """The strongly connected components of more than one module, and modules that import themselves."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[tuple[str, ...]] = []
+
+    def visit(start: str) -> None:  # Tarjan's algorithm, iterative: no recursion limit to meet
+        work = [(start, iter(sorted(graph[start])))]
+        index[start] = low[start] = len(index)
+        stack.append(start)
+        on_stack.add(start)
+        while work:
+            node, edges = work[-1]
+            for nxt in edges:
+                if nxt not in index:
+                    index[nxt] = low[nxt] = len(index)
+                    stack.append(nxt)
+                    on_stack.add(nxt)
+                    work.append((nxt, iter(sorted(graph[nxt]))))
+                    break
+                if nxt in on_stack:
+                    low[node] = min(low[node], index[nxt])
+            else:
+                work.pop()
+                if work:
+                    low[work[-1][0]] = min(low[work[-1][0]], low[node])
+                if low[node] == index[node]:
+                    component = []
+                    while True:
+                        member = stack.pop()
+                        on_stack.discard(member)
+                        component.append(member)
+                        if member == node:
+                            break
+                    if len(component) > 1 or node in graph[node]:
+                        found.append(tuple(sorted(component)))
+
+    for module in sorted(graph):
+        if module not in index:
+            visit(module)
+    return sorted(found)
+
+
+def test_no_module_imports_another_in_a_circle() -> None:
+    found = cycles(import_graph())
+    assert not found, "modules that import each other in a circle (lazy imports count):\n" + "\n".join(
+        " -> ".join(cycle) for cycle in found
+    )
+
+
+def test_the_cycle_finder_sees_a_lazy_circle_and_a_self_import() -> None:
+    graph = {"a.x": {"a.y"}, "a.y": {"a.z"}, "a.z": {"a.x"}, "b.s": {"b.s"}, "b.t": {"a.x"}}
+    assert cycles(graph) == [("a.x", "a.y", "a.z"), ("b.s",)]
+
+
+def test_the_import_graph_resolves_relative_and_lazy_imports(tmp_path: Path) -> None:
+    package = tmp_path / "pkg"
+    (package / "sub").mkdir(parents=True)
+    for name in ("__init__.py", "a.py", "b.py", "sub/__init__.py", "sub/c.py"):
+        (package / name).touch()
+    (package / "sub" / "c.py").write_text(
+        "from typing import TYPE_CHECKING\nfrom .. import a\nif TYPE_CHECKING:\n    from ..b import thing\n"
+        "def f():\n    import pkg.sub\n"
+    )
+    modules = frozenset({"pkg", "pkg.a", "pkg.b", "pkg.sub", "pkg.sub.c"})
+    assert imported_modules(package / "sub" / "c.py", modules, tmp_path) == {"pkg.a", "pkg.b", "pkg.sub"}

@@ -1,4 +1,4 @@
-"""export.placement: the placement options, the auto decision, and export_family's hot/cold path in-process.
+"""export.tables.placement: the placement options, the auto decision, export_family's hot/cold path.
 
 The options and decisions need no model. The export cases run the bundle's tiny
 DLRM (untrained, a different size per table) through :func:`export_family`: an
@@ -22,18 +22,14 @@ import pytest
 from bundle.errors import ConfigError, ExportError
 from criteo.schema import NUM_CATEGORICAL
 from criteo.synth import SynthConfig, write_tsv
-from export import placement as placement_module
 from export.__main__ import _export_options
-from export.hot_rows import HotSet
-from export.pipeline import ExportOptions, export_family
-from export.placement import (
-    FP32_STORE_TOLERANCE,
-    NO_PROFILE_DATA,
-    PlacementOptions,
-    decide,
-)
+from export.options import NO_PROFILE_DATA, ExportOptions, PlacementOptions
+from export.pipeline import export_family
 from export.repository import ServingConfig, read_config
-from export.row_store import RowStore
+from export.tables import placement as placement_module
+from export.tables.hot_rows import HotSet
+from export.tables.placement import FP32_STORE_TOLERANCE, decide
+from export.tables.row_store import RowStore
 
 #: A different size per table; DLRM tiny rows are 8 float32 values (32 bytes).
 SIZES = tuple(30 + 11 * t for t in range(NUM_CATEGORICAL))
@@ -164,7 +160,7 @@ def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def _exporter(checkpoint: Path) -> Any:
-    from export.onnx_dlrm import DLRMExporter
+    from export.importers.onnx_dlrm import DLRMExporter
 
     return DLRMExporter(checkpoint)
 
@@ -191,7 +187,7 @@ def test_hierarchical_export_is_exact_with_an_fp32_store(
     # Stale all-in-graph variants of an earlier export go: they no longer match what is served.
     for stale in ("dlrm_onnx_fp16", "dlrm_onnx_int8", "dlrm_trt", "dlrm_torch"):
         (repository / stale / "1").mkdir(parents=True)
-    caplog.set_level("INFO", logger="export.placement")
+    caplog.set_level("INFO", logger="export.tables.placement")
     options = replace(_options(repository, data, stage_instances=2), fp16=True)
     result, fp16 = export_family(_exporter(checkpoint), options)
     # The FP16 variant is the shared stage and its own dense model; nothing else of before is left.
@@ -288,7 +284,7 @@ def test_auto_keeps_tables_within_the_budget_in_the_graph(
     repository = tmp_path / "repo"
     export_family(_exporter(checkpoint), _options(repository, data))
     assert (repository / "dlrm_dense").is_dir()
-    caplog.set_level("INFO", logger="export.placement")
+    caplog.set_level("INFO", logger="export.tables.placement")
     # Now the tables fit: in-graph, and the earlier export's stage and dense model go.
     (result,) = export_family(_exporter(checkpoint), _options(repository, data, hot_budget=TABLE_BYTES))
     assert "within the hot budget" in caplog.text

@@ -13,10 +13,17 @@ import pytest
 from bundle.errors import ConfigError, ExportError
 from criteo.synth import SynthConfig, write_tsv
 from criteo.tsv import read_batch
-from export.onnx_dlrm import DLRMExporter
-from export.parity import run_onnx
-from export.pipeline import ExportOptions, calibration_rows, export_family
-from export.quantize import QuantizeOptions, gemm_as_matmul, int8_nodes, quantize_int8, quantized_op_counts
+from export.graphs.parity import run_onnx
+from export.graphs.quantize import (
+    QuantizeOptions,
+    gemm_as_matmul,
+    int8_nodes,
+    quantize_int8,
+    quantized_op_counts,
+)
+from export.importers.onnx_dlrm import DLRMExporter
+from export.options import ExportOptions
+from export.pipeline import calibration_rows, export_family
 from export.repository import ServingConfig, read_config
 from loadtest.roofline import count_flops
 from models.config import DLRMConfig, TrainConfig

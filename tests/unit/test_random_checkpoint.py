@@ -20,7 +20,7 @@ SIZES = tuple(30 + 11 * t for t in range(NUM_CATEGORICAL))
 
 
 def test_it_writes_what_the_export_loads(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from export.onnx_dlrm import DLRMExporter
+    from export.importers.onnx_dlrm import DLRMExporter
 
     monkeypatch.setattr(random_checkpoint, "CHUNK_ROWS", 16)  # several chunks per table
     config = DLRMConfig.preset("tiny", table_sizes=SIZES)

@@ -14,8 +14,8 @@ from typer.testing import CliRunner
 from bundle.errors import BundleError, ConfigError, DataError, ExportError
 from criteo.schema import NUM_CATEGORICAL
 from criteo.tables import table_offsets, uniform_table_sizes
-from export import row_store_cli
-from export.row_store import (
+from export.tables import row_store_cli
+from export.tables.row_store import (
     META_FILE,
     RANDOM_BLOCK_ROWS,
     ROWS_FILE,

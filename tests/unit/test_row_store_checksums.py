@@ -11,7 +11,7 @@ import pytest
 
 from bundle.errors import ExportError
 from criteo.schema import NUM_CATEGORICAL
-from export.row_store import (
+from export.tables.row_store import (
     META_FILE,
     ROWS_FILE,
     RowStoreSpec,

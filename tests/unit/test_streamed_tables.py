@@ -24,13 +24,14 @@ from bundle.errors import ConfigError
 from criteo.schema import NUM_CATEGORICAL
 from criteo.synth import SynthConfig, write_tsv
 from criteo.tsv import read_batch
-from export.dlrm_sources import open_dlrm_source
-from export.hot_rows import HotSet
-from export.parity import extreme_id_rows
-from export.pipeline import ExportOptions, export_family
-from export.placement import PlacementOptions, run_hierarchical
-from export.row_store import RowStore
-from export.sources import SourceOptions
+from export.graphs.parity import extreme_id_rows
+from export.importers.dlrm_sources import open_dlrm_source
+from export.importers.sources import SourceOptions
+from export.options import ExportOptions, PlacementOptions
+from export.pipeline import export_family
+from export.tables.hot_rows import HotSet
+from export.tables.placement import run_hierarchical
+from export.tables.row_store import RowStore
 from tests.byom_torch import (
     TORCHREC_ORDER,
     TORCHREC_TABLES,
@@ -52,7 +53,7 @@ def data(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def _bundle(folder: Path) -> Any:
-    from export.onnx_dlrm import DLRMExporter
+    from export.importers.onnx_dlrm import DLRMExporter
     from models.config import DLRMConfig, save_config
     from models.dlrm import DLRM, WEIGHTS_FILE
 
@@ -174,7 +175,7 @@ def test_large_hot_tables_skip_the_fp16_converter_and_answer_alike(
 ) -> None:
     import onnx
 
-    from export import hot_cold_variants
+    from export.tables import hot_cold_variants
 
     exporter = _bundle(tmp_path)
     answers = {}

@@ -1,4 +1,4 @@
-"""export.synthetic_model: an untrained DLRM of real table sizes from a placeholder graph and a random store.
+"""export.tables.synthetic_model: an untrained DLRM of real table sizes (placeholder graph, random store).
 
 Tiny sizes (26 tables of 50..500 rows, D = 4, tiny MLPs). Beyond the function's own
 check (torch layers on store rows), the served pair is compared through ONNX Runtime
@@ -33,21 +33,21 @@ from criteo.schema import (
 from criteo.synth import SynthConfig, write_tsv
 from criteo.tables import table_offsets
 from criteo.tsv import read_batch
-from export import synthetic_model, synthetic_model_cli
-from export.ensemble import HOT_SET_FILE
-from export.hierarchical import PREFIX, split_lookups, stage_reference
-from export.hot_rows import HotSet
-from export.lookups import find_lookups
+from export.framework import small_table_sizes
 from export.repository import CONFIG_NAME, MODEL_FILE, read_config
-from export.row_store import ROWS_FILE, RowStore, RowStoreSpec, random_rows, random_store
-from export.synthetic_model import (
+from export.tables import synthetic_model, synthetic_model_cli
+from export.tables.ensemble import HOT_SET_FILE
+from export.tables.hierarchical import PREFIX, split_lookups, stage_reference
+from export.tables.hot_rows import HotSet
+from export.tables.lookups import find_lookups
+from export.tables.row_store import ROWS_FILE, RowStore, RowStoreSpec, random_rows, random_store
+from export.tables.synthetic_model import (
     CHECK_CASES,
     SMALL_MODEL,
     TOLERANCES,
     check_batches,
     check_dense,
     make_random_hierarchical_dlrm,
-    small_table_sizes,
 )
 from models.config import DLRMConfig
 

@@ -19,7 +19,7 @@ from criteo.tables import (
     uniform_table_sizes,
 )
 from criteo.tsv import read_batch
-from export.sources import SourceOptions, expand_names, parse_input_map
+from export.importers.sources import SourceOptions, expand_names, parse_input_map
 from models.config import CONFIG_FILE, DLRMConfig, WideDeepConfig, load_config, save_config
 
 

@@ -24,14 +24,15 @@ from bundle.errors import ConfigError
 from criteo.schema import INPUTS, OUTPUTS
 from criteo.synth import SynthConfig, write_tsv
 from criteo.tsv import Batch, read_batch
-from export.dlrm_sources import open_dlrm_source
-from export.onnx_dlrm import DLRMExporter
-from export.parity import check_rows, extreme_id_rows
-from export.pipeline import TORCH_MAX_ABS_DIFF, ExportedModel, ExportOptions, export_family
+from export.engines.torchscript import reduced_precision, run_torchscript, write_torchscript
+from export.framework import example_inputs
+from export.graphs.parity import check_rows, extreme_id_rows
+from export.importers.dlrm_sources import open_dlrm_source
+from export.importers.onnx_dlrm import DLRMExporter
+from export.importers.sources import SourceOptions
+from export.options import ExportOptions
+from export.pipeline import TORCH_MAX_ABS_DIFF, ExportedModel, export_family
 from export.repository import TORCH_PLATFORM, TORCHSCRIPT_FILE, read_config, torch_model_name, version_dir
-from export.sources import SourceOptions
-from export.torch_onnx import example_inputs
-from export.torchscript import reduced_precision, run_torchscript, write_torchscript
 from models.config import DLRMConfig, TrainConfig
 from models.train_dlrm import train_dlrm
 from tests.byom_torch import TABLE_SIZES, FacebookAdapter, make_facebook_net, save_facebook_checkpoint
@@ -230,7 +231,7 @@ def test_a_users_torchscript_gets_the_id_reduction_and_a_device_warning(
     adapter = FacebookAdapter(make_facebook_net(seed=6)).eval()
     torch.jit.save(torch.jit.trace(adapter, example_inputs(TABLE_SIZES)), tmp_path / "user.pt")
     exporter = open_dlrm_source(tmp_path / "user.pt", SourceOptions())
-    with caplog.at_level("WARNING", logger="export.torchscript"):
+    with caplog.at_level("WARNING", logger="export.engines.torchscript"):
         export_family(exporter, _options(tmp_path / "repo", labeled_file, fp16=False))
     script = _report(tmp_path / "repo")["torchscript"]
     assert script["fp32_modules"] == [] and script["id_reduction_added"] is True

@@ -58,7 +58,7 @@ def trained(tmp_path_factory: pytest.TempPathFactory, data: Path) -> tuple[Path,
 
 @pytest.fixture(scope="module")
 def exported(tmp_path_factory: pytest.TempPathFactory, trained: tuple[Path, dict[str, float]]):
-    from export.onnx_wide_deep import WideDeepExporter
+    from export.importers.onnx_wide_deep import WideDeepExporter
 
     exporter = WideDeepExporter(trained[0])
     path = tmp_path_factory.mktemp("onnx") / "model.onnx"
@@ -143,7 +143,7 @@ def test_onnx_matches_tensorflow(exported) -> None:
 
 
 def test_fp32_nodes_exist_and_fp16_runs(exported, data: Path) -> None:
-    from export.fp16 import convert_to_fp16
+    from export.graphs.fp16 import convert_to_fp16
 
     exporter, path = exported
     model = onnx.load(str(path))
@@ -160,14 +160,14 @@ def test_fp32_nodes_exist_and_fp16_runs(exported, data: Path) -> None:
 
 
 def test_exporter_accepts_the_saved_model_folder(trained) -> None:
-    from export.onnx_wide_deep import WideDeepExporter
+    from export.importers.onnx_wide_deep import WideDeepExporter
 
     exporter = WideDeepExporter(trained[0] / "saved_model")
     assert exporter.family == "wide_deep" and exporter.config == TINY
 
 
 def test_exporter_errors(tmp_path: Path, exported) -> None:
-    from export.onnx_wide_deep import WideDeepExporter
+    from export.importers.onnx_wide_deep import WideDeepExporter
 
     with pytest.raises(ExportError, match="no TensorFlow SavedModel"):
         WideDeepExporter(tmp_path / "missing")
@@ -184,8 +184,8 @@ def test_exporter_errors(tmp_path: Path, exported) -> None:
 
 
 def test_the_graph_reduces_ids_itself_and_its_sizes_are_readable(exported, tmp_path: Path) -> None:
-    """export.ids reads the 26 per-table sizes from the Mod in front of the fused lookups and adds nothing."""
-    from export.ids import ensure_id_reduction
+    """export.graphs.ids reads the table sizes from the Mod in front of the fused lookups, adding nothing."""
+    from export.graphs.ids import ensure_id_reduction
 
     exporter, path = exported
     copy = tmp_path / "model.onnx"

@@ -16,11 +16,11 @@ blocks between its steps loses most of its throughput to the copies.
 This file runs inside tritonserver's python stub, beside the stage's
 ``model.py`` in the model's version folder, in the local server and in the NGC
 image (whose Python is 3.10). It imports only numpy and the standard library;
-``export.row_store`` and ``export.hot_rows`` import the bundle's other packages,
+``export.tables.row_store`` and ``export.tables.hot_rows`` import the bundle's other packages,
 which the serving image does not have, so the two file formats are read here
 on their own (``tests/unit/test_ensemble.py`` checks that both readers agree).
 
-The store's checksums are defined here, once: :mod:`export.row_store` writes them
+The store's checksums are defined here, once: :mod:`export.tables.row_store` writes them
 with these functions and the stage verifies them when it loads
 (:func:`open_store`). ``store.json`` records a CRC-32 (``zlib.crc32``) of each
 64 MiB chunk of ``rows.bin`` and a fingerprint of the store (a SHA-256 over its
@@ -35,9 +35,9 @@ so chunks verify in parallel threads. Measured on this machine (AMD EPYC, 2
 cores) on a 2.0 GB store in the page cache, written by ``python -m export
 row-store random --table-sizes 300000 --dim 128 --dtype float16 --out
 /tmp/bench-store`` and checked by ``python -c "from pathlib import Path; from
-export.row_store import verify_checksums as v; print(v(Path('/tmp/bench-store'),
+export.tables.row_store import verify_checksums as v; print(v(Path('/tmp/bench-store'),
 threads=2))"``: 3.5 GB/s on one thread, 6.7 GB/s on two (the whole-file
-SHA-256 of :meth:`export.row_store.RowStore.verify`: 1.2 GB/s). A 48 GB store
+SHA-256 of :meth:`export.tables.row_store.RowStore.verify`: 1.2 GB/s). A 48 GB store
 in the page cache thus verifies in about 7 s on two cores; read from disk, the
 disk's rate bounds it instead (about 24 s at 2 GB/s). Each stage instance
 verifies at its own load.
@@ -60,7 +60,7 @@ from typing import Any
 
 import numpy as np
 
-#: The row store's files and format, as :mod:`export.row_store` writes them.
+#: The row store's files and format, as :mod:`export.tables.row_store` writes them.
 STORE_ROWS_FILE = "rows.bin"
 STORE_META_FILE = "store.json"
 STORE_FORMAT = "criteo-row-store"
@@ -80,7 +80,7 @@ _SHA256_READ_BYTES = 16 << 20
 #: Read size of the checksum pass: small enough that the bytes read are still in cache when hashed.
 _CHECK_READ_BYTES = 1 << 20
 
-#: The stage's config parameters (string values), as ``export.ensemble`` writes them.
+#: The stage's config parameters (string values), as ``export.tables.ensemble`` writes them.
 #: The row store folder: absolute, or relative to the model's version folder.
 PARAM_ROW_STORE = "row_store"
 #: The hot-set ``.npz``: absolute, or relative to the model's version folder.
@@ -347,7 +347,7 @@ def _verify_content(rows_path: Path, meta: dict[str, Any], size: int) -> tuple[s
 def open_store(path: Path, verify: bool = True) -> StoreRows:
     """Map the row store at ``path`` after checking its description, file size and content.
 
-    ``export`` opened the store with :meth:`export.row_store.RowStore.open` when it
+    ``export`` opened the store with :meth:`export.tables.row_store.RowStore.open` when it
     wrote the stage; this checks that the store found at serving time is still a
     complete, undamaged store of the same format: every byte against the chunk
     checksums of ``store.json`` (see :func:`_verify_content` for older stores).
@@ -410,7 +410,7 @@ def open_store(path: Path, verify: bool = True) -> StoreRows:
 def read_hot_ids(path: Path, num_tables: int) -> tuple[tuple[int, ...], tuple[np.ndarray, ...]]:
     """The table sizes and each table's hot ids (hottest first) of a hot-set ``.npz``.
 
-    Reads the file :meth:`export.hot_rows.HotSet.save` writes: ``table_sizes`` and
+    Reads the file :meth:`export.tables.hot_rows.HotSet.save` writes: ``table_sizes`` and
     ``ids_C1`` .. ``ids_C<num_tables>``.
 
     Raises:

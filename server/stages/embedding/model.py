@@ -13,10 +13,10 @@ request's ``B x 26`` raw ids this stage answers, with numpy alone
 
 The tensors have no batch semantics (``N`` varies per request), so the config
 says ``max_batch_size: 0`` and dims ``[-1, 26]``, ``[-1]``, ``[-1, W]``; the
-input comes first, the outputs in the order above (``export.ensemble`` writes
+input comes first, the outputs in the order above (``export.tables.ensemble`` writes
 the config and every name in it from ``criteo.schema``).
 
-Config ``parameters`` (string values), written by ``export.ensemble``:
+Config ``parameters`` (string values), written by ``export.tables.ensemble``:
 ``row_store`` (the store's folder) and ``hot_set`` (the hot-set ``.npz``), each
 absolute or relative to this model's version folder, ``table_sizes`` (26
 comma-separated sizes, checked against both files) and, optionally,
@@ -127,7 +127,7 @@ class _LookupCounters:
     and when one of them unloads, the other's metric is freed under it: tritonserver
     2.51 then crashed on the next count (triton-inference-server/server#8663). That
     happens whenever a loaded version is loaded again, which a hot-set rollout does
-    (:mod:`export.rollout`). Sum over ``stub`` (``sum by (model, version, tier)``).
+    (:mod:`export.tables.rollout`). Sum over ``stub`` (``sum by (model, version, tier)``).
     """
 
     def __init__(self, model: str, version: str, instance: str) -> None:

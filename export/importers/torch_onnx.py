@@ -1,7 +1,7 @@
 """torch.onnx for every PyTorch source: one export call, one-id embedding bags as ``Gather``.
 
-Every PyTorch exporter (:mod:`export.onnx_dlrm` for the bundle's own DLRM,
-:mod:`export.dlrm_sources` for the models users bring) writes its graph through
+Every PyTorch exporter (:mod:`export.importers.onnx_dlrm` for the bundle's own DLRM,
+:mod:`export.importers.dlrm_sources` for the models users bring) writes its graph through
 :func:`export_module`: torch.onnx's TorchScript exporter (``dynamo=False``;
 the dynamo exporter needs ``onnxscript``, which this environment does not
 have), the bundle's tensor names, a dynamic batch dimension, ``onnx.checker``,
@@ -27,7 +27,7 @@ import shlex
 import sys
 import tempfile
 import warnings
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -35,8 +35,8 @@ from typing import TYPE_CHECKING, Any
 import onnx
 
 from bundle.errors import ConfigError, ExportError
-from criteo.schema import CATEGORICAL_INPUT, DENSE_INPUT, NUM_CATEGORICAL, NUM_DENSE, OUTPUT
-from export.onnx_io import save_model
+from criteo.schema import CATEGORICAL_INPUT, DENSE_INPUT, OUTPUT
+from export.graphs.onnx_io import save_model
 
 if TYPE_CHECKING:
     import torch
@@ -45,8 +45,6 @@ log = logging.getLogger(__name__)
 
 #: Name of the dynamic batch dimension in the exported graph.
 BATCH_DIM = "batch"
-#: Rows of the example batch traced at export (> 1 so the batch stays dynamic).
-EXAMPLE_ROWS = 4
 #: Lowest opset accepted: torch writes ``torch.remainder`` as one ``Mod`` from opset 11 on.
 MIN_OPSET = 11
 #: The aten operator behind ``nn.EmbeddingBag`` and ``F.embedding_bag``.
@@ -83,30 +81,6 @@ def load_mapped(path: Path) -> Any:
         log.info("%s: larger than a private mapping may be here (%s); mapping it shared", path, exc)
     with torch.serialization.set_default_mmap_options(mmap.MAP_SHARED):
         return torch.load(path, map_location="cpu", weights_only=True, mmap=True)
-
-
-def example_inputs(
-    table_sizes: Sequence[int] | None = None, rows: int = EXAMPLE_ROWS
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """A traced batch: ``rows x 13`` float32 counts and ``rows x 26`` int64 ids.
-
-    Args:
-        table_sizes: rows of the tables behind C1..C26: ids are drawn inside them
-            (a module that does not reduce ids may only see valid ones); None: id 0
-            everywhere (valid in any table).
-        rows: the batch size (> 1, so that torch.onnx keeps the batch dynamic).
-
-    Returns:
-        ``(dense B x 13, ids B x 26)``.
-    """
-    import torch
-
-    generator = torch.Generator().manual_seed(0)
-    dense = torch.rand(rows, NUM_DENSE, generator=generator)
-    if table_sizes is None:
-        return dense, torch.zeros(rows, NUM_CATEGORICAL, dtype=torch.int64)
-    raw = torch.randint(0, 2**62, (rows, NUM_CATEGORICAL), generator=generator)
-    return dense, torch.remainder(raw, torch.tensor(list(table_sizes), dtype=torch.int64))
 
 
 @dataclass(frozen=True)

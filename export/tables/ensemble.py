@@ -50,9 +50,7 @@ from criteo.schema import (
     OUTPUTS,
     TensorSpec,
 )
-from export.hierarchical import lookup_graph
-from export.hot_rows import HotSet
-from export.onnx_io import save_model
+from export.graphs.onnx_io import save_model
 from export.repository import (
     CONFIG_NAME,
     MODEL_FILE,
@@ -64,7 +62,9 @@ from export.repository import (
     version_dir,
     write_config,
 )
-from export.row_store import RowStore
+from export.tables.hierarchical import lookup_graph
+from export.tables.hot_rows import HotSet
+from export.tables.row_store import RowStore
 from server.stages.embedding import SOURCE_DIR, SOURCE_FILES
 from server.stages.embedding.hot_cold_lookup import (
     PARAM_HOT_SET,
@@ -89,13 +89,13 @@ VARIANTS: tuple[str, ...] = tuple(precision for precision in PRECISIONS if preci
 #: The hot set's file in the stage's version folder.
 HOT_SET_FILE = "hot_set.npz"
 #: The dense model's graph with its tables' values dropped, in its model folder
-#: (:func:`export.hierarchical.lookup_graph`): a new hot set's dense model is built from it.
+#: (:func:`export.tables.hierarchical.lookup_graph`): a new hot set's dense model is built from it.
 LOOKUP_GRAPH_FILE = "lookup_graph.onnx"
 PYTHON_BACKEND = "python"
 ENSEMBLE_PLATFORM = "ensemble"
 
 #: Versions of the stage and of the dense model that may be loaded at once: the serving
-#: pair and a new one, while the ensemble switches (:mod:`export.rollout`). The policy
+#: pair and a new one, while the ensemble switches (:mod:`export.tables.rollout`). The policy
 #: never changes after the export, because tritonserver reloads every version of a model
 #: whose config changed, and reloading the serving version under load crashed the python
 #: backend of tritonserver 2.51 (seen in tests/integration/test_hot_set_rollout.py).
@@ -267,7 +267,7 @@ def build_ensemble_config(family: str, version: int = 1, precision: str = "") ->
 
     Both steps name ``version`` of their model, never "the latest": a stage's hot
     slots are only meaningful to the dense model built from the same hot set, so a
-    new hot set (:mod:`export.rollout`) switches both at once by reloading this
+    new hot set (:mod:`export.tables.rollout`) switches both at once by reloading this
     ensemble with the new version, while the old pair keeps answering.
 
     Raises:
@@ -336,14 +336,14 @@ def write_embedding_stage(
     """Write ``<family>_embedding``: its version folder (the stage's files, the hot set) and config.
 
     The store and the hot set are opened here (the store's size and sampled rows
-    checked, see :meth:`export.row_store.RowStore.open`), so a mismatch fails at
+    checked, see :meth:`export.tables.row_store.RowStore.open`), so a mismatch fails at
     export time, not when the server loads the model.
 
     Args:
         repository: the model repository root.
         family: ``dlrm``, ``wide_deep``, ...
         store_dir: the row store's folder (every row of the 26 tables).
-        hot_set_path: the hot set (:meth:`export.hot_rows.HotSet.save`); copied as ``hot_set.npz``.
+        hot_set_path: the hot set (:meth:`export.tables.hot_rows.HotSet.save`); copied as ``hot_set.npz``.
         table_sizes: expected table sizes (default: the store's); checked against both files.
         width: expected row width ``W`` (default: the store's).
         store_path: the store's path as the server sees it (e.g. ``/row_store`` inside

@@ -1,7 +1,7 @@
 """A new hot set for a hierarchical model, rolled out as new model versions with no failed request.
 
 Skew drifts: the rows that take most lookups this week are not last month's. A
-fresh profile chooses a new hot set (:func:`export.hot_rows.choose_hot_rows`);
+fresh profile chooses a new hot set (:func:`export.tables.hot_rows.choose_hot_rows`);
 :func:`roll_out` turns it into version ``N`` of the embedding stage and of the
 dense model, checks the new pair against the serving pair in-process, and
 switches the ensemble to it.
@@ -9,12 +9,12 @@ switches the ensemble to it.
 The two must switch together: a stage's hot slots index only the hot table of
 the dense model built from the same hot set, so a new stage with an old dense
 model would answer wrong numbers, not errors. The ensemble therefore names a
-version of each step (:func:`export.ensemble.build_ensemble_config`), and on a
+version of each step (:func:`export.tables.ensemble.build_ensemble_config`), and on a
 server in explicit model-control mode the rollout goes:
 
 1. write ``<family>_embedding/N`` (the stage's files and the new hot set) and
    ``<family>_dense/N/model.onnx`` (built from the model's lookup graph and the row
-   store, :func:`export.hierarchical.split_lookups`) and load both models: version
+   store, :func:`export.tables.hierarchical.split_lookups`) and load both models: version
    ``N`` loads beside the serving one (their configs keep the latest two versions), and
    the ensemble still runs the old pair;
 2. the ensemble's config names version ``N`` of both steps and the ensemble is loaded:
@@ -26,7 +26,7 @@ server in explicit model-control mode the rollout goes:
 Without a server the files are written straight in the state after step 3, for a
 server started (or pointed at the repository) later.
 
-The FP16 and INT8 variants of the model (:mod:`export.hot_cold_variants`) run the same
+The FP16 and INT8 variants of the model (:mod:`export.tables.hot_cold_variants`) run the same
 stage, so they roll out with it: version ``N`` of each variant's dense model is made
 from the new FP32 dense model by the recipe its report keeps (an INT8 one keeping the
 serving version's quantization parameters, so a row's answer does not move), checked
@@ -55,7 +55,19 @@ from bundle.errors import ConfigError, ExportError
 from bundle.staging import RepositoryWrite
 from criteo.profile import AccessProfile
 from criteo.tsv import Batch, read_batch
-from export.ensemble import (
+from export.graphs.onnx_io import save_model
+from export.graphs.parity import ParityResult, compare, extreme_id_rows
+from export.repository import (
+    CONFIG_NAME,
+    MODEL_FILE,
+    REPORT_FILE,
+    read_config,
+    read_report,
+    version_dir,
+    write_config,
+    write_report,
+)
+from export.tables.ensemble import (
     ENSEMBLE_PLATFORM,
     ENSEMBLE_SUFFIX,
     HOT_SET_FILE,
@@ -69,29 +81,17 @@ from export.ensemble import (
     stage_store_path,
     variant_models,
 )
-from export.hierarchical import split_lookups
-from export.hot_cold_variants import (
+from export.tables.hierarchical import split_lookups
+from export.tables.hot_cold_variants import (
     LABELS,
     VariantRecipe,
     build_dense_variant,
     check_variant,
     keep_quantization,
 )
-from export.hot_rows import HotSet, choose_hot_rows
-from export.onnx_io import save_model
-from export.parity import ParityResult, compare, extreme_id_rows
-from export.placement import FP32_STORE_TOLERANCE, run_hierarchical
-from export.repository import (
-    CONFIG_NAME,
-    MODEL_FILE,
-    REPORT_FILE,
-    read_config,
-    read_report,
-    version_dir,
-    write_config,
-    write_report,
-)
-from export.row_store import RowStore, format_bytes
+from export.tables.hot_rows import HotSet, choose_hot_rows
+from export.tables.placement import FP32_STORE_TOLERANCE, run_hierarchical
+from export.tables.row_store import RowStore, format_bytes
 from server.stages.embedding import SOURCE_DIR, SOURCE_FILES
 
 log = logging.getLogger(__name__)
@@ -156,7 +156,7 @@ class RolloutOptions:
 class Serving:
     """The hierarchical model as the repository serves it now.
 
-    ``variants``: the FP16/INT8 variants served beside it (:mod:`export.hot_cold_variants`), each
+    ``variants``: the FP16/INT8 variants served beside it (:mod:`export.tables.hot_cold_variants`), each
     with its recipe; they run the same stage version and roll out with it.
     """
 
@@ -376,7 +376,7 @@ def _variants(
     each checked against its serving version.
 
     An INT8 variant keeps the serving version's quantization parameters
-    (:func:`export.hot_cold_variants.keep_quantization`): the static method still needs rows to
+    (:func:`export.tables.hot_cold_variants.keep_quantization`): the static method still needs rows to
     build the graph, and gets the check rows.
 
     Raises:

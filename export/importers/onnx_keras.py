@@ -1,16 +1,16 @@
 """A user's TensorFlow/Keras model -> ONNX with the bundle's served interface.
 
-:class:`KerasSourceExporter` wraps a model that :mod:`export.keras_sources`
+:class:`KerasSourceExporter` wraps a model that :mod:`export.importers.keras_sources`
 loaded and whose inputs it matched by name: a ``tf.function`` takes the served
 tensors (``dense_features`` ``B x 13`` float32, ``categorical_ids`` ``B x 26``
 int64), splits them into the model's inputs (one ``Split`` per tensor, so that
-:mod:`export.ids` can trace each column to its table), casts and reshapes each
+:mod:`export.graphs.ids` can trace each column to its table), casts and reshapes each
 to what the model declares, calls the model, and appends the sigmoid when the
 model returns logits. tf2onnx converts that function with the weights kept out
-of its optimizer passes (:mod:`export.tf_convert`) and with TensorFlow's
-``FloorMod`` as ONNX ``Mod(fmod=0)`` (as :mod:`export.onnx_wide_deep` does), so a
+of its optimizer passes (:mod:`export.importers.tf_convert`) and with TensorFlow's
+``FloorMod`` as ONNX ``Mod(fmod=0)`` (as :mod:`export.importers.onnx_wide_deep` does), so a
 model that reduces negative ids itself keeps doing so in ONNX. Then
-:func:`export.ids.ensure_id_reduction` probes the written graph with ids at the
+:func:`export.graphs.ids.ensure_id_reduction` probes the written graph with ids at the
 int64 limits and adds a modulo by each table's size where the model does not
 reduce ids itself; :meth:`KerasSourceExporter.predict` feeds TensorFlow the ids
 the graph's lookups then see.
@@ -30,10 +30,10 @@ import onnx
 from bundle.errors import BundleError, ConfigError, ExportError
 from criteo.schema import CATEGORICAL_INPUT, DENSE_INPUT, NUM_CATEGORICAL, NUM_DENSE, OUTPUT
 from criteo.tsv import Batch
-from export.ids import IdReduction, ensure_id_reduction
-from export.keras_sources import InputBinding, UserModel, one_line
-from export.parity import batch_arrays
-from export.sources import MAPPED_TENSORS, SourceOptions
+from export.graphs.ids import IdReduction, ensure_id_reduction
+from export.graphs.parity import batch_arrays
+from export.importers.keras_inputs import InputBinding, UserModel, one_line
+from export.importers.sources import MAPPED_TENSORS, SourceOptions
 
 logger = logging.getLogger(__name__)
 
@@ -50,7 +50,8 @@ class KerasSourceExporter:
 
     Args:
         user: the loaded model.
-        bindings: which served column feeds each of its inputs (:func:`map_inputs`).
+        bindings: which served column feeds each of its inputs
+            (:func:`export.importers.keras_inputs.map_inputs`).
         options: ``--table-sizes`` and ``--logits``.
 
     Raises:
@@ -81,7 +82,7 @@ class KerasSourceExporter:
         @tf.function(input_signature=serving_signature())
         def forward(dense: Any, ids: Any) -> dict[str, Any]:
             served = {DENSE_INPUT: dense, CATEGORICAL_INPUT: ids}
-            # One Split per tensor: each feature a B x 1 column that export.ids can trace to its table.
+            # One Split per tensor: each feature a B x 1 column that export.graphs.ids can trace to its table.
             columns = {
                 t: tf.split(served[t], MAPPED_TENSORS[t], axis=1, name=f"{t}_columns") for t in per_feature
             }
@@ -167,9 +168,9 @@ class KerasSourceExporter:
             ExportError: the conversion, the ONNX checker or the id reduction
                 failed (the log shows the command that reproduces it).
         """
-        from export.onnx_io import save_model
-        from export.onnx_wide_deep import floormod_as_onnx_mod
-        from export.tf_convert import convert_function
+        from export.graphs.onnx_io import save_model
+        from export.importers.onnx_wide_deep import floormod_as_onnx_mod
+        from export.importers.tf_convert import convert_function
 
         if opset < MIN_OPSET:
             raise ConfigError(f"Wide & Deep needs ONNX opset >= {MIN_OPSET} (for Mod), got {opset}")

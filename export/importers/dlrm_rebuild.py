@@ -1,4 +1,4 @@
-"""The modules rebuilt from a :class:`export.dlrm_layouts.DLRMLayout`: the one the export
+"""The modules rebuilt from a :class:`export.importers.dlrm_layouts.DLRMLayout`: the one the export
 writes, and each source codebase's own forward for the parity check.
 
 - :class:`GatherDLRM`, written to ONNX: the 26 tables stacked into one
@@ -27,7 +27,7 @@ from torch import nn
 
 from bundle.errors import ExportError
 from criteo.schema import NUM_CATEGORICAL, NUM_DENSE
-from export.dlrm_layouts import TORCHREC_TABLES, DLRMLayout
+from export.importers.dlrm_layouts import TORCHREC_TABLES, DLRMLayout
 
 
 def _linear_stack(widths: Sequence[int], width_in: int, relu_last: bool) -> nn.Sequential:

@@ -4,14 +4,14 @@
 :class:`export.framework.FrameworkExporter`, the format detected from the file:
 
 - a directory with ``config.json``: the bundle's own training output
-  (:class:`export.onnx_dlrm.DLRMExporter`);
+  (:class:`export.importers.onnx_dlrm.DLRMExporter`);
 - a TorchScript file (``torch.jit.save``), a ``torch.export`` program
   (``torch.export.save``, ``.pt2``), or any module through ``--factory
-  package.module:function``: exported as it is (:mod:`export.torch_module`);
+  package.module:function``: exported as it is (:mod:`export.importers.torch_module`);
 - a ``torch.save`` file: a facebookresearch/dlrm checkpoint (what
   ``dlrm_s_pytorch.py --save-model`` writes: a dict whose ``state_dict`` holds the
   weights) or its bare state dict, or a TorchRec ``DLRM`` state dict: the model is
-  rebuilt from the weight shapes (:mod:`export.dlrm_layouts`, :mod:`export.dlrm_rebuild`).
+  rebuilt from the weight shapes (:mod:`export.importers.dlrm_layouts`, :mod:`export.importers.dlrm_rebuild`).
 
 A TorchScript archive holds ``constants.pkl`` and ``code/``, a ``torch.export``
 archive ``archive_format``, a ``torch.save`` archive ``data.pkl``: the zip's
@@ -36,10 +36,9 @@ import onnx
 from bundle.errors import ConfigError, ExportError
 from criteo.schema import CATEGORICAL_COLUMNS, NUM_CATEGORICAL
 from criteo.tsv import Batch
-from export.framework import FrameworkExporter, TorchServing
-from export.sources import SourceOptions
-from export.torch_onnx import (
-    example_inputs,
+from export.framework import FrameworkExporter, TorchServing, example_inputs
+from export.importers.sources import SourceOptions
+from export.importers.torch_onnx import (
     export_module,
     load_mapped,
     loop_nodes,
@@ -50,7 +49,7 @@ from export.torch_onnx import (
 if TYPE_CHECKING:
     import torch
 
-    from export.dlrm_rebuild import GatherDLRM
+    from export.importers.dlrm_rebuild import GatherDLRM
 
 log = logging.getLogger(__name__)
 
@@ -170,8 +169,8 @@ def load_state(path: Path) -> tuple[dict[str, torch.Tensor], Literal["checkpoint
 class CheckpointExporter:
     """A facebookresearch/dlrm or TorchRec DLRM state dict, rebuilt from its weights (the ``dlrm`` family).
 
-    The export writes :class:`export.dlrm_rebuild.GatherDLRM`; :meth:`predict` runs
-    the codebase's own forward (:func:`export.dlrm_rebuild.reference_module`), on ids
+    The export writes :class:`export.importers.dlrm_rebuild.GatherDLRM`; :meth:`predict` runs
+    the codebase's own forward (:func:`export.importers.dlrm_rebuild.reference_module`), on ids
     reduced into the tables as the graph reduces them.
 
     Args:
@@ -181,7 +180,7 @@ class CheckpointExporter:
         options: ``feature_order`` (TorchRec), ``table_sizes`` (at most each table's rows).
 
     Raises:
-        ExportError: an unsupported layout (see :func:`export.dlrm_layouts.read_layout`).
+        ExportError: an unsupported layout (see :func:`export.importers.dlrm_layouts.read_layout`).
         ConfigError: options that do not fit the checkpoint.
     """
 
@@ -194,8 +193,8 @@ class CheckpointExporter:
         container: Literal["checkpoint", "state_dict"],
         options: SourceOptions,
     ) -> None:
-        from export.dlrm_layouts import read_layout
-        from export.dlrm_rebuild import reference_module
+        from export.importers.dlrm_layouts import read_layout
+        from export.importers.dlrm_rebuild import reference_module
 
         self.path = path
         self.options = options
@@ -216,7 +215,7 @@ class CheckpointExporter:
     @property
     def module(self) -> GatherDLRM:
         """The rebuilt module the export writes (built on first use: it stacks every table in memory)."""
-        from export.dlrm_rebuild import GatherDLRM
+        from export.importers.dlrm_rebuild import GatherDLRM
 
         if self._module is None:
             in_table_order = [self.sizes[column] for column in self.layout.columns]
@@ -230,7 +229,7 @@ class CheckpointExporter:
 
     def table_rows(self, column: int, start: int, stop: int) -> np.ndarray:
         """Rows ``start:stop`` of the table C<column + 1> looks up (from the memory-mapped state dict)."""
-        from export.dlrm_rebuild import table_key
+        from export.importers.dlrm_rebuild import table_key
 
         table = self.layout.tables[self.layout.columns.index(column)]
         return self.state[table_key(self.layout, table)].detach()[start:stop].float().numpy()
@@ -241,8 +240,8 @@ class CheckpointExporter:
 
         import torch
 
-        from export.dlrm_rebuild import GatherDLRM, table_key
-        from export.hierarchical import small_table_sizes
+        from export.framework import small_table_sizes
+        from export.importers.dlrm_rebuild import GatherDLRM, table_key
 
         rows = small_table_sizes(self.layout.rows, small_rows)
         sizes = small_table_sizes([self.sizes[column] for column in self.layout.columns], small_rows)
@@ -258,9 +257,10 @@ class CheckpointExporter:
             opset,
             f"{self.path} ({self.format}, placeholder tables)",
             reproduce=python_command(
-                "from pathlib import Path; from export.dlrm_sources import open_dlrm_source; "
-                f"from export.sources import SourceOptions; open_dlrm_source(Path({str(self.path)!r}), "
-                f"{self.options!r}).placeholder_onnx(Path({str(out)!r}), {opset}, {small_rows})"
+                "from pathlib import Path; from export.importers.dlrm_sources import open_dlrm_source; "
+                "from export.importers.sources import SourceOptions; "
+                f"open_dlrm_source(Path({str(self.path)!r}), {self.options!r})"
+                f".placeholder_onnx(Path({str(out)!r}), {opset}, {small_rows})"
             ),
             doc=f"DLRM rebuilt from {self.path} ({self.format}) with placeholder tables",
         )
@@ -273,7 +273,7 @@ class CheckpointExporter:
     @property
     def source(self) -> dict[str, Any]:
         """The report's ``source``: format, path, table sizes, interaction, feature order."""
-        from export.dlrm_layouts import column_names
+        from export.importers.dlrm_layouts import column_names
 
         source: dict[str, Any] = {
             "format": self.format,
@@ -301,8 +301,8 @@ class CheckpointExporter:
             ExportError: torch.onnx failed or the graph failed ``onnx.checker``.
         """
         code = (
-            "from pathlib import Path; from export.dlrm_sources import open_dlrm_source; "
-            f"from export.sources import SourceOptions; open_dlrm_source(Path({str(self.path)!r}), "
+            "from pathlib import Path; from export.importers.dlrm_sources import open_dlrm_source; "
+            f"from export.importers.sources import SourceOptions; open_dlrm_source(Path({str(self.path)!r}), "
             f"{self.options!r}).to_onnx(Path({str(out)!r}), {opset})"
         )
         model = export_module(
@@ -321,7 +321,7 @@ class CheckpointExporter:
         """The source codebase's own forward on ``batch`` (ids reduced into the tables): ``B x 1`` float32."""
         import torch
 
-        from export.dlrm_rebuild import reference_probabilities
+        from export.importers.dlrm_rebuild import reference_probabilities
 
         ids = np.mod(batch.categorical, np.asarray(self.sizes, dtype=np.int64)[None, :])
         outputs = []
@@ -338,7 +338,7 @@ class CheckpointExporter:
     def torch_serving(self) -> TorchServing:
         """The rebuilt DLRM's logits for the TorchScript variant: a ``dot`` interaction stays FP32
         there (a ``cat`` only moves values), the sigmoid is FP32, and the module reduces ids itself."""
-        from export.torchscript import Logits
+        from export.engines.torchscript import Logits
 
         keep = ("model.interaction",) if self.layout.interaction == "dot" else ()
         return TorchServing(Logits(self.module), True, keep, None)
@@ -347,7 +347,7 @@ class CheckpointExporter:
         """The interaction (every node under ``/interaction/``, for ``dot``) and the output sigmoid.
 
         The dot products are sums of ``D`` products that feed the top MLP unscaled
-        (see :meth:`export.onnx_dlrm.DLRMExporter.fp32_nodes`); a ``cat`` interaction
+        (see :meth:`export.importers.onnx_dlrm.DLRMExporter.fp32_nodes`); a ``cat`` interaction
         only moves values and stays FP16.
         """
         names = (
@@ -362,11 +362,16 @@ def _module_exporter(
     checkpoint: Path | None, options: SourceOptions, kind: FileFormat | None
 ) -> FrameworkExporter:
     """The exporter of a TorchScript or torch.export file, or of --factory's module."""
-    from export.torch_module import TorchModuleExporter, load_factory, load_program, load_torchscript
+    from export.importers.torch_module import (
+        TorchModuleExporter,
+        load_factory,
+        load_program,
+        load_torchscript,
+    )
 
     reproduce = (
-        "from pathlib import Path; from export.dlrm_sources import open_dlrm_source; "
-        "from export.sources import SourceOptions; "
+        "from pathlib import Path; from export.importers.dlrm_sources import open_dlrm_source; "
+        "from export.importers.sources import SourceOptions; "
         f"open_dlrm_source({None if checkpoint is None else f'Path({str(checkpoint)!r})'}, {options!r})"
     )
     if options.factory is not None:
@@ -427,7 +432,7 @@ def open_dlrm_source(checkpoint: Path | None, options: SourceOptions) -> Framewo
                 f"{', '.join(given)}: the bundle's training output describes itself in {CONFIG_FILE}; "
                 "drop them"
             )
-        from export.onnx_dlrm import DLRMExporter
+        from export.importers.onnx_dlrm import DLRMExporter
 
         return DLRMExporter(checkpoint)
     kind = detect_format(checkpoint)

@@ -3,26 +3,26 @@
 A DLRM of the Criteo Terabyte preset (187,767,399 rows at ``D`` 128: 96 GB of
 FP32 tables, 48 GB in FP16) cannot exist here as a torch module or as one ONNX
 graph, so the usual way (export everything in-graph, then split it,
-:mod:`export.placement`) cannot make it. :func:`make_random_hierarchical_dlrm`
+:mod:`export.tables.placement`) cannot make it. :func:`make_random_hierarchical_dlrm`
 takes the other way:
 
 1. the row store of the preset's real table sizes, written by
-   :func:`export.row_store.random_store` (streamed: memory holds two chunks; the
+   :func:`export.tables.row_store.random_store` (streamed: memory holds two chunks; the
    values depend on the seed, table and row only), or reused when a store of that
    spec and seed is already there;
 2. the bundle's DLRM with the preset's layers and placeholder tables (at most
-   :data:`SMALL_ROWS` rows each, its own ``Mod`` into them), exported to ONNX:
+   :data:`export.framework.SMALL_ROWS` rows each, its own ``Mod`` into them), exported to ONNX:
    served as it is, it is ``dlrm_small``, the same dense model with small in-graph
    tables (the baseline a benchmark compares with);
 3. the hot rows, chosen from a measured access profile under a byte budget
-   (:func:`export.hot_rows.choose_hot_rows`; bytes of FP32 rows, as the dense model
+   (:func:`export.tables.hot_rows.choose_hot_rows`; bytes of FP32 rows, as the dense model
    holds them);
 4. the dense model from the placeholder graph, its hot rows read from the store
-   (:func:`export.hierarchical.split_lookups` with ``rows=``), and the stage and
-   ensemble configs (:func:`export.ensemble.add_hierarchical_models`): ``dlrm_onnx``;
+   (:func:`export.tables.hierarchical.split_lookups` with ``rows=``), and the stage and
+   ensemble configs (:func:`export.tables.ensemble.add_hierarchical_models`): ``dlrm_onnx``;
 5. an exactness check: the placeholder module's own layers (torch) on embeddings
    read from the store for the ids reduced into the real sizes, against the dense
-   ONNX model (ONNX Runtime) fed by :func:`export.hierarchical.stage_reference`,
+   ONNX model (ONNX Runtime) fed by :func:`export.tables.hierarchical.stage_reference`,
    on batches of hot, cold, mixed and out-of-range ids: within
    :data:`TOLERANCES` (1e-6 for an FP32 store; 1e-3 for FP16, whose values both
    sides read alike but which the benchmark does not need tighter).
@@ -56,19 +56,9 @@ from criteo.schema import (
     OUTPUT,
 )
 from criteo.tsv import iter_batches
-from export.ensemble import (
-    HOT_SET_FILE,
-    add_hierarchical_models,
-    dense_model_name,
-    embedding_model_name,
-    ensemble_model_name,
-    write_lookup_graph,
-)
-from export.hierarchical import SMALL_ROWS, small_table_sizes, split_lookups, stage_reference
-from export.hot_rows import HotSet, choose_hot_rows
-from export.onnx_io import save_model
-from export.parity import onnx_session
-from export.placement import variant_entries
+from export.framework import SMALL_ROWS, small_table_sizes
+from export.graphs.onnx_io import save_model
+from export.graphs.parity import onnx_session
 from export.repository import (
     MODEL_FILE,
     ServingConfig,
@@ -79,7 +69,18 @@ from export.repository import (
     version_dir,
     write_report,
 )
-from export.row_store import (
+from export.tables.ensemble import (
+    HOT_SET_FILE,
+    add_hierarchical_models,
+    dense_model_name,
+    embedding_model_name,
+    ensemble_model_name,
+    write_lookup_graph,
+)
+from export.tables.hierarchical import split_lookups, stage_reference
+from export.tables.hot_rows import HotSet, choose_hot_rows
+from export.tables.placement import variant_entries
+from export.tables.row_store import (
     DTYPES,
     EMBEDDING_COLUMN,
     META_FILE,
@@ -271,7 +272,8 @@ def _placeholder_module(config: DLRMConfig, seed: int) -> DLRM:
 
 def _export_small(module: DLRM, repository: Path, opset: int, serving: ServingConfig) -> Path:
     """Write ``dlrm_small`` (the placeholder graph, served as it is) and its config; return the ONNX path."""
-    from export.torch_onnx import example_inputs, export_module
+    from export.framework import example_inputs
+    from export.importers.torch_onnx import export_module
 
     path = version_dir(repository, SMALL_MODEL) / MODEL_FILE
     export_module(
@@ -468,10 +470,10 @@ def make_random_hierarchical_dlrm(
             ``config.table_sizes``).
         seed: seed of the store's values and of the layers' initialisation.
         serving: how Triton serves the dense model and ``dlrm_small`` (default: ``ServingConfig()``).
-        small_rows: rows of each placeholder table (:func:`small_table_sizes`).
+        small_rows: rows of each placeholder table (:func:`export.framework.small_table_sizes`).
         opset: the ONNX opset.
         store_path: the store's path as the server sees it (see
-            :func:`export.ensemble.write_embedding_stage`).
+            :func:`export.tables.ensemble.write_embedding_stage`).
         stage_instances: embedding stage instances.
         heldout_data: a Criteo TSV whose lookups measure the hot rows' hit rate (held-out traffic).
         on_store_rows: called with the rows written after each chunk of the store (not when reused).

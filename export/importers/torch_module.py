@@ -5,9 +5,9 @@ The user's module takes ``(dense_features B x 13 float32, categorical_ids B x 26
 int64)`` and returns ``B x 1`` or ``B`` probabilities (logits with
 ``--logits``). The export wraps it (:class:`ServingModule`: ``B x 1`` float32,
 the sigmoid where it gives logits), writes it with torch.onnx
-(:func:`export.torch_onnx.export_module`, one-id embedding bags as one
+(:func:`export.importers.torch_onnx.export_module`, one-id embedding bags as one
 ``Gather``), then makes the graph safe for any int64 id
-(:func:`export.ids.ensure_id_reduction`). The parity check runs the user's own
+(:func:`export.graphs.ids.ensure_id_reduction`). The parity check runs the user's own
 loaded module, on ids reduced into the tables where the export added the
 reduction.
 
@@ -33,11 +33,10 @@ from torch import nn
 from bundle.errors import ConfigError, ExportError
 from criteo.schema import NUM_CATEGORICAL, NUM_DENSE
 from criteo.tsv import Batch
-from export.framework import TorchServing
-from export.ids import IdReduction, ensure_id_reduction
-from export.sources import SourceOptions
-from export.torch_onnx import (
-    example_inputs,
+from export.framework import TorchServing, example_inputs
+from export.graphs.ids import IdReduction, ensure_id_reduction
+from export.importers.sources import SourceOptions
+from export.importers.torch_onnx import (
     export_module,
     interaction_nodes,
     loop_nodes,
@@ -426,7 +425,7 @@ class TorchModuleExporter:
         """Nodes that stay FP32 in the FP16 variant: the interaction and the output sigmoid.
 
         The module's own names are unknown, so the interaction is found by its
-        shape in the graph (:func:`export.torch_onnx.interaction_nodes`: products
+        shape in the graph (:func:`export.importers.torch_onnx.interaction_nodes`: products
         of two activations and what carries them to the top MLP). A model
         without one (e.g. a DLRM with ``cat`` interaction) keeps only its output sigmoid.
         """

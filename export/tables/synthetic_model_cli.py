@@ -1,8 +1,8 @@
 """``random-dlrm``: an untrained DLRM of a preset's size, hot/cold, for benchmarks.
 
-The command line of :mod:`export.synthetic_model`.
+The command line of :mod:`export.tables.synthetic_model`.
 
-``python -m export.synthetic_model_cli random-dlrm ...`` runs it on its own; ``python -m
+``python -m export.tables.synthetic_model_cli random-dlrm ...`` runs it on its own; ``python -m
 export`` mounts :func:`random_dlrm` as ``python -m export random-dlrm``
 (``app.command("random-dlrm")(random_dlrm)``).
 """
@@ -19,13 +19,13 @@ from rich.console import Console
 from bundle.cli import new_app, run
 from criteo.profile import COUNTS_FILE, AccessProfile, read_profile
 from criteo.tables import TABLE_SIZE_PRESETS, parse_table_sizes
-from export.hot_rows import parse_size
+from export.framework import SMALL_ROWS
 from export.repository import ServingConfig
-from export.row_store import DTYPES, format_bytes
-from export.synthetic_model import (
+from export.tables.hot_rows import parse_size
+from export.tables.row_store import DTYPES, format_bytes
+from export.tables.synthetic_model import (
     DEFAULT_OPSET,
     SMALL_MODEL,
-    SMALL_ROWS,
     existing_random_store,
     make_random_hierarchical_dlrm,
     random_store_spec,

@@ -1,7 +1,7 @@
-"""``row-store`` commands: make, describe and check the memory-mapped row stores of :mod:`export.row_store`.
+"""``row-store`` commands: make, describe and check memory-mapped row stores (:mod:`export.tables.row_store`).
 
 A sub-app for ``python -m export`` (``app.add_typer(row_store_cli.app, name="row-store")``);
-``python -m export.row_store_cli`` runs it on its own.
+``python -m export.tables.row_store_cli`` runs it on its own.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from bundle.cli import new_app, run
 from bundle.staging import RepositoryWrite
 from criteo.schema import CATEGORICAL_COLUMNS
 from criteo.tables import TABLE_SIZE_PRESETS, parse_table_sizes
-from export.row_store import DTYPES, INITS, RowStore, RowStoreSpec, format_bytes, random_store
+from export.tables.row_store import DTYPES, INITS, RowStore, RowStoreSpec, format_bytes, random_store
 
 app = new_app("Row stores: every embedding row in one memory-mapped file (hot/cold placement).")
 

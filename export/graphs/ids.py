@@ -98,7 +98,7 @@ def probe(path: Path) -> str | None:
     """
     import onnxruntime as ort
 
-    from export.parity import onnx_session
+    from export.graphs.parity import onnx_session
 
     options = ort.SessionOptions()
     options.log_severity_level = 4  # the out-of-bounds Gather expected here is not worth a red log line

@@ -14,7 +14,7 @@ from pathlib import Path
 import onnx
 
 from bundle.errors import ExportError
-from export.onnx_io import EXTERNAL_DATA_THRESHOLD, weights_bytes
+from export.graphs.onnx_io import EXTERNAL_DATA_THRESHOLD, weights_bytes
 
 log = logging.getLogger(__name__)
 

@@ -11,7 +11,7 @@ back into the ONNX graph before the optimizers run).
 :func:`convert_function` keeps the weights out of the conversion instead: it
 freezes the function without grappler (tf2onnx's large-model freeze), turns
 every constant over :data:`LIFT_BYTES` into a ``Placeholder``, converts that
-graph (the weights are graph inputs, as :mod:`export.onnx_wide_deep` converts
+graph (the weights are graph inputs, as :mod:`export.importers.onnx_wide_deep` converts
 the bundle's own model), and puts the values back as initializers, written in
 place. The same model converts with a peak 0.2 GB above the loaded model, in
 1.6 s. Large constants become initializers either way, so ONNX
@@ -115,7 +115,7 @@ def convert_function(
 
     Returns:
         The ONNX model; its initializers hold the weights in place (``raw_data``),
-        so a model over 2 GB must be saved with :func:`export.onnx_io.save_model`.
+        so a model over 2 GB must be saved with :func:`export.graphs.onnx_io.save_model`.
 
     Raises:
         ExportError: tf2onnx could not convert the graph.

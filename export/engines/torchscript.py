@@ -43,8 +43,7 @@ from torch import nn
 from bundle.errors import ConfigError, ExportError
 from criteo.schema import INPUTS
 from criteo.tsv import Batch
-from export.framework import TorchServing
-from export.torch_onnx import example_inputs
+from export.framework import TorchServing, example_inputs
 
 log = logging.getLogger(__name__)
 
@@ -59,7 +58,7 @@ class Float32Island(nn.Module):
 
     Its floating-point inputs are cast to FP32 and its output back to the model's
     dtype: DLRM's dot products are sums of ``D`` products that feed the top MLP
-    unscaled (see :meth:`export.onnx_dlrm.DLRMExporter.fp32_nodes`).
+    unscaled (see :meth:`export.importers.onnx_dlrm.DLRMExporter.fp32_nodes`).
 
     Args:
         module: the submodule (its weights are made FP32).

@@ -39,8 +39,8 @@ from bundle.errors import BundleError, ConfigError, ExportError
 from criteo.schema import CATEGORICAL_INPUT, DENSE_INPUT, OUTPUT
 from criteo.tsv import Batch
 from export.framework import own_model_source
-from export.onnx_io import save_model
-from export.parity import batch_arrays
+from export.graphs.onnx_io import save_model
+from export.graphs.parity import batch_arrays
 from models.config import CONFIG_FILE, WideDeepConfig, load_config
 
 logger = logging.getLogger(__name__)
@@ -97,7 +97,7 @@ def floormod_as_onnx_mod(ctx: Any, node: Any, name: str, args: list[Any]) -> Any
 def _reproduce_command(saved_model: Path, out: Path, opset: int) -> str:
     code = (
         "import logging; logging.basicConfig(level=logging.DEBUG); from pathlib import Path; "
-        "from export.onnx_wide_deep import WideDeepExporter; "
+        "from export.importers.onnx_wide_deep import WideDeepExporter; "
         f"WideDeepExporter(Path({str(saved_model)!r})).to_onnx(Path({str(out)!r}), {opset})"
     )
     return f"PYTHONPATH=. {shlex.quote(sys.executable)} -c {shlex.quote(code)}"

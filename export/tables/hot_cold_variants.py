@@ -1,23 +1,23 @@
 """FP16 and INT8 variants of a hot/cold model: their own dense model and ensemble over the one stage.
 
-A hierarchical export (:mod:`export.placement`) serves ``<family>_onnx`` as the
+A hierarchical export (:mod:`export.tables.placement`) serves ``<family>_onnx`` as the
 ensemble of ``<family>_embedding`` and ``<family>_dense`` (FP32). Each variant is
 made from that FP32 dense model the way the in-graph variants are made from the
 in-graph graph, and served under the in-graph variant's usual name, so clients and
 load tests pick a precision by model name as before:
 
 - ``<family>_onnx_fp16``: ``<family>_embedding`` -> ``<family>_dense_fp16``, the dense
-  model converted to FP16 inside (:func:`export.fp16.convert_to_fp16`; its inputs and
+  model converted to FP16 inside (:func:`export.graphs.fp16.convert_to_fp16`; its inputs and
   output stay FP32, the cold rows are cast on entry). Its hot rows become FP16 constants:
   half the memory of the FP32 dense model's.
 - ``<family>_onnx_int8``: ``<family>_embedding`` -> ``<family>_dense_int8``, the MLP
-  layers quantized (:func:`export.quantize.quantize_int8`); the hot rows and the lookups
+  layers quantized (:func:`export.graphs.quantize.quantize_int8`); the hot rows and the lookups
   stay FP32. The static method calibrates on the check pipeline's own feeds: the
   calibration rows run through the stage in-process (:func:`hierarchical_feeds`).
 
 The stage is shared: its hot slots index the hot table of every dense model built
 from the same hot set, so each ensemble names the same version of the stage as of its
-dense model, and a new hot set (:mod:`export.rollout`) rebuilds every variant with the
+dense model, and a new hot set (:mod:`export.tables.rollout`) rebuilds every variant with the
 recipe its report keeps (:class:`VariantRecipe`) and switches all ensembles together.
 
 Each variant is gated like its in-graph counterpart: its two stages in-process against
@@ -38,7 +38,12 @@ from onnx import helper, numpy_helper
 
 from bundle.errors import ConfigError, ExportError
 from criteo.tsv import Batch
-from export.ensemble import (
+from export.graphs.fp16 import convert_to_fp16
+from export.graphs.onnx_io import save_model
+from export.graphs.parity import ParityResult, compare
+from export.graphs.quantize import QuantizeOptions, quantize_int8
+from export.repository import MODEL_FILE, ServingConfig, clear_model, version_dir, write_report
+from export.tables.ensemble import (
     HOT_SET_FILE,
     VARIANTS,
     dense_model_name,
@@ -49,15 +54,10 @@ from export.ensemble import (
     write_dense_config,
     write_ensemble,
 )
-from export.fp16 import convert_to_fp16
-from export.hierarchical import PREFIX
-from export.hot_rows import HotSet
-from export.onnx_io import save_model
-from export.parity import ParityResult, compare
-from export.placement import CHECK_CHUNK, hierarchical_feeds, run_hierarchical
-from export.quantize import QuantizeOptions, quantize_int8
-from export.repository import MODEL_FILE, ServingConfig, clear_model, version_dir, write_report
-from export.row_store import RowStore
+from export.tables.hierarchical import PREFIX
+from export.tables.hot_rows import HotSet
+from export.tables.placement import CHECK_CHUNK, hierarchical_feeds, run_hierarchical
+from export.tables.row_store import RowStore
 
 log = logging.getLogger(__name__)
 
@@ -159,8 +159,8 @@ def build_dense_variant(
         Report fields of the conversion.
 
     Raises:
-        ExportError: the conversion failed (see :func:`export.fp16.convert_to_fp16`,
-            :func:`export.quantize.quantize_int8`).
+        ExportError: the conversion failed (see :func:`export.graphs.fp16.convert_to_fp16`,
+            :func:`export.graphs.quantize.quantize_int8`).
     """
     out.parent.mkdir(parents=True, exist_ok=True)
     if recipe.quantize is None:
@@ -269,7 +269,7 @@ def keep_quantization(path: Path, serving: Path) -> int:
     """Give the INT8 dense model at ``path`` the quantization parameters of ``serving``, in place.
 
     A new hot set changes only the hot-row lookup (the nodes and initializers under
-    :data:`export.hierarchical.PREFIX`); the MLP layers and their inputs are the same, so
+    :data:`export.tables.hierarchical.PREFIX`); the MLP layers and their inputs are the same, so
     the serving version's activation scales, zero points and quantized biases still fit,
     and with them a row gets the same answer from both versions (a new calibration would
     move it by up to the INT8 error). Only initializers of the same name, type and shape

@@ -2,7 +2,7 @@
 
 Neither checkpoint carries its code: :func:`read_layout` tells the two apart by
 their keys and reads tables, widths and interaction from the weight shapes into a
-:class:`DLRMLayout`, from which :mod:`export.dlrm_rebuild` builds the module the
+:class:`DLRMLayout`, from which :mod:`export.importers.dlrm_rebuild` builds the module the
 export writes and the codebase's own forward for the parity check.
 
 facebookresearch/dlrm (``dlrm_s_pytorch.py``): ``emb_l.<k>.weight`` tables,

@@ -5,8 +5,8 @@ reading a ``B x 26`` index tensor, rows ``Mod(ids, sizes) + offsets``; Wide & De
 reads its deep and wide tables with the same rows), rebuilt facebookresearch /
 TorchRec DLRMs (the columns possibly permuted first), and per-column graphs from
 Keras or TorchScript (one ``Gather`` per column and table). Lookups are traced to
-the ids by :func:`export.ids.traced_lookups`; this module places each in a
-row-store column (:mod:`export.row_store`) and reads table values without
+the ids by :func:`export.graphs.ids.traced_lookups`; this module places each in a
+row-store column (:mod:`export.tables.row_store`) and reads table values without
 loading a whole model.
 """
 
@@ -24,8 +24,8 @@ from onnx import TensorProto, helper, numpy_helper
 from bundle.errors import ExportError
 from criteo.schema import CATEGORICAL_COLUMNS, CATEGORICAL_INPUT, NUM_CATEGORICAL
 from criteo.tables import check_table_sizes
-from export.ids import TracedLookup, traced_lookups
-from export.row_store import EMBEDDING_COLUMN, WIDE_COLUMN, RowStoreSpec
+from export.graphs.ids import TracedLookup, traced_lookups
+from export.tables.row_store import EMBEDDING_COLUMN, WIDE_COLUMN, RowStoreSpec
 
 #: Element types a table may have (the hot table keeps it; cold rows are cast to it).
 FLOAT_TYPES: frozenset[int] = frozenset({TensorProto.FLOAT, TensorProto.FLOAT16, TensorProto.DOUBLE})

@@ -3,7 +3,7 @@
 By default every table stays inside the exported ONNX graph (``in-graph``). With
 a hot budget, a model whose tables take more bytes than the budget is served as
 a Triton ensemble under its family's usual name instead (``hierarchical``, see
-:mod:`export.ensemble`): the dense model keeps the most looked-up rows inside
+:mod:`export.tables.ensemble`): the dense model keeps the most looked-up rows inside
 the graph, as many as fit the budget, and an embedding stage reads every other
 row from a memory-mapped row store. ``auto`` picks hierarchical exactly when the
 tables exceed the budget, and says so.
@@ -12,12 +12,12 @@ After the all-in-graph FP32 graph is written and checked against its framework
 (:func:`export.pipeline.export_family`), :func:`place_embeddings`:
 
 1. profiles the profile data's lookups per table row (:func:`criteo.profile.profile_file`)
-   and chooses the hot rows under the budget (:func:`export.hot_rows.choose_hot_rows`);
+   and chooses the hot rows under the budget (:func:`export.tables.hot_rows.choose_hot_rows`);
 2. writes the row store from the graph's own tables (``<family>_embedding/rows/``, beside
    the version folders: every version of the stage reads it), the hot set, the dense model
-   (``<family>_dense/1/model.onnx``) and its lookup graph (:func:`export.ensemble.write_lookup_graph`,
+   (``<family>_dense/1/model.onnx``) and its lookup graph (:func:`export.tables.ensemble.write_lookup_graph`,
    from which a new hot set builds the next version);
-3. checks the two stages in-process (:func:`export.hierarchical.stage_reference`,
+3. checks the two stages in-process (:func:`export.tables.hierarchical.stage_reference`,
    then ONNX Runtime on the dense model) against the all-in-graph graph on the check
    rows and on ids at the int64 limits: within :data:`FP32_STORE_TOLERANCE` for an
    FP32 store, within the FP16 AUC tolerance for an FP16 store;
@@ -36,7 +36,7 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 import onnx
@@ -46,23 +46,10 @@ from criteo.profile import read_profile
 from criteo.schema import COLD_POSITIONS, COLD_ROWS, DENSE_INPUT, HOT_SLOTS, OUTPUT
 from criteo.tables import check_table_sizes
 from criteo.tsv import Batch
-from export.ensemble import (
-    ENSEMBLE_PLATFORM,
-    HOT_SET_FILE,
-    VARIANTS,
-    add_hierarchical_models,
-    dense_model_name,
-    embedding_model_name,
-    ensemble_model_name,
-    variant_models,
-    write_lookup_graph,
-)
-from export.framework import FrameworkExporter, StreamedTables
-from export.hierarchical import SMALL_ROWS, split_lookups, stage_reference, write_store, write_table_store
-from export.hot_rows import HotSet, choose_hot_rows
-from export.lookups import check_sizes, find_lookups, store_spec
-from export.onnx_io import save_model
-from export.parity import ParityResult, compare, extreme_id_rows, onnx_session, run_onnx
+from export.framework import SMALL_ROWS, FrameworkExporter, StreamedTables
+from export.graphs.onnx_io import save_model
+from export.graphs.parity import ParityResult, compare, extreme_id_rows, onnx_session, run_onnx
+from export.options import NO_PROFILE_DATA, ExportOptions, PlacementOptions
 from export.repository import (
     CONFIG_NAME,
     MODEL_FILE,
@@ -73,115 +60,31 @@ from export.repository import (
     version_dir,
     write_report,
 )
-from export.row_store import DTYPES, RowStore, RowStoreSpec, format_bytes
-
-if TYPE_CHECKING:  # export.pipeline imports this module
-    from export.pipeline import ExportOptions
+from export.tables.ensemble import (
+    ENSEMBLE_PLATFORM,
+    HOT_SET_FILE,
+    VARIANTS,
+    add_hierarchical_models,
+    dense_model_name,
+    embedding_model_name,
+    ensemble_model_name,
+    variant_models,
+    write_lookup_graph,
+)
+from export.tables.hierarchical import split_lookups, stage_reference, write_store, write_table_store
+from export.tables.hot_rows import HotSet, choose_hot_rows
+from export.tables.lookups import check_sizes, find_lookups, store_spec
+from export.tables.row_store import RowStore, RowStoreSpec, format_bytes
 
 log = logging.getLogger(__name__)
 
-#: How the export places embedding tables (``--embeddings``).
-PLACEMENTS: tuple[str, ...] = ("auto", "in-graph", "hierarchical")
 #: Max |hierarchical - all-in-graph| per probability with an FP32 store: the same
 #: values reach the same layers, only gathered another way.
 FP32_STORE_TOLERANCE = 1e-6
 #: The row store's folder inside the embedding stage's model folder (shared by its versions).
 ROWS_FOLDER = "rows"
-#: The error when no file can choose the hot rows.
-NO_PROFILE_DATA = (
-    "hot/cold placement chooses its hot rows from measured lookups: give --profile-data FILE "
-    "(a Criteo TSV such as the training data), or --calibration-data / --check-data"
-)
-#: Rows per stage + dense model call in the checks (as :func:`export.parity.run_onnx` chunks).
+#: Rows per stage + dense model call in the checks (as :func:`export.graphs.parity.run_onnx` chunks).
 CHECK_CHUNK = 4096
-
-
-@dataclass(frozen=True)
-class PlacementOptions:
-    """Where the embedding tables go (options ``--embeddings``, ``--hot-budget``, ``--profile-data``, ...).
-
-    Args:
-        mode: ``auto`` (hierarchical when ``hot_budget`` is given and the tables'
-            bytes exceed it, else in-graph), ``in-graph`` or ``hierarchical``.
-        hot_budget: bytes of hot rows the dense model keeps (see
-            :func:`export.hot_rows.parse_size`); None: no budget (in-graph).
-        profile_data: Criteo TSV whose lookups choose the hot rows, or the folder of a profile
-            ``python -m criteo profile`` wrote (None: the export's calibration data, else its
-            check data; see :meth:`profile_source`).
-        store_dtype: the row store's values, ``float32`` or ``float16``.
-        stage_instances: instances of the embedding stage (python stubs; each maps the
-            same store and holds its own slot map).
-        stream_tables: never build the all-in-graph graph: write the row store from the
-            checkpoint's tables (memory-mapped) and take the layers from a graph with
-            placeholder tables (:func:`place_streamed`), for tables larger than memory.
-
-    Raises:
-        ConfigError: an unknown mode or dtype, a negative budget, ``hierarchical``
-            without a budget, a budget with ``in-graph``, profile data or an FP16 store
-            without a budget, fewer than 1 stage instance (or more without a budget), or
-            profile data that does not exist.
-    """
-
-    mode: str = "auto"
-    hot_budget: int | None = None
-    profile_data: Path | None = None
-    store_dtype: str = "float32"
-    stage_instances: int = 1
-    stream_tables: bool = False
-
-    def __post_init__(self) -> None:
-        if self.mode not in PLACEMENTS:
-            raise ConfigError(f"--embeddings must be {', '.join(PLACEMENTS)}; got {self.mode!r}")
-        if self.store_dtype not in DTYPES:
-            raise ConfigError(f"--store-dtype must be {' or '.join(DTYPES)}; got {self.store_dtype!r}")
-        budget = self.hot_budget
-        if budget is not None and (isinstance(budget, bool) or not isinstance(budget, int) or budget < 0):
-            raise ConfigError(f"--hot-budget must be a byte count >= 0, got {budget!r}")
-        if self.mode == "hierarchical" and budget is None:
-            raise ConfigError(
-                "--embeddings hierarchical needs --hot-budget SIZE: the bytes of hot rows the dense "
-                "model keeps (e.g. 512M)"
-            )
-        if self.mode == "in-graph" and budget is not None:
-            raise ConfigError(
-                "--hot-budget places tables hot/cold; --embeddings in-graph keeps them all in the graph: "
-                "drop one"
-            )
-        instances = self.stage_instances
-        if isinstance(instances, bool) or not isinstance(instances, int) or instances < 1:
-            raise ConfigError(f"--stage-instances must be an int >= 1, got {instances!r}")
-        if budget is None and (
-            self.profile_data is not None or self.store_dtype != "float32" or instances != 1
-        ):
-            raise ConfigError(
-                "--profile-data, --store-dtype and --stage-instances apply to hot/cold placement: "
-                "give --hot-budget too"
-            )
-        if self.stream_tables and (budget is None or self.mode == "in-graph"):
-            raise ConfigError(
-                "--stream-tables writes the row store straight from the checkpoint's tables for hot/cold "
-                "placement: give --hot-budget SIZE (and --embeddings hierarchical to split whatever the size)"
-            )
-        if self.profile_data is not None and not Path(self.profile_data).exists():
-            raise ConfigError(f"profile data {self.profile_data} does not exist")
-
-    @property
-    def may_split(self) -> bool:
-        """Whether the export may place the tables hot/cold (a budget is given)."""
-        return self.hot_budget is not None
-
-    def profile_source(
-        self, calibration_data: Path | None, check_data: Path | None
-    ) -> tuple[Path, str] | None:
-        """The file whose lookups choose the hot rows and the option it came from (None: no file)."""
-        for path, option in (
-            (self.profile_data, "--profile-data"),
-            (calibration_data, "--calibration-data"),
-            (check_data, "--check-data"),
-        ):
-            if path is not None:
-                return Path(path), option
-        return None
 
 
 @dataclass(frozen=True)
@@ -322,7 +225,7 @@ def hierarchical_entries(family: str) -> tuple[str, ...]:
 
 
 def variant_entries(family: str) -> tuple[str, ...]:
-    """The FP16 and INT8 variants' ensembles and dense models (:mod:`export.hot_cold_variants`)."""
+    """The FP16 and INT8 variants' ensembles and dense models (:mod:`export.tables.hot_cold_variants`)."""
     return tuple(name for precision in VARIANTS for name in variant_models(family, precision))
 
 
@@ -345,7 +248,7 @@ def clear_variants(repository: Path, family: str) -> None:
 
     They would be models of an earlier export, out of step with the new ensemble: the
     FP16 and INT8 variants are written again from the new dense model
-    (:mod:`export.hot_cold_variants`); TensorRT and TorchScript are not written for a
+    (:mod:`export.tables.hot_cold_variants`); TensorRT and TorchScript are not written for a
     hot/cold model.
     """
     for name in (*variant_entries(family), trt_model_name(family), torch_model_name(family)):
@@ -387,12 +290,12 @@ def place_embeddings(
 def place_streamed(exporter: FrameworkExporter, rows: Batch, options: ExportOptions) -> PlacedModel:
     """The hot/cold model of a checkpoint whose tables may be larger than memory, never built in-graph.
 
-    1. the exporter's layers with placeholder tables (:data:`export.hierarchical.SMALL_ROWS`
+    1. the exporter's layers with placeholder tables (:data:`export.framework.SMALL_ROWS`
        rows at most) as an ONNX graph, whose lookups give the row store's layout;
     2. the row store written from the checkpoint's own tables, a chunk at a time
-       (:func:`export.hierarchical.write_table_store`; the tables stay memory-mapped);
+       (:func:`export.tables.hierarchical.write_table_store`; the tables stay memory-mapped);
     3. the hot rows chosen from the profile, read from the store into the dense model
-       (:func:`export.hierarchical.split_lookups` with ``rows=``);
+       (:func:`export.tables.hierarchical.split_lookups` with ``rows=``);
     4. the two stages in-process checked against the framework's own model (which reads
        only the rows the check looks up) on the check rows and the out-of-range ids:
        within ``options.fp32_tolerance`` for an FP32 store, the FP16 AUC gate for FP16.

@@ -2,7 +2,7 @@
 
 A model whose tables outgrow memory is served as two stages: an embedding stage
 reduces each id into its table, maps it to a hot slot, and reads only the cold
-rows from a memory-mapped row store (:mod:`export.row_store`); the dense model is
+rows from a memory-mapped row store (:mod:`export.tables.row_store`); the dense model is
 the exported graph with its embedding lookups replaced, holding only the hot rows.
 Between them (:mod:`criteo.schema` names, ``B`` rows, ``N`` cold lookups):
 
@@ -11,7 +11,7 @@ Between them (:mod:`criteo.schema` names, ``B`` rows, ``N`` cold lookups):
 - ``cold_positions`` ``N`` int64: ``b * 26 + t`` of each cold lookup, ascending.
 - ``cold_rows`` ``N x W`` float32: the store's whole row of each cold lookup.
 
-Everything works on the ONNX graph (lookups found by :func:`export.lookups.find_lookups`),
+Everything works on the ONNX graph (lookups found by :func:`export.tables.lookups.find_lookups`),
 so every exporter's model qualifies. :func:`write_store` writes every row from the
 graph's own tables, :func:`split_lookups` writes the dense model, and
 :func:`stage_reference` runs the served embedding stage's own code in-process, so
@@ -26,7 +26,7 @@ so in FP32 the dense model computes what the all-in-graph model computes.
 A model too large to exist as one graph (the Criteo Terabyte preset: 96 GB of FP32
 tables) takes another way in: a graph with placeholder tables (a few rows each,
 its own ``Mod`` reducing into them) and a row store written without the graph
-(:func:`export.row_store.random_store`). ``split_lookups(..., rows=store)`` then
+(:func:`export.tables.row_store.random_store`). ``split_lookups(..., rows=store)`` then
 takes the hot rows from the store, for the store's real ``table_sizes``; the
 placeholder tables and their reduction are dropped with the old lookups.
 """
@@ -53,10 +53,10 @@ from criteo.schema import (
     NUM_CATEGORICAL,
 )
 from criteo.tables import check_table_sizes
-from export.hot_rows import HotSet
-from export.lookups import Lookup, check_sizes, find_lookups, load_graph, store_spec, table_values
-from export.onnx_io import EXTERNAL_DATA_THRESHOLD, weights_bytes
-from export.row_store import CHUNK_BYTES, RowStore, RowStoreSpec, RowStoreWriter
+from export.graphs.onnx_io import EXTERNAL_DATA_THRESHOLD, weights_bytes
+from export.tables.hot_rows import HotSet
+from export.tables.lookups import Lookup, check_sizes, find_lookups, load_graph, store_spec, table_values
+from export.tables.row_store import CHUNK_BYTES, RowStore, RowStoreSpec, RowStoreWriter
 
 __all__ = [
     "COLD_DIM",
@@ -76,22 +76,8 @@ log = logging.getLogger(__name__)
 MIN_OPSET = 11
 #: Prefix of the names of every node and initializer the split adds.
 PREFIX = "hierarchical"
-#: Rows of each placeholder table of a graph whose real tables live only in the row store (fewer
-#: where the real table is smaller): 26 x 4096 rows at ``D`` 128 are 54 MB.
-SMALL_ROWS = 4096
 #: Name of the dimension of ``cold_positions`` and ``cold_rows``.
 COLD_DIM = "cold_lookups"
-
-
-def small_table_sizes(table_sizes: Sequence[int], small_rows: int = SMALL_ROWS) -> tuple[int, ...]:
-    """The placeholder tables: each real size capped at ``small_rows`` (and at least 2, as DLRMConfig asks).
-
-    Raises:
-        ConfigError: ``small_rows`` below 2.
-    """
-    if isinstance(small_rows, bool) or not isinstance(small_rows, int) or small_rows < 2:
-        raise ConfigError(f"placeholder tables need at least 2 rows each, got {small_rows!r}")
-    return tuple(max(2, min(int(size), small_rows)) for size in table_sizes)
 
 
 def write_store(
@@ -109,7 +95,7 @@ def write_store(
     Row (table ``t``, in-table id ``i``) holds, per store column, row
     ``row_offsets + i`` of the table that serves column ``t`` (DLRM: its embedding;
     Wide & Deep: deep row, then wide weight). Tables are read in chunks of about
-    :data:`export.row_store.CHUNK_BYTES` (external data memory-mapped), so memory
+    :data:`export.tables.row_store.CHUNK_BYTES` (external data memory-mapped), so memory
     holds one chunk whatever the model's size.
 
     Args:
@@ -526,11 +512,11 @@ def split_lookups(
 
     Returns:
         The dense model, every initializer held in memory (save it with
-        :func:`export.onnx_io.save_model`).
+        :func:`export.graphs.onnx_io.save_model`).
 
     Raises:
         ConfigError: ``hot`` made for other table sizes; ``rows`` holding other table sizes.
-        ExportError: no usable lookups (see :func:`export.lookups.find_lookups`), an opset
+        ExportError: no usable lookups (see :func:`export.tables.lookups.find_lookups`), an opset
             below :data:`MIN_OPSET`, ids of an unexpected shape, or ids or a table still
             read by something besides the lookups; ``rows`` without the lookups' store columns.
     """
@@ -609,7 +595,7 @@ def lookup_graph(model: onnx.ModelProto | Path | str, *, base_dir: Path | None =
     builds the next dense model from it and the row store
     (``split_lookups(lookup_graph, hot, sizes, rows=store)``), long after the
     all-in-graph graph (as large as the tables) is gone. Each table keeps its
-    name, type and dims, so :func:`export.lookups.find_lookups` finds the same
+    name, type and dims, so :func:`export.tables.lookups.find_lookups` finds the same
     lookups; every other initializer is loaded into the proto.
 
     Args:
@@ -620,7 +606,7 @@ def lookup_graph(model: onnx.ModelProto | Path | str, *, base_dir: Path | None =
         A graph as large as its layers (the tables hold no values: not a runnable model).
 
     Raises:
-        ExportError: see :func:`export.lookups.find_lookups`; external data without its folder.
+        ExportError: see :func:`export.tables.lookups.find_lookups`; external data without its folder.
     """
     source, folder = load_graph(model, base_dir)
     graph = onnx.ModelProto()

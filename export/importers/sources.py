@@ -1,6 +1,6 @@
 """How to read a model this bundle did not train: the options every importer shares.
 
-Importers (:mod:`export.dlrm_sources` for PyTorch, :mod:`export.keras_sources` for
+Importers (:mod:`export.importers.dlrm_sources` for PyTorch, :mod:`export.importers.keras_sources` for
 TensorFlow/Keras) detect what a user brought and wrap it in the one
 :class:`export.framework.FrameworkExporter` interface; these options fill in what
 a file cannot say about itself: its tables' sizes, the order of its features,

@@ -8,7 +8,7 @@ for the 26 lookups, ``Gemm`` for the MLPs, ``MatMul`` for the interaction, a
 dynamic batch dimension, and node names that carry the module path
 (``/interaction/MatMul``), which the FP16 block list keys on. Below opset 11
 it writes the modulo as a 13-node Div/Floor/Sub chain instead of ``Mod``,
-hence :data:`export.torch_onnx.MIN_OPSET`.
+hence :data:`export.importers.torch_onnx.MIN_OPSET`.
 """
 
 from __future__ import annotations
@@ -26,9 +26,8 @@ from bundle.errors import ConfigError, ExportError
 from criteo.schema import NUM_CATEGORICAL, NUM_DENSE
 from criteo.tables import table_offsets
 from criteo.tsv import Batch
-from export.framework import TorchServing, own_model_source
-from export.hierarchical import small_table_sizes
-from export.torch_onnx import EXAMPLE_ROWS, export_module, load_mapped, python_command
+from export.framework import EXAMPLE_ROWS, TorchServing, own_model_source, small_table_sizes
+from export.importers.torch_onnx import export_module, load_mapped, python_command
 from models.config import DLRMConfig, load_config
 
 if TYPE_CHECKING:
@@ -45,7 +44,7 @@ INTERACTION_SCOPE = f"/{INTERACTION_MODULE}/"
 def _repro_command(checkpoint: Path, out: Path, opset: int) -> str:
     """A shell command that repeats one export, for the log when it fails."""
     return python_command(
-        "from pathlib import Path; from export.onnx_dlrm import DLRMExporter; "
+        "from pathlib import Path; from export.importers.onnx_dlrm import DLRMExporter; "
         f"DLRMExporter(Path({str(checkpoint)!r})).to_onnx(Path({str(out)!r}), {opset})"
     )
 
@@ -133,7 +132,7 @@ class DLRMExporter:
             opset: the ONNX opset to export with.
 
         Raises:
-            ConfigError: ``opset`` is below :data:`export.torch_onnx.MIN_OPSET`.
+            ConfigError: ``opset`` is below :data:`export.importers.torch_onnx.MIN_OPSET`.
             ExportError: torch.onnx failed, or the graph failed ``onnx.checker``;
                 the log holds a command that reproduces it.
         """
@@ -189,7 +188,7 @@ class DLRMExporter:
     def torch_serving(self) -> TorchServing:
         """The DLRM's logits for the TorchScript variant: the dot interaction stays FP32 there,
         the sigmoid is applied in FP32, and the model reduces ids itself."""
-        from export.torchscript import Logits
+        from export.engines.torchscript import Logits
 
         return TorchServing(Logits(self.model), True, (f"model.{INTERACTION_MODULE}",), None)
 

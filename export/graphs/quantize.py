@@ -50,7 +50,7 @@ from onnx import helper, numpy_helper
 
 from bundle.errors import ConfigError, ExportError
 from criteo.tsv import Batch
-from export.onnx_io import EXTERNAL_DATA_THRESHOLD, save_model, weights_bytes
+from export.graphs.onnx_io import EXTERNAL_DATA_THRESHOLD, save_model, weights_bytes
 
 log = logging.getLogger(__name__)
 

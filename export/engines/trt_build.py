@@ -28,8 +28,8 @@ from typing import TYPE_CHECKING, Any
 from tritonclient.grpc import model_config_pb2 as mc
 
 from bundle.errors import ConfigError, ExportError
-from export.onnx_io import model_files
-from export.parity import ParityResult, check_rows, compare, extreme_id_rows, run_onnx
+from export.graphs.onnx_io import model_files
+from export.graphs.parity import ParityResult, check_rows, compare, extreme_id_rows, run_onnx
 from export.repository import (
     CONFIG_NAME,
     MODEL_FILE,
@@ -43,7 +43,7 @@ from export.repository import (
 )
 
 if TYPE_CHECKING:
-    from export.trt_engine import EngineRunner
+    from export.engines.trt_engine import EngineRunner
 
 log = logging.getLogger(__name__)
 
@@ -242,7 +242,7 @@ def _check_engine(
 def _build_one(
     name: str, options: TensorRTOptions, tensorrt_version: str, device: dict[str, Any]
 ) -> EngineResult:
-    from export.trt_engine import EngineRunner, build_plan, trtexec_command
+    from export.engines.trt_engine import EngineRunner, build_plan, trtexec_command
 
     repository = options.repository
     config = read_config(repository / name / CONFIG_NAME)
@@ -318,7 +318,7 @@ def build_engines(options: TensorRTOptions) -> list[EngineResult]:
         raise ConfigError(f"{missing} not in {options.repository} (it holds {available})")
     names = [name for name in available if not options.models or name in options.models]
 
-    from export.trt_engine import CudaRuntime, load_tensorrt
+    from export.engines.trt_engine import CudaRuntime, load_tensorrt
 
     trt = load_tensorrt()
     cuda = CudaRuntime()

@@ -1,0 +1,217 @@
+"""What one export run is asked to do: the options of ``python -m export dlrm|wide-deep``, validated.
+
+:class:`ExportOptions` holds every option of one export run and refuses a wrong
+combination where it is built, so the pipeline (:mod:`export.pipeline`) and the
+placement of tables (:mod:`export.tables.placement`) both take it without either
+importing the other. :class:`PlacementOptions` says where the embedding tables go
+(in the graph, or hot/cold). The profile's defaults (:data:`INT8_BY_DEFAULT`,
+:data:`TORCH_BY_DEFAULT`) live here, beside the options they decide.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from bundle.errors import ConfigError
+from export.graphs.quantize import QuantizeOptions
+from export.repository import ServingConfig
+from export.tables.row_store import DTYPES
+
+#: How the export places embedding tables (``--embeddings``).
+PLACEMENTS: tuple[str, ...] = ("auto", "in-graph", "hierarchical")
+#: The error when no file can choose the hot rows.
+NO_PROFILE_DATA = (
+    "hot/cold placement chooses its hot rows from measured lookups: give --profile-data FILE "
+    "(a Criteo TSV such as the training data), or --calibration-data / --check-data"
+)
+#: Whether an export writes ``<family>_onnx_int8`` unless told otherwise, per profile: the
+#: INT8 variant is the cpu profile's fastest model that passes the accuracy gate
+#: (benchmarks/cpu/precision.md); the gpu profile serves FP16 TensorRT instead.
+INT8_BY_DEFAULT: dict[str, bool] = {"cpu": True, "gpu": False}
+#: Whether a PyTorch family's export writes ``<family>_torch`` unless told otherwise, per profile:
+#: it is a GPU model (FP16 weights; the PyTorch backend); on a CPU the ONNX models serve.
+TORCH_BY_DEFAULT: dict[str, bool] = {"cpu": False, "gpu": True}
+#: Precisions of ``<family>_torch`` (BF16 has FP32's range, FP16 more mantissa).
+TORCH_DTYPES: tuple[str, ...] = ("float16", "bfloat16")
+
+
+@dataclass(frozen=True)
+class PlacementOptions:
+    """Where the embedding tables go (options ``--embeddings``, ``--hot-budget``, ``--profile-data``, ...).
+
+    Args:
+        mode: ``auto`` (hierarchical when ``hot_budget`` is given and the tables'
+            bytes exceed it, else in-graph), ``in-graph`` or ``hierarchical``.
+        hot_budget: bytes of hot rows the dense model keeps (see
+            :func:`export.tables.hot_rows.parse_size`); None: no budget (in-graph).
+        profile_data: Criteo TSV whose lookups choose the hot rows, or the folder of a profile
+            ``python -m criteo profile`` wrote (None: the export's calibration data, else its
+            check data; see :meth:`profile_source`).
+        store_dtype: the row store's values, ``float32`` or ``float16``.
+        stage_instances: instances of the embedding stage (python stubs; each maps the
+            same store and holds its own slot map).
+        stream_tables: never build the all-in-graph graph: write the row store from the
+            checkpoint's tables (memory-mapped) and take the layers from a graph with
+            placeholder tables (:func:`place_streamed`), for tables larger than memory.
+
+    Raises:
+        ConfigError: an unknown mode or dtype, a negative budget, ``hierarchical``
+            without a budget, a budget with ``in-graph``, profile data or an FP16 store
+            without a budget, fewer than 1 stage instance (or more without a budget), or
+            profile data that does not exist.
+    """
+
+    mode: str = "auto"
+    hot_budget: int | None = None
+    profile_data: Path | None = None
+    store_dtype: str = "float32"
+    stage_instances: int = 1
+    stream_tables: bool = False
+
+    def __post_init__(self) -> None:
+        if self.mode not in PLACEMENTS:
+            raise ConfigError(f"--embeddings must be {', '.join(PLACEMENTS)}; got {self.mode!r}")
+        if self.store_dtype not in DTYPES:
+            raise ConfigError(f"--store-dtype must be {' or '.join(DTYPES)}; got {self.store_dtype!r}")
+        budget = self.hot_budget
+        if budget is not None and (isinstance(budget, bool) or not isinstance(budget, int) or budget < 0):
+            raise ConfigError(f"--hot-budget must be a byte count >= 0, got {budget!r}")
+        if self.mode == "hierarchical" and budget is None:
+            raise ConfigError(
+                "--embeddings hierarchical needs --hot-budget SIZE: the bytes of hot rows the dense "
+                "model keeps (e.g. 512M)"
+            )
+        if self.mode == "in-graph" and budget is not None:
+            raise ConfigError(
+                "--hot-budget places tables hot/cold; --embeddings in-graph keeps them all in the graph: "
+                "drop one"
+            )
+        instances = self.stage_instances
+        if isinstance(instances, bool) or not isinstance(instances, int) or instances < 1:
+            raise ConfigError(f"--stage-instances must be an int >= 1, got {instances!r}")
+        if budget is None and (
+            self.profile_data is not None or self.store_dtype != "float32" or instances != 1
+        ):
+            raise ConfigError(
+                "--profile-data, --store-dtype and --stage-instances apply to hot/cold placement: "
+                "give --hot-budget too"
+            )
+        if self.stream_tables and (budget is None or self.mode == "in-graph"):
+            raise ConfigError(
+                "--stream-tables writes the row store straight from the checkpoint's tables for hot/cold "
+                "placement: give --hot-budget SIZE (and --embeddings hierarchical to split whatever the size)"
+            )
+        if self.profile_data is not None and not Path(self.profile_data).exists():
+            raise ConfigError(f"profile data {self.profile_data} does not exist")
+
+    @property
+    def may_split(self) -> bool:
+        """Whether the export may place the tables hot/cold (a budget is given)."""
+        return self.hot_budget is not None
+
+    def profile_source(
+        self, calibration_data: Path | None, check_data: Path | None
+    ) -> tuple[Path, str] | None:
+        """The file whose lookups choose the hot rows and the option it came from (None: no file)."""
+        for path, option in (
+            (self.profile_data, "--profile-data"),
+            (calibration_data, "--calibration-data"),
+            (check_data, "--check-data"),
+        ):
+            if path is not None:
+                return Path(path), option
+        return None
+
+
+@dataclass(frozen=True)
+class ExportOptions:
+    """Options of one export run.
+
+    Args:
+        repository: the Triton model repository to write into.
+        serving: how Triton serves the exported models.
+        opset: ONNX opset of the exported graphs.
+        fp16: also write the FP16 variant.
+        check_data: labeled Criteo TSV for the checks (None: synthetic rows).
+        check_rows: rows compared against the framework (>= 1024).
+        fp32_tolerance: max abs difference of FP32 ONNX vs framework probabilities.
+        fp16_auc_tolerance: max |AUC(FP16) - AUC(FP32)| on the check rows.
+        fp16_islands: keep the exporter's FP32 islands (DLRM's interaction) in the FP16
+            variant; False: only the node that makes the output (the sigmoid) stays FP32, so
+            no activation is cast between precisions inside the graph; None: islands in the
+            cpu profile, none in the gpu profile. On an H100 the islands' casts and FP32
+            concat cost more than the FP16 matrix products save: a reference DLRM's call at
+            batch 8192 took 0.80 ms of GPU time with them and 0.56 ms without, against 0.77 ms
+            in FP32 (benchmarks/gpu/kernels.txt, benchmarks/gpu/fp16/result.md); the AUC
+            gate still applies.
+        int8: write the INT8 variant ``<family>_onnx_int8`` (cpu profile only): True
+            (a failed check is an error), False, or None: the profile's default
+            (:data:`INT8_BY_DEFAULT`), where a variant that fails its check is
+            left out with a warning.
+        quantize: how the INT8 variant quantizes its MLP layers.
+        int8_auc_tolerance: max |AUC(INT8) - AUC(FP32)| on the check rows.
+        calibration_data: Criteo TSV whose rows calibrate the static INT8 variant
+            (None: the check data, after the check rows when it has enough; synthetic
+            rows of another seed when there is no check data either).
+        placement: where the embedding tables go (in the graph, or hot/cold).
+        torch: write ``<family>_torch`` (TorchScript, PyTorch families only): True (a
+            failed check is an error), False, or None: the profile's default
+            (:data:`TORCH_BY_DEFAULT`), where a variant that fails is left out with a warning.
+            Its instances follow the profile: KIND_GPU, or KIND_CPU in the cpu profile.
+        torch_dtype: the TorchScript's precision, one of :data:`TORCH_DTYPES`; gated like
+            FP16 (``fp16_auc_tolerance``) and by :data:`export.pipeline.TORCH_MAX_ABS_DIFF`.
+    """
+
+    repository: Path
+    serving: ServingConfig = field(default_factory=ServingConfig)
+    opset: int = 17
+    fp16: bool = True
+    check_data: Path | None = None
+    check_rows: int = 4096
+    fp32_tolerance: float = 1e-5
+    fp16_auc_tolerance: float = 1e-3
+    fp16_islands: bool | None = None
+    int8: bool | None = None
+    quantize: QuantizeOptions = field(default_factory=QuantizeOptions)
+    int8_auc_tolerance: float = 1e-3
+    calibration_data: Path | None = None
+    placement: PlacementOptions = field(default_factory=PlacementOptions)
+    torch: bool | None = None
+    torch_dtype: str = "float16"
+
+    @property
+    def writes_int8(self) -> bool:
+        """Whether the export tries the INT8 variant."""
+        return self.int8 if self.int8 is not None else INT8_BY_DEFAULT.get(self.serving.profile, False)
+
+    @property
+    def writes_torch(self) -> bool:
+        """Whether the export tries the TorchScript variant (of a PyTorch family)."""
+        return self.torch if self.torch is not None else TORCH_BY_DEFAULT.get(self.serving.profile, False)
+
+    def __post_init__(self) -> None:
+        if not 13 <= self.opset <= 23:
+            raise ConfigError(f"opset must be in 13..23, got {self.opset}")
+        if self.check_rows < 1024:
+            raise ConfigError(f"check_rows must be >= 1024, got {self.check_rows}")
+        if self.fp32_tolerance <= 0 or self.fp16_auc_tolerance <= 0 or self.int8_auc_tolerance <= 0:
+            raise ConfigError("tolerances must be positive")
+        if self.serving.profile == "gpu" and not self.fp16:
+            raise ConfigError("the gpu profile builds its TensorRT models from the FP16 ONNX: drop --no-fp16")
+        if self.serving.profile == "gpu" and self.int8 is True:
+            raise ConfigError(
+                "INT8 variants run on ONNX Runtime's CPU kernels: export them with --profile cpu "
+                "(the gpu profile serves FP16 TensorRT)"
+            )
+        if self.torch_dtype not in TORCH_DTYPES:
+            raise ConfigError(
+                f"unknown TorchScript precision {self.torch_dtype!r}; choose one of {', '.join(TORCH_DTYPES)}"
+            )
+        if self.calibration_data is not None and not Path(self.calibration_data).is_file():
+            raise ConfigError(f"calibration data {self.calibration_data} is not a file")
+        if self.placement.may_split:
+            if self.placement.profile_source(self.calibration_data, self.check_data) is None:
+                raise ConfigError(NO_PROFILE_DATA)
+            if self.placement.mode == "hierarchical" and self.serving.ort_trt:
+                raise ConfigError("--ort-trt does not apply to a hot/cold model's dense part: drop it")
