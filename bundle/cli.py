@@ -31,6 +31,11 @@ def set_verbose(verbose: bool) -> None:
     logging.getLogger().setLevel(logging.DEBUG)
 
 
+def is_verbose() -> bool:
+    """Whether ``--verbose`` was given (debug logging, full tracebacks, native libraries' start-up lines)."""
+    return _state["verbose"]
+
+
 def new_app(help_text: str) -> typer.Typer:
     """A typer app with the shared ``--verbose`` option and logging set-up."""
     app = typer.Typer(

@@ -80,8 +80,9 @@ def _dataset(rows: Batch, batch_size: int, seed: int) -> Any:
     2-core machine (measured, ``small`` preset, 270k rows; the epoch itself took
     35-60 s). This one shuts down at once.
     """
-    import tensorflow as tf
+    from bundle.native import import_tensorflow
 
+    tf = import_tensorflow()
     if rows.labels is None:
         raise DataError("training needs labeled rows")
     dataset = tf.data.Dataset.from_tensor_slices((rows.inputs(), rows.labels.reshape(-1, 1)))

@@ -26,15 +26,14 @@ from collections.abc import Mapping, Sequence
 from types import ModuleType
 from typing import Any
 
-# Set before TensorFlow loads so that importing this module stays quiet.
+# Set before TensorFlow loads: its Python-side logging stays quiet, and Keras runs on it.
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 os.environ.setdefault("KERAS_BACKEND", "tensorflow")
 
-import keras
 import numpy as np
-import tensorflow as tf
 
 from bundle.errors import ConfigError
+from bundle.native import quiet_native_stderr
 from criteo.schema import (
     CATEGORICAL_INPUT,
     DENSE_INPUT,
@@ -45,6 +44,11 @@ from criteo.schema import (
 from criteo.tables import table_offsets, uniform_table_sizes
 from models.config import WideDeepConfig
 
+# TensorFlow's native libraries print start-up lines as they load (bundle.native).
+with quiet_native_stderr():
+    import keras
+    import tensorflow as tf
+
 # TensorFlow's Python-side warnings (retracing, deprecations) are noise for users here.
 tf.get_logger().setLevel(logging.ERROR)
 
@@ -53,8 +57,9 @@ LOGIT_LAYER = "logit"
 
 
 def quiet_tensorflow() -> ModuleType:
-    """The ``tensorflow`` module, imported after this module set TF's log level to
-    warnings (``TF_CPP_MIN_LOG_LEVEL=2``) unless the caller chose one."""
+    """The ``tensorflow`` module, imported quietly: its Python-side log level at warnings
+    (``TF_CPP_MIN_LOG_LEVEL=2``) unless the caller chose one, and its native start-up lines
+    held back (:mod:`bundle.native`)."""
     return tf
 
 

@@ -148,7 +148,10 @@ def load_keras(path: Path) -> UserModel:
             ``Lambda`` layers refused in safe mode), it has no known inputs
             (a subclassed model), or it has more than one output.
     """
-    import keras
+    from bundle.native import quiet_native_stderr
+
+    with quiet_native_stderr():
+        import keras
 
     from models.wide_deep import check_backend
 

@@ -216,8 +216,9 @@ class KerasSourceExporter:
             ExportError: wrong shapes; a non-finite answer; or, without
                 ``--logits``, an answer outside ``[0, 1]`` (the model returns logits).
         """
-        import tensorflow as tf
+        from bundle.native import import_tensorflow
 
+        tf = import_tensorflow()
         dense, ids = batch_arrays(batch)
         if self._reduction is not None:
             ids = self._reduction.reduce(ids)
