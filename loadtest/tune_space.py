@@ -28,7 +28,7 @@ from loadtest.session import THREADS_PARAMETER
 
 #: Variant -> suffix of its model name (the repository's naming contract).
 VARIANTS: dict[str, str] = {"fp32": "_onnx", "fp16": "_onnx_fp16", "int8": "_onnx_int8"}
-#: The variant the cpu profile serves by default (README, "CPU serving: which model to call").
+#: The variant the cpu profile serves by default (docs/export.md, "CPU serving: which model to call").
 DEFAULT_VARIANT = "int8"
 
 

@@ -58,7 +58,7 @@ def load_tensorrt() -> ModuleType:
         raise ExportError(
             f"TensorRT is not installed here ({exc}). Engines must be built by the serving image's "
             "own TensorRT: run `docker compose run --rm trt-build` on the GPU host "
-            "(see README, GPU serving)."
+            "(see docs/serving/compose.md)."
         ) from None
     major = int(str(tensorrt.__version__).split(".")[0])
     if major < MIN_TENSORRT_MAJOR:

@@ -463,7 +463,7 @@ def run_damage(
         )
     return FaultResult(
         fault=f"{damage.fault} ({target.model})",
-        seen=seen.replace(str(root), "<copy>") or "nothing: the server started with every model READY",
+        seen=seen.replace(str(root), "COPY") or "nothing: the server started with every model READY",
         requests=requests,
         failed=failed,
         wrong=wrong,

@@ -213,7 +213,8 @@ def markdown(faults: FaultTable) -> list[str]:
         "- *failed*: requests that failed after the clients' retries; *wrong*: answers that matched "
         "no allowed answer (target 0);",
         "- *recovery*: seconds from the fault until every model answered correctly again "
-        "(a write: the server's start on the repository, the interrupted write finished or discarded).",
+        "(a write: the server's start on the repository, the interrupted write finished or discarded);",
+        "- `COPY`: the temporary copy of the repository that the fault was tried on.",
         "",
         *table(
             ["fault", "what the user sees", "requests", "failed", "wrong", "recovery (s)", "target met"],

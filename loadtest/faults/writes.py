@@ -322,9 +322,7 @@ def disk_full(faults: WriteFaults, limit_bytes: int = 64 * 1024) -> FaultResult:
             env=None if faults.env is None else dict(faults.env),
             preexec_fn=lambda: _limit_file_size(limit_bytes),
         )
-        errors = [
-            line.replace(tmp, "<copy>") for line in done.stderr.splitlines() if line.startswith("error:")
-        ]
+        errors = [line.replace(tmp, "COPY") for line in done.stderr.splitlines() if line.startswith("error:")]
         last = done.stderr.strip()[-300:]
         seen = errors[-1] if errors else f"exit {done.returncode}, no error line: {last}"
         unchanged = _snapshot(repository) == snapshot and not staging_root(repository).exists()

@@ -291,8 +291,8 @@ def test_a_damaged_file_is_refused_and_the_rest_serves(
     # The rest serves, and nothing wrong is answered, whatever the line says.
     assert result.requests > 0 and result.failed == 0 and result.wrong == 0, result
     says = next(text for prefix, text in SAYS.items() if damage.fault.startswith(prefix))
-    # The file, as the copy's path (the run replaces the copy's folder with "<copy>").
+    # The file, as the copy's path (the run replaces the copy's folder with "COPY").
     relative = target.path.resolve().relative_to(repository.resolve())
-    named = f"<copy>/model_repository/{relative}" in result.seen
+    named = f"COPY/model_repository/{relative}" in result.seen
     assert "\n" not in result.seen and says in result.seen and named, result.seen
     assert result.ok, result

