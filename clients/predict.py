@@ -24,11 +24,11 @@ from typing import IO, Literal
 import numpy as np
 
 from bundle.errors import ClientError, ConfigError
+from bundle.schema import OUTPUT
 from clients.aio import AsyncTritonClient
 from clients.batching import file_batches
 from clients.options import ClientOptions
 from clients.triton import TritonClient
-from criteo.schema import OUTPUT
 from criteo.tsv import Batch
 
 logger = logging.getLogger(__name__)

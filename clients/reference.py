@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 
 from bundle.errors import ClientError
-from criteo.schema import OUTPUT
+from bundle.schema import OUTPUT
 from criteo.tsv import Batch
 
 

@@ -15,9 +15,9 @@ from typing import Any
 import numpy as np
 
 from bundle.errors import ClientError
+from bundle.schema import OUTPUT, OUTPUTS
 from clients.shm import Slice, SystemRegion, layout
 from clients.validation import ModelSpec, TensorMeta, triton_dtype
-from criteo.schema import OUTPUT, OUTPUTS
 
 
 def schema_output() -> TensorMeta:

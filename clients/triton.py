@@ -1,7 +1,7 @@
 """The synchronous client: one connection to tritonserver over HTTP or gRPC.
 
 Tensor names and dtypes come from the model's metadata (which the export
-wrote from :mod:`criteo.schema`); every request is checked against it before
+wrote from :mod:`bundle.schema`); every request is checked against it before
 it is sent (:mod:`clients.validation`), calls that meet UNAVAILABLE are
 retried with backoff (:mod:`clients.retry`), and every failure becomes a
 :class:`~bundle.errors.ClientError` with one clear line

@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from bundle.errors import ClientError
-from criteo.schema import OUTPUT
+from bundle.schema import OUTPUT
 
 #: The config parameter that lets a model take NaN/Inf (the local backend's, see server/backends).
 ALLOW_NON_FINITE = "allow_non_finite_inputs"

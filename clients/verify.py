@@ -7,10 +7,10 @@ from pathlib import Path
 
 import numpy as np
 
-from bundle.errors import ClientError
+from bundle.errors import ClientError, ConfigError
+from bundle.schema import INPUTS
 from clients.reference import OnnxReference
 from clients.triton import TritonClient
-from criteo.schema import INPUTS
 from criteo.synth import SynthConfig, generate_lines
 from criteo.tsv import Batch, parse_lines, read_batch, to_batch
 
@@ -47,12 +47,13 @@ def sample_rows(data: Path | None, rows: int, seed: int = 7) -> Batch:
 def _takes_the_schema(config_file: Path) -> bool:
     """Whether the model's inputs are the schema's (a hierarchical model's dense part and
     embedding stage take other tensors: only its ensemble serves the schema)."""
-    from google.protobuf import text_format
-    from tritonclient.grpc import model_config_pb2
+    # bundle.repository loads tritonclient's gRPC protobufs: imported where needed, so importing
+    # this module (and the loadtest CLI that does) stays cheap.
+    from bundle.repository import read_config
 
     try:
-        config = text_format.Parse(config_file.read_text(), model_config_pb2.ModelConfig())
-    except (OSError, text_format.ParseError):
+        config = read_config(config_file)
+    except ConfigError:
         return False
     return sorted(t.name for t in config.input) == sorted(spec.name for spec in INPUTS)
 
@@ -60,12 +61,14 @@ def _takes_the_schema(config_file: Path) -> bool:
 def repository_models(repository: Path) -> list[str]:
     """Names of the models in ``repository`` that take the schema's inputs and have an ONNX
     version 1 (the file the in-process reference runs; a hierarchical model's ensemble has none)."""
+    from bundle.repository import CONFIG_NAME, MODEL_FILE, version_dir
+
     return sorted(
         d.name
         for d in repository.iterdir()
-        if (d / "config.pbtxt").is_file()
-        and (d / "1" / "model.onnx").is_file()
-        and _takes_the_schema(d / "config.pbtxt")
+        if (d / CONFIG_NAME).is_file()
+        and (version_dir(repository, d.name) / MODEL_FILE).is_file()
+        and _takes_the_schema(d / CONFIG_NAME)
     )
 
 
@@ -78,13 +81,15 @@ def verify_repository(
     repository: Path, http_url: str, grpc_url: str, batch: Batch, models: list[str] | None = None
 ) -> list[VerifyResult]:
     """Send ``batch`` once over HTTP and once over gRPC to each model; compare with in-process ORT."""
+    from bundle.repository import MODEL_FILE, version_dir
+
     names = models or repository_models(repository)
     if not names:
         raise ClientError(f"{repository} holds no ONNX models")
     results = []
     with TritonClient(http_url, "http") as http, TritonClient(grpc_url, "grpc") as grpc:
         for name in names:
-            expected = in_process(repository / name / "1" / "model.onnx", batch)
+            expected = in_process(version_dir(repository, name) / MODEL_FILE, batch)
             diffs = []
             for client in (http, grpc):
                 served = client.infer(name, batch.inputs())

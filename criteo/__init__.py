@@ -1,1 +1,1 @@
-"""The data contract: Criteo TSV format, feature schema, preprocessing, synthetic data."""
+"""The data contract: Criteo TSV format and columns, preprocessing, synthetic data."""

@@ -22,9 +22,10 @@ from typing import Any
 import numpy as np
 
 from bundle.errors import ConfigError, DataError
+from bundle.schema import NUM_CATEGORICAL
 from criteo.preprocess import hash_ids
 from criteo.profile import AccessProfile, rows_at
-from criteo.schema import CATEGORICAL_COLUMNS, NUM_CATEGORICAL
+from criteo.schema import CATEGORICAL_COLUMNS
 from criteo.tables import check_table_sizes
 from criteo.tsv import iter_raw
 

@@ -1,71 +1,20 @@
-"""The one place that defines the feature schema and the tensor names.
+"""The Criteo data's own schema: the fields of a TSV line and their column names.
 
-Every stage (export, repository configs, clients, load tests) imports these
-constants; no other module spells a tensor name as a literal of its own.
-
-A model takes two inputs and gives one output, each with a leading batch
-dimension ``B``:
-
-- ``dense_features``   ``B x 13`` float32: log1p of the integer counts.
-- ``categorical_ids``  ``B x 26`` int64: raw ids; any int64 value is valid
-  because the model reduces each id into its table (modulo) itself.
-- ``click_probability`` ``B x 1`` float32: sigmoid of the model's logit.
+The tensors a model takes and gives (names, dtypes, shapes) are the served
+contract, :mod:`bundle.schema`; this module holds what is about the Criteo
+data: a labeled TSV line is the label, ``NUM_DENSE`` integer counts ``I1..I13``
+and ``NUM_CATEGORICAL`` hex categorical ids ``C1..C26``.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from bundle.schema import NUM_CATEGORICAL, NUM_DENSE
 
-import numpy as np
-
-NUM_DENSE = 13
-NUM_CATEGORICAL = 26
 #: Fields of one labeled Criteo TSV line: label, counts, categorical ids.
 NUM_FIELDS = 1 + NUM_DENSE + NUM_CATEGORICAL
-
-# Keras rejects an Input named "dense", hence the longer names.
-DENSE_INPUT = "dense_features"
-CATEGORICAL_INPUT = "categorical_ids"
-OUTPUT = "click_probability"
 
 #: The id a missing categorical field maps to before the model's modulo.
 MISSING_ID = 0
 
-
-@dataclass(frozen=True)
-class TensorSpec:
-    """One model input or output: its name, dtype and per-row shape (no batch)."""
-
-    name: str
-    dtype: type[np.generic]
-    shape: tuple[int, ...]
-
-    @property
-    def triton_dtype(self) -> str:
-        """The Triton wire dtype name, e.g. ``FP32``."""
-        return _TRITON_DTYPES[np.dtype(self.dtype)]
-
-
-_TRITON_DTYPES = {
-    np.dtype(np.float32): "FP32",
-    np.dtype(np.float16): "FP16",
-    np.dtype(np.int64): "INT64",
-    np.dtype(np.int32): "INT32",
-}
-
-INPUTS: tuple[TensorSpec, ...] = (
-    TensorSpec(DENSE_INPUT, np.float32, (NUM_DENSE,)),
-    TensorSpec(CATEGORICAL_INPUT, np.int64, (NUM_CATEGORICAL,)),
-)
-OUTPUTS: tuple[TensorSpec, ...] = (TensorSpec(OUTPUT, np.float32, (1,)),)
-
 DENSE_COLUMNS = tuple(f"I{i}" for i in range(1, NUM_DENSE + 1))
 CATEGORICAL_COLUMNS = tuple(f"C{i}" for i in range(1, NUM_CATEGORICAL + 1))
-
-# Hierarchical (hot/cold) placement: the tensors between the embedding stage and the dense model.
-#: ``B x 26`` int64: 0 where the lookup is cold, else 1 + the row's index in its table's hot rows.
-HOT_SLOTS = "hot_slots"
-#: ``N`` int64: ``b * 26 + t`` of each cold lookup, ascending.
-COLD_POSITIONS = "cold_positions"
-#: ``N x W`` float32: the row-store row of each cold lookup, in the order of ``cold_positions``.
-COLD_ROWS = "cold_rows"

@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 
 from bundle.errors import ConfigError
-from criteo.schema import NUM_CATEGORICAL, NUM_DENSE
+from bundle.schema import NUM_CATEGORICAL, NUM_DENSE
 from criteo.tables import check_table_sizes
 
 

@@ -12,7 +12,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from bundle.errors import ConfigError
-from criteo.schema import CATEGORICAL_COLUMNS, NUM_CATEGORICAL
+from bundle.schema import NUM_CATEGORICAL
+from criteo.schema import CATEGORICAL_COLUMNS
 
 #: Distinct ids of C1..C26 in the Criteo Kaggle data set, as facebookresearch/dlrm's
 #: preprocessing counts them (33,762,577 rows in all).

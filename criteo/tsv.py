@@ -18,8 +18,9 @@ from typing import IO
 import numpy as np
 
 from bundle.errors import DataError
+from bundle.schema import CATEGORICAL_INPUT, DENSE_INPUT, NUM_CATEGORICAL, NUM_DENSE
 from criteo.preprocess import preprocess_counts, preprocess_ids
-from criteo.schema import CATEGORICAL_INPUT, DENSE_INPUT, NUM_CATEGORICAL, NUM_DENSE, NUM_FIELDS
+from criteo.schema import NUM_FIELDS
 
 
 @dataclass(frozen=True)
@@ -47,7 +48,7 @@ class RawBatch:
 
 @dataclass(frozen=True)
 class Batch:
-    """Model-ready rows: the tensors of :mod:`criteo.schema`.
+    """Model-ready rows: the tensors of :mod:`bundle.schema`.
 
     Attributes:
         dense: ``B x 13`` float32, log1p of the clamped counts.

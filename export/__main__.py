@@ -15,6 +15,7 @@ from bundle.admin import ADMIN_KEY_ENV
 from bundle.cli import VerboseOption, new_app, run, set_verbose, shared_options
 from bundle.errors import ConfigError
 from bundle.memory import PeakMemory
+from bundle.repository import CONFIG_NAME, ORT_TRT_CACHE_DIR, QUEUE_DELAY_US, ServingConfig, trt_model_name
 from criteo.tables import TABLE_SIZE_PRESETS, parse_table_sizes
 from export.engines.trt_build import EngineResult, TensorRTOptions, build_engines
 from export.framework import FrameworkExporter
@@ -30,7 +31,6 @@ from export.options import (
 )
 from export.pipeline import ExportedModel, export_family
 from export.publish_cli import fetch, publish
-from export.repository import CONFIG_NAME, ORT_TRT_CACHE_DIR, QUEUE_DELAY_US, ServingConfig, trt_model_name
 from export.tables.hot_rows import parse_size
 from export.tables.row_store import DTYPES, format_bytes
 from export.tables.row_store_cli import app as row_store_app

@@ -20,7 +20,7 @@ import numpy as np
 import onnx
 
 from bundle.errors import ConfigError
-from criteo.schema import NUM_CATEGORICAL, NUM_DENSE
+from bundle.schema import NUM_CATEGORICAL, NUM_DENSE
 from criteo.tsv import Batch
 
 if TYPE_CHECKING:

@@ -14,8 +14,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from bundle.errors import ConfigError
+from bundle.repository import ServingConfig
 from export.graphs.quantize import QuantizeOptions
-from export.repository import ServingConfig
 from export.tables.row_store import DTYPES
 
 #: How the export places embedding tables (``--embeddings``).

@@ -30,6 +30,19 @@ import numpy as np
 import onnx
 
 from bundle.errors import ConfigError, ExportError
+from bundle.repository import (
+    MODEL_FILE,
+    TORCHSCRIPT_FILE,
+    add_model,
+    add_torch_model,
+    add_trt_model,
+    clear_model,
+    read_report,
+    torch_model_name,
+    trt_model_name,
+    version_dir,
+    write_report,
+)
 from bundle.staging import RepositoryWrite
 from criteo.tsv import Batch, read_batch
 from export.framework import FrameworkExporter, StreamedTables, TorchSource
@@ -46,19 +59,6 @@ from export.graphs.parity import (
 )
 from export.graphs.quantize import quantize_int8
 from export.options import ExportOptions
-from export.repository import (
-    MODEL_FILE,
-    TORCHSCRIPT_FILE,
-    add_model,
-    add_torch_model,
-    add_trt_model,
-    clear_model,
-    read_report,
-    torch_model_name,
-    trt_model_name,
-    version_dir,
-    write_report,
-)
 from export.tables.ensemble import PRECISIONS, dense_model_name, embedding_model_name, ensemble_model_name
 from export.tables.placement import place_embeddings, place_streamed
 

@@ -22,9 +22,9 @@ from pathlib import Path, PurePosixPath
 from typing import Any, TypeVar
 
 from bundle.errors import ConfigError, StorageError
+from bundle.repository import CONFIG_NAME, read_config
 from bundle.s3 import S3Url
 from bundle.staging import RepositoryWrite
-from export.repository import CONFIG_NAME, read_config
 from server.stages.embedding.hot_cold_lookup import PARAM_ROW_STORE
 
 log = logging.getLogger(__name__)

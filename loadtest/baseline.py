@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from bundle.errors import ConfigError
-from criteo.schema import OUTPUT
+from bundle.schema import OUTPUT
 from loadtest.payload import PayloadPool, build_pool
 from loadtest.session import ort_session, serving_device, serving_settings
 from loadtest.timer import Call, TimerConfig, Timing, time_call, time_calls

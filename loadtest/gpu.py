@@ -41,7 +41,7 @@ from typing import Any
 
 from bundle.errors import ConfigError
 from bundle.records import RunRecord
-from export.repository import MODEL_FILE, read_config, read_report, version_dir
+from bundle.repository import CONFIG_NAME, MODEL_FILE, TORCHSCRIPT_FILE, read_config, read_report, version_dir
 from loadtest.baseline import BaselineConfig, in_process_model, load_torchscript
 from loadtest.payload import MAX_POOL_ROWS, PayloadPool, build_pool
 from loadtest.served import served_throughput_processes
@@ -49,8 +49,6 @@ from loadtest.writer import Panel, Series, plot, table, write_json, write_markdo
 
 logger = logging.getLogger(__name__)
 
-#: The model file of a TorchScript variant.
-TORCH_FILE = "model.pt"
 #: The models measured so far, rewritten after each one and removed when the run completes.
 PARTIAL_FILE = "partial.json"
 #: Steps measured by default: issue 13's batch sizes and concurrencies.
@@ -117,7 +115,7 @@ class GpuOptions:
 
 def model_file(repository: Path, name: str) -> Path | None:
     """The model file of ``name`` (``model.onnx`` or ``model.pt`` in its version 1), if any."""
-    for filename in (MODEL_FILE, TORCH_FILE):
+    for filename in (MODEL_FILE, TORCHSCRIPT_FILE):
         path = version_dir(repository, name) / filename
         if path.is_file():
             return path
@@ -184,7 +182,7 @@ def gate(repository: Path, name: str) -> dict[str, Any]:
 
 def serving(repository: Path, name: str) -> dict[str, Any]:
     """Instance kind and count, max batch size and batcher delay from the model's config.pbtxt."""
-    config = read_config(repository / name / "config.pbtxt")
+    config = read_config(repository / name / CONFIG_NAME)
     groups = list(config.instance_group)
     kinds = {1: "KIND_GPU", 2: "KIND_CPU"}
     return {
@@ -305,7 +303,7 @@ def device_resident_ms(path: Path, device: str, batch: dict[str, Any], calls: in
         if target.type == "cuda":
             found["cuda_graph_ms"] = _torch_graph_ms(module, resident, median_ms)
         return found
-    from criteo.schema import OUTPUT
+    from bundle.schema import OUTPUT
     from loadtest.session import device_binding, ort_session
 
     session = ort_session(path, 0, device)
@@ -417,7 +415,7 @@ def _measure_model(
 
     path = model_file(options.repository, name)
     if path is None:
-        raise ConfigError(f"model {name} has no {MODEL_FILE} or {TORCH_FILE} in {options.repository}")
+        raise ConfigError(f"model {name} has no {MODEL_FILE} or {TORCHSCRIPT_FILE} in {options.repository}")
     logger.info("%s: in-process", name)
     in_process = _measure_in_process(options, path, rows)
     profile: dict[str, Any] = {}
@@ -473,7 +471,7 @@ def run_gpu_bench(options: GpuOptions, command: str) -> dict[str, Any]:
 
     names = options.models or discover(options.repository)
     if not names:
-        raise ConfigError(f"{options.repository} has no model with a {MODEL_FILE} or {TORCH_FILE}")
+        raise ConfigError(f"{options.repository} has no model with a {MODEL_FILE} or {TORCHSCRIPT_FILE}")
     missing = [name for name in names if model_file(options.repository, name) is None]
     if missing:
         raise ConfigError(f"no model file for {', '.join(missing)} in {options.repository}")

@@ -15,8 +15,8 @@ from pathlib import Path
 import numpy as np
 
 from bundle.errors import ConfigError, DataError
+from bundle.schema import CATEGORICAL_INPUT, DENSE_INPUT, INPUTS
 from clients.verify import sample_rows
-from criteo.schema import CATEGORICAL_INPUT, DENSE_INPUT, INPUTS
 
 #: Distinct batches a pool holds, at most (fewer when that would exceed MAX_POOL_ROWS).
 DEFAULT_POOL_BATCHES = 64

@@ -29,7 +29,8 @@ from typing import Any
 
 from bundle.errors import ConfigError
 from bundle.records import RunRecord
-from export.repository import (
+from bundle.repository import (
+    CONFIG_NAME,
     MODEL_FILE,
     ORT_SPINNING_KEY,
     read_config,
@@ -101,14 +102,14 @@ def add_dynamic_variants(repository: Path, dynamic_repository: Path) -> list[str
     added = []
     for family in FAMILIES:
         source = dynamic_repository / f"{family}_onnx_int8"
-        if not (source / "config.pbtxt").is_file():
+        if not (source / CONFIG_NAME).is_file():
             continue
         name = f"{family}{DYNAMIC_SUFFIX}"
         target = repository / name
         if target.exists():
             shutil.rmtree(target)
         shutil.copytree(source, target)
-        config = read_config(target / "config.pbtxt")
+        config = read_config(target / CONFIG_NAME)
         config.name = name
         write_config(target, config)
         added.append(name)
@@ -300,7 +301,7 @@ def run_precision(options: PrecisionOptions, command: str) -> dict[str, Any]:
 
 
 def _serving(repository: Path, name: str) -> str:
-    config = read_config(repository / name / "config.pbtxt")
+    config = read_config(repository / name / CONFIG_NAME)
     parameters = config.parameters
     threads = (
         parameters["intra_op_thread_count"].string_value

@@ -27,8 +27,8 @@ from typing import Any
 
 from bundle.errors import ConfigError
 from bundle.records import RunRecord
-from criteo.schema import OUTPUT
-from export.repository import MODEL_FILE, ServingConfig, build_config, version_dir, write_config
+from bundle.repository import MODEL_FILE, ServingConfig, build_config, version_dir, write_config
+from bundle.schema import OUTPUT
 from loadtest.payload import MAX_POOL_ROWS, PayloadPool, build_pool
 from loadtest.served import served_throughput
 from loadtest.timer import TimerConfig, time_calls
@@ -260,7 +260,7 @@ def run_serving(options: ServingOptions, command: str) -> dict[str, Any]:
     }
 
 
-#: The candidate that matches the cpu profile's ServingConfig defaults (export/repository.py).
+#: The candidate that matches the cpu profile's ServingConfig defaults (bundle/repository.py).
 CURRENT_DEFAULT = "1 inst x default threads, delay 100"
 
 

@@ -64,7 +64,9 @@ def ort_session(model_file: Path, threads: int = 0, device: str = "cpu") -> Any:
 
 def config_of(model_file: Path) -> Path | None:
     """The config.pbtxt of a repository model file ``<model>/<version>/model.onnx``, if there is one."""
-    candidate = model_file.resolve().parent.parent / "config.pbtxt"
+    from bundle.repository import CONFIG_NAME
+
+    candidate = model_file.resolve().parent.parent / CONFIG_NAME
     return candidate if candidate.is_file() else None
 
 
@@ -77,13 +79,13 @@ def _model_config(model_file: Path) -> Any | None:
     config_path = config_of(model_file)
     if config_path is None:
         return None
-    from google.protobuf import text_format
-    from tritonclient.grpc import model_config_pb2
+    # Imported here, as tritonclient's protobufs were: importing this module stays cheap.
+    from bundle.repository import read_config
 
     try:
-        return text_format.Parse(config_path.read_text(), model_config_pb2.ModelConfig())
-    except (OSError, text_format.ParseError) as exc:
-        raise DataError(f"{config_path}: not a valid Triton model config ({exc})") from None
+        return read_config(config_path)
+    except ConfigError as exc:  # the same message; a broken file is this module's DataError
+        raise DataError(str(exc)) from None
 
 
 def serving_device(model_file: Path) -> str:
@@ -116,7 +118,7 @@ def device_binding(session: Any, batch: dict[str, Any], where: str = "cuda") -> 
     import numpy as np
     import onnxruntime as ort
 
-    from criteo.schema import OUTPUT
+    from bundle.schema import OUTPUT
 
     binding = session.io_binding()
     for name, array in batch.items():

@@ -40,6 +40,7 @@ import numpy as np
 
 from bundle.errors import BundleError, ConfigError
 from bundle.records import RunRecord
+from bundle.repository import MODEL_FILE, version_dir
 from clients.options import Protocol
 from clients.reference import OnnxReference
 from clients.retry import RetryPolicy
@@ -299,7 +300,7 @@ def _cases(config: SoakConfig, models: list[str]) -> list[Case]:
     rows = _rows(config, sum(config.batch_sizes))
     cases = []
     for model in models:
-        reference = OnnxReference(config.repository / model / "1" / "model.onnx")
+        reference = OnnxReference(version_dir(config.repository, model) / MODEL_FILE)
         start = 0
         for size in config.batch_sizes:
             batch = rows.slice(start, start + size)

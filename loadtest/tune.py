@@ -76,7 +76,7 @@ from rich.progress import Progress
 
 from bundle.errors import ConfigError
 from bundle.records import RunRecord
-from export.repository import version_dir, write_config
+from bundle.repository import MODEL_FILE, version_dir, write_config
 from loadtest.driver import Driver
 from loadtest.latency import Tally
 from loadtest.payload import MAX_POOL_ROWS, PayloadPool, build_pool
@@ -757,7 +757,7 @@ def model_name_variants(repository: Path, family: str) -> list[str]:
     return [
         v
         for v in ("fp32", "fp16", "int8")
-        if (version_dir(repository, model_name(family, v)) / "model.onnx").is_file()
+        if (version_dir(repository, model_name(family, v)) / MODEL_FILE).is_file()
     ]
 
 

@@ -23,7 +23,7 @@ from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2 as mc
 
 from bundle.errors import ConfigError
-from export.repository import CONFIG_NAME, QUEUE_DELAY_US, ServingConfig, read_config
+from bundle.repository import CONFIG_NAME, QUEUE_DELAY_US, ServingConfig, read_config
 from loadtest.session import THREADS_PARAMETER
 
 #: Variant -> suffix of its model name (the repository's naming contract).
@@ -229,7 +229,7 @@ def base_configs(repository: Path, family: str, variants: tuple[str, ...]) -> di
 
 
 def config_text(config: mc.ModelConfig) -> str:
-    """The config.pbtxt text of ``config`` (what :func:`export.repository.write_config` writes)."""
+    """The config.pbtxt text of ``config`` (what :func:`bundle.repository.write_config` writes)."""
     return text_format.MessageToString(config)
 
 

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from bundle.errors import ConfigError
-from criteo.schema import NUM_CATEGORICAL
+from bundle.schema import NUM_CATEGORICAL
 from criteo.tables import CRITEO_KAGGLE, CRITEO_TERABYTE, check_table_sizes, uniform_table_sizes
 
 Preset = Literal["tiny", "small", "reference", "criteo-kaggle", "criteo-terabyte"]

@@ -29,7 +29,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from criteo.schema import NUM_CATEGORICAL, NUM_DENSE
+from bundle.schema import NUM_CATEGORICAL, NUM_DENSE
 from criteo.tables import table_offsets
 
 if TYPE_CHECKING:

@@ -1,6 +1,6 @@
 """Wide & Deep (Keras 3, TensorFlow backend) over the Criteo schema.
 
-The model takes the two inputs of :mod:`criteo.schema` and gives the click
+The model takes the two inputs of :mod:`bundle.schema` and gives the click
 probability. Every categorical id is first reduced into its table with a
 non-negative modulo (``floormod``), so any int64 id (negative, ``2**62``) is a
 valid input. The 26 tables of each part are fused into one table with per-table
@@ -14,7 +14,7 @@ it; the ONNX exporter calls it too, with the parameters as graph inputs (see
 single definition of the model.
 
 ``build_wide_deep`` returns the served model (probability output named
-:data:`criteo.schema.OUTPUT`); :func:`logit_model` returns a model that shares its
+:data:`bundle.schema.OUTPUT`); :func:`logit_model` returns a model that shares its
 weights and outputs the logit, for training with a numerically stable loss.
 """
 
@@ -34,13 +34,7 @@ import numpy as np
 
 from bundle.errors import ConfigError
 from bundle.native import quiet_native_stderr
-from criteo.schema import (
-    CATEGORICAL_INPUT,
-    DENSE_INPUT,
-    NUM_CATEGORICAL,
-    NUM_DENSE,
-    OUTPUT,
-)
+from bundle.schema import CATEGORICAL_INPUT, DENSE_INPUT, NUM_CATEGORICAL, NUM_DENSE, OUTPUT
 from criteo.tables import table_offsets, uniform_table_sizes
 from models.config import WideDeepConfig
 

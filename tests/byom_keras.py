@@ -20,7 +20,8 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from criteo.schema import CATEGORICAL_COLUMNS, DENSE_COLUMNS, NUM_CATEGORICAL, NUM_DENSE
+from bundle.schema import NUM_CATEGORICAL, NUM_DENSE
+from criteo.schema import CATEGORICAL_COLUMNS, DENSE_COLUMNS
 
 #: Rows of the Keras model's tables: 3 to 1978, a different size per column.
 KERAS_TABLE_SIZES: tuple[int, ...] = tuple(3 + 79 * i for i in range(NUM_CATEGORICAL))

@@ -68,7 +68,7 @@ for spec in ${COPIES-dlrm_torch:2 dlrm_onnx:2}; do
 import sys
 from pathlib import Path
 
-from export.repository import read_config, write_config
+from bundle.repository import read_config, write_config
 
 repository, model, count = Path(sys.argv[1]), sys.argv[2], int(sys.argv[3])
 config = read_config(repository / model / "config.pbtxt")

@@ -8,7 +8,7 @@ module (:class:`export.framework.TorchServing`), wrapped in
 :class:`TorchScriptServing`:
 
 - the inputs and the output keep the schema's dtypes and names: ``forward``'s
-  arguments are named after :data:`criteo.schema.INPUTS`, which Triton's PyTorch
+  arguments are named after :data:`bundle.schema.INPUTS`, which Triton's PyTorch
   backend (24.xx/25.xx) then maps by name; the one output is mapped by order;
 - ids of any int64 value are reduced into their tables (``torch.remainder``) where
   the module does not do it itself, so no lookup ever reads out of range;
@@ -41,7 +41,7 @@ import torch
 from torch import nn
 
 from bundle.errors import ConfigError, ExportError
-from criteo.schema import INPUTS
+from bundle.schema import INPUTS
 from criteo.tsv import Batch
 from export.framework import TorchServing, example_inputs
 

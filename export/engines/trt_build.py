@@ -28,9 +28,7 @@ from typing import TYPE_CHECKING, Any
 from tritonclient.grpc import model_config_pb2 as mc
 
 from bundle.errors import ConfigError, ExportError
-from export.graphs.onnx_io import model_files
-from export.graphs.parity import ParityResult, check_rows, compare, extreme_id_rows, run_onnx
-from export.repository import (
+from bundle.repository import (
     CONFIG_NAME,
     MODEL_FILE,
     PLAN_FILE,
@@ -41,6 +39,8 @@ from export.repository import (
     version_dir,
     write_report,
 )
+from export.graphs.onnx_io import model_files
+from export.graphs.parity import ParityResult, check_rows, compare, extreme_id_rows, run_onnx
 
 if TYPE_CHECKING:
     from export.engines.trt_engine import EngineRunner

@@ -35,9 +35,9 @@ from typing import Any
 import numpy as np
 
 from bundle.errors import ExportError
-from criteo.schema import INPUTS, OUTPUTS
+from bundle.repository import BatchProfile
+from bundle.schema import INPUTS, OUTPUTS
 from criteo.tsv import Batch
-from export.repository import BatchProfile
 
 log = logging.getLogger(__name__)
 

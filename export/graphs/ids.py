@@ -26,14 +26,8 @@ import onnx
 from onnx import numpy_helper
 
 from bundle.errors import ExportError
-from criteo.schema import (
-    CATEGORICAL_COLUMNS,
-    CATEGORICAL_INPUT,
-    DENSE_INPUT,
-    NUM_CATEGORICAL,
-    NUM_DENSE,
-    OUTPUT,
-)
+from bundle.schema import CATEGORICAL_INPUT, DENSE_INPUT, NUM_CATEGORICAL, NUM_DENSE, OUTPUT
+from criteo.schema import CATEGORICAL_COLUMNS
 from criteo.tables import check_table_sizes
 
 log = logging.getLogger(__name__)

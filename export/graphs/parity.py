@@ -9,8 +9,8 @@ from typing import Any
 import numpy as np
 
 from bundle.errors import ExportError
+from bundle.schema import CATEGORICAL_INPUT, DENSE_INPUT, NUM_CATEGORICAL, NUM_DENSE, OUTPUT
 from criteo.metrics import roc_auc
-from criteo.schema import CATEGORICAL_INPUT, DENSE_INPUT, NUM_CATEGORICAL, NUM_DENSE, OUTPUT
 from criteo.synth import SynthConfig, generate_lines
 from criteo.tsv import Batch, parse_lines, read_batch, to_batch
 

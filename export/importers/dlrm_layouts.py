@@ -28,7 +28,8 @@ from typing import Literal
 import torch
 
 from bundle.errors import ConfigError, ExportError
-from criteo.schema import CATEGORICAL_COLUMNS, NUM_CATEGORICAL, NUM_DENSE
+from bundle.schema import NUM_CATEGORICAL, NUM_DENSE
+from criteo.schema import CATEGORICAL_COLUMNS
 
 Codebase = Literal["facebookresearch", "torchrec"]
 

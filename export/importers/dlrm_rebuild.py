@@ -26,7 +26,7 @@ import torch
 from torch import nn
 
 from bundle.errors import ExportError
-from criteo.schema import NUM_CATEGORICAL, NUM_DENSE
+from bundle.schema import NUM_CATEGORICAL, NUM_DENSE
 from export.importers.dlrm_layouts import TORCHREC_TABLES, DLRMLayout
 
 

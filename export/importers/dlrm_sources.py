@@ -34,7 +34,8 @@ import numpy as np
 import onnx
 
 from bundle.errors import ConfigError, ExportError
-from criteo.schema import CATEGORICAL_COLUMNS, NUM_CATEGORICAL
+from bundle.schema import NUM_CATEGORICAL
+from criteo.schema import CATEGORICAL_COLUMNS
 from criteo.tsv import Batch
 from export.framework import FrameworkExporter, TorchServing, example_inputs
 from export.importers.sources import SourceOptions

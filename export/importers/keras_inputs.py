@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from bundle.errors import ExportError
-from criteo.schema import CATEGORICAL_INPUT, DENSE_INPUT, NUM_CATEGORICAL, NUM_DENSE
+from bundle.schema import CATEGORICAL_INPUT, DENSE_INPUT, NUM_CATEGORICAL, NUM_DENSE
 from export.importers.sources import DEFAULT_FEATURE_NAMES, MAPPED_TENSORS, SourceOptions
 
 logger = logging.getLogger(__name__)

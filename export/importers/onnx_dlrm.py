@@ -23,7 +23,7 @@ import numpy as np
 import onnx
 
 from bundle.errors import ConfigError, ExportError
-from criteo.schema import NUM_CATEGORICAL, NUM_DENSE
+from bundle.schema import NUM_CATEGORICAL, NUM_DENSE
 from criteo.tables import table_offsets
 from criteo.tsv import Batch
 from export.framework import EXAMPLE_ROWS, TorchServing, own_model_source, small_table_sizes

@@ -28,7 +28,7 @@ import numpy as np
 import onnx
 
 from bundle.errors import BundleError, ConfigError, ExportError
-from criteo.schema import CATEGORICAL_INPUT, DENSE_INPUT, NUM_CATEGORICAL, NUM_DENSE, OUTPUT
+from bundle.schema import CATEGORICAL_INPUT, DENSE_INPUT, NUM_CATEGORICAL, NUM_DENSE, OUTPUT
 from criteo.tsv import Batch
 from export.graphs.ids import IdReduction, ensure_id_reduction
 from export.graphs.parity import batch_arrays

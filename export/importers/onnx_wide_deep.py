@@ -36,7 +36,7 @@ import numpy as np
 import onnx
 
 from bundle.errors import BundleError, ConfigError, ExportError
-from criteo.schema import CATEGORICAL_INPUT, DENSE_INPUT, OUTPUT
+from bundle.schema import CATEGORICAL_INPUT, DENSE_INPUT, OUTPUT
 from criteo.tsv import Batch
 from export.framework import own_model_source
 from export.graphs.onnx_io import save_model

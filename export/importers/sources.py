@@ -14,7 +14,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from bundle.errors import ConfigError
-from criteo.schema import CATEGORICAL_COLUMNS, CATEGORICAL_INPUT, DENSE_COLUMNS, DENSE_INPUT
+from bundle.schema import CATEGORICAL_INPUT, DENSE_INPUT
+from criteo.schema import CATEGORICAL_COLUMNS, DENSE_COLUMNS
 from criteo.tables import check_table_sizes
 
 #: The served tensors an ``--input-map`` entry may name, and how many features each holds.

@@ -31,7 +31,7 @@ import torch
 from torch import nn
 
 from bundle.errors import ConfigError, ExportError
-from criteo.schema import NUM_CATEGORICAL, NUM_DENSE
+from bundle.schema import NUM_CATEGORICAL, NUM_DENSE
 from criteo.tsv import Batch
 from export.framework import TorchServing, example_inputs
 from export.graphs.ids import IdReduction, ensure_id_reduction

@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING, Any
 import onnx
 
 from bundle.errors import ConfigError, ExportError
-from criteo.schema import CATEGORICAL_INPUT, DENSE_INPUT, OUTPUT
+from bundle.schema import CATEGORICAL_INPUT, DENSE_INPUT, OUTPUT
 from export.graphs.onnx_io import save_model
 
 if TYPE_CHECKING:

@@ -24,7 +24,7 @@ repository moves, or is mounted at ``/models``, with it), else absolute, or
 whatever ``store_path`` says (the store's path inside the serving container).
 
 Every config is a ``model_config_pb2.ModelConfig`` written with ``text_format``
-(:func:`export.repository.write_config`); :func:`export.repository.read_config`
+(:func:`bundle.repository.write_config`); :func:`bundle.repository.read_config`
 parses them back.
 """
 
@@ -39,7 +39,18 @@ from typing import Any
 from tritonclient.grpc import model_config_pb2 as mc
 
 from bundle.errors import ConfigError
-from criteo.schema import (
+from bundle.repository import (
+    CONFIG_NAME,
+    MODEL_FILE,
+    ONNX_BACKEND,
+    ServingConfig,
+    clear_model,
+    read_config,
+    set_ort_threading,
+    version_dir,
+    write_config,
+)
+from bundle.schema import (
     CATEGORICAL_INPUT,
     COLD_POSITIONS,
     COLD_ROWS,
@@ -51,17 +62,6 @@ from criteo.schema import (
     TensorSpec,
 )
 from export.graphs.onnx_io import save_model
-from export.repository import (
-    CONFIG_NAME,
-    MODEL_FILE,
-    ONNX_BACKEND,
-    ServingConfig,
-    clear_model,
-    read_config,
-    set_ort_threading,
-    version_dir,
-    write_config,
-)
 from export.tables.hierarchical import lookup_graph
 from export.tables.hot_rows import HotSet
 from export.tables.row_store import RowStore

@@ -4,7 +4,7 @@ A model whose tables outgrow memory is served as two stages: an embedding stage
 reduces each id into its table, maps it to a hot slot, and reads only the cold
 rows from a memory-mapped row store (:mod:`export.tables.row_store`); the dense model is
 the exported graph with its embedding lookups replaced, holding only the hot rows.
-Between them (:mod:`criteo.schema` names, ``B`` rows, ``N`` cold lookups):
+Between them (:mod:`bundle.schema` names, ``B`` rows, ``N`` cold lookups):
 
 - ``hot_slots`` ``B x 26`` int64: 0 where lookup ``(b, t)`` is cold, ``s >= 1``
   where it is hot: row ``s - 1`` of table ``t``'s hot rows (``HotSet.ids[t]`` order).
@@ -45,13 +45,7 @@ from onnx import TensorProto, helper
 from onnx.external_data_helper import load_external_data_for_tensor
 
 from bundle.errors import ConfigError, DataError, ExportError
-from criteo.schema import (
-    CATEGORICAL_INPUT,
-    COLD_POSITIONS,
-    COLD_ROWS,
-    HOT_SLOTS,
-    NUM_CATEGORICAL,
-)
+from bundle.schema import CATEGORICAL_INPUT, COLD_POSITIONS, COLD_ROWS, HOT_SLOTS, NUM_CATEGORICAL
 from criteo.tables import check_table_sizes
 from export.graphs.onnx_io import EXTERNAL_DATA_THRESHOLD, weights_bytes
 from export.tables.hot_rows import HotSet

@@ -37,12 +37,12 @@ import onnx
 from onnx import helper, numpy_helper
 
 from bundle.errors import ConfigError, ExportError
+from bundle.repository import MODEL_FILE, ServingConfig, clear_model, version_dir, write_report
 from criteo.tsv import Batch
 from export.graphs.fp16 import convert_to_fp16
 from export.graphs.onnx_io import save_model
 from export.graphs.parity import ParityResult, compare
 from export.graphs.quantize import QuantizeOptions, quantize_int8
-from export.repository import MODEL_FILE, ServingConfig, clear_model, version_dir, write_report
 from export.tables.ensemble import (
     HOT_SET_FILE,
     VARIANTS,

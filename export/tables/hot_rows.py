@@ -20,10 +20,11 @@ from pathlib import Path
 import numpy as np
 
 from bundle.errors import ConfigError, DataError
+from bundle.schema import NUM_CATEGORICAL
 from criteo.coverage import HotRanking, check_row_bytes
 from criteo.preprocess import hash_ids
 from criteo.profile import AccessProfile
-from criteo.schema import CATEGORICAL_COLUMNS, NUM_CATEGORICAL
+from criteo.schema import CATEGORICAL_COLUMNS
 from criteo.tables import check_table_sizes
 from criteo.tsv import Batch
 

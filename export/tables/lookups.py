@@ -22,7 +22,8 @@ from google.protobuf.message import DecodeError
 from onnx import TensorProto, helper, numpy_helper
 
 from bundle.errors import ExportError
-from criteo.schema import CATEGORICAL_COLUMNS, CATEGORICAL_INPUT, NUM_CATEGORICAL
+from bundle.schema import CATEGORICAL_INPUT, NUM_CATEGORICAL
+from criteo.schema import CATEGORICAL_COLUMNS
 from criteo.tables import check_table_sizes
 from export.graphs.ids import TracedLookup, traced_lookups
 from export.tables.row_store import EMBEDDING_COLUMN, WIDE_COLUMN, RowStoreSpec

@@ -42,15 +42,7 @@ import numpy as np
 import onnx
 
 from bundle.errors import ConfigError, ExportError
-from criteo.profile import read_profile
-from criteo.schema import COLD_POSITIONS, COLD_ROWS, DENSE_INPUT, HOT_SLOTS, OUTPUT
-from criteo.tables import check_table_sizes
-from criteo.tsv import Batch
-from export.framework import SMALL_ROWS, FrameworkExporter, StreamedTables
-from export.graphs.onnx_io import save_model
-from export.graphs.parity import ParityResult, compare, extreme_id_rows, onnx_session, run_onnx
-from export.options import NO_PROFILE_DATA, ExportOptions, PlacementOptions
-from export.repository import (
+from bundle.repository import (
     CONFIG_NAME,
     MODEL_FILE,
     clear_model,
@@ -60,6 +52,14 @@ from export.repository import (
     version_dir,
     write_report,
 )
+from bundle.schema import COLD_POSITIONS, COLD_ROWS, DENSE_INPUT, HOT_SLOTS, OUTPUT
+from criteo.profile import read_profile
+from criteo.tables import check_table_sizes
+from criteo.tsv import Batch
+from export.framework import SMALL_ROWS, FrameworkExporter, StreamedTables
+from export.graphs.onnx_io import save_model
+from export.graphs.parity import ParityResult, compare, extreme_id_rows, onnx_session, run_onnx
+from export.options import NO_PROFILE_DATA, ExportOptions, PlacementOptions
 from export.tables.ensemble import (
     ENSEMBLE_PLATFORM,
     HOT_SET_FILE,

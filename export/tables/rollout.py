@@ -52,12 +52,7 @@ import numpy as np
 
 from bundle.admin import admin_headers
 from bundle.errors import ConfigError, ExportError
-from bundle.staging import RepositoryWrite
-from criteo.profile import AccessProfile
-from criteo.tsv import Batch, read_batch
-from export.graphs.onnx_io import save_model
-from export.graphs.parity import ParityResult, compare, extreme_id_rows
-from export.repository import (
+from bundle.repository import (
     CONFIG_NAME,
     MODEL_FILE,
     REPORT_FILE,
@@ -67,6 +62,11 @@ from export.repository import (
     write_config,
     write_report,
 )
+from bundle.staging import RepositoryWrite
+from criteo.profile import AccessProfile
+from criteo.tsv import Batch, read_batch
+from export.graphs.onnx_io import save_model
+from export.graphs.parity import ParityResult, compare, extreme_id_rows
 from export.tables.ensemble import (
     ENSEMBLE_PLATFORM,
     ENSEMBLE_SUFFIX,

@@ -63,7 +63,8 @@ import numpy as np
 import numpy.typing as npt
 
 from bundle.errors import ConfigError, DataError, ExportError
-from criteo.schema import CATEGORICAL_COLUMNS, NUM_CATEGORICAL
+from bundle.schema import NUM_CATEGORICAL
+from criteo.schema import CATEGORICAL_COLUMNS
 from criteo.tables import check_table_sizes, table_offsets
 from server.stages.embedding import hot_cold_lookup as stage_format
 

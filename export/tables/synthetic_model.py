@@ -45,21 +45,7 @@ import numpy as np
 
 from bundle.errors import ConfigError, ExportError
 from bundle.memory import PeakMemory
-from criteo.profile import AccessProfile
-from criteo.schema import (
-    COLD_POSITIONS,
-    COLD_ROWS,
-    DENSE_INPUT,
-    HOT_SLOTS,
-    NUM_CATEGORICAL,
-    NUM_DENSE,
-    OUTPUT,
-)
-from criteo.tsv import iter_batches
-from export.framework import SMALL_ROWS, small_table_sizes
-from export.graphs.onnx_io import save_model
-from export.graphs.parity import onnx_session
-from export.repository import (
+from bundle.repository import (
     MODEL_FILE,
     ServingConfig,
     add_model,
@@ -69,6 +55,20 @@ from export.repository import (
     version_dir,
     write_report,
 )
+from bundle.schema import (
+    COLD_POSITIONS,
+    COLD_ROWS,
+    DENSE_INPUT,
+    HOT_SLOTS,
+    NUM_CATEGORICAL,
+    NUM_DENSE,
+    OUTPUT,
+)
+from criteo.profile import AccessProfile
+from criteo.tsv import iter_batches
+from export.framework import SMALL_ROWS, small_table_sizes
+from export.graphs.onnx_io import save_model
+from export.graphs.parity import onnx_session
 from export.tables.ensemble import (
     HOT_SET_FILE,
     add_hierarchical_models,

@@ -17,10 +17,10 @@ import typer
 from rich.console import Console
 
 from bundle.cli import new_app, run
+from bundle.repository import ServingConfig
 from criteo.profile import COUNTS_FILE, AccessProfile, read_profile
 from criteo.tables import TABLE_SIZE_PRESETS, parse_table_sizes
 from export.framework import SMALL_ROWS
-from export.repository import ServingConfig
 from export.tables.hot_rows import parse_size
 from export.tables.row_store import DTYPES, format_bytes
 from export.tables.synthetic_model import (

@@ -51,12 +51,20 @@ import numpy as np
 from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2 as mc
 
-from bundle.errors import BundleError, ServerError
+from bundle.errors import BundleError, ConfigError, ServerError
+from bundle.repository import (
+    CONFIG_NAME,
+    MODEL_FILE,
+    ONNX_BACKEND,
+    TORCH_PLATFORM,
+    TORCHSCRIPT_FILE,
+    read_config,
+)
+from bundle.schema import INPUTS
 from clients.options import Protocol
 from clients.reference import OnnxReference
 from clients.triton import TritonClient
 from clients.verify import sample_rows
-from criteo.schema import INPUTS
 from criteo.tsv import Batch
 from loadtest.faults import FaultResult
 from server import LocalServer, ServerConfig, TritonInstallation
@@ -64,12 +72,8 @@ from server.stages.embedding import hot_cold_lookup as stage_format
 
 logger = logging.getLogger(__name__)
 
-CONFIG_FILE = "config.pbtxt"
-ONNX_FILE = "model.onnx"
-TORCHSCRIPT_FILE = "model.pt"
-ONNX_BACKEND = "onnxruntime"
+#: The backend Triton maps ``platform: "pytorch_libtorch"`` to.
 TORCH_BACKEND = "pytorch"
-TORCH_PLATFORM = "pytorch_libtorch"
 ENSEMBLE_PLATFORM = "ensemble"
 #: Served vs the healthy answer: one ONNX Runtime build on both sides.
 TOLERANCE = 1e-5
@@ -110,15 +114,15 @@ class Damage:
 
 def _read_config(path: Path) -> mc.ModelConfig | None:
     try:
-        return text_format.Parse(path.read_text(), mc.ModelConfig())
-    except (OSError, text_format.ParseError):
+        return read_config(path)
+    except ConfigError:
         return None
 
 
 def _configs(repository: Path) -> list[tuple[str, mc.ModelConfig]]:
     """``(name, config)`` of every model whose config parses, by name."""
     found = []
-    for path in sorted(repository.glob(f"*/{CONFIG_FILE}")):
+    for path in sorted(repository.glob(f"*/{CONFIG_NAME}")):
         config = _read_config(path)
         if config is not None:
             found.append((path.parent.name, config))
@@ -167,7 +171,7 @@ def _find_file(repository: Path, backends: tuple[str, ...], filename: str) -> Ta
 
 def find_onnx_model(repository: Path) -> Target | None:
     """The ``model.onnx`` of the first plain ONNX model (one that serves the schema itself)."""
-    return _find_file(repository, (ONNX_BACKEND,), ONNX_FILE)
+    return _find_file(repository, (ONNX_BACKEND,), MODEL_FILE)
 
 
 def find_torchscript_model(repository: Path) -> Target | None:
@@ -179,9 +183,9 @@ def find_config(repository: Path) -> Target | None:
     """The ``config.pbtxt`` of the first plain ONNX model (else of the first model)."""
     target = find_onnx_model(repository)
     if target is not None:
-        return Target(target.model, repository / target.model / CONFIG_FILE)
+        return Target(target.model, repository / target.model / CONFIG_NAME)
     configs = _configs(repository)
-    return Target(configs[0][0], repository / configs[0][0] / CONFIG_FILE) if configs else None
+    return Target(configs[0][0], repository / configs[0][0] / CONFIG_NAME) if configs else None
 
 
 def truncate(path: Path) -> None:
@@ -255,7 +259,7 @@ def copy_repository(repository: Path, destination: Path) -> Path:
         target = destination / "stores" / name
         shutil.copytree(store, target)
         config.parameters[stage_format.PARAM_ROW_STORE].string_value = str(target)
-        (copy / name / CONFIG_FILE).write_text(text_format.MessageToString(config))
+        (copy / name / CONFIG_NAME).write_text(text_format.MessageToString(config))
     return copy
 
 
@@ -349,7 +353,7 @@ def healthy_answers(
     served = []
     for name in _schema_models(repository):
         versions = _versions(repository / name)
-        onnx_file = versions[0] / ONNX_FILE if versions else None
+        onnx_file = versions[0] / MODEL_FILE if versions else None
         if onnx_file is not None and onnx_file.is_file():
             answers[name] = OnnxReference(onnx_file).predict(batch)
         else:

@@ -29,7 +29,7 @@ from typing import Any
 
 from bundle.errors import BundleError
 from bundle.records import RunRecord, machine_summary
-from criteo.schema import NUM_CATEGORICAL
+from bundle.schema import NUM_CATEGORICAL
 from criteo.synth import SynthConfig, write_tsv
 from criteo.tsv import read_batch
 from loadtest.faults import FaultResult

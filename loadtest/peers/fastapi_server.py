@@ -20,7 +20,7 @@ from starlette.concurrency import run_in_threadpool
 
 from bundle.cli import new_app, run
 from bundle.errors import DataError
-from criteo.schema import OUTPUT
+from bundle.schema import OUTPUT
 from loadtest.peers import wire
 from loadtest.session import ort_session
 

@@ -20,7 +20,7 @@ import numpy as np
 import typer
 
 from bundle.cli import new_app, run
-from criteo.schema import INPUTS, OUTPUT, OUTPUTS
+from bundle.schema import INPUTS, OUTPUT, OUTPUTS
 from loadtest.session import ort_session
 
 app = new_app("PyTriton binding an ONNX Runtime session (benchmark peer).")

@@ -14,7 +14,7 @@ from collections.abc import Mapping
 import numpy as np
 
 from bundle.errors import DataError
-from criteo.schema import INPUTS, OUTPUTS
+from bundle.schema import INPUTS, OUTPUTS
 
 BATCH_HEADER = "x-batch-size"
 CONTENT_TYPE = "application/octet-stream"

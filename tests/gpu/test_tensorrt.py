@@ -20,10 +20,10 @@ import numpy as np
 import pytest
 
 from bundle.errors import ExportError
+from bundle.repository import PLAN_FILE, read_config
 from criteo.synth import SynthConfig, write_tsv
 from criteo.tsv import Batch, read_batch
 from export.graphs.parity import run_onnx
-from export.repository import PLAN_FILE, read_config
 
 pytestmark = pytest.mark.gpu
 

@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 import torch
 
+from bundle.repository import TORCHSCRIPT_FILE, ServingConfig, torch_model_name, version_dir
 from criteo.synth import SynthConfig, write_tsv
 from criteo.tsv import Batch, read_batch
 from export.engines.torchscript import run_torchscript
@@ -23,7 +24,6 @@ from export.graphs.parity import extreme_id_rows
 from export.importers.onnx_dlrm import DLRMExporter
 from export.options import ExportOptions
 from export.pipeline import export_family
-from export.repository import TORCHSCRIPT_FILE, ServingConfig, torch_model_name, version_dir
 from models.config import DLRMConfig, TrainConfig
 from models.train_dlrm import train_dlrm
 

@@ -23,8 +23,8 @@ import onnx
 import pytest
 import torch
 
+from bundle.schema import NUM_CATEGORICAL, NUM_DENSE
 from clients.triton import TritonClient
-from criteo.schema import NUM_CATEGORICAL, NUM_DENSE
 from criteo.tsv import Batch
 from server import LocalServer
 from tests.byom_torch import (

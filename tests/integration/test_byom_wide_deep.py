@@ -22,8 +22,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from bundle.schema import NUM_CATEGORICAL, NUM_DENSE
 from clients.triton import TritonClient
-from criteo.schema import NUM_CATEGORICAL, NUM_DENSE
 from criteo.tsv import Batch
 
 pytestmark = pytest.mark.integration

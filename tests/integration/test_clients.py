@@ -16,6 +16,7 @@ import pytest
 from typer.testing import CliRunner
 
 from bundle.errors import ClientError
+from bundle.schema import CATEGORICAL_INPUT, DENSE_INPUT, OUTPUT
 from clients.__main__ import app
 from clients.aio import AsyncTritonClient
 from clients.options import ClientOptions
@@ -25,7 +26,6 @@ from clients.retry import RetryPolicy
 from clients.shm import mapped_regions
 from clients.triton import TritonClient
 from criteo.metrics import roc_auc
-from criteo.schema import CATEGORICAL_INPUT, DENSE_INPUT, OUTPUT
 from criteo.tsv import Batch, read_batch
 from server import LocalServer, free_ports
 

@@ -25,19 +25,7 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from clients.verify import sample_rows
-from criteo.schema import (
-    CATEGORICAL_INPUT,
-    COLD_POSITIONS,
-    COLD_ROWS,
-    DENSE_INPUT,
-    HOT_SLOTS,
-    NUM_CATEGORICAL,
-    NUM_DENSE,
-    OUTPUT,
-)
-from criteo.tsv import Batch
-from export.repository import (
+from bundle.repository import (
     CONFIG_NAME,
     MODEL_FILE,
     TORCHSCRIPT_FILE,
@@ -47,6 +35,18 @@ from export.repository import (
     read_config,
     version_dir,
 )
+from bundle.schema import (
+    CATEGORICAL_INPUT,
+    COLD_POSITIONS,
+    COLD_ROWS,
+    DENSE_INPUT,
+    HOT_SLOTS,
+    NUM_CATEGORICAL,
+    NUM_DENSE,
+    OUTPUT,
+)
+from clients.verify import sample_rows
+from criteo.tsv import Batch
 from export.tables.ensemble import (
     dense_model_name,
     embedding_model_name,

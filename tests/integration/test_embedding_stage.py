@@ -27,9 +27,8 @@ import tritonclient.http as httpclient
 from onnx import TensorProto, helper, numpy_helper
 from tritonclient.utils import InferenceServerException
 
-from clients.options import Protocol, SharedMemory
-from clients.triton import TritonClient
-from criteo.schema import (
+from bundle.repository import MODEL_FILE, ServingConfig, version_dir
+from bundle.schema import (
     CATEGORICAL_INPUT,
     COLD_POSITIONS,
     COLD_ROWS,
@@ -39,7 +38,8 @@ from criteo.schema import (
     NUM_DENSE,
     OUTPUT,
 )
-from export.repository import MODEL_FILE, ServingConfig, version_dir
+from clients.options import Protocol, SharedMemory
+from clients.triton import TritonClient
 from export.tables.ensemble import (
     dense_model_name,
     embedding_model_name,

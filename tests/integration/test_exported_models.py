@@ -8,11 +8,11 @@ import numpy as np
 import pytest
 
 from bundle.errors import ClientError
+from bundle.repository import read_config
+from bundle.schema import CATEGORICAL_INPUT, DENSE_INPUT, INPUTS, OUTPUTS
 from clients.triton import TritonClient
 from clients.verify import in_process, repository_models, verify_repository
-from criteo.schema import CATEGORICAL_INPUT, DENSE_INPUT, INPUTS, OUTPUTS
 from criteo.tsv import Batch, read_batch
-from export.repository import read_config
 from server import LocalServer
 
 pytestmark = pytest.mark.integration

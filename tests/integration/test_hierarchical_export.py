@@ -24,12 +24,12 @@ from typing import Any
 import numpy as np
 import pytest
 
+from bundle.repository import read_config
+from bundle.schema import CATEGORICAL_INPUT, DENSE_INPUT, NUM_CATEGORICAL
 from clients.options import Protocol
 from clients.triton import TritonClient
 from clients.verify import in_process
-from criteo.schema import CATEGORICAL_INPUT, DENSE_INPUT, NUM_CATEGORICAL
 from criteo.tsv import Batch, read_batch
-from export.repository import read_config
 from export.tables.ensemble import dense_model_name, embedding_model_name, ensemble_model_name
 from export.tables.hot_rows import HotSet
 from loadtest.payload import build_pool

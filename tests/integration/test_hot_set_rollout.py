@@ -28,13 +28,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from bundle.repository import read_config
+from bundle.schema import NUM_CATEGORICAL
 from clients.reference import OnnxReference
 from clients.retry import RetryPolicy
 from clients.triton import TritonClient
-from criteo.schema import NUM_CATEGORICAL
 from criteo.synth import SynthConfig, write_tsv
 from criteo.tsv import Batch, read_batch
-from export.repository import read_config
 from export.tables.ensemble import (
     LOOKUP_GRAPH_FILE,
     dense_model_name,

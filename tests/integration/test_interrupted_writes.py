@@ -24,9 +24,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from bundle.schema import NUM_CATEGORICAL
 from clients.reference import OnnxReference
 from clients.retry import RetryPolicy
-from criteo.schema import NUM_CATEGORICAL
 from criteo.synth import SynthConfig, write_tsv
 from criteo.tsv import read_batch
 from loadtest.faults import FaultResult

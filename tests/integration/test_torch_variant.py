@@ -18,15 +18,15 @@ import pytest
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
+from bundle.repository import TORCHSCRIPT_FILE, torch_model_name, version_dir
+from bundle.schema import DENSE_INPUT, OUTPUT
 from clients.triton import TritonClient
-from criteo.schema import DENSE_INPUT, OUTPUT
 from criteo.tsv import Batch, read_batch
 from export.engines.torchscript import run_torchscript
 from export.graphs.parity import extreme_id_rows
 from export.importers.onnx_dlrm import DLRMExporter
 from export.options import ExportOptions
 from export.pipeline import export_family
-from export.repository import TORCHSCRIPT_FILE, torch_model_name, version_dir
 from models.config import DLRMConfig, TrainConfig
 from models.train_dlrm import train_dlrm
 from server import LocalServer

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from export.repository import CONFIG_NAME, read_config
+from bundle.repository import CONFIG_NAME, read_config
 from loadtest.session import THREADS_PARAMETER
 
 pytestmark = pytest.mark.integration

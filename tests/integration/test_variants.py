@@ -12,6 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from bundle.repository import ServingConfig, add_model, version_dir
 from clients.aio import AsyncTritonClient
 from clients.triton import TritonClient
 from clients.verify import in_process
@@ -20,7 +21,6 @@ from export.graphs.quantize import QuantizeOptions, quantized_op_counts
 from export.importers.onnx_dlrm import DLRMExporter
 from export.options import ExportOptions
 from export.pipeline import export_family
-from export.repository import ServingConfig, add_model, version_dir
 from loadtest.roofline import RooflineOptions, count_flops, report_lines, run_roofline
 from models.config import DLRMConfig, TrainConfig
 from models.train_dlrm import train_dlrm

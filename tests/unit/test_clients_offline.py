@@ -18,6 +18,7 @@ from geventhttpclient.response import HTTPConnectionClosed
 from tritonclient.utils import InferenceServerException
 
 from bundle.errors import ClientError, ConfigError, DataError
+from bundle.schema import CATEGORICAL_INPUT, DENSE_INPUT, NUM_CATEGORICAL, NUM_DENSE, OUTPUT
 from clients import failures, retry
 from clients.batching import file_batches, ordered
 from clients.options import ClientOptions, default_url
@@ -26,7 +27,6 @@ from clients.retry import RetryPolicy
 from clients.shm import SystemRegion, layout, mapped_regions
 from clients.triton import TritonClient
 from clients.validation import ModelSpec
-from criteo.schema import CATEGORICAL_INPUT, DENSE_INPUT, NUM_CATEGORICAL, NUM_DENSE, OUTPUT
 from criteo.synth import SynthConfig, write_tsv
 from criteo.tsv import Batch
 

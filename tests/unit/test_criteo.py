@@ -9,9 +9,10 @@ import numpy as np
 import pytest
 
 from bundle.errors import ConfigError, DataError
+from bundle.schema import CATEGORICAL_INPUT, DENSE_INPUT, NUM_CATEGORICAL, NUM_DENSE
 from criteo.metrics import logloss, roc_auc
 from criteo.preprocess import hash_ids
-from criteo.schema import CATEGORICAL_INPUT, DENSE_INPUT, MISSING_ID, NUM_CATEGORICAL, NUM_DENSE
+from criteo.schema import MISSING_ID
 from criteo.synth import HiddenModel, SynthConfig, write_tsv
 from criteo.tsv import iter_batches, parse_lines, read_batch
 

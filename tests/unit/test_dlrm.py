@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from bundle.errors import ConfigError, ExportError
-from criteo.schema import CATEGORICAL_INPUT, DENSE_INPUT, NUM_CATEGORICAL, NUM_DENSE, OUTPUT
+from bundle.schema import CATEGORICAL_INPUT, DENSE_INPUT, NUM_CATEGORICAL, NUM_DENSE, OUTPUT
 from criteo.synth import SynthConfig, write_tsv
 from criteo.tables import table_offsets
 from criteo.tsv import Batch, read_batch

@@ -13,7 +13,7 @@ import torch
 from torch import nn
 
 from bundle.errors import ConfigError, ExportError
-from criteo.schema import CATEGORICAL_INPUT, DENSE_INPUT, NUM_CATEGORICAL, NUM_DENSE, OUTPUT
+from bundle.schema import CATEGORICAL_INPUT, DENSE_INPUT, NUM_CATEGORICAL, NUM_DENSE, OUTPUT
 from criteo.tsv import Batch
 from export.importers.dlrm_layouts import read_layout
 from export.importers.dlrm_rebuild import (

@@ -12,7 +12,8 @@ import pytest
 from tritonclient.grpc import model_config_pb2 as mc
 
 from bundle.errors import ConfigError, DataError, ExportError
-from criteo.schema import (
+from bundle.repository import MODEL_FILE, ServingConfig, read_config, version_dir
+from bundle.schema import (
     CATEGORICAL_INPUT,
     COLD_POSITIONS,
     COLD_ROWS,
@@ -21,7 +22,6 @@ from criteo.schema import (
     NUM_CATEGORICAL,
     OUTPUT,
 )
-from export.repository import MODEL_FILE, ServingConfig, read_config, version_dir
 from export.tables import row_store
 from export.tables.ensemble import (
     HOT_SET_FILE,

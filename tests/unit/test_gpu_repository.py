@@ -21,7 +21,15 @@ import pytest
 from tritonclient.grpc import model_config_pb2 as mc
 
 from bundle.errors import ConfigError
-from criteo.schema import INPUTS, OUTPUTS
+from bundle.repository import (
+    PLAN_FILE,
+    BatchProfile,
+    ServingConfig,
+    build_trt_config,
+    default_graph_batch_sizes,
+    read_config,
+)
+from bundle.schema import INPUTS, OUTPUTS
 from criteo.synth import SynthConfig, write_tsv
 from export.engines.trt_build import (
     TensorRTOptions,
@@ -32,14 +40,6 @@ from export.engines.trt_build import (
     source_models,
 )
 from export.options import ExportOptions
-from export.repository import (
-    PLAN_FILE,
-    BatchProfile,
-    ServingConfig,
-    build_trt_config,
-    default_graph_batch_sizes,
-    read_config,
-)
 
 ONNX_MODELS = ["dlrm_onnx", "dlrm_onnx_fp16", "wide_deep_onnx", "wide_deep_onnx_fp16"]
 TRT_MODELS = ["dlrm_trt", "wide_deep_trt"]

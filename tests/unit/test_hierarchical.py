@@ -22,7 +22,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from bundle.errors import ConfigError, ExportError
-from criteo.schema import (
+from bundle.schema import (
     CATEGORICAL_INPUT,
     COLD_POSITIONS,
     COLD_ROWS,

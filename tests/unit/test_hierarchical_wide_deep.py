@@ -17,7 +17,7 @@ import onnxruntime as ort
 import pytest
 from onnx import numpy_helper
 
-from criteo.schema import (
+from bundle.schema import (
     CATEGORICAL_INPUT,
     COLD_POSITIONS,
     COLD_ROWS,

@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 
 from bundle.errors import ConfigError, DataError
+from bundle.schema import NUM_CATEGORICAL
 from criteo.coverage import CoverageConfig, measure_coverage
 from criteo.profile import AccessProfile, TableCounts, profile_file
-from criteo.schema import NUM_CATEGORICAL
 from criteo.synth import SynthConfig, write_tsv
 from criteo.tsv import read_batch
 from export.tables.hot_rows import HotSet, choose_hot_rows, parse_size

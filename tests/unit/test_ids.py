@@ -11,7 +11,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from bundle.errors import ExportError
-from criteo.schema import CATEGORICAL_INPUT, DENSE_INPUT, NUM_CATEGORICAL, NUM_DENSE, OUTPUT
+from bundle.schema import CATEGORICAL_INPUT, DENSE_INPUT, NUM_CATEGORICAL, NUM_DENSE, OUTPUT
 from export.graphs.ids import PROBE_IDS, ensure_id_reduction, probe, probe_rows, read_table_sizes
 
 SIZES = tuple(3 + 7 * i for i in range(NUM_CATEGORICAL))

@@ -16,15 +16,8 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from bundle.errors import ExportError
-from criteo.schema import (
-    CATEGORICAL_COLUMNS,
-    CATEGORICAL_INPUT,
-    DENSE_COLUMNS,
-    DENSE_INPUT,
-    NUM_CATEGORICAL,
-    NUM_DENSE,
-    OUTPUT,
-)
+from bundle.schema import CATEGORICAL_INPUT, DENSE_INPUT, NUM_CATEGORICAL, NUM_DENSE, OUTPUT
+from criteo.schema import CATEGORICAL_COLUMNS, DENSE_COLUMNS
 from criteo.tsv import Batch
 from export.graphs.parity import run_onnx
 from export.importers.keras_inputs import ModelInput, map_inputs

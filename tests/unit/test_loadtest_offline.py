@@ -145,7 +145,7 @@ def _served_model(repository: Path, kind: str) -> Path:
     import onnx
     from onnx import TensorProto, helper
 
-    from criteo.schema import CATEGORICAL_INPUT, DENSE_INPUT, NUM_CATEGORICAL, NUM_DENSE, OUTPUT
+    from bundle.schema import CATEGORICAL_INPUT, DENSE_INPUT, NUM_CATEGORICAL, NUM_DENSE, OUTPUT
 
     graph = helper.make_graph(
         [

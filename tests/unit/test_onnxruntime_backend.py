@@ -19,8 +19,8 @@ import pytest
 from google.protobuf import json_format
 from onnx import TensorProto, helper, numpy_helper
 
-from criteo.schema import CATEGORICAL_INPUT, DENSE_INPUT, NUM_CATEGORICAL, NUM_DENSE, OUTPUT
-from export.repository import MODEL_FILE, ORT_SPINNING_KEY, ServingConfig, build_config
+from bundle.repository import MODEL_FILE, ORT_SPINNING_KEY, ServingConfig, build_config
+from bundle.schema import CATEGORICAL_INPUT, DENSE_INPUT, NUM_CATEGORICAL, NUM_DENSE, OUTPUT
 
 BACKENDS = Path(__file__).resolve().parents[2] / "server" / "backends"
 

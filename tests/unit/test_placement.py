@@ -20,12 +20,12 @@ import numpy as np
 import pytest
 
 from bundle.errors import ConfigError, ExportError
-from criteo.schema import NUM_CATEGORICAL
+from bundle.repository import ServingConfig, read_config
+from bundle.schema import NUM_CATEGORICAL
 from criteo.synth import SynthConfig, write_tsv
 from export.__main__ import _export_options
 from export.options import NO_PROFILE_DATA, ExportOptions, PlacementOptions
 from export.pipeline import export_family
-from export.repository import ServingConfig, read_config
 from export.tables import placement as placement_module
 from export.tables.hot_rows import HotSet
 from export.tables.placement import FP32_STORE_TOLERANCE, decide

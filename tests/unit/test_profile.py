@@ -11,6 +11,7 @@ from typer.testing import CliRunner
 
 import criteo.profile as profile_module
 from bundle.errors import ConfigError, DataError
+from bundle.schema import NUM_CATEGORICAL, NUM_DENSE
 from criteo.__main__ import app
 from criteo.coverage import HIT_RATE_PNG, RESULT_JSON, RESULT_MD, HotRanking, parse_fractions, parse_row_bytes
 from criteo.profile import (
@@ -22,7 +23,7 @@ from criteo.profile import (
     coverage,
     profile_file,
 )
-from criteo.schema import MISSING_ID, NUM_CATEGORICAL, NUM_DENSE
+from criteo.schema import MISSING_ID
 from criteo.synth import SynthConfig, write_tsv
 from criteo.tsv import read_batch
 

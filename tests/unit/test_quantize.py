@@ -11,6 +11,7 @@ import onnx
 import pytest
 
 from bundle.errors import ConfigError, ExportError
+from bundle.repository import ServingConfig, read_config
 from criteo.synth import SynthConfig, write_tsv
 from criteo.tsv import read_batch
 from export.graphs.parity import run_onnx
@@ -24,7 +25,6 @@ from export.graphs.quantize import (
 from export.importers.onnx_dlrm import DLRMExporter
 from export.options import ExportOptions
 from export.pipeline import calibration_rows, export_family
-from export.repository import ServingConfig, read_config
 from loadtest.roofline import count_flops
 from models.config import DLRMConfig, TrainConfig
 from models.train_dlrm import train_dlrm

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from bundle.errors import ConfigError
-from criteo.schema import NUM_CATEGORICAL
+from bundle.schema import NUM_CATEGORICAL
 from criteo.tables import table_offsets
 from models import random_checkpoint
 from models.config import DLRMConfig, load_config

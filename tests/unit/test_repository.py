@@ -8,8 +8,8 @@ import pytest
 from tritonclient.grpc import model_config_pb2 as mc
 
 from bundle.errors import ConfigError
-from criteo.schema import INPUTS, OUTPUTS
-from export.repository import ServingConfig, add_model, read_config, version_dir
+from bundle.repository import ServingConfig, add_model, read_config, version_dir
+from bundle.schema import INPUTS, OUTPUTS
 
 
 def test_config_round_trip(tmp_path: Path) -> None:

@@ -12,7 +12,7 @@ import pytest
 from typer.testing import CliRunner
 
 from bundle.errors import BundleError, ConfigError, DataError, ExportError
-from criteo.schema import NUM_CATEGORICAL
+from bundle.schema import NUM_CATEGORICAL
 from criteo.tables import table_offsets, uniform_table_sizes
 from export.tables import row_store_cli
 from export.tables.row_store import (

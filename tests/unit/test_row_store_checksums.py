@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from bundle.errors import ExportError
-from criteo.schema import NUM_CATEGORICAL
+from bundle.schema import NUM_CATEGORICAL
 from export.tables.row_store import (
     META_FILE,
     ROWS_FILE,

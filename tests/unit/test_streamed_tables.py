@@ -21,7 +21,7 @@ import pytest
 import torch
 
 from bundle.errors import ConfigError
-from criteo.schema import NUM_CATEGORICAL
+from bundle.schema import NUM_CATEGORICAL
 from criteo.synth import SynthConfig, write_tsv
 from criteo.tsv import read_batch
 from export.graphs.parity import extreme_id_rows

@@ -20,8 +20,8 @@ from onnx import numpy_helper
 from typer.testing import CliRunner
 
 from bundle.errors import BundleError, ConfigError, ExportError
-from criteo.profile import AccessProfile, profile_file
-from criteo.schema import (
+from bundle.repository import CONFIG_NAME, MODEL_FILE, read_config
+from bundle.schema import (
     CATEGORICAL_INPUT,
     COLD_POSITIONS,
     COLD_ROWS,
@@ -30,11 +30,11 @@ from criteo.schema import (
     NUM_CATEGORICAL,
     OUTPUT,
 )
+from criteo.profile import AccessProfile, profile_file
 from criteo.synth import SynthConfig, write_tsv
 from criteo.tables import table_offsets
 from criteo.tsv import read_batch
 from export.framework import small_table_sizes
-from export.repository import CONFIG_NAME, MODEL_FILE, read_config
 from export.tables import synthetic_model, synthetic_model_cli
 from export.tables.ensemble import HOT_SET_FILE
 from export.tables.hierarchical import PREFIX, split_lookups, stage_reference

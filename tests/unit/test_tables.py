@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from bundle.errors import ConfigError
-from criteo.schema import NUM_CATEGORICAL
+from bundle.schema import NUM_CATEGORICAL
 from criteo.synth import HiddenModel, SynthConfig, write_tsv
 from criteo.tables import (
     CRITEO_KAGGLE,

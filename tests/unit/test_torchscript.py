@@ -21,7 +21,8 @@ import torch
 from tritonclient.grpc import model_config_pb2 as mc
 
 from bundle.errors import ConfigError
-from criteo.schema import INPUTS, OUTPUTS
+from bundle.repository import TORCH_PLATFORM, TORCHSCRIPT_FILE, read_config, torch_model_name, version_dir
+from bundle.schema import INPUTS, OUTPUTS
 from criteo.synth import SynthConfig, write_tsv
 from criteo.tsv import Batch, read_batch
 from export.engines.torchscript import reduced_precision, run_torchscript, write_torchscript
@@ -32,7 +33,6 @@ from export.importers.onnx_dlrm import DLRMExporter
 from export.importers.sources import SourceOptions
 from export.options import ExportOptions
 from export.pipeline import TORCH_MAX_ABS_DIFF, ExportedModel, export_family
-from export.repository import TORCH_PLATFORM, TORCHSCRIPT_FILE, read_config, torch_model_name, version_dir
 from models.config import DLRMConfig, TrainConfig
 from models.train_dlrm import train_dlrm
 from tests.byom_torch import TABLE_SIZES, FacebookAdapter, make_facebook_net, save_facebook_checkpoint

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from bundle.errors import ConfigError
-from export.repository import ServingConfig, build_config, read_config, write_config
+from bundle.repository import ServingConfig, build_config, read_config, write_config
 from loadtest.latency import Tally
 from loadtest.tune import (
     Confirmation,

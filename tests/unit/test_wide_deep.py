@@ -11,14 +11,8 @@ import onnxruntime as ort
 import pytest
 
 from bundle.errors import ConfigError, ExportError
+from bundle.schema import CATEGORICAL_INPUT, DENSE_INPUT, NUM_CATEGORICAL, NUM_DENSE, OUTPUT
 from criteo.preprocess import hash_ids
-from criteo.schema import (
-    CATEGORICAL_INPUT,
-    DENSE_INPUT,
-    NUM_CATEGORICAL,
-    NUM_DENSE,
-    OUTPUT,
-)
 from criteo.synth import SynthConfig, write_tsv
 from criteo.tables import table_offsets
 from criteo.tsv import Batch, read_batch

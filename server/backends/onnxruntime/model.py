@@ -19,7 +19,7 @@ Config ``parameters`` read, as the C++ backend names them (string values):
 Runtime's default); and ONNX Runtime's own session key
 ``session.intra_op.allow_spinning`` (``"0"``: idle intra-op threads sleep
 instead of spin-waiting; absent: ONNX Runtime's default, spinning), which the
-bundle's repository writer sets (see ``export/repository.py``,
+bundle's repository writer sets (see ``bundle/repository.py``,
 ``ORT_SPINNING_KEY``). The C++ backend of the NGC image does not read that key.
 
 This module is loaded by ``triton_python_backend_stub`` inside tritonserver,

@@ -14,7 +14,7 @@ request's ``B x 26`` raw ids this stage answers, with numpy alone
 The tensors have no batch semantics (``N`` varies per request), so the config
 says ``max_batch_size: 0`` and dims ``[-1, 26]``, ``[-1]``, ``[-1, W]``; the
 input comes first, the outputs in the order above (``export.tables.ensemble`` writes
-the config and every name in it from ``criteo.schema``).
+the config and every name in it from ``bundle.schema``).
 
 Config ``parameters`` (string values), written by ``export.tables.ensemble``:
 ``row_store`` (the store's folder) and ``hot_set`` (the hot-set ``.npz``), each

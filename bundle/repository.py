@@ -1,4 +1,4 @@
-"""The Triton model repository writer.
+"""The contract of a Triton model repository: names, layout, configs and export reports.
 
 Every config.pbtxt is built as a ``model_config_pb2.ModelConfig`` message and
 written with ``text_format``, so Triton's own schema rejects a bad field at
@@ -28,8 +28,8 @@ from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2 as mc
 
 from bundle.errors import ConfigError
+from bundle.schema import INPUTS, OUTPUTS, TensorSpec
 from bundle.staging import write_file_atomically
-from criteo.schema import INPUTS, OUTPUTS, TensorSpec
 
 CONFIG_NAME = "config.pbtxt"
 MODEL_FILE = "model.onnx"

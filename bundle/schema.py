@@ -1,0 +1,64 @@
+"""The tensor contract of every served model: the one place that names the tensors.
+
+Every stage (export, repository configs, clients, load tests) imports these
+constants; no other module spells a tensor name as a literal of its own. The
+Criteo TSV columns that feed these tensors are :mod:`criteo.schema`'s.
+
+A model takes two inputs and gives one output, each with a leading batch
+dimension ``B``:
+
+- ``dense_features``   ``B x 13`` float32: log1p of the integer counts.
+- ``categorical_ids``  ``B x 26`` int64: raw ids; any int64 value is valid
+  because the model reduces each id into its table (modulo) itself.
+- ``click_probability`` ``B x 1`` float32: sigmoid of the model's logit.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+NUM_DENSE = 13
+NUM_CATEGORICAL = 26
+
+# Keras rejects an Input named "dense", hence the longer names.
+DENSE_INPUT = "dense_features"
+CATEGORICAL_INPUT = "categorical_ids"
+OUTPUT = "click_probability"
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    """One model input or output: its name, dtype and per-row shape (no batch)."""
+
+    name: str
+    dtype: type[np.generic]
+    shape: tuple[int, ...]
+
+    @property
+    def triton_dtype(self) -> str:
+        """The Triton wire dtype name, e.g. ``FP32``."""
+        return _TRITON_DTYPES[np.dtype(self.dtype)]
+
+
+_TRITON_DTYPES = {
+    np.dtype(np.float32): "FP32",
+    np.dtype(np.float16): "FP16",
+    np.dtype(np.int64): "INT64",
+    np.dtype(np.int32): "INT32",
+}
+
+INPUTS: tuple[TensorSpec, ...] = (
+    TensorSpec(DENSE_INPUT, np.float32, (NUM_DENSE,)),
+    TensorSpec(CATEGORICAL_INPUT, np.int64, (NUM_CATEGORICAL,)),
+)
+OUTPUTS: tuple[TensorSpec, ...] = (TensorSpec(OUTPUT, np.float32, (1,)),)
+
+# Hierarchical (hot/cold) placement: the tensors between the embedding stage and the dense model.
+#: ``B x 26`` int64: 0 where the lookup is cold, else 1 + the row's index in its table's hot rows.
+HOT_SLOTS = "hot_slots"
+#: ``N`` int64: ``b * 26 + t`` of each cold lookup, ascending.
+COLD_POSITIONS = "cold_positions"
+#: ``N x W`` float32: the row-store row of each cold lookup, in the order of ``cold_positions``.
+COLD_ROWS = "cold_rows"
