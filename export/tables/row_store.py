@@ -223,8 +223,9 @@ class RowStoreSpec:
 
 
 def format_bytes(count: int) -> str:
-    """``count`` bytes as ``48.1 GB`` (decimal units)."""
-    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+    """``count`` bytes in binary units, the units sizes are given in (``--hot-budget 8M`` is
+    8 MiB and prints as ``8.0 MiB``): ``44.8 GiB``, ``512.0 KiB``."""
+    for unit, scale in (("TiB", 2**40), ("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
         if count >= scale:
             return f"{count / scale:.1f} {unit}"
     return f"{count} B"

@@ -316,7 +316,7 @@ def test_cli_random_and_info(tmp_path: Path) -> None:
         ["random", "--table-sizes", "300", "--dim", "4", "--dtype", "float32", "--wide", "--out", str(out)],
     )
     assert done.exit_code == 0, done.output
-    assert "wrote 7800 rows x 5 float32 (156.0 kB)" in done.output
+    assert "wrote 7800 rows x 5 float32 (152.3 KiB)" in done.output
     assert RowStore.open(out).spec == RowStoreSpec.for_wide_deep(uniform_table_sizes(300), 4)
     done = runner.invoke(row_store_cli.app, ["info", str(out)])
     assert done.exit_code == 0 and "columns: embedding 0..3, wide 4..4" in done.output
