@@ -67,8 +67,8 @@ async def ordered(
         ``(item, result)`` in the order of ``items``.
 
     Raises:
-        Whatever a call raised, for the first failing call in item order; the
-        calls still pending are cancelled (also when the consumer stops early).
+        Exception: whatever a call raised, for the first failing call in item order; the
+            calls still pending are cancelled (also when the consumer stops early).
     """
     if max_in_flight < 1:
         raise ConfigError(f"max_in_flight must be >= 1, got {max_in_flight}")

@@ -174,8 +174,9 @@ class CoverageConfig:
         row_bytes: bytes of one row of each table (e.g. DLRM dimension 16 in FP32: 64).
         fractions: hot budgets as fractions of the table bytes, each in (0, 1].
         max_rows: score only the first rows of the held-out file; None: all.
-        target_fraction, target_hit_rate: the goal shown beside the results
-            (the issue's: 90 % of lookups from 10 % of the table bytes).
+        target_fraction: the table-byte fraction of the goal shown beside the results
+            (90 % of lookups from 10 % of the table bytes).
+        target_hit_rate: the held-out hit rate of that goal.
     """
 
     table_sizes: tuple[int, ...]

@@ -166,11 +166,8 @@ class WideDeepLogit(keras.layers.Layer):
     Args:
         config: the architecture.
 
-    Call args:
-        inputs: ``[dense, ids]``: ``B x 13`` float32 and ``B x 26`` int64.
-
-    Returns:
-        ``B x 1`` float32 logits.
+    Called on ``[dense, ids]`` (``B x 13`` float32 and ``B x 26`` int64), it returns the
+    ``B x 1`` float32 logits.
     """
 
     def __init__(self, config: WideDeepConfig, **kwargs: object) -> None:

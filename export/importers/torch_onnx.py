@@ -62,9 +62,9 @@ def load_mapped(path: Path) -> Any:
     to a loaded tensor; a shared mapping would write such a change into the file.
 
     Raises:
-        Whatever ``torch.load`` raises for a file it cannot read (the callers turn it into
-        one error line); ``torch.save`` files older than the zip format cannot be mapped
-        and are loaded into memory instead.
+        Exception: whatever ``torch.load`` raises for a file it cannot read (the callers turn
+            it into one error line); ``torch.save`` files older than the zip format cannot be
+            mapped and are loaded into memory instead.
     """
     import mmap
     import zipfile

@@ -324,7 +324,8 @@ def export_variant(
         recipe: the variant.
         rows: labeled check rows.
         serving: how Triton serves the dense model.
-        calibration, calibration_source: static INT8's rows and their origin.
+        calibration: static INT8's calibration rows.
+        calibration_source: where those rows come from (for the report).
         report: fields for the variant's report (the source, the export's settings).
 
     Raises:
