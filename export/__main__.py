@@ -34,11 +34,11 @@ from export.publish_cli import fetch, publish
 from export.tables.hot_rows import parse_size
 from export.tables.row_store import DTYPES, format_bytes
 from export.tables.row_store_cli import app as row_store_app
-from export.tables.synthetic_model_cli import random_dlrm
+from export.tables.synthetic_model_cli import synthetic_hot_cold
 
 app = new_app("Export trained DLRM and Wide & Deep models into a Triton model repository.")
 app.add_typer(row_store_app, name="row-store")
-app.command("random-dlrm")(random_dlrm)
+app.command("synthetic-hot-cold")(synthetic_hot_cold)
 app.command()(publish)
 app.command()(fetch)
 

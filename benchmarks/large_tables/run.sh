@@ -3,7 +3,7 @@
 #
 # A DLRM with the Criteo Terabyte preset's layers (D 128, bottom 512-256-128, top 1024-1024-512-256-1)
 # and table sizes (187,767,399 rows): its FP16 row store is 48 GB, twice this machine's RAM. It is
-# not trained (training it needs the Terabyte data set): `python -m export random-dlrm` writes random
+# not trained (training it needs the Terabyte data set): `python -m export synthetic-hot-cold` writes random
 # tables straight to the row store (streamed, never all in memory), keeps the hottest rows of a
 # measured profile inside the dense model (HOT_BUDGET of FP32 rows) and writes, in the same
 # repository, dlrm_small: the same dense layers with small in-graph tables (4096 rows a table).
@@ -14,7 +14,7 @@
 #      hot rows, and a held-out file of the same hidden model (another --seed), whose rows the load
 #      test sends and whose lookups measure the hot-hit rate;
 #   2. python -m criteo profile: lookups per row, ids reduced into the table sizes;
-#   3. python -m export random-dlrm: the row store (in WORK; reused when it already holds this store),
+#   3. python -m export synthetic-hot-cold: the row store (in WORK; reused when it already holds this store),
 #      the hot set, dlrm_onnx (ensemble: embedding stage + dense model) and dlrm_small, checked
 #      against the store (max abs diff within 1e-3 for FP16, 1e-6 for FP32);
 #   4. python -m loadtest sweep of both models at batch 1024, concurrency 1,2,4, gRPC, the held-out
@@ -30,7 +30,7 @@
 # on this 2-core machine, about 15 minutes to write the store (measured here: random_rows makes the
 # big tables' FP16 values at about 60 MB/s, their +-sqrt(1/rows) ~ 1.6e-4 being FP16 subnormals, whose
 # conversion is slow; small tables go 5x faster), a few minutes for the data, the profile and the dense
-# model (its 3.8M hot rows are read from the store), and about 5 minutes of sweep; random-dlrm's peak
+# model (its 3.8M hot rows are read from the store), and about 5 minutes of sweep; synthetic-hot-cold's peak
 # anonymous memory is about twice the hot rows (its RSS also counts the store's mapped pages). A store
 # already in WORK with the same sizes, dtype and seed is
 # reused (then the whole run takes about 10 minutes). Every size can be overridden for a small run, e.g.
@@ -67,9 +67,9 @@ synth=(--vocabulary "$VOCABULARY" --max-vocabulary "$MAX_VOCABULARY" --exponent 
 python -m criteo profile --data "$WORK/train.tsv" --out "$WORK/profile" --table-sizes "$SIZES"
 
 rm -rf "$WORK/repo"
-# The random-dlrm command (python -m export random-dlrm once mounted there; the sub-app module runs it alone).
+# The synthetic-hot-cold command (python -m export synthetic-hot-cold).
 /usr/bin/time -v -o "$OUT/random_dlrm_time.txt" \
-  python -m export random-dlrm --preset "$PRESET" --table-sizes "$SIZES" --repository "$WORK/repo" \
+  python -m export synthetic-hot-cold --preset "$PRESET" --table-sizes "$SIZES" --repository "$WORK/repo" \
     --store-dir "$WORK/rows-$STORE_DTYPE" --store-dtype "$STORE_DTYPE" --hot-budget "$HOT_BUDGET" \
     --profile-data "$WORK/profile" --heldout-data "$WORK/heldout.tsv" --seed "$SEED" 2>&1 \
   | tee "$OUT/random_dlrm.log"
@@ -87,7 +87,7 @@ import re
 import sys
 from pathlib import Path
 
-from loadtest.runs import SERVER_ANON, SERVER_RSS
+from loadtest.sweeps.runs import SERVER_ANON, SERVER_RSS
 
 out, command, budget = Path(sys.argv[1]), sys.argv[2], sys.argv[3]
 timing = (out / "random_dlrm_time.txt").read_text()
@@ -132,9 +132,9 @@ lines = [
     "libraries' mapped pages, and shared memory)",
     f"- exactness of dlrm_onnx vs the store reference (hot, cold, mixed, out-of-range ids): max abs diff "
     f"{exact['max_abs_diff']:.2g} (tolerance {exact['tolerance']:g})",
-    f"- random-dlrm: wall {wall}, peak RSS {peak / 2**20:.1f} GiB; steps (s): "
+    f"- synthetic-hot-cold: wall {wall}, peak RSS {peak / 2**20:.1f} GiB; steps (s): "
     + ", ".join(f"{k} {v:.0f}" for k, v in made["seconds"].items()),
-    "- random-dlrm's peak memory by kind (sampled per step, bundle.memory.PeakMemory): "
+    "- synthetic-hot-cold's peak memory by kind (sampled per step, bundle.memory.PeakMemory): "
     + ", ".join(
         f"{k} {m['anon_bytes'] / 2**30:.1f} GiB anonymous + {m['file_bytes'] / 2**30:.1f} GiB mapped files"
         for k, m in made["memory"]["per_step"].items()

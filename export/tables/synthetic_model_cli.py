@@ -1,10 +1,11 @@
-"""``random-dlrm``: an untrained DLRM of a preset's size, hot/cold, for benchmarks.
+"""``synthetic-hot-cold``: an untrained DLRM of a preset's size, served hot/cold, for benchmarks.
 
 The command line of :mod:`export.tables.synthetic_model`.
 
-``python -m export.tables.synthetic_model_cli random-dlrm ...`` runs it on its own; ``python -m
-export`` mounts :func:`random_dlrm` as ``python -m export random-dlrm``
-(``app.command("random-dlrm")(random_dlrm)``).
+``python -m export.tables.synthetic_model_cli synthetic-hot-cold ...`` runs it on its own; ``python -m
+export`` mounts :func:`synthetic_hot_cold` as ``python -m export synthetic-hot-cold``
+(``app.command("synthetic-hot-cold")(synthetic_hot_cold)``). Not to be mixed up with
+``python -m models random-dlrm``, which writes an untrained *checkpoint* for ``python -m export dlrm``.
 """
 
 from __future__ import annotations
@@ -58,7 +59,7 @@ def load_profile(path: Path, table_sizes: tuple[int, ...]) -> AccessProfile:
         return read_profile(path, table_sizes, on_rows=lambda n: progress.advance(task, n))
 
 
-def random_dlrm(
+def synthetic_hot_cold(
     repository: Annotated[
         Path, typer.Option(help="Model repository to write dlrm_onnx and dlrm_small into.")
     ],
@@ -165,7 +166,7 @@ def random_dlrm(
     )
 
 
-app.command("random-dlrm")(random_dlrm)
+app.command("synthetic-hot-cold")(synthetic_hot_cold)
 
 
 if __name__ == "__main__":
