@@ -242,7 +242,8 @@ def test_cli(tmp_path: Path, data: dict[str, Path]) -> None:
     sizes = ",".join(map(str, SIZES))
     common = [
         "synthetic-hot-cold", "--preset", "tiny", "--table-sizes", sizes,
-        "--repository", str(tmp_path / "repo"), "--store-dir", str(tmp_path / "store"), "--hot-budget", "8K", "--small-rows", "100",
+        "--repository", str(tmp_path / "repo"), "--store-dir", str(tmp_path / "store"),
+        "--hot-budget", "8K", "--small-rows", "100",
     ]  # fmt: skip
     runner = CliRunner()
     done = runner.invoke(
