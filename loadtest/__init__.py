@@ -1,16 +1,21 @@
-"""Every measurement of the bundle, on one engine.
+"""Every measurement of the bundle, on one engine; subpackages by concern.
 
-- load: locust users and step-by-step sweeps (:mod:`loadtest.sweep`, the user-facing tool), and one
-  closed-loop driver for in-process load (:mod:`loadtest.driver`): served throughput
-  (:mod:`loadtest.served`), the soak and checked load (:mod:`loadtest.soak`), the client-side cost
-  per request (:mod:`loadtest.client_cost`);
-- one in-process timer (:mod:`loadtest.timer`): the ONNX Runtime baseline (:mod:`loadtest.baseline`),
-  the roofline's ceiling (:mod:`loadtest.roofline`), the CPU benchmarks (:mod:`loadtest.precision`,
-  :mod:`loadtest.serving_defaults`);
-- one latency histogram and tally (:mod:`loadtest.latency`), one run record
-  (:mod:`bundle.records`), one report writer (:mod:`loadtest.writer`; sweeps: :mod:`loadtest.report`);
+- :mod:`loadtest.engine`: the one engine every measurement shares: the closed-loop driver
+  (:mod:`loadtest.engine.driver`) and served throughput on it (:mod:`loadtest.engine.served`),
+  the in-process timer (:mod:`loadtest.engine.timer`) and the ONNX Runtime baseline on it
+  (:mod:`loadtest.engine.baseline`), the request payloads, one latency histogram and tally
+  (:mod:`loadtest.engine.latency`), one report writer (:mod:`loadtest.engine.writer`; the run
+  record is :mod:`bundle.records`);
+- :mod:`loadtest.sweeps`: locust users and step-by-step sweeps, the user-facing tool
+  (:mod:`loadtest.sweeps.sweep`), whole runs and their reports, and the peer servers a
+  comparison runs against (:mod:`loadtest.sweeps.peers`);
+- :mod:`loadtest.tune`: the search for the fastest serving configuration within a p99 budget;
+- :mod:`loadtest.benchmarks`: the commands behind the committed results: the roofline, the CPU
+  benchmarks, the client-side cost per request, the soak and checked load, the GPU run and its
+  kernels; :mod:`loadtest.faults`: the fault table;
 - the demo (:mod:`loadtest.demo`): loadtest is the top stage, so the whole path runs from here.
 
-``python -m loadtest --help`` lists the commands. Nothing in this package imports TensorFlow or
-PyTorch (the demo runs those stages as their own processes).
+``python -m loadtest --help`` lists the commands (:mod:`loadtest.__main__`, and
+:mod:`loadtest.commands` for the benchmarks, the tuner and the demo). Nothing in this package
+imports TensorFlow or PyTorch (the demo runs those stages as their own processes).
 """

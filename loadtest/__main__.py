@@ -27,9 +27,9 @@ from bundle.cli import new_app, run
 from bundle.errors import ConfigError
 from bundle.records import command_line
 from loadtest import commands
-from loadtest.runs import PEERS, RunOptions, compare_run, sweep_run
-from loadtest.sweep import parse_ints
-from loadtest.writer import write_json
+from loadtest.engine.writer import write_json
+from loadtest.sweeps.runs import PEERS, RunOptions, compare_run, sweep_run
+from loadtest.sweeps.sweep import parse_ints
 
 app = new_app(
     "Load tests and benchmarks of the served models: sweeps, latency curves, baselines, peer comparison, "
@@ -219,8 +219,8 @@ def baseline_command(
     out: Annotated[Path | None, typer.Option(help="Also write the results as JSON here.")] = None,
 ) -> None:
     """In-process ONNX Runtime throughput and latency of a model file, per batch size."""
-    from loadtest.baseline import BaselineConfig, run_baseline
-    from loadtest.payload import MAX_POOL_ROWS, build_pool
+    from loadtest.engine.baseline import BaselineConfig, run_baseline
+    from loadtest.engine.payload import MAX_POOL_ROWS, build_pool
 
     config = BaselineConfig(model_file, parse_ints(batch_size, "--batch-size"), repeats, seconds, threads)
     results = run_baseline(config, build_pool(1, data=data, batches=MAX_POOL_ROWS))
@@ -247,7 +247,7 @@ def report(
     out: Annotated[Path | None, typer.Option(help="Folder to write into (default: beside the JSON).")] = None,
 ) -> None:
     """Rewrite steps.csv, the PNG curves and report.md from a report.json."""
-    from loadtest.report import Report, write_report
+    from loadtest.sweeps.report import Report, write_report
 
     paths = write_report(Report.load(json_file), out or json_file.parent)
     print(f"report: {paths['markdown']}")
@@ -277,7 +277,7 @@ def roofline(
 ) -> None:
     """FP32 sgemm ceiling, the model's FLOPs per sample, and its in-process (and served)
     samples/s as fractions of the ceiling, measured in one run."""
-    from loadtest.roofline import RooflineOptions, report_lines, run_roofline
+    from loadtest.benchmarks.roofline import RooflineOptions, report_lines, run_roofline
 
     _check_protocols([protocol])
     options = RooflineOptions(

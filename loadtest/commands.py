@@ -4,8 +4,9 @@
 - ``client-cost``: the client-side cost per request of HTTP, gRPC and shared memory.
 - ``precision``: served and in-process samples/s of FP32, FP16 and INT8 against the sgemm ceiling.
 - ``serving-defaults``: candidate serving settings (threads, instances, batcher) through the server.
-- ``kernels``: each CUDA kernel's GPU time in one call of a model (:mod:`loadtest.kernels`).
-- ``gpu``: served and in-process samples/s of every variant on the served device (:mod:`loadtest.gpu`).
+- ``kernels``: each CUDA kernel's GPU time in one call of a model (:mod:`loadtest.benchmarks.kernels`).
+- ``gpu``: served and in-process samples/s of every variant on the served device
+  (:mod:`loadtest.benchmarks.gpu`).
 - ``tune``: the fastest serving config and client load within a p99 budget (:mod:`loadtest.tune`).
 - ``faults``: crashes, damaged files, interrupted writes, a full disk (:mod:`loadtest.faults`).
 - ``demo``: the whole path on this machine (what ``make demo`` runs).
@@ -23,7 +24,7 @@ import typer
 
 from bundle.errors import ConfigError
 from bundle.records import command_line
-from loadtest.sweep import parse_ints
+from loadtest.sweeps.sweep import parse_ints
 
 Repository = Annotated[Path, typer.Option(help="Exported cpu-profile model repository.")]
 CpuOut = Annotated[Path, typer.Option(help="Folder for the result files.")]
@@ -54,7 +55,7 @@ def soak(
     ),
 ) -> None:
     """Serve the repository, keep it under checked load, print the summary, write the result files."""
-    from loadtest.soak import MAX_RSS_GROWTH, SoakConfig, SoakFailed, run_soak, write_result
+    from loadtest.benchmarks.soak import MAX_RSS_GROWTH, SoakConfig, SoakFailed, run_soak, write_result
 
     config = SoakConfig(
         repository=repository,
@@ -103,7 +104,7 @@ def client_cost(
     ),
 ) -> None:
     """Measure the client-side cost per request of HTTP, gRPC and shared memory (a benchmark)."""
-    from loadtest.client_cost import CostOptions, local_server, run_client_cost, write_report
+    from loadtest.benchmarks.client_cost import CostOptions, local_server, run_client_cost, write_report
 
     options = CostOptions(model, tuple(batch_size or (1, 1024)), requests, warmup, rounds)
     command = command_line("loadtest")
@@ -145,7 +146,7 @@ def precision(
     seconds: Seconds = 2.0,
 ) -> None:
     """Served and in-process samples/s of FP32, FP16 and INT8 as fractions of the sgemm ceiling."""
-    from loadtest.precision import PrecisionOptions, run_precision, write_precision
+    from loadtest.benchmarks.precision import PrecisionOptions, run_precision, write_precision
 
     options = PrecisionOptions(
         repository=repository,
@@ -191,8 +192,8 @@ def gpu(
     ] = 20,
 ) -> None:
     """Served and in-process samples/s of every variant, side by side, on the served device (issue 13)."""
-    from loadtest.gpu import DEFAULT_STEPS, GpuOptions, run_gpu_bench, write_gpu_report
-    from loadtest.serving_defaults import parse_step
+    from loadtest.benchmarks.gpu import DEFAULT_STEPS, GpuOptions, run_gpu_bench, write_gpu_report
+    from loadtest.benchmarks.serving_defaults import parse_step
 
     options = GpuOptions(
         repository=repository,
@@ -220,8 +221,8 @@ def kernels(
     calls: Annotated[int, typer.Option(help="Profiled calls per model.")] = 10,
 ) -> None:
     """Each CUDA kernel's GPU time in one call of each model (CUPTI through torch.profiler)."""
-    from loadtest.gpu import model_file
-    from loadtest.kernels import run_kernels
+    from loadtest.benchmarks.gpu import model_file
+    from loadtest.benchmarks.kernels import run_kernels
 
     files = {}
     for name in model:
@@ -256,7 +257,13 @@ def serving_defaults(
     name: Annotated[str, typer.Option(help="File stem of the results in --out.")] = "serving_defaults",
 ) -> None:
     """Throughput and latency of candidate serving settings (threads, instances, batcher)."""
-    from loadtest.serving_defaults import STEPS, ServingOptions, parse_step, run_serving, write_serving
+    from loadtest.benchmarks.serving_defaults import (
+        STEPS,
+        ServingOptions,
+        parse_step,
+        run_serving,
+        write_serving,
+    )
 
     options = ServingOptions(
         repository=repository,
@@ -318,9 +325,9 @@ def tune(
     """Search serving configs and client loads for the most samples/s within a p99 budget."""
     from dataclasses import replace as with_changes
 
-    from loadtest.tune import Policy, TuneOptions, apply_winner, run_tune
-    from loadtest.tune_report import write_tune
-    from loadtest.tune_space import Space, parse_preferred
+    from loadtest.tune.report import write_tune
+    from loadtest.tune.search import Policy, TuneOptions, apply_winner, run_tune
+    from loadtest.tune.space import Space, parse_preferred
 
     space = Space(
         family=model,

@@ -69,7 +69,7 @@ import re
 import sys
 from pathlib import Path
 
-from loadtest.runs import SERVER_RSS
+from loadtest.sweeps.runs import SERVER_RSS
 
 out = Path(sys.argv[1])
 timing = (out / "export_time.txt").read_text()

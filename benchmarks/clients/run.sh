@@ -5,9 +5,9 @@
 #
 #   bash benchmarks/clients/run.sh     # from the repository root, after `make setup`
 #
-# About 3 minutes on a 2-core machine. The code is loadtest/client_cost.py
+# About 3 minutes on a 2-core machine. The code is loadtest/benchmarks/client_cost.py
 # (`python -m loadtest client-cost`); each case runs on the bundle's closed-loop driver
-# (loadtest/driver.py) with one worker. Data and the model go to artifacts/client-cost.
+# (loadtest/engine/driver.py) with one worker. Data and the model go to artifacts/client-cost.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 export PYTHONPATH="$PWD" PATH="$PWD/.venv/bin:$PATH"

@@ -10,8 +10,8 @@
 #   3. precision.{json,md} (python -m loadtest precision): served and in-process samples/s of every
 #      precision at batch 1024 as fractions of the FP32 sgemm ceiling measured in the same run, with
 #      each AUC delta.
-# All measure with the bundle's one load driver and one in-process timer (loadtest/driver.py,
-# loadtest/timer.py); the code is in loadtest/, this folder holds only results and this script.
+# All measure with the bundle's one load driver and one in-process timer (loadtest/engine/driver.py,
+# loadtest/engine/timer.py); the code is in loadtest/, this folder holds only results and this script.
 #
 #   bash benchmarks/cpu/run.sh        # from the repository root, after `make setup`
 #

@@ -6,8 +6,8 @@
 #
 #   bash benchmarks/soak/run.sh        # from the repository root, after `make demo`
 #
-# About 11 minutes. The code is loadtest/soak.py (`python -m loadtest soak`); the load is the
-# bundle's closed-loop driver (loadtest/driver.py), paced to the rate.
+# About 11 minutes. The code is loadtest/benchmarks/soak.py (`python -m loadtest soak`); the load is the
+# bundle's closed-loop driver (loadtest/engine/driver.py), paced to the rate.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 export PYTHONPATH="$PWD" PATH="$PWD/.venv/bin:$PATH"

@@ -58,7 +58,7 @@ import re
 import sys
 from pathlib import Path
 
-from loadtest.runs import SERVER_ANON, SERVER_RSS
+from loadtest.sweeps.runs import SERVER_ANON, SERVER_RSS
 
 out, command, budget, cap = Path(sys.argv[1]), sys.argv[2], sys.argv[3], int(sys.argv[4])
 timing = (out / "export_time.txt").read_text()

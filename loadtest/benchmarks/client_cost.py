@@ -4,7 +4,7 @@ A benchmark, not a test: ``python -m loadtest client-cost`` writes
 ``benchmarks/clients/client_cost.json`` and ``client_cost.md``.
 
 Each case is one transport at one batch size, driven by the closed-loop
-driver (:mod:`loadtest.driver`) with one worker in this thread, so one
+driver (:mod:`loadtest.engine.driver`) with one worker in this thread, so one
 request in flight.
 Each request is timed in three phases on the sync client: *build* (check the
 inputs against the metadata, make the tritonclient tensors, or copy them into
@@ -36,8 +36,8 @@ from bundle.records import RunRecord
 from clients.options import ClientOptions, Protocol, SharedMemory
 from clients.triton import TritonClient
 from clients.verify import sample_rows
-from loadtest.driver import Answer, Connect, Driver, Request
-from loadtest.writer import table, write_json, write_markdown
+from loadtest.engine.driver import Answer, Connect, Driver, Request
+from loadtest.engine.writer import table, write_json, write_markdown
 
 logger = logging.getLogger(__name__)
 

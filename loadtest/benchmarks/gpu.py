@@ -9,7 +9,7 @@ and what ``benchmarks/gpu/run.sh`` commits:
    ``cuda:0`` for a TorchScript one), numpy in and out as the backend runs it;
 2. then the same model loaded alone in the local tritonserver and driven at
    each step ``B x C`` (rows per request x requests in flight) from several
-   client processes (:func:`loadtest.served.served_throughput_processes`),
+   client processes (:func:`loadtest.engine.served.served_throughput_processes`),
    with the inputs in system shared memory by default: past about a million
    samples/s the payload must not travel inside gRPC messages
    (../shared/GPU.md measured the server's own ceiling both ways);
@@ -42,10 +42,10 @@ from typing import Any
 from bundle.errors import ConfigError
 from bundle.records import RunRecord
 from bundle.repository import CONFIG_NAME, MODEL_FILE, TORCHSCRIPT_FILE, read_config, read_report, version_dir
-from loadtest.baseline import BaselineConfig, in_process_model, load_torchscript
-from loadtest.payload import MAX_POOL_ROWS, PayloadPool, build_pool
-from loadtest.served import served_throughput_processes
-from loadtest.writer import Panel, Series, plot, table, write_json, write_markdown
+from loadtest.engine.baseline import BaselineConfig, in_process_model, load_torchscript
+from loadtest.engine.payload import MAX_POOL_ROWS, PayloadPool, build_pool
+from loadtest.engine.served import served_throughput_processes
+from loadtest.engine.writer import Panel, Series, plot, table, write_json, write_markdown
 
 logger = logging.getLogger(__name__)
 
@@ -74,8 +74,11 @@ class GpuOptions:
         shared_memory: ``system`` (inputs and outputs in POSIX shared memory) or ``none``.
         protocol: ``grpc`` or ``http``.
         max_processes: client processes per step at most (concurrency is spread over them).
-        seconds, repeats, warmup_s: each step's windows (median reported) and warm-up.
-        in_process_repeats, in_process_seconds: the in-process timer's repeats.
+        seconds: the length of each step's windows.
+        repeats: windows per step (the median is reported).
+        warmup_s: each step's warm-up before its windows.
+        in_process_repeats: the in-process timer's repeats.
+        in_process_seconds: the length of each of the in-process timer's repeats.
         profile_calls: calls of each ONNX model's profiled session (0: no profile).
         log_file: tritonserver's log.
     """
@@ -231,7 +234,7 @@ def ort_profile(path: Path, device: str, batch: dict[str, Any], calls: int) -> d
     """
     import onnxruntime as ort
 
-    from loadtest.session import PROVIDERS
+    from loadtest.engine.session import PROVIDERS
 
     with tempfile.TemporaryDirectory() as scratch:
         options = ort.SessionOptions()
@@ -269,7 +272,7 @@ def device_resident_ms(path: Path, device: str, batch: dict[str, Any], calls: in
     ONNX models run with ONNX Runtime's IOBinding; TorchScript ones with torch tensors on
     ``cuda:0``. On the CPU both times are the same work.
     """
-    from loadtest.timer import TimerConfig, time_call
+    from loadtest.engine.timer import TimerConfig, time_call
 
     config = TimerConfig(repeats=1, seconds=0.0, warmup_calls=3, min_calls=max(1, calls))
 
@@ -304,7 +307,7 @@ def device_resident_ms(path: Path, device: str, batch: dict[str, Any], calls: in
             found["cuda_graph_ms"] = _torch_graph_ms(module, resident, median_ms)
         return found
     from bundle.schema import OUTPUT
-    from loadtest.session import device_binding, ort_session
+    from loadtest.engine.session import device_binding, ort_session
 
     session = ort_session(path, 0, device)
     binding = device_binding(session, batch, "cuda" if device == "gpu" else "cpu")
@@ -329,7 +332,7 @@ def _ort_graph_ms(path: Path, batch: dict[str, Any], median_ms: Any) -> float | 
     kernel launches from the host. The error's first line when the graph cannot be captured."""
     import onnxruntime as ort
 
-    from loadtest.session import device_binding
+    from loadtest.engine.session import device_binding
 
     try:
         options = ort.SessionOptions()
@@ -411,7 +414,7 @@ def _measure_in_process(options: GpuOptions, path: Path, rows: PayloadPool) -> d
 def _measure_model(
     options: GpuOptions, server: Any, name: str, rows: PayloadPool, workdir: Path
 ) -> dict[str, Any]:
-    from loadtest.session import serving_device
+    from loadtest.engine.session import serving_device
 
     path = model_file(options.repository, name)
     if path is None:

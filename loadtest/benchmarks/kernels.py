@@ -22,9 +22,9 @@ from pathlib import Path
 from typing import Any
 
 from bundle.errors import ConfigError
-from loadtest.baseline import load_torchscript
-from loadtest.payload import build_pool
-from loadtest.session import device_binding
+from loadtest.engine.baseline import load_torchscript
+from loadtest.engine.payload import build_pool
+from loadtest.engine.session import device_binding
 
 #: Kernels listed per model (the rest are summed into the total).
 TOP = 14

@@ -14,12 +14,12 @@ share the machine's state:
   batched ``MatMul`` and counts like the others); element-wise operators,
   lookups and quantization steps are not counted;
 - the model's throughput in-process (ONNX Runtime on the file, as the local
-  backend sets up its session: :mod:`loadtest.baseline`) and, with a server,
-  served (:func:`loadtest.served.served_throughput`: gRPC or HTTP requests of
+  backend sets up its session: :mod:`loadtest.engine.baseline`) and, with a server,
+  served (:func:`loadtest.engine.served.served_throughput`: gRPC or HTTP requests of
   ``B`` rows, ``C`` in flight, on the closed-loop driver, for a fixed time).
 
-Every rate here comes from the one in-process timer (:mod:`loadtest.timer`)
-and the one load driver (:mod:`loadtest.driver`).
+Every rate here comes from the one in-process timer (:mod:`loadtest.engine.timer`)
+and the one load driver (:mod:`loadtest.engine.driver`).
 
 Every throughput is then also a fraction of the ceiling:
 ``samples/s x FLOPs/sample / ceiling FLOP/s``. The FLOPs of an INT8 model
@@ -39,10 +39,10 @@ import numpy as np
 
 from bundle.errors import ConfigError, DataError
 from bundle.records import RunRecord
-from loadtest.baseline import BaselineConfig, run_baseline
-from loadtest.payload import MAX_POOL_ROWS, PayloadPool, build_pool
-from loadtest.served import served_throughput
-from loadtest.timer import TimerConfig, time_call
+from loadtest.engine.baseline import BaselineConfig, run_baseline
+from loadtest.engine.payload import MAX_POOL_ROWS, PayloadPool, build_pool
+from loadtest.engine.served import served_throughput
+from loadtest.engine.timer import TimerConfig, time_call
 
 logger = logging.getLogger(__name__)
 

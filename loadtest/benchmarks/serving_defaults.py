@@ -10,8 +10,8 @@ background load hits them alike, and medians are reported.
 
 Graph optimization levels are compared in-process (both the local backend
 and Triton's C++ onnxruntime backend default to all optimizations), with the
-in-process timer (:mod:`loadtest.timer`); served steps run on the closed-loop
-driver (:func:`loadtest.served.served_throughput`).
+in-process timer (:mod:`loadtest.engine.timer`); served steps run on the closed-loop
+driver (:func:`loadtest.engine.served.served_throughput`).
 ``python -m loadtest serving-defaults`` writes ``serving_defaults.json`` and
 ``.md``; ``benchmarks/cpu/run.sh`` reproduces the committed ones.
 """
@@ -29,10 +29,10 @@ from bundle.errors import ConfigError
 from bundle.records import RunRecord
 from bundle.repository import MODEL_FILE, ServingConfig, build_config, version_dir, write_config
 from bundle.schema import OUTPUT
-from loadtest.payload import MAX_POOL_ROWS, PayloadPool, build_pool
-from loadtest.served import served_throughput
-from loadtest.timer import TimerConfig, time_calls
-from loadtest.writer import table, write_json, write_markdown
+from loadtest.engine.payload import MAX_POOL_ROWS, PayloadPool, build_pool
+from loadtest.engine.served import served_throughput
+from loadtest.engine.timer import TimerConfig, time_calls
+from loadtest.engine.writer import table, write_json, write_markdown
 
 logger = logging.getLogger(__name__)
 

@@ -2,7 +2,7 @@
 
 Checked load (:func:`checked_load`, also what the fault tests in
 ``tests/integration/test_reliability.py`` drive): the closed-loop driver
-(:mod:`loadtest.driver`) paced to a steady rate, each worker with its own
+(:mod:`loadtest.engine.driver`) paced to a steady rate, each worker with its own
 :class:`clients.triton.TritonClient` (HTTP or gRPC, retrying UNAVAILABLE by
 its :class:`~clients.retry.RetryPolicy`), drawing a :class:`Case` at random,
 and comparing the answer with every answer the case allows (e.g. the old and
@@ -48,8 +48,8 @@ from clients.triton import TritonClient
 from clients.verify import repository_models
 from criteo.synth import SynthConfig, write_tsv
 from criteo.tsv import Batch, read_batch
-from loadtest.driver import Answer, Connect, Driver, Request
-from loadtest.writer import Panel, Series, plot, table, write_json, write_markdown
+from loadtest.engine.driver import Answer, Connect, Driver, Request
+from loadtest.engine.writer import Panel, Series, plot, table, write_json, write_markdown
 
 logger = logging.getLogger(__name__)
 

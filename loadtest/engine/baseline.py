@@ -1,10 +1,10 @@
 """In-process throughput and latency: the same ONNX file under ONNX Runtime in this process.
 
 The reference every served number is divided by. The session is set up as
-the local Triton backend sets up its own (:mod:`loadtest.session`), with
+the local Triton backend sets up its own (:mod:`loadtest.engine.session`), with
 the intra-op thread count of the model's config.pbtxt unless told otherwise,
 and runs on batches from the same payload pool the load test sends. Each
-batch size is timed by :mod:`loadtest.timer`, ``repeats`` times for
+batch size is timed by :mod:`loadtest.engine.timer`, ``repeats`` times for
 ``seconds`` each; the median repeat is reported, so one noisy second does not
 move the result.
 """
@@ -20,9 +20,9 @@ from typing import Any
 
 from bundle.errors import ConfigError
 from bundle.schema import OUTPUT
-from loadtest.payload import PayloadPool, build_pool
-from loadtest.session import ort_session, serving_device, serving_settings
-from loadtest.timer import Call, TimerConfig, Timing, time_call, time_calls
+from loadtest.engine.payload import PayloadPool, build_pool
+from loadtest.engine.session import ort_session, serving_device, serving_settings
+from loadtest.engine.timer import Call, TimerConfig, Timing, time_call, time_calls
 
 logger = logging.getLogger(__name__)
 
@@ -63,7 +63,7 @@ class BaselineConfig:
             raise ConfigError(f"warmup_calls must be >= 0, got {self.warmup_calls}")
 
     def timer(self) -> TimerConfig:
-        """How :mod:`loadtest.timer` times one batch size."""
+        """How :mod:`loadtest.engine.timer` times one batch size."""
         return TimerConfig(self.repeats, self.seconds, self.warmup_calls)
 
 
@@ -169,7 +169,7 @@ class InProcessModel(_InProcess):
         return str(self._session.get_providers()[0])
 
     def call(self, pool: PayloadPool) -> Call:
-        """One session run per call, on the pool's batches in turn (for :mod:`loadtest.timer`)."""
+        """One session run per call, on the pool's batches in turn (for :mod:`loadtest.engine.timer`)."""
         batches = pool.batches()
         session = self._session
         return lambda index: session.run([OUTPUT], batches[index % len(batches)])
@@ -203,7 +203,7 @@ def ratio(served: float, in_process: float) -> float:
 def measure_interleaved(
     models: Mapping[str, InProcessModel], pool: PayloadPool, config: TimerConfig
 ) -> dict[str, BaselineResult]:
-    """Several sessions at the pool's batch size, timed in turns (:func:`loadtest.timer.time_calls`),
+    """Several sessions at the pool's batch size, timed in turns (:func:`loadtest.engine.timer.time_calls`),
     so a burst of background load hits them alike."""
     timings = time_calls({name: model.call(pool) for name, model in models.items()}, pool.batch_size, config)
     return {name: models[name].result(pool.batch_size, timing) for name, timing in timings.items()}

@@ -1,11 +1,11 @@
 """The closed-loop load driver: worker threads that each send a request, wait for its answer, send the next.
 
 Every in-process load of the bundle runs on it: the served throughput of the
-roofline and the CPU benchmarks (:mod:`loadtest.served`), the soak and the
-fault tests (:mod:`loadtest.soak`), and the client-cost bench
-(:mod:`loadtest.client_cost`). locust remains the user-facing sweep
-(:mod:`loadtest.sweep`); both keep their counts in one
-:class:`~loadtest.latency.Tally` per window.
+roofline and the CPU benchmarks (:mod:`loadtest.engine.served`), the soak and the
+fault tests (:mod:`loadtest.benchmarks.soak`), and the client-cost bench
+(:mod:`loadtest.benchmarks.client_cost`). locust remains the user-facing sweep
+(:mod:`loadtest.sweeps.sweep`); both keep their counts in one
+:class:`~loadtest.engine.latency.Tally` per window.
 
 What a request is stays outside: ``connect(worker)`` opens one worker's
 connection (a context manager, entered in the worker's thread) and yields a
@@ -33,7 +33,7 @@ from typing import NamedTuple
 import numpy as np
 
 from bundle.errors import BundleError, ConfigError
-from loadtest.latency import Tally
+from loadtest.engine.latency import Tally
 
 logger = logging.getLogger(__name__)
 

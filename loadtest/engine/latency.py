@@ -174,8 +174,8 @@ def error_kind(error: BaseException | str) -> str:
 class Tally:
     """What one measurement saw: the latency of every answered request in one histogram, and counts.
 
-    The locust users (one per process, :mod:`loadtest.recorder`) and the
-    closed-loop driver (:mod:`loadtest.driver`) both keep one per window;
+    The locust users (one per process, :mod:`loadtest.sweeps.recorder`) and the
+    closed-loop driver (:mod:`loadtest.engine.driver`) both keep one per window;
     tallies of several processes or windows add up with :meth:`merge`.
 
     Attributes:

@@ -1,7 +1,7 @@
 """Served throughput of one model at one concurrency, on the closed-loop driver.
 
 What the roofline and the CPU benchmarks measure through a server:
-``concurrency`` workers (:class:`loadtest.driver.Driver`), each with its own
+``concurrency`` workers (:class:`loadtest.engine.driver.Driver`), each with its own
 :class:`clients.triton.TritonClient`, keep that many requests of
 ``pool.batch_size`` rows in flight; after a warm-up, ``repeats`` windows of
 ``seconds`` each count the requests that complete inside them, and the
@@ -26,9 +26,9 @@ from bundle.errors import ClientError, ConfigError
 from clients.options import Protocol, SharedMemory
 from clients.retry import RetryPolicy
 from clients.triton import TritonClient
-from loadtest.driver import Answer, Connect, Driver, Request
-from loadtest.latency import Tally, merged_tallies
-from loadtest.payload import PayloadPool
+from loadtest.engine.driver import Answer, Connect, Driver, Request
+from loadtest.engine.latency import Tally, merged_tallies
+from loadtest.engine.payload import PayloadPool
 
 
 @dataclass(frozen=True)

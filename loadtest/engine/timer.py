@@ -1,8 +1,8 @@
 """The in-process timer: calls timed back to back in repeats, several candidates taking turns.
 
 Every in-process number of the bundle comes from here: the ONNX Runtime
-baseline that served numbers are divided by (:mod:`loadtest.baseline`), the
-roofline's sgemm ceiling and GEMM probes (:mod:`loadtest.roofline`), the
+baseline that served numbers are divided by (:mod:`loadtest.engine.baseline`), the
+roofline's sgemm ceiling and GEMM probes (:mod:`loadtest.benchmarks.roofline`), the
 precision variants and the graph optimization levels of the CPU benchmarks.
 
 A repeat calls one candidate until ``seconds`` have passed and at least
@@ -11,7 +11,7 @@ A repeat calls one candidate until ``seconds`` have passed and at least
 several candidates each round gives every one of them one repeat, in turn, so
 a burst of background load on a shared machine hits them alike; the median
 repeat is the candidate's figure. Every timed call's latency goes into one
-:class:`~loadtest.latency.LatencyHistogram`.
+:class:`~loadtest.engine.latency.LatencyHistogram`.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 from bundle.errors import ConfigError
-from loadtest.latency import LatencyHistogram
+from loadtest.engine.latency import LatencyHistogram
 
 #: One call of a timed candidate; its argument counts the calls (to pick a batch from a pool).
 Call = Callable[[int], object]

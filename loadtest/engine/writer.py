@@ -3,7 +3,7 @@
 A result folder holds a JSON document (everything, machine and command
 included), a markdown page that starts with the run's record
 (:meth:`bundle.records.RunRecord.lines`) and shows its tables, and PNG
-charts beside it. The load-test reports (:mod:`loadtest.report`), the soak,
+charts beside it. The load-test reports (:mod:`loadtest.sweeps.report`), the soak,
 the CPU benchmarks and the client-cost bench all write through these
 functions, so a number is formatted, and a NaN turned into ``null`` or ``-``,
 in one way.
@@ -104,7 +104,9 @@ class Panel:
     """One chart of a figure.
 
     Args:
-        title, xlabel, ylabel: its texts.
+        title: its title.
+        xlabel: its x axis label.
+        ylabel: its y axis label.
         series: its curves.
         xlog2: a base-2 log x axis with a tick at each ``xticks``.
         ylog: a log y axis with plain-number ticks.

@@ -32,8 +32,8 @@ from bundle.records import RunRecord, machine_summary
 from bundle.schema import NUM_CATEGORICAL
 from criteo.synth import SynthConfig, write_tsv
 from criteo.tsv import read_batch
+from loadtest.engine.writer import table, write_json, write_markdown
 from loadtest.faults import FaultResult
-from loadtest.writer import table, write_json, write_markdown
 
 log = logging.getLogger(__name__)
 

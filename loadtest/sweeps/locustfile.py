@@ -4,13 +4,13 @@ Each user is one client with one connection (reused for every request),
 sending pre-built batches of real-format rows back to back: ``N`` users keep
 ``N`` requests in flight. Run it headless, naming one user class::
 
-    locust -f loadtest/locustfile.py GrpcTritonUser --headless -u 4 -r 4 -t 20s \\
+    locust -f loadtest/sweeps/locustfile.py GrpcTritonUser --headless -u 4 -r 4 -t 20s \\
         --host 127.0.0.1:8001 --model dlrm_onnx --batch-size 64 \\
         --results-dir reports/step --warmup 2 --window 15 --server-stats grpc
 
 ``python -m loadtest sweep`` runs it step by step. The options (listed under
 "Triton load test" in ``--help``) also come from ``LOCUST_MODEL``-style
-environment variables or ``locust.conf``; :mod:`loadtest.recorder` keeps the
+environment variables or ``locust.conf``; :mod:`loadtest.sweeps.recorder` keeps the
 exact latency of every request (locust itself rounds to whole milliseconds).
 """
 
@@ -24,7 +24,7 @@ from locust import User, constant, task
 from clients.options import Protocol
 from clients.retry import RetryPolicy
 from clients.triton import TritonClient
-from loadtest.recorder import options, payload_pool, timed_request
+from loadtest.sweeps.recorder import options, payload_pool, timed_request
 
 
 class TritonUser(User):

@@ -1,7 +1,7 @@
 """What every locust process of a load test records, and the options it reads.
 
-Imported by the locustfiles (:mod:`loadtest.locustfile`,
-:mod:`loadtest.peers.locustfile`); importing it registers locust event
+Imported by the locustfiles (:mod:`loadtest.sweeps.locustfile`,
+:mod:`loadtest.sweeps.peers.locustfile`); importing it registers locust event
 listeners, once per process:
 
 - ``init_command_line_parser``: the load test's options (``--model``,
@@ -12,9 +12,9 @@ listeners, once per process:
   payload pool, in every process that runs users;
 - ``request``: counts every request that *completes inside the measurement
   window* (``warmup`` seconds after the test starts, for ``window`` seconds)
-  in a :class:`~loadtest.latency.Tally`: its exact latency in the one
+  in a :class:`~loadtest.engine.latency.Tally`: its exact latency in the one
   latency histogram, errors by kind (the closed-loop driver,
-  :mod:`loadtest.driver`, keeps the same tally);
+  :mod:`loadtest.engine.driver`, keeps the same tally);
 - ``test_stop``: writes ``latency-<pid>.json`` into ``--results-dir``;
 - on the master (or the single process): reads Triton's statistics at the
   window's start and end and writes their difference as ``server-stats.json``.
@@ -42,9 +42,9 @@ from bundle.errors import BundleError, ConfigError
 from clients.retry import RetryPolicy
 from clients.stats import ModelStats
 from clients.triton import TritonClient
-from loadtest.latency import Tally
-from loadtest.payload import PayloadPool, build_pool
-from loadtest.stepfiles import SERVER_STATS_FILE, latency_file
+from loadtest.engine.latency import Tally
+from loadtest.engine.payload import PayloadPool, build_pool
+from loadtest.sweeps.stepfiles import SERVER_STATS_FILE, latency_file
 
 logger = logging.getLogger(__name__)
 

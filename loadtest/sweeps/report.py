@@ -26,9 +26,9 @@ from typing import Any
 
 from bundle.errors import DataError
 from bundle.records import RunRecord
-from loadtest.baseline import BaselineResult, ratio
-from loadtest.sweep import StepResult
-from loadtest.writer import Panel, Series, plot, table, write_json, write_markdown
+from loadtest.engine.baseline import BaselineResult, ratio
+from loadtest.engine.writer import Panel, Series, plot, table, write_json, write_markdown
+from loadtest.sweeps.sweep import StepResult
 
 CSV_FILE = "steps.csv"
 JSON_FILE = "report.json"

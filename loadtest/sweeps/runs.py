@@ -27,12 +27,12 @@ from rich.console import Console
 
 from bundle.errors import ConfigError
 from bundle.records import RunRecord
-from loadtest.baseline import BaselineConfig, BaselineResult, InProcessModel
-from loadtest.payload import PayloadPool
-from loadtest.peers.process import PeerProcess
-from loadtest.report import Report, write_report
-from loadtest.session import serving_settings
-from loadtest.sweep import StepResult, SweepConfig, Target, make_payload, median_step, run_sweep
+from loadtest.engine.baseline import BaselineConfig, BaselineResult, InProcessModel
+from loadtest.engine.payload import PayloadPool
+from loadtest.engine.session import serving_settings
+from loadtest.sweeps.peers.process import PeerProcess
+from loadtest.sweeps.report import Report, write_report
+from loadtest.sweeps.sweep import StepResult, SweepConfig, Target, make_payload, median_step, run_sweep
 
 logger = logging.getLogger(__name__)
 console = Console(stderr=True, soft_wrap=True)
@@ -313,7 +313,7 @@ def _peer_processes(
     def pytriton() -> tuple[PeerProcess, Target]:
         http_port, grpc_port, metrics_port = free_ports(3)
         args = [
-            "loadtest.peers.pytriton_server", "serve", "--model-file", str(path), "--model", model,
+            "loadtest.sweeps.peers.pytriton_server", "serve", "--model-file", str(path), "--model", model,
             "--http-port", str(http_port), "--grpc-port", str(grpc_port), "--metrics-port", str(metrics_port),
             "--max-queue-delay-us", str(serving["max_queue_delay_us"]), "--threads", str(serving["threads"]),
         ]  # fmt: skip
@@ -334,7 +334,7 @@ def _peer_processes(
     def fastapi() -> tuple[PeerProcess, Target]:
         (port,) = free_ports(1)
         args = [
-            "loadtest.peers.fastapi_server", "serve", "--model-file", str(path), "--model", model,
+            "loadtest.sweeps.peers.fastapi_server", "serve", "--model-file", str(path), "--model", model,
             "--port", str(port), "--threads", str(serving["threads"]),
         ]  # fmt: skip
         process = PeerProcess(
@@ -373,7 +373,8 @@ def compare_run(
             the FastAPI peer speaks its own binary HTTP format.
         options: batch sizes, concurrency, durations.
         out: the report folder.
-        title, command: recorded in the report.
+        title: the report's title.
+        command: the command line, recorded in the report.
         peers: which peers to run (``pytriton``, ``fastapi``).
         raw: where the payload, each step's raw files and server logs go (default ``out/raw``).
         rounds: times each (batch size, concurrency) level runs; a server's step is the median.
@@ -437,7 +438,7 @@ def _interleaved_steps(
     one that goes first rotating, so a machine whose load drifts over the run (shared cores)
     weighs on every server alike instead of on whichever ran last. With ``rounds`` > 1 each
     level repeats that many times in a row and each server's step is the median of its rounds
-    (:func:`loadtest.sweep.median_step`); :func:`compare_run` has checked ``rounds`` >= 1."""
+    (:func:`loadtest.sweeps.sweep.median_step`); :func:`compare_run` has checked ``rounds`` >= 1."""
     steps: list[StepResult] = []
     turn = 0
     for batch_size in options.batch_sizes:

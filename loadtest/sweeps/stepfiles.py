@@ -1,7 +1,7 @@
 """Names of the files one sweep step's folder holds.
 
-Written by the locust processes (:mod:`loadtest.recorder`), read by the sweep
-(:mod:`loadtest.sweep`), which must not import locust itself.
+Written by the locust processes (:mod:`loadtest.sweeps.recorder`), read by the sweep
+(:mod:`loadtest.sweeps.sweep`), which must not import locust itself.
 """
 
 from __future__ import annotations

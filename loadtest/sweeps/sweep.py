@@ -6,7 +6,7 @@ or several (``--processes``) where one process's CPU would cap the load.
 Each step runs as its own ``locust`` subprocess for ``warmup + duration``
 seconds; every process that ran users writes its raw latencies and counts
 of the measurement window, and the master writes the difference of Triton's
-statistics over that window (:mod:`loadtest.recorder`). This module never
+statistics over that window (:mod:`loadtest.sweeps.recorder`). This module never
 imports locust, which would monkey-patch this process with gevent.
 """
 
@@ -29,18 +29,18 @@ from typing import Any
 
 import loadtest
 from bundle.errors import BundleError, ConfigError
-from loadtest.latency import PERCENTILES, Tally, merged_tallies
-from loadtest.payload import MAX_POOL_ROWS, PayloadPool, build_pool
-from loadtest.stepfiles import LATENCY_GLOB, LOCUST_LOG, SERVER_STATS_FILE
+from loadtest.engine.latency import PERCENTILES, Tally, merged_tallies
+from loadtest.engine.payload import MAX_POOL_ROWS, PayloadPool, build_pool
+from loadtest.sweeps.stepfiles import LATENCY_GLOB, LOCUST_LOG, SERVER_STATS_FILE
 
 logger = logging.getLogger(__name__)
 
 REPO_ROOT = Path(loadtest.__file__).resolve().parent.parent
 #: The locustfile and user class of each protocol.
 USERS: dict[str, tuple[Path, str]] = {
-    "grpc": (REPO_ROOT / "loadtest" / "locustfile.py", "GrpcTritonUser"),
-    "http": (REPO_ROOT / "loadtest" / "locustfile.py", "HttpTritonUser"),
-    "fastapi": (REPO_ROOT / "loadtest" / "peers" / "locustfile.py", "FastApiUser"),
+    "grpc": (REPO_ROOT / "loadtest" / "sweeps" / "locustfile.py", "GrpcTritonUser"),
+    "http": (REPO_ROOT / "loadtest" / "sweeps" / "locustfile.py", "HttpTritonUser"),
+    "fastapi": (REPO_ROOT / "loadtest" / "sweeps" / "peers" / "locustfile.py", "FastApiUser"),
 }
 TRITON_PROTOCOLS = ("grpc", "http")
 #: Extra seconds locust runs after the window closes, so the window is never cut short.

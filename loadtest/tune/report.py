@@ -1,6 +1,7 @@
 """The files of a tune: ``report.md`` (winner vs default side by side with the loads each confirmed
 config tried, time against the brute force, frontier, top-N with config.pbtxt diffs),
-``report.json`` (everything) and ``frontier.png``, through the shared writer (:mod:`loadtest.writer`)."""
+``report.json`` (everything) and ``frontier.png``, through the shared writer
+(:mod:`loadtest.engine.writer`)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from bundle.records import RunRecord
-from loadtest.writer import Panel, Series, plot, table, write_json, write_markdown
+from loadtest.engine.writer import Panel, Series, plot, table, write_json, write_markdown
 
 
 def _step(trial: dict[str, Any]) -> list[Any]:

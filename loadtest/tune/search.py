@@ -2,10 +2,10 @@
 
 It searches, through the real local tritonserver, the variant (FP32 / FP16 /
 INT8), instances, ONNX Runtime threads, the batcher's max queue delay and
-preferred batch sizes (:mod:`loadtest.tune_space`), and per loaded config the
+preferred batch sizes (:mod:`loadtest.tune.space`), and per loaded config the
 client's batch size and concurrency. Every step runs on the bundle's one
-closed-loop driver (:class:`loadtest.driver.Driver`, windows of
-:meth:`~loadtest.driver.Driver.measure`).
+closed-loop driver (:class:`loadtest.engine.driver.Driver`, windows of
+:meth:`~loadtest.engine.driver.Driver.measure`).
 
 The search, and why it beats the grid:
 
@@ -25,7 +25,7 @@ The search, and why it beats the grid:
    lowest level of a batch size is over the budget, larger batches are
    skipped (a larger batch is never faster to answer).
 3. Each step measures windows until its verdict is decided
-   (:mod:`loadtest.tune_stats`): after ``min_windows``, it stops when the p99
+   (:mod:`loadtest.tune.stats`): after ``min_windows``, it stops when the p99
    interval lies wholly above the budget (infeasible), when its throughput
    interval lies wholly below the incumbent's lower bound (dominated: it
    cannot be the winner, whatever its p99), or when its p99 interval lies
@@ -77,11 +77,11 @@ from rich.progress import Progress
 from bundle.errors import ConfigError
 from bundle.records import RunRecord
 from bundle.repository import MODEL_FILE, version_dir, write_config
-from loadtest.driver import Driver
-from loadtest.latency import Tally
-from loadtest.payload import MAX_POOL_ROWS, PayloadPool, build_pool
-from loadtest.served import triton_requests
-from loadtest.tune_space import (
+from loadtest.engine.driver import Driver
+from loadtest.engine.latency import Tally
+from loadtest.engine.payload import MAX_POOL_ROWS, PayloadPool, build_pool
+from loadtest.engine.served import triton_requests
+from loadtest.tune.space import (
     ClientPoint,
     ServerPoint,
     Space,
@@ -92,7 +92,7 @@ from loadtest.tune_space import (
     default_point,
     model_name,
 )
-from loadtest.tune_stats import StepEstimate, estimate
+from loadtest.tune.stats import StepEstimate, estimate
 
 logger = logging.getLogger(__name__)
 console = Console(stderr=True, soft_wrap=True)
@@ -186,11 +186,18 @@ class Trial:
     """One measured step: a server point under one client load.
 
     Attributes:
-        server, client: what was measured.
-        samples_per_s, rate_low, rate_high: mean samples/s of the windows and its 95 % interval.
-        p50_ms, p99_ms, p99_low, p99_high: latency over every window; the p99's 95 % interval.
+        server: the server point measured.
+        client: the client load it was measured under.
+        samples_per_s: mean samples/s of the windows.
+        rate_low: the low end of the samples/s' 95 % interval.
+        rate_high: the high end of the samples/s' 95 % interval.
+        p50_ms: median latency over every window.
+        p99_ms: p99 latency over every window.
+        p99_low: the low end of the p99's 95 % interval.
+        p99_high: the high end of the p99's 95 % interval.
         windows: windows measured (warm-up excluded).
-        requests, errors: answered and failed requests over the windows.
+        requests: answered requests over the windows.
+        errors: failed requests over the windows.
         measured_s: seconds of load, warm-up included.
         stop: why the step ended: ``over budget``, ``decided``, ``dominated``, ``near budget`` (every
             window: feasible, but its p99 interval reaches within ``p99_margin`` of the budget),
@@ -498,7 +505,8 @@ def confirm(
         probe: loads server points and measures client loads.
         trials: the steps to confirm, one per server config (the default's first).
         policy: the budget, rounds, windows and ``step_downs``.
-        batch_sizes, concurrency: the space's client dimensions (ascending): the loads to step to.
+        batch_sizes: the space's request batch sizes (ascending): loads to step to.
+        concurrency: the space's requests in flight (ascending): loads to step to.
 
     Returns:
         Per trial, its loads tried and their rounds.

@@ -24,7 +24,7 @@ from tritonclient.grpc import model_config_pb2 as mc
 
 from bundle.errors import ConfigError
 from bundle.repository import CONFIG_NAME, QUEUE_DELAY_US, ServingConfig, read_config
-from loadtest.session import THREADS_PARAMETER
+from loadtest.engine.session import THREADS_PARAMETER
 
 #: Variant -> suffix of its model name (the repository's naming contract).
 VARIANTS: dict[str, str] = {"fp32": "_onnx", "fp16": "_onnx_fp16", "int8": "_onnx_int8"}
@@ -114,7 +114,10 @@ class Space:
     Args:
         family: ``dlrm`` or ``wide_deep`` (the model names' prefix).
         variants: which of :data:`VARIANTS` to try.
-        instances, threads, queue_delays_us, preferred: server dimensions.
+        instances: model instances (KIND_CPU) to try.
+        threads: ONNX Runtime intra-op thread counts to try (0: its default).
+        queue_delays_us: the dynamic batcher's max queue delays to try.
+        preferred: the dynamic batcher's preferred batch size sets to try (empty: none).
         batch_sizes: request batch sizes, ascending.
         concurrency: requests in flight, ascending (a ladder, climbed per batch size).
     """

@@ -1,8 +1,8 @@
 """Confidence intervals that decide a tuning step early: throughput from its windows, p99 from its latencies.
 
-One step of :mod:`loadtest.tune` is a run of consecutive measurement windows
-of the closed-loop driver (:meth:`loadtest.driver.Driver.measure`), each a
-:class:`~loadtest.latency.Tally`. Two intervals say whether more windows can
+One step of :mod:`loadtest.tune.search` is a run of consecutive measurement windows
+of the closed-loop driver (:meth:`loadtest.engine.driver.Driver.measure`), each a
+:class:`~loadtest.engine.latency.Tally`. Two intervals say whether more windows can
 change the step's verdict:
 
 - throughput: a Student-t interval over the per-window samples/s. Windows of
@@ -24,7 +24,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from bundle.errors import ConfigError
-from loadtest.latency import Tally, merged_tallies
+from loadtest.engine.latency import Tally, merged_tallies
 
 #: Two-sided 95 % Student-t quantiles by degrees of freedom (1..30); beyond 30 the normal 1.96
 #: is within 4 %. A table, not scipy, which the bundle does not depend on.

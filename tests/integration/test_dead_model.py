@@ -29,8 +29,8 @@ import pytest
 
 from clients.reference import OnnxReference
 from criteo.tsv import Batch, read_batch
+from loadtest.benchmarks.soak import Case
 from loadtest.faults.crashes import RECOVERY_BOUND_S, answered_cases, kill_stub, measure_stub_kill
-from loadtest.soak import Case
 from server import LocalServer, free_ports
 from server.probes import ServerProbe
 from tests.cli import run_module

@@ -32,7 +32,7 @@ from clients.verify import in_process
 from criteo.tsv import Batch, read_batch
 from export.tables.ensemble import dense_model_name, embedding_model_name, ensemble_model_name
 from export.tables.hot_rows import HotSet
-from loadtest.payload import build_pool
+from loadtest.engine.payload import build_pool
 from server import LocalServer
 from tests.cli import run_module as _run
 

@@ -42,7 +42,7 @@ from export.tables.ensemble import (
     ensemble_model_name,
 )
 from export.tables.hot_rows import HotSet
-from loadtest.soak import Case, Endpoint, checked_load
+from loadtest.benchmarks.soak import Case, Endpoint, checked_load
 from server import LocalServer
 from server.security import generate_admin_key
 from tests.cli import run_module as _run

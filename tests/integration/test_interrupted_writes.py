@@ -29,6 +29,7 @@ from clients.reference import OnnxReference
 from clients.retry import RetryPolicy
 from criteo.synth import SynthConfig, write_tsv
 from criteo.tsv import read_batch
+from loadtest.benchmarks.soak import Case, Endpoint, checked_load
 from loadtest.faults import FaultResult
 from loadtest.faults.writes import (
     EXPORT_POINTS,
@@ -41,7 +42,6 @@ from loadtest.faults.writes import (
     python_module,
     served_answers,
 )
-from loadtest.soak import Case, Endpoint, checked_load
 from server import LocalServer
 from server.security import generate_admin_key
 from tests.cli import run_module as _run

@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from loadtest.latency import LatencyHistogram, merged
+from loadtest.engine.latency import LatencyHistogram, merged
 from server import LocalServer
 
 pytestmark = pytest.mark.integration
@@ -157,8 +157,8 @@ def test_served_throughput_on_the_driver_counts_windows_of_answered_requests(
     exported_server: LocalServer,
 ) -> None:
     """The closed-loop driver against the real server: two requests in flight, two timed windows."""
-    from loadtest.payload import build_pool
-    from loadtest.served import served_throughput
+    from loadtest.engine.payload import build_pool
+    from loadtest.engine.served import served_throughput
 
     pool = build_pool(BATCH, batches=16)
     for protocol, url in (("grpc", exported_server.grpc_url), ("http", exported_server.http_url)):
@@ -172,7 +172,7 @@ def test_client_cost_times_each_transport_phase_by_phase(
     exported_server: LocalServer, tmp_path: Path
 ) -> None:
     """``python -m loadtest client-cost``'s library on the driver (one worker), briefly."""
-    from loadtest.client_cost import TRANSPORTS, CostOptions, run_client_cost, write_report
+    from loadtest.benchmarks.client_cost import TRANSPORTS, CostOptions, run_client_cost, write_report
 
     options = CostOptions(MODEL, batch_sizes=(1, BATCH), requests=10, warmup=1, rounds=2)
     report = run_client_cost(exported_server.http_url, exported_server.grpc_url, options, "pytest")

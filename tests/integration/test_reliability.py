@@ -9,7 +9,7 @@
 - The soak command, briefly (the 10-minute soak itself is the ``slow`` test
   at the end, and ``python -m loadtest soak``).
 
-The load is :func:`loadtest.soak.checked_load`: the closed-loop driver's
+The load is :func:`loadtest.benchmarks.soak.checked_load`: the closed-loop driver's
 client threads of :class:`clients.triton.TritonClient` over gRPC and HTTP,
 paced to a steady rate, every answer compared with ONNX Runtime in this process.
 """
@@ -31,8 +31,16 @@ from clients.reference import OnnxReference
 from clients.retry import RetryPolicy
 from clients.triton import TritonClient
 from criteo.tsv import Batch, read_batch
-from loadtest.latency import Tally
-from loadtest.soak import Case, Endpoint, SoakConfig, checked_load, markdown, run_soak, write_result
+from loadtest.benchmarks.soak import (
+    Case,
+    Endpoint,
+    SoakConfig,
+    checked_load,
+    markdown,
+    run_soak,
+    write_result,
+)
+from loadtest.engine.latency import Tally
 from server import LocalServer
 from server.probes import ServerProbe
 from server.processes import SHM_DIR, stub_regions

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from bundle.repository import CONFIG_NAME, read_config
-from loadtest.session import THREADS_PARAMETER
+from loadtest.engine.session import THREADS_PARAMETER
 
 pytestmark = pytest.mark.integration
 

@@ -7,8 +7,8 @@ from pathlib import Path
 from typing import Any
 
 from bundle.records import RunRecord
-from loadtest.precision import write_precision
-from loadtest.serving_defaults import CURRENT_DEFAULT, write_serving
+from loadtest.benchmarks.precision import write_precision
+from loadtest.benchmarks.serving_defaults import CURRENT_DEFAULT, write_serving
 
 
 def _record() -> dict[str, Any]:

@@ -10,8 +10,8 @@ from contextlib import contextmanager
 import pytest
 
 from bundle.errors import ClientError, ConfigError
-from loadtest.driver import Answer, Driver, Request
-from loadtest.latency import Tally, merged_tallies
+from loadtest.engine.driver import Answer, Driver, Request
+from loadtest.engine.latency import Tally, merged_tallies
 
 
 class Recorder:

@@ -10,9 +10,9 @@ from typing import Any
 import pytest
 
 from bundle.errors import ConfigError
-from loadtest.gpu import DLRM_TARGET, GpuOptions, best_served, gate, verdicts, write_gpu_report
-from loadtest.kernels import KernelTime, describe
-from loadtest.served import spread
+from loadtest.benchmarks.gpu import DLRM_TARGET, GpuOptions, best_served, gate, verdicts, write_gpu_report
+from loadtest.benchmarks.kernels import KernelTime, describe
+from loadtest.engine.served import spread
 
 
 def test_spread_divides_concurrency_over_processes() -> None:

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from loadtest import runs
-from loadtest.sweep import StepResult, SweepConfig, Target, median_step
+from loadtest.sweeps import runs
+from loadtest.sweeps.sweep import StepResult, SweepConfig, Target, median_step
 
 
 def _step(target: Target, config: SweepConfig) -> StepResult:
@@ -123,7 +123,7 @@ def test_locust_gets_absolute_paths_whatever_the_working_directory(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """locust runs in the repository root; a relative --out given elsewhere must still resolve."""
-    from loadtest.sweep import locust_command
+    from loadtest.sweeps.sweep import locust_command
 
     monkeypatch.chdir(tmp_path)
     config = SweepConfig(models=("dlrm_onnx",), batch_size=8, concurrency=(1,))
@@ -174,8 +174,8 @@ def test_the_baseline_runs_on_the_served_models_device(tmp_path: Path) -> None:
     import onnxruntime as ort
 
     from bundle.errors import ConfigError
-    from loadtest.baseline import BaselineConfig, InProcessModel
-    from loadtest.payload import build_pool
+    from loadtest.engine.baseline import BaselineConfig, InProcessModel
+    from loadtest.engine.payload import build_pool
 
     cpu = InProcessModel(
         BaselineConfig(_served_model(tmp_path / "cpu", "KIND_CPU"), (4,), repeats=1, seconds=0.01)

@@ -11,7 +11,7 @@ import pytest
 
 from bundle.errors import ConfigError
 from bundle.records import RunRecord, command_line
-from loadtest.writer import Panel, Series, fmt, plot, table, write_json
+from loadtest.engine.writer import Panel, Series, fmt, plot, table, write_json
 
 
 def test_a_record_samples_the_load_across_the_run_and_reads_back() -> None:

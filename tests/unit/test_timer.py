@@ -8,7 +8,7 @@ from collections.abc import Callable
 import pytest
 
 from bundle.errors import ConfigError
-from loadtest.timer import TimerConfig, time_call, time_calls
+from loadtest.engine.timer import TimerConfig, time_call, time_calls
 
 
 def test_each_repeat_runs_for_its_seconds_and_gives_a_rate_of_units_per_second() -> None:

@@ -16,8 +16,9 @@ import pytest
 
 from bundle.errors import ConfigError
 from bundle.repository import ServingConfig, build_config, read_config, write_config
-from loadtest.latency import Tally
-from loadtest.tune import (
+from loadtest.engine.latency import Tally
+from loadtest.tune.report import side_by_side_lines
+from loadtest.tune.search import (
     Confirmation,
     Measure,
     Policy,
@@ -33,8 +34,7 @@ from loadtest.tune import (
     step_down,
     top_configs,
 )
-from loadtest.tune_report import side_by_side_lines
-from loadtest.tune_space import (
+from loadtest.tune.space import (
     ClientPoint,
     ServerPoint,
     Space,
@@ -43,7 +43,7 @@ from loadtest.tune_space import (
     default_point,
     parse_preferred,
 )
-from loadtest.tune_stats import quantile_interval, rate_interval, t95
+from loadtest.tune.stats import quantile_interval, rate_interval, t95
 
 
 class FakeProbe:

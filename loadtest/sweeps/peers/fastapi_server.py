@@ -1,12 +1,12 @@
 """A minimal FastAPI + ONNX Runtime server: the peer a team might write instead of Triton.
 
 One uvicorn worker, one ONNX Runtime session set up like the Triton backend's
-(:mod:`loadtest.session`), the binary wire format of :mod:`loadtest.peers.wire`.
+(:mod:`loadtest.engine.session`), the binary wire format of :mod:`loadtest.sweeps.peers.wire`.
 Each request runs on its own (no batching across requests); ONNX Runtime
 runs in uvicorn's thread pool so that the event loop keeps reading requests
 while one computes. Run::
 
-    python -m loadtest.peers.fastapi_server serve --model-file model.onnx --model dlrm_onnx --port 8100
+    python -m loadtest.sweeps.peers.fastapi_server serve --model-file model.onnx --model dlrm_onnx --port 8100
 """
 
 from __future__ import annotations
@@ -21,8 +21,8 @@ from starlette.concurrency import run_in_threadpool
 from bundle.cli import new_app, run
 from bundle.errors import DataError
 from bundle.schema import OUTPUT
-from loadtest.peers import wire
-from loadtest.session import ort_session
+from loadtest.engine.session import ort_session
+from loadtest.sweeps.peers import wire
 
 app = new_app("A minimal FastAPI + ONNX Runtime inference server (benchmark peer).")
 

@@ -1,10 +1,10 @@
-"""The locust user of the FastAPI peer (:mod:`loadtest.peers.fastapi_server`).
+"""The locust user of the FastAPI peer (:mod:`loadtest.sweeps.peers.fastapi_server`).
 
-Same closed loop, payloads and recording as :mod:`loadtest.locustfile`'s
+Same closed loop, payloads and recording as :mod:`loadtest.sweeps.locustfile`'s
 Triton users, over one keep-alive HTTP connection per user speaking the
-binary format of :mod:`loadtest.peers.wire`::
+binary format of :mod:`loadtest.sweeps.peers.wire`::
 
-    locust -f loadtest/peers/locustfile.py FastApiUser --headless -u 4 -r 4 -t 20s \\
+    locust -f loadtest/sweeps/peers/locustfile.py FastApiUser --headless -u 4 -r 4 -t 20s \\
         --host 127.0.0.1:8100 --model dlrm_onnx --batch-size 64 --results-dir reports/step
 """
 
@@ -17,8 +17,8 @@ from geventhttpclient import HTTPClient
 from locust import User, constant, task
 
 from bundle.errors import ClientError
-from loadtest.peers import wire
-from loadtest.recorder import options, payload_pool, timed_request
+from loadtest.sweeps.peers import wire
+from loadtest.sweeps.recorder import options, payload_pool, timed_request
 
 
 class FastApiUser(User):

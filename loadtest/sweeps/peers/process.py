@@ -1,6 +1,6 @@
 """A peer server as a child process: started, waited for, and stopped by its pid.
 
-Each peer runs as ``python -m loadtest.peers.<server> serve ...`` in a
+Each peer runs as ``python -m loadtest.sweeps.peers.<server> serve ...`` in a
 process group of its own (PyTriton starts a tritonserver and a python-backend
 stub below it), logs to a file, and is ready once its health URL answers 200.
 Stopping sends SIGINT (both PyTriton and uvicorn shut down cleanly on it),
@@ -23,7 +23,7 @@ from types import TracebackType
 from typing import IO
 
 from bundle.errors import ServerError
-from loadtest.sweep import REPO_ROOT
+from loadtest.sweeps.sweep import REPO_ROOT
 
 logger = logging.getLogger(__name__)
 
@@ -59,7 +59,8 @@ class PeerProcess:
 
     Args:
         name: for messages, e.g. ``fastapi``.
-        module_args: arguments after ``python -m``, e.g. ``["loadtest.peers.fastapi_server", "serve", ...]``.
+        module_args: arguments after ``python -m``,
+            e.g. ``["loadtest.sweeps.peers.fastapi_server", "serve", ...]``.
         ready: ``(port, path)`` of the URL on 127.0.0.1 that answers 200 once it serves.
         log_file: where its output goes.
         startup_timeout_s: how long :meth:`start` waits for readiness.

@@ -4,10 +4,10 @@ PyTriton starts the same tritonserver binary as the bundle's local server,
 but runs the model in this Python process: Triton's python backend passes
 each batch the dynamic batcher formed to ``infer`` here (over ZeroMQ and
 shared memory), and ``@batch`` concatenates the requests. The session is set
-up like the bundle backend's (:mod:`loadtest.session`), with the same
+up like the bundle backend's (:mod:`loadtest.engine.session`), with the same
 ``max_batch_size`` and dynamic batcher delay. Run::
 
-    python -m loadtest.peers.pytriton_server serve --model-file model.onnx --model dlrm_onnx \\
+    python -m loadtest.sweeps.peers.pytriton_server serve --model-file model.onnx --model dlrm_onnx \\
         --http-port 8200 --grpc-port 8201 --metrics-port 8202
 """
 
@@ -21,7 +21,7 @@ import typer
 
 from bundle.cli import new_app, run
 from bundle.schema import INPUTS, OUTPUT, OUTPUTS
-from loadtest.session import ort_session
+from loadtest.engine.session import ort_session
 
 app = new_app("PyTriton binding an ONNX Runtime session (benchmark peer).")
 
