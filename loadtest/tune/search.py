@@ -820,25 +820,26 @@ def run_tune(options: TuneOptions, command: str) -> dict[str, Any]:
     record = RunRecord.begin(command)
     rows = build_pool(1, data=options.data, batches=MAX_POOL_ROWS)
     pools = {batch: rows.rebatched(batch) for batch in space.batch_sizes}
-    with (
-        ServedProbe(options.repository, space.family, pools, options.log_file) as probe,
-        Progress(console=console, transient=True) as progress,
-    ):
-        task = progress.add_task("tuning", total=len(points) * len(space.client_points()))
+    # The progress starts first: starting tritonserver and loading the variants takes a while.
+    with Progress(console=console, transient=True) as progress:
+        trials = len(points) * len(space.client_points())
+        task = progress.add_task("starting the local tritonserver and loading the models", total=trials)
+        with ServedProbe(options.repository, space.family, pools, options.log_file) as probe:
+            progress.update(task, description="tuning")
 
-        def on_trial(trial: Trial) -> None:
-            progress.update(
-                task,
-                advance=1,
-                description=f"{trial.server.label} {trial.client.label}: {trial.samples_per_s:,.0f}/s "
-                f"p99 {trial.p99_ms:.1f} ms ({trial.stop})",
-            )
+            def on_trial(trial: Trial) -> None:
+                progress.update(
+                    task,
+                    advance=1,
+                    description=f"{trial.server.label} {trial.client.label}: {trial.samples_per_s:,.0f}/s "
+                    f"p99 {trial.p99_ms:.1f} ms ({trial.stop})",
+                )
 
-        result = search(probe, points, space.batch_sizes, space.concurrency, policy, on_trial)
-        finalists = finalists_of(result, default, policy)
-        default_best = result.best(default, certified=True)
-        progress.update(task, description="finalists and the default, side by side")
-        confirmed = confirm(probe, finalists, policy, space.batch_sizes, space.concurrency)
+            result = search(probe, points, space.batch_sizes, space.concurrency, policy, on_trial)
+            finalists = finalists_of(result, default, policy)
+            default_best = result.best(default, certified=True)
+            progress.update(task, description="finalists and the default, side by side")
+            confirmed = confirm(probe, finalists, policy, space.batch_sizes, space.concurrency)
     return _document(
         options, space, points, default, bases, result, default_best, confirmed, record.finish().to_json()
     )
