@@ -203,6 +203,50 @@ def left_behind(repository: Path) -> str:
     return "an undecided write, discarded by the server's start"
 
 
+def _after_kill(
+    fault: str,
+    repository: Path,
+    killed: Killed,
+    models: Sequence[str],
+    rows: Batch,
+    before: Mapping[str, np.ndarray],
+    after: Mapping[str, np.ndarray],
+    log_file: Path,
+    restarted: bool = False,
+) -> FaultResult:
+    """Start the server on ``repository`` after ``killed`` and measure: every model answers as
+    ``before`` or as ``after`` (all of them the same), and no staging folder is left.
+
+    Args:
+        restarted: the kill happened while a server ran on the repository (it was stopped); the
+            kill must then have happened (a command that ended first measured nothing of it).
+        after: the uninterrupted command's answers; ``before`` itself where the command moves no
+            answer (a rollout), so that they read "as before".
+    """
+    left = left_behind(repository)
+    started = time.monotonic()
+    try:
+        answers = served_answers(repository, models, rows, log_file)
+    except Exception as exc:  # the server did not start: a model that was there is lost
+        return FaultResult(fault, f"server failed to start: {exc}", 0, 1, 0, None, False)
+    recovery = time.monotonic() - started
+    kinds = classify(answers, before, after)
+    wrong = sum(kind == "wrong" for kind in kinds.values())
+    states = set(kinds.values()) - {"either"}
+    mixed = len(states) > 1
+    staged = staging_root(repository).exists()
+    state = "/".join(sorted(states)) or ("before" if after is before else "either")
+    seen = (
+        f"{'killed' if killed.killed else 'finished before the point'} after {killed.seconds:.1f} s, "
+        f"{left}{' (restarted)' if restarted else ''}; {len(answers)} models answer as {state}"
+        + ("; variants MIXED" if mixed else "")
+        + ("; staging left" if staged else "")
+    )
+    ok = not (wrong or mixed or staged) and (killed.killed or not restarted)
+    log.info("%s: %s", fault, seen)
+    return FaultResult(fault, seen, len(answers), 0, wrong, recovery, ok)
+
+
 def interrupted_writes(faults: WriteFaults, points: Sequence[KillPoint]) -> list[FaultResult]:
     """One :class:`FaultResult` per kill point (see the module docstring)."""
     results = []
@@ -213,31 +257,11 @@ def interrupted_writes(faults: WriteFaults, points: Sequence[KillPoint]) -> list
             repository = work / f"run{index}" / "model_repository"
             shutil.copytree(faults.before, repository)
             killed = run_to(faults.command_on(repository), point, faults.env)
-            left = left_behind(repository)
-            started = time.monotonic()
             fault = f"{faults.what} killed {point.name}"
-            try:
-                answers = served_answers(repository, faults.models, faults.rows, work / f"run{index}.log")
-            except Exception as exc:  # the server did not start: a model that was there is lost
-                results.append(FaultResult(fault, f"server failed to start: {exc}", 0, 1, 0, None, False))
-                continue
-            recovery = time.monotonic() - started
-            kinds = classify(answers, before, after)
-            wrong = sum(kind == "wrong" for kind in kinds.values())
-            states = set(kinds.values()) - {"either"}
-            mixed = len(states) > 1
-            staged = staging_root(repository).exists()
-            state = "/".join(sorted(states)) or "either"
-            seen = (
-                f"{'killed' if killed.killed else 'finished before the point'} after {killed.seconds:.1f} s, "
-                f"{left}; {len(answers)} models answer as {state}"
-                + ("; variants MIXED" if mixed else "")
-                + ("; staging left" if staged else "")
-            )
+            log_file = work / f"run{index}.log"
             results.append(
-                FaultResult(fault, seen, len(answers), 0, wrong, recovery, not (wrong or mixed or staged))
+                _after_kill(fault, repository, killed, faults.models, faults.rows, before, after, log_file)
             )
-            log.info("%s: %s", fault, seen)
     return results
 
 
@@ -281,23 +305,12 @@ def interrupted_live(
                 command = [*python_module(*arguments), "--url", server.http_url]
                 command = [str(repository) if part == REPOSITORY else part for part in command]
                 killed = run_to(command, point, {**os.environ, "TRITON_ADMIN_KEY": admin_key})
-            left = left_behind(repository)
-            started = time.monotonic()
-            try:
-                answers = served_answers(repository, models, rows, work / f"live{index}.log")
-            except Exception as exc:
-                results.append(FaultResult(fault, f"server failed to start: {exc}", 0, 1, 0, None, False))
-                continue
-            wrong = sum(classify(answers, expected, expected)[name] == "wrong" for name in models)
-            staged = staging_root(repository).exists()
-            seen = (
-                f"{'killed' if killed.killed else 'finished before the point'} after {killed.seconds:.1f} s, "
-                f"{left} (restarted); {len(answers)} models answer as before"
-                + ("; staging left" if staged else "")
+            log_file = work / f"live{index}.log"
+            results.append(
+                _after_kill(
+                    fault, repository, killed, models, rows, expected, expected, log_file, restarted=True
+                )
             )
-            results.append(FaultResult(fault, seen, len(answers), 0, wrong, time.monotonic() - started,
-                                       killed.killed and not (wrong or staged)))  # fmt: skip
-            log.info("%s: %s", fault, seen)
     return results
 
 
