@@ -5,7 +5,6 @@ from __future__ import annotations
 import functools
 import inspect
 import logging
-import os
 import sys
 from collections.abc import Callable
 from typing import Annotated, Any, TypeVar
@@ -13,7 +12,7 @@ from typing import Annotated, Any, TypeVar
 import typer
 
 from bundle.errors import BundleError
-from bundle.staging import NO_SPACE
+from bundle.staging import NO_SPACE, no_space_line
 
 _state = {"verbose": False}
 
@@ -117,6 +116,5 @@ def run(app: typer.Typer) -> None:
             raise
         if _state["verbose"]:
             logging.getLogger(__name__).exception("failed")
-        where = f" writing {exc.filename}" if exc.filename else ""
-        print(f"error: no space left on the device{where} ({os.strerror(exc.errno)})", file=sys.stderr)
+        print(f"error: {no_space_line(exc)}", file=sys.stderr)
         sys.exit(1)

@@ -81,12 +81,16 @@ def no_space(exc: BaseException | None) -> OSError | None:
     return None
 
 
+def no_space_line(error: OSError) -> str:
+    """``no space left on the device writing <file> (<strerror>)``: what a full disk says, in one line."""
+    where = f" writing {error.filename}" if error.filename else ""
+    return f"no space left on the device{where} ({os.strerror(error.errno or errno.ENOSPC)})"
+
+
 def disk_full(repository: Path, error: OSError) -> DiskFullError:
     """The one-line error of a write into ``repository`` that ran out of space."""
-    where = f" writing {error.filename}" if error.filename else ""
     return DiskFullError(
-        f"no space left on the device{where} ({os.strerror(error.errno or errno.ENOSPC)}): "
-        f"the write into {repository} stopped and the repository is as it was"
+        f"{no_space_line(error)}: the write into {repository} stopped and the repository is as it was"
     )
 
 
