@@ -1,3 +1,4 @@
 """Shared plumbing of the bundle: the error hierarchy, the CLI runner, admin-key headers and run records,
+the one ONNX Runtime session factory (:mod:`bundle.onnx_session`) and matplotlib set-up (:mod:`bundle.plots`),
 and the contract every stage shares: the served tensors (:mod:`bundle.schema`) and the Triton model
 repository (:mod:`bundle.repository`)."""

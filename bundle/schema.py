@@ -55,7 +55,7 @@ INPUTS: tuple[TensorSpec, ...] = (
 )
 OUTPUTS: tuple[TensorSpec, ...] = (TensorSpec(OUTPUT, np.float32, (1,)),)
 
-# Hierarchical (hot/cold) placement: the tensors between the embedding stage and the dense model.
+# Hot/cold: the tensors between the embedding stage and the dense model.
 #: ``B x 26`` int64: 0 where the lookup is cold, else 1 + the row's index in its table's hot rows.
 HOT_SLOTS = "hot_slots"
 #: ``N`` int64: ``b * 26 + t`` of each cold lookup, ascending.

@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 
 from bundle.errors import ClientError
+from bundle.onnx_session import inference_session
 from bundle.schema import OUTPUT
 from criteo.tsv import Batch
 
@@ -27,16 +28,8 @@ class OnnxReference:
     """
 
     def __init__(self, model_file: Path | str) -> None:
-        import onnxruntime as ort
-
         self.path = Path(model_file)
-        if not self.path.is_file():
-            raise ClientError(f"reference model {self.path} does not exist")
-        try:
-            self._session: Any = ort.InferenceSession(str(self.path), providers=["CPUExecutionProvider"])
-        # ONNX Runtime's own exceptions derive from Exception directly.
-        except Exception as exc:
-            raise ClientError(f"onnxruntime cannot load {self.path}: {exc}") from exc
+        self._session: Any = inference_session(self.path, error=ClientError)
 
     def predict(self, batch: Batch) -> np.ndarray:
         """Probabilities of ``batch``: ``B x 1`` float32."""

@@ -241,7 +241,7 @@ class ModelSpec:
             if not self.allow_non_finite:
                 _check_finite(prefix, tensor, array)
             # A model that does not batch may still take B rows: an ensemble of max_batch_size 0
-            # (a hierarchical model) whose inputs all start with a variable dimension.
+            # (a hot/cold model) whose inputs all start with a variable dimension.
             if self.batched or tensor.shape[:1] == (-1,):
                 rows[tensor.name] = shape[0]
             pairs.append((tensor, np.ascontiguousarray(array)))

@@ -45,7 +45,7 @@ def sample_rows(data: Path | None, rows: int, seed: int = 7) -> Batch:
 
 
 def _takes_the_schema(config_file: Path) -> bool:
-    """Whether the model's inputs are the schema's (a hierarchical model's dense part and
+    """Whether the model's inputs are the schema's (a hot/cold model's dense part and
     embedding stage take other tensors: only its ensemble serves the schema)."""
     # bundle.repository loads tritonclient's gRPC protobufs: imported where needed, so importing
     # this module (and the loadtest CLI that does) stays cheap.
@@ -60,7 +60,7 @@ def _takes_the_schema(config_file: Path) -> bool:
 
 def repository_models(repository: Path) -> list[str]:
     """Names of the models in ``repository`` that take the schema's inputs and have an ONNX
-    version 1 (the file the in-process reference runs; a hierarchical model's ensemble has none)."""
+    version 1 (the file the in-process reference runs; a hot/cold model's ensemble has none)."""
     from bundle.repository import CONFIG_NAME, MODEL_FILE, version_dir
 
     return sorted(

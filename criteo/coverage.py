@@ -1,7 +1,7 @@
 """Hot rows across tables, and how much of a held-out file's traffic they serve.
 
 - :class:`HotRanking`: every profiled row of every table, hottest first: the order
-  in which the hierarchical export keeps rows hot under a byte budget
+  in which the hot/cold export keeps rows hot under a byte budget
   (``export.tables.hot_rows.choose_hot_rows``), and the ranks with which
   :func:`measure_coverage` scores a held-out file against several budgets in one pass.
 - ``python -m criteo coverage`` (:func:`measure_coverage`, :func:`write_coverage`):
@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 
 from bundle.errors import ConfigError, DataError
+from bundle.plots import TITLE_SIZE, figure
 from bundle.schema import NUM_CATEGORICAL
 from criteo.preprocess import hash_ids
 from criteo.profile import AccessProfile, rows_at
@@ -455,46 +456,39 @@ def plot_coverage(result: CoverageResult, path: Path) -> Path:
     Returns:
         ``path``.
     """
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
     from matplotlib.ticker import NullFormatter, PercentFormatter
 
-    fig, ax = plt.subplots(figsize=(7.5, 4.8))
-    for reference, color, label in (
-        ("tables", "tab:blue", "of the table bytes"),
-        ("profiled", "tab:orange", "of the profiled rows' bytes"),
-    ):
-        rows = [r for r in result.results if r.reference == reference]
-        x = [r.fraction for r in rows]
-        ax.plot(x, [r.heldout_hit_rate for r in rows], "o-", color=color, label=f"held-out, budget {label}")
-        ax.plot(
-            x,
-            [r.expected_hit_rate for r in rows],
-            "--",
-            color=color,
-            alpha=0.6,
-            label=f"profiled, budget {label}",
-        )
-    cfg = result.config
-    ax.axhline(cfg.target_hit_rate, color="gray", linewidth=0.8, linestyle=":")
-    ax.axvline(cfg.target_fraction, color="gray", linewidth=0.8, linestyle=":")
-    ax.axhline(result.heldout_seen_share, color="tab:green", linewidth=0.8, alpha=0.7,
-               label="held-out lookups on profiled rows (any budget's limit)")  # fmt: skip
-    ax.set_xscale("log")
-    ax.set_xticks(cfg.fractions, [_percent(f) for f in cfg.fractions])
-    ax.xaxis.set_minor_formatter(NullFormatter())
-    ax.yaxis.set_major_formatter(PercentFormatter(1.0))
-    ax.set_xlabel("hot budget (fraction of bytes)")
-    ax.set_ylabel("share of lookups served by hot rows")
-    ax.set_title(f"hot-row hit rate: {result.heldout_rows:,} held-out rows", fontsize=10)
-    ax.grid(True, which="both", alpha=0.3)
-    ax.legend(fontsize=8, loc="lower right")
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    with figure(path) as (ax,):
+        for reference, color, label in (
+            ("tables", "tab:blue", "of the table bytes"),
+            ("profiled", "tab:orange", "of the profiled rows' bytes"),
+        ):
+            rows = [r for r in result.results if r.reference == reference]
+            x = [r.fraction for r in rows]
+            ax.plot(
+                x, [r.heldout_hit_rate for r in rows], "o-", color=color, label=f"held-out, budget {label}"
+            )
+            ax.plot(
+                x,
+                [r.expected_hit_rate for r in rows],
+                "--",
+                color=color,
+                alpha=0.6,
+                label=f"profiled, budget {label}",
+            )
+        cfg = result.config
+        ax.axhline(cfg.target_hit_rate, color="gray", linewidth=0.8, linestyle=":")
+        ax.axvline(cfg.target_fraction, color="gray", linewidth=0.8, linestyle=":")
+        ax.axhline(result.heldout_seen_share, color="tab:green", linewidth=0.8, alpha=0.7,
+                   label="held-out lookups on profiled rows (any budget's limit)")  # fmt: skip
+        ax.set_xscale("log")
+        ax.set_xticks(cfg.fractions, [_percent(f) for f in cfg.fractions])
+        ax.xaxis.set_minor_formatter(NullFormatter())
+        ax.yaxis.set_major_formatter(PercentFormatter(1.0))
+        ax.set_xlabel("hot budget (fraction of bytes)")
+        ax.set_ylabel("share of lookups served by hot rows")
+        ax.set_title(f"hot-row hit rate: {result.heldout_rows:,} held-out rows", fontsize=TITLE_SIZE)
+        ax.legend(fontsize=8, loc="lower right")
     return path
 
 

@@ -30,6 +30,7 @@ from typing import Any
 import numpy as np
 
 from bundle.errors import ConfigError, DataError
+from bundle.plots import TITLE_SIZE, figure
 from bundle.schema import NUM_CATEGORICAL
 from criteo.preprocess import hash_ids
 from criteo.schema import CATEGORICAL_COLUMNS
@@ -431,40 +432,33 @@ def plot_profile(profile: AccessProfile, path: Path) -> Path:
     Returns:
         ``path``.
     """
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     rows = profile.table_rows()
-    fig, ax = plt.subplots(figsize=(7.5, 4.8))
-    for t, (name, table) in enumerate(zip(CATEGORICAL_COLUMNS, profile.tables, strict=True)):
-        x, y = _curve_points(table.counts, rows[t])
+    with figure(path) as (ax,):
+        for t, (name, table) in enumerate(zip(CATEGORICAL_COLUMNS, profile.tables, strict=True)):
+            x, y = _curve_points(table.counts, rows[t])
+            ax.plot(
+                x,
+                y,
+                "-",
+                color="tab:blue",
+                alpha=0.25,
+                linewidth=1,
+                label="one table (C1..C26)" if t == 0 else None,
+            )
+            if table.distinct > 1:
+                ax.annotate(
+                    name, (x[0], y[0]), fontsize=6, alpha=0.5, textcoords="offset points", xytext=(2, 0)
+                )
+        counts = np.concatenate([t.counts for t in profile.tables])
+        x, y = _curve_points(counts, sum(rows), points=400)
         ax.plot(
-            x,
-            y,
-            "-",
-            color="tab:blue",
-            alpha=0.25,
-            linewidth=1,
-            label="one table (C1..C26)" if t == 0 else None,
+            x, y, "-", color="black", linewidth=2.5, label="all tables, hottest rows chosen across tables"
         )
-        if table.distinct > 1:
-            ax.annotate(name, (x[0], y[0]), fontsize=6, alpha=0.5, textcoords="offset points", xytext=(2, 0))
-    counts = np.concatenate([t.counts for t in profile.tables])
-    x, y = _curve_points(counts, sum(rows), points=400)
-    ax.plot(x, y, "-", color="black", linewidth=2.5, label="all tables, hottest rows chosen across tables")
-    ax.set_xscale("log")
-    ax.set_ylim(0, 1.02)
-    ax.set_xlabel(f"fraction of rows kept hot (rows: {profile.rows_are})")
-    ax.set_ylabel("share of lookups served")
-    ax.set_title(
-        f"embedding access skew: {profile.rows:,} rows of {Path(profile.source).name or 'data'}", fontsize=10
-    )
-    ax.grid(True, which="both", alpha=0.3)
-    ax.legend(fontsize=8, loc="upper left")
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+        ax.set_xscale("log")
+        ax.set_ylim(0, 1.02)
+        ax.set_xlabel(f"fraction of rows kept hot (rows: {profile.rows_are})")
+        ax.set_ylabel("share of lookups served")
+        source = Path(profile.source).name or "data"
+        ax.set_title(f"embedding access skew: {profile.rows:,} rows of {source}", fontsize=TITLE_SIZE)
+        ax.legend(fontsize=8, loc="upper left")
     return path

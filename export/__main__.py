@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import logging
 from dataclasses import replace
 from pathlib import Path
 from typing import Annotated
@@ -28,6 +29,7 @@ from export.options import (
     TORCH_DTYPES,
     ExportOptions,
     PlacementOptions,
+    current_placement,
 )
 from export.pipeline import ExportedModel, export_family
 from export.publish_cli import fetch, publish
@@ -35,6 +37,8 @@ from export.tables.hot_rows import parse_size
 from export.tables.row_store import DTYPES, format_bytes
 from export.tables.row_store_cli import app as row_store_app
 from export.tables.synthetic_model_cli import synthetic_hot_cold
+
+log = logging.getLogger(__name__)
 
 app = new_app("Export trained DLRM and Wide & Deep models into a Triton model repository.")
 app.add_typer(row_store_app, name="row-store")
@@ -156,17 +160,17 @@ Logits = Annotated[
 Embeddings = Annotated[
     str,
     typer.Option(
-        help=f"Where the embedding tables go: {', '.join(PLACEMENTS)}. hierarchical: <family>_onnx is an "
+        help=f"Where the embedding tables go: {', '.join(PLACEMENTS)}. hot-cold: <family>_onnx is an "
         "ensemble of an embedding stage (cold rows from a memory-mapped row store) and a dense model that "
-        "keeps the hottest rows within --hot-budget; auto: hierarchical when the tables take more than "
+        "keeps the hottest rows within --hot-budget; auto: hot-cold when the tables take more than "
         "--hot-budget, else in-graph."
     ),
 ]
 HotBudget = Annotated[
     str | None,
     typer.Option(
-        help="Bytes of hot embedding rows the dense model keeps (512M, 2G; binary units). Turns on "
-        "hot/cold placement when the tables are larger (or with --embeddings hierarchical)."
+        help="Bytes of hot embedding rows the dense model keeps (512M, 2G; binary units). Exports "
+        "a hot/cold model when the tables are larger (or with --embeddings hot-cold)."
     ),
 ]
 ProfileData = Annotated[
@@ -183,7 +187,7 @@ StageInstances = Annotated[
 StreamTables = Annotated[
     bool,
     typer.Option(
-        help="Hot/cold placement without building the all-in-graph graph: the row store is written "
+        help="Split the tables hot/cold without building the all-in-graph graph: the row store is written "
         "straight from the checkpoint's tables (memory-mapped), for tables larger than memory. DLRM "
         "checkpoints (the bundle's, facebookresearch/dlrm, TorchRec); needs --hot-budget."
     ),
@@ -257,6 +261,9 @@ def _export_options(
 ) -> tuple[ExportOptions, SourceOptions]:
     """The options every export command shares, declared once (see :func:`bundle.cli.shared_options`)."""
     set_verbose(verbose)
+    mode = current_placement(embeddings)
+    if mode != embeddings:  # an earlier version's name, still taken so that scripts keep working
+        log.warning("--embeddings %s was renamed to %s: give --embeddings %s", embeddings, mode, mode)
     delay = QUEUE_DELAY_US.get(profile, 0) if max_queue_delay_us is None else max_queue_delay_us
     serving = ServingConfig(
         profile=profile,  # type: ignore[arg-type]  # validated by ServingConfig
@@ -289,7 +296,7 @@ def _export_options(
         int8_auc_tolerance=int8_auc_tolerance,
         calibration_data=calibration_data,
         placement=PlacementOptions(
-            mode=embeddings,
+            mode=mode,
             hot_budget=None if hot_budget is None else parse_size(hot_budget),
             profile_data=profile_data,
             store_dtype=store_dtype,

@@ -19,10 +19,13 @@ from export.graphs.quantize import QuantizeOptions
 from export.tables.row_store import DTYPES
 
 #: How the export places embedding tables (``--embeddings``).
-PLACEMENTS: tuple[str, ...] = ("auto", "in-graph", "hierarchical")
+PLACEMENTS: tuple[str, ...] = ("auto", "in-graph", "hot-cold")
+#: Placements that earlier versions named otherwise (as ``--embeddings`` values and as the
+#: ``placement`` of export reports), and their names now.
+RENAMED_PLACEMENTS: dict[str, str] = {"hierarchical": "hot-cold"}
 #: The error when no file can choose the hot rows.
 NO_PROFILE_DATA = (
-    "hot/cold placement chooses its hot rows from measured lookups: give --profile-data FILE "
+    "a hot/cold export chooses its hot rows from measured lookups: give --profile-data FILE "
     "(a Criteo TSV such as the training data), or --calibration-data / --check-data"
 )
 #: Whether an export writes ``<family>_onnx_int8`` unless told otherwise, per profile: the
@@ -36,13 +39,23 @@ TORCH_BY_DEFAULT: dict[str, bool] = {"cpu": False, "gpu": True}
 TORCH_DTYPES: tuple[str, ...] = ("float16", "bfloat16")
 
 
+def current_placement(value: str) -> str:
+    """``value`` as this version names it: an earlier version's name of a placement
+    (:data:`RENAMED_PLACEMENTS`) becomes the current one; any other value stays as it is.
+
+    The CLI takes an old ``--embeddings`` value with it, and files that earlier versions wrote
+    (an export report's ``placement``) are read with it.
+    """
+    return RENAMED_PLACEMENTS.get(value, value)
+
+
 @dataclass(frozen=True)
 class PlacementOptions:
     """Where the embedding tables go (options ``--embeddings``, ``--hot-budget``, ``--profile-data``, ...).
 
     Args:
-        mode: ``auto`` (hierarchical when ``hot_budget`` is given and the tables'
-            bytes exceed it, else in-graph), ``in-graph`` or ``hierarchical``.
+        mode: ``auto`` (hot/cold when ``hot_budget`` is given and the tables'
+            bytes exceed it, else in-graph), ``in-graph`` or ``hot-cold``.
         hot_budget: bytes of hot rows the dense model keeps (see
             :func:`export.tables.hot_rows.parse_size`); None: no budget (in-graph).
         profile_data: Criteo TSV whose lookups choose the hot rows, or the folder of a profile
@@ -56,7 +69,7 @@ class PlacementOptions:
             placeholder tables (:func:`place_streamed`), for tables larger than memory.
 
     Raises:
-        ConfigError: an unknown mode or dtype, a negative budget, ``hierarchical``
+        ConfigError: an unknown mode or dtype, a negative budget, ``hot-cold``
             without a budget, a budget with ``in-graph``, profile data or an FP16 store
             without a budget, fewer than 1 stage instance (or more without a budget), or
             profile data that does not exist.
@@ -77,9 +90,9 @@ class PlacementOptions:
         budget = self.hot_budget
         if budget is not None and (isinstance(budget, bool) or not isinstance(budget, int) or budget < 0):
             raise ConfigError(f"--hot-budget must be a byte count >= 0, got {budget!r}")
-        if self.mode == "hierarchical" and budget is None:
+        if self.mode == "hot-cold" and budget is None:
             raise ConfigError(
-                "--embeddings hierarchical needs --hot-budget SIZE: the bytes of hot rows the dense "
+                "--embeddings hot-cold needs --hot-budget SIZE: the bytes of hot rows the dense "
                 "model keeps (e.g. 512M)"
             )
         if self.mode == "in-graph" and budget is not None:
@@ -94,13 +107,13 @@ class PlacementOptions:
             self.profile_data is not None or self.store_dtype != "float32" or instances != 1
         ):
             raise ConfigError(
-                "--profile-data, --store-dtype and --stage-instances apply to hot/cold placement: "
+                "--profile-data, --store-dtype and --stage-instances apply to hot/cold models: "
                 "give --hot-budget too"
             )
         if self.stream_tables and (budget is None or self.mode == "in-graph"):
             raise ConfigError(
-                "--stream-tables writes the row store straight from the checkpoint's tables for hot/cold "
-                "placement: give --hot-budget SIZE (and --embeddings hierarchical to split whatever the size)"
+                "--stream-tables writes the row store straight from the checkpoint's tables for a hot/cold "
+                "model: give --hot-budget SIZE (and --embeddings hot-cold to split whatever the size)"
             )
         if self.profile_data is not None and not Path(self.profile_data).exists():
             raise ConfigError(f"profile data {self.profile_data} does not exist")
@@ -213,5 +226,5 @@ class ExportOptions:
         if self.placement.may_split:
             if self.placement.profile_source(self.calibration_data, self.check_data) is None:
                 raise ConfigError(NO_PROFILE_DATA)
-            if self.placement.mode == "hierarchical" and self.serving.ort_trt:
+            if self.placement.mode == "hot-cold" and self.serving.ort_trt:
                 raise ConfigError("--ort-trt does not apply to a hot/cold model's dense part: drop it")

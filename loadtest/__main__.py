@@ -2,7 +2,8 @@
 
 Commands:
 
-- ``sweep``: locust headless, step by step, against Triton; CSV, JSON, PNG curves, report.md.
+- ``sweep``: locust headless or perf_analyzer, step by step, against Triton; CSV, JSON, PNG
+  curves, report.md.
 - ``baseline``: in-process ONNX Runtime throughput and latency of a model file.
 - ``compare``: the same sweep against the local Triton, PyTriton and a FastAPI server.
 - ``report``: rewrite the CSV, PNGs and report.md of a report.json.
@@ -11,11 +12,14 @@ Commands:
 - ``soak``, ``client-cost``, ``precision``, ``serving-defaults``, ``faults``: the benchmarks whose committed
   results live under ``benchmarks/`` (see :mod:`loadtest.commands`).
 - ``tune``: search serving configs and client loads within a p99 budget (:mod:`loadtest.tune`).
+- ``perf-analyzer install|where``: the reference load tool, fetched into the venv.
 - ``demo``: the whole path on this machine, data to load test (``make demo``).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -23,46 +27,41 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from bundle.cli import new_app, run
+from bundle.cli import new_app, run, shared_options
 from bundle.errors import ConfigError
 from bundle.records import command_line
 from loadtest import commands
 from loadtest.engine.writer import write_json
+from loadtest.options import (
+    BaselineFlag,
+    BaselineRepeats,
+    BaselineSeconds,
+    BatchSizes,
+    ClientCpus,
+    Concurrency,
+    Data,
+    Duration,
+    InProcessThreads,
+    JsonOut,
+    MaxRows,
+    Out,
+    Processes,
+    Protocol,
+    Raw,
+    RepeatSeconds,
+    RowsPerCall,
+    StepRounds,
+    TimedRepeats,
+    Title,
+    Warmup,
+)
 from loadtest.sweeps.runs import PEERS, RunOptions, compare_run, sweep_run
-from loadtest.sweeps.sweep import parse_ints
+from loadtest.sweeps.sweep import ENGINES, parse_cpus, parse_ints
 
 app = new_app(
     "Load tests and benchmarks of the served models: sweeps, latency curves, baselines, peer comparison, "
     "roofline, soak, client cost, CPU precision and serving defaults; and the demo."
 )
-
-BatchSizes = Annotated[
-    str, typer.Option("--batch-size", help="Rows per request; comma-separated for several.")
-]
-Concurrency = Annotated[str, typer.Option(help="Requests in flight per step, comma-separated.")]
-Duration = Annotated[float, typer.Option(help="Seconds measured per step.")]
-Warmup = Annotated[float, typer.Option(help="Seconds run before each step's measurement.")]
-Processes = Annotated[
-    int, typer.Option(help="locust processes per step (0: one per 8 users, at most one per core).")
-]
-MaxRows = Annotated[
-    int,
-    typer.Option(help="Skip steps with more than this many rows in flight (concurrency x batch; 0: no cap)."),
-]
-Data = Annotated[
-    Path | None, typer.Option(help="Criteo TSV file for the request rows (default: synthetic rows).")
-]
-Out = Annotated[Path, typer.Option(help="Report folder.")]
-Raw = Annotated[
-    Path | None,
-    typer.Option(help="Folder for the payload, each step's raw latencies and logs (default: OUT/raw)."),
-]
-BaselineFlag = Annotated[
-    bool, typer.Option("--baseline/--no-baseline", help="Time each model in-process first (needs its file).")
-]
-BaselineSeconds = Annotated[float, typer.Option(help="Seconds per timed repeat of the in-process baseline.")]
-BaselineRepeats = Annotated[int, typer.Option(help="Timed repeats per batch size of the baseline (median).")]
-Title = Annotated[str | None, typer.Option(help="Heading of the report.")]
 
 
 def _check_protocols(protocols: list[str]) -> list[str]:
@@ -78,34 +77,67 @@ def _write_results(out: Path, results: Any) -> None:
     print(f"results: {write_json(out, results)}")
 
 
-def _options(
-    batch_size: str,
-    concurrency: str,
-    duration: float,
-    warmup: float,
-    processes: int,
-    max_rows_in_flight: int,
-    data: Path | None,
-    baseline: bool,
-    baseline_seconds: float,
-    baseline_repeats: int,
-) -> RunOptions:
-    return RunOptions(
-        batch_sizes=parse_ints(batch_size, "--batch-size"),
-        concurrency=parse_ints(concurrency, "--concurrency"),
-        duration_s=duration,
-        warmup_s=warmup,
-        processes=processes,
-        max_rows_in_flight=max_rows_in_flight,
-        data=data,
-        baseline=baseline,
-        baseline_seconds=baseline_seconds,
-        baseline_repeats=baseline_repeats,
-    )
+@dataclass(frozen=True)
+class SweepSettings:
+    """What ``sweep`` and ``compare`` share: every step's options and where the report goes.
+
+    Args:
+        run: batch sizes, concurrency, step times, data and the in-process baseline.
+        out: the report folder.
+        raw: the folder of the payload, raw latencies and logs (None: ``out/raw``).
+        title: the report's heading (None: the command's own).
+    """
+
+    run: RunOptions
+    out: Path
+    raw: Path | None
+    title: str | None
+
+
+def _sweep_options(default_batch_sizes: str, default_out: Path) -> Callable[..., SweepSettings]:
+    """The options ``sweep`` and ``compare`` share, declared once (:func:`bundle.cli.shared_options`);
+    the two defaults the commands differ in are the arguments."""
+
+    def build(
+        batch_size: BatchSizes = default_batch_sizes,
+        concurrency: Concurrency = "1,2,4,8",
+        duration: Duration = 10.0,
+        warmup: Warmup = 2.0,
+        processes: Processes = 0,
+        max_rows_in_flight: MaxRows = 0,
+        data: Data = None,
+        out: Out = default_out,
+        raw: Raw = None,
+        baseline: BaselineFlag = True,
+        baseline_seconds: BaselineSeconds = 1.0,
+        baseline_repeats: BaselineRepeats = 5,
+        title: Title = None,
+        rounds: StepRounds = 1,
+        client_cpus: ClientCpus = None,
+    ) -> SweepSettings:
+        run_options = RunOptions(
+            batch_sizes=parse_ints(batch_size, "--batch-size"),
+            concurrency=parse_ints(concurrency, "--concurrency"),
+            duration_s=duration,
+            warmup_s=warmup,
+            processes=processes,
+            max_rows_in_flight=max_rows_in_flight,
+            data=data,
+            baseline=baseline,
+            baseline_seconds=baseline_seconds,
+            baseline_repeats=baseline_repeats,
+            rounds=rounds,
+            client_cpus=None if client_cpus is None else parse_cpus(client_cpus),
+        )
+        return SweepSettings(run_options, out, raw, title)
+
+    return build
 
 
 @app.command()
+@shared_options(settings=_sweep_options("1", Path("reports/loadtest")))
 def sweep(
+    settings: SweepSettings,
     model: Annotated[list[str], typer.Option(help="Model to load (repeatable).")],
     protocol: Annotated[
         list[str] | None, typer.Option(help="grpc or http (repeatable; default grpc).")
@@ -121,86 +153,55 @@ def sweep(
             "when no --url is given."
         ),
     ] = None,
-    batch_size: BatchSizes = "1",
-    concurrency: Concurrency = "1,2,4,8",
-    duration: Duration = 10.0,
-    warmup: Warmup = 2.0,
-    processes: Processes = 0,
-    max_rows_in_flight: MaxRows = 0,
-    data: Data = None,
-    out: Out = Path("reports/loadtest"),
-    raw: Raw = None,
-    baseline: BaselineFlag = True,
-    baseline_seconds: BaselineSeconds = 1.0,
-    baseline_repeats: BaselineRepeats = 5,
-    title: Title = None,
+    engine: Annotated[
+        str,
+        typer.Option(
+            help=f"What generates the load: {' or '.join(ENGINES)}, or both comma-separated (their steps "
+            "interleaved on the same server, and compared in the report). perf_analyzer is Triton's own "
+            "load tool, the reference (installed by make setup)."
+        ),
+    ] = "locust",
 ) -> None:
-    """Sweep concurrency with locust (headless, step by step); write CSV, JSON, PNG curves and report.md."""
+    """Sweep concurrency with locust or perf_analyzer, step by step: CSV, JSON, PNG curves, report.md."""
     protocols = _check_protocols(protocol or ["grpc"])
-    options = _options(
-        batch_size, concurrency, duration, warmup, processes, max_rows_in_flight,
-        data, baseline, baseline_seconds, baseline_repeats,
-    )  # fmt: skip
+    engines = tuple(name.strip() for name in engine.split(",") if name.strip())
     _, paths = sweep_run(
         models=model,
         protocols=protocols,
         urls=url or [],
         repository=repository,
-        options=options,
-        out=out,
-        title=title or f"Load test: {', '.join(model)} over {', '.join(protocols)}",
+        options=replace(settings.run, engines=engines),
+        out=settings.out,
+        title=settings.title or f"Load test: {', '.join(model)} over {', '.join(protocols)}",
         command=command_line("loadtest"),
-        raw=raw,
+        raw=settings.raw,
     )
     print(f"report: {paths['markdown']}")
 
 
 @app.command()
+@shared_options(settings=_sweep_options("1,64,1024", Path("reports/peers")))
 def compare(
+    settings: SweepSettings,
     repository: Annotated[Path, typer.Option(help="Model repository holding <model>/1/model.onnx.")],
     model: Annotated[str, typer.Option(help="Model to serve by all three.")] = "dlrm_onnx",
     protocol: Annotated[str, typer.Option(help="grpc or http for Triton and PyTriton.")] = "grpc",
     peer: Annotated[
         list[str] | None, typer.Option(help="pytriton and/or fastapi (repeatable; default both).")
     ] = None,
-    batch_size: BatchSizes = "1,64,1024",
-    concurrency: Concurrency = "1,2,4,8",
-    duration: Duration = 10.0,
-    warmup: Warmup = 2.0,
-    processes: Processes = 0,
-    max_rows_in_flight: MaxRows = 0,
-    data: Data = None,
-    out: Out = Path("reports/peers"),
-    raw: Raw = None,
-    baseline: BaselineFlag = True,
-    baseline_seconds: BaselineSeconds = 1.0,
-    baseline_repeats: BaselineRepeats = 5,
-    title: Title = None,
-    rounds: Annotated[
-        int,
-        typer.Option(
-            help="Times each batch/concurrency level runs (servers interleaved); each server's "
-            "rates and percentiles are the median of its rounds."
-        ),
-    ] = 1,
 ) -> None:
     """The same model and sweep against the local Triton, PyTriton + ONNX Runtime, FastAPI + ONNX Runtime."""
     _check_protocols([protocol])
-    options = _options(
-        batch_size, concurrency, duration, warmup, processes, max_rows_in_flight,
-        data, baseline, baseline_seconds, baseline_repeats,
-    )  # fmt: skip
     _, paths = compare_run(
         repository=repository,
         model=model,
         protocol=protocol,
-        options=options,
-        out=out,
-        title=title or f"Peer comparison: {model}, local Triton vs {', '.join(peer or PEERS)}",
+        options=settings.run,
+        out=settings.out,
+        title=settings.title or f"Peer comparison: {model}, local Triton vs {', '.join(peer or PEERS)}",
         command=command_line("loadtest"),
         peers=peer or PEERS,
-        raw=raw,
-        rounds=rounds,
+        raw=settings.raw,
     )
     print(f"report: {paths['markdown']}")
 
@@ -209,14 +210,11 @@ def compare(
 def baseline_command(
     model_file: Annotated[Path, typer.Option(help="The model.onnx to time.")],
     batch_size: BatchSizes = "1,64,1024",
-    repeats: Annotated[int, typer.Option(help="Timed repeats per batch size (median reported).")] = 5,
-    seconds: Annotated[float, typer.Option(help="Seconds per repeat.")] = 1.0,
-    threads: Annotated[
-        int | None,
-        typer.Option(help="Intra-op threads (default: the model's config.pbtxt, else ORT's default)."),
-    ] = None,
+    repeats: TimedRepeats = 5,
+    seconds: RepeatSeconds = 1.0,
+    threads: InProcessThreads = None,
     data: Data = None,
-    out: Annotated[Path | None, typer.Option(help="Also write the results as JSON here.")] = None,
+    out: JsonOut = None,
 ) -> None:
     """In-process ONNX Runtime throughput and latency of a model file, per batch size."""
     from loadtest.engine.baseline import BaselineConfig, run_baseline
@@ -260,20 +258,17 @@ def roofline(
     url: Annotated[
         str | None, typer.Option(help="HOST:PORT of the server (gRPC or HTTP, see --protocol).")
     ] = None,
-    protocol: Annotated[str, typer.Option(help="grpc or http.")] = "grpc",
-    batch_size: Annotated[int, typer.Option(help="Rows per call.")] = 1024,
+    protocol: Protocol = "grpc",
+    batch_size: RowsPerCall = 1024,
     concurrency: Concurrency = "1,2,4",
-    seconds: Annotated[float, typer.Option(help="Seconds per timed repeat.")] = 3.0,
-    repeats: Annotated[int, typer.Option(help="Timed repeats (medians reported).")] = 5,
-    threads: Annotated[
-        int | None,
-        typer.Option(help="In-process intra-op threads (default: the model's config.pbtxt, else ORT's)."),
-    ] = None,
+    seconds: RepeatSeconds = 3.0,
+    repeats: TimedRepeats = 5,
+    threads: InProcessThreads = None,
     gemm_size: Annotated[
         int, typer.Option(help="N of the N x N x N sgemm that measures the ceiling.")
     ] = 4096,
     data: Data = None,
-    out: Annotated[Path | None, typer.Option(help="Also write the results as JSON here.")] = None,
+    out: JsonOut = None,
 ) -> None:
     """FP32 sgemm ceiling, the model's FLOPs per sample, and its in-process (and served)
     samples/s as fractions of the ceiling, measured in one run."""
@@ -299,6 +294,42 @@ def roofline(
         print(line)
     if out is not None:
         _write_results(out, result)
+
+
+perf_analyzer_app = new_app("perf_analyzer, Triton's own load tool, the reference of every load test here.")
+app.add_typer(perf_analyzer_app, name="perf-analyzer")
+
+
+@perf_analyzer_app.command("install")
+def perf_analyzer_install(
+    optional: Annotated[
+        bool,
+        typer.Option(
+            "--optional",
+            help="Where it cannot be had (no network, another platform), say why in one line and exit 0.",
+        ),
+    ] = False,
+) -> None:
+    """Download the pinned perf_analyzer and its libraries (requirements-perf-analyzer.txt) into the venv."""
+    from bundle.errors import BundleError
+    from loadtest.sweeps.perf_analyzer_install import install
+
+    try:
+        wrapper = install(progress=lambda line: print(f"perf_analyzer: {line}"))
+    except BundleError as exc:
+        if not optional:
+            raise
+        print(f"perf_analyzer not installed: {exc}; the tests that drive it will skip")
+        return
+    print(f"perf_analyzer: {wrapper}")
+
+
+@perf_analyzer_app.command("where")
+def perf_analyzer_where() -> None:
+    """The perf_analyzer the load tests use, or why there is none (exit 1)."""
+    from loadtest.sweeps.perf_analyzer_install import require
+
+    print(require())
 
 
 app.command()(commands.soak)

@@ -24,13 +24,18 @@ import typer
 
 from bundle.errors import ConfigError
 from bundle.records import command_line
+from loadtest.options import (
+    Concurrency,
+    CpuOut,
+    Data,
+    Protocol,
+    Repository,
+    Rounds,
+    RowsPerCall,
+    Seconds,
+    Warmup,
+)
 from loadtest.sweeps.sweep import parse_ints
-
-Repository = Annotated[Path, typer.Option(help="Exported cpu-profile model repository.")]
-CpuOut = Annotated[Path, typer.Option(help="Folder for the result files.")]
-Data = Annotated[Path | None, typer.Option(help="Criteo TSV for the request rows (default: synthetic).")]
-Rounds = Annotated[int, typer.Option(help="Turns over the variants or candidates (medians reported).")]
-Seconds = Annotated[float, typer.Option(help="Seconds per measured window.")]
 
 
 def soak(
@@ -141,7 +146,7 @@ def precision(
     out: CpuOut = Path("reports/cpu"),
     data: Data = None,
     batch_size: Annotated[int, typer.Option(help="Rows per request.")] = 1024,
-    concurrency: Annotated[str, typer.Option(help="Requests in flight, comma-separated.")] = "1,2,4",
+    concurrency: Concurrency = "1,2,4",
     rounds: Rounds = 5,
     seconds: Seconds = 2.0,
 ) -> None:
@@ -183,7 +188,7 @@ def gpu(
         str,
         typer.Option(help="Where request tensors travel: system (POSIX shared memory) or none (in gRPC)."),
     ] = "system",
-    protocol: Annotated[str, typer.Option(help="grpc or http.")] = "grpc",
+    protocol: Protocol = "grpc",
     processes: Annotated[int, typer.Option(help="Client processes per step, at most.")] = 8,
     seconds: Seconds = 2.0,
     repeats: Annotated[int, typer.Option(help="Windows per step (the median is reported).")] = 3,
@@ -217,7 +222,7 @@ def kernels(
     model: Annotated[list[str], typer.Option(help="Model to profile (repeatable).")],
     out: CpuOut = Path("reports/gpu"),
     data: Data = None,
-    batch_size: Annotated[int, typer.Option(help="Rows per call.")] = 8192,
+    batch_size: RowsPerCall = 8192,
     calls: Annotated[int, typer.Option(help="Profiled calls per model.")] = 10,
 ) -> None:
     """Each CUDA kernel's GPU time in one call of each model (CUPTI through torch.profiler)."""
@@ -299,7 +304,7 @@ def tune(
         str, typer.Option(help="Preferred batch size sets, ';'-separated, 'none' for none: e.g. 'none;2048'.")
     ] = "none",
     window: Annotated[float, typer.Option(help="Seconds per measurement window.")] = 0.5,
-    warmup: Annotated[float, typer.Option(help="Seconds of warm-up per step.")] = 0.5,
+    warmup: Warmup = 0.5,
     min_windows: Annotated[int, typer.Option(help="Windows before a step may stop early.")] = 3,
     max_windows: Annotated[
         int, typer.Option(help="Windows of an undecided step (every step of --brute-force).")

@@ -41,7 +41,7 @@ synth=(--vocabulary "$SIZES" --max-vocabulary 4000000 --exponent 1.05)
 rm -rf "$WORK/repo"
 /usr/bin/time -v -o "$OUT/export_time.txt" \
   python -m export dlrm --checkpoint "$WORK/dlrm" --repository "$WORK/repo" --stream-tables \
-    --embeddings hierarchical --hot-budget "$HOT_BUDGET" --store-dtype "$STORE_DTYPE" \
+    --embeddings hot-cold --hot-budget "$HOT_BUDGET" --store-dtype "$STORE_DTYPE" \
     --profile-data "$WORK/train.tsv" --check-data "$WORK/heldout.tsv" --check-rows 4096 \
     --calibration-data "$WORK/train.tsv" 2>&1 | tee "$OUT/export.log"
 cp "$WORK/repo/dlrm_onnx/export_report.json" "$OUT/export_report.json"

@@ -26,6 +26,7 @@ import onnx
 from onnx import numpy_helper
 
 from bundle.errors import ExportError
+from bundle.onnx_session import FATAL_ONLY
 from bundle.schema import CATEGORICAL_INPUT, DENSE_INPUT, NUM_CATEGORICAL, NUM_DENSE, OUTPUT
 from criteo.schema import CATEGORICAL_COLUMNS
 from criteo.tables import check_table_sizes
@@ -94,12 +95,11 @@ def probe(path: Path) -> str | None:
 
     from export.graphs.parity import onnx_session
 
-    options = ort.SessionOptions()
-    options.log_severity_level = 4  # the out-of-bounds Gather expected here is not worth a red log line
-    session = onnx_session(path, options)
+    # The out-of-bounds Gather expected here is not worth a red log line.
+    session = onnx_session(path, quiet=True)
     try:
         quiet = ort.RunOptions()
-        quiet.log_severity_level = 4
+        quiet.log_severity_level = FATAL_ONLY
         (output,) = session.run([OUTPUT], probe_rows(), quiet)
     except Exception as exc:  # an out-of-bounds Gather raises onnxruntime's own Fail/InvalidArgument
         return str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__

@@ -8,7 +8,8 @@ from typing import Any
 
 import numpy as np
 
-from bundle.errors import ExportError
+from bundle.errors import ConfigError, ExportError
+from bundle.onnx_session import inference_session
 from bundle.schema import CATEGORICAL_INPUT, DENSE_INPUT, NUM_CATEGORICAL, NUM_DENSE, OUTPUT
 from criteo.metrics import roc_auc
 from criteo.synth import SynthConfig, generate_lines
@@ -71,22 +72,17 @@ def batch_arrays(batch: Batch) -> tuple[np.ndarray, np.ndarray]:
     return dense, ids
 
 
-def onnx_session(path: Path, options: Any = None) -> Any:
+def onnx_session(path: Path, quiet: bool = False) -> Any:
     """An ONNX Runtime (CPU) session of the graph at ``path``, as the export's checks run it.
 
     Args:
         path: the ``.onnx`` file (external data beside it is found).
-        options: ``onnxruntime.SessionOptions`` (None: the defaults).
+        quiet: log fatal errors only (for a graph expected to fail on purpose).
 
     Raises:
         ExportError: ONNX Runtime cannot load it.
     """
-    import onnxruntime as ort
-
-    try:
-        return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
-    except Exception as exc:  # onnxruntime raises its own untyped errors
-        raise ExportError(f"ONNX Runtime cannot load {path}: {exc}") from exc
+    return inference_session(path, quiet=quiet, error=ExportError)
 
 
 def onnx_cuda_session(path: Path) -> tuple[Any, str]:
@@ -99,22 +95,10 @@ def onnx_cuda_session(path: Path) -> tuple[Any, str]:
     Raises:
         ExportError: ONNX Runtime cannot load the graph at all.
     """
-    import onnxruntime as ort
-
-    available = ort.get_available_providers()
-    if "CUDAExecutionProvider" not in available:
-        return None, (
-            f"onnxruntime {ort.__version__} has no CUDAExecutionProvider "
-            f"(providers: {', '.join(available)}); onnxruntime-gpu brings it"
-        )
     try:
-        session = ort.InferenceSession(str(path), providers=["CUDAExecutionProvider", "CPUExecutionProvider"])
-    except Exception as exc:  # onnxruntime raises its own untyped errors
-        raise ExportError(f"ONNX Runtime cannot load {path} with its CUDA provider: {exc}") from exc
-    if session.get_providers()[0] != "CUDAExecutionProvider":
-        # ONNX Runtime falls back to the CPU, with a log line, when CUDA does not start.
-        return None, "onnxruntime's CUDAExecutionProvider did not start (no usable GPU or CUDA libraries)"
-    return session, ""
+        return inference_session(path, device="gpu", error=ExportError), ""
+    except ConfigError as exc:  # no CUDA here: the check is skipped, with the reason
+        return None, str(exc)
 
 
 def run_session(session: Any, batch: Batch, chunk: int = 4096) -> np.ndarray:

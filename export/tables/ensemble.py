@@ -1,4 +1,4 @@
-"""Hierarchical (hot/cold) models in the repository: an embedding stage and a dense model as one ensemble.
+"""Hot/cold models in the repository: an embedding stage and a dense model as one ensemble.
 
 A model whose embedding tables are larger than memory keeps its family's name,
 ``<family>_onnx``, as a Triton ensemble of two steps:
@@ -62,7 +62,7 @@ from bundle.schema import (
     TensorSpec,
 )
 from export.graphs.onnx_io import save_model
-from export.tables.hierarchical import lookup_graph
+from export.tables.hot_cold_graph import lookup_graph
 from export.tables.hot_rows import HotSet
 from export.tables.row_store import RowStore
 from server.stages.embedding import SOURCE_DIR, SOURCE_FILES
@@ -89,7 +89,7 @@ VARIANTS: tuple[str, ...] = tuple(precision for precision in PRECISIONS if preci
 #: The hot set's file in the stage's version folder.
 HOT_SET_FILE = "hot_set.npz"
 #: The dense model's graph with its tables' values dropped, in its model folder
-#: (:func:`export.tables.hierarchical.lookup_graph`): a new hot set's dense model is built from it.
+#: (:func:`export.tables.hot_cold_graph.lookup_graph`): a new hot set's dense model is built from it.
 LOOKUP_GRAPH_FILE = "lookup_graph.onnx"
 PYTHON_BACKEND = "python"
 ENSEMBLE_PLATFORM = "ensemble"
@@ -235,7 +235,7 @@ def build_dense_config(name: str, width: int, serving: ServingConfig) -> mc.Mode
     _check_width(width)
     if serving.ort_trt:
         raise ConfigError(
-            f"{name}: the ONNX Runtime TensorRT accelerator is not supported for a hierarchical "
+            f"{name}: the ONNX Runtime TensorRT accelerator is not supported for a hot/cold "
             "model's dense part"
         )
     config = mc.ModelConfig(name=name, backend=ONNX_BACKEND, max_batch_size=0)
@@ -442,7 +442,7 @@ def write_lookup_graph(graph: Path | str, repository: Path, family: str) -> Path
     return path
 
 
-def add_hierarchical_models(
+def add_hot_cold_models(
     repository: Path,
     family: str,
     store_dir: Path,
@@ -452,7 +452,7 @@ def add_hierarchical_models(
     store_path: str | None = None,
     stage_instances: int = 1,
 ) -> list[Path]:
-    """Write the three entries of a hierarchical model whose dense ONNX file is already written.
+    """Write the three entries of a hot/cold model whose dense ONNX file is already written.
 
     Args:
         repository: the model repository root.

@@ -1,6 +1,6 @@
 """FP16 and INT8 variants of a hot/cold model: their own dense model and ensemble over the one stage.
 
-A hierarchical export (:mod:`export.tables.placement`) serves ``<family>_onnx`` as the
+A hot/cold export (:mod:`export.tables.placement`) serves ``<family>_onnx`` as the
 ensemble of ``<family>_embedding`` and ``<family>_dense`` (FP32). Each variant is
 made from that FP32 dense model the way the in-graph variants are made from the
 in-graph graph, and served under the in-graph variant's usual name, so clients and
@@ -13,7 +13,7 @@ load tests pick a precision by model name as before:
 - ``<family>_onnx_int8``: ``<family>_embedding`` -> ``<family>_dense_int8``, the MLP
   layers quantized (:func:`export.graphs.quantize.quantize_int8`); the hot rows and the lookups
   stay FP32. The static method calibrates on the check pipeline's own feeds: the
-  calibration rows run through the stage in-process (:func:`hierarchical_feeds`).
+  calibration rows run through the stage in-process (:func:`hot_cold_feeds`).
 
 The stage is shared: its hot slots index the hot table of every dense model built
 from the same hot set, so each ensemble names the same version of the stage as of its
@@ -54,9 +54,9 @@ from export.tables.ensemble import (
     write_dense_config,
     write_ensemble,
 )
-from export.tables.hierarchical import PREFIX
+from export.tables.hot_cold_graph import PREFIX
 from export.tables.hot_rows import HotSet
-from export.tables.placement import CHECK_CHUNK, hierarchical_feeds, run_hierarchical
+from export.tables.placement import CHECK_CHUNK, hot_cold_feeds, run_hot_cold
 from export.tables.row_store import RowStore
 
 log = logging.getLogger(__name__)
@@ -180,7 +180,7 @@ def build_dense_variant(
         recipe.quantize,
         calibration,
         calibration_source,
-        feeds=lambda part: hierarchical_feeds(part, hot, store),
+        feeds=lambda part: hot_cold_feeds(part, hot, store),
     )
     return {
         "quantization": graph.settings,
@@ -252,8 +252,8 @@ def check_variant(
     if rows.labels is None:
         raise ExportError(f"{what}: the {recipe.label} check needs labeled rows")
     parity = compare(
-        run_hierarchical(candidate, hot, store, rows, CHECK_CHUNK),
-        run_hierarchical(reference, reference_hot, store, rows, CHECK_CHUNK),
+        run_hot_cold(candidate, hot, store, rows, CHECK_CHUNK),
+        run_hot_cold(reference, reference_hot, store, rows, CHECK_CHUNK),
         rows.labels,
     )
     delta = parity.auc_delta if parity.auc_delta is not None else float("nan")
@@ -269,7 +269,7 @@ def keep_quantization(path: Path, serving: Path) -> int:
     """Give the INT8 dense model at ``path`` the quantization parameters of ``serving``, in place.
 
     A new hot set changes only the hot-row lookup (the nodes and initializers under
-    :data:`export.tables.hierarchical.PREFIX`); the MLP layers and their inputs are the same, so
+    :data:`export.tables.hot_cold_graph.PREFIX`); the MLP layers and their inputs are the same, so
     the serving version's activation scales, zero points and quantized biases still fit,
     and with them a row gets the same answer from both versions (a new calibration would
     move it by up to the INT8 error). Only initializers of the same name, type and shape
@@ -315,7 +315,7 @@ def export_variant(
     calibration_source: str = "",
     report: dict[str, Any] | None = None,
 ) -> WrittenVariant:
-    """Write version 1 of a variant from the FP32 dense model the hierarchical export wrote, gate it,
+    """Write version 1 of a variant from the FP32 dense model the hot/cold export wrote, gate it,
     and write its dense config, ensemble and report.
 
     Args:
@@ -347,7 +347,7 @@ def export_variant(
         seconds = time.perf_counter() - start
         fields = {
             "model": name,
-            "placement": "hierarchical",
+            "placement": "hot-cold",
             "models": {"embedding_stage": stage, "dense": dense},
             "checked_against": f"{ensemble_model_name(family)} (the FP32 dense model, same stage)",
             "parity": asdict(parity),

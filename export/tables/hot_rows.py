@@ -1,6 +1,6 @@
 """Which embedding rows stay in the served graph: the hot set under a byte budget.
 
-The hierarchical placement keeps the most looked-up rows of all tables in the
+A hot/cold model keeps the most looked-up rows of all tables in the
 served graph and fetches the rest from a memory-mapped row store. Which rows are
 hot comes from a measured :class:`criteo.profile.AccessProfile`:
 :func:`choose_hot_rows` takes rows greedily across all tables by profiled lookups

@@ -1,11 +1,11 @@
-"""Where a model's embedding tables live when it is served: in the graph, or hot/cold (hierarchical).
+"""Where a model's embedding tables live when it is served: in the graph, or hot/cold.
 
 By default every table stays inside the exported ONNX graph (``in-graph``). With
 a hot budget, a model whose tables take more bytes than the budget is served as
-a Triton ensemble under its family's usual name instead (``hierarchical``, see
+a Triton ensemble under its family's usual name instead (``hot-cold``, see
 :mod:`export.tables.ensemble`): the dense model keeps the most looked-up rows inside
 the graph, as many as fit the budget, and an embedding stage reads every other
-row from a memory-mapped row store. ``auto`` picks hierarchical exactly when the
+row from a memory-mapped row store. ``auto`` picks hot/cold exactly when the
 tables exceed the budget, and says so.
 
 After the all-in-graph FP32 graph is written and checked against its framework
@@ -17,7 +17,7 @@ After the all-in-graph FP32 graph is written and checked against its framework
    the version folders: every version of the stage reads it), the hot set, the dense model
    (``<family>_dense/1/model.onnx``) and its lookup graph (:func:`export.tables.ensemble.write_lookup_graph`,
    from which a new hot set builds the next version);
-3. checks the two stages in-process (:func:`export.tables.hierarchical.stage_reference`,
+3. checks the two stages in-process (:func:`export.tables.hot_cold_graph.stage_reference`,
    then ONNX Runtime on the dense model) against the all-in-graph graph on the check
    rows and on ids at the int64 limits: within :data:`FP32_STORE_TOLERANCE` for an
    FP32 store, within the FP16 AUC tolerance for an FP16 store;
@@ -25,7 +25,7 @@ After the all-in-graph FP32 graph is written and checked against its framework
    ``<family>_onnx`` replaces the all-in-graph model and its ``export_report.json``
    records the placement.
 
-A failure leaves none of the family's hierarchical entries (nor the all-in-graph
+A failure leaves none of the family's hot/cold entries (nor the all-in-graph
 model they would have replaced) in the repository.
 """
 
@@ -64,21 +64,21 @@ from export.tables.ensemble import (
     ENSEMBLE_PLATFORM,
     HOT_SET_FILE,
     VARIANTS,
-    add_hierarchical_models,
+    add_hot_cold_models,
     dense_model_name,
     embedding_model_name,
     ensemble_model_name,
     variant_models,
     write_lookup_graph,
 )
-from export.tables.hierarchical import split_lookups, stage_reference, write_store, write_table_store
+from export.tables.hot_cold_graph import split_lookups, stage_reference, write_store, write_table_store
 from export.tables.hot_rows import HotSet, choose_hot_rows
 from export.tables.lookups import check_sizes, find_lookups, store_spec
 from export.tables.row_store import RowStore, RowStoreSpec, format_bytes
 
 log = logging.getLogger(__name__)
 
-#: Max |hierarchical - all-in-graph| per probability with an FP32 store: the same
+#: Max |hot/cold - all-in-graph| per probability with an FP32 store: the same
 #: values reach the same layers, only gathered another way.
 FP32_STORE_TOLERANCE = 1e-6
 #: The row store's folder inside the embedding stage's model folder (shared by its versions).
@@ -92,12 +92,12 @@ class Decision:
     """Whether the tables are split, and why (one line for the log and the report).
 
     Attributes:
-        hierarchical: split hot/cold (else kept in the graph).
+        hot_cold: split hot/cold (else kept in the graph).
         reason: why, in words.
         table_bytes: bytes of every table row in FP32 (None: not measured).
     """
 
-    hierarchical: bool
+    hot_cold: bool
     reason: str
     table_bytes: int | None = None
 
@@ -116,12 +116,10 @@ def decide(options: PlacementOptions, table_bytes: int | None) -> Decision:
         raise ConfigError("the placement needs the tables' bytes")
     sizes = f"the embedding tables take {format_bytes(table_bytes)} ({table_bytes} bytes)"
     limit = f"the hot budget of {format_bytes(budget)} ({budget} bytes)"
-    if options.mode == "hierarchical":
-        return Decision(
-            True, f"--embeddings hierarchical: {sizes}, {limit} keeps the hottest rows", table_bytes
-        )
+    if options.mode == "hot-cold":
+        return Decision(True, f"--embeddings hot-cold: {sizes}, {limit} keeps the hottest rows", table_bytes)
     if table_bytes > budget:
-        return Decision(True, f"{sizes}, more than {limit}: hot/cold placement", table_bytes)
+        return Decision(True, f"{sizes}, more than {limit}: split hot/cold", table_bytes)
     return Decision(False, f"{sizes}, within {limit}: every table stays in the graph", table_bytes)
 
 
@@ -147,7 +145,7 @@ class PlacedModel:
     summary: str
 
 
-def run_hierarchical(
+def run_hot_cold(
     dense_path: Path, hot: HotSet, store: RowStore, batch: Batch, chunk: int = CHECK_CHUNK
 ) -> np.ndarray:
     """Probabilities of the two stages in-process: :func:`stage_reference`, then the dense model (ORT CPU).
@@ -158,12 +156,12 @@ def run_hierarchical(
     session = onnx_session(dense_path)
     outputs = []
     for start in range(0, len(batch), chunk):
-        feeds = hierarchical_feeds(batch.slice(start, start + chunk), hot, store)
+        feeds = hot_cold_feeds(batch.slice(start, start + chunk), hot, store)
         outputs.append(session.run([OUTPUT], feeds)[0])
     return np.concatenate(outputs)
 
 
-def hierarchical_feeds(batch: Batch, hot: HotSet, store: RowStore) -> dict[str, np.ndarray]:
+def hot_cold_feeds(batch: Batch, hot: HotSet, store: RowStore) -> dict[str, np.ndarray]:
     """The dense model's inputs for ``batch``: its dense features and the stage's answer (in-process)."""
     slots, positions, rows = stage_reference(batch.categorical, hot, hot.table_sizes, store)
     return {DENSE_INPUT: batch.dense, HOT_SLOTS: slots, COLD_POSITIONS: positions, COLD_ROWS: rows}
@@ -191,8 +189,8 @@ def _check(
             AUC moved more than ``auc_tolerance``.
     """
     extreme = extreme_id_rows(rows)
-    check = compare(run_hierarchical(dense_path, hot, store, rows), reference(rows), rows.labels)
-    out_of_range = compare(run_hierarchical(dense_path, hot, store, extreme), reference(extreme), None)
+    check = compare(run_hot_cold(dense_path, hot, store, rows), reference(rows), rows.labels)
+    out_of_range = compare(run_hot_cold(dense_path, hot, store, extreme), reference(extreme), None)
     worst = max(check.max_abs_diff, out_of_range.max_abs_diff)
     parity = ParityResult(check.rows + out_of_range.rows, worst, check.auc, check.auc_delta)
     dtype = store.spec.dtype
@@ -219,8 +217,8 @@ def _check(
     return parity, extra
 
 
-def hierarchical_entries(family: str) -> tuple[str, ...]:
-    """The repository entries of a family's hierarchical model: stage, dense model, ensemble."""
+def hot_cold_entries(family: str) -> tuple[str, ...]:
+    """The repository entries of a family's hot/cold model: stage, dense model, ensemble."""
     return embedding_model_name(family), dense_model_name(family), ensemble_model_name(family)
 
 
@@ -232,7 +230,7 @@ def variant_entries(family: str) -> tuple[str, ...]:
 def clear_split(repository: Path, family: str) -> None:
     """Remove the stage and dense models of an earlier hot/cold export, and its variants' ensembles
     (an in-graph variant of that name stays): the family is served in-graph now."""
-    for name in (*hierarchical_entries(family)[:2], *variant_entries(family)):
+    for name in (*hot_cold_entries(family)[:2], *variant_entries(family)):
         config = repository / name / CONFIG_NAME
         if name.startswith(ensemble_model_name(family)) and config.is_file():
             try:
@@ -244,7 +242,7 @@ def clear_split(repository: Path, family: str) -> None:
 
 
 def clear_variants(repository: Path, family: str) -> None:
-    """Remove the family's FP16, INT8, TensorRT and TorchScript models before a hierarchical export.
+    """Remove the family's FP16, INT8, TensorRT and TorchScript models before a hot/cold export.
 
     They would be models of an earlier export, out of step with the new ensemble: the
     FP16 and INT8 variants are written again from the new dense model
@@ -293,9 +291,9 @@ def place_streamed(exporter: FrameworkExporter, rows: Batch, options: ExportOpti
     1. the exporter's layers with placeholder tables (:data:`export.framework.SMALL_ROWS`
        rows at most) as an ONNX graph, whose lookups give the row store's layout;
     2. the row store written from the checkpoint's own tables, a chunk at a time
-       (:func:`export.tables.hierarchical.write_table_store`; the tables stay memory-mapped);
+       (:func:`export.tables.hot_cold_graph.write_table_store`; the tables stay memory-mapped);
     3. the hot rows chosen from the profile, read from the store into the dense model
-       (:func:`export.tables.hierarchical.split_lookups` with ``rows=``);
+       (:func:`export.tables.hot_cold_graph.split_lookups` with ``rows=``);
     4. the two stages in-process checked against the framework's own model (which reads
        only the rows the check looks up) on the check rows and the out-of-range ids:
        within ``options.fp32_tolerance`` for an FP32 store, the FP16 AUC gate for FP16.
@@ -322,7 +320,7 @@ def place_streamed(exporter: FrameworkExporter, rows: Batch, options: ExportOpti
     if placed is None:
         raise ConfigError(
             f"--stream-tables: the tables of {exporter.family} fit the hot budget, so they stay in the "
-            "graph: drop --stream-tables, or give --embeddings hierarchical"
+            "graph: drop --stream-tables, or give --embeddings hot-cold"
         )
     return placed
 
@@ -355,12 +353,12 @@ def _place(
             if tables.streamed is None:  # in the graph from now on (a streamed export refuses instead)
                 clear_split(options.repository, family)
             return None
-        placed = _write_hierarchical(exporter, tables, rows, options, plan)
+        placed = _write_hot_cold(exporter, tables, rows, options, plan)
         seconds = time.perf_counter() - start
         placed.report["seconds"] = round(seconds, 3)
         write_report(options.repository, placed.name, placed.report)
     except BaseException:  # the all-in-graph model was to be replaced: it goes too
-        for name in (*hierarchical_entries(family), *variant_entries(family)):
+        for name in (*hot_cold_entries(family), *variant_entries(family)):
             clear_model(options.repository, name)
         raise
     clear_variants(options.repository, family)
@@ -369,7 +367,7 @@ def _place(
 
 @dataclass(frozen=True)
 class _Plan:
-    """A hot/cold placement decided: why, the store's rows (FP32), and the file to profile with its option."""
+    """A hot/cold split decided: why, the store's rows (FP32), and the file to profile with its option."""
 
     decision: Decision
     spec: RowStoreSpec
@@ -383,7 +381,7 @@ def _plan(exporter: FrameworkExporter, tables: _Tables, options: ExportOptions) 
     sizes = exporter.table_sizes
     if sizes is None:
         raise ConfigError(
-            f"hot/cold placement of {family} needs the rows of each table: give --table-sizes "
+            f"a hot/cold {family} model needs the rows of each table: give --table-sizes "
             "(the model reduces ids its own way, so the export could not read them from the graph)"
         )
     lookups = find_lookups(onnx.load(str(tables.graph), load_external_data=False))
@@ -391,7 +389,7 @@ def _plan(exporter: FrameworkExporter, tables: _Tables, options: ExportOptions) 
     spec = store_spec(lookups, check_table_sizes(sizes) if tables.streamed else check_sizes(lookups, sizes))
     decision = decide(placement, spec.total_bytes)
     log.info("%s: %s", family, decision.reason)
-    if not decision.hierarchical:
+    if not decision.hot_cold:
         return None
     if options.serving.ort_trt:
         raise ConfigError(
@@ -404,7 +402,7 @@ def _plan(exporter: FrameworkExporter, tables: _Tables, options: ExportOptions) 
     return _Plan(decision, spec, source)
 
 
-def _write_hierarchical(
+def _write_hot_cold(
     exporter: FrameworkExporter, tables: _Tables, rows: Batch, options: ExportOptions, plan: _Plan
 ) -> PlacedModel:
     """Profile; choose the hot rows; write the store, hot set and dense model; check them; write configs."""
@@ -412,7 +410,7 @@ def _write_hierarchical(
     repository, family = options.repository, exporter.family
     sizes, row_bytes = plan.spec.table_sizes, plan.spec.row_bytes
     budget = placement.hot_budget if placement.hot_budget is not None else 0
-    stage_name, dense_name, name = hierarchical_entries(family)
+    stage_name, dense_name, name = hot_cold_entries(family)
     clear_model(repository, stage_name)
     clear_model(repository, dense_name)
 
@@ -464,13 +462,13 @@ def _write_hierarchical(
         options.fp16_auc_tolerance,
     )
     measured = hot.hit_rate(rows)
-    config = add_hierarchical_models(
+    config = add_hot_cold_models(
         repository, family, store_dir, hot_path, options.serving, stage_instances=placement.stage_instances
     )[-1]
     store_bytes = store.spec.total_bytes
     report: dict[str, Any] = {
         "model": name,
-        "placement": "hierarchical",
+        "placement": "hot-cold",
         "placement_reason": decision.reason,
         "models": {"embedding_stage": stage_name, "dense": dense_name},
         "checked_against": checked_against,
@@ -509,7 +507,7 @@ def _write_hierarchical(
             "the row store written from the checkpoint's tables; no all-in-graph graph"
         )
     summary = (
-        f"{name}: hot/cold placement: {hot.rows} of {sum(sizes)} rows hot "
+        f"{name}: hot/cold: {hot.rows} of {sum(sizes)} rows hot "
         f"({format_bytes(hot.bytes_used)} of the {format_bytes(budget)} budget; "
         f"tables {format_bytes(decision.table_bytes or 0)}); "
         f"hit rate expected {100 * hot.expected_hit_rate:.1f}% "

@@ -1,4 +1,4 @@
-"""A new hot set for a hierarchical model, rolled out as new model versions with no failed request.
+"""A new hot set for a hot/cold model, rolled out as new model versions with no failed request.
 
 Skew drifts: the rows that take most lookups this week are not last month's. A
 fresh profile chooses a new hot set (:func:`export.tables.hot_rows.choose_hot_rows`);
@@ -14,7 +14,7 @@ server in explicit model-control mode the rollout goes:
 
 1. write ``<family>_embedding/N`` (the stage's files and the new hot set) and
    ``<family>_dense/N/model.onnx`` (built from the model's lookup graph and the row
-   store, :func:`export.tables.hierarchical.split_lookups`) and load both models: version
+   store, :func:`export.tables.hot_cold_graph.split_lookups`) and load both models: version
    ``N`` loads beside the serving one (their configs keep the latest two versions), and
    the ensemble still runs the old pair;
 2. the ensemble's config names version ``N`` of both steps and the ensemble is loaded:
@@ -67,6 +67,7 @@ from criteo.profile import AccessProfile
 from criteo.tsv import Batch, read_batch
 from export.graphs.onnx_io import save_model
 from export.graphs.parity import ParityResult, compare, extreme_id_rows
+from export.options import current_placement
 from export.tables.ensemble import (
     ENSEMBLE_PLATFORM,
     ENSEMBLE_SUFFIX,
@@ -81,7 +82,7 @@ from export.tables.ensemble import (
     stage_store_path,
     variant_models,
 )
-from export.tables.hierarchical import split_lookups
+from export.tables.hot_cold_graph import split_lookups
 from export.tables.hot_cold_variants import (
     LABELS,
     VariantRecipe,
@@ -90,7 +91,7 @@ from export.tables.hot_cold_variants import (
     keep_quantization,
 )
 from export.tables.hot_rows import HotSet, choose_hot_rows
-from export.tables.placement import FP32_STORE_TOLERANCE, run_hierarchical
+from export.tables.placement import FP32_STORE_TOLERANCE, run_hot_cold
 from export.tables.row_store import RowStore, format_bytes
 from server.stages.embedding import SOURCE_DIR, SOURCE_FILES
 
@@ -110,7 +111,7 @@ class RolloutOptions:
     """What to roll out, and where (the options of ``python -m export rollout-hot-set``).
 
     Args:
-        repository: the model repository holding the hierarchical model.
+        repository: the model repository holding the hot/cold model.
         family: ``dlrm``, ``wide_deep``, ...: the served model is ``<family>_onnx``.
         hot_budget: bytes of hot rows (None: the serving version's budget, from its report).
         check_data: a labeled Criteo TSV whose first ``check_rows`` rows check the new pair
@@ -154,7 +155,7 @@ class RolloutOptions:
 
 @dataclass(frozen=True)
 class Serving:
-    """The hierarchical model as the repository serves it now.
+    """The hot/cold model as the repository serves it now.
 
     ``variants``: the FP16/INT8 variants served beside it (:mod:`export.tables.hot_cold_variants`), each
     with its recipe; they run the same stage version and roll out with it.
@@ -227,6 +228,16 @@ class RolloutResult:
         return line
 
 
+def _read_report(repository: Path, name: str) -> dict[str, Any]:
+    """The model's export report, its ``placement`` as this version names it: a report that an
+    earlier version wrote is written back with the current name (:func:`export.options.current_placement`)."""
+    report = read_report(repository, name)
+    placement = report.get("placement")
+    if isinstance(placement, str):
+        report["placement"] = current_placement(placement)
+    return report
+
+
 def _versions(model_dir: Path) -> list[int]:
     return sorted(int(p.name) for p in model_dir.iterdir() if p.is_dir() and p.name.isdigit())
 
@@ -235,7 +246,7 @@ def serving_state(repository: Path, family: str, row_store: Path | None = None) 
     """Read which version pair ``<family>_onnx`` serves, its hot set, store and report.
 
     Raises:
-        ConfigError: the model is not a hierarchical export (or one exported before its
+        ConfigError: the model is not a hot/cold export (or one exported before its
             lookup graph was kept), or its steps name two different versions.
         ExportError, DataError: a damaged row store or hot set.
     """
@@ -278,7 +289,7 @@ def serving_state(repository: Path, family: str, row_store: Path | None = None) 
     hot = HotSet.load(version_dir(repository, stage, version) / HOT_SET_FILE)
     variants = _serving_variants(repository, family, stage, version)
     return Serving(
-        name, stage, dense, version, store, Path(row_store), hot, read_report(repository, name), variants
+        name, stage, dense, version, store, Path(row_store), hot, _read_report(repository, name), variants
     )
 
 
@@ -306,7 +317,7 @@ def _serving_variants(repository: Path, family: str, stage: str, version: int) -
                 f"{dense} keeps fewer than {VERSIONS_LOADED} versions loaded: export {name} again"
             )
         where = str(repository / name / REPORT_FILE)
-        variants[precision] = VariantRecipe.from_report(read_report(repository, name), where)
+        variants[precision] = VariantRecipe.from_report(_read_report(repository, name), where)
     return variants
 
 
@@ -330,13 +341,13 @@ def _check(repository: Path, serving: Serving, dense_path: Path, hot: HotSet, ro
     store = serving.store
     extreme = extreme_id_rows(rows)
     check = compare(
-        run_hierarchical(dense_path, hot, store, rows),
-        run_hierarchical(serving_dense, serving.hot, store, rows),
+        run_hot_cold(dense_path, hot, store, rows),
+        run_hot_cold(serving_dense, serving.hot, store, rows),
         rows.labels,
     )
     out_of_range = compare(
-        run_hierarchical(dense_path, hot, store, extreme),
-        run_hierarchical(serving_dense, serving.hot, store, extreme),
+        run_hot_cold(dense_path, hot, store, extreme),
+        run_hot_cold(serving_dense, serving.hot, store, extreme),
         None,
     )
     worst = max(check.max_abs_diff, out_of_range.max_abs_diff)
@@ -499,7 +510,7 @@ def roll_out(
         What was rolled out; ``export_report.json`` of ``<family>_onnx`` records it too.
 
     Raises:
-        ConfigError: not a hierarchical model; no budget; a hot set identical to the serving
+        ConfigError: not a hot/cold model; no budget; a hot set identical to the serving
             one; a server that refuses a load (then the files are as before).
         ExportError: the new pair does not match the serving pair (nothing is left written).
     """
@@ -605,7 +616,7 @@ def _plan_reports(
     write.put(write_report(write.staged, serving.name, report), repository / serving.name / REPORT_FILE)
     for precision, parity in result.variants.items():
         name = variant_models(serving.family, precision)[0]
-        variant = read_report(repository, name)
+        variant = _read_report(repository, name)
         variant["version"] = result.new_version
         step = {**entry, "parity_vs_old": asdict(parity)}
         variant["rollouts"] = [*variant.get("rollouts", []), step]

@@ -1,8 +1,8 @@
 """A memory-mapped row store: every row of the 26 embedding tables in one file.
 
 A Criteo Terabyte DLRM has 187,767,399 embedding rows, 96 GB in FP32 at dimension
-128: more than the memory of the machine that serves it. The hierarchical
-placement keeps the hottest rows inside the served graph and reads every other
+128: more than the memory of the machine that serves it. A hot/cold
+model keeps the hottest rows inside the served graph and reads every other
 row from this store, which the serving side maps read-only and gathers from with
 numpy alone (this module imports nothing heavier, so a Triton python-backend
 model can import it).

@@ -18,7 +18,7 @@ from criteo.schema import CATEGORICAL_COLUMNS
 from criteo.tables import TABLE_SIZE_PRESETS, parse_table_sizes
 from export.tables.row_store import DTYPES, INITS, RowStore, RowStoreSpec, format_bytes, random_store
 
-app = new_app("Row stores: every embedding row in one memory-mapped file (hot/cold placement).")
+app = new_app("Row stores: every embedding row in one memory-mapped file (for hot/cold models).")
 
 StorePath = Annotated[Path, typer.Argument(help="The store's folder.")]
 

@@ -3,7 +3,7 @@
 A DLRM of the Criteo Terabyte preset (187,767,399 rows at ``D`` 128: 96 GB of
 FP32 tables, 48 GB in FP16) cannot exist here as a torch module or as one ONNX
 graph, so the usual way (export everything in-graph, then split it,
-:mod:`export.tables.placement`) cannot make it. :func:`make_random_hierarchical_dlrm`
+:mod:`export.tables.placement`) cannot make it. :func:`make_random_hot_cold_dlrm`
 takes the other way:
 
 1. the row store of the preset's real table sizes, written by
@@ -18,11 +18,11 @@ takes the other way:
    (:func:`export.tables.hot_rows.choose_hot_rows`; bytes of FP32 rows, as the dense model
    holds them);
 4. the dense model from the placeholder graph, its hot rows read from the store
-   (:func:`export.tables.hierarchical.split_lookups` with ``rows=``), and the stage and
-   ensemble configs (:func:`export.tables.ensemble.add_hierarchical_models`): ``dlrm_onnx``;
+   (:func:`export.tables.hot_cold_graph.split_lookups` with ``rows=``), and the stage and
+   ensemble configs (:func:`export.tables.ensemble.add_hot_cold_models`): ``dlrm_onnx``;
 5. an exactness check: the placeholder module's own layers (torch) on embeddings
    read from the store for the ids reduced into the real sizes, against the dense
-   ONNX model (ONNX Runtime) fed by :func:`export.tables.hierarchical.stage_reference`,
+   ONNX model (ONNX Runtime) fed by :func:`export.tables.hot_cold_graph.stage_reference`,
    on batches of hot, cold, mixed and out-of-range ids: within
    :data:`TOLERANCES` (1e-6 for an FP32 store; 1e-3 for FP16, whose values both
    sides read alike but which the benchmark does not need tighter).
@@ -71,13 +71,13 @@ from export.graphs.onnx_io import save_model
 from export.graphs.parity import onnx_session
 from export.tables.ensemble import (
     HOT_SET_FILE,
-    add_hierarchical_models,
+    add_hot_cold_models,
     dense_model_name,
     embedding_model_name,
     ensemble_model_name,
     write_lookup_graph,
 )
-from export.tables.hierarchical import split_lookups, stage_reference
+from export.tables.hot_cold_graph import split_lookups, stage_reference
 from export.tables.hot_rows import HotSet, choose_hot_rows
 from export.tables.placement import variant_entries
 from export.tables.row_store import (
@@ -96,7 +96,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-#: The family whose names the hierarchical model takes (``dlrm_onnx``, ``dlrm_embedding``, ``dlrm_dense``).
+#: The family whose names the hot/cold model takes (``dlrm_onnx``, ``dlrm_embedding``, ``dlrm_dense``).
 FAMILY = "dlrm"
 #: The same dense model with small in-graph tables: the baseline a benchmark serves beside ``dlrm_onnx``.
 SMALL_MODEL = "dlrm_small"
@@ -129,7 +129,7 @@ class CheckCase:
 
 @dataclass(frozen=True)
 class RandomDLRM:
-    """What :func:`make_random_hierarchical_dlrm` wrote.
+    """What :func:`make_random_hot_cold_dlrm` wrote.
 
     Attributes:
         repository: the model repository.
@@ -433,7 +433,7 @@ def _step(name: str, seconds: dict[str, float], memory: dict[str, dict[str, Any]
     memory[name] = peak.report()
 
 
-def make_random_hierarchical_dlrm(
+def make_random_hot_cold_dlrm(
     repository: Path,
     config: DLRMConfig,
     store_dir: Path,
@@ -541,7 +541,7 @@ def make_random_hierarchical_dlrm(
             del dense
             write_lookup_graph(small_path, repository, FAMILY)
             hot_path = hot.save(version_dir(repository, stage_name) / HOT_SET_FILE)
-            configs = add_hierarchical_models(
+            configs = add_hot_cold_models(
                 repository,
                 FAMILY,
                 store_dir,

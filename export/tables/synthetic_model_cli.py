@@ -28,7 +28,7 @@ from export.tables.synthetic_model import (
     DEFAULT_OPSET,
     SMALL_MODEL,
     existing_random_store,
-    make_random_hierarchical_dlrm,
+    make_random_hot_cold_dlrm,
     random_store_spec,
 )
 from models.config import PRESETS, DLRMConfig
@@ -142,7 +142,7 @@ def synthetic_hot_cold(
         console=_stderr(),
     ) as progress:
         task = progress.add_task(f"writing {format_bytes(spec.total_bytes)} of random rows", total=spec.rows)
-        result = make_random_hierarchical_dlrm(
+        result = make_random_hot_cold_dlrm(
             repository,
             config,
             store_dir,

@@ -40,6 +40,7 @@ from pathlib import Path
 from typing import Any
 
 from bundle.errors import ConfigError
+from bundle.onnx_session import inference_session
 from bundle.records import RunRecord
 from bundle.repository import CONFIG_NAME, MODEL_FILE, TORCHSCRIPT_FILE, read_config, read_report, version_dir
 from loadtest.engine.baseline import BaselineConfig, in_process_model, load_torchscript
@@ -232,16 +233,8 @@ def ort_profile(path: Path, device: str, batch: dict[str, Any], calls: int) -> d
     On the CUDA provider a node's time is host time (the kernel launch, not the kernel), so the
     run's total against the sum of its nodes shows how much waits on the device.
     """
-    import onnxruntime as ort
-
-    from loadtest.engine.session import PROVIDERS
-
     with tempfile.TemporaryDirectory() as scratch:
-        options = ort.SessionOptions()
-        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-        options.enable_profiling = True
-        options.profile_file_prefix = str(Path(scratch) / "profile")
-        session = ort.InferenceSession(str(path), sess_options=options, providers=PROVIDERS[device])
+        session = inference_session(path, device=device, profile_prefix=Path(scratch) / "profile")
         for _ in range(calls):
             session.run(None, batch)
         events = json.loads(Path(session.end_profiling()).read_text())
@@ -307,9 +300,9 @@ def device_resident_ms(path: Path, device: str, batch: dict[str, Any], calls: in
             found["cuda_graph_ms"] = _torch_graph_ms(module, resident, median_ms)
         return found
     from bundle.schema import OUTPUT
-    from loadtest.engine.session import device_binding, ort_session
+    from loadtest.engine.session import device_binding
 
-    session = ort_session(path, 0, device)
+    session = inference_session(path, device=device)
     binding = device_binding(session, batch, "cuda" if device == "gpu" else "cpu")
 
     def bound() -> None:
@@ -330,15 +323,10 @@ def _ort_graph_ms(path: Path, batch: dict[str, Any], median_ms: Any) -> float | 
     """Median ms of one replay of the model captured as a CUDA graph by ONNX Runtime
     (``enable_cuda_graph``; inputs and output bound on the device): the GPU's own time with no
     kernel launches from the host. The error's first line when the graph cannot be captured."""
-    import onnxruntime as ort
-
     from loadtest.engine.session import device_binding
 
     try:
-        options = ort.SessionOptions()
-        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-        providers = [("CUDAExecutionProvider", {"enable_cuda_graph": "1"}), "CPUExecutionProvider"]
-        session = ort.InferenceSession(str(path), sess_options=options, providers=providers)
+        session = inference_session(path, device="gpu", cuda_graph=True)
         binding = device_binding(session, batch)
 
         def replay() -> None:

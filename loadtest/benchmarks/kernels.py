@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from bundle.errors import ConfigError
+from bundle.onnx_session import inference_session
 from loadtest.engine.baseline import load_torchscript
 from loadtest.engine.payload import build_pool
 from loadtest.engine.session import device_binding
@@ -52,11 +53,7 @@ def _runner(path: Path, batch: dict[str, Any]) -> Any:
                 module(*inputs)
 
         return run_torch
-    import onnxruntime as ort
-
-    if "CUDAExecutionProvider" not in ort.get_available_providers():
-        raise ConfigError("loadtest kernels needs onnxruntime-gpu (its CUDA provider) for an ONNX model")
-    session = ort.InferenceSession(str(path), providers=["CUDAExecutionProvider"])
+    session = inference_session(path, device="gpu")
     binding = device_binding(session, batch)
     return lambda: session.run_with_iobinding(binding)
 

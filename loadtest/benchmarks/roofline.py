@@ -38,6 +38,7 @@ from typing import Any
 import numpy as np
 
 from bundle.errors import ConfigError, DataError
+from bundle.onnx_session import inference_session
 from bundle.records import RunRecord
 from loadtest.engine.baseline import BaselineConfig, run_baseline
 from loadtest.engine.payload import MAX_POOL_ROWS, PayloadPool, build_pool
@@ -175,18 +176,14 @@ def ort_gemm_probe(kind: str, size: int = 2048, repeats: int = 7, threads: int =
         repeats: timed runs.
         threads: intra-op threads (0: ONNX Runtime's default, one per core).
     """
-    import onnxruntime as ort
-
     if kind not in ("int8", "bf16"):
         raise ConfigError(f"kind must be int8 or bf16, got {kind!r}")
     what = "onnxruntime MatMulInteger u8s8" if kind == "int8" else "onnxruntime MatMul bfloat16"
-    options = ort.SessionOptions()
-    options.intra_op_num_threads = threads
     try:
-        session = ort.InferenceSession(_gemm_graph(kind, size), options, providers=["CPUExecutionProvider"])
-    # ONNX Runtime's own exceptions derive from Exception directly.
-    except Exception as exc:
-        return GemmRate(what, 0, float("nan"), note=f"not available: {str(exc).splitlines()[0][:200]}")
+        session = inference_session(_gemm_graph(kind, size), intra_op_threads=threads)
+    except DataError as exc:  # no kernel for it in this build: ONNX Runtime's own words, first line
+        why = str(exc.__cause__ or exc).splitlines()[0][:200]
+        return GemmRate(what, 0, float("nan"), note=f"not available: {why}")
     rng = np.random.default_rng(2)
     x: np.ndarray = (
         rng.integers(0, 256, (size, size), dtype=np.uint8)

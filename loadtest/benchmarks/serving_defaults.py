@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from bundle.errors import ConfigError
+from bundle.onnx_session import inference_session
 from bundle.records import RunRecord
 from bundle.repository import MODEL_FILE, ServingConfig, build_config, version_dir, write_config
 from bundle.schema import OUTPUT
@@ -187,15 +188,7 @@ def _measure_candidate(
 
 def _graph_levels(model_file: Path, pool: PayloadPool, rounds: int, seconds: float) -> dict[str, float]:
     """In-process samples/s at each graph optimization level, in turns; medians."""
-    import onnxruntime as ort
-
-    sessions = {}
-    for level in GRAPH_LEVELS:
-        session_options = ort.SessionOptions()
-        session_options.graph_optimization_level = getattr(ort.GraphOptimizationLevel, level)
-        sessions[level] = ort.InferenceSession(
-            str(model_file), session_options, providers=["CPUExecutionProvider"]
-        )
+    sessions = {level: inference_session(model_file, graph_optimization=level) for level in GRAPH_LEVELS}
     batches = pool.batches()
 
     def call(session: Any) -> Any:

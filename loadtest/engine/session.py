@@ -1,8 +1,9 @@
 """ONNX Runtime sessions set up as the local Triton backend sets up its own.
 
 The in-process baseline and the peer servers run the same ``model.onnx``
-with the options of ``server/backends/onnxruntime/model.py``: all graph
-optimizations, the CPU execution provider, and the intra-op thread count
+with the options of ``server/backends/onnxruntime/model.py`` (the defaults of
+:func:`bundle.onnx_session.inference_session`): all graph optimizations, the
+execution provider of the device it is served on, and the intra-op thread count
 that the model's config.pbtxt asks for (0: ONNX Runtime's default, one
 thread per core), so served and in-process numbers compare like with like.
 """
@@ -13,20 +14,14 @@ from pathlib import Path
 from typing import Any
 
 from bundle.errors import ConfigError, DataError
+from bundle.onnx_session import inference_session, missing_provider
 
 #: The config.pbtxt parameter both Triton onnxruntime backends read.
 THREADS_PARAMETER = "intra_op_thread_count"
 
 
-#: ONNX Runtime providers of an in-process session, by the device the server runs the model on.
-PROVIDERS: dict[str, list[str]] = {
-    "cpu": ["CPUExecutionProvider"],
-    "gpu": ["CUDAExecutionProvider", "CPUExecutionProvider"],
-}
-
-
 def ort_session(model_file: Path, threads: int = 0, device: str = "cpu") -> Any:
-    """An ``onnxruntime.InferenceSession`` of ``model_file`` on ``device``.
+    """An ``onnxruntime.InferenceSession`` of ``model_file`` on ``device``, as the backend runs it.
 
     Args:
         model_file: an exported ``model.onnx`` (external data beside it is found).
@@ -37,29 +32,13 @@ def ort_session(model_file: Path, threads: int = 0, device: str = "cpu") -> Any:
         ConfigError: ``gpu`` with an onnxruntime that has no CUDA provider.
         DataError: the file is missing or ONNX Runtime cannot load it.
     """
-    import onnxruntime as ort
-
-    if threads < 0:
-        raise ConfigError(f"threads must be >= 0, got {threads}")
-    if device not in PROVIDERS:
-        raise ConfigError(f"device must be one of {', '.join(PROVIDERS)}, got {device!r}")
-    if not model_file.is_file():
-        raise DataError(f"model file {model_file} does not exist")
-    providers = PROVIDERS[device]
-    if providers[0] not in ort.get_available_providers():
+    missing = missing_provider(device)
+    if missing is not None:
         raise ConfigError(
-            f"{model_file} is served on a GPU (KIND_GPU), but this onnxruntime offers "
-            f"{ort.get_available_providers()}: its in-process baseline would time the CPU against the GPU; "
-            "install onnxruntime-gpu in place of onnxruntime, or pass --no-baseline"
+            f"{model_file} is served on a GPU (KIND_GPU), but {missing}, or pass --no-baseline: "
+            "its in-process baseline would time the CPU against the GPU"
         )
-    options = ort.SessionOptions()
-    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-    options.intra_op_num_threads = threads
-    try:
-        return ort.InferenceSession(str(model_file), sess_options=options, providers=providers)
-    # ONNX Runtime's own exceptions derive from Exception directly.
-    except Exception as exc:
-        raise DataError(f"onnxruntime cannot load {model_file}: {exc}") from exc
+    return inference_session(model_file, device=device, intra_op_threads=threads)
 
 
 def config_of(model_file: Path) -> Path | None:

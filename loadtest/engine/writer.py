@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from bundle.errors import ConfigError
+from bundle.plots import PANEL_SIZE, figure
 
 
 # ------------------------------------------------------------------ JSON
@@ -127,45 +128,38 @@ class Panel:
 def plot(path: Path, title: str, panels: Sequence[Panel]) -> Path:
     """Panels side by side in one PNG; a series keeps its color across panels (by ``color_key``)."""
     import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
     from matplotlib.ticker import FuncFormatter
 
     if not panels:
         raise ConfigError("a chart needs at least one panel")
     plain = FuncFormatter(lambda value, _: f"{value:g}")
-    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    colors = matplotlib.rcParams["axes.prop_cycle"].by_key()["color"]
     keys = sorted({s.color_key or s.label for panel in panels for s in panel.series})
     color_of = {key: colors[i % len(colors)] for i, key in enumerate(keys)}
-    fig, axes = plt.subplots(1, len(panels), figsize=(5.5 * len(panels), 4.4), squeeze=False)
-    for ax, panel in zip(axes[0], panels, strict=True):
-        for series in panel.series:
-            color = color_of[series.color_key or series.label]
-            ax.plot(list(series.x), list(series.y), series.style, color=color, label=series.label)
-            for text, x, y in series.notes:
-                ax.annotate(text, (x, y), fontsize=7, alpha=0.7, textcoords="offset points", xytext=(3, 3))
-        for x, label in panel.vlines:
-            ax.axvline(x, color="gray", linestyle=":", linewidth=1)
-            ax.annotate(label, (x, 0.02), xycoords=("data", "axes fraction"), fontsize=7, color="gray")
-        if panel.xlog2:
-            ax.set_xscale("log", base=2)
-            if panel.xticks:
-                ax.set_xticks(list(panel.xticks), [f"{t:g}" for t in panel.xticks])
-        if panel.ylog:
-            ax.set_yscale("log")
-            ax.yaxis.set_major_formatter(plain)
-            ax.yaxis.set_minor_formatter(plain)
-            ax.tick_params(axis="y", which="minor", labelsize=7)
-        ax.set_xlabel(panel.xlabel)
-        ax.set_ylabel(panel.ylabel)
-        ax.set_title(panel.title)
-        ax.grid(True, which="both", alpha=0.3)
-        if panel.series:
-            ax.legend(fontsize=7)
-    fig.suptitle(title, fontsize=10)
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    with figure(path, len(panels), PANEL_SIZE, title) as axes:
+        for ax, panel in zip(axes, panels, strict=True):
+            for series in panel.series:
+                color = color_of[series.color_key or series.label]
+                ax.plot(list(series.x), list(series.y), series.style, color=color, label=series.label)
+                for text, x, y in series.notes:
+                    ax.annotate(
+                        text, (x, y), fontsize=7, alpha=0.7, textcoords="offset points", xytext=(3, 3)
+                    )
+            for x, label in panel.vlines:
+                ax.axvline(x, color="gray", linestyle=":", linewidth=1)
+                ax.annotate(label, (x, 0.02), xycoords=("data", "axes fraction"), fontsize=7, color="gray")
+            if panel.xlog2:
+                ax.set_xscale("log", base=2)
+                if panel.xticks:
+                    ax.set_xticks(list(panel.xticks), [f"{t:g}" for t in panel.xticks])
+            if panel.ylog:
+                ax.set_yscale("log")
+                ax.yaxis.set_major_formatter(plain)
+                ax.yaxis.set_minor_formatter(plain)
+                ax.tick_params(axis="y", which="minor", labelsize=7)
+            ax.set_xlabel(panel.xlabel)
+            ax.set_ylabel(panel.ylabel)
+            ax.set_title(panel.title)
+            if panel.series:
+                ax.legend(fontsize=7)
     return path

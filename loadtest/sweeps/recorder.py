@@ -15,7 +15,9 @@ listeners, once per process:
   in a :class:`~loadtest.engine.latency.Tally`: its exact latency in the one
   latency histogram, errors by kind (the closed-loop driver,
   :mod:`loadtest.engine.driver`, keeps the same tally);
-- ``test_stop``: writes ``latency-<pid>.json`` into ``--results-dir``;
+- ``test_stop``: writes ``latency-<pid>.json`` into ``--results-dir``, and
+  ``client-cpu-<pid>.json``: this process's CPU seconds over the window (every
+  process, the master included: the load generator's cost is all of them);
 - on the master (or the single process): reads Triton's statistics at the
   window's start and end and writes their difference as ``server-stats.json``.
 
@@ -42,9 +44,10 @@ from bundle.errors import BundleError, ConfigError
 from clients.retry import RetryPolicy
 from clients.stats import ModelStats
 from clients.triton import TritonClient
+from loadtest.engine.client_cpu import process_cpu_s, process_demand, thread_busy_s
 from loadtest.engine.latency import Tally
 from loadtest.engine.payload import PayloadPool, build_pool
-from loadtest.sweeps.stepfiles import SERVER_STATS_FILE, latency_file
+from loadtest.sweeps.stepfiles import SERVER_STATS_FILE, cpu_file, latency_file
 
 logger = logging.getLogger(__name__)
 
@@ -59,6 +62,8 @@ class Recording:
         tally: the requests completed inside the window (latencies, errors by kind).
         errors_total: failed requests of the whole test, warm-up included.
         stopped_at: wall time the test stopped in this process.
+        cpu_at_start, cpu_at_end: this process's CPU seconds when the window opened and closed.
+        busy_at_start, busy_at_end: its threads' busy seconds (running or runnable) then.
     """
 
     window_start: float | None = None
@@ -66,6 +71,10 @@ class Recording:
     tally: Tally = field(default_factory=Tally)
     errors_total: int = 0
     stopped_at: float | None = None
+    cpu_at_start: float | None = None
+    cpu_at_end: float | None = None
+    busy_at_start: dict[int, float] = field(default_factory=dict)
+    busy_at_end: dict[int, float] = field(default_factory=dict)
 
     def covered_s(self) -> float:
         """Seconds of the window this process was running for."""
@@ -84,11 +93,27 @@ class Recording:
             "tally": self.tally.to_json(),
         }
 
+    def cpu_json(self) -> dict[str, Any]:
+        """This process's CPU seconds over the part of the window it ran."""
+        if self.cpu_at_start is None:
+            return {"pid": os.getpid(), "cpu_s": None, "seconds": 0.0, "process_demand": None}
+        end = self.cpu_at_end if self.cpu_at_end is not None else process_cpu_s()
+        busy = self.busy_at_end or thread_busy_s()
+        seconds = self.covered_s()
+        return {
+            "pid": os.getpid(),
+            "cpu_s": end - self.cpu_at_start,
+            "seconds": seconds,
+            "process_demand": process_demand(self.busy_at_start, busy, seconds),
+        }
+
 
 _recording = Recording()
 _pool: dict[str, PayloadPool] = {}
 #: The master's greenlet reading Triton's statistics (joined before the process exits).
 _stats_greenlet: list[gevent.Greenlet] = []
+#: The greenlet reading this process's CPU time at the window's start and end.
+_cpu_greenlet: list[gevent.Greenlet] = []
 
 
 def payload_pool() -> PayloadPool:
@@ -228,6 +253,18 @@ def _on_test_start(environment: Environment, **_: Any) -> None:
     _recording.window_end = _recording.window_start + parsed.window if parsed.window > 0 else float("inf")
     if _measures_server(environment) and parsed.server_stats and parsed.results_dir:
         _stats_greenlet.append(gevent.spawn(_server_stats, environment))
+    if parsed.results_dir:
+        _cpu_greenlet.append(gevent.spawn(_window_cpu))
+
+
+def _window_cpu() -> None:
+    """Read this process's CPU time when the window opens and when it closes."""
+    start = _recording.window_start or time.time()
+    gevent.sleep(max(0.0, start - time.time()))
+    _recording.cpu_at_start, _recording.busy_at_start = process_cpu_s(), thread_busy_s()
+    if _recording.window_end != float("inf"):
+        gevent.sleep(max(0.0, _recording.window_end - time.time()))
+        _recording.cpu_at_end, _recording.busy_at_end = process_cpu_s(), thread_busy_s()
 
 
 @events.request.add_listener
@@ -256,10 +293,16 @@ def _on_test_stop(environment: Environment, **_: Any) -> None:
             logger.warning("Triton's statistics were not read in time; the step has none")
             greenlet.kill(block=False)
     _stats_greenlet.clear()
-    if not (_runs_users(environment) and parsed.results_dir):
+    for greenlet in _cpu_greenlet:
+        greenlet.kill(block=False)
+    _cpu_greenlet.clear()
+    if not parsed.results_dir:
         return
     folder = Path(parsed.results_dir)
     folder.mkdir(parents=True, exist_ok=True)
+    (folder / cpu_file(os.getpid())).write_text(json.dumps(_recording.cpu_json()))
+    if not _runs_users(environment):
+        return
     path = folder / latency_file(os.getpid())
     path.write_text(json.dumps(_recording.to_json()))
     logger.info(

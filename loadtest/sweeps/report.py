@@ -9,8 +9,11 @@ measured. :func:`write_report` writes into one folder:
 - ``latency_vs_throughput.png``: p50 and p99 latency against samples/s, one
   panel per batch size, one curve per series;
 - ``p99_vs_concurrency.png``: p99 latency against requests in flight;
-- ``report.md``: the summary (served / in-process ratios, peers), the step
-  table and the two charts.
+- ``report.md``: the summary (served / in-process ratios, peers, engines
+  side by side), the step table and the two charts.
+
+A client-bound step (:mod:`loadtest.engine.client_cpu`) is flagged in every
+one of them, and never taken as the server's best in a ratio.
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ from typing import Any
 from bundle.errors import DataError
 from bundle.records import RunRecord
 from loadtest.engine.baseline import BaselineResult, ratio
+from loadtest.engine.client_cpu import threshold_line
 from loadtest.engine.writer import Panel, Series, plot, table, write_json, write_markdown
 from loadtest.sweeps.sweep import StepResult
 
@@ -43,6 +47,8 @@ CSV_COLUMNS = (
     "label", "model", "protocol", "batch_size", "concurrency", "processes", "seconds",
     "requests", "errors", "requests_per_s", "samples_per_s",
     "p50_ms", "p90_ms", "p95_ms", "p99_ms", "mean_ms", "max_ms",
+    "engine", "client_cpu_us", "client_cores", "client_demand", "client_bound",
+    "rounds", "samples_per_s_min", "samples_per_s_max",
     "server_requests", "server_executions", "server_batch", "server_queue_ms",
     "server_compute_input_ms", "server_compute_infer_ms", "server_compute_output_ms", "server_request_ms",
 )  # fmt: skip
@@ -83,6 +89,7 @@ class Report:
                 "throughput": throughput_ratios(self),
                 "latency": latency_ratios(self),
                 "peers": peer_comparison(self),
+                "engines": engine_comparison(self),
             },
         }
 
@@ -120,30 +127,44 @@ def _baseline(report: Report, model: str, batch_size: int) -> BaselineResult | N
     return None
 
 
-def _series(steps: Iterable[StepResult]) -> dict[tuple[str, str, str, int], list[StepResult]]:
-    grouped: dict[tuple[str, str, str, int], list[StepResult]] = defaultdict(list)
+#: A curve: (label, model, protocol, batch size, engine).
+SeriesKey = tuple[str, str, str, int, str]
+
+
+def _series(steps: Iterable[StepResult]) -> dict[SeriesKey, list[StepResult]]:
+    grouped: dict[SeriesKey, list[StepResult]] = defaultdict(list)
     for step in steps:
-        grouped[(step.label, step.model, step.protocol, step.batch_size)].append(step)
+        grouped[(step.label, step.model, step.protocol, step.batch_size, step.engine)].append(step)
     for members in grouped.values():
         members.sort(key=lambda s: s.concurrency)
     return dict(grouped)
 
 
+def _best(steps: list[StepResult]) -> StepResult:
+    """The step with the highest rate that the client did not limit (the highest of all when
+    every step was client-bound: the caller shows the flag)."""
+    server_bound = [s for s in steps if not s.client_bound]
+    return max(server_bound or steps, key=lambda s: s.samples_per_s)
+
+
 def throughput_ratios(report: Report) -> list[dict[str, Any]]:
-    """Per series of the primary server: its best samples/s against in-process at the same batch."""
+    """Per series of the primary server: its best samples/s that no client limited, against
+    in-process at the same batch."""
     rows = []
-    for (label, model, protocol, batch), steps in _series(report.steps).items():
+    for (label, model, protocol, batch, engine), steps in _series(report.steps).items():
         if label != report.primary:
             continue
-        top = max(steps, key=lambda s: s.samples_per_s)
+        top = _best(steps)
         base = _baseline(report, model, batch)
         rows.append(
             {
                 "model": model,
                 "protocol": protocol,
+                "engine": engine,
                 "batch_size": batch,
                 "served_samples_per_s": top.samples_per_s,
                 "at_concurrency": top.concurrency,
+                "client_bound": top.client_bound,
                 "in_process_samples_per_s": base.samples_per_s if base else math.nan,
                 "ratio": ratio(top.samples_per_s, base.samples_per_s) if base else math.nan,
             }
@@ -154,7 +175,7 @@ def throughput_ratios(report: Report) -> list[dict[str, Any]]:
 def latency_ratios(report: Report) -> list[dict[str, Any]]:
     """Per series of the primary server: p50 at its lowest concurrency against in-process p50."""
     rows = []
-    for (label, model, protocol, batch), steps in _series(report.steps).items():
+    for (label, model, protocol, batch, engine), steps in _series(report.steps).items():
         if label != report.primary:
             continue
         lone = steps[0]
@@ -163,6 +184,8 @@ def latency_ratios(report: Report) -> list[dict[str, Any]]:
             {
                 "model": model,
                 "protocol": protocol,
+                "engine": engine,
+                "client_bound": lone.client_bound,
                 "batch_size": batch,
                 "concurrency": lone.concurrency,
                 "served_p50_ms": lone.p50_ms,
@@ -181,18 +204,18 @@ def peer_comparison(report: Report) -> list[dict[str, Any]]:
     """
     rows = []
     by_key: dict[tuple[str, int], dict[str, list[StepResult]]] = defaultdict(dict)
-    for (label, model, _protocol, batch), steps in _series(report.steps).items():
+    for (label, model, _protocol, batch, _engine), steps in _series(report.steps).items():
         by_key[(model, batch)].setdefault(label, []).extend(steps)
     for (model, batch), labels in sorted(by_key.items()):
         ours = labels.get(report.primary)
         if not ours:
             continue
-        our_best = max(ours, key=lambda s: s.samples_per_s)
+        our_best = _best(ours)
         our_p99 = {s.concurrency: s.p99_ms for s in ours}
         for peer, theirs in sorted(labels.items()):
             if peer == report.primary:
                 continue
-            their_best = max(theirs, key=lambda s: s.samples_per_s)
+            their_best = _best(theirs)
             their_p99 = {s.concurrency: s.p99_ms for s in theirs}
             common = sorted(set(our_p99) & set(their_p99))
             rows.append(
@@ -212,6 +235,52 @@ def peer_comparison(report: Report) -> list[dict[str, Any]]:
                 }
             )
     return rows
+
+
+def engine_comparison(report: Report) -> list[dict[str, Any]]:
+    """Each engine's step against perf_analyzer's at the same (model, protocol, batch, concurrency).
+
+    ``agrees`` holds where neither engine was client-bound: samples/s within 10 % and p50
+    within 10 % or 0.2 ms.
+    """
+    reference: dict[tuple[str, str, int, int], StepResult] = {
+        (s.model, s.protocol, s.batch_size, s.concurrency): s
+        for s in report.steps
+        if s.engine == "perf_analyzer"
+    }
+    rows = []
+    for step in report.steps:
+        ref = reference.get((step.model, step.protocol, step.batch_size, step.concurrency))
+        if step.engine == "perf_analyzer" or ref is None:
+            continue
+        both_server_bound = not (step.client_bound or ref.client_bound)
+        throughput = ratio(step.samples_per_s, ref.samples_per_s)
+        p50_close = abs(step.p50_ms - ref.p50_ms) <= max(0.2, 0.1 * ref.p50_ms)
+        rows.append(
+            {
+                "model": step.model,
+                "protocol": step.protocol,
+                "batch_size": step.batch_size,
+                "concurrency": step.concurrency,
+                "engine": step.engine,
+                "samples_per_s": step.samples_per_s,
+                "reference_samples_per_s": ref.samples_per_s,
+                "throughput_ratio": throughput,
+                "p50_ms": step.p50_ms,
+                "reference_p50_ms": ref.p50_ms,
+                "client_cpu_us": step.client_cpu_us,
+                "reference_client_cpu_us": ref.client_cpu_us,
+                "client_cpu_ratio": ratio(step.client_cpu_us, ref.client_cpu_us),
+                "client_bound": step.client_bound,
+                "reference_client_bound": ref.client_bound,
+                "agrees": (abs(throughput - 1.0) <= 0.10 and p50_close) if both_server_bound else None,
+            }
+        )
+    return rows
+
+
+def _flag(step: StepResult) -> str:
+    return "client-bound" if step.client_bound else ""
 
 
 # ------------------------------------------------------------------ files
@@ -255,10 +324,13 @@ def _panels(report: Report, kind: str) -> list[Panel]:
     panels = []
     for batch in sorted({key[3] for key in series}):
         curves: list[Series] = []
+        bound: list[StepResult] = []
         for key, steps in sorted(series.items()):
             if key[3] != batch:
                 continue
-            name, color = f"{key[0]} {key[1]} {key[2]}", " ".join(key[:3])
+            engine = "" if key[4] == "locust" else f" [{key[4]}]"
+            name, color = f"{key[0]} {key[1]} {key[2]}{engine}", " ".join((*key[:3], key[4]))
+            bound += [s for s in steps if s.client_bound]
             if kind == "throughput":
                 x = [s.samples_per_s for s in steps]
                 notes = [(f"c{s.concurrency}", s.samples_per_s, s.p99_ms) for s in steps]
@@ -267,6 +339,10 @@ def _panels(report: Report, kind: str) -> list[Panel]:
             else:
                 x = [s.concurrency for s in steps]
                 curves.append(Series(f"{name} p99", x, [s.p99_ms for s in steps], "s-", color))
+        if bound:
+            # One marker over every point the client limited, whatever its curve.
+            x = [s.samples_per_s if kind == "throughput" else s.concurrency for s in bound]
+            curves.append(Series("client-bound step", x, [s.p99_ms for s in bound], "kx", "client-bound"))
         if kind == "throughput":
             panels.append(
                 Panel(f"latency vs throughput, batch {batch}", "throughput (samples/s)", "latency (ms)",
@@ -287,18 +363,22 @@ def markdown(report: Report) -> str:
     for key, value in report.settings.items():
         lines.append(f"- **{key}**: {value}")
     lines += [f"- {note}" for note in report.notes]
+    if "Client-bound" not in report.settings:
+        lines.append(f"- **Client-bound**: {threshold_line()}")
     lines.append("")
 
     throughput = throughput_ratios(report)
     if any(not math.isnan(row["ratio"]) for row in throughput):
         lines += ["## Served / in-process throughput", ""]
         lines += table(
-            ["model", "protocol", "batch", "served samples/s (best)", "at concurrency",
-             "in-process samples/s", "served / in-process", f"target >= {THROUGHPUT_RATIO_TARGET}"],
+            ["model", "protocol", "engine", "batch", "served samples/s (best not client-bound)",
+             "at concurrency", "in-process samples/s", "served / in-process",
+             f"target >= {THROUGHPUT_RATIO_TARGET}"],
             [
-                [r["model"], r["protocol"], r["batch_size"], r["served_samples_per_s"], r["at_concurrency"],
+                [r["model"], r["protocol"], r["engine"], r["batch_size"], r["served_samples_per_s"],
+                 f"{r['at_concurrency']}" + (" (client-bound: every step was)" if r["client_bound"] else ""),
                  r["in_process_samples_per_s"], r["ratio"],
-                 "-" if math.isnan(r["ratio"]) or r["batch_size"] < 1024
+                 "-" if math.isnan(r["ratio"]) or r["batch_size"] < 1024 or r["client_bound"]
                  else ("met" if r["ratio"] >= THROUGHPUT_RATIO_TARGET else "missed")]
                 for r in throughput
             ],
@@ -308,12 +388,21 @@ def markdown(report: Report) -> str:
     if latency:
         lines += ["## Batch-1 latency, served / in-process", ""]
         lines += table(
-            ["model", "protocol", "concurrency", "served p50 ms", "in-process p50 ms", "served / in-process"],
+            [
+                "model",
+                "protocol",
+                "engine",
+                "concurrency",
+                "served p50 ms",
+                "in-process p50 ms",
+                "served / in-process",
+            ],
             [
                 [
                     r["model"],
                     r["protocol"],
-                    r["concurrency"],
+                    r["engine"],
+                    f"{r['concurrency']}" + (" (client-bound)" if r["client_bound"] else ""),
                     r["served_p50_ms"],
                     r["in_process_p50_ms"],
                     r["ratio"],
@@ -336,6 +425,29 @@ def markdown(report: Report) -> str:
             ],
         )  # fmt: skip
         lines.append("")
+    engines = engine_comparison(report)
+    if engines:
+        lines += ["## The engines against perf_analyzer (same server, steps interleaved)", ""]
+        lines += table(
+            ["model", "protocol", "batch", "concurrency", "engine", "samples/s", "perf_analyzer samples/s",
+             "ratio", "p50 ms", "perf_analyzer p50 ms", "client CPU us/request", "perf_analyzer us/request",
+             "client-bound (engine / perf_analyzer)", "agrees"],
+            [
+                [r["model"], r["protocol"], r["batch_size"], r["concurrency"], r["engine"],
+                 r["samples_per_s"], r["reference_samples_per_s"], r["throughput_ratio"], r["p50_ms"],
+                 r["reference_p50_ms"],
+                 r["client_cpu_us"], r["reference_client_cpu_us"],
+                 f"{'yes' if r['client_bound'] else 'no'} / {'yes' if r['reference_client_bound'] else 'no'}",
+                 "-" if r["agrees"] is None else ("yes" if r["agrees"] else "no")]
+                for r in engines
+            ],
+        )  # fmt: skip
+        lines += [
+            "",
+            "Agrees: samples/s within 10 % of perf_analyzer's and p50 within 10 % or 0.2 ms, judged only "
+            "where neither engine was client-bound.",
+            "",
+        ]
     if report.baselines:
         lines += ["## In-process ONNX Runtime (same files, same rows)", ""]
         lines += table(
@@ -349,12 +461,14 @@ def markdown(report: Report) -> str:
         lines.append("")
     lines += ["## Steps", ""]
     lines += table(
-        ["server", "model", "protocol", "batch", "concurrency", "procs", "requests/s", "samples/s",
-         "p50 ms", "p90 ms", "p95 ms", "p99 ms", "errors", "server queue ms", "server compute ms",
-         "server batch"],
+        ["server", "model", "protocol", "engine", "batch", "concurrency", "procs", "requests/s", "samples/s",
+         "spread", "p50 ms", "p90 ms", "p95 ms", "p99 ms", "errors", "client CPU us/request", "client cores",
+         "client", "server queue ms", "server compute ms", "server batch"],
         [
-            [s.label, s.model, s.protocol, s.batch_size, s.concurrency, s.processes, s.requests_per_s,
-             s.samples_per_s, s.p50_ms, s.p90_ms, s.p95_ms, s.p99_ms, s.errors,
+            [s.label, s.model, s.protocol, s.engine, s.batch_size, s.concurrency, s.processes,
+             s.requests_per_s, s.samples_per_s, f"{s.spread:.0%} of {s.rounds}" if s.rounds > 1 else "-",
+             s.p50_ms, s.p90_ms, s.p95_ms, s.p99_ms, s.errors, s.client_cpu_us, s.client_cores,
+             _flag(s) or "-",
              s.server.queue_ms if s.server else None, s.server.compute_infer_ms if s.server else None,
              s.server.batch if s.server else None]
             for s in report.steps
@@ -363,7 +477,9 @@ def markdown(report: Report) -> str:
     lines += [
         "",
         "Latencies are client-side (request built, sent, answered, decoded), from each request's exact "
-        "time; server queue/compute are Triton's statistics over the same window, per request.",
+        "time; server queue/compute are Triton's statistics over the same window, per request. "
+        "Client CPU is the load generator's own (user + system, all its processes) over the window, "
+        "per request; spread is (max - min) / median of samples/s over the step's rounds.",
         "",
         "## Curves",
         "",

@@ -28,11 +28,22 @@ from rich.console import Console
 from bundle.errors import ConfigError
 from bundle.records import RunRecord
 from loadtest.engine.baseline import BaselineConfig, BaselineResult, InProcessModel
+from loadtest.engine.client_cpu import threshold_line
 from loadtest.engine.payload import PayloadPool
 from loadtest.engine.session import serving_settings
 from loadtest.sweeps.peers.process import PeerProcess
+from loadtest.sweeps.perf_analyzer import MAX_TRIALS, STABILITY_PERCENT
+from loadtest.sweeps.perf_analyzer_install import require as require_perf_analyzer
 from loadtest.sweeps.report import Report, write_report
-from loadtest.sweeps.sweep import StepResult, SweepConfig, Target, make_payload, median_step, run_sweep
+from loadtest.sweeps.sweep import (
+    ENGINES,
+    StepResult,
+    SweepConfig,
+    Target,
+    make_payload,
+    median_step,
+    run_sweep,
+)
 
 logger = logging.getLogger(__name__)
 console = Console(stderr=True, soft_wrap=True)
@@ -60,6 +71,11 @@ class RunOptions:
         baseline: time each model in-process first.
         baseline_seconds: length of one timed repeat of the baseline.
         baseline_repeats: timed repeats per batch size (median reported).
+        rounds: times each step runs, the targets interleaved; a step's figures are the median
+            of its rounds and the report shows their spread.
+        engines: what generates the load (:data:`loadtest.sweeps.sweep.ENGINES`); several are
+            interleaved step by step on the same server.
+        client_cpus: the cores the load generator may run on (None: any).
     """
 
     batch_sizes: tuple[int, ...]
@@ -74,9 +90,20 @@ class RunOptions:
     baseline_repeats: int = 5
     request_timeout_s: float = 60.0
     extra_settings: dict[str, Any] = field(default_factory=dict)
+    rounds: int = 1
+    engines: tuple[str, ...] = ("locust",)
+    client_cpus: frozenset[int] | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "batch_sizes", tuple(self.batch_sizes))
+        object.__setattr__(self, "engines", tuple(dict.fromkeys(self.engines)))
+        if self.rounds < 1:
+            raise ConfigError(f"--rounds must be >= 1, got {self.rounds}")
+        unknown = [engine for engine in self.engines if engine not in ENGINES]
+        if not self.engines or unknown:
+            raise ConfigError(
+                f"unknown engine {', '.join(unknown) or '(none)'}; choose from {', '.join(ENGINES)}"
+            )
         object.__setattr__(self, "concurrency", tuple(sorted(set(self.concurrency))))
         if not self.batch_sizes or any(b < 1 for b in self.batch_sizes):
             raise ConfigError(f"batch sizes must be >= 1, got {self.batch_sizes}")
@@ -103,6 +130,7 @@ class RunOptions:
             warmup_s=self.warmup_s,
             processes=self.processes,
             request_timeout_s=self.request_timeout_s,
+            client_cpus=self.client_cpus,
         )
 
     def settings(self) -> dict[str, Any]:
@@ -111,7 +139,22 @@ class RunOptions:
         return {
             "Batch sizes / concurrency": "; ".join(f"B={b}: {c}" for b, c in caps.items()),
             "Per step": f"{self.warmup_s:g} s warm-up, {self.duration_s:g} s measured, "
-            f"locust processes {'auto' if not self.processes else self.processes}",
+            f"locust processes {'auto' if not self.processes else self.processes}"
+            + (
+                f"; perf_analyzer: windows of {self.duration_s:g} s until three agree within "
+                f"{STABILITY_PERCENT} % (at most {MAX_TRIALS})"
+                if "perf_analyzer" in self.engines
+                else ""
+            ),
+            "Engines": ", ".join(self.engines),
+            "Rounds": f"{self.rounds} per step, the engines and protocols interleaved; figures are the "
+            "median of the rounds, the spread is (max - min) / median of samples/s"
+            if self.rounds > 1
+            else "1 per step (no spread: use --rounds 3)",
+            "Client-bound": threshold_line(),
+            "Load generator cores": ",".join(map(str, sorted(self.client_cpus)))
+            if self.client_cpus
+            else "any",
             "Request rows": str(self.data) if self.data else "synthetic (criteo.synth), preprocessed once",
             **self.extra_settings,
         }
@@ -124,7 +167,8 @@ def _print_step(step: StepResult) -> None:
     console.print(
         f"  {step.series} c={step.concurrency:<3d} {step.requests_per_s:9.1f} req/s "
         f"{step.samples_per_s:10.0f} samples/s  p50 {step.p50_ms:8.3f}  p99 {step.p99_ms:8.3f} ms  "
-        f"errors {step.errors}{server}",
+        f"errors {step.errors}  client {step.client_cpu_us:7.1f} us/req"
+        f"{' CLIENT-BOUND' if step.client_bound else ''}{server}",
         highlight=False,
     )
 
@@ -217,13 +261,10 @@ def _sweep_targets(
     for batch_size in options.batch_sizes:
         if sessions and pool is not None and baselines is not None:
             measure_in_process(sessions, [batch_size], pool, baselines)
-        for target in targets:
-            config = options.sweep(models, batch_size)
-            console.print(
-                f"[bold]{target.label} {target.protocol} {target.url}: batch {batch_size}, "
-                f"concurrency {','.join(map(str, config.concurrency))}[/bold]"
+        for model in models:
+            steps += _interleaved_steps(
+                targets, model, replace(options, batch_sizes=(batch_size,)), out, payload
             )
-            steps += run_sweep(target, config, out, payload, on_step=_print_step)
     return steps
 
 
@@ -281,6 +322,8 @@ def sweep_run(
             "the in-process baseline (the served / in-process ratio of the report) reads the model files: "
             "add --repository DIR, the repository the server at --url serves, or --no-baseline"
         )
+    if "perf_analyzer" in options.engines:
+        require_perf_analyzer()
     raw = raw or out / "raw"
     out.mkdir(parents=True, exist_ok=True)
     record = RunRecord.begin(command)
@@ -293,7 +336,11 @@ def sweep_run(
         if not urls and repository is not None:
             server = stack.enter_context(local_triton(repository, models, raw / "tritonserver.log"))
             endpoints = [(p, server.grpc_url if p == "grpc" else server.http_url) for p in protocols]
-        targets = [Target(url, protocol, "triton") for protocol, url in endpoints]
+        targets = [
+            Target(url, protocol, "triton", engine=engine)
+            for protocol, url in endpoints
+            for engine in options.engines
+        ]
         steps = _sweep_targets(targets, models, options, raw, payload, sessions, in_process)
         if not urls:
             # tritonserver and its python stubs (which hold the ONNX Runtime sessions), after the load.
@@ -361,7 +408,6 @@ def compare_run(
     command: str,
     peers: Sequence[str] = PEERS,
     raw: Path | None = None,
-    rounds: int = 1,
 ) -> tuple[Report, dict[str, Path]]:
     """The same model and sweep against the local Triton and each peer, their steps interleaved.
 
@@ -377,10 +423,8 @@ def compare_run(
         command: the command line, recorded in the report.
         peers: which peers to run (``pytriton``, ``fastapi``).
         raw: where the payload, each step's raw files and server logs go (default ``out/raw``).
-        rounds: times each (batch size, concurrency) level runs; a server's step is the median.
     """
-    if rounds < 1:
-        raise ConfigError(f"--rounds must be >= 1, got {rounds}")
+    rounds = options.rounds
     unknown = set(peers) - set(PEERS)
     if unknown:
         raise ConfigError(f"unknown peers {sorted(unknown)}; choose from {', '.join(PEERS)}")
@@ -410,7 +454,7 @@ def compare_run(
             stack.enter_context(process)
             console.print(f"{peer} peer pid {process.pid}: {target.protocol} {target.url}")
             targets.append(target)
-        steps = _interleaved_steps(targets, model, options, raw, payload, rounds)
+        steps = _interleaved_steps(targets, model, options, raw, payload)
     rank = {target.label: i for i, target in enumerate(targets)}
     steps.sort(key=lambda step: (rank[step.label], step.batch_size, step.concurrency))
     settings = {
@@ -432,20 +476,21 @@ def compare_run(
 
 
 def _interleaved_steps(
-    targets: Sequence[Target], model: str, options: RunOptions, out: Path, payload: Path, rounds: int = 1
+    targets: Sequence[Target], model: str, options: RunOptions, out: Path, payload: Path
 ) -> list[StepResult]:
     """One step per target at each (batch size, concurrency), the targets back to back and the
     one that goes first rotating, so a machine whose load drifts over the run (shared cores)
-    weighs on every server alike instead of on whichever ran last. With ``rounds`` > 1 each
-    level repeats that many times in a row and each server's step is the median of its rounds
-    (:func:`loadtest.sweeps.sweep.median_step`); :func:`compare_run` has checked ``rounds`` >= 1."""
+    weighs on every server, protocol and engine alike instead of on whichever ran last. With
+    ``options.rounds`` > 1 each level repeats that many times in a row and each target's step
+    is the median of its rounds (:func:`loadtest.sweeps.sweep.median_step`)."""
     steps: list[StepResult] = []
+    rounds = options.rounds
     turn = 0
     for batch_size in options.batch_sizes:
         config = options.sweep([model], batch_size)
         for concurrency in config.concurrency:
             level = replace(config, concurrency=(concurrency,))
-            by_target: dict[str, list[StepResult]] = {target.label: [] for target in targets}
+            by_target: dict[Target, list[StepResult]] = {target: [] for target in targets}
             for round_ in range(rounds):
                 console.print(
                     f"[bold]batch {batch_size}, concurrency {concurrency}"
@@ -454,7 +499,7 @@ def _interleaved_steps(
                 )
                 folder = out / f"round{round_ + 1}" if rounds > 1 else out
                 for target in (*targets[turn:], *targets[:turn]):
-                    by_target[target.label] += run_sweep(target, level, folder, payload, on_step=_print_step)
+                    by_target[target] += run_sweep(target, level, folder, payload, on_step=_print_step)
                 turn = (turn + 1) % len(targets)
             steps += [median_step(results) for results in by_target.values()]
     return steps

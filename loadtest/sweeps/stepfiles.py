@@ -10,6 +10,8 @@ from __future__ import annotations
 LATENCY_GLOB = "latency-*.json"
 #: Written by the locust master: Triton's statistics, difference over the window.
 SERVER_STATS_FILE = "server-stats.json"
+#: One per locust process, master included: its CPU seconds over the window.
+CPU_GLOB = "client-cpu-*.json"
 #: locust's own output.
 LOCUST_LOG = "locust.log"
 
@@ -17,3 +19,8 @@ LOCUST_LOG = "locust.log"
 def latency_file(pid: int) -> str:
     """The latency file name of process ``pid``."""
     return f"latency-{pid}.json"
+
+
+def cpu_file(pid: int) -> str:
+    """The CPU file name of process ``pid``."""
+    return f"client-cpu-{pid}.json"

@@ -1,4 +1,10 @@
-"""Concurrency sweeps: locust run headless once per step, results read back from its step folder.
+"""Concurrency sweeps: one load-generator run per step, results read back from its step folder.
+
+Two engines drive a step: locust (the bundle's users, below) and perf_analyzer,
+Triton's own load tool and the reference the locust figures are checked
+against (:mod:`loadtest.sweeps.perf_analyzer`). Both record the same step:
+rates, latency percentiles, Triton's view, and the load generator's own CPU
+(:mod:`loadtest.engine.client_cpu`), which marks a step client-bound.
 
 One step is one ``(target, model, batch size, concurrency)``: ``concurrency``
 closed-loop users (so that many requests in flight), in one locust process
@@ -29,9 +35,12 @@ from typing import Any
 
 import loadtest
 from bundle.errors import BundleError, ConfigError
+from loadtest.engine.client_cpu import ClientCpu
 from loadtest.engine.latency import PERCENTILES, Tally, merged_tallies
 from loadtest.engine.payload import MAX_POOL_ROWS, PayloadPool, build_pool
-from loadtest.sweeps.stepfiles import LATENCY_GLOB, LOCUST_LOG, SERVER_STATS_FILE
+from loadtest.sweeps import perf_analyzer
+from loadtest.sweeps.perf_analyzer_install import require as require_perf_analyzer
+from loadtest.sweeps.stepfiles import CPU_GLOB, LATENCY_GLOB, LOCUST_LOG, SERVER_STATS_FILE
 
 logger = logging.getLogger(__name__)
 
@@ -43,12 +52,29 @@ USERS: dict[str, tuple[Path, str]] = {
     "fastapi": (REPO_ROOT / "loadtest" / "sweeps" / "peers" / "locustfile.py", "FastApiUser"),
 }
 TRITON_PROTOCOLS = ("grpc", "http")
+#: What generates a step's load: the bundle's locust users, or Triton's perf_analyzer.
+ENGINES = ("locust", "perf_analyzer")
 #: Extra seconds locust runs after the window closes, so the window is never cut short.
 _TAIL_S = 1.0
 #: How long a step may take beyond its run time (start-up, shutdown) before it is killed.
 _STEP_GRACE_S = 60.0
 #: Concurrency one locust process drives at most when processes are picked automatically.
 USERS_PER_PROCESS = 8
+
+
+def parse_cpus(text: str) -> frozenset[int]:
+    """``"1"``, ``"0,2"`` or ``"2-3"`` -> the cores named, each one this process may use."""
+    cores: set[int] = set()
+    try:
+        for part in filter(None, (p.strip() for p in text.split(","))):
+            low, _, high = part.partition("-")
+            cores.update(range(int(low), int(high or low) + 1))
+    except ValueError:
+        raise ConfigError(f"--client-cpus must be cores like 1 or 0,2 or 2-3, got {text!r}") from None
+    allowed = os.sched_getaffinity(0)
+    if not cores or not cores <= allowed:
+        raise ConfigError(f"--client-cpus {text!r} names no core or a core outside {sorted(allowed)}")
+    return frozenset(cores)
 
 
 def parse_ints(text: str, what: str) -> tuple[int, ...]:
@@ -71,12 +97,14 @@ class Target:
         protocol: ``grpc`` or ``http`` (Triton's endpoints) or ``fastapi`` (the FastAPI peer).
         label: the name reports give it, e.g. ``triton``, ``pytriton``, ``fastapi``.
         server_stats: read Triton's statistics API around each step (Triton protocols only).
+        engine: the load generator, one of :data:`ENGINES`.
     """
 
     url: str
     protocol: str = "grpc"
     label: str = "triton"
     server_stats: bool = True
+    engine: str = "locust"
 
     def __post_init__(self) -> None:
         if self.protocol not in USERS:
@@ -90,6 +118,10 @@ class Target:
             raise ConfigError(f"server statistics need a Triton protocol, not {self.protocol!r}")
         if not self.label:
             raise ConfigError("label must not be empty")
+        if self.engine not in ENGINES:
+            raise ConfigError(f"unknown engine {self.engine!r}; choose one of {', '.join(ENGINES)}")
+        if self.engine == "perf_analyzer" and self.protocol not in TRITON_PROTOCOLS:
+            raise ConfigError(f"perf_analyzer speaks Triton's protocols only, not {self.protocol!r}")
 
 
 @dataclass(frozen=True)
@@ -105,6 +137,8 @@ class SweepConfig:
         processes: locust processes per step (0: automatic, one per
             :data:`USERS_PER_PROCESS` users, at most the number of cores).
         request_timeout_s: a request slower than this fails.
+        client_cpus: the cores the load generator may run on (None: any), e.g. cores the
+            server does not use.
     """
 
     models: tuple[str, ...]
@@ -114,6 +148,7 @@ class SweepConfig:
     warmup_s: float = 2.0
     processes: int = 0
     request_timeout_s: float = 60.0
+    client_cpus: frozenset[int] | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "models", tuple(self.models))
@@ -206,6 +241,15 @@ class StepResult:
         server: Triton's statistics over the window (None: not a Triton target, or unavailable).
         errors_total: failed requests of the whole step, warm-up included.
         error_kinds: the most frequent error messages.
+        engine: the load generator (:data:`ENGINES`).
+        client_cpu_us: the load generator's CPU microseconds per request (all its processes).
+        client_cores: cores it used on average over the window, all processes together.
+        client_demand: the most core-seconds per second any one load-generator process was
+            running or waiting for a CPU (its threads together).
+        client_bound: whether the load generator, not the server, limited the step
+            (:mod:`loadtest.engine.client_cpu`).
+        rounds: repeats of the step that its figures are the median of.
+        samples_per_s_min, samples_per_s_max: the lowest and highest rate over those repeats.
     """
 
     label: str
@@ -228,11 +272,27 @@ class StepResult:
     server: ServerTimes | None = None
     errors_total: int = 0
     error_kinds: dict[str, int] = field(default_factory=dict)
+    engine: str = "locust"
+    client_cpu_us: float = math.nan
+    client_cores: float = math.nan
+    client_demand: float = math.nan
+    client_bound: bool = False
+    rounds: int = 1
+    samples_per_s_min: float = math.nan
+    samples_per_s_max: float = math.nan
 
     @property
     def series(self) -> str:
-        """The curve this step belongs to: ``label model protocol B=..``."""
-        return f"{self.label} {self.model} {self.protocol} B={self.batch_size}"
+        """The curve this step belongs to: ``label model protocol B=..`` (and the engine, if not locust)."""
+        engine = "" if self.engine == "locust" else f" [{self.engine}]"
+        return f"{self.label} {self.model} {self.protocol} B={self.batch_size}{engine}"
+
+    @property
+    def spread(self) -> float:
+        """``(max - min) / median`` of the rate over the step's repeats (0 for one repeat)."""
+        if self.rounds < 2 or not self.samples_per_s > 0:
+            return 0.0
+        return (self.samples_per_s_max - self.samples_per_s_min) / self.samples_per_s
 
     def as_dict(self) -> dict[str, Any]:
         """JSON-ready fields (server statistics nested)."""
@@ -244,6 +304,10 @@ class StepResult:
         values = dict(data)
         server = values.pop("server", None)
         return cls(server=ServerTimes(**server) if server else None, **values)
+
+
+def _number(value: Any) -> float:
+    return math.nan if value is None else float(value)
 
 
 def collect_step(
@@ -280,6 +344,15 @@ def collect_step(
     stats_path = folder / SERVER_STATS_FILE
     if stats_path.is_file():
         server = ServerTimes.from_delta(json.loads(stats_path.read_text())["delta"])
+    cpu_documents = [json.loads(path.read_text()) for path in sorted(folder.glob(CPU_GLOB))]
+    cpu = ClientCpu.of_processes(
+        [
+            (float(d["cpu_s"]), float(d["seconds"]), _number(d.get("process_demand")))
+            for d in cpu_documents
+            if d.get("cpu_s") is not None
+        ],
+        tally.ok + tally.errors,
+    )
     return StepResult(
         label=target.label,
         model=model,
@@ -301,6 +374,85 @@ def collect_step(
         server=server,
         errors_total=errors_total,
         error_kinds=dict(tally.error_kinds.most_common(5)),
+        client_cpu_us=cpu.per_request_us,
+        client_cores=cpu.share,
+        client_demand=cpu.demand,
+        client_bound=cpu.bound,
+        samples_per_s_min=rate * batch_size,
+        samples_per_s_max=rate * batch_size,
+    )
+
+
+def perf_analyzer_step(
+    target: Target, model: str, config: SweepConfig, concurrency: int, payload: Path, folder: Path
+) -> StepResult:
+    """One step driven by perf_analyzer, its figures read from its own CSV and summary.
+
+    Its input data are the sweep's rows (written once beside the payload); it runs its own
+    stabilisation windows of ``config.duration_s`` each (``config.warmup_s`` is not used: its
+    first windows are its warm-up).
+    """
+    input_data = payload.with_name("perf_analyzer-input.json")
+    if not input_data.is_file():
+        perf_analyzer.write_input_data(PayloadPool.load(payload), input_data)
+    # Its windows until three agree, at most MAX_TRIALS of them.
+    windows_s = (perf_analyzer.MAX_TRIALS + 1) * config.duration_s
+    run = perf_analyzer.run_step(
+        require_perf_analyzer(),
+        target.url,
+        target.protocol,
+        model,
+        config.batch_size,
+        concurrency,
+        config.duration_s,
+        input_data,
+        folder,
+        timeout_s=windows_s + config.request_timeout_s + _STEP_GRACE_S,
+        cpus=config.client_cpus,
+    )
+    (folder / "perf_analyzer.json").write_text(json.dumps(perf_analyzer.describe(run)))
+    figures, served = run.figures, run.figures.server
+    server = None
+    if served.get("success_count"):
+        count = served["success_count"]
+        executions = served.get("execution_count", 0.0)
+        server = ServerTimes(
+            requests=int(count),
+            executions=int(executions),
+            queue_ms=served.get("queue", math.nan),
+            compute_input_ms=served.get("input", math.nan),
+            compute_infer_ms=served.get("infer", math.nan),
+            compute_output_ms=served.get("output", math.nan),
+            request_ms=served.get("request", math.nan),
+            batch=served.get("inference_count", 0.0) / executions if executions else math.nan,
+        )
+    rate = figures.samples_per_s / config.batch_size
+    return StepResult(
+        label=target.label,
+        model=model,
+        protocol=target.protocol,
+        batch_size=config.batch_size,
+        concurrency=concurrency,
+        processes=1,
+        seconds=figures.requests / rate if rate > 0 else 0.0,
+        requests=figures.requests,
+        errors=0,
+        requests_per_s=rate,
+        samples_per_s=figures.samples_per_s,
+        p50_ms=figures.p50_ms,
+        p90_ms=figures.p90_ms,
+        p95_ms=figures.p95_ms,
+        p99_ms=figures.p99_ms,
+        mean_ms=figures.mean_ms,
+        max_ms=math.nan,
+        server=server,
+        engine="perf_analyzer",
+        client_cpu_us=run.cpu.per_request_us,
+        client_cores=run.cpu.share,
+        client_demand=run.cpu.demand,
+        client_bound=run.cpu.bound,
+        samples_per_s_min=figures.samples_per_s,
+        samples_per_s_max=figures.samples_per_s,
     )
 
 
@@ -343,15 +495,17 @@ def locust_command(
 
 
 def median_step(rounds: Sequence[StepResult]) -> StepResult:
-    """One step from several rounds of the same (server, model, protocol, batch, concurrency):
-    rates, percentiles, means and Triton's times are the median over the rounds; ``requests``,
-    ``errors`` and ``seconds`` add up, ``max_ms`` is the largest. One round is returned as is."""
+    """One step from several rounds of the same (server, model, protocol, batch, concurrency, engine):
+    rates, percentiles, means, client CPU and Triton's times are the median over the rounds;
+    ``requests``, ``errors`` and ``seconds`` add up, ``max_ms`` is the largest, the rate's lowest
+    and highest are kept (the spread), and the step is client-bound when at least half of its
+    rounds were. One round is returned as is."""
     if not rounds:
         raise ValueError("no rounds to combine")
     first = rounds[0]
     if len(rounds) == 1:
         return first
-    keys = {(r.label, r.model, r.protocol, r.batch_size, r.concurrency) for r in rounds}
+    keys = {(r.label, r.model, r.protocol, r.batch_size, r.concurrency, r.engine) for r in rounds}
     if len(keys) > 1:
         raise ValueError(f"rounds of different steps: {sorted(keys)}")
 
@@ -392,6 +546,14 @@ def median_step(rounds: Sequence[StepResult]) -> StepResult:
         server=server,
         errors_total=sum(r.errors_total for r in rounds),
         error_kinds=kinds,
+        client_cpu_us=median("client_cpu_us", rounds),
+        client_cores=median("client_cores", rounds),
+        client_demand=median("client_demand", rounds),
+        # Bound when at least half of the repeats were: the median repeat's verdict.
+        client_bound=2 * sum(r.client_bound for r in rounds) >= len(rounds),
+        rounds=sum(r.rounds for r in rounds),
+        samples_per_s_min=min(r.samples_per_s_min for r in rounds),
+        samples_per_s_max=max(r.samples_per_s_max for r in rounds),
     )
 
 
@@ -402,11 +564,14 @@ def _environment() -> dict[str, str]:
     return env
 
 
-def run_locust(command: Sequence[str], folder: Path, timeout_s: float) -> None:
+def run_locust(
+    command: Sequence[str], folder: Path, timeout_s: float, cpus: frozenset[int] | None = None
+) -> None:
     """Run one locust step; its output goes to ``folder/locust.log``.
 
     The process gets its own process group: a step that overruns ``timeout_s``
-    is killed with every worker it forked, by that group's id (its pid).
+    is killed with every worker it forked, by that group's id (its pid). With
+    ``cpus``, it and every worker it forks run on those cores only.
 
     Raises:
         BundleError: locust exited non-zero or overran its time.
@@ -424,6 +589,7 @@ def run_locust(command: Sequence[str], folder: Path, timeout_s: float) -> None:
             env=_environment(),
             cwd=REPO_ROOT,
             start_new_session=True,
+            preexec_fn=None if cpus is None else lambda: os.sched_setaffinity(0, cpus),
         )
         try:
             code = process.wait(timeout=timeout_s)
@@ -448,7 +614,33 @@ def make_payload(out: Path, data: Path | None) -> Path:
 
 def step_folder(out: Path, target: Target, model: str, batch_size: int, concurrency: int) -> Path:
     """Where one step's raw results go."""
-    return out / "steps" / f"{target.label}-{model}-{target.protocol}-b{batch_size}-c{concurrency}"
+    engine = "" if target.engine == "locust" else f"-{target.engine}"
+    return out / "steps" / f"{target.label}-{model}-{target.protocol}{engine}-b{batch_size}-c{concurrency}"
+
+
+def run_step(
+    target: Target, model: str, config: SweepConfig, concurrency: int, payload: Path, folder: Path
+) -> StepResult:
+    """One step of ``target``'s engine; its raw files go to ``folder`` (emptied first)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    for stale in folder.glob("*"):
+        stale.unlink()
+    if target.engine == "perf_analyzer":
+        return perf_analyzer_step(target, model, config, concurrency, payload, folder)
+    command = locust_command(target, model, config, concurrency, payload, folder)
+    logger.debug("step: %s", shlex.join(command))
+    run_locust(
+        command, folder, config.step_seconds + config.request_timeout_s + _STEP_GRACE_S, config.client_cpus
+    )
+    return collect_step(
+        folder,
+        target,
+        model,
+        config.batch_size,
+        concurrency,
+        config.processes_for(concurrency),
+        config.duration_s,
+    )
 
 
 def run_sweep(
@@ -474,21 +666,8 @@ def run_sweep(
     for model in config.models:
         for concurrency in config.concurrency:
             folder = step_folder(out, target, model, config.batch_size, concurrency)
-            for stale in folder.glob("*"):
-                stale.unlink()
-            command = locust_command(target, model, config, concurrency, payload, folder)
-            logger.debug("step: %s", shlex.join(command))
             started = time.perf_counter()
-            run_locust(command, folder, config.step_seconds + config.request_timeout_s + _STEP_GRACE_S)
-            result = collect_step(
-                folder,
-                target,
-                model,
-                config.batch_size,
-                concurrency,
-                config.processes_for(concurrency),
-                config.duration_s,
-            )
+            result = run_step(target, model, config, concurrency, payload, folder)
             logger.debug("step done in %.1f s", time.perf_counter() - started)
             results.append(result)
             if on_step is not None:

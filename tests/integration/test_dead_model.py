@@ -40,7 +40,7 @@ pytestmark = pytest.mark.integration
 StartTriton = Callable[..., LocalServer]
 
 MODEL = "dlrm_onnx"
-STAGE = "dlrm_embedding"  # the hot/cold embedding stage of a DLRM exported hierarchically
+STAGE = "dlrm_embedding"  # the embedding stage of a DLRM exported hot/cold
 BATCH = 64
 #: A SIGTERM after the crash: drain and unload, not tritonserver's whole exit timeout (10 s).
 STOP_BOUND_S = 5.0
@@ -71,7 +71,7 @@ def repository(checkpoint: Path, labeled_file: Path) -> Path:
 @pytest.fixture(scope="module")
 def hot_cold_repository(checkpoint: Path, labeled_file: Path) -> Path:
     """``dlrm_onnx`` as an ensemble of the hot/cold embedding stage and the dense model."""
-    return _export(checkpoint, labeled_file, checkpoint.parent / "hot_cold", "--embeddings", "hierarchical",
+    return _export(checkpoint, labeled_file, checkpoint.parent / "hot_cold", "--embeddings", "hot-cold",
                    "--hot-budget", "8K", "--profile-data", str(labeled_file))  # fmt: skip
 
 

@@ -1,4 +1,4 @@
-"""A hierarchical model served by the real local tritonserver: embedding stage + dense model as one ensemble.
+"""A hot/cold model served by the real local tritonserver: embedding stage + dense model as one ensemble.
 
 The repository holds a tiny row store (26 tables of different sizes, W = 4), a
 hand-made hot set, the stage (``export.tables.ensemble``), a stand-in dense ONNX model
@@ -179,7 +179,7 @@ def _stand_in_dense_model(tiers: Tiers) -> onnx.ModelProto:
     ]
     graph = helper.make_graph(
         nodes,
-        "hierarchical_stand_in",
+        "hot_cold_stand_in",
         [
             helper.make_tensor_value_info(DENSE_INPUT, TensorProto.FLOAT, ["B", NUM_DENSE]),
             helper.make_tensor_value_info(HOT_SLOTS, TensorProto.INT64, ["B", NUM_CATEGORICAL]),
@@ -199,9 +199,9 @@ def _stand_in_dense_model(tiers: Tiers) -> onnx.ModelProto:
 
 
 @pytest.fixture(scope="module")
-def hierarchical_repository(tmp_path_factory: pytest.TempPathFactory) -> Path:
+def hot_cold_repository(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The stage (2 instances, its store inside its model folder), the stand-in dense model, the ensemble."""
-    root = tmp_path_factory.mktemp("hierarchical")
+    root = tmp_path_factory.mktemp("hot_cold")
     repository = root / "model_repository"
     # Inside the stage's model folder (not a version folder): written as a relative path.
     store_dir = repository / STAGE / "rows"
@@ -225,8 +225,8 @@ def hierarchical_repository(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def server(start_triton: Any, hierarchical_repository: Path) -> Iterator[LocalServer]:
-    server = start_triton(hierarchical_repository)
+def server(start_triton: Any, hot_cold_repository: Path) -> Iterator[LocalServer]:
+    server = start_triton(hot_cold_repository)
     yield server
     server.stop()
 

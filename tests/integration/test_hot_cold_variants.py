@@ -32,7 +32,7 @@ from criteo.tsv import Batch, read_batch
 from export.graphs.parity import compare, extreme_id_rows
 from export.tables.ensemble import dense_model_name, embedding_model_name, ensemble_model_name
 from export.tables.hot_rows import HotSet
-from export.tables.placement import run_hierarchical
+from export.tables.placement import run_hot_cold
 from export.tables.row_store import RowStore
 from server import LocalServer
 from server.security import generate_admin_key
@@ -78,7 +78,7 @@ def exported(tmp_path_factory: pytest.TempPathFactory, labeled_file: Path) -> Ex
         _run("models", "train", family.replace("_", "-"), "--data", str(labeled_file), "--preset", "tiny",
              "--table-sizes", sizes, "--out", str(model))  # fmt: skip
         done = _run("export", *_export_args(family, model, labeled_file), "--repository", str(repository),
-                    "--embeddings", "hierarchical", "--hot-budget", HOT_BUDGET,
+                    "--embeddings", "hot-cold", "--hot-budget", HOT_BUDGET,
                     "--profile-data", str(labeled_file))  # fmt: skip
         output[family], models[family] = done.stdout + done.stderr, model
     fresh = root / "fresh.tsv"
@@ -107,7 +107,7 @@ def _stages(repository: Path, family: str, version: int = 1) -> tuple[HotSet, Ro
 def _in_process(repository: Path, family: str, precision: str, batch: Batch, version: int = 1) -> np.ndarray:
     hot, store = _stages(repository, family, version)
     dense = repository / dense_model_name(family, precision) / str(version) / "model.onnx"
-    return run_hierarchical(dense, hot, store, batch)
+    return run_hot_cold(dense, hot, store, batch)
 
 
 def _served(server: LocalServer, name: str, batch: Batch) -> list[np.ndarray]:

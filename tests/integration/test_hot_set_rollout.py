@@ -81,10 +81,10 @@ def exported(tmp_path_factory: pytest.TempPathFactory, labeled_file: Path) -> Ex
     quick = ["--checkpoint", str(model), "--check-data", str(labeled_file), "--check-rows", "1024",
              "--no-int8", "--no-fp16"]  # fmt: skip
     _run("export", "dlrm", *quick, "--repository", str(root / "in_graph"))
-    _run("export", "dlrm", *quick, "--repository", str(root / "hierarchical"), "--hot-budget", HOT_BUDGET)
+    _run("export", "dlrm", *quick, "--repository", str(root / "hot_cold"), "--hot-budget", HOT_BUDGET)
     fresh = root / "fresh.tsv"
     write_tsv(SynthConfig(rows=3_000, seed=29, exponent=0.8), fresh)
-    return Exported(root / "hierarchical", root / "in_graph" / NAME / "1" / "model.onnx", fresh)
+    return Exported(root / "hot_cold", root / "in_graph" / NAME / "1" / "model.onnx", fresh)
 
 
 @pytest.fixture

@@ -131,9 +131,7 @@ def test_a_rollout_killed_at_six_points_leaves_every_model_serving(
 ) -> None:
     before = tmp_path / "model_repository"
     _run(*_export_args(checkpoints["first"], labeled_file), "--repository", str(before), "--hot-budget", "8K")
-    assert (
-        json.loads((before / "dlrm_onnx" / "export_report.json").read_text())["placement"] == "hierarchical"
-    )
+    assert json.loads((before / "dlrm_onnx" / "export_report.json").read_text())["placement"] == "hot-cold"
     fresh = tmp_path / "fresh.tsv"
     write_tsv(SynthConfig(rows=3_000, seed=29, exponent=0.8), fresh)
     rollout = ["export", "rollout-hot-set", "--repository", REPOSITORY, "--family", "dlrm", "--profile-data",

@@ -422,7 +422,7 @@ def test_an_empty_or_malformed_output_is_one_client_error() -> None:
 
 
 def test_repository_models_lists_only_models_that_take_the_schema(tmp_path: Path) -> None:
-    """A hierarchical model's dense part takes hot_slots/cold rows and its stage takes only ids:
+    """A hot/cold model's dense part takes hot_slots/cold rows and its stage takes only ids:
     verify and the soak send the schema's two inputs, so they list neither."""
     from clients.verify import repository_models
 

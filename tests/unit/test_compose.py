@@ -319,7 +319,7 @@ def test_prometheus_scrapes_triton_and_grafana_is_provisioned(services: dict[str
         "nv_inference_exec_count",
         "nv_gpu_utilization",
         "nv_gpu_memory_used_bytes",
-        "ctr_embedding_lookups_total",  # hierarchical models: the embedding stage's hot/cold counters
+        "ctr_embedding_lookups_total",  # hot/cold models: the embedding stage's hot/cold counters
     ):
         assert metric in exprs, metric
     assert 'tier="hot"' in exprs and 'tier="cold"' in exprs

@@ -1,4 +1,4 @@
-"""Hierarchical models without Triton: repository entries (export.tables.ensemble), the stage's numpy core."""
+"""Hot/cold models without Triton: repository entries (export.tables.ensemble), the stage's numpy core."""
 
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ from bundle.schema import (
 from export.tables import row_store
 from export.tables.ensemble import (
     HOT_SET_FILE,
-    add_hierarchical_models,
+    add_hot_cold_models,
     build_dense_config,
     build_embedding_config,
     build_ensemble_config,
@@ -109,7 +109,7 @@ def test_the_three_configs_are_written_and_read_back(
     stage_config = write_embedding_stage(repository, "dlrm", store_dir, hot_path, SIZES, WIDTH, instances=2)
     dense_folder = version_dir(repository, "dlrm_dense")
     dense_folder.mkdir(parents=True)
-    (dense_folder / MODEL_FILE).write_bytes(b"written by export.tables.hierarchical")
+    (dense_folder / MODEL_FILE).write_bytes(b"written by export.tables.hot_cold_graph")
     dense_config = write_dense_config(repository, "dlrm", WIDTH, ServingConfig(intra_op_threads=2))
     ensemble_config = write_ensemble(repository, "dlrm")
 
@@ -170,15 +170,13 @@ def test_the_three_configs_are_written_and_read_back(
     assert version_dir(repository, "dlrm_onnx").is_dir()
 
 
-def test_add_hierarchical_models_writes_all_three(
-    tmp_path: Path, store_and_hot_set: tuple[Path, Path]
-) -> None:
+def test_add_hot_cold_models_writes_all_three(tmp_path: Path, store_and_hot_set: tuple[Path, Path]) -> None:
     store_dir, hot_path = store_and_hot_set
     repository = tmp_path / "repository"
     dense_folder = version_dir(repository, "wide_deep_dense")
     dense_folder.mkdir(parents=True)
-    (dense_folder / MODEL_FILE).write_bytes(b"written by export.tables.hierarchical")
-    paths = add_hierarchical_models(repository, "wide_deep", store_dir, hot_path, ServingConfig())
+    (dense_folder / MODEL_FILE).write_bytes(b"written by export.tables.hot_cold_graph")
+    paths = add_hot_cold_models(repository, "wide_deep", store_dir, hot_path, ServingConfig())
     names = [read_config(path).name for path in paths]
     assert names == ["wide_deep_embedding", "wide_deep_dense", "wide_deep_onnx"]
     assert _tensors(read_config(paths[1]).input)[3] == (COLD_ROWS, mc.TYPE_FP32, [-1, WIDTH])

@@ -18,6 +18,8 @@ def _step(target: Target, config: SweepConfig) -> StepResult:
         batch_size=config.batch_size, concurrency=concurrency, processes=1, seconds=1.0,
         requests=1, errors=0, requests_per_s=1.0, samples_per_s=float(config.batch_size),
         p50_ms=1.0, p90_ms=1.0, p95_ms=1.0, p99_ms=1.0, mean_ms=1.0, max_ms=1.0,
+        engine=target.engine, samples_per_s_min=float(config.batch_size),
+        samples_per_s_max=float(config.batch_size),
     )  # fmt: skip
 
 
@@ -67,7 +69,14 @@ def test_rounds_repeat_each_level_and_give_each_server_its_median(
     ) -> list[StepResult]:
         folders.append(out)
         rate = next(rates)
-        step = replace(_step(target, config), requests_per_s=rate, samples_per_s=rate * config.batch_size)
+        samples = rate * config.batch_size
+        step = replace(
+            _step(target, config),
+            requests_per_s=rate,
+            samples_per_s=samples,
+            samples_per_s_min=samples,
+            samples_per_s_max=samples,
+        )
         return [replace(step, p99_ms=1000.0 / rate, max_ms=rate)]
 
     monkeypatch.setattr(runs, "run_sweep", fake_sweep)
@@ -75,8 +84,8 @@ def test_rounds_repeat_each_level_and_give_each_server_its_median(
         Target("127.0.0.1:1", "grpc", "triton"),
         Target("127.0.0.1:2", "fastapi", "fastapi", server_stats=False),
     ]
-    options = runs.RunOptions(batch_sizes=(64,), concurrency=(1,))
-    steps = runs._interleaved_steps(targets, "m", options, tmp_path, tmp_path / "p.npz", rounds=3)
+    options = runs.RunOptions(batch_sizes=(64,), concurrency=(1,), rounds=3)
+    steps = runs._interleaved_steps(targets, "m", options, tmp_path, tmp_path / "p.npz")
 
     # Rounds 1-3 in their own folders; order triton,fastapi / fastapi,triton / triton,fastapi.
     assert folders == [tmp_path / f"round{r}" for r in (1, 1, 2, 2, 3, 3)]
@@ -88,6 +97,8 @@ def test_rounds_repeat_each_level_and_give_each_server_its_median(
     assert fastapi.requests_per_s == 102.0
     assert triton.p99_ms == pytest.approx(1000.0 / 103) and triton.max_ms == 104.0
     assert triton.requests == 3 and triton.seconds == 3.0
+    # The spread over the rounds: (104 - 100) / 103 of triton's rate.
+    assert triton.rounds == 3 and triton.spread == pytest.approx(4 / 103)
 
 
 def test_median_step_refuses_rounds_of_different_steps() -> None:

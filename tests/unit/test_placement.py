@@ -18,17 +18,19 @@ from typing import Any
 
 import numpy as np
 import pytest
+from typer.testing import CliRunner
 
 from bundle.errors import ConfigError, ExportError
-from bundle.repository import ServingConfig, read_config
+from bundle.repository import ServingConfig, read_config, write_report
 from bundle.schema import NUM_CATEGORICAL
 from criteo.synth import SynthConfig, write_tsv
-from export.__main__ import _export_options
-from export.options import NO_PROFILE_DATA, ExportOptions, PlacementOptions
+from export.__main__ import _export_options, app
+from export.options import NO_PROFILE_DATA, PLACEMENTS, ExportOptions, PlacementOptions, current_placement
 from export.pipeline import export_family
 from export.tables import placement as placement_module
 from export.tables.hot_rows import HotSet
 from export.tables.placement import FP32_STORE_TOLERANCE, decide
+from export.tables.rollout import _read_report
 from export.tables.row_store import RowStore
 
 #: A different size per table; DLRM tiny rows are 8 float32 values (32 bytes).
@@ -53,17 +55,17 @@ def test_defaults_keep_the_tables_in_the_graph() -> None:
     options = PlacementOptions()
     assert (options.mode, options.hot_budget, options.store_dtype) == ("auto", None, "float32")
     assert not options.may_split
-    assert not decide(options, None).hierarchical
+    assert not decide(options, None).hot_cold
 
 
 @pytest.mark.parametrize(
     ("fields", "message"),
     [
-        ({"mode": "sharded"}, "--embeddings must be auto, in-graph, hierarchical"),
+        ({"mode": "sharded"}, "--embeddings must be auto, in-graph, hot-cold"),
         ({"hot_budget": 10, "store_dtype": "bfloat16"}, "--store-dtype must be float32 or float16"),
         ({"hot_budget": -1}, "--hot-budget must be a byte count >= 0"),
         ({"hot_budget": True}, "--hot-budget must be a byte count >= 0"),
-        ({"mode": "hierarchical"}, "--embeddings hierarchical needs --hot-budget SIZE"),
+        ({"mode": "hot-cold"}, "--embeddings hot-cold needs --hot-budget SIZE"),
         ({"mode": "in-graph", "hot_budget": 10}, "--embeddings in-graph keeps them all"),
         ({"store_dtype": "float16"}, "give --hot-budget too"),
         ({"profile_data": Path("rows.tsv")}, "give --hot-budget too"),
@@ -95,7 +97,7 @@ def test_profile_data_defaults_to_calibration_then_check_data(tmp_path: Path, da
             repository=tmp_path,
             serving=ServingConfig(profile="gpu", ort_trt=True),
             check_data=data,
-            placement=PlacementOptions("hierarchical", hot_budget=1),
+            placement=PlacementOptions("hot-cold", hot_budget=1),
         )
 
 
@@ -122,21 +124,68 @@ def test_a_missing_profile_is_one_error_line(tmp_path: Path) -> None:
     assert done.stderr.strip().splitlines() == [f"error: {NO_PROFILE_DATA}"]
 
 
+def test_the_former_name_of_hot_cold_still_works_and_says_it_was_renamed(
+    data: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    options, _ = _export_options(
+        repository=tmp_path, check_data=data, embeddings="hierarchical", hot_budget="1M"
+    )
+    assert options.placement == PlacementOptions("hot-cold", 2**20)
+    assert "--embeddings hierarchical was renamed to hot-cold" in caplog.text
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "export",
+            "dlrm",
+            "--checkpoint",
+            str(tmp_path),
+            "--embeddings",
+            "hierarchical",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 1
+    warning, error = done.stderr.strip().splitlines()  # one line says so, then the hot-cold error
+    assert warning.endswith("--embeddings hierarchical was renamed to hot-cold: give --embeddings hot-cold")
+    assert error.startswith("error: --embeddings hot-cold needs --hot-budget SIZE")
+
+
+def test_help_names_hot_cold_only() -> None:
+    done = CliRunner().invoke(app, ["dlrm", "--help"], env={"COLUMNS": "200"})
+    assert done.exit_code == 0, done.output
+    assert "auto, in-graph, hot-cold." in done.output
+    assert "hierarchical" not in done.output
+
+
+def test_reports_of_earlier_versions_read_with_the_current_name(tmp_path: Path) -> None:
+    assert [current_placement(value) for value in PLACEMENTS] == list(PLACEMENTS)
+    assert current_placement("hierarchical") == "hot-cold"
+    write_report(tmp_path, "dlrm_onnx", {"placement": "hierarchical", "hot_rows": 3})
+    assert _read_report(tmp_path, "dlrm_onnx") == {"placement": "hot-cold", "hot_rows": 3}
+    write_report(tmp_path, "dlrm_onnx_fp16", {"placement": "hot-cold"})
+    assert _read_report(tmp_path, "dlrm_onnx_fp16") == {"placement": "hot-cold"}
+    assert _read_report(tmp_path, "absent") == {}
+
+
 @pytest.mark.parametrize(
-    ("mode", "budget", "table_bytes", "hierarchical", "says"),
+    ("mode", "budget", "table_bytes", "hot_cold", "says"),
     [
         ("auto", 1000, 1001, True, "more than the hot budget"),
         ("auto", 1000, 1000, False, "within the hot budget"),
         ("auto", 2**30, 10, False, "every table stays in the graph"),
-        ("hierarchical", 2**30, 10, True, "--embeddings hierarchical"),
-        ("hierarchical", 0, 10, True, "--embeddings hierarchical"),
+        ("hot-cold", 2**30, 10, True, "--embeddings hot-cold"),
+        ("hot-cold", 0, 10, True, "--embeddings hot-cold"),
     ],
 )
 def test_auto_splits_only_tables_over_the_budget(
-    mode: str, budget: int, table_bytes: int, hierarchical: bool, says: str
+    mode: str, budget: int, table_bytes: int, hot_cold: bool, says: str
 ) -> None:
     decision = decide(PlacementOptions(mode, hot_budget=budget), table_bytes)
-    assert decision.hierarchical is hierarchical
+    assert decision.hot_cold is hot_cold
     assert says in decision.reason and f"({table_bytes} bytes)" in decision.reason
     assert decision.table_bytes == table_bytes
 
@@ -180,7 +229,7 @@ def _entries(repository: Path) -> set[str]:
     return {path.name for path in repository.iterdir()} if repository.exists() else set()
 
 
-def test_hierarchical_export_is_exact_with_an_fp32_store(
+def test_hot_cold_export_is_exact_with_an_fp32_store(
     checkpoint: Path, data: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     repository = tmp_path / "repo"
@@ -204,13 +253,13 @@ def test_hierarchical_export_is_exact_with_an_fp32_store(
     assert result.name == "dlrm_onnx" and result.reference == "onnx_fp32 (in-graph)"
     assert result.parity.max_abs_diff <= FP32_STORE_TOLERANCE
     assert result.parity.rows == 1024 + 64  # the check rows and their out-of-range copies
-    assert result.summary.startswith("dlrm_onnx: hot/cold placement: 64 of")
+    assert result.summary.startswith("dlrm_onnx: hot/cold: 64 of")
 
     assert read_config(repository / "dlrm_onnx" / "config.pbtxt").platform == "ensemble"
     assert read_config(repository / "dlrm_embedding" / "config.pbtxt").instance_group[0].count == 2
     assert not (repository / "dlrm_onnx" / "1" / "model.onnx").exists()
     report = json.loads((repository / "dlrm_onnx" / "export_report.json").read_text())
-    assert report["placement"] == "hierarchical"
+    assert report["placement"] == "hot-cold"
     assert (report["hot_budget_bytes"], report["hot_rows"], report["hot_bytes"]) == (BUDGET, 64, BUDGET)
     assert report["table_bytes"] == TABLE_BYTES and report["table_rows"] == sum(SIZES)
     assert report["profile"]["source"] == str(data) and report["profile"]["from"] == "--check-data"
@@ -234,7 +283,7 @@ def test_an_fp16_store_passes_the_auc_gate(
     checkpoint: Path, data: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     repository = tmp_path / "repo"
-    options = _options(repository, data, mode="hierarchical", store_dtype="float16", profile_data=data)
+    options = _options(repository, data, mode="hot-cold", store_dtype="float16", profile_data=data)
     (result,) = export_family(_exporter(checkpoint), options)
     report = json.loads((repository / "dlrm_onnx" / "export_report.json").read_text())
     assert report["row_store"]["dtype"] == "float16"
@@ -247,7 +296,7 @@ def test_an_fp16_store_passes_the_auc_gate(
     # The same gate, closed: the export fails and leaves the repository as it was.
     before = {path: path.read_bytes() for path in sorted(repository.rglob("*")) if path.is_file()}
     strict = replace(options, fp16_auc_tolerance=1e-12)
-    original = placement_module.run_hierarchical
+    original = placement_module.run_hot_cold
 
     def nudged(*args: Any, **kwargs: Any) -> np.ndarray:
         probabilities: np.ndarray = original(*args, **kwargs)
@@ -256,7 +305,7 @@ def test_an_fp16_store_passes_the_auc_gate(
         )
 
     with monkeypatch.context() as patch:
-        patch.setattr(placement_module, "run_hierarchical", nudged)
+        patch.setattr(placement_module, "run_hot_cold", nudged)
         with pytest.raises(ExportError, match="AUC differs by"):
             export_family(_exporter(checkpoint), strict)
     assert {path: path.read_bytes() for path in sorted(repository.rglob("*")) if path.is_file()} == before

@@ -122,7 +122,7 @@ def test_publish_warns_of_a_row_store_outside_the_repository(
     endpoint: str, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     repository = _repository(tmp_path, store="/data/row_store")
-    publish_repository(repository, S3Url.parse(f"s3://{endpoint}/{BUCKET}/hierarchical"))
+    publish_repository(repository, S3Url.parse(f"s3://{endpoint}/{BUCKET}/hot_cold"))
     assert "dlrm_onnx reads its row store from /data/row_store" in caplog.text
 
 

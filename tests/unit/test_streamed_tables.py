@@ -30,7 +30,7 @@ from export.importers.sources import SourceOptions
 from export.options import ExportOptions, PlacementOptions
 from export.pipeline import export_family
 from export.tables.hot_rows import HotSet
-from export.tables.placement import run_hierarchical
+from export.tables.placement import run_hot_cold
 from export.tables.row_store import RowStore
 from tests.byom_torch import (
     TORCHREC_ORDER,
@@ -87,7 +87,7 @@ SOURCES: dict[str, Callable[[Path], Any]] = {
 
 def _options(repository: Path, data: Path, stream: bool, **fields: Any) -> ExportOptions:
     budget = fields.pop("hot_budget", 512)
-    placement = PlacementOptions("hierarchical", hot_budget=budget, stream_tables=stream, **fields)
+    placement = PlacementOptions("hot-cold", hot_budget=budget, stream_tables=stream, **fields)
     return ExportOptions(
         repository=repository, check_data=data, check_rows=1024, fp16=False, int8=False, placement=placement
     )
@@ -123,8 +123,8 @@ def test_streamed_tables_give_the_same_store_and_answers(source: str, data: Path
         (hot_a, store_a, dense_a), (hot_b, store_b, dense_b) = _pair(usual), _pair(streamed)
         assert all(np.array_equal(a, b) for a, b in zip(hot_a.ids, hot_b.ids, strict=True))
         np.testing.assert_allclose(
-            run_hierarchical(dense_b, hot_b, store_b, rows),
-            run_hierarchical(dense_a, hot_a, store_a, rows),
+            run_hot_cold(dense_b, hot_b, store_b, rows),
+            run_hot_cold(dense_a, hot_a, store_a, rows),
             rtol=0,
             atol=1e-6,
         )
@@ -188,7 +188,7 @@ def test_large_hot_tables_skip_the_fp16_converter_and_answer_alike(
         (table,) = [t for t in onnx.load(str(dense)).graph.initializer if t.name.endswith("/hot")]
         assert table.data_type == onnx.TensorProto.FLOAT16 and table.dims[0] > 1
         hot, store, _ = _pair(repository)
-        answers[threshold] = run_hierarchical(dense, hot, store, read_batch(data, 512))
+        answers[threshold] = run_hot_cold(dense, hot, store, read_batch(data, 512))
     first, second = answers.values()
     np.testing.assert_allclose(first, second, rtol=0, atol=1e-6)
 

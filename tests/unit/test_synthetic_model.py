@@ -37,7 +37,7 @@ from criteo.tsv import read_batch
 from export.framework import small_table_sizes
 from export.tables import synthetic_model, synthetic_model_cli
 from export.tables.ensemble import HOT_SET_FILE
-from export.tables.hierarchical import PREFIX, split_lookups, stage_reference
+from export.tables.hot_cold_graph import PREFIX, split_lookups, stage_reference
 from export.tables.hot_rows import HotSet
 from export.tables.lookups import find_lookups
 from export.tables.row_store import ROWS_FILE, RowStore, RowStoreSpec, random_rows, random_store
@@ -47,7 +47,7 @@ from export.tables.synthetic_model import (
     TOLERANCES,
     check_batches,
     check_dense,
-    make_random_hierarchical_dlrm,
+    make_random_hot_cold_dlrm,
 )
 from models.config import DLRMConfig
 
@@ -78,7 +78,7 @@ def profile(data: dict[str, Path]) -> AccessProfile:
 def _make(
     tmp_path: Path, profile: AccessProfile, dtype: str = "float32", **kwargs
 ) -> synthetic_model.RandomDLRM:
-    return make_random_hierarchical_dlrm(
+    return make_random_hot_cold_dlrm(
         tmp_path / "repo",
         CONFIG,
         kwargs.pop("store_dir", tmp_path / "store"),

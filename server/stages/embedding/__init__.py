@@ -1,4 +1,4 @@
-"""The embedding stage of hierarchical (hot/cold) models; ``export.tables.ensemble`` copies its files."""
+"""The embedding stage of hot/cold models; ``export.tables.ensemble`` copies its files."""
 
 from pathlib import Path
 

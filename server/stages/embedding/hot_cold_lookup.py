@@ -1,6 +1,6 @@
 """The embedding stage's numpy core: split each lookup into hot (a slot) or cold (a row).
 
-A hierarchical model keeps the most looked-up rows of its 26 tables inside its
+A hot/cold model keeps the most looked-up rows of its 26 tables inside its
 dense ONNX model and the rest in a memory-mapped row store. For a request's
 ``B x 26`` raw ids this module computes what the dense model needs:
 

@@ -1,4 +1,4 @@
-"""The embedding stage of a hierarchical (hot/cold) model: a python-backend Triton model.
+"""The embedding stage of a hot/cold model: a python-backend Triton model.
 
 A model whose embedding tables are larger than memory is served as an ensemble
 ``<family>_onnx`` of two steps: this stage (``<family>_embedding``), then the
@@ -144,7 +144,7 @@ class _LookupCounters:
         try:
             self._family = family_type(
                 name=METRIC_FAMILY,
-                description="Embedding lookups of hierarchical models, by tier: hot rows in the "
+                description="Embedding lookups of hot/cold models, by tier: hot rows in the "
                 "dense model, cold rows read from the row store",
                 kind=family_type.COUNTER,
             )

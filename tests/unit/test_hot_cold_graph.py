@@ -1,4 +1,4 @@
-"""export.tables.hierarchical: row store from the graph, dense model with hot rows, and the stage reference.
+"""export.tables.hot_cold_graph: row store from the graph, dense model with hot rows, and the stage reference.
 
 Every model is compared with its all-in-graph ONNX export on the same raw ids:
 the dense model fed with :func:`stage_reference`'s tensors must answer within
@@ -7,7 +7,7 @@ also with external data), a permuted stacked graph (as rebuilt TorchRec DLRMs
 with ``--feature-order`` write it) with a 1-D table read by the same rows, and a
 per-column graph (a deep and a wide table per column, Keras' negative-index
 fix-up on some columns, ids of shape ``B`` and ``B x 1``) made safe by
-``export.graphs.ids``. Wide & Deep (TensorFlow) is in test_hierarchical_wide_deep.py.
+``export.graphs.ids``. Wide & Deep (TensorFlow) is in test_hot_cold_graph_wide_deep.py.
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ from bundle.schema import (
 from criteo.tables import table_offsets
 from export.graphs.ids import ensure_id_reduction
 from export.graphs.onnx_io import save_model
-from export.tables.hierarchical import PREFIX, split_lookups, stage_reference, write_store
+from export.tables.hot_cold_graph import PREFIX, split_lookups, stage_reference, write_store
 from export.tables.hot_rows import HotSet
 from export.tables.lookups import find_lookups
 from export.tables.row_store import RowStore

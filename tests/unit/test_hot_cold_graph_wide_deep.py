@@ -1,10 +1,10 @@
-"""export.tables.hierarchical on the bundle's Wide & Deep (TensorFlow): deep and wide tables in one store.
+"""export.tables.hot_cold_graph on the bundle's Wide & Deep (TensorFlow): deep and wide tables in one store.
 
-Apart from test_hierarchical.py so that TensorFlow and PyTorch never load into one
+Apart from test_hot_cold_graph.py so that TensorFlow and PyTorch never load into one
 process. The tiny model is built, given non-zero wide weights (training starts
 them at zero, which would hide a wrong wide lookup), saved as the SavedModel
 training writes and exported by WideDeepExporter; the dense model fed with
-:func:`export.tables.hierarchical.stage_reference` must answer as the export within 1e-6.
+:func:`export.tables.hot_cold_graph.stage_reference` must answer as the export within 1e-6.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from bundle.schema import (
     OUTPUT,
 )
 from criteo.tables import table_offsets
-from export.tables.hierarchical import split_lookups, stage_reference, write_store
+from export.tables.hot_cold_graph import split_lookups, stage_reference, write_store
 from export.tables.hot_rows import HotSet
 from export.tables.lookups import find_lookups
 

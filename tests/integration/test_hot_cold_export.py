@@ -1,10 +1,10 @@
-"""Hot/cold placement end to end: models exported by the real CLI, served by the real tritonserver.
+"""Hot/cold models end to end: models exported by the real CLI, served by the real tritonserver.
 
 Each family (tiny preset, a different size per table) is trained once and exported
 twice by ``python -m export``: all tables in the graph into repository A, and with
 a hot budget of a few kB (most rows cold) into repository B, where ``<family>_onnx``
 is the ensemble of ``<family>_embedding`` and ``<family>_dense``. DLRM takes the
-auto placement and profiles its check data; Wide & Deep is forced hierarchical and
+auto placement and profiles its check data; Wide & Deep is forced hot/cold and
 profiles ``--profile-data``. A local tritonserver serves B; over HTTP and gRPC, with
 the bundle's own client, the ensemble must answer what ONNX Runtime computes on
 A's all-in-graph model within 1e-6, for hot, cold, mixed and out-of-range ids and
@@ -55,27 +55,27 @@ class Exports:
     """Repository A (all in the graph), repository B (hot/cold), and what each hot/cold export said."""
 
     in_graph: Path
-    hierarchical: Path
+    hot_cold: Path
     output: dict[str, str]
 
     def reference(self, family: str) -> Path:
         return self.in_graph / ensemble_model_name(family) / "1" / "model.onnx"
 
     def hot_set(self, family: str) -> HotSet:
-        return HotSet.load(self.hierarchical / embedding_model_name(family) / "1" / "hot_set.npz")
+        return HotSet.load(self.hot_cold / embedding_model_name(family) / "1" / "hot_set.npz")
 
 
 @pytest.fixture(scope="module")
 def exports(tmp_path_factory: pytest.TempPathFactory, labeled_file: Path) -> Exports:
-    root = tmp_path_factory.mktemp("hierarchical_export")
-    in_graph, hierarchical = root / "repository_a", root / "repository_b"
+    root = tmp_path_factory.mktemp("hot_cold_export")
+    in_graph, hot_cold = root / "repository_a", root / "repository_b"
     sizes = ",".join(map(str, TABLE_SIZES))
     train = ["--data", str(labeled_file), "--preset", "tiny", "--table-sizes", sizes]
     quick = ["--check-data", str(labeled_file), "--check-rows", "1024", "--no-int8", "--no-fp16"]
     budget = ["--hot-budget", HOT_BUDGET]
     split = {
         "dlrm": budget,
-        "wide_deep": ["--embeddings", "hierarchical", *budget, "--profile-data", str(labeled_file)],
+        "wide_deep": ["--embeddings", "hot-cold", *budget, "--profile-data", str(labeled_file)],
     }
     output = {}
     for family in FAMILIES:
@@ -84,14 +84,14 @@ def exports(tmp_path_factory: pytest.TempPathFactory, labeled_file: Path) -> Exp
         _run("models", "train", command, *train, "--out", str(model))
         source = ["--checkpoint" if family == "dlrm" else "--saved-model", str(model)]
         _run("export", command, *source, *quick, "--repository", str(in_graph))
-        done = _run("export", command, *source, *quick, "--repository", str(hierarchical), *split[family])
+        done = _run("export", command, *source, *quick, "--repository", str(hot_cold), *split[family])
         output[family] = done.stdout + done.stderr
-    return Exports(in_graph, hierarchical, output)
+    return Exports(in_graph, hot_cold, output)
 
 
 @pytest.fixture(scope="module")
 def server(start_triton: Any, exports: Exports) -> Iterator[LocalServer]:
-    server = start_triton(exports.hierarchical)
+    server = start_triton(exports.hot_cold)
     yield server
     server.stop()
 
@@ -103,16 +103,16 @@ def rows(labeled_file: Path) -> Batch:
 
 def test_the_export_says_what_it_placed_and_writes_the_ensemble(exports: Exports) -> None:
     assert "more than the hot budget" in exports.output["dlrm"]  # auto: the INFO line says why
-    assert "--embeddings hierarchical: the embedding tables take" in exports.output["wide_deep"]
+    assert "--embeddings hot-cold: the embedding tables take" in exports.output["wide_deep"]
     expected = {f"{family}{suffix}" for family in FAMILIES for suffix in ("_onnx", "_embedding", "_dense")}
-    assert {path.name for path in exports.hierarchical.iterdir()} == expected
+    assert {path.name for path in exports.hot_cold.iterdir()} == expected
     for family in FAMILIES:
         name = ensemble_model_name(family)
-        assert f"{name}: hot/cold placement:" in exports.output[family]  # the CLI's summary line
-        assert read_config(exports.hierarchical / name / "config.pbtxt").platform == "ensemble"
-        report = json.loads((exports.hierarchical / name / "export_report.json").read_text())
+        assert f"{name}: hot/cold:" in exports.output[family]  # the CLI's summary line
+        assert read_config(exports.hot_cold / name / "config.pbtxt").platform == "ensemble"
+        report = json.loads((exports.hot_cold / name / "export_report.json").read_text())
         hot = exports.hot_set(family)
-        assert report["placement"] == "hierarchical"
+        assert report["placement"] == "hot-cold"
         assert report["parity"]["max_abs_diff"] <= TOLERANCE
         assert report["hot_rows"] == hot.rows and report["hot_bytes"] <= 8 * 1024
         assert report["hot_rows"] < report["table_rows"] / 20  # most rows cold

@@ -1,4 +1,4 @@
-"""Hot/cold placement of embedding tables behind one served model, at the ONNX level.
+"""Hot/cold embedding tables behind one served model, at the ONNX level.
 
 A model whose tables outgrow memory is served as two stages: an embedding stage
 reduces each id into its table, maps it to a hot slot, and reads only the cold
@@ -68,8 +68,10 @@ log = logging.getLogger(__name__)
 
 #: The first opset with ``ScatterND``, which writes the cold rows.
 MIN_OPSET = 11
-#: Prefix of the names of every node and initializer the split adds.
-PREFIX = "hierarchical"
+#: Prefix of the names of every node and initializer the split adds. Dense models of earlier
+#: versions used another prefix; no reader depends on it: a rollout's
+#: :func:`export.tables.hot_cold_variants.keep_quantization` takes only names the new model has.
+PREFIX = "hot_cold"
 #: Name of the dimension of ``cold_positions`` and ``cold_rows``.
 COLD_DIM = "cold_lookups"
 
@@ -182,7 +184,7 @@ def stage_reference(
 
     Runs the served stage's own code (``server/stages/embedding/hot_cold_lookup.py``,
     what ``<family>_embedding`` runs in Triton), so the export's checks verify the
-    placement that will serve: each id reduced into its table (``np.mod``, the
+    split that will serve: each id reduced into its table (``np.mod``, the
     divisor's sign as ONNX ``Mod(fmod=0)``), looked up among its table's hot ids,
     and each cold lookup's row read from the store.
 
@@ -208,8 +210,8 @@ def stage_reference(
     values = np.asarray(ids)
     if values.ndim != 2 or values.shape[1] != NUM_CATEGORICAL or not np.issubdtype(values.dtype, np.integer):
         raise DataError(f"ids must be B x {NUM_CATEGORICAL} integers, got {values.dtype} {values.shape}")
-    placement = HotColdLookup(sizes, hot.ids, store.data).place(values.astype(np.int64, copy=False))
-    return placement.hot_slots, placement.cold_positions, placement.cold_rows
+    split = HotColdLookup(sizes, hot.ids, store.data).place(values.astype(np.int64, copy=False))
+    return split.hot_slots, split.cold_positions, split.cold_rows
 
 
 class _Builder:
@@ -585,7 +587,7 @@ def _load_inline(tensor: onnx.TensorProto, folder: Path | None) -> None:
 def lookup_graph(model: onnx.ModelProto | Path | str, *, base_dir: Path | None = None) -> onnx.ModelProto:
     """The graph with its embedding tables' values dropped: what :func:`split_lookups` needs with a store.
 
-    A hierarchical model keeps this beside its dense model. A new hot set then
+    A hot/cold model keeps this beside its dense model. A new hot set then
     builds the next dense model from it and the row store
     (``split_lookups(lookup_graph, hot, sizes, rows=store)``), long after the
     all-in-graph graph (as large as the tables) is gone. Each table keeps its

@@ -1,0 +1,145 @@
+"""What a load generator's own CPU cost, and when it, not the server, sets a step's figures.
+
+Every engine (the locust sweep, perf_analyzer, the closed-loop driver) records
+over a step's measurement window the CPU time (user + system) of all its
+processes, and each process's *demand*: the seconds its threads were running
+or waiting for a CPU (``/proc/<pid>/task/<tid>/schedstat``), over the
+window. A step is *client-bound* when one load-generator process demanded
+more than :data:`CORE_SHARE` of a core: saturated (its event loop always
+busy) or starved (waiting for a core the server or others hold), it queues
+requests on the client, not the server. It is also client-bound when its
+processes together used more than :data:`MACHINE_SHARE` of the machine's
+cores: on a small machine that CPU is taken from the server. One
+threshold for every engine, stated in every report (:func:`threshold_line`): a
+client-bound step's rate and latency describe the client, so ratios and
+``tune`` never take it as the server's limit.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import resource
+from dataclasses import dataclass
+
+#: A load-generator process whose threads ran or waited to run above this many core-seconds per
+#: second of the window is saturated, or starved.
+CORE_SHARE = 0.75
+#: Load-generator processes together above this share of the machine's cores take its CPU.
+MACHINE_SHARE = 0.5
+
+
+def process_cpu_s() -> float:
+    """This process's CPU seconds so far (user + system, every thread)."""
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
+def pid_cpu_s(pid: int) -> float:
+    """CPU seconds so far of process ``pid`` (user + system, every thread), from ``/proc``.
+
+    Raises:
+        OSError: no such process (or no ``/proc``).
+    """
+    with open(f"/proc/{pid}/stat", "rb") as handle:
+        fields = handle.read().rsplit(b")", 1)[1].split()
+    # utime and stime are fields 14 and 15 of stat(5); index 0 here is field 3 (state).
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def thread_busy_s(pid: int | str = "self") -> dict[int, float]:
+    """Seconds each thread of ``pid`` has been running or waiting to run, so far.
+
+    From ``/proc/<pid>/task/<tid>/schedstat`` (time on a CPU, time on a run queue, in ns);
+    empty where the kernel keeps no such statistics.
+    """
+    busy: dict[int, float] = {}
+    try:
+        tasks = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return busy
+    for tid in tasks:
+        try:
+            with open(f"/proc/{pid}/task/{tid}/schedstat", "rb") as handle:
+                running, waiting = handle.read().split()[:2]
+        except (OSError, ValueError):
+            continue
+        busy[int(tid)] = (int(running) + int(waiting)) / 1e9
+    return busy
+
+
+def process_demand(before: dict[int, float], after: dict[int, float], seconds: float) -> float:
+    """Core-seconds per second that a process's threads were running or waiting to run, between
+    two :func:`thread_busy_s` readings ``seconds`` apart (a thread born in between counts from
+    zero; one that ended in between is not counted)."""
+    if seconds <= 0 or not after:
+        return math.nan
+    return sum(busy - before.get(tid, 0.0) for tid, busy in after.items()) / seconds
+
+
+def machine_cores() -> int:
+    """The cores this process may run on."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
+def threshold_line(cores: int | None = None) -> str:
+    """The client-bound rule in words, as every report states it."""
+    cores = cores or machine_cores()
+    return (
+        f"client-bound: over the measurement window, a load-generator process running or waiting for "
+        f"a CPU more than {CORE_SHARE:g} of a core (its threads together), or its processes together "
+        f"using more than {MACHINE_SHARE:.0%} of this machine's {cores} cores"
+    )
+
+
+@dataclass(frozen=True)
+class ClientCpu:
+    """A load generator's CPU over one measurement window.
+
+    Attributes:
+        cpu_s: CPU seconds of all its processes over the window.
+        seconds: the window's length.
+        demand: the most core-seconds per second any one of its processes was running or
+            waiting for a CPU, all its threads together.
+        requests: requests completed in the window (successes and failures).
+        cores: the machine's cores (the base of the machine share).
+    """
+
+    cpu_s: float
+    seconds: float
+    demand: float
+    requests: int
+    cores: int
+
+    @classmethod
+    def of_processes(cls, per_process: list[tuple[float, float, float]], requests: int) -> ClientCpu:
+        """From ``(cpu seconds, window seconds, demand)`` of each process."""
+        if not per_process:
+            return cls(math.nan, math.nan, math.nan, requests, machine_cores())
+        shares = [share for _, _, share in per_process if not math.isnan(share)]
+        seconds = max(seconds for _, seconds, _ in per_process)
+        return cls(
+            cpu_s=sum(cpu for cpu, _, _ in per_process),
+            seconds=seconds,
+            demand=max(shares) if shares else math.nan,
+            requests=requests,
+            cores=machine_cores(),
+        )
+
+    @property
+    def share(self) -> float:
+        """Cores used on average over the window, all processes together."""
+        return self.cpu_s / self.seconds if self.seconds > 0 else math.nan
+
+    @property
+    def per_request_us(self) -> float:
+        """CPU microseconds per request."""
+        return self.cpu_s / self.requests * 1e6 if self.requests else math.nan
+
+    @property
+    def bound(self) -> bool:
+        """Whether the load generator, not the server, limited the step."""
+        return self.demand > CORE_SHARE or self.share > MACHINE_SHARE * self.cores

@@ -1,0 +1,251 @@
+"""perf_analyzer as a sweep engine: one process per step, its own CSV read back into a step.
+
+``python -m loadtest sweep --engine perf_analyzer`` runs each step as
+``perf_analyzer --concurrency-range C:C``, with the sweep's rows as its input
+data, and reads the step's figures from perf_analyzer's own ``-f`` CSV and
+summary; nothing is re-measured here. Two figures it does not print come
+from outside it, the same way for every engine: its CPU time (the child's
+rusage) and the requests it sent over its whole run (Triton's statistics of
+the model before and after), whose ratio is the client CPU per request.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+import os
+import re
+import resource
+import shlex
+import subprocess
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+from bundle.errors import BundleError
+from bundle.schema import CATEGORICAL_INPUT, DENSE_INPUT
+from clients.retry import RetryPolicy
+from clients.triton import TritonClient
+from loadtest.engine.client_cpu import ClientCpu, machine_cores, process_demand, thread_busy_s
+from loadtest.engine.payload import PayloadPool
+
+#: Rows written into perf_analyzer's input data (it builds each batch from consecutive rows).
+INPUT_ROWS = 4096
+#: perf_analyzer's stability rule: three windows within this percentage (its default, 10, rarely
+#: settles on a shared 2-core machine, and an unsettled step has no result at all).
+STABILITY_PERCENT = 25
+MAX_TRIALS = 10
+STEP_CSV = "perf_analyzer.csv"
+STEP_LOG = "perf_analyzer.log"
+_SERVER_LINE = re.compile(
+    r"Avg request latency: (?P<request>[\d.]+) usec \(overhead [\d.]+ usec \+ queue (?P<queue>[\d.]+) usec"
+    r" \+ compute input (?P<input>[\d.]+) usec \+ compute infer (?P<infer>[\d.]+) usec"
+    r" \+ compute output (?P<output>[\d.]+) usec\)"
+)
+
+
+def write_input_data(pool: PayloadPool, path: Path, rows: int = INPUT_ROWS) -> Path:
+    """The pool's first ``rows`` rows as perf_analyzer's JSON input data, one batch-1 entry per row."""
+    count = min(rows, pool.dense.shape[0])
+    dense, categorical = pool.dense[:count].tolist(), pool.categorical[:count].tolist()
+    entries = [{DENSE_INPUT: d, CATEGORICAL_INPUT: c} for d, c in zip(dense, categorical, strict=True)]
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"data": entries}))
+    return path
+
+
+def command(
+    binary: Path,
+    url: str,
+    protocol: str,
+    model: str,
+    batch_size: int,
+    concurrency: int,
+    window_s: float,
+    input_data: Path,
+    csv_path: Path,
+) -> list[str]:
+    """perf_analyzer's command line for one step."""
+    return [
+        str(binary), "-m", model, "-u", url, "-i", protocol, "-b", str(batch_size),
+        "--concurrency-range", f"{concurrency}:{concurrency}",
+        "--measurement-interval", str(max(1, round(window_s * 1000))),
+        "--stability-percentage", str(STABILITY_PERCENT), "--max-trials", str(MAX_TRIALS),
+        "--input-data", str(input_data), "-f", str(csv_path), "--verbose-csv",
+    ]  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Figures:
+    """One step as perf_analyzer reported it (its CSV row and summary; latencies in ms)."""
+
+    samples_per_s: float
+    requests: int
+    p50_ms: float
+    p90_ms: float
+    p95_ms: float
+    p99_ms: float
+    mean_ms: float
+    server: dict[str, float]
+
+
+def read_figures(csv_path: Path, stdout: str) -> Figures:
+    """perf_analyzer's figures of a one-concurrency run: the ``-f`` CSV and its printed summary.
+
+    Raises:
+        BundleError: no CSV row (the run failed or never settled).
+    """
+    try:
+        with open(csv_path, newline="") as handle:
+            rows = list(csv.DictReader(handle))
+    except OSError:
+        rows = []
+    if not rows:
+        lines = [line.strip() for line in stdout.splitlines() if line.strip()]
+        raise BundleError(f"perf_analyzer wrote no result: {lines[-1] if lines else 'no output'}")
+    row = rows[-1]
+
+    def ms(column: str) -> float:
+        return float(row[column]) / 1000.0
+
+    client = stdout.split("Client:", 1)[-1]
+    count = re.search(r"Request count: (\d+)", client)
+    server: dict[str, float] = {}
+    section = stdout.split("Server:", 1)[-1] if "Server:" in stdout else ""
+    for key, pattern in (
+        ("inference_count", r"Inference count: (\d+)"),
+        ("execution_count", r"Execution count: (\d+)"),
+        ("success_count", r"Successful request count: (\d+)"),
+    ):
+        if match := re.search(pattern, section):
+            server[key] = float(match[1])
+    if match := _SERVER_LINE.search(section):
+        server.update({key: float(value) / 1000.0 for key, value in match.groupdict().items()})
+    return Figures(
+        samples_per_s=float(row["Inferences/Second"]),
+        requests=int(count[1]) if count else 0,
+        p50_ms=ms("p50 latency"),
+        p90_ms=ms("p90 latency"),
+        p95_ms=ms("p95 latency"),
+        p99_ms=ms("p99 latency"),
+        mean_ms=ms("Avg latency"),
+        server=server,
+    )
+
+
+def _children_cpu_s() -> float:
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+def _served(client: TritonClient, model: str) -> int | None:
+    try:
+        stats = client.statistics(model)
+    except BundleError:
+        return None
+    return int(stats[0].success_count + stats[0].fail_count) if stats else None
+
+
+@dataclass(frozen=True)
+class Run:
+    """One perf_analyzer step: its figures, and its CPU over the whole run."""
+
+    figures: Figures
+    cpu: ClientCpu
+    wall_s: float
+
+
+def run_step(
+    binary: Path,
+    url: str,
+    protocol: str,
+    model: str,
+    batch_size: int,
+    concurrency: int,
+    window_s: float,
+    input_data: Path,
+    folder: Path,
+    timeout_s: float,
+    cpus: frozenset[int] | None = None,
+) -> Run:
+    """Run perf_analyzer for one step; its CSV and output go to ``folder``.
+
+    ``cpus``: the cores it may run on (None: any).
+
+    Raises:
+        BundleError: it failed, overran ``timeout_s``, or reported nothing.
+    """
+    folder.mkdir(parents=True, exist_ok=True)
+    csv_path = folder / STEP_CSV
+    csv_path.unlink(missing_ok=True)
+    argv = command(binary, url, protocol, model, batch_size, concurrency, window_s, input_data, csv_path)
+    cpu_before = _children_cpu_s()
+    wire: Literal["grpc", "http"] = "grpc" if protocol == "grpc" else "http"
+    stats = TritonClient(url, wire, timeout_s=10.0, retry=RetryPolicy(max_tries=2))
+    log_path = folder / STEP_LOG
+    try:
+        before = _served(stats, model)
+        with open(log_path, "w") as log:
+            log.write(f"# {shlex.join(argv)}\n")
+            log.flush()
+            process = subprocess.Popen(
+                argv,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                preexec_fn=None if cpus is None else lambda: os.sched_setaffinity(0, cpus),
+            )
+            started = time.perf_counter()
+            first: dict[int, float] = {}
+            last: dict[int, float] = {}
+            first_at = last_at = started
+            try:
+                # Its threads' busy time, read while it runs (nothing is left to read once it exits).
+                while process.poll() is None:
+                    if time.perf_counter() - started > timeout_s:
+                        raise BundleError(f"perf_analyzer overran {timeout_s:.0f} s: {shlex.join(argv)}")
+                    busy = thread_busy_s(process.pid)
+                    if busy:
+                        if not first:
+                            first, first_at = busy, time.perf_counter()
+                        last, last_at = busy, time.perf_counter()
+                    time.sleep(0.2)
+            finally:
+                if process.poll() is None:
+                    process.kill()
+                process.wait()
+            wall = time.perf_counter() - started
+        # The child's CPU (user + system, every thread) is in its reaped usage.
+        cpu_s = _children_cpu_s() - cpu_before
+        after = _served(stats, model)
+    finally:
+        stats.close()
+    output = log_path.read_text()
+    if process.returncode != 0:
+        lines = [line.strip() for line in output.splitlines()[1:] if line.strip()]
+        why = lines[-1] if lines else f"exit code {process.returncode}"
+        raise BundleError(f"perf_analyzer failed: {why}")
+    figures = read_figures(csv_path, output)
+    sent = after - before if before is not None and after is not None else 0
+    span = last_at - first_at
+    cpu = ClientCpu(
+        cpu_s,
+        seconds=wall,
+        demand=process_demand(first, last, span) if span > 1.0 else math.nan,
+        requests=sent,
+        cores=machine_cores(),
+    )
+    return Run(figures, cpu, wall)
+
+
+def describe(run: Run) -> dict[str, Any]:
+    """A run's raw figures, for the step folder's JSON."""
+    return {
+        "figures": run.figures.__dict__,
+        "cpu_s": run.cpu.cpu_s,
+        "wall_s": run.wall_s,
+        "requests_in_run": run.cpu.requests,
+        "cpu_per_request_us": None if math.isnan(run.cpu.per_request_us) else run.cpu.per_request_us,
+    }

@@ -1,0 +1,158 @@
+"""The load engines against the real local tritonserver: perf_analyzer as a sweep engine beside
+locust on one server, its one line where it is missing, and the client-bound flag.
+
+perf_analyzer comes from ``make setup`` (``python -m loadtest perf-analyzer install``); where it
+could not be installed, the tests that drive it skip with the line saying why.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from loadtest.sweeps.perf_analyzer_install import locate
+from server import LocalServer
+
+pytestmark = pytest.mark.integration
+
+MODEL = "dlrm_onnx"
+
+
+def _sweep(
+    server: LocalServer, out: Path, *extra: str, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    command = [
+        sys.executable, "-m", "loadtest", "sweep", "--model", MODEL, "--protocol", "grpc",
+        "--url", server.grpc_url, "--no-baseline", "--out", str(out), *extra,
+    ]  # fmt: skip
+    return subprocess.run(command, capture_output=True, text=True, timeout=300, check=False, env=env)
+
+
+@pytest.fixture(scope="module")
+def perf_analyzer_binary() -> Path:
+    binary, reason = locate()
+    if binary is None:
+        pytest.skip(reason)
+    return binary
+
+
+def test_perf_analyzer_and_locust_interleaved_on_one_server(
+    exported_server: LocalServer, perf_analyzer_binary: Path, tmp_path: Path
+) -> None:
+    out = tmp_path / "report"
+    done = _sweep(
+        exported_server, out, "--engine", "locust,perf_analyzer", "--batch-size", "8",
+        "--concurrency", "1", "--duration", "1", "--warmup", "0.5",
+    )  # fmt: skip
+    assert done.returncode == 0, f"{done.stdout}\n{done.stderr}"
+    report = json.loads((out / "report.json").read_text())
+    steps = {step["engine"]: step for step in report["steps"]}
+    assert set(steps) == {"locust", "perf_analyzer"}
+    for step in steps.values():
+        assert step["samples_per_s"] > 0 and step["p50_ms"] > 0
+        assert step["client_cpu_us"] > 0 and step["client_cores"] > 0
+    # The perf_analyzer step's figures are perf_analyzer's own, from the CSV it wrote.
+    (folder,) = (out / "raw" / "steps").glob("*-perf_analyzer-b8-c1")
+    with open(folder / "perf_analyzer.csv", newline="") as handle:
+        (row,) = list(csv.DictReader(handle))
+    ours = steps["perf_analyzer"]
+    assert ours["samples_per_s"] == pytest.approx(float(row["Inferences/Second"]))
+    assert ours["p50_ms"] == pytest.approx(float(row["p50 latency"]) / 1000)
+    assert ours["p99_ms"] == pytest.approx(float(row["p99 latency"]) / 1000)
+    # Side by side in the report, and in the CSV with its engine.
+    (compared,) = report["summary"]["engines"]
+    assert compared["engine"] == "locust" and compared["reference_samples_per_s"] == ours["samples_per_s"]
+    with open(out / "steps.csv", newline="") as handle:
+        assert {r["engine"] for r in csv.DictReader(handle)} == {"locust", "perf_analyzer"}
+    assert "The engines against perf_analyzer" in (out / "report.md").read_text()
+
+
+def test_a_missing_perf_analyzer_is_one_line_saying_how_to_get_it(
+    exported_server: LocalServer, tmp_path: Path
+) -> None:
+    env = {**os.environ, "PERF_ANALYZER": str(tmp_path / "no-such-perf_analyzer")}
+    out = tmp_path / "out"
+    done = _sweep(exported_server, out, "--engine", "perf_analyzer", "--concurrency", "1", env=env)
+    assert done.returncode != 0
+    lines = [line for line in done.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1, done.stderr
+    assert "does not exist" in lines[0] and "make setup" in lines[0]
+    assert not (out / "report.json").exists()
+
+
+#: Spinning processes on the load generator's core: each its own session, so its own scheduling
+#: group (autogroup), so the load generator gets about 1 / (SPINNERS + 1) of that core.
+SPINNERS = 4
+
+
+@pytest.fixture
+def busy_core() -> Iterator[int]:
+    """This machine's last core, held by :data:`SPINNERS` spinning processes while the test runs."""
+    core = max(os.sched_getaffinity(0))
+    spinners = [
+        subprocess.Popen(
+            [sys.executable, "-c", "while True: pass"],
+            preexec_fn=lambda: os.sched_setaffinity(0, {core}),
+            start_new_session=True,
+        )
+        for _ in range(SPINNERS)
+    ]
+    try:
+        yield core
+    finally:
+        for spinner in spinners:
+            spinner.kill()
+            spinner.wait()
+
+
+@pytest.fixture(scope="module")
+def server_off_the_last_core(
+    start_triton: Callable[..., LocalServer], exported_repository: Path
+) -> LocalServer:
+    """A tritonserver whose threads and stubs all run off the last core (they inherit this
+    process's cores at their start), so the spinners there slow the load generator only."""
+    cores = os.sched_getaffinity(0)
+    if len(cores) < 2:
+        pytest.skip("needs two cores: one for the server, one for the starved load generator")
+    os.sched_setaffinity(0, cores - {max(cores)})
+    try:
+        return start_triton(exported_repository)
+    finally:
+        os.sched_setaffinity(0, cores)
+
+
+def _only_step(out: Path) -> dict[str, object]:
+    (step,) = json.loads((out / "report.json").read_text())["steps"]
+    return dict(step)
+
+
+def test_a_quiet_small_step_is_not_client_bound(exported_server: LocalServer, tmp_path: Path) -> None:
+    done = _sweep(
+        exported_server, tmp_path / "quiet", "--batch-size", "8", "--concurrency", "1",
+        "--duration", "2", "--warmup", "0.5",
+    )  # fmt: skip
+    assert done.returncode == 0, f"{done.stdout}\n{done.stderr}"
+    step = _only_step(tmp_path / "quiet")
+    assert step["client_bound"] is False, step
+
+
+def test_a_load_generator_starved_of_cpu_is_flagged_client_bound(
+    server_off_the_last_core: LocalServer, busy_core: int, tmp_path: Path
+) -> None:
+    # The load generator gets a fifth of one core: pinned to the core the spinners hold, its
+    # thread waits for that core most of the time.
+    done = _sweep(
+        server_off_the_last_core, tmp_path / "starved", "--batch-size", "8", "--concurrency", "4",
+        "--duration", "2", "--warmup", "0.5", "--client-cpus", str(busy_core), "--processes", "1",
+    )  # fmt: skip
+    assert done.returncode == 0, f"{done.stdout}\n{done.stderr}"
+    step = _only_step(tmp_path / "starved")
+    assert step["client_bound"] is True, step
+    assert "client-bound" in (tmp_path / "starved" / "report.md").read_text()
