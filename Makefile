@@ -7,6 +7,10 @@ STAMP := $(VENV)/.installed-$(shell cat requirements.txt pyproject.toml | sha1su
 # server's python-backend stubs (which import from this venv, never from PYTHONPATH) run KIND_GPU models.
 GPU ?= 0
 GPU_STAMP := $(VENV)/.installed-gpu-$(shell cat requirements.txt requirements-gpu.txt | sha1sum | cut -c1-12)
+# perf_analyzer, Triton's own load tool and the reference of the load tests: three pinned files
+# (requirements-perf-analyzer.txt) unpacked into the venv, no root. Where it cannot be had, setup says
+# so in one line and goes on; the tests that drive it then skip with that line.
+PA_STAMP := $(VENV)/.installed-perf-analyzer-$(shell cat requirements.txt requirements-perf-analyzer.txt | sha1sum | cut -c1-12)
 export PYTHONPATH := $(CURDIR)
 export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 
@@ -29,7 +33,11 @@ $(GPU_STAMP): $(STAMP) requirements-gpu.txt
 	$(PYTHON) -c 'import onnxruntime as o, sys; p = o.get_available_providers(); sys.exit(0 if "CUDAExecutionProvider" in p else f"onnxruntime offers {p}")'
 	touch $@
 
-setup: $(STAMP) $(if $(filter 1,$(GPU)),$(GPU_STAMP))
+$(PA_STAMP): $(STAMP) requirements-perf-analyzer.txt
+	$(PYTHON) -m loadtest perf-analyzer install --optional
+	test -x $(VENV)/bin/perf_analyzer && touch $@ || true
+
+setup: $(STAMP) $(PA_STAMP) $(if $(filter 1,$(GPU)),$(GPU_STAMP))
 
 demo: setup
 	$(PYTHON) -m loadtest demo

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 #: second of the window is saturated, or starved.
 CORE_SHARE = 0.75
 #: Load-generator processes together above this share of the machine's cores take its CPU.
-MACHINE_SHARE = 0.5
+MACHINE_SHARE = 0.25
 
 
 def process_cpu_s() -> float:
@@ -89,9 +89,10 @@ def threshold_line(cores: int | None = None) -> str:
     """The client-bound rule in words, as every report states it."""
     cores = cores or machine_cores()
     return (
-        f"client-bound: over the measurement window, a load-generator process running or waiting for "
-        f"a CPU more than {CORE_SHARE:g} of a core (its threads together), or its processes together "
-        f"using more than {MACHINE_SHARE:.0%} of this machine's {cores} cores"
+        f"client-bound: over the measurement window, one load-generator process running or waiting "
+        f"for a CPU more than {CORE_SHARE:g} of a core (its threads together), or all of them more than "
+        f"{CORE_SHARE:g} of each core they may use, or all of them using more than {MACHINE_SHARE:.0%} "
+        f"of this machine's {cores} cores"
     )
 
 
@@ -104,29 +105,39 @@ class ClientCpu:
         seconds: the window's length.
         demand: the most core-seconds per second any one of its processes was running or
             waiting for a CPU, all its threads together.
+        total_demand: the same, all its processes together.
         requests: requests completed in the window (successes and failures).
         cores: the machine's cores (the base of the machine share).
+        allowed: the cores the load generator may run on.
     """
 
     cpu_s: float
     seconds: float
     demand: float
+    total_demand: float
     requests: int
     cores: int
+    allowed: int
 
     @classmethod
-    def of_processes(cls, per_process: list[tuple[float, float, float]], requests: int) -> ClientCpu:
-        """From ``(cpu seconds, window seconds, demand)`` of each process."""
+    def of_processes(
+        cls, per_process: list[tuple[float, float, float]], requests: int, allowed: int | None = None
+    ) -> ClientCpu:
+        """From ``(cpu seconds, window seconds, demand)`` of each process, on ``allowed`` cores
+        (None: all of this machine's)."""
+        cores = machine_cores()
+        allowed = allowed or cores
         if not per_process:
-            return cls(math.nan, math.nan, math.nan, requests, machine_cores())
-        shares = [share for _, _, share in per_process if not math.isnan(share)]
-        seconds = max(seconds for _, seconds, _ in per_process)
+            return cls(math.nan, math.nan, math.nan, math.nan, requests, cores, allowed)
+        demands = [demand for _, _, demand in per_process if not math.isnan(demand)]
         return cls(
             cpu_s=sum(cpu for cpu, _, _ in per_process),
-            seconds=seconds,
-            demand=max(shares) if shares else math.nan,
+            seconds=max(seconds for _, seconds, _ in per_process),
+            demand=max(demands) if demands else math.nan,
+            total_demand=sum(demands) if demands else math.nan,
             requests=requests,
-            cores=machine_cores(),
+            cores=cores,
+            allowed=allowed,
         )
 
     @property
@@ -142,4 +153,8 @@ class ClientCpu:
     @property
     def bound(self) -> bool:
         """Whether the load generator, not the server, limited the step."""
-        return self.demand > CORE_SHARE or self.share > MACHINE_SHARE * self.cores
+        return (
+            self.demand > CORE_SHARE
+            or self.total_demand > CORE_SHARE * self.allowed
+            or self.share > MACHINE_SHARE * self.cores
+        )

@@ -24,11 +24,15 @@ from locust import User, constant, task
 from clients.options import Protocol
 from clients.retry import RetryPolicy
 from clients.triton import TritonClient
+from loadtest.engine.wire import RawGrpcInfer, serialised_requests
 from loadtest.sweeps.recorder import options, payload_pool, timed_request
 
 
 class TritonUser(User):
     """A closed-loop user: one request in flight, the next sent as soon as the answer is read.
+
+    Each protocol's subclass holds the one task (a task here would be inherited beside it,
+    and locust would run both).
 
     The request's latency is the client's whole call (request built, sent,
     answer received and decoded to a ``B x 1`` array). Failed requests are
@@ -62,8 +66,8 @@ class TritonUser(User):
             self._client.close()
             self._client = None
 
-    @task
-    def infer(self) -> None:
+    def infer_with_client(self) -> None:
+        """One request through the bundle's client (tritonclient underneath)."""
         inputs = self._batches[self._next % len(self._batches)]
         self._next += 1
         self._timed(self._model, lambda client: client.infer(self._model, inputs))
@@ -84,12 +88,39 @@ class TritonUser(User):
 
 
 class GrpcTritonUser(TritonUser):
-    """Triton's gRPC endpoint (``--host 127.0.0.1:8001``); tensors as raw bytes in the message."""
+    """Triton's gRPC endpoint (``--host 127.0.0.1:8001``); tensors as raw bytes in the message.
+
+    Its requests are serialised once, at start (:mod:`loadtest.engine.wire`): a request is
+    one raw gRPC call with those bytes, its answer checked by length.
+    """
 
     protocol = "grpc"
+
+    def on_start(self) -> None:
+        super().on_start()
+        pool = payload_pool()
+        self._requests = serialised_requests(self._model, pool)
+        self._raw = RawGrpcInfer(self.host or "", self._timeout_s)
+
+    def on_stop(self) -> None:
+        self._raw.close()
+        super().on_stop()
+
+    @task
+    def infer(self) -> None:
+        request = self._requests[self._next % len(self._requests)]
+        self._next += 1
+        timed_request(
+            self.environment, "GRPC", self._model, lambda: self._raw(request, self._batch_size),
+            self._batch_size, self.host,
+        )  # fmt: skip
 
 
 class HttpTritonUser(TritonUser):
     """Triton's HTTP/REST endpoint (``--host 127.0.0.1:8000``); tensors in the binary-data extension."""
 
     protocol = "http"
+
+    @task
+    def infer(self) -> None:
+        self.infer_with_client()

@@ -28,7 +28,7 @@ from bundle.errors import BundleError
 from bundle.schema import CATEGORICAL_INPUT, DENSE_INPUT
 from clients.retry import RetryPolicy
 from clients.triton import TritonClient
-from loadtest.engine.client_cpu import ClientCpu, machine_cores, process_demand, thread_busy_s
+from loadtest.engine.client_cpu import ClientCpu, process_demand, thread_busy_s
 from loadtest.engine.payload import PayloadPool
 
 #: Rows written into perf_analyzer's input data (it builds each batch from consecutive rows).
@@ -230,13 +230,8 @@ def run_step(
     figures = read_figures(csv_path, output)
     sent = after - before if before is not None and after is not None else 0
     span = last_at - first_at
-    cpu = ClientCpu(
-        cpu_s,
-        seconds=wall,
-        demand=process_demand(first, last, span) if span > 1.0 else math.nan,
-        requests=sent,
-        cores=machine_cores(),
-    )
+    demand = process_demand(first, last, span) if span > 1.0 else math.nan
+    cpu = ClientCpu.of_processes([(cpu_s, wall, demand)], sent, None if cpus is None else len(cpus))
     return Run(figures, cpu, wall)
 
 

@@ -160,6 +160,12 @@ def _add_options(parser: Any) -> None:
         help="Read Triton's statistics of --model from --host over this protocol ('' = off).",
     )
     group.add_argument("--request-timeout", type=float, default=60.0, help="Seconds per request.")
+    group.add_argument(
+        "--grpc-blocking",
+        action="store_true",
+        help="gRPC calls block their process (one user per process): gRPC on gevent's loop costs "
+        "the client several times the CPU per request.",
+    )
 
 
 def options(environment: Environment) -> Any:
@@ -185,12 +191,13 @@ def _measures_server(environment: Environment) -> bool:
 # ------------------------------------------------------------------ process set-up
 @events.init.add_listener
 def _on_init(environment: Environment, **_: Any) -> None:
-    import grpc.experimental.gevent
-
-    # gRPC must run on gevent's loop before any channel exists, else a blocking
-    # call would block every user of this process.
-    grpc.experimental.gevent.init_gevent()
     parsed = options(environment)
+    if not parsed.grpc_blocking:
+        import grpc.experimental.gevent
+
+        # gRPC must run on gevent's loop before any channel exists, else a blocking
+        # call would block every user of this process.
+        grpc.experimental.gevent.init_gevent()
     if _runs_users(environment) and "pool" not in _pool:
         started = time.perf_counter()
         _pool["pool"] = load_payload(parsed.payload, parsed.batch_size)

@@ -170,6 +170,7 @@ def _print_step(step: StepResult) -> None:
         f"errors {step.errors}  client {step.client_cpu_us:7.1f} us/req"
         f"{' CLIENT-BOUND' if step.client_bound else ''}{server}",
         highlight=False,
+        markup=False,
     )
 
 

@@ -211,7 +211,12 @@ def _host_ips(service: dict[str, Any]) -> list[str]:
 
 
 def test_services_and_profiles(services: dict[str, Any]) -> None:
-    assert set(services) == {"tritonserver", "trt-build", "tritonserver-cpu", "prometheus", "grafana"}
+    assert set(services) == {
+        "tritonserver", "trt-build", "tritonserver-cpu", "perf-analyzer", "prometheus", "grafana"
+    }  # fmt: skip
+    # The reference load tool runs only when asked for (docker compose --profile sdk run ...).
+    assert services["perf-analyzer"]["profiles"] == ["sdk"]
+    assert services["perf-analyzer"]["entrypoint"] == ["perf_analyzer"]
     for name in GPU_SERVICES:
         assert services[name]["profiles"] == ["gpu"], name
     assert services["tritonserver-cpu"]["profiles"] == ["cpu"]
@@ -231,8 +236,12 @@ def test_images_are_pinned_and_nvidia_images_share_one_release(services: dict[st
     release = re.compile(r"nvcr\.io/nvidia/(tritonserver|tensorrt):(\d{2}\.\d{2})-py3")
     found = {name: release.fullmatch(services[name]["image"]) for name in (*SERVERS, "trt-build")}
     assert all(found.values()), found
-    # A plan runs only under the TensorRT that built it: one NGC release for all three.
-    assert len({match.group(2) for match in found.values() if match}) == 1
+    # A plan runs only under the TensorRT that built it: one NGC release for all three; and
+    # perf_analyzer comes from the SDK image of the same release as the server it measures.
+    releases = {match.group(2) for match in found.values() if match}
+    assert len(releases) == 1
+    (release_tag,) = releases
+    assert services["perf-analyzer"]["image"] == f"nvcr.io/nvidia/tritonserver:{release_tag}-py3-sdk"
     assert services["trt-build"]["image"].startswith("nvcr.io/nvidia/tensorrt:")
 
 

@@ -144,14 +144,20 @@ def test_the_step_command_measures_one_concurrency_into_a_csv(tmp_path: Path) ->
     assert "--measurement-interval 2500" in joined and "--verbose-csv" in joined
 
 
-def test_client_bound_when_one_process_is_always_busy_or_all_take_the_machine() -> None:
+def test_client_bound_when_saturated_starved_or_taking_the_machine() -> None:
     quiet = ClientCpu.of_processes([(0.2, 1.0, 0.3)], requests=1000)
     assert not quiet.bound and quiet.per_request_us == pytest.approx(200.0)
-    # A process running or waiting for a CPU most of the window: saturated, or starved.
+    # One process running or waiting for a CPU most of the window: saturated, or starved.
     saturated = ClientCpu.of_processes([(0.4, 1.0, CORE_SHARE + 0.05), (0.1, 1.0, 0.1)], requests=10)
     assert saturated.bound and saturated.demand == pytest.approx(CORE_SHARE + 0.05)
-    spread = ClientCpu(cpu_s=0.7 * 4, seconds=1.0, demand=0.7, requests=10, cores=4)
-    assert spread.share > MACHINE_SHARE * 4 and spread.bound
+    # Four processes, none saturated alone, together wanting more than the one core they may use.
+    starved = ClientCpu.of_processes([(0.05, 1.0, 0.6)] * 4, requests=10, allowed=1)
+    assert starved.demand < CORE_SHARE and starved.total_demand == pytest.approx(2.4) and starved.bound
+    assert not ClientCpu.of_processes([(0.05, 1.0, 0.3)] * 2, requests=10, allowed=1).bound
+    # Together using more than the machine share of all cores.
+    cores = ClientCpu.of_processes([(0.1, 1.0, 0.1)], requests=10).cores
+    heavy = ClientCpu.of_processes([(MACHINE_SHARE * cores * 1.1, 1.0, 0.5)], requests=10)
+    assert heavy.share > MACHINE_SHARE * cores and heavy.bound
     unknown = ClientCpu.of_processes([], requests=10)
     assert math.isnan(unknown.per_request_us) and not unknown.bound
     assert f"{CORE_SHARE:g} of a core" in threshold_line(2) and "2 cores" in threshold_line(2)
