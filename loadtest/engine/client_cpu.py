@@ -9,7 +9,11 @@ more than :data:`CORE_SHARE` of a core: saturated (its event loop always
 busy) or starved (waiting for a core the server or others hold), it queues
 requests on the client, not the server. It is also client-bound when its
 processes together used more than :data:`MACHINE_SHARE` of the machine's
-cores: on a small machine that CPU is taken from the server. One
+cores (on a small machine that CPU is taken from the server), or when each
+closed-loop user spent more than :data:`USER_SHARE` of its request cycle on
+the client's own CPU (CPU seconds per second / users): a user sends its next
+request only after the client has done its part, so that part lowers the rate
+of any server. One
 threshold for every engine, stated in every report (:func:`threshold_line`): a
 client-bound step's rate and latency describe the client, so ratios and
 ``tune`` never take it as the server's limit.
@@ -27,6 +31,10 @@ from dataclasses import dataclass
 CORE_SHARE = 0.75
 #: Load-generator processes together above this share of the machine's cores take its CPU.
 MACHINE_SHARE = 0.25
+#: A closed-loop user whose client CPU takes more than this share of its request cycle.
+USER_SHARE = 0.2
+#: A closed-loop user whose client CPU takes more than this share of its request cycle.
+USER_SHARE = 0.2
 
 
 def process_cpu_s() -> float:
@@ -92,7 +100,8 @@ def threshold_line(cores: int | None = None) -> str:
         f"client-bound: over the measurement window, one load-generator process running or waiting "
         f"for a CPU more than {CORE_SHARE:g} of a core (its threads together), or all of them more than "
         f"{CORE_SHARE:g} of each core they may use, or all of them using more than {MACHINE_SHARE:.0%} "
-        f"of this machine's {cores} cores"
+        f"of this machine's {cores} cores, or more than {USER_SHARE:.0%} of each closed-loop user's "
+        "request cycle spent on the client's CPU"
     )
 
 
@@ -109,6 +118,7 @@ class ClientCpu:
         requests: requests completed in the window (successes and failures).
         cores: the machine's cores (the base of the machine share).
         allowed: the cores the load generator may run on.
+        users: closed-loop users (requests in flight).
     """
 
     cpu_s: float
@@ -118,17 +128,22 @@ class ClientCpu:
     requests: int
     cores: int
     allowed: int
+    users: int = 1
 
     @classmethod
     def of_processes(
-        cls, per_process: list[tuple[float, float, float]], requests: int, allowed: int | None = None
+        cls,
+        per_process: list[tuple[float, float, float]],
+        requests: int,
+        allowed: int | None = None,
+        users: int = 1,
     ) -> ClientCpu:
         """From ``(cpu seconds, window seconds, demand)`` of each process, on ``allowed`` cores
-        (None: all of this machine's)."""
+        (None: all of this machine's), driving ``users`` closed-loop users."""
         cores = machine_cores()
         allowed = allowed or cores
         if not per_process:
-            return cls(math.nan, math.nan, math.nan, math.nan, requests, cores, allowed)
+            return cls(math.nan, math.nan, math.nan, math.nan, requests, cores, allowed, users)
         demands = [demand for _, _, demand in per_process if not math.isnan(demand)]
         return cls(
             cpu_s=sum(cpu for cpu, _, _ in per_process),
@@ -138,6 +153,7 @@ class ClientCpu:
             requests=requests,
             cores=cores,
             allowed=allowed,
+            users=users,
         )
 
     @property
@@ -157,4 +173,5 @@ class ClientCpu:
             self.demand > CORE_SHARE
             or self.total_demand > CORE_SHARE * self.allowed
             or self.share > MACHINE_SHARE * self.cores
+            or self.share / self.users > USER_SHARE
         )

@@ -29,6 +29,7 @@ from clients.triton import TritonClient
 from loadtest.engine.driver import Answer, Connect, Driver, Request
 from loadtest.engine.latency import Tally, merged_tallies
 from loadtest.engine.payload import PayloadPool
+from loadtest.engine.wire import RawGrpcInfer, serialised_requests
 
 
 @dataclass(frozen=True)
@@ -75,9 +76,13 @@ def triton_requests(
     several client processes, each gets its own ``first`` and the total as
     ``stride``). Requests are not retried and not checked against the model's
     metadata: the load measures the server. ``shared_memory="system"`` puts each
-    worker's inputs and output in its own registered region.
+    worker's inputs and output in its own registered region. Over gRPC without shared
+    memory, requests are serialised once and sent as bytes (the least client work per
+    request, as the sweep's locust users send them).
     """
     step = stride or workers
+    if protocol == "grpc" and shared_memory == "none":
+        return _raw_grpc_requests(url, model, pool, timeout_s, first, step)
 
     @contextmanager
     def connect(worker: int) -> Iterator[Request]:
@@ -96,6 +101,29 @@ def triton_requests(
                 return Answer(pool.batch_size)
 
             yield request
+
+    return connect
+
+
+def _raw_grpc_requests(
+    url: str, model: str, pool: PayloadPool, timeout_s: float, first: int, step: int
+) -> Connect:
+    """gRPC without tritonclient in the timed path: each batch serialised once, sent as bytes
+    on the worker's own channel, its answer checked by length (:mod:`loadtest.engine.wire`)."""
+    requests = serialised_requests(model, pool)
+
+    @contextmanager
+    def connect(worker: int) -> Iterator[Request]:
+        infer = RawGrpcInfer(url, timeout_s)
+        try:
+
+            def request(sequence: int) -> Answer:
+                infer(requests[(first + worker + sequence * step) % len(requests)], pool.batch_size)
+                return Answer(pool.batch_size)
+
+            yield request
+        finally:
+            infer.close()
 
     return connect
 

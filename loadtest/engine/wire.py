@@ -1,16 +1,18 @@
-"""The least work per request: gRPC inference requests serialised once, sent as bytes.
+"""The least work per request: inference requests serialised once, sent as bytes.
 
 A load generator that builds ``InferInput`` objects, copies tensors and
 checks metadata on every request measures its own Python, not the server. Here
-each batch of a payload pool becomes one serialised ``ModelInferRequest``
-before the load starts; a request is then one call on a raw gRPC method with
-those bytes, and the answer is checked by one length (``B`` FP32 scores), so a
-wrong or empty answer still fails the request. The server sees the same bytes
-tritonclient would send.
+each batch of a payload pool becomes one serialised request before the load
+starts: a gRPC ``ModelInferRequest``, or an HTTP body in Triton's binary-data
+extension (JSON header, then the raw tensors). A request is then one call
+with those bytes, and the answer is checked by one length (``B`` FP32
+scores), so a wrong or empty answer still fails the request. The server sees
+the bytes tritonclient would send.
 """
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import grpc
@@ -44,6 +46,14 @@ def serialised_requests(model: str, pool: PayloadPool, version: str = "") -> lis
     return requests
 
 
+def _check_scores(output_bytes: list[int], rows: int) -> None:
+    """One output of ``rows`` FP32 scores, or :class:`DataError`."""
+    if output_bytes != [rows * _SCORE_BYTES]:
+        raise DataError(
+            f"answer holds {output_bytes} output bytes, expected {rows * _SCORE_BYTES} ({rows} scores)"
+        )
+
+
 class RawGrpcInfer:
     """One channel to Triton's gRPC endpoint and its inference method, bytes in, bytes out.
 
@@ -75,11 +85,82 @@ class RawGrpcInfer:
             details = exc.details() if hasattr(exc, "details") else str(exc)
             raise ClientError(f"{self.url}: {getattr(code, 'name', code)} {details}") from None
         response = service_pb2.ModelInferResponse.FromString(answer)
-        contents = response.raw_output_contents
-        if len(contents) != 1 or len(contents[0]) != rows * _SCORE_BYTES:
-            got, wanted = [len(c) for c in contents], rows * _SCORE_BYTES
-            raise DataError(f"answer holds {got} output bytes, expected {wanted} ({rows} scores)")
+        _check_scores([len(c) for c in response.raw_output_contents], rows)
         return len(answer)
 
     def close(self) -> None:
         self._channel.close()
+
+
+#: The HTTP header that says how long the JSON part of a binary-data body is.
+HEADER_LENGTH = "Inference-Header-Content-Length"
+
+
+def http_bodies(pool: PayloadPool) -> list[bytes]:
+    """Every batch of ``pool`` as the body of an HTTP inference request (binary-data extension),
+    its JSON header's length the same for every batch (:func:`http_header_length`)."""
+    bodies = []
+    for batch in pool.batches():
+        arrays = [np.ascontiguousarray(array) for array in batch.values()]
+        header = {
+            "inputs": [
+                {"name": name, "shape": list(array.shape), "datatype": triton_dtype(array.dtype),
+                 "parameters": {"binary_data_size": array.nbytes}}
+                for name, array in zip(batch, arrays, strict=True)
+            ],
+            "outputs": [{"name": OUTPUT, "parameters": {"binary_data": True}}],
+        }  # fmt: skip
+        bodies.append(
+            json.dumps(header, separators=(",", ":")).encode() + b"".join(a.tobytes() for a in arrays)
+        )
+    return bodies
+
+
+def http_header_length(pool: PayloadPool) -> int:
+    """The length of the JSON header of :func:`http_bodies` (every batch has the same shapes)."""
+    body = http_bodies(PayloadPool(pool.dense[: pool.batch_size], pool.categorical[: pool.batch_size],
+                                   pool.batch_size, pool.source))[0]  # fmt: skip
+    return len(body) - sum(np.ascontiguousarray(a).nbytes for a in pool.batch(0).values())
+
+
+class RawHttpInfer:
+    """One keep-alive connection to Triton's HTTP endpoint, bodies in, the answer's length out.
+
+    Args:
+        url: ``host:port``.
+        model: the model every request goes to.
+        header_length: the JSON header length of every body (:func:`http_header_length`).
+        timeout_s: a request slower than this fails.
+    """
+
+    def __init__(self, url: str, model: str, header_length: int, timeout_s: float) -> None:
+        from geventhttpclient import HTTPClient
+
+        host, _, port = url.rpartition(":")
+        self.url = url
+        self._client = HTTPClient(host, int(port), connection_timeout=timeout_s, network_timeout=timeout_s)
+        self._path = f"/v2/models/{model}/infer"
+        self._headers = {HEADER_LENGTH: str(header_length), "Content-Type": "application/octet-stream"}
+
+    def __call__(self, body: bytes, rows: int) -> int:
+        """Send one body of ``rows`` rows; the answer's size in bytes.
+
+        Raises:
+            ClientError: no answer, or an error status (with the server's message).
+            DataError: the answer does not hold ``rows`` scores.
+        """
+        try:
+            response = self._client.post(self._path, body=body, headers=self._headers)
+            answer = response.read()
+        except (OSError, ValueError) as exc:
+            raise ClientError(f"{self.url}: {exc}") from None
+        if response.status_code != 200:
+            raise ClientError(
+                f"{self.url}: HTTP {response.status_code} {answer[:200].decode(errors='replace')}"
+            )
+        json_length = int(str(response.get(HEADER_LENGTH) or len(answer)))
+        _check_scores([len(answer) - json_length], rows)
+        return len(answer)
+
+    def close(self) -> None:
+        self._client.close()

@@ -24,7 +24,13 @@ from locust import User, constant, task
 from clients.options import Protocol
 from clients.retry import RetryPolicy
 from clients.triton import TritonClient
-from loadtest.engine.wire import RawGrpcInfer, serialised_requests
+from loadtest.engine.wire import (
+    RawGrpcInfer,
+    RawHttpInfer,
+    http_bodies,
+    http_header_length,
+    serialised_requests,
+)
 from loadtest.sweeps.recorder import options, payload_pool, timed_request
 
 
@@ -117,10 +123,26 @@ class GrpcTritonUser(TritonUser):
 
 
 class HttpTritonUser(TritonUser):
-    """Triton's HTTP/REST endpoint (``--host 127.0.0.1:8000``); tensors in the binary-data extension."""
+    """Triton's HTTP/REST endpoint (``--host 127.0.0.1:8000``); tensors in the binary-data extension,
+    each body built once at start (:mod:`loadtest.engine.wire`)."""
 
     protocol = "http"
 
+    def on_start(self) -> None:
+        super().on_start()
+        pool = payload_pool()
+        self._bodies = http_bodies(pool)
+        self._raw = RawHttpInfer(self.host or "", self._model, http_header_length(pool), self._timeout_s)
+
+    def on_stop(self) -> None:
+        self._raw.close()
+        super().on_stop()
+
     @task
     def infer(self) -> None:
-        self.infer_with_client()
+        body = self._bodies[self._next % len(self._bodies)]
+        self._next += 1
+        timed_request(
+            self.environment, "HTTP", self._model, lambda: self._raw(body, self._batch_size),
+            self._batch_size, self.host,
+        )  # fmt: skip

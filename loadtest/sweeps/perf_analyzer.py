@@ -231,7 +231,8 @@ def run_step(
     sent = after - before if before is not None and after is not None else 0
     span = last_at - first_at
     demand = process_demand(first, last, span) if span > 1.0 else math.nan
-    cpu = ClientCpu.of_processes([(cpu_s, wall, demand)], sent, None if cpus is None else len(cpus))
+    allowed = None if cpus is None else len(cpus)
+    cpu = ClientCpu.of_processes([(cpu_s, wall, demand)], sent, allowed, concurrency)
     return Run(figures, cpu, wall)
 
 

@@ -47,7 +47,7 @@ from clients.triton import TritonClient
 from loadtest.engine.client_cpu import process_cpu_s, process_demand, thread_busy_s
 from loadtest.engine.latency import Tally
 from loadtest.engine.payload import PayloadPool, build_pool
-from loadtest.sweeps.stepfiles import SERVER_STATS_FILE, cpu_file, latency_file
+from loadtest.sweeps.stepfiles import SERVER_COUNTERS, SERVER_STATS_FILE, cpu_file, latency_file
 
 logger = logging.getLogger(__name__)
 
@@ -350,21 +350,8 @@ def _server_stats(environment: Environment) -> None:
         client.close()
     if before is None or after is None:
         return
-    delta = {key: getattr(after, key) - getattr(before, key) for key in _COUNTERS}
+    delta = {key: getattr(after, key) - getattr(before, key) for key in SERVER_COUNTERS}
     document = {"model": parsed.model, "from": started, "to": ended, "delta": delta}
     folder = Path(parsed.results_dir)
     folder.mkdir(parents=True, exist_ok=True)
     (folder / SERVER_STATS_FILE).write_text(json.dumps(document))
-
-
-_COUNTERS = (
-    "inference_count",
-    "execution_count",
-    "success_count",
-    "success_ns",
-    "fail_count",
-    "queue_ns",
-    "compute_input_ns",
-    "compute_infer_ns",
-    "compute_output_ns",
-)

@@ -12,6 +12,18 @@ LATENCY_GLOB = "latency-*.json"
 SERVER_STATS_FILE = "server-stats.json"
 #: One per locust process, master included: its CPU seconds over the window.
 CPU_GLOB = "client-cpu-*.json"
+#: Triton's statistics counters a step records the difference of over its window.
+SERVER_COUNTERS = (
+    "inference_count",
+    "execution_count",
+    "success_count",
+    "success_ns",
+    "fail_count",
+    "queue_ns",
+    "compute_input_ns",
+    "compute_infer_ns",
+    "compute_output_ns",
+)
 #: locust's own output.
 LOCUST_LOG = "locust.log"
 

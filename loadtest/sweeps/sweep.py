@@ -31,16 +31,20 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import loadtest
 from bundle.errors import BundleError, ConfigError
-from loadtest.engine.client_cpu import ClientCpu
+from clients.retry import RetryPolicy
+from clients.triton import TritonClient
+from loadtest.engine.client_cpu import ClientCpu, process_cpu_s, process_demand, thread_busy_s
+from loadtest.engine.driver import Driver
 from loadtest.engine.latency import PERCENTILES, Tally, merged_tallies
 from loadtest.engine.payload import MAX_POOL_ROWS, PayloadPool, build_pool
+from loadtest.engine.served import triton_requests
 from loadtest.sweeps import perf_analyzer
 from loadtest.sweeps.perf_analyzer_install import require as require_perf_analyzer
-from loadtest.sweeps.stepfiles import CPU_GLOB, LATENCY_GLOB, LOCUST_LOG, SERVER_STATS_FILE
+from loadtest.sweeps.stepfiles import CPU_GLOB, LATENCY_GLOB, LOCUST_LOG, SERVER_COUNTERS, SERVER_STATS_FILE
 
 logger = logging.getLogger(__name__)
 
@@ -52,8 +56,9 @@ USERS: dict[str, tuple[Path, str]] = {
     "fastapi": (REPO_ROOT / "loadtest" / "sweeps" / "peers" / "locustfile.py", "FastApiUser"),
 }
 TRITON_PROTOCOLS = ("grpc", "http")
-#: What generates a step's load: the bundle's locust users, or Triton's perf_analyzer.
-ENGINES = ("locust", "perf_analyzer")
+#: What generates a step's load: the bundle's locust users, Triton's perf_analyzer, or the
+#: bundle's closed-loop driver (threads in this process; what tune and the benchmarks run on).
+ENGINES = ("locust", "perf_analyzer", "driver")
 #: Extra seconds locust runs after the window closes, so the window is never cut short.
 _TAIL_S = 1.0
 #: How long a step may take beyond its run time (start-up, shutdown) before it is killed.
@@ -120,8 +125,8 @@ class Target:
             raise ConfigError("label must not be empty")
         if self.engine not in ENGINES:
             raise ConfigError(f"unknown engine {self.engine!r}; choose one of {', '.join(ENGINES)}")
-        if self.engine == "perf_analyzer" and self.protocol not in TRITON_PROTOCOLS:
-            raise ConfigError(f"perf_analyzer speaks Triton's protocols only, not {self.protocol!r}")
+        if self.engine != "locust" and self.protocol not in TRITON_PROTOCOLS:
+            raise ConfigError(f"{self.engine} speaks Triton's protocols only, not {self.protocol!r}")
 
 
 @dataclass(frozen=True)
@@ -361,6 +366,7 @@ def collect_step(
         ],
         tally.ok + tally.errors,
         allowed,
+        concurrency,
     )
     return StepResult(
         label=target.label,
@@ -462,6 +468,84 @@ def perf_analyzer_step(
         client_bound=run.cpu.bound,
         samples_per_s_min=figures.samples_per_s,
         samples_per_s_max=figures.samples_per_s,
+    )
+
+
+def _server_counters(client: TritonClient, model: str) -> dict[str, int] | None:
+    try:
+        stats = client.statistics(model)
+    except BundleError as exc:
+        logger.warning("could not read Triton's statistics of %s: %s", model, exc)
+        return None
+    return {key: int(getattr(stats[0], key)) for key in SERVER_COUNTERS} if stats else None
+
+
+def driver_step(
+    target: Target, model: str, config: SweepConfig, concurrency: int, payload: Path, folder: Path
+) -> StepResult:
+    """One step driven by the closed-loop driver (:mod:`loadtest.engine.driver`), in this process:
+    ``concurrency`` worker threads, ``config.warmup_s`` then one window of ``config.duration_s``.
+
+    Its client CPU is this process's over the window (the sweep does nothing else meanwhile;
+    the server is another process).
+    """
+    pool = PayloadPool.load(payload).rebatched(config.batch_size)
+    wire: Literal["grpc", "http"] = "grpc" if target.protocol == "grpc" else "http"
+    connect = triton_requests(target.url, wire, model, pool, concurrency, timeout_s=config.request_timeout_s)
+    stats = TritonClient(target.url, wire, timeout_s=10.0, retry=RetryPolicy(max_tries=2))
+    allowed = None if config.client_cpus is None else len(config.client_cpus)
+    affinity = os.sched_getaffinity(0)
+    try:
+        if config.client_cpus is not None:
+            os.sched_setaffinity(0, config.client_cpus)  # the worker threads inherit it
+        with Driver(connect, concurrency) as driver:
+            driver.wait(config.warmup_s)
+            before = _server_counters(stats, model)
+            cpu0, busy0, started = process_cpu_s(), thread_busy_s(), time.perf_counter()
+            tally = driver.measure(config.duration_s)
+            cpu1, busy1, seconds = process_cpu_s(), thread_busy_s(), time.perf_counter() - started
+            after = _server_counters(stats, model)
+    finally:
+        os.sched_setaffinity(0, affinity)
+        stats.close()
+    demand = process_demand(busy0, busy1, seconds)
+    cpu = ClientCpu.of_processes([(cpu1 - cpu0, seconds, demand)], tally.requests, allowed, concurrency)
+    server = None
+    if before is not None and after is not None:
+        delta = {key: after[key] - before[key] for key in SERVER_COUNTERS}
+        (folder / SERVER_STATS_FILE).write_text(json.dumps({"model": model, "delta": delta}))
+        server = ServerTimes.from_delta(delta)
+    histogram = tally.histogram
+    p50, p90, p95, p99 = (histogram.percentile(q) for q in PERCENTILES)
+    rate = tally.ok / tally.seconds if tally.seconds > 0 else 0.0
+    return StepResult(
+        label=target.label,
+        model=model,
+        protocol=target.protocol,
+        batch_size=config.batch_size,
+        concurrency=concurrency,
+        processes=1,
+        seconds=tally.seconds,
+        requests=tally.ok,
+        errors=tally.errors,
+        requests_per_s=rate,
+        samples_per_s=rate * config.batch_size,
+        p50_ms=p50,
+        p90_ms=p90,
+        p95_ms=p95,
+        p99_ms=p99,
+        mean_ms=histogram.mean_ms,
+        max_ms=histogram.max_ms if histogram.count else math.nan,
+        server=server,
+        errors_total=tally.errors,
+        error_kinds=dict(tally.error_kinds.most_common(5)),
+        engine="driver",
+        client_cpu_us=cpu.per_request_us,
+        client_cores=cpu.share,
+        client_demand=cpu.total_demand,
+        client_bound=cpu.bound,
+        samples_per_s_min=rate * config.batch_size,
+        samples_per_s_max=rate * config.batch_size,
     )
 
 
@@ -641,6 +725,8 @@ def run_step(
         stale.unlink()
     if target.engine == "perf_analyzer":
         return perf_analyzer_step(target, model, config, concurrency, payload, folder)
+    if target.engine == "driver":
+        return driver_step(target, model, config, concurrency, payload, folder)
     command = locust_command(target, model, config, concurrency, payload, folder)
     logger.debug("step: %s", shlex.join(command))
     run_locust(

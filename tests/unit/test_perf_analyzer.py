@@ -158,6 +158,9 @@ def test_client_bound_when_saturated_starved_or_taking_the_machine() -> None:
     cores = ClientCpu.of_processes([(0.1, 1.0, 0.1)], requests=10).cores
     heavy = ClientCpu.of_processes([(MACHINE_SHARE * cores * 1.1, 1.0, 0.5)], requests=10)
     assert heavy.share > MACHINE_SHARE * cores and heavy.bound
+    # One closed-loop user whose client CPU is a third of its cycle; four users sharing it: not.
+    assert ClientCpu.of_processes([(0.33, 1.0, 0.4)], requests=10, users=1).bound
+    assert not ClientCpu.of_processes([(0.33, 1.0, 0.4)], requests=10, users=4).bound
     unknown = ClientCpu.of_processes([], requests=10)
     assert math.isnan(unknown.per_request_us) and not unknown.bound
     assert f"{CORE_SHARE:g} of a core" in threshold_line(2) and "2 cores" in threshold_line(2)
