@@ -29,7 +29,13 @@ from clients.triton import TritonClient
 from loadtest.engine.driver import Answer, Connect, Driver, Request
 from loadtest.engine.latency import Tally, merged_tallies
 from loadtest.engine.payload import PayloadPool
-from loadtest.engine.wire import RawGrpcInfer, serialised_requests
+from loadtest.engine.wire import (
+    RawGrpcInfer,
+    RawHttpInfer,
+    http_bodies,
+    http_header_length,
+    serialised_requests,
+)
 
 
 @dataclass(frozen=True)
@@ -76,13 +82,13 @@ def triton_requests(
     several client processes, each gets its own ``first`` and the total as
     ``stride``). Requests are not retried and not checked against the model's
     metadata: the load measures the server. ``shared_memory="system"`` puts each
-    worker's inputs and output in its own registered region. Over gRPC without shared
-    memory, requests are serialised once and sent as bytes (the least client work per
-    request, as the sweep's locust users send them).
+    worker's inputs and output in its own registered region. Without shared memory,
+    requests are serialised once and sent as bytes (the least client work per request, as
+    the sweep's locust users send them).
     """
     step = stride or workers
-    if protocol == "grpc" and shared_memory == "none":
-        return _raw_grpc_requests(url, model, pool, timeout_s, first, step)
+    if shared_memory == "none":
+        return _raw_requests(url, protocol, model, pool, timeout_s, first, step)
 
     @contextmanager
     def connect(worker: int) -> Iterator[Request]:
@@ -105,20 +111,27 @@ def triton_requests(
     return connect
 
 
-def _raw_grpc_requests(
-    url: str, model: str, pool: PayloadPool, timeout_s: float, first: int, step: int
+def _raw_requests(
+    url: str, protocol: Protocol, model: str, pool: PayloadPool, timeout_s: float, first: int, step: int
 ) -> Connect:
-    """gRPC without tritonclient in the timed path: each batch serialised once, sent as bytes
-    on the worker's own channel, its answer checked by length (:mod:`loadtest.engine.wire`)."""
-    requests = serialised_requests(model, pool)
+    """Requests without tritonclient in the timed path: each batch serialised once, sent as bytes
+    on the worker's own connection, its answer checked by length (:mod:`loadtest.engine.wire`)."""
+    if protocol == "grpc":
+        messages = serialised_requests(model, pool)
+    else:
+        messages, header_length = http_bodies(pool), http_header_length(pool)
 
     @contextmanager
     def connect(worker: int) -> Iterator[Request]:
-        infer = RawGrpcInfer(url, timeout_s)
+        infer: RawGrpcInfer | RawHttpInfer
+        if protocol == "grpc":
+            infer = RawGrpcInfer(url, timeout_s)
+        else:
+            infer = RawHttpInfer(url, model, header_length, timeout_s)
         try:
 
             def request(sequence: int) -> Answer:
-                infer(requests[(first + worker + sequence * step) % len(requests)], pool.batch_size)
+                infer(messages[(first + worker + sequence * step) % len(messages)], pool.batch_size)
                 return Answer(pool.batch_size)
 
             yield request

@@ -342,7 +342,7 @@ def _panels(report: Report, kind: str) -> list[Panel]:
         if bound:
             # One marker over every point the client limited, whatever its curve.
             x = [s.samples_per_s if kind == "throughput" else s.concurrency for s in bound]
-            curves.append(Series("client-bound step", x, [s.p99_ms for s in bound], "kx", "client-bound"))
+            curves.append(Series("client-bound step", x, [s.p99_ms for s in bound], "x", "client-bound"))
         if kind == "throughput":
             panels.append(
                 Panel(f"latency vs throughput, batch {batch}", "throughput (samples/s)", "latency (ms)",
