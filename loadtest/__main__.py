@@ -51,6 +51,7 @@ from loadtest.options import (
     RepeatSeconds,
     RowsPerCall,
     StepRounds,
+    Stream,
     TimedRepeats,
     Title,
     Warmup,
@@ -114,6 +115,7 @@ def _sweep_options(default_batch_sizes: str, default_out: Path) -> Callable[...,
         title: Title = None,
         rounds: StepRounds = 1,
         client_cpus: ClientCpus = None,
+        stream: Stream = False,
     ) -> SweepSettings:
         run_options = RunOptions(
             batch_sizes=parse_ints(batch_size, "--batch-size"),
@@ -128,6 +130,7 @@ def _sweep_options(default_batch_sizes: str, default_out: Path) -> Callable[...,
             baseline_repeats=baseline_repeats,
             rounds=rounds,
             client_cpus=None if client_cpus is None else parse_cpus(client_cpus),
+            stream=stream,
         )
         return SweepSettings(run_options, out, raw, title)
 

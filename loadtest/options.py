@@ -17,6 +17,14 @@ import typer
 Data = Annotated[
     Path | None, typer.Option(help="Criteo TSV file for the request rows (default: synthetic rows).")
 ]
+Stream = Annotated[
+    bool,
+    typer.Option(
+        "--stream/--cycle",
+        help="--stream: send the --data file's rows in order, each once over the run (rows no cache or "
+        "cold tier has seen); --cycle: cycle a pool of at most 32,768 rows.",
+    ),
+]
 BatchSizes = Annotated[
     str, typer.Option("--batch-size", help="Rows per request; comma-separated for several.")
 ]

@@ -22,6 +22,8 @@ from clients.verify import sample_rows
 DEFAULT_POOL_BATCHES = 64
 #: Rows a pool holds, at most: enough variety, little memory (about 2.6 MB per 10,000 rows).
 MAX_POOL_ROWS = 32_768
+#: Rows a stream holds, at most (about 520 MB): a file's rows sent in order, each once.
+STREAM_MAX_ROWS = 2_000_000
 
 
 @dataclass(frozen=True)
@@ -148,3 +150,17 @@ def build_pool(
         str(data) if data is not None else "synthetic",
     )
     return pool.rebatched(batch_size)
+
+
+def build_stream(data: Path) -> PayloadPool:
+    """Every row of ``data`` (at most :data:`STREAM_MAX_ROWS`), in the file's order, as one-row
+    batches: the rows a streamed load sends each once, instead of cycling a pool."""
+    from criteo.tsv import read_batch
+
+    sample = read_batch(data, STREAM_MAX_ROWS)
+    return PayloadPool(
+        np.ascontiguousarray(sample.dense, dtype=np.float32),
+        np.ascontiguousarray(sample.categorical, dtype=np.int64),
+        1,
+        str(data),
+    )

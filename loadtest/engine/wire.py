@@ -30,20 +30,22 @@ MODEL_INFER = "/inference.GRPCInferenceService/ModelInfer"
 _SCORE_BYTES = 4
 
 
+def serialised_request(model: str, batch: dict[str, np.ndarray], version: str = "") -> bytes:
+    """One batch as a serialised ``ModelInferRequest`` for ``model`` (tensors raw)."""
+    message = service_pb2.ModelInferRequest(model_name=model, model_version=version)
+    for name, array in batch.items():
+        array = np.ascontiguousarray(array)
+        tensor = message.inputs.add()
+        tensor.name, tensor.datatype = name, triton_dtype(array.dtype)
+        tensor.shape.extend(array.shape)
+        message.raw_input_contents.append(array.tobytes())
+    message.outputs.add().name = OUTPUT
+    return bytes(message.SerializeToString())
+
+
 def serialised_requests(model: str, pool: PayloadPool, version: str = "") -> list[bytes]:
-    """Every batch of ``pool`` as a serialised ``ModelInferRequest`` for ``model`` (tensors raw)."""
-    requests = []
-    for batch in pool.batches():
-        message = service_pb2.ModelInferRequest(model_name=model, model_version=version)
-        for name, array in batch.items():
-            array = np.ascontiguousarray(array)
-            tensor = message.inputs.add()
-            tensor.name, tensor.datatype = name, triton_dtype(array.dtype)
-            tensor.shape.extend(array.shape)
-            message.raw_input_contents.append(array.tobytes())
-        message.outputs.add().name = OUTPUT
-        requests.append(message.SerializeToString())
-    return requests
+    """Every batch of ``pool`` as a serialised ``ModelInferRequest`` for ``model``."""
+    return [serialised_request(model, batch, version) for batch in pool.batches()]
 
 
 def _check_scores(output_bytes: list[int], rows: int) -> None:
@@ -96,31 +98,30 @@ class RawGrpcInfer:
 HEADER_LENGTH = "Inference-Header-Content-Length"
 
 
+def http_body(batch: dict[str, np.ndarray]) -> bytes:
+    """One batch as the body of an HTTP inference request (binary-data extension)."""
+    arrays = [np.ascontiguousarray(array) for array in batch.values()]
+    header = {
+        "inputs": [
+            {"name": name, "shape": list(array.shape), "datatype": triton_dtype(array.dtype),
+             "parameters": {"binary_data_size": array.nbytes}}
+            for name, array in zip(batch, arrays, strict=True)
+        ],
+        "outputs": [{"name": OUTPUT, "parameters": {"binary_data": True}}],
+    }  # fmt: skip
+    return json.dumps(header, separators=(",", ":")).encode() + b"".join(a.tobytes() for a in arrays)
+
+
 def http_bodies(pool: PayloadPool) -> list[bytes]:
-    """Every batch of ``pool`` as the body of an HTTP inference request (binary-data extension),
-    its JSON header's length the same for every batch (:func:`http_header_length`)."""
-    bodies = []
-    for batch in pool.batches():
-        arrays = [np.ascontiguousarray(array) for array in batch.values()]
-        header = {
-            "inputs": [
-                {"name": name, "shape": list(array.shape), "datatype": triton_dtype(array.dtype),
-                 "parameters": {"binary_data_size": array.nbytes}}
-                for name, array in zip(batch, arrays, strict=True)
-            ],
-            "outputs": [{"name": OUTPUT, "parameters": {"binary_data": True}}],
-        }  # fmt: skip
-        bodies.append(
-            json.dumps(header, separators=(",", ":")).encode() + b"".join(a.tobytes() for a in arrays)
-        )
-    return bodies
+    """Every batch of ``pool`` as an HTTP body, its JSON header's length the same for every
+    batch (:func:`http_header_length`)."""
+    return [http_body(batch) for batch in pool.batches()]
 
 
 def http_header_length(pool: PayloadPool) -> int:
-    """The length of the JSON header of :func:`http_bodies` (every batch has the same shapes)."""
-    body = http_bodies(PayloadPool(pool.dense[: pool.batch_size], pool.categorical[: pool.batch_size],
-                                   pool.batch_size, pool.source))[0]  # fmt: skip
-    return len(body) - sum(np.ascontiguousarray(a).nbytes for a in pool.batch(0).values())
+    """The length of the JSON header of :func:`http_body` for ``pool``'s batches (all one shape)."""
+    batch = pool.batch(0)
+    return len(http_body(batch)) - sum(np.ascontiguousarray(a).nbytes for a in batch.values())
 
 
 class RawHttpInfer:

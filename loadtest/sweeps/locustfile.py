@@ -21,6 +21,7 @@ from typing import Any, ClassVar
 
 from locust import User, constant, task
 
+from bundle.schema import CATEGORICAL_INPUT, DENSE_INPUT
 from clients.options import Protocol
 from clients.retry import RetryPolicy
 from clients.triton import TritonClient
@@ -28,10 +29,12 @@ from loadtest.engine.wire import (
     RawGrpcInfer,
     RawHttpInfer,
     http_bodies,
+    http_body,
     http_header_length,
+    serialised_request,
     serialised_requests,
 )
-from loadtest.sweeps.recorder import options, payload_pool, timed_request
+from loadtest.sweeps.recorder import next_stream_row, options, payload_pool, timed_request
 
 
 class TritonUser(User):
@@ -55,9 +58,11 @@ class TritonUser(User):
         self._model: str = parsed.model
         self._batch_size: int = parsed.batch_size
         self._timeout_s: float = parsed.request_timeout
-        self._batches = payload_pool().batches()
+        #: Streamed: each request takes the stream's next rows (built then); else the pool's batches.
+        self._stream: bool = parsed.stream_start >= 0
+        self._batches = [] if self._stream else payload_pool().batches()
         # Users start at different batches so that concurrent requests differ.
-        self._next = random.randrange(len(self._batches))
+        self._next = random.randrange(len(self._batches)) if self._batches else 0
         self._client: TritonClient | None = None
 
     def on_start(self) -> None:
@@ -71,6 +76,13 @@ class TritonUser(User):
         if self._client is not None:
             self._client.close()
             self._client = None
+
+    def next_rows(self) -> dict[str, Any]:
+        """The stream's next ``B`` rows, as the model's inputs."""
+        pool = payload_pool()
+        row = next_stream_row(self.environment, self._batch_size)
+        stop = row + self._batch_size
+        return {DENSE_INPUT: pool.dense[row:stop], CATEGORICAL_INPUT: pool.categorical[row:stop]}
 
     def infer_with_client(self) -> None:
         """One request through the bundle's client (tritonclient underneath)."""
@@ -104,8 +116,7 @@ class GrpcTritonUser(TritonUser):
 
     def on_start(self) -> None:
         super().on_start()
-        pool = payload_pool()
-        self._requests = serialised_requests(self._model, pool)
+        self._requests = [] if self._stream else serialised_requests(self._model, payload_pool())
         self._raw = RawGrpcInfer(self.host or "", self._timeout_s)
 
     def on_stop(self) -> None:
@@ -114,8 +125,11 @@ class GrpcTritonUser(TritonUser):
 
     @task
     def infer(self) -> None:
-        request = self._requests[self._next % len(self._requests)]
-        self._next += 1
+        if self._stream:
+            request = serialised_request(self._model, self.next_rows())
+        else:
+            request = self._requests[self._next % len(self._requests)]
+            self._next += 1
         timed_request(
             self.environment, "GRPC", self._model, lambda: self._raw(request, self._batch_size),
             self._batch_size, self.host,
@@ -131,7 +145,7 @@ class HttpTritonUser(TritonUser):
     def on_start(self) -> None:
         super().on_start()
         pool = payload_pool()
-        self._bodies = http_bodies(pool)
+        self._bodies = [] if self._stream else http_bodies(pool)
         self._raw = RawHttpInfer(self.host or "", self._model, http_header_length(pool), self._timeout_s)
 
     def on_stop(self) -> None:
@@ -140,8 +154,11 @@ class HttpTritonUser(TritonUser):
 
     @task
     def infer(self) -> None:
-        body = self._bodies[self._next % len(self._bodies)]
-        self._next += 1
+        if self._stream:
+            body = http_body(self.next_rows())
+        else:
+            body = self._bodies[self._next % len(self._bodies)]
+            self._next += 1
         timed_request(
             self.environment, "HTTP", self._model, lambda: self._raw(body, self._batch_size),
             self._batch_size, self.host,

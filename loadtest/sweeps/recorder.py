@@ -26,6 +26,7 @@ Nothing here imports TensorFlow or PyTorch.
 
 from __future__ import annotations
 
+import itertools
 import json
 import logging
 import os
@@ -36,6 +37,7 @@ from pathlib import Path
 from typing import Any
 
 import gevent
+import numpy as np
 from locust import events
 from locust.env import Environment
 from locust.runners import MasterRunner, WorkerRunner
@@ -47,7 +49,7 @@ from clients.triton import TritonClient
 from loadtest.engine.client_cpu import process_cpu_s, process_demand, thread_busy_s
 from loadtest.engine.latency import Tally
 from loadtest.engine.payload import PayloadPool, build_pool
-from loadtest.sweeps.stepfiles import SERVER_COUNTERS, SERVER_STATS_FILE, cpu_file, latency_file
+from loadtest.sweeps.stepfiles import SERVER_COUNTERS, SERVER_STATS_FILE, cpu_file, latency_file, stream_file
 
 logger = logging.getLogger(__name__)
 
@@ -112,6 +114,9 @@ _recording = Recording()
 _pool: dict[str, PayloadPool] = {}
 #: The master's greenlet reading Triton's statistics (joined before the process exits).
 _stats_greenlet: list[gevent.Greenlet] = []
+#: First row of every request this process sent from the stream (streamed steps).
+_stream_sent: list[int] = []
+_stream_turn = itertools.count()
 #: The greenlet reading this process's CPU time at the window's start and end.
 _cpu_greenlet: list[gevent.Greenlet] = []
 
@@ -121,6 +126,19 @@ def payload_pool() -> PayloadPool:
     if "pool" not in _pool:
         raise ConfigError("the payload pool is not loaded: is this running under locust?")
     return _pool["pool"]
+
+
+def next_stream_row(environment: Environment, batch_size: int) -> int:
+    """The first row of this process's next streamed request: process ``i`` of ``P`` takes the
+    stream's batches ``i``, ``i + P``, ... after ``--stream-start``; past the end the stream
+    wraps (the repeats show in the step's distinct-row count)."""
+    parsed = options(environment)
+    runner = environment.runner
+    index = runner.worker_index if isinstance(runner, WorkerRunner) else 0
+    row = parsed.stream_start + (index + next(_stream_turn) * parsed.stream_stride) * batch_size
+    row %= max(1, len(payload_pool().dense) - batch_size + 1)
+    _stream_sent.append(row)
+    return row
 
 
 def load_payload(payload: str, batch_size: int) -> PayloadPool:
@@ -160,6 +178,16 @@ def _add_options(parser: Any) -> None:
         help="Read Triton's statistics of --model from --host over this protocol ('' = off).",
     )
     group.add_argument("--request-timeout", type=float, default=60.0, help="Seconds per request.")
+    group.add_argument(
+        "--stream-start",
+        type=int,
+        default=-1,
+        help="Send the payload's rows in order from this row, each once, instead of cycling its "
+        "batches (-1: cycle).",
+    )
+    group.add_argument(
+        "--stream-stride", type=int, default=1, help="Processes taking turns on the stream's batches."
+    )
     group.add_argument(
         "--grpc-blocking",
         action="store_true",
@@ -310,6 +338,8 @@ def _on_test_stop(environment: Environment, **_: Any) -> None:
     (folder / cpu_file(os.getpid())).write_text(json.dumps(_recording.cpu_json()))
     if not _runs_users(environment):
         return
+    if parsed.stream_start >= 0:
+        np.save(folder / stream_file(os.getpid()), np.asarray(_stream_sent, dtype=np.int64))
     path = folder / latency_file(os.getpid())
     path.write_text(json.dumps(_recording.to_json()))
     logger.info(

@@ -48,7 +48,7 @@ CSV_COLUMNS = (
     "requests", "errors", "requests_per_s", "samples_per_s",
     "p50_ms", "p90_ms", "p95_ms", "p99_ms", "mean_ms", "max_ms",
     "engine", "client_cpu_us", "client_cores", "client_demand", "client_bound",
-    "rounds", "samples_per_s_min", "samples_per_s_max",
+    "rounds", "samples_per_s_min", "samples_per_s_max", "rows_sent", "distinct_rows",
     "server_requests", "server_executions", "server_batch", "server_queue_ms",
     "server_compute_input_ms", "server_compute_infer_ms", "server_compute_output_ms", "server_request_ms",
 )  # fmt: skip
@@ -279,6 +279,19 @@ def engine_comparison(report: Report) -> list[dict[str, Any]]:
     return rows
 
 
+def _agreement_counts(rows: list[dict[str, Any]]) -> str:
+    """Per engine: how many judged steps agree with perf_analyzer, and how many were not judged."""
+    parts = []
+    for engine in dict.fromkeys(row["engine"] for row in rows):
+        verdicts = [row["agrees"] for row in rows if row["engine"] == engine]
+        judged = [v for v in verdicts if v is not None]
+        parts.append(
+            f"{engine}: {sum(judged)} of {len(judged)} judged steps agree, {len(verdicts) - len(judged)} "
+            "client-bound"
+        )
+    return "; ".join(parts) + "."
+
+
 def _flag(step: StepResult) -> str:
     return "client-bound" if step.client_bound else ""
 
@@ -428,6 +441,8 @@ def markdown(report: Report) -> str:
     engines = engine_comparison(report)
     if engines:
         lines += ["## The engines against perf_analyzer (same server, steps interleaved)", ""]
+        # Markers the documentation includes this table by (pymdownx.snippets sections).
+        lines += ["<!-- --8<-- [start:engines] -->"]
         lines += table(
             ["model", "protocol", "batch", "concurrency", "engine", "samples/s", "perf_analyzer samples/s",
              "ratio", "p50 ms", "perf_analyzer p50 ms", "client CPU us/request", "perf_analyzer us/request",
@@ -445,7 +460,8 @@ def markdown(report: Report) -> str:
         lines += [
             "",
             "Agrees: samples/s within 10 % of perf_analyzer's and p50 within 10 % or 0.2 ms, judged only "
-            "where neither engine was client-bound.",
+            "where neither engine was client-bound. " + _agreement_counts(engines),
+            "<!-- --8<-- [end:engines] -->",
             "",
         ]
     if report.baselines:

@@ -29,7 +29,7 @@ from bundle.errors import ConfigError
 from bundle.records import RunRecord
 from loadtest.engine.baseline import BaselineConfig, BaselineResult, InProcessModel
 from loadtest.engine.client_cpu import threshold_line
-from loadtest.engine.payload import PayloadPool
+from loadtest.engine.payload import MAX_POOL_ROWS, PayloadPool
 from loadtest.engine.session import serving_settings
 from loadtest.sweeps.peers.process import PeerProcess
 from loadtest.sweeps.perf_analyzer import MAX_TRIALS, STABILITY_PERCENT
@@ -38,6 +38,7 @@ from loadtest.sweeps.report import Report, write_report
 from loadtest.sweeps.sweep import (
     ENGINES,
     StepResult,
+    StreamCursor,
     SweepConfig,
     Target,
     make_payload,
@@ -76,6 +77,8 @@ class RunOptions:
         engines: what generates the load (:data:`loadtest.sweeps.sweep.ENGINES`); several are
             interleaved step by step on the same server.
         client_cpus: the cores the load generator may run on (None: any).
+        stream: send ``data``'s rows in order, each once over the run (the rows no cache has
+            seen), instead of cycling a pool of at most 32,768 rows.
     """
 
     batch_sizes: tuple[int, ...]
@@ -93,6 +96,7 @@ class RunOptions:
     rounds: int = 1
     engines: tuple[str, ...] = ("locust",)
     client_cpus: frozenset[int] | None = None
+    stream: bool = False
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "batch_sizes", tuple(self.batch_sizes))
@@ -121,7 +125,9 @@ class RunOptions:
         kept = tuple(c for c in self.concurrency if c * batch_size <= self.max_rows_in_flight)
         return kept or self.concurrency[:1]
 
-    def sweep(self, models: Sequence[str], batch_size: int) -> SweepConfig:
+    def sweep(
+        self, models: Sequence[str], batch_size: int, stream: StreamCursor | None = None
+    ) -> SweepConfig:
         return SweepConfig(
             models=tuple(models),
             batch_size=batch_size,
@@ -131,6 +137,7 @@ class RunOptions:
             processes=self.processes,
             request_timeout_s=self.request_timeout_s,
             client_cpus=self.client_cpus,
+            stream=stream,
         )
 
     def settings(self) -> dict[str, Any]:
@@ -155,7 +162,12 @@ class RunOptions:
             "Load generator cores": ",".join(map(str, sorted(self.client_cpus)))
             if self.client_cpus
             else "any",
-            "Request rows": str(self.data) if self.data else "synthetic (criteo.synth), preprocessed once",
+            "Request rows": (
+                f"streamed from {self.data} in order, each once (it wraps only past its last row)"
+                if self.stream
+                else f"a pool of at most {MAX_POOL_ROWS:,} rows of "
+                f"{self.data or 'synthetic data (criteo.synth)'}, preprocessed once and cycled"
+            ),
             **self.extra_settings,
         }
 
@@ -253,6 +265,7 @@ def _sweep_targets(
     payload: Path,
     sessions: dict[str, InProcessModel] | None = None,
     baselines: dict[str, list[BaselineResult]] | None = None,
+    cursor: StreamCursor | None = None,
 ) -> list[StepResult]:
     """Sweep every target at every batch size; with ``sessions``, time each model in-process
     right before the steps of each batch size (into ``baselines``), so the two are measured
@@ -263,9 +276,8 @@ def _sweep_targets(
         if sessions and pool is not None and baselines is not None:
             measure_in_process(sessions, [batch_size], pool, baselines)
         for model in models:
-            steps += _interleaved_steps(
-                targets, model, replace(options, batch_sizes=(batch_size,)), out, payload
-            )
+            one_batch = replace(options, batch_sizes=(batch_size,))
+            steps += _interleaved_steps(targets, model, one_batch, out, payload, cursor)
     return steps
 
 
@@ -324,11 +336,14 @@ def sweep_run(
             "add --repository DIR, the repository the server at --url serves, or --no-baseline"
         )
     if "perf_analyzer" in options.engines:
+        if options.stream:
+            raise ConfigError("perf_analyzer cycles its input data: --stream needs --engine locust or driver")
         require_perf_analyzer()
     raw = raw or out / "raw"
     out.mkdir(parents=True, exist_ok=True)
     record = RunRecord.begin(command)
-    payload = make_payload(raw, options.data)
+    payload = make_payload(raw, options.data, options.stream)
+    cursor = StreamCursor(len(PayloadPool.load(payload).dense)) if options.stream else None
     sessions = in_process_models(repository, models, options)
     in_process: dict[str, list[BaselineResult]] = {}
     memory: dict[str, Any] = {}
@@ -342,12 +357,17 @@ def sweep_run(
             for protocol, url in endpoints
             for engine in options.engines
         ]
-        steps = _sweep_targets(targets, models, options, raw, payload, sessions, in_process)
+        steps = _sweep_targets(targets, models, options, raw, payload, sessions, in_process, cursor)
         if not urls:
             # tritonserver and its python stubs (which hold the ONNX Runtime sessions), after the load.
             memory[SERVER_RSS] = round(sum(server.memory().values()) / 2**20, 1)
             memory[SERVER_ANON] = round(sum(server.memory(anonymous=True).values()) / 2**20, 1)
     settings = {**options.settings(), **_serving(repository, models), **memory}
+    if cursor is not None:
+        settings["Rows streamed"] = (
+            f"{cursor.sent:,} sent over the run, {cursor.distinct:,} of them distinct, "
+            f"of the stream's {cursor.rows:,}"
+        )
     return _finish(title, record, steps, in_process, settings, out)
 
 
@@ -426,6 +446,8 @@ def compare_run(
         raw: where the payload, each step's raw files and server logs go (default ``out/raw``).
     """
     rounds = options.rounds
+    if options.stream:
+        raise ConfigError("compare cycles a pool for every server alike; --stream is for sweep")
     unknown = set(peers) - set(PEERS)
     if unknown:
         raise ConfigError(f"unknown peers {sorted(unknown)}; choose from {', '.join(PEERS)}")
@@ -477,7 +499,12 @@ def compare_run(
 
 
 def _interleaved_steps(
-    targets: Sequence[Target], model: str, options: RunOptions, out: Path, payload: Path
+    targets: Sequence[Target],
+    model: str,
+    options: RunOptions,
+    out: Path,
+    payload: Path,
+    cursor: StreamCursor | None = None,
 ) -> list[StepResult]:
     """One step per target at each (batch size, concurrency), the targets back to back and the
     one that goes first rotating, so a machine whose load drifts over the run (shared cores)
@@ -488,7 +515,7 @@ def _interleaved_steps(
     rounds = options.rounds
     turn = 0
     for batch_size in options.batch_sizes:
-        config = options.sweep([model], batch_size)
+        config = options.sweep([model], batch_size, cursor)
         for concurrency in config.concurrency:
             level = replace(config, concurrency=(concurrency,))
             by_target: dict[Target, list[StepResult]] = {target: [] for target in targets}

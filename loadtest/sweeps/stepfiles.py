@@ -24,6 +24,8 @@ SERVER_COUNTERS = (
     "compute_infer_ns",
     "compute_output_ns",
 )
+#: One per process that ran users of a streamed step: the first row of every request it sent.
+STREAM_GLOB = "stream-*.npy"
 #: locust's own output.
 LOCUST_LOG = "locust.log"
 
@@ -36,3 +38,8 @@ def latency_file(pid: int) -> str:
 def cpu_file(pid: int) -> str:
     """The CPU file name of process ``pid``."""
     return f"client-cpu-{pid}.json"
+
+
+def stream_file(pid: int) -> str:
+    """The stream file name of process ``pid``."""
+    return f"stream-{pid}.npy"

@@ -28,23 +28,35 @@ import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal
 
+import numpy as np
+
 import loadtest
 from bundle.errors import BundleError, ConfigError
+from bundle.schema import CATEGORICAL_INPUT, DENSE_INPUT
 from clients.retry import RetryPolicy
 from clients.triton import TritonClient
 from loadtest.engine.client_cpu import ClientCpu, process_cpu_s, process_demand, thread_busy_s
-from loadtest.engine.driver import Driver
+from loadtest.engine.driver import Answer, Connect, Driver
 from loadtest.engine.latency import PERCENTILES, Tally, merged_tallies
-from loadtest.engine.payload import MAX_POOL_ROWS, PayloadPool, build_pool
+from loadtest.engine.payload import MAX_POOL_ROWS, PayloadPool, build_pool, build_stream
 from loadtest.engine.served import triton_requests
+from loadtest.engine.wire import RawGrpcInfer, RawHttpInfer, http_body, http_header_length, serialised_request
 from loadtest.sweeps import perf_analyzer
 from loadtest.sweeps.perf_analyzer_install import require as require_perf_analyzer
-from loadtest.sweeps.stepfiles import CPU_GLOB, LATENCY_GLOB, LOCUST_LOG, SERVER_COUNTERS, SERVER_STATS_FILE
+from loadtest.sweeps.stepfiles import (
+    CPU_GLOB,
+    LATENCY_GLOB,
+    LOCUST_LOG,
+    SERVER_COUNTERS,
+    SERVER_STATS_FILE,
+    STREAM_GLOB,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -144,6 +156,7 @@ class SweepConfig:
         request_timeout_s: a request slower than this fails.
         client_cpus: the cores the load generator may run on (None: any), e.g. cores the
             server does not use.
+        stream: a streamed run's cursor (None: the steps cycle a pool).
     """
 
     models: tuple[str, ...]
@@ -154,6 +167,7 @@ class SweepConfig:
     processes: int = 0
     request_timeout_s: float = 60.0
     client_cpus: frozenset[int] | None = None
+    stream: StreamCursor | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "models", tuple(self.models))
@@ -260,6 +274,8 @@ class StepResult:
             waiting for a CPU, all together.
         client_bound: whether the load generator, not the server, limited the step
             (:mod:`loadtest.engine.client_cpu`).
+        rows_sent: rows the step sent from a stream, warm-up included (0: it cycled a pool).
+        distinct_rows: how many of them were distinct (fewer once the stream wrapped).
         rounds: repeats of the step that its figures are the median of.
         samples_per_s_min, samples_per_s_max: the lowest and highest rate over those repeats.
     """
@@ -289,6 +305,8 @@ class StepResult:
     client_cores: float = math.nan
     client_demand: float = math.nan
     client_bound: bool = False
+    rows_sent: int = 0
+    distinct_rows: int = 0
     rounds: int = 1
     samples_per_s_min: float = math.nan
     samples_per_s_max: float = math.nan
@@ -480,6 +498,51 @@ def _server_counters(client: TritonClient, model: str) -> dict[str, int] | None:
     return {key: int(getattr(stats[0], key)) for key in SERVER_COUNTERS} if stats else None
 
 
+def _streamed_requests(
+    url: str,
+    protocol: Literal["grpc", "http"],
+    model: str,
+    payload: Path,
+    config: SweepConfig,
+    workers: int,
+    first_rows: list[int],
+) -> Connect:
+    """The driver's requests of a streamed step: worker ``w``'s ``k``-th request takes the stream's
+    batch ``w + k * workers`` after the cursor, built when it is sent; each first row is recorded
+    into ``first_rows`` (the stream wraps past its end)."""
+    stream = PayloadPool.load(payload)
+    cursor, batch_size = config.stream, config.batch_size
+    if cursor is None:
+        raise ConfigError("a streamed step needs the run's stream cursor")
+    start, span = cursor.next_row, max(1, len(stream.dense) - batch_size + 1)
+    header_length = http_header_length(stream.rebatched(batch_size))
+
+    @contextmanager
+    def connect(worker: int) -> Iterator[Callable[[int], Answer]]:
+        infer: RawGrpcInfer | RawHttpInfer
+        if protocol == "grpc":
+            infer = RawGrpcInfer(url, config.request_timeout_s)
+        else:
+            infer = RawHttpInfer(url, model, header_length, config.request_timeout_s)
+        try:
+
+            def request(sequence: int) -> Answer:
+                row = (start + (worker + sequence * workers) * batch_size) % span
+                first_rows.append(row)
+                rows = {
+                    DENSE_INPUT: stream.dense[row : row + batch_size],
+                    CATEGORICAL_INPUT: stream.categorical[row : row + batch_size],
+                }
+                infer(serialised_request(model, rows) if protocol == "grpc" else http_body(rows), batch_size)
+                return Answer(batch_size)
+
+            yield request
+        finally:
+            infer.close()
+
+    return connect
+
+
 def driver_step(
     target: Target, model: str, config: SweepConfig, concurrency: int, payload: Path, folder: Path
 ) -> StepResult:
@@ -489,9 +552,15 @@ def driver_step(
     Its client CPU is this process's over the window (the sweep does nothing else meanwhile;
     the server is another process).
     """
-    pool = PayloadPool.load(payload).rebatched(config.batch_size)
     wire: Literal["grpc", "http"] = "grpc" if target.protocol == "grpc" else "http"
-    connect = triton_requests(target.url, wire, model, pool, concurrency, timeout_s=config.request_timeout_s)
+    first_rows: list[int] = []
+    if config.stream is not None:
+        connect = _streamed_requests(target.url, wire, model, payload, config, concurrency, first_rows)
+    else:
+        pool = PayloadPool.load(payload).rebatched(config.batch_size)
+        connect = triton_requests(
+            target.url, wire, model, pool, concurrency, timeout_s=config.request_timeout_s
+        )
     stats = TritonClient(target.url, wire, timeout_s=10.0, retry=RetryPolicy(max_tries=2))
     allowed = None if config.client_cpus is None else len(config.client_cpus)
     affinity = os.sched_getaffinity(0)
@@ -508,6 +577,9 @@ def driver_step(
     finally:
         os.sched_setaffinity(0, affinity)
         stats.close()
+    rows_sent = distinct_rows = 0
+    if config.stream is not None:
+        rows_sent, distinct_rows = config.stream.record(np.asarray(first_rows, np.int64), config.batch_size)
     demand = process_demand(busy0, busy1, seconds)
     cpu = ClientCpu.of_processes([(cpu1 - cpu0, seconds, demand)], tally.requests, allowed, concurrency)
     server = None
@@ -540,6 +612,8 @@ def driver_step(
         errors_total=tally.errors,
         error_kinds=dict(tally.error_kinds.most_common(5)),
         engine="driver",
+        rows_sent=rows_sent,
+        distinct_rows=distinct_rows,
         client_cpu_us=cpu.per_request_us,
         client_cores=cpu.share,
         client_demand=cpu.total_demand,
@@ -584,6 +658,8 @@ def locust_command(
         command += ["--server-stats", target.protocol]
     if target.protocol == "grpc":
         command += ["--grpc-blocking"]
+    if config.stream is not None:
+        command += ["--stream-start", str(config.stream.next_row), "--stream-stride", str(processes)]
     if processes > 1:
         command += ["--processes", str(processes)]
     return command
@@ -704,10 +780,50 @@ def run_locust(
         raise BundleError(f"locust exited with code {code} (log: {log_path}): {shlex.join(command)}")
 
 
-def make_payload(out: Path, data: Path | None) -> Path:
-    """Build the rows every step sends (once) and write them to ``out/payload.npz``."""
-    pool: PayloadPool = build_pool(1, data=data, batches=MAX_POOL_ROWS)
-    return pool.save(out / "payload.npz")
+def make_payload(out: Path, data: Path | None, stream: bool = False) -> Path:
+    """Build the rows every step sends (once) and write them to ``out/payload.npz``: a pool of at
+    most :data:`MAX_POOL_ROWS` rows, cycled; or with ``stream``, every row of ``data`` in order."""
+    if stream and data is None:
+        raise ConfigError("--stream sends the rows of a file: give --data FILE")
+    if stream and data is not None:
+        return build_stream(data).save(out / "payload.npz")
+    return build_pool(1, data=data, batches=MAX_POOL_ROWS).save(out / "payload.npz")
+
+
+@dataclass
+class StreamCursor:
+    """Where a streamed run is in its rows, and which rows it has sent.
+
+    Attributes:
+        rows: rows in the stream.
+        next_row: the first row the next step starts at.
+        seen: whether each row has been sent (so repeats, once the stream wraps, are counted).
+        sent: rows sent over the run, repeats included.
+    """
+
+    rows: int
+    next_row: int = 0
+    seen: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=bool))
+    sent: int = 0
+
+    def __post_init__(self) -> None:
+        if not len(self.seen):
+            self.seen = np.zeros(self.rows, dtype=bool)
+
+    def record(self, first_rows: np.ndarray, batch_size: int) -> tuple[int, int]:
+        """Record requests whose first rows are ``first_rows``; the step's rows sent and distinct."""
+        if not len(first_rows):
+            return 0, 0
+        rows = (first_rows[:, None] + np.arange(batch_size)[None, :]).ravel() % self.rows
+        self.seen[rows] = True
+        self.sent += rows.size
+        self.next_row = (int(first_rows.max()) + batch_size) % self.rows
+        return int(rows.size), int(np.unique(rows).size)
+
+    @property
+    def distinct(self) -> int:
+        """Rows sent at least once over the run."""
+        return int(self.seen.sum())
 
 
 def step_folder(out: Path, target: Target, model: str, batch_size: int, concurrency: int) -> Path:
@@ -724,6 +840,8 @@ def run_step(
     for stale in folder.glob("*"):
         stale.unlink()
     if target.engine == "perf_analyzer":
+        if config.stream is not None:
+            raise ConfigError("perf_analyzer cycles its input data: --stream needs --engine locust or driver")
         return perf_analyzer_step(target, model, config, concurrency, payload, folder)
     if target.engine == "driver":
         return driver_step(target, model, config, concurrency, payload, folder)
@@ -732,7 +850,7 @@ def run_step(
     run_locust(
         command, folder, config.step_seconds + config.request_timeout_s + _STEP_GRACE_S, config.client_cpus
     )
-    return collect_step(
+    step = collect_step(
         folder,
         target,
         model,
@@ -742,6 +860,12 @@ def run_step(
         config.duration_s,
         None if config.client_cpus is None else len(config.client_cpus),
     )
+    if config.stream is None:
+        return step
+    files = sorted(folder.glob(STREAM_GLOB))
+    first_rows = np.concatenate([np.load(path) for path in files]) if files else np.zeros(0, np.int64)
+    sent, distinct = config.stream.record(first_rows, config.batch_size)
+    return replace(step, rows_sent=sent, distinct_rows=distinct)
 
 
 def run_sweep(

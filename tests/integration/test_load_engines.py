@@ -158,3 +158,30 @@ def test_a_load_generator_starved_of_cpu_is_flagged_client_bound(
     step = _only_step(tmp_path / "starved")
     assert step["client_bound"] is True, step
     assert "client-bound" in (tmp_path / "starved" / "report.md").read_text()
+
+
+def test_a_streamed_sweep_sends_each_row_of_a_file_larger_than_the_pool_once(
+    exported_server: LocalServer, tmp_path: Path
+) -> None:
+    from criteo.synth import SynthConfig, write_tsv
+    from loadtest.engine.payload import MAX_POOL_ROWS
+
+    data = tmp_path / "rows.tsv"
+    write_tsv(SynthConfig(rows=3 * MAX_POOL_ROWS, seed=3), data)
+    out = tmp_path / "streamed"
+    done = _sweep(
+        exported_server, out, "--engine", "locust,driver", "--batch-size", "4", "--concurrency", "1,2",
+        "--duration", "1", "--warmup", "0.5", "--data", str(data), "--stream",
+    )  # fmt: skip
+    assert done.returncode == 0, f"{done.stdout}\n{done.stderr}"
+    report = json.loads((out / "report.json").read_text())
+    steps = report["steps"]
+    assert {step["engine"] for step in steps} == {"locust", "driver"}
+    # Counted from the rows each process recorded sending: every step's rows are distinct, and
+    # no row went out twice over the whole run (the file is larger than all the steps took).
+    for step in steps:
+        assert step["rows_sent"] > 0 and step["rows_sent"] == step["distinct_rows"], step
+    total = sum(step["rows_sent"] for step in steps)
+    settings = report["settings"]
+    assert settings["Rows streamed"].startswith(f"{total:,} sent over the run, {total:,} of them distinct")
+    assert "streamed from" in settings["Request rows"]
