@@ -57,7 +57,7 @@ from loadtest.options import (
     Warmup,
 )
 from loadtest.sweeps.runs import PEERS, RunOptions, compare_run, sweep_run
-from loadtest.sweeps.sweep import ENGINES, parse_cpus, parse_ints
+from loadtest.sweeps.steps import ENGINES, parse_cpus, parse_ints
 
 app = new_app(
     "Load tests and benchmarks of the served models: sweeps, latency curves, baselines, peer comparison, "

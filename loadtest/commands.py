@@ -35,7 +35,7 @@ from loadtest.options import (
     Seconds,
     Warmup,
 )
-from loadtest.sweeps.sweep import parse_ints
+from loadtest.sweeps.steps import parse_ints
 
 
 def soak(

@@ -32,7 +32,7 @@ from bundle.records import RunRecord
 from loadtest.engine.baseline import BaselineResult, ratio
 from loadtest.engine.client_cpu import threshold_line
 from loadtest.engine.writer import Panel, Series, plot, table, write_json, write_markdown
-from loadtest.sweeps.sweep import StepResult
+from loadtest.sweeps.steps import StepResult
 
 CSV_FILE = "steps.csv"
 JSON_FILE = "report.json"

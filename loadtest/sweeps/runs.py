@@ -35,16 +35,8 @@ from loadtest.sweeps.peers.process import PeerProcess
 from loadtest.sweeps.perf_analyzer import MAX_TRIALS, STABILITY_PERCENT
 from loadtest.sweeps.perf_analyzer_install import require as require_perf_analyzer
 from loadtest.sweeps.report import Report, write_report
-from loadtest.sweeps.sweep import (
-    ENGINES,
-    StepResult,
-    StreamCursor,
-    SweepConfig,
-    Target,
-    make_payload,
-    median_step,
-    run_sweep,
-)
+from loadtest.sweeps.steps import ENGINES, StepResult, StreamCursor, SweepConfig, Target, median_step
+from loadtest.sweeps.sweep import make_payload, run_sweep
 
 logger = logging.getLogger(__name__)
 console = Console(stderr=True, soft_wrap=True)
@@ -74,7 +66,7 @@ class RunOptions:
         baseline_repeats: timed repeats per batch size (median reported).
         rounds: times each step runs, the targets interleaved; a step's figures are the median
             of its rounds and the report shows their spread.
-        engines: what generates the load (:data:`loadtest.sweeps.sweep.ENGINES`); several are
+        engines: what generates the load (:data:`loadtest.sweeps.steps.ENGINES`); several are
             interleaved step by step on the same server.
         client_cpus: the cores the load generator may run on (None: any).
         stream: send ``data``'s rows in order, each once over the run (the rows no cache has
@@ -510,7 +502,7 @@ def _interleaved_steps(
     one that goes first rotating, so a machine whose load drifts over the run (shared cores)
     weighs on every server, protocol and engine alike instead of on whichever ran last. With
     ``options.rounds`` > 1 each level repeats that many times in a row and each target's step
-    is the median of its rounds (:func:`loadtest.sweeps.sweep.median_step`)."""
+    is the median of its rounds (:func:`loadtest.sweeps.steps.median_step`)."""
     steps: list[StepResult] = []
     rounds = options.rounds
     turn = 0

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from loadtest.sweeps import runs
-from loadtest.sweeps.sweep import StepResult, SweepConfig, Target, median_step
+from loadtest.sweeps.steps import StepResult, SweepConfig, Target, median_step
 
 
 def _step(target: Target, config: SweepConfig) -> StepResult:

@@ -25,7 +25,7 @@ from loadtest.engine.client_cpu import (
 from loadtest.engine.payload import build_pool
 from loadtest.sweeps import perf_analyzer, perf_analyzer_install
 from loadtest.sweeps.report import Report, engine_comparison, markdown, throughput_ratios
-from loadtest.sweeps.sweep import StepResult, Target
+from loadtest.sweeps.steps import StepResult, Target
 
 CSV = (
     "Concurrency,Inferences/Second,Client Send,Network+Server Send/Recv,Server Queue,Server Compute Input,"

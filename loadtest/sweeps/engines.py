@@ -1,0 +1,244 @@
+"""The sweep's engines besides locust: perf_analyzer, Triton's own load tool and the reference,
+and the bundle's closed-loop driver, each filling one :class:`~loadtest.sweeps.steps.StepResult`.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Literal
+
+import numpy as np
+
+from bundle.errors import BundleError, ConfigError
+from bundle.schema import CATEGORICAL_INPUT, DENSE_INPUT
+from clients.retry import RetryPolicy
+from clients.triton import TritonClient
+from loadtest.engine.client_cpu import ClientCpu, process_cpu_s, process_demand, thread_busy_s
+from loadtest.engine.driver import Answer, Connect, Driver
+from loadtest.engine.latency import PERCENTILES
+from loadtest.engine.payload import PayloadPool
+from loadtest.engine.served import triton_requests
+from loadtest.engine.wire import RawGrpcInfer, RawHttpInfer, http_body, http_header_length, serialised_request
+from loadtest.sweeps import perf_analyzer
+from loadtest.sweeps.perf_analyzer_install import require as require_perf_analyzer
+from loadtest.sweeps.stepfiles import (
+    SERVER_COUNTERS,
+    SERVER_STATS_FILE,
+)
+from loadtest.sweeps.steps import STEP_GRACE_S, ServerTimes, StepResult, SweepConfig, Target
+
+logger = logging.getLogger(__name__)
+
+
+def perf_analyzer_step(
+    target: Target, model: str, config: SweepConfig, concurrency: int, payload: Path, folder: Path
+) -> StepResult:
+    """One step driven by perf_analyzer, its figures read from its own CSV and summary.
+
+    Its input data are the sweep's rows (written once beside the payload); it runs its own
+    stabilisation windows of ``config.duration_s`` each (``config.warmup_s`` is not used: its
+    first windows are its warm-up).
+    """
+    input_data = payload.with_name("perf_analyzer-input.json")
+    if not input_data.is_file():
+        perf_analyzer.write_input_data(PayloadPool.load(payload), input_data)
+    # Its windows until three agree, at most MAX_TRIALS of them.
+    windows_s = (perf_analyzer.MAX_TRIALS + 1) * config.duration_s
+    run = perf_analyzer.run_step(
+        require_perf_analyzer(),
+        target.url,
+        target.protocol,
+        model,
+        config.batch_size,
+        concurrency,
+        config.duration_s,
+        input_data,
+        folder,
+        timeout_s=windows_s + config.request_timeout_s + STEP_GRACE_S,
+        cpus=config.client_cpus,
+    )
+    (folder / "perf_analyzer.json").write_text(json.dumps(perf_analyzer.describe(run)))
+    figures, served = run.figures, run.figures.server
+    server = None
+    if served.get("success_count"):
+        count = served["success_count"]
+        executions = served.get("execution_count", 0.0)
+        server = ServerTimes(
+            requests=int(count),
+            executions=int(executions),
+            queue_ms=served.get("queue", math.nan),
+            compute_input_ms=served.get("input", math.nan),
+            compute_infer_ms=served.get("infer", math.nan),
+            compute_output_ms=served.get("output", math.nan),
+            request_ms=served.get("request", math.nan),
+            batch=served.get("inference_count", 0.0) / executions if executions else math.nan,
+        )
+    rate = figures.samples_per_s / config.batch_size
+    return StepResult(
+        label=target.label,
+        model=model,
+        protocol=target.protocol,
+        batch_size=config.batch_size,
+        concurrency=concurrency,
+        processes=1,
+        seconds=figures.requests / rate if rate > 0 else 0.0,
+        requests=figures.requests,
+        errors=0,
+        requests_per_s=rate,
+        samples_per_s=figures.samples_per_s,
+        p50_ms=figures.p50_ms,
+        p90_ms=figures.p90_ms,
+        p95_ms=figures.p95_ms,
+        p99_ms=figures.p99_ms,
+        mean_ms=figures.mean_ms,
+        max_ms=math.nan,
+        server=server,
+        engine="perf_analyzer",
+        client_cpu_us=run.cpu.per_request_us,
+        client_cores=run.cpu.share,
+        client_demand=run.cpu.total_demand,
+        client_bound=run.cpu.bound,
+        samples_per_s_min=figures.samples_per_s,
+        samples_per_s_max=figures.samples_per_s,
+    )
+
+
+def _server_counters(client: TritonClient, model: str) -> dict[str, int] | None:
+    try:
+        stats = client.statistics(model)
+    except BundleError as exc:
+        logger.warning("could not read Triton's statistics of %s: %s", model, exc)
+        return None
+    return {key: int(getattr(stats[0], key)) for key in SERVER_COUNTERS} if stats else None
+
+
+def _streamed_requests(
+    url: str,
+    protocol: Literal["grpc", "http"],
+    model: str,
+    payload: Path,
+    config: SweepConfig,
+    workers: int,
+    first_rows: list[int],
+) -> Connect:
+    """The driver's requests of a streamed step: worker ``w``'s ``k``-th request takes the stream's
+    batch ``w + k * workers`` after the cursor, built when it is sent; each first row is recorded
+    into ``first_rows`` (the stream wraps past its end)."""
+    stream = PayloadPool.load(payload)
+    cursor, batch_size = config.stream, config.batch_size
+    if cursor is None:
+        raise ConfigError("a streamed step needs the run's stream cursor")
+    start, span = cursor.next_row, max(1, len(stream.dense) - batch_size + 1)
+    header_length = http_header_length(stream.rebatched(batch_size))
+
+    @contextmanager
+    def connect(worker: int) -> Iterator[Callable[[int], Answer]]:
+        infer: RawGrpcInfer | RawHttpInfer
+        if protocol == "grpc":
+            infer = RawGrpcInfer(url, config.request_timeout_s)
+        else:
+            infer = RawHttpInfer(url, model, header_length, config.request_timeout_s)
+        try:
+
+            def request(sequence: int) -> Answer:
+                row = (start + (worker + sequence * workers) * batch_size) % span
+                first_rows.append(row)
+                rows = {
+                    DENSE_INPUT: stream.dense[row : row + batch_size],
+                    CATEGORICAL_INPUT: stream.categorical[row : row + batch_size],
+                }
+                infer(serialised_request(model, rows) if protocol == "grpc" else http_body(rows), batch_size)
+                return Answer(batch_size)
+
+            yield request
+        finally:
+            infer.close()
+
+    return connect
+
+
+def driver_step(
+    target: Target, model: str, config: SweepConfig, concurrency: int, payload: Path, folder: Path
+) -> StepResult:
+    """One step driven by the closed-loop driver (:mod:`loadtest.engine.driver`), in this process:
+    ``concurrency`` worker threads, ``config.warmup_s`` then one window of ``config.duration_s``.
+
+    Its client CPU is this process's over the window (the sweep does nothing else meanwhile;
+    the server is another process).
+    """
+    wire: Literal["grpc", "http"] = "grpc" if target.protocol == "grpc" else "http"
+    first_rows: list[int] = []
+    if config.stream is not None:
+        connect = _streamed_requests(target.url, wire, model, payload, config, concurrency, first_rows)
+    else:
+        pool = PayloadPool.load(payload).rebatched(config.batch_size)
+        connect = triton_requests(
+            target.url, wire, model, pool, concurrency, timeout_s=config.request_timeout_s
+        )
+    stats = TritonClient(target.url, wire, timeout_s=10.0, retry=RetryPolicy(max_tries=2))
+    allowed = None if config.client_cpus is None else len(config.client_cpus)
+    affinity = os.sched_getaffinity(0)
+    try:
+        if config.client_cpus is not None:
+            os.sched_setaffinity(0, config.client_cpus)  # the worker threads inherit it
+        with Driver(connect, concurrency) as driver:
+            driver.wait(config.warmup_s)
+            before = _server_counters(stats, model)
+            cpu0, busy0, started = process_cpu_s(), thread_busy_s(), time.perf_counter()
+            tally = driver.measure(config.duration_s)
+            cpu1, busy1, seconds = process_cpu_s(), thread_busy_s(), time.perf_counter() - started
+            after = _server_counters(stats, model)
+    finally:
+        os.sched_setaffinity(0, affinity)
+        stats.close()
+    rows_sent = distinct_rows = 0
+    if config.stream is not None:
+        rows_sent, distinct_rows = config.stream.record(np.asarray(first_rows, np.int64), config.batch_size)
+    demand = process_demand(busy0, busy1, seconds)
+    cpu = ClientCpu.of_processes([(cpu1 - cpu0, seconds, demand)], tally.requests, allowed, concurrency)
+    server = None
+    if before is not None and after is not None:
+        delta = {key: after[key] - before[key] for key in SERVER_COUNTERS}
+        (folder / SERVER_STATS_FILE).write_text(json.dumps({"model": model, "delta": delta}))
+        server = ServerTimes.from_delta(delta)
+    histogram = tally.histogram
+    p50, p90, p95, p99 = (histogram.percentile(q) for q in PERCENTILES)
+    rate = tally.ok / tally.seconds if tally.seconds > 0 else 0.0
+    return StepResult(
+        label=target.label,
+        model=model,
+        protocol=target.protocol,
+        batch_size=config.batch_size,
+        concurrency=concurrency,
+        processes=1,
+        seconds=tally.seconds,
+        requests=tally.ok,
+        errors=tally.errors,
+        requests_per_s=rate,
+        samples_per_s=rate * config.batch_size,
+        p50_ms=p50,
+        p90_ms=p90,
+        p95_ms=p95,
+        p99_ms=p99,
+        mean_ms=histogram.mean_ms,
+        max_ms=histogram.max_ms if histogram.count else math.nan,
+        server=server,
+        errors_total=tally.errors,
+        error_kinds=dict(tally.error_kinds.most_common(5)),
+        engine="driver",
+        rows_sent=rows_sent,
+        distinct_rows=distinct_rows,
+        client_cpu_us=cpu.per_request_us,
+        client_cores=cpu.share,
+        client_demand=cpu.total_demand,
+        client_bound=cpu.bound,
+        samples_per_s_min=rate * config.batch_size,
+        samples_per_s_max=rate * config.batch_size,
+    )
