@@ -33,6 +33,7 @@ from typing import NamedTuple
 import numpy as np
 
 from bundle.errors import BundleError, ConfigError
+from loadtest.engine.client_cpu import ClientCpu, process_cpu_s, process_demand, thread_busy_s
 from loadtest.engine.latency import Tally
 
 logger = logging.getLogger(__name__)
@@ -144,7 +145,8 @@ class Driver:
 
     def measure(self, seconds: float) -> Tally:
         """The requests that complete in the next ``seconds`` (the window ends early when the
-        workers do); its ``seconds`` is the window's length."""
+        workers do); its ``seconds`` is the window's length, its ``client`` this process's CPU
+        over the window (the driver's threads are the load generator)."""
         if not seconds > 0:
             raise ConfigError(f"a window needs seconds > 0, got {seconds}")
         window = Tally()
@@ -153,10 +155,15 @@ class Driver:
                 raise ConfigError("one window at a time")
             self._window = window
             opened = time.perf_counter()
+        cpu, busy = process_cpu_s(), thread_busy_s()
         self.wait(seconds)
         with self._lock:
             self._window = None
             window.seconds = time.perf_counter() - opened
+        demand = process_demand(busy, thread_busy_s(), window.seconds)
+        window.client = ClientCpu.of_processes(
+            [(process_cpu_s() - cpu, window.seconds, demand)], window.requests, users=self._workers
+        )
         return window
 
     def run(self) -> Tally:

@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 
 from bundle.errors import DataError
+from loadtest.engine.client_cpu import ClientCpu
 
 #: The smallest latency told apart from zero (anything faster lands in bucket 0).
 MIN_MS = 1e-3
@@ -188,6 +189,8 @@ class Tally:
         error_kinds: errors by :func:`error_kind`.
         seconds: how long the window was open.
         first_error_s, last_error_s: when errors came, in the clock of whoever records them.
+        client: the load generator's CPU over the window, where its recorder measured it (the
+            closed-loop driver does; a merged tally has none).
     """
 
     histogram: LatencyHistogram = field(default_factory=LatencyHistogram)
@@ -200,6 +203,7 @@ class Tally:
     seconds: float = 0.0
     first_error_s: float | None = None
     last_error_s: float | None = None
+    client: ClientCpu | None = None
 
     @property
     def requests(self) -> int:

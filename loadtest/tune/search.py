@@ -62,6 +62,7 @@ search (no early stop, no pruning), to check that both find the same winner.
 from __future__ import annotations
 
 import logging
+import math
 import statistics
 import tempfile
 import time
@@ -199,6 +200,9 @@ class Trial:
         requests: answered requests over the windows.
         errors: failed requests over the windows.
         measured_s: seconds of load, warm-up included.
+        client_bound: the load generator, not the server, limited at least half of its windows
+            (:mod:`loadtest.engine.client_cpu`): never a winner, never the server's best.
+        client_cpu_us: the load generator's CPU per request (median of the windows).
         stop: why the step ended: ``over budget``, ``decided``, ``dominated``, ``near budget`` (every
             window: feasible, but its p99 interval reaches within ``p99_margin`` of the budget),
             ``max windows`` (every window: undecided, or a brute force), ``errors``.
@@ -220,6 +224,8 @@ class Trial:
     measured_s: float
     stop: str
     budget_ms: float
+    client_bound: bool = False
+    client_cpu_us: float = math.nan
 
     @property
     def feasible(self) -> bool:
@@ -277,6 +283,7 @@ def run_trial(
     step = estimate(windows)
     if stop == "max windows" and policy.adaptive and _near_budget(step, policy):
         stop = "near budget"
+    clients = [w.client for w in windows if w.client is not None]
     return Trial(
         server=server,
         client=client,
@@ -293,6 +300,8 @@ def run_trial(
         measured_s=measured,
         stop="errors" if step.errors else stop,
         budget_ms=policy.budget_ms,
+        client_bound=bool(clients) and 2 * sum(c.bound for c in clients) >= len(clients),
+        client_cpu_us=statistics.median(c.per_request_us for c in clients) if clients else math.nan,
     )
 
 
@@ -318,8 +327,13 @@ class SearchResult:
 
     def best(self, server: ServerPoint | None = None, certified: bool = False) -> Trial | None:
         """The feasible step with the most samples/s (of ``server`` only, when given);
-        ``certified``: among the certified steps, else the feasible ones when none is certified."""
-        feasible = [t for t in self.trials if t.feasible and (server is None or t.server == server)]
+        ``certified``: among the certified steps, else the feasible ones when none is certified.
+        A client-bound step is never the best: its rate is the client's."""
+        feasible = [
+            t
+            for t in self.trials
+            if t.feasible and not t.client_bound and (server is None or t.server == server)
+        ]
         sure = [t for t in feasible if t.certified] if certified else []
         return max(sure or feasible, key=lambda t: t.samples_per_s, default=None)
 
@@ -571,12 +585,14 @@ def _median_of(rounds: Sequence[Trial]) -> dict[str, Any]:
         "rounds_p99_ms": [t.p99_ms for t in rounds],
         "errors": sum(t.errors for t in rounds),
         "measured_s": sum(t.measured_s for t in rounds),
+        "client_bound": 2 * sum(t.client_bound for t in rounds) >= len(rounds),
     }
 
 
 def _holds(median: dict[str, Any], budget_ms: float) -> bool:
-    """Medians of rounds that failed no request and whose median p99 is within ``budget_ms``."""
-    return not median["errors"] and median["p99_ms"] <= budget_ms
+    """Medians of rounds that failed no request, whose median p99 is within ``budget_ms`` and
+    that the client did not limit."""
+    return not median["errors"] and median["p99_ms"] <= budget_ms and not median.get("client_bound", False)
 
 
 def pick_winner(

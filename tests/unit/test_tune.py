@@ -293,6 +293,21 @@ def trial(p99: float, rate: float, label: int = 1, errors: int = 0) -> Trial:
     )  # fmt: skip
 
 
+def test_a_client_bound_step_is_never_the_best_nor_a_winner() -> None:
+    from dataclasses import replace
+
+    from loadtest.tune.search import SearchResult, _holds, _median_of
+
+    server_bound, faster_but_client_bound = (
+        trial(5.0, 1000, 1),
+        replace(trial(5.0, 3000, 2), client_bound=True),
+    )
+    result = SearchResult(trials=[server_bound, faster_but_client_bound])
+    assert result.best() is server_bound
+    assert not _holds(_median_of([faster_but_client_bound] * 3), budget_ms=10.0)
+    assert _holds(_median_of([server_bound] * 3), budget_ms=10.0)
+
+
 def test_the_frontier_keeps_only_steps_no_other_beats_on_both_axes() -> None:
     steps = [
         trial(1.0, 100),
