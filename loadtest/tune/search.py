@@ -54,8 +54,8 @@ The search, and why it beats the grid:
 
 Measured time is accounted window by window (warm-up included). The brute
 force it is compared with measures every grid point (server x client) for
-the fixed ``warmup_s + max_windows x window_s`` that the search spends at
-most on one step: ``grid points x that``. ``--brute-force`` runs exactly that
+``2 x warmup_s + max_windows x window_s`` (a steady step's warm-up and every
+window), what the search spends at most on one steady step: ``grid points x that``. ``--brute-force`` runs exactly that
 search (no early stop, no pruning), to check that both find the same winner.
 """
 
@@ -119,7 +119,13 @@ class Policy:
     Args:
         budget_ms: the p99 latency budget.
         window_s: length of one measurement window.
-        warmup_s: a window run and thrown away at the start of each step.
+        warmup_s: windows of this length run and thrown away at the start of each step, until
+            two in a row agree within ``settle`` (at most ``max_warmups``): a step's first requests
+            at a new batch size are slow, and a verdict is never taken on them.
+        settle: the relative difference of two warm-up windows' rates that ends the warm-up.
+        max_warmups: warm-up windows at most.
+        min_requests: answered requests a step needs before it may be ruled over the budget: a
+            p99 of fewer is one or two slow requests, so a noisy step is measured longer instead.
         min_windows: windows before a step may stop (3: a t interval with 2 degrees of freedom).
         max_windows: windows of an undecided step; every step of a brute force.
         precision: a feasible step stops once its throughput interval's half width is below this
@@ -139,6 +145,9 @@ class Policy:
     budget_ms: float
     window_s: float = 0.5
     warmup_s: float = 0.5
+    settle: float = 0.10
+    max_warmups: int = 6
+    min_requests: int = 300
     min_windows: int = 3
     max_windows: int = 8
     precision: float = 0.10
@@ -155,6 +164,8 @@ class Policy:
             raise ConfigError(f"the p99 budget must be > 0 ms, got {self.budget_ms}")
         if not self.window_s > 0 or self.warmup_s < 0:
             raise ConfigError("window_s must be > 0 and warmup_s >= 0")
+        if not 0 < self.settle < 1 or self.max_warmups < 1 or self.min_requests < 0:
+            raise ConfigError("settle must be in (0, 1), max_warmups >= 1 and min_requests >= 0")
         if not 2 <= self.min_windows <= self.max_windows:
             raise ConfigError(
                 f"need 2 <= min_windows <= max_windows, got {self.min_windows}, {self.max_windows}"
@@ -173,8 +184,9 @@ class Policy:
 
     @property
     def point_seconds(self) -> float:
-        """What the brute force spends on every grid point: warm-up plus ``max_windows`` windows."""
-        return self.warmup_s + self.max_windows * self.window_s
+        """What the brute force spends on a grid point whose rate is steady from the start: two
+        warm-up windows (the fewest that show it settled) plus ``max_windows`` windows."""
+        return (2 * self.warmup_s if self.warmup_s > 0 else 0.0) + self.max_windows * self.window_s
 
     @property
     def decided_below_ms(self) -> float:
@@ -249,7 +261,7 @@ def _verdict(step: StepEstimate, policy: Policy, incumbent_low: float) -> str | 
     """Why the step may stop now, or None to measure on (see the module doc, point 3)."""
     if step.errors:
         return "errors"
-    if step.p99.low > policy.budget_ms:
+    if step.p99.low > policy.budget_ms and step.requests >= policy.min_requests:
         return "over budget"
     if step.rate.high < incumbent_low:
         # Slower than the incumbent whatever its p99: more windows cannot make it the winner.
@@ -264,11 +276,28 @@ def _near_budget(step: StepEstimate, policy: Policy) -> bool:
     return not step.errors and step.p99.value <= policy.budget_ms and step.p99.high > policy.decided_below_ms
 
 
+def _warm_up(measure: Measure, policy: Policy) -> float:
+    """Run warm-up windows until two in a row agree within ``policy.settle`` (at most
+    ``policy.max_warmups``); the seconds they took."""
+    if policy.warmup_s <= 0:
+        return 0.0
+    seconds, previous = 0.0, math.nan
+    for _ in range(policy.max_warmups):
+        window = measure(policy.warmup_s)
+        seconds += window.seconds
+        rate = window.samples_per_s
+        if rate > 0 and abs(rate - previous) <= policy.settle * rate:
+            break
+        previous = rate
+    return seconds
+
+
 def run_trial(
     measure: Measure, server: ServerPoint, client: ClientPoint, policy: Policy, incumbent_low: float = 0.0
 ) -> Trial:
-    """Measure one step: a warm-up window, then windows until decided (adaptive) or ``max_windows``."""
-    measured = measure(policy.warmup_s).seconds if policy.warmup_s > 0 else 0.0
+    """Measure one step: warm-up windows until its rate settles, then windows until decided
+    (adaptive) or ``max_windows``."""
+    measured = _warm_up(measure, policy)
     windows: list[Tally] = []
     stop = "max windows"
     while len(windows) < policy.max_windows:

@@ -122,7 +122,8 @@ def test_a_clear_step_stops_after_min_windows_and_accounts_every_window() -> Non
     policy = Policy(budget_ms=10.0, window_s=0.5, warmup_s=0.25, min_windows=3, max_windows=8)
     trial = run_trial(lambda s: constant(s, 2.0, 500, 64), POINT, CLIENT, policy)
     assert (trial.stop, trial.windows, trial.feasible) == ("decided", 3, True)
-    assert trial.measured_s == pytest.approx(0.25 + 3 * 0.5)
+    # Two warm-up windows (a steady rate settles in the second), then the three measured.
+    assert trial.measured_s == pytest.approx(2 * 0.25 + 3 * 0.5)
 
 
 def test_a_step_over_budget_stops_early_and_is_infeasible() -> None:
@@ -291,6 +292,29 @@ def trial(p99: float, rate: float, label: int = 1, errors: int = 0) -> Trial:
         ServerPoint("fp32", label, 0, 100), CLIENT, rate, rate, rate, p99 / 2, p99, p99, p99,
         3, 100, errors, 1.0, "decided", 10.0,
     )  # fmt: skip
+
+
+def test_the_warm_up_runs_until_the_rate_settles_and_a_thin_step_is_not_ruled_over_budget() -> None:
+    from loadtest.engine.latency import Tally
+
+    rates = iter([100.0, 400.0, 900.0, 950.0] + [1000.0] * 50)
+    calls: list[float] = []
+
+    def measure(seconds: float) -> Tally:
+        calls.append(seconds)
+        tally = Tally(seconds=seconds)
+        rate = next(rates)
+        for _ in range(20):  # 20 answers per window: a p99 of few requests
+            tally.answer(30.0, rows=int(rate * seconds / 20))
+        return tally
+
+    policy = Policy(budget_ms=10.0, warmup_s=0.25, window_s=0.5, min_requests=300)
+    trial = run_trial(measure, POINT, CLIENT, policy)
+    # Warm-up: 100, 400, 900 are a cold start; 950 is within 10 % of 900: four warm-up windows.
+    assert calls[:4] == [0.25] * 4 and calls[4] == 0.5
+    # Every window is over the budget, but 20 requests a window: it runs on to max_windows
+    # (160 requests < 300) instead of being ruled over the budget on a handful.
+    assert trial.windows == policy.max_windows and trial.stop == "max windows" and not trial.feasible
 
 
 def test_a_client_bound_step_is_never_the_best_nor_a_winner() -> None:
