@@ -17,6 +17,8 @@ exact latency of every request (locust itself rounds to whole milliseconds).
 from __future__ import annotations
 
 import random
+from collections.abc import Callable
+from functools import partial
 from typing import Any, ClassVar
 
 from locust import User, constant, task
@@ -25,15 +27,7 @@ from bundle.schema import CATEGORICAL_INPUT, DENSE_INPUT
 from clients.options import Protocol
 from clients.retry import RetryPolicy
 from clients.triton import TritonClient
-from loadtest.engine.wire import (
-    RawGrpcInfer,
-    RawHttpInfer,
-    http_bodies,
-    http_body,
-    http_header_length,
-    serialised_request,
-    serialised_requests,
-)
+from loadtest.engine.wire import RawGrpcInfer, RawHttpInfer, http_body, http_header_length, serialised_request
 from loadtest.sweeps.recorder import next_stream_row, options, payload_pool, timed_request
 
 
@@ -105,61 +99,62 @@ class TritonUser(User):
         )
 
 
-class GrpcTritonUser(TritonUser):
-    """Triton's gRPC endpoint (``--host 127.0.0.1:8001``); tensors as raw bytes in the message.
+class RawTritonUser(TritonUser):
+    """A user whose requests are serialised once, at start (:mod:`loadtest.engine.wire`): a
+    request is one call with those bytes, its answer checked by length. A streamed step builds
+    each request from the stream's next rows when it is sent."""
 
-    Its requests are serialised once, at start (:mod:`loadtest.engine.wire`): a request is
-    one raw gRPC call with those bytes, its answer checked by length.
-    """
+    abstract = True
+
+    def open(self) -> tuple[Callable[[dict[str, Any]], bytes], RawGrpcInfer | RawHttpInfer]:
+        """How a batch becomes a request's bytes, and the connection that sends them."""
+        raise NotImplementedError
+
+    def on_start(self) -> None:
+        super().on_start()
+        self._encode, self._raw = self.open()
+        self._messages = [] if self._stream else [self._encode(b) for b in payload_pool().batches()]
+
+    def on_stop(self) -> None:
+        self._raw.close()
+        super().on_stop()
+
+    def send_next(self) -> None:
+        """Send the next request (the pool's next batch, or the stream's next rows) and time it."""
+        if self._stream:
+            message = self._encode(self.next_rows())
+        else:
+            message = self._messages[self._next % len(self._messages)]
+            self._next += 1
+        rows = self._batch_size
+        timed_request(
+            self.environment, self.protocol.upper(), self._model, lambda: self._raw(message, rows),
+            rows, self.host,
+        )  # fmt: skip
+
+
+class GrpcTritonUser(RawTritonUser):
+    """Triton's gRPC endpoint (``--host 127.0.0.1:8001``); tensors as raw bytes in the message."""
 
     protocol = "grpc"
 
-    def on_start(self) -> None:
-        super().on_start()
-        self._requests = [] if self._stream else serialised_requests(self._model, payload_pool())
-        self._raw = RawGrpcInfer(self.host or "", self._timeout_s)
-
-    def on_stop(self) -> None:
-        self._raw.close()
-        super().on_stop()
+    def open(self) -> tuple[Callable[[dict[str, Any]], bytes], RawGrpcInfer | RawHttpInfer]:
+        return partial(serialised_request, self._model), RawGrpcInfer(self.host or "", self._timeout_s)
 
     @task
     def infer(self) -> None:
-        if self._stream:
-            request = serialised_request(self._model, self.next_rows())
-        else:
-            request = self._requests[self._next % len(self._requests)]
-            self._next += 1
-        timed_request(
-            self.environment, "GRPC", self._model, lambda: self._raw(request, self._batch_size),
-            self._batch_size, self.host,
-        )  # fmt: skip
+        self.send_next()
 
 
-class HttpTritonUser(TritonUser):
-    """Triton's HTTP/REST endpoint (``--host 127.0.0.1:8000``); tensors in the binary-data extension,
-    each body built once at start (:mod:`loadtest.engine.wire`)."""
+class HttpTritonUser(RawTritonUser):
+    """Triton's HTTP/REST endpoint (``--host 127.0.0.1:8000``); tensors in the binary-data extension."""
 
     protocol = "http"
 
-    def on_start(self) -> None:
-        super().on_start()
-        pool = payload_pool()
-        self._bodies = [] if self._stream else http_bodies(pool)
-        self._raw = RawHttpInfer(self.host or "", self._model, http_header_length(pool), self._timeout_s)
-
-    def on_stop(self) -> None:
-        self._raw.close()
-        super().on_stop()
+    def open(self) -> tuple[Callable[[dict[str, Any]], bytes], RawGrpcInfer | RawHttpInfer]:
+        length = http_header_length(payload_pool())
+        return http_body, RawHttpInfer(self.host or "", self._model, length, self._timeout_s)
 
     @task
     def infer(self) -> None:
-        if self._stream:
-            body = http_body(self.next_rows())
-        else:
-            body = self._bodies[self._next % len(self._bodies)]
-            self._next += 1
-        timed_request(
-            self.environment, "HTTP", self._model, lambda: self._raw(body, self._batch_size),
-            self._batch_size, self.host,
-        )  # fmt: skip
+        self.send_next()

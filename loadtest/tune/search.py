@@ -55,8 +55,9 @@ The search, and why it beats the grid:
 Measured time is accounted window by window (warm-up included). The brute
 force it is compared with measures every grid point (server x client) for
 ``2 x warmup_s + max_windows x window_s`` (a steady step's warm-up and every
-window), what the search spends at most on one steady step: ``grid points x that``. ``--brute-force`` runs exactly that
-search (no early stop, no pruning), to check that both find the same winner.
+window), what the search spends at most on one steady step: ``grid points x
+that``. ``--brute-force`` runs exactly that search (no early stop, no
+pruning), to check that both find the same winner.
 """
 
 from __future__ import annotations
