@@ -370,6 +370,11 @@ def tune(
             f"c={winner['client']['concurrency']}: {confirmed['samples_per_s']:,.0f} samples/s, "
             f"p99 {confirmed['p99_ms']:.2f} ms; report: {paths['markdown']}"
         )
+        if confirmed.get("client_bound") or winner.get("client_bound"):
+            print(
+                "client-bound: the load generator limited every step that held the budget; the server "
+                "can do more than this (larger batches, or --client-cpus to keep the client off its cores)"
+            )
     if apply:
         path, diff = apply_winner(repository, document)
         print(f"applied: {path}")

@@ -358,12 +358,10 @@ class SearchResult:
     def best(self, server: ServerPoint | None = None, certified: bool = False) -> Trial | None:
         """The feasible step with the most samples/s (of ``server`` only, when given);
         ``certified``: among the certified steps, else the feasible ones when none is certified.
-        A client-bound step is never the best: its rate is the client's."""
-        feasible = [
-            t
-            for t in self.trials
-            if t.feasible and not t.client_bound and (server is None or t.server == server)
-        ]
+        A client-bound step (its rate is the client's) is the best only where every feasible step
+        was client-bound, and it says so (:attr:`Trial.client_bound`)."""
+        feasible = [t for t in self.trials if t.feasible and (server is None or t.server == server)]
+        feasible = [t for t in feasible if not t.client_bound] or feasible
         sure = [t for t in feasible if t.certified] if certified else []
         return max(sure or feasible, key=lambda t: t.samples_per_s, default=None)
 
@@ -620,9 +618,8 @@ def _median_of(rounds: Sequence[Trial]) -> dict[str, Any]:
 
 
 def _holds(median: dict[str, Any], budget_ms: float) -> bool:
-    """Medians of rounds that failed no request, whose median p99 is within ``budget_ms`` and
-    that the client did not limit."""
-    return not median["errors"] and median["p99_ms"] <= budget_ms and not median.get("client_bound", False)
+    """Medians of rounds that failed no request and whose median p99 is within ``budget_ms``."""
+    return not median["errors"] and median["p99_ms"] <= budget_ms
 
 
 def pick_winner(
@@ -633,21 +630,16 @@ def pick_winner(
 
     ``rounds`` are each finalist's rounds at the load it ended at (:attr:`Confirmation.current`).
     The search ranks steps measured minutes apart; on a shared machine a step measured near the
-    budget can cross it when measured again, so the side-by-side rounds decide.
+    budget can cross it when measured again, so the side-by-side rounds decide. A client-bound
+    finalist wins only where every finalist that held was client-bound.
     """
     if len(finalists) != len(rounds):
         raise ConfigError("one list of rounds per finalist")
-    best: int | None = None
-    best_rate = -1.0
-    for index, measured in enumerate(rounds):
-        if not measured:
-            continue
-        median = _median_of(measured)
-        if not _holds(median, budget_ms):
-            continue
-        if median["samples_per_s"] > best_rate:
-            best, best_rate = index, median["samples_per_s"]
-    return best
+    held = {i: _median_of(measured) for i, measured in enumerate(rounds) if measured}
+    held = {i: median for i, median in held.items() if _holds(median, budget_ms)}
+    # A finalist the client limited wins only where every finalist that held was client-bound.
+    server_bound = {i: median for i, median in held.items() if not median["client_bound"]} or held
+    return max(server_bound, key=lambda i: server_bound[i]["samples_per_s"], default=None)
 
 
 def side_by_side(

@@ -317,19 +317,20 @@ def test_the_warm_up_runs_until_the_rate_settles_and_a_thin_step_is_not_ruled_ov
     assert trial.windows == policy.max_windows and trial.stop == "max windows" and not trial.feasible
 
 
-def test_a_client_bound_step_is_never_the_best_nor_a_winner() -> None:
+def test_a_client_bound_step_is_the_best_or_the_winner_only_where_every_one_was() -> None:
     from dataclasses import replace
 
-    from loadtest.tune.search import SearchResult, _holds, _median_of
+    from loadtest.tune.search import SearchResult
 
     server_bound, faster_but_client_bound = (
         trial(5.0, 1000, 1),
         replace(trial(5.0, 3000, 2), client_bound=True),
     )
-    result = SearchResult(trials=[server_bound, faster_but_client_bound])
-    assert result.best() is server_bound
-    assert not _holds(_median_of([faster_but_client_bound] * 3), budget_ms=10.0)
-    assert _holds(_median_of([server_bound] * 3), budget_ms=10.0)
+    assert SearchResult(trials=[server_bound, faster_but_client_bound]).best() is server_bound
+    assert SearchResult(trials=[faster_but_client_bound]).best() is faster_but_client_bound
+    rounds = [[server_bound] * 3, [faster_but_client_bound] * 3]
+    assert pick_winner([server_bound, faster_but_client_bound], rounds, budget_ms=10.0) == 0
+    assert pick_winner([faster_but_client_bound], rounds[1:], budget_ms=10.0) == 0
 
 
 def test_the_frontier_keeps_only_steps_no_other_beats_on_both_axes() -> None:
