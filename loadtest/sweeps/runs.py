@@ -25,7 +25,7 @@ from typing import Any
 
 from rich.console import Console
 
-from bundle.errors import ConfigError
+from bundle.errors import BundleError, ConfigError
 from bundle.records import RunRecord
 from loadtest.engine.baseline import BaselineConfig, BaselineResult, InProcessModel
 from loadtest.engine.client_cpu import threshold_line
@@ -258,6 +258,7 @@ def _sweep_targets(
     sessions: dict[str, InProcessModel] | None = None,
     baselines: dict[str, list[BaselineResult]] | None = None,
     cursor: StreamCursor | None = None,
+    failed: list[str] | None = None,
 ) -> list[StepResult]:
     """Sweep every target at every batch size; with ``sessions``, time each model in-process
     right before the steps of each batch size (into ``baselines``), so the two are measured
@@ -269,7 +270,7 @@ def _sweep_targets(
             measure_in_process(sessions, [batch_size], pool, baselines)
         for model in models:
             one_batch = replace(options, batch_sizes=(batch_size,))
-            steps += _interleaved_steps(targets, model, one_batch, out, payload, cursor)
+            steps += _interleaved_steps(targets, model, one_batch, out, payload, cursor, failed)
     return steps
 
 
@@ -280,16 +281,30 @@ def _finish(
     baselines: dict[str, list[BaselineResult]],
     settings: dict[str, Any],
     out: Path,
+    failed: Sequence[str] = (),
 ) -> tuple[Report, dict[str, Path]]:
-    """The run's report, its record finished (end time, load), written into ``out``."""
+    """The run's report, its record finished (end time, load), written into ``out``.
+
+    Raises:
+        BundleError: no step gave a result, or no step got an answer (the report is written
+            first where there are steps, so the failures can be read).
+    """
+    if not steps:
+        raise BundleError(f"every step failed; the first: {failed[0] if failed else 'no step ran'}")
     report = Report(
         title=title,
         record=record.finish(),
         steps=steps,
         baselines=baselines,
         settings=settings,
+        notes=[f"step failed, left out: {line}" for line in failed],
     )
-    return report, write_report(report, out)
+    paths = write_report(report, out)
+    if not any(step.requests for step in steps):
+        kinds = {kind for step in steps for kind in step.error_kinds}
+        raise BundleError(f"no step got an answer ({'; '.join(sorted(kinds)) or 'no request completed'}); "
+                          f"report: {paths['markdown']}")  # fmt: skip
+    return report, paths
 
 
 def sweep_run(
@@ -334,6 +349,7 @@ def sweep_run(
     raw = raw or out / "raw"
     out.mkdir(parents=True, exist_ok=True)
     record = RunRecord.begin(command)
+    failed: list[str] = []
     payload = make_payload(raw, options.data, options.stream)
     cursor = StreamCursor(len(PayloadPool.load(payload).dense)) if options.stream else None
     sessions = in_process_models(repository, models, options)
@@ -349,7 +365,7 @@ def sweep_run(
             for protocol, url in endpoints
             for engine in options.engines
         ]
-        steps = _sweep_targets(targets, models, options, raw, payload, sessions, in_process, cursor)
+        steps = _sweep_targets(targets, models, options, raw, payload, sessions, in_process, cursor, failed)
         if not urls:
             # tritonserver and its python stubs (which hold the ONNX Runtime sessions), after the load.
             memory[SERVER_RSS] = round(sum(server.memory().values()) / 2**20, 1)
@@ -360,7 +376,7 @@ def sweep_run(
             f"{cursor.sent:,} sent over the run, {cursor.distinct:,} of them distinct, "
             f"of the stream's {cursor.rows:,}"
         )
-    return _finish(title, record, steps, in_process, settings, out)
+    return _finish(title, record, steps, in_process, settings, out, failed)
 
 
 def _peer_processes(
@@ -449,6 +465,7 @@ def compare_run(
     raw = raw or out / "raw"
     out.mkdir(parents=True, exist_ok=True)
     record = RunRecord.begin(command)
+    failed: list[str] = []
     payload = make_payload(raw, options.data)
     in_process: dict[str, list[BaselineResult]] = {}
     # Timed once, before any server runs: the peers are compared with each other.
@@ -469,7 +486,7 @@ def compare_run(
             stack.enter_context(process)
             console.print(f"{peer} peer pid {process.pid}: {target.protocol} {target.url}")
             targets.append(target)
-        steps = _interleaved_steps(targets, model, options, raw, payload)
+        steps = _interleaved_steps(targets, model, options, raw, payload, failed=failed)
     rank = {target.label: i for i, target in enumerate(targets)}
     steps.sort(key=lambda step: (rank[step.label], step.batch_size, step.concurrency))
     settings = {
@@ -487,7 +504,7 @@ def compare_run(
             else ""
         ),
     }
-    return _finish(title, record, steps, in_process, settings, out)
+    return _finish(title, record, steps, in_process, settings, out, failed)
 
 
 def _interleaved_steps(
@@ -497,12 +514,14 @@ def _interleaved_steps(
     out: Path,
     payload: Path,
     cursor: StreamCursor | None = None,
+    failed: list[str] | None = None,
 ) -> list[StepResult]:
     """One step per target at each (batch size, concurrency), the targets back to back and the
     one that goes first rotating, so a machine whose load drifts over the run (shared cores)
     weighs on every server, protocol and engine alike instead of on whichever ran last. With
     ``options.rounds`` > 1 each level repeats that many times in a row and each target's step
-    is the median of its rounds (:func:`loadtest.sweeps.steps.median_step`)."""
+    is the median of its rounds (:func:`loadtest.sweeps.steps.median_step`). A step that fails
+    (locust or perf_analyzer gave no result) is told and listed in ``failed``; the run goes on."""
     steps: list[StepResult] = []
     rounds = options.rounds
     turn = 0
@@ -519,7 +538,17 @@ def _interleaved_steps(
                 )
                 folder = out / f"round{round_ + 1}" if rounds > 1 else out
                 for target in (*targets[turn:], *targets[:turn]):
-                    by_target[target] += run_sweep(target, level, folder, payload, on_step=_print_step)
+                    try:
+                        by_target[target] += run_sweep(target, level, folder, payload, on_step=_print_step)
+                    except ConfigError:
+                        raise
+                    except BundleError as exc:
+                        line = (
+                            f"{target.engine} {model} {target.protocol} B={batch_size} c={concurrency}: {exc}"
+                        )
+                        console.print(f"  step failed: {line}", highlight=False, markup=False)
+                        if failed is not None:
+                            failed.append(line)
                 turn = (turn + 1) % len(targets)
-            steps += [median_step(results) for results in by_target.values()]
+            steps += [median_step(results) for results in by_target.values() if results]
     return steps

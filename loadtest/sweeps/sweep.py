@@ -19,6 +19,7 @@ imports locust, which would monkey-patch this process with gevent.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import math
@@ -233,8 +234,28 @@ def run_locust(
             os.killpg(process.pid, signal.SIGKILL)
             process.wait()
             raise
+    _wait_for_group(process.pid, _GROUP_EXIT_S)
     if code != 0:
         raise BundleError(f"locust exited with code {code} (log: {log_path}): {shlex.join(command)}")
+
+
+#: How long a step's worker processes may outlive its master (they write their results as they stop).
+_GROUP_EXIT_S = 30.0
+
+
+def _wait_for_group(group: int, timeout_s: float) -> None:
+    """Wait until no process of ``group`` is left (locust's master can exit while its workers still
+    write their files); kill what is left after ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            os.killpg(group, 0)
+        except ProcessLookupError:
+            return
+        time.sleep(0.05)
+    logger.warning("locust processes of group %d outlived their step by %.0f s: killed", group, timeout_s)
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(group, signal.SIGKILL)
 
 
 def make_payload(out: Path, data: Path | None, stream: bool = False) -> Path:
