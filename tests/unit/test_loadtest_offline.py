@@ -201,3 +201,22 @@ def test_the_baseline_runs_on_the_served_models_device(tmp_path: Path) -> None:
     else:
         with pytest.raises(ConfigError, match=r"KIND_GPU.*onnxruntime-gpu.*--no-baseline"):
             InProcessModel(BaselineConfig(gpu_file, (4,)))
+
+
+def test_a_failed_step_is_listed_and_left_out_and_the_run_goes_on(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    from bundle.errors import BundleError
+
+    def fake_sweep(target: Target, config: SweepConfig, *args: object, **kwargs: object) -> list[StepResult]:
+        if target.label == "broken" and config.concurrency == (2,):
+            raise BundleError("no latency results")
+        return [_step(target, config)]
+
+    monkeypatch.setattr(runs, "run_sweep", fake_sweep)
+    targets = [Target("127.0.0.1:1", "grpc", "triton"), Target("127.0.0.1:2", "grpc", "broken")]
+    failed: list[str] = []
+    options = runs.RunOptions(batch_sizes=(8,), concurrency=(1, 2))
+    steps = runs._interleaved_steps(targets, "m", options, tmp_path, tmp_path / "p.npz", failed=failed)
+    assert [(s.label, s.concurrency) for s in steps] == [("triton", 1), ("broken", 1), ("triton", 2)]
+    assert failed == ["locust m grpc B=8 c=2: no latency results"]
