@@ -45,17 +45,20 @@ def figure(
     panels: int = 1,
     size: tuple[float, float] = CHART_SIZE,
     title: str | None = None,
+    columns: int | None = None,
 ) -> Iterator[list[Axes]]:
     """Axes to draw on; on leaving the block, the chart styled and written to ``path`` as a PNG.
 
     Args:
         path: the PNG to write (its folder is created). Nothing is written when the block raises.
-        panels: charts side by side, one axes each.
+        panels: charts, one axes each.
         size: width x height (inches) of each chart.
         title: a title above all the panels.
+        columns: charts per row (None: all in one row); ``size`` is then the size of one row
+            of charts' height and one chart's width.
 
     Yields:
-        The ``panels`` axes, left to right.
+        The ``panels`` axes, left to right, then row by row.
 
     Raises:
         ConfigError: ``panels`` is below 1.
@@ -66,9 +69,16 @@ def figure(
         raise ConfigError(f"a chart needs at least one panel, got {panels}")
     # Constrained layout sizes the axes so that no title, tick label or legend is cut off or
     # overlaps a neighbour, the figure's title included (tight_layout leaves that one out).
-    fig = Figure(figsize=(size[0] * panels, size[1]), dpi=DPI, layout="constrained")
+    columns = min(columns or panels, panels)
+    rows = -(-panels // columns)
+    fig = Figure(figsize=(size[0] * columns, size[1] * rows), dpi=DPI, layout="constrained")
     fig.get_layout_engine().set(w_pad=PAD, h_pad=PAD)  # type: ignore[union-attr,call-arg]
-    axes = list(fig.subplots(1, panels, squeeze=False)[0])
+    grid = fig.subplots(rows, columns, squeeze=False)
+    axes = [ax for row in grid for ax in row]
+    for spare in axes[panels:]:
+        spare.set_visible(False)
+        fig.delaxes(spare)
+    axes = axes[:panels]
     yield axes
     for ax in axes:
         ax.grid(True, which="both", alpha=0.3)

@@ -125,8 +125,19 @@ class Panel:
     vlines: Sequence[tuple[float, str]] = field(default_factory=tuple)
 
 
-def plot(path: Path, title: str, panels: Sequence[Panel]) -> Path:
-    """Panels side by side in one PNG; a series keeps its color across panels (by ``color_key``)."""
+#: Series a panel's own legend holds at most; more, and one legend for all panels goes below them.
+LEGEND_IN_PANEL = 6
+#: Columns and the height (inches) of one row of that shared legend.
+LEGEND_COLUMNS, LEGEND_ROW_IN = 3, 0.2
+
+
+def plot(path: Path, title: str, panels: Sequence[Panel], columns: int | None = None) -> Path:
+    """Panels side by side in one PNG; a series keeps its color across panels (by ``color_key``).
+
+    With more than :data:`LEGEND_IN_PANEL` series, one legend below the panels names them all
+    (the figure grows to hold it), so no legend covers a curve. ``columns``: panels per row
+    (None: all in one row).
+    """
     import matplotlib
     from matplotlib.ticker import FuncFormatter
 
@@ -136,7 +147,11 @@ def plot(path: Path, title: str, panels: Sequence[Panel]) -> Path:
     colors = matplotlib.rcParams["axes.prop_cycle"].by_key()["color"]
     keys = sorted({s.color_key or s.label for panel in panels for s in panel.series})
     color_of = {key: colors[i % len(colors)] for i, key in enumerate(keys)}
-    with figure(path, len(panels), PANEL_SIZE, title) as axes:
+    labels = list(dict.fromkeys(s.label for panel in panels for s in panel.series))
+    shared = len(labels) > LEGEND_IN_PANEL
+    rows = -(-len(labels) // LEGEND_COLUMNS) if shared else 0
+    size = (PANEL_SIZE[0], PANEL_SIZE[1] + rows * LEGEND_ROW_IN)
+    with figure(path, len(panels), size, title, columns) as axes:
         for ax, panel in zip(axes, panels, strict=True):
             for series in panel.series:
                 color = color_of[series.color_key or series.label]
@@ -160,6 +175,15 @@ def plot(path: Path, title: str, panels: Sequence[Panel]) -> Path:
             ax.set_xlabel(panel.xlabel)
             ax.set_ylabel(panel.ylabel)
             ax.set_title(panel.title)
-            if panel.series:
+            if panel.series and not shared:
                 ax.legend(fontsize=7)
+        if shared:
+            handles: dict[str, Any] = {}
+            for ax in axes:
+                for handle, label in zip(*ax.get_legend_handles_labels(), strict=True):
+                    handles.setdefault(label, handle)
+            axes[0].figure.legend(
+                handles=list(handles.values()), labels=list(handles), loc="outside lower center",
+                ncol=LEGEND_COLUMNS, fontsize=7, frameon=False,
+            )  # fmt: skip
     return path

@@ -39,6 +39,8 @@ JSON_FILE = "report.json"
 MARKDOWN_FILE = "report.md"
 THROUGHPUT_PNG = "latency_vs_throughput.png"
 P99_PNG = "p99_vs_concurrency.png"
+#: With several engines: each engine's samples/s against concurrency, beside perf_analyzer's.
+ENGINES_PNG = "engines.png"
 
 #: Targets the issue sets for the ratios (reports show them beside the measured values).
 THROUGHPUT_RATIO_TARGET = 0.95
@@ -355,7 +357,7 @@ def _panels(report: Report, kind: str) -> list[Panel]:
         if bound:
             # One marker over every point the client limited, whatever its curve.
             x = [s.samples_per_s if kind == "throughput" else s.concurrency for s in bound]
-            curves.append(Series("client-bound step", x, [s.p99_ms for s in bound], "x", "client-bound"))
+            curves.append(Series("client-bound step", x, [s.p99_ms for s in bound], "X", "client-bound"))
         if kind == "throughput":
             panels.append(
                 Panel(f"latency vs throughput, batch {batch}", "throughput (samples/s)", "latency (ms)",
@@ -367,6 +369,31 @@ def _panels(report: Report, kind: str) -> list[Panel]:
                 Panel(f"p99 vs concurrency, batch {batch}", "requests in flight (concurrency)",
                       "p99 latency (ms)", curves, xlog2=True, ylog=True, xticks=levels)
             )  # fmt: skip
+    return panels
+
+
+def _engine_panels(report: Report) -> list[Panel]:
+    """One panel per (protocol, batch size) of the first model: samples/s against concurrency,
+    one curve per engine, an x over each client-bound step."""
+    model = report.steps[0].model
+    panels = []
+    for protocol, batch in sorted({(s.protocol, s.batch_size) for s in report.steps if s.model == model}):
+        steps = [s for s in report.steps if (s.model, s.protocol, s.batch_size) == (model, protocol, batch)]
+        curves = []
+        for engine in dict.fromkeys(s.engine for s in steps):
+            mine = sorted((s for s in steps if s.engine == engine), key=lambda s: s.concurrency)
+            curves.append(
+                Series(engine, [s.concurrency for s in mine], [s.samples_per_s for s in mine], "o-", engine)
+            )
+        bound = [s for s in steps if s.client_bound]
+        if bound:
+            curves.append(Series("client-bound step", [s.concurrency for s in bound],
+                                 [s.samples_per_s for s in bound], "X", "client-bound"))  # fmt: skip
+        levels = sorted({s.concurrency for s in steps})
+        panels.append(
+            Panel(f"{model} {protocol}, batch {batch}", "requests in flight (concurrency)", "samples/s",
+                  curves, xlog2=True, xticks=levels)
+        )  # fmt: skip
     return panels
 
 
@@ -463,6 +490,8 @@ def markdown(report: Report) -> str:
             "where neither engine was client-bound. " + _agreement_counts(engines),
             "<!-- --8<-- [end:engines] -->",
             "",
+            f"![each engine beside perf_analyzer]({ENGINES_PNG})",
+            "",
         ]
     if report.baselines:
         lines += ["## In-process ONNX Runtime (same files, same rows)", ""]
@@ -516,7 +545,13 @@ def write_report(report: Report, out: Path) -> dict[str, Path]:
     if not report.steps:
         raise DataError("a report needs at least one step")
     out.mkdir(parents=True, exist_ok=True)
+    extra = {}
+    if len({step.engine for step in report.steps}) > 1:
+        panels = _engine_panels(report)
+        columns = len({step.batch_size for step in report.steps})
+        extra["engines_png"] = plot(out / ENGINES_PNG, report.title, panels, columns=columns)
     return {
+        **extra,
         "csv": write_csv(report.steps, out / CSV_FILE),
         "json": write_json(out / JSON_FILE, report.to_json()),
         "throughput_png": plot(out / THROUGHPUT_PNG, report.title, _panels(report, "throughput")),
