@@ -16,7 +16,7 @@ from typing import Literal
 
 import numpy as np
 
-from bundle.errors import BundleError, ConfigError
+from bundle.errors import ConfigError
 from bundle.schema import CATEGORICAL_INPUT, DENSE_INPUT
 from clients.retry import RetryPolicy
 from clients.triton import TritonClient
@@ -31,6 +31,7 @@ from loadtest.sweeps.perf_analyzer_install import require as require_perf_analyz
 from loadtest.sweeps.stepfiles import (
     SERVER_COUNTERS,
     SERVER_STATS_FILE,
+    server_counters,
 )
 from loadtest.sweeps.steps import STEP_GRACE_S, ServerTimes, StepResult, SweepConfig, Target
 
@@ -110,15 +111,6 @@ def perf_analyzer_step(
     )
 
 
-def _server_counters(client: TritonClient, model: str) -> dict[str, int] | None:
-    try:
-        stats = client.statistics(model)
-    except BundleError as exc:
-        logger.warning("could not read Triton's statistics of %s: %s", model, exc)
-        return None
-    return {key: int(getattr(stats[0], key)) for key in SERVER_COUNTERS} if stats else None
-
-
 def _streamed_requests(
     url: str,
     protocol: Literal["grpc", "http"],
@@ -190,11 +182,11 @@ def driver_step(
             os.sched_setaffinity(0, config.client_cpus)  # the worker threads inherit it
         with Driver(connect, concurrency) as driver:
             driver.wait(config.warmup_s)
-            before = _server_counters(stats, model)
+            before = server_counters(stats, model)
             cpu0, busy0, started = process_cpu_s(), thread_busy_s(), time.perf_counter()
             tally = driver.measure(config.duration_s)
             cpu1, busy1, seconds = process_cpu_s(), thread_busy_s(), time.perf_counter() - started
-            after = _server_counters(stats, model)
+            after = server_counters(stats, model)
     finally:
         os.sched_setaffinity(0, affinity)
         stats.close()

@@ -30,6 +30,7 @@ from clients.retry import RetryPolicy
 from clients.triton import TritonClient
 from loadtest.engine.client_cpu import ClientCpu, process_demand, thread_busy_s
 from loadtest.engine.payload import PayloadPool
+from loadtest.sweeps.stepfiles import server_counters
 
 #: Rows written into perf_analyzer's input data (it builds each batch from consecutive rows).
 INPUT_ROWS = 4096
@@ -141,11 +142,9 @@ def _children_cpu_s() -> float:
 
 
 def _served(client: TritonClient, model: str) -> int | None:
-    try:
-        stats = client.statistics(model)
-    except BundleError:
-        return None
-    return int(stats[0].success_count + stats[0].fail_count) if stats else None
+    """Requests Triton has counted for ``model`` so far, answered or failed."""
+    counters = server_counters(client, model)
+    return None if counters is None else counters["success_count"] + counters["fail_count"]
 
 
 @dataclass(frozen=True)

@@ -44,12 +44,18 @@ from locust.runners import MasterRunner, WorkerRunner
 
 from bundle.errors import BundleError, ConfigError
 from clients.retry import RetryPolicy
-from clients.stats import ModelStats
 from clients.triton import TritonClient
 from loadtest.engine.client_cpu import process_cpu_s, process_demand, thread_busy_s
 from loadtest.engine.latency import Tally
 from loadtest.engine.payload import PayloadPool, build_pool
-from loadtest.sweeps.stepfiles import SERVER_COUNTERS, SERVER_STATS_FILE, cpu_file, latency_file, stream_file
+from loadtest.sweeps.stepfiles import (
+    SERVER_COUNTERS,
+    SERVER_STATS_FILE,
+    cpu_file,
+    latency_file,
+    server_counters,
+    stream_file,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -351,15 +357,6 @@ def _on_test_stop(environment: Environment, **_: Any) -> None:
 
 
 # ------------------------------------------------------------------ server statistics
-def _snapshot(client: TritonClient, model: str) -> ModelStats | None:
-    try:
-        stats = client.statistics(model)
-    except BundleError as exc:
-        logger.warning("could not read Triton's statistics of %s: %s", model, exc)
-        return None
-    return stats[0] if stats else None
-
-
 def _server_stats(environment: Environment) -> None:
     """Read Triton's statistics at the window's start and end; write their difference."""
     parsed = options(environment)
@@ -368,19 +365,19 @@ def _server_stats(environment: Environment) -> None:
     client = TritonClient(host, parsed.server_stats, timeout_s=10.0, retry=RetryPolicy(max_tries=2))
     try:
         gevent.sleep(max(0.0, window_start - time.time()))
-        before = _snapshot(client, parsed.model)
+        before = server_counters(client, parsed.model)
         started = time.time()
         if parsed.window > 0:
             gevent.sleep(max(0.0, _recording.window_end - time.time()))
         else:
             return
-        after = _snapshot(client, parsed.model)
+        after = server_counters(client, parsed.model)
         ended = time.time()
     finally:
         client.close()
     if before is None or after is None:
         return
-    delta = {key: getattr(after, key) - getattr(before, key) for key in SERVER_COUNTERS}
+    delta = {key: after[key] - before[key] for key in SERVER_COUNTERS}
     document = {"model": parsed.model, "from": started, "to": ended, "delta": delta}
     folder = Path(parsed.results_dir)
     folder.mkdir(parents=True, exist_ok=True)

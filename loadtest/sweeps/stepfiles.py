@@ -6,6 +6,16 @@ Written by the locust processes (:mod:`loadtest.sweeps.recorder`), read by the s
 
 from __future__ import annotations
 
+import logging
+from typing import TYPE_CHECKING
+
+from bundle.errors import BundleError
+
+if TYPE_CHECKING:
+    from clients.triton import TritonClient
+
+logger = logging.getLogger(__name__)
+
 #: One per locust process that ran users: its counts and raw latency histogram.
 LATENCY_GLOB = "latency-*.json"
 #: Written by the locust master: Triton's statistics, difference over the window.
@@ -43,3 +53,13 @@ def cpu_file(pid: int) -> str:
 def stream_file(pid: int) -> str:
     """The stream file name of process ``pid``."""
     return f"stream-{pid}.npy"
+
+
+def server_counters(client: TritonClient, model: str) -> dict[str, int] | None:
+    """Triton's :data:`SERVER_COUNTERS` of ``model`` now, or None (told) where they cannot be read."""
+    try:
+        stats = client.statistics(model)
+    except BundleError as exc:
+        logger.warning("could not read Triton's statistics of %s: %s", model, exc)
+        return None
+    return {key: int(getattr(stats[0], key)) for key in SERVER_COUNTERS} if stats else None
