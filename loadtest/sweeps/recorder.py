@@ -14,7 +14,12 @@ listeners, once per process:
   window* (``warmup`` seconds after the test starts, for ``window`` seconds)
   in a :class:`~loadtest.engine.latency.Tally`: its exact latency in the one
   latency histogram, errors by kind (the closed-loop driver,
-  :mod:`loadtest.engine.driver`, keeps the same tally);
+  :mod:`loadtest.engine.driver`, keeps the same tally). With
+  ``--skip-locust-stats`` (what the sweep runs) an answered request skips
+  locust's event and its statistics: its latency is appended to a list, counted
+  when the test stops (a locust event and a histogram update cost the client
+  about 40 us per request, a third of a batch-1 gRPC call); failures still go
+  through the event;
 - ``test_stop``: writes ``latency-<pid>.json`` into ``--results-dir``, and
   ``client-cpu-<pid>.json``: this process's CPU seconds over the window (every
   process, the master included: the load generator's cost is all of them);
@@ -83,6 +88,23 @@ class Recording:
     cpu_at_end: float | None = None
     busy_at_start: dict[int, float] = field(default_factory=dict)
     busy_at_end: dict[int, float] = field(default_factory=dict)
+    #: The window in ``time.perf_counter()``'s clock, and the latencies (ms) of the answers that
+    #: ended inside it, not yet in ``tally`` (:meth:`answered`, counted by :meth:`settle`).
+    window_pc: tuple[float, float] = (float("inf"), float("inf"))
+    pending_ms: list[float] = field(default_factory=list)
+
+    def answered(self, latency_ms: float, ended_pc: float) -> None:
+        """One answered request that ended at ``ended_pc`` (``perf_counter``): kept if inside the
+        window. The least work per request: one comparison and one append."""
+        start, end = self.window_pc
+        if start <= ended_pc < end:
+            self.pending_ms.append(latency_ms)
+
+    def settle(self) -> None:
+        """Count the kept latencies into ``tally``."""
+        for latency_ms in self.pending_ms:
+            self.tally.answer(latency_ms)
+        self.pending_ms.clear()
 
     def covered_s(self) -> float:
         """Seconds of the window this process was running for."""
@@ -92,6 +114,7 @@ class Recording:
         return max(0.0, end - self.window_start)
 
     def to_json(self) -> dict[str, Any]:
+        self.settle()
         self.tally.seconds = self.covered_s()
         return {
             "pid": os.getpid(),
@@ -125,6 +148,8 @@ _stream_sent: list[int] = []
 _stream_turn = itertools.count()
 #: The greenlet reading this process's CPU time at the window's start and end.
 _cpu_greenlet: list[gevent.Greenlet] = []
+#: ``--skip-locust-stats``: answered requests go to the record only (read once, at ``init``).
+_fast = [False]
 
 
 def payload_pool() -> PayloadPool:
@@ -195,10 +220,18 @@ def _add_options(parser: Any) -> None:
         "--stream-stride", type=int, default=1, help="Processes taking turns on the stream's batches."
     )
     group.add_argument(
+        "--skip-locust-stats",
+        action="store_true",
+        help="Count answered requests only in the load test's own record (--results-dir), not in "
+        "locust's statistics: a locust event per request costs the client a fifth of a batch-1 "
+        "gRPC call. Failures are reported to locust either way.",
+    )
+    group.add_argument(
         "--grpc-blocking",
         action="store_true",
-        help="gRPC calls block their process (one user per process): gRPC on gevent's loop costs "
-        "the client several times the CPU per request.",
+        help="gRPC calls block a native thread per user (gevent's thread pool), not gevent's loop: "
+        "gRPC on gevent's loop costs the client several times the CPU per request. Run locust "
+        "as `python -m loadtest.sweeps.locust_main` then, which leaves the thread locks unpatched.",
     )
 
 
@@ -232,6 +265,7 @@ def _on_init(environment: Environment, **_: Any) -> None:
         # gRPC must run on gevent's loop before any channel exists, else a blocking
         # call would block every user of this process.
         grpc.experimental.gevent.init_gevent()
+    _fast[0] = bool(parsed.skip_locust_stats)
     if _runs_users(environment) and "pool" not in _pool:
         started = time.perf_counter()
         _pool["pool"] = load_payload(parsed.payload, parsed.batch_size)
@@ -253,13 +287,17 @@ def timed_request(
     batch_size: int,
     url: str | None,
     report_success: bool = True,
+    failures: list[dict[str, Any]] | None = None,
 ) -> None:
     """Run one request, time it, and fire locust's ``request`` event with its exact latency.
 
     ``call`` returns the answer's size in bytes; a :class:`BundleError` or
     :class:`OSError` it raises is the request's failure (reported, never
     retried: a load test counts it). ``report_success=False`` reports only
-    a failure (a set-up call such as the model's metadata).
+    a failure (a set-up call such as the model's metadata). With
+    ``failures`` (a request sent from a native thread, where locust's
+    events must not fire), a failure's event is appended there instead, for
+    :func:`fire_failures` to fire from the user's greenlet.
     """
     start_time = time.time()
     started = time.perf_counter()
@@ -269,29 +307,44 @@ def timed_request(
         length = call()
     except (BundleError, OSError) as exc:
         exception = exc
-    elapsed_ms = (time.perf_counter() - started) * 1000.0
-    if exception is None and not report_success:
+    ended = time.perf_counter()
+    elapsed_ms = (ended - started) * 1000.0
+    if exception is None and (_fast[0] or not report_success):
+        if report_success:
+            _recording.answered(elapsed_ms, ended)
         return
-    environment.events.request.fire(
-        request_type=request_type,
-        name=name,
-        response_time=elapsed_ms,
-        response_length=length,
-        response=None,
-        context={"batch_size": batch_size},
-        exception=exception,
-        start_time=start_time,
-        url=url,
-    )
+    event = {
+        "request_type": request_type,
+        "name": name,
+        "response_time": elapsed_ms,
+        "response_length": length,
+        "response": None,
+        "context": {"batch_size": batch_size},
+        "exception": exception,
+        "start_time": start_time,
+        "url": url,
+    }
+    if failures is not None and exception is not None:
+        failures.append(event)
+        return
+    environment.events.request.fire(**event)
+
+
+def fire_failures(environment: Environment, failures: list[dict[str, Any]]) -> None:
+    """Fire the failures :func:`timed_request` kept aside (from the user's greenlet)."""
+    for event in failures:
+        environment.events.request.fire(**event)
+    failures.clear()
 
 
 # ------------------------------------------------------------------ recording
 @events.test_start.add_listener
 def _on_test_start(environment: Environment, **_: Any) -> None:
     parsed = options(environment)
-    now = time.time()
+    now, now_pc = time.time(), time.perf_counter()
     _recording.window_start = now + parsed.warmup
     _recording.window_end = _recording.window_start + parsed.window if parsed.window > 0 else float("inf")
+    _recording.window_pc = (now_pc + parsed.warmup, now_pc + parsed.warmup + (parsed.window or float("inf")))
     if _measures_server(environment) and parsed.server_stats and parsed.results_dir:
         _stats_greenlet.append(gevent.spawn(_server_stats, environment))
     if parsed.results_dir:

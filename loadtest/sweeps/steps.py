@@ -143,15 +143,10 @@ class SweepConfig:
         if not self.request_timeout_s > 0:
             raise ConfigError(f"request_timeout_s must be > 0, got {self.request_timeout_s}")
 
-    def processes_for(self, concurrency: int, protocol: str = "http") -> int:
-        """locust processes for a step of ``concurrency`` users over ``protocol``.
-
-        gRPC: one user per process, whose calls block it (``--grpc-blocking``): gRPC on
-        gevent's loop costs the client about 3x the CPU per request (measured, locust 2.47 and
-        grpcio under gevent, batch 1: 490 us against 140 us).
-        """
-        if protocol == "grpc":
-            return concurrency
+    def processes_for(self, concurrency: int) -> int:
+        """locust processes for a step of ``concurrency`` users: up to
+        :data:`USERS_PER_PROCESS` users each (gRPC users send from native threads,
+        ``--grpc-blocking``), at most one per core, or ``--processes``."""
         if self.processes:
             return min(self.processes, concurrency)
         return max(1, min(os.cpu_count() or 1, math.ceil(concurrency / USERS_PER_PROCESS)))
