@@ -342,6 +342,7 @@ app.command("serving-defaults")(commands.serving_defaults)
 app.command()(commands.gpu)
 app.command()(commands.kernels)
 app.command()(commands.tune)
+app.command("model-analyzer")(commands.model_analyzer)
 app.command()(commands.faults)
 app.command()(commands.demo)
 

@@ -8,6 +8,8 @@
 - ``gpu``: served and in-process samples/s of every variant on the served device
   (:mod:`loadtest.benchmarks.gpu`).
 - ``tune``: the fastest serving config and client load within a p99 budget (:mod:`loadtest.tune`).
+- ``model-analyzer``: tune beside Triton Model Analyzer, same model, space and budgets
+  (:mod:`loadtest.benchmarks.model_analyzer`).
 - ``faults``: crashes, damaged files, interrupted writes, a full disk (:mod:`loadtest.faults`).
 - ``demo``: the whole path on this machine (what ``make demo`` runs).
 
@@ -379,6 +381,51 @@ def tune(
         path, diff = apply_winner(repository, document)
         print(f"applied: {path}")
         print(diff or "(no change)", end="" if diff else "\n")
+
+
+def model_analyzer(
+    repository: Repository,
+    model_analyzer_path: Annotated[
+        Path, typer.Option("--model-analyzer", help="The model-analyzer executable (its own venv).")
+    ] = Path("artifacts/model_analyzer/venv/bin/model-analyzer"),
+    family: Annotated[
+        list[str] | None, typer.Option("--model", help="Model family: dlrm or wide_deep (repeatable).")
+    ] = None,
+    p99_budget_ms: Annotated[
+        list[float] | None, typer.Option("--p99-budget-ms", help="p99 budget in ms (repeatable).")
+    ] = None,
+    batch_sizes: Annotated[str, typer.Option(help="Client batch sizes, comma-separated.")] = "64,1024",
+    concurrency: Annotated[str, typer.Option(help="Requests in flight, comma-separated.")] = "1,2,4,8",
+    instances: Annotated[str, typer.Option(help="Model instances, comma-separated.")] = "1,2",
+    queue_delay_us: Annotated[
+        str, typer.Option(help="Max queue delays in us, comma-separated.")
+    ] = "100,2000",
+    rounds: Annotated[int, typer.Option(help="Side-by-side rounds of the two answers.")] = 3,
+    work: Annotated[Path, typer.Option(help="Scratch folder.", file_okay=False)] = Path(
+        "artifacts/model_analyzer/work"
+    ),
+    out: Annotated[Path, typer.Option(help="Folder for report.md and report.json.", file_okay=False)] = Path(
+        "reports/model_analyzer"
+    ),
+) -> None:
+    """Run tune and Triton Model Analyzer over the same model, space and p99 budgets, and measure
+    both answers side by side with perf_analyzer (a benchmark)."""
+    from loadtest.benchmarks.model_analyzer import CompareOptions, run_compare, write_report
+
+    options = CompareOptions(
+        repository=repository,
+        model_analyzer=model_analyzer_path,
+        work=work,
+        families=tuple(family or ("dlrm", "wide_deep")),
+        budgets_ms=tuple(p99_budget_ms or (10.0, 50.0)),
+        batch_sizes=parse_ints(batch_sizes, "--batch-sizes"),
+        concurrency=parse_ints(concurrency, "--concurrency"),
+        instances=parse_ints(instances, "--instances"),
+        queue_delays_us=tuple(int(d) for d in queue_delay_us.split(",") if d.strip()),
+        rounds=rounds,
+    )
+    paths = write_report(run_compare(options, command_line("loadtest")), out)
+    print(f"report: {paths['markdown']}")
 
 
 def demo(

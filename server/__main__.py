@@ -20,7 +20,7 @@ from bundle.cli import new_app, run
 from bundle.errors import ServerError
 from server.config import DEFAULT_LOG_FILE, ModelControlMode, ServerConfig
 from server.dead_models import DeadModelAction
-from server.launcher import LocalServer
+from server.launcher import LocalServer, run_tritonserver
 from server.security import ADMIN_HEADER, ADMIN_KEY_ENV, GRPC_ADMIN_HEADER, read_admin_key
 
 logger = logging.getLogger(__name__)
@@ -212,6 +212,14 @@ def serve(
     code = serve_forever(config)
     if code != 0:
         raise ServerError(f"tritonserver exited with code {code} (log: {log_file})")
+
+
+@app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
+def tritonserver(context: typer.Context) -> None:
+    """Run tritonserver with the arguments that follow, adding the bundle's backend directory and
+    the environment its stubs need: for tools that start tritonserver themselves, e.g. Model
+    Analyzer's --triton-server-path (through a one-line script that runs this command)."""
+    raise typer.Exit(run_tritonserver(list(context.args)))
 
 
 if __name__ == "__main__":

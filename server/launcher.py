@@ -636,3 +636,33 @@ def _describe_failures(failed: list[ModelStatus]) -> str:
     ]
     noun = "model" if len(parts) == 1 else f"{len(parts)} models"
     return f"{noun} failed to load: " + "; ".join(parts)
+
+
+def run_tritonserver(arguments: Sequence[str]) -> int:
+    """Run the bundle's tritonserver with ``arguments`` in the foreground; its exit code.
+
+    For tools that start tritonserver themselves with their own arguments (Model
+    Analyzer's ``--triton-server-path``): the backend directory (the python
+    backend and the bundle's CPU backends) and the environment its stubs need are
+    added, as :class:`LocalServer` adds them; nothing else. SIGINT and SIGTERM
+    are passed on to tritonserver, and the backend directory is removed after it
+    exits.
+    """
+    installation = TritonInstallation.locate()
+    backend_dir = Path(tempfile.mkdtemp(prefix="tritonserver-backends-"))
+    try:
+        installation.build_backend_directory(backend_dir)
+        command = [str(installation.binary), f"--backend-directory={backend_dir}", *arguments]
+        process = subprocess.Popen(command, env=installation.environment(), preexec_fn=_parent_death_signal())
+
+        def forward(signum: int, frame: object) -> None:
+            process.send_signal(signum)
+
+        previous = {sig: signal.signal(sig, forward) for sig in (signal.SIGINT, signal.SIGTERM)}
+        try:
+            return process.wait()
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+    finally:
+        shutil.rmtree(backend_dir, ignore_errors=True)

@@ -16,7 +16,7 @@ import multiprocessing
 import queue
 import statistics
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -111,15 +111,18 @@ def triton_requests(
     return connect
 
 
-def _raw_requests(
-    url: str, protocol: Protocol, model: str, pool: PayloadPool, timeout_s: float, first: int, step: int
+def raw_connection(
+    url: str,
+    protocol: Protocol,
+    model: str,
+    header_length: int,
+    timeout_s: float,
+    rows: int,
+    message: Callable[[int, int], bytes],
 ) -> Connect:
-    """Requests without tritonclient in the timed path: each batch serialised once, sent as bytes
-    on the worker's own connection, its answer checked by length (:mod:`loadtest.engine.wire`)."""
-    if protocol == "grpc":
-        messages = serialised_requests(model, pool)
-    else:
-        messages, header_length = http_bodies(pool), http_header_length(pool)
+    """Each worker's own raw connection (:mod:`loadtest.engine.wire`): its request ``sequence``
+    sends ``message(worker, sequence)`` (a serialised ``ModelInferRequest``, or an HTTP body whose
+    JSON header is ``header_length`` bytes), its answer checked to hold ``rows`` scores."""
 
     @contextmanager
     def connect(worker: int) -> Iterator[Request]:
@@ -131,14 +134,30 @@ def _raw_requests(
         try:
 
             def request(sequence: int) -> Answer:
-                infer(messages[(first + worker + sequence * step) % len(messages)], pool.batch_size)
-                return Answer(pool.batch_size)
+                infer(message(worker, sequence), rows)
+                return Answer(rows)
 
             yield request
         finally:
             infer.close()
 
     return connect
+
+
+def _raw_requests(
+    url: str, protocol: Protocol, model: str, pool: PayloadPool, timeout_s: float, first: int, step: int
+) -> Connect:
+    """Requests without tritonclient in the timed path: each batch serialised once, sent as bytes
+    on the worker's own connection, its answer checked by length (:func:`raw_connection`)."""
+    if protocol == "grpc":
+        messages, header_length = serialised_requests(model, pool), 0
+    else:
+        messages, header_length = http_bodies(pool), http_header_length(pool)
+
+    def message(worker: int, sequence: int) -> bytes:
+        return messages[(first + worker + sequence * step) % len(messages)]
+
+    return raw_connection(url, protocol, model, header_length, timeout_s, pool.batch_size, message)
 
 
 def _check_load(protocol: str, concurrency: int, repeats: int, seconds: float, warmup_s: float) -> None:

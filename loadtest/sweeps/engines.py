@@ -9,8 +9,6 @@ import logging
 import math
 import os
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Literal
 
@@ -21,11 +19,10 @@ from bundle.schema import CATEGORICAL_INPUT, DENSE_INPUT
 from clients.retry import RetryPolicy
 from clients.triton import TritonClient
 from loadtest.engine.client_cpu import ClientCpu, process_cpu_s, process_demand, thread_busy_s
-from loadtest.engine.driver import Answer, Connect, Driver
-from loadtest.engine.latency import PERCENTILES
+from loadtest.engine.driver import Connect, Driver
 from loadtest.engine.payload import PayloadPool
-from loadtest.engine.served import triton_requests
-from loadtest.engine.wire import RawGrpcInfer, RawHttpInfer, http_body, http_header_length, serialised_request
+from loadtest.engine.served import raw_connection, triton_requests
+from loadtest.engine.wire import http_body, http_header_length, serialised_request
 from loadtest.sweeps import perf_analyzer
 from loadtest.sweeps.perf_analyzer_install import require as require_perf_analyzer
 from loadtest.sweeps.stepfiles import (
@@ -130,30 +127,16 @@ def _streamed_requests(
     start, span = cursor.next_row, max(1, len(stream.dense) - batch_size + 1)
     header_length = http_header_length(stream.rebatched(batch_size))
 
-    @contextmanager
-    def connect(worker: int) -> Iterator[Callable[[int], Answer]]:
-        infer: RawGrpcInfer | RawHttpInfer
-        if protocol == "grpc":
-            infer = RawGrpcInfer(url, config.request_timeout_s)
-        else:
-            infer = RawHttpInfer(url, model, header_length, config.request_timeout_s)
-        try:
+    def message(worker: int, sequence: int) -> bytes:
+        row = (start + (worker + sequence * workers) * batch_size) % span
+        first_rows.append(row)
+        rows = {
+            DENSE_INPUT: stream.dense[row : row + batch_size],
+            CATEGORICAL_INPUT: stream.categorical[row : row + batch_size],
+        }
+        return serialised_request(model, rows) if protocol == "grpc" else http_body(rows)
 
-            def request(sequence: int) -> Answer:
-                row = (start + (worker + sequence * workers) * batch_size) % span
-                first_rows.append(row)
-                rows = {
-                    DENSE_INPUT: stream.dense[row : row + batch_size],
-                    CATEGORICAL_INPUT: stream.categorical[row : row + batch_size],
-                }
-                infer(serialised_request(model, rows) if protocol == "grpc" else http_body(rows), batch_size)
-                return Answer(batch_size)
-
-            yield request
-        finally:
-            infer.close()
-
-    return connect
+    return raw_connection(url, protocol, model, header_length, config.request_timeout_s, batch_size, message)
 
 
 def driver_step(
@@ -200,37 +183,8 @@ def driver_step(
         delta = {key: after[key] - before[key] for key in SERVER_COUNTERS}
         (folder / SERVER_STATS_FILE).write_text(json.dumps({"model": model, "delta": delta}))
         server = ServerTimes.from_delta(delta)
-    histogram = tally.histogram
-    p50, p90, p95, p99 = (histogram.percentile(q) for q in PERCENTILES)
     rate = tally.ok / tally.seconds if tally.seconds > 0 else 0.0
-    return StepResult(
-        label=target.label,
-        model=model,
-        protocol=target.protocol,
-        batch_size=config.batch_size,
-        concurrency=concurrency,
-        processes=1,
-        seconds=tally.seconds,
-        requests=tally.ok,
-        errors=tally.errors,
-        requests_per_s=rate,
-        samples_per_s=rate * config.batch_size,
-        p50_ms=p50,
-        p90_ms=p90,
-        p95_ms=p95,
-        p99_ms=p99,
-        mean_ms=histogram.mean_ms,
-        max_ms=histogram.max_ms if histogram.count else math.nan,
-        server=server,
-        errors_total=tally.errors,
-        error_kinds=dict(tally.error_kinds.most_common(5)),
-        engine="driver",
-        rows_sent=rows_sent,
-        distinct_rows=distinct_rows,
-        client_cpu_us=cpu.per_request_us,
-        client_cores=cpu.share,
-        client_demand=cpu.total_demand,
-        client_bound=cpu.bound,
-        samples_per_s_min=rate * config.batch_size,
-        samples_per_s_max=rate * config.batch_size,
-    )
+    return StepResult.of_tally(
+        target, model, config.batch_size, concurrency, tally, rate, cpu, processes=1, server=server,
+        engine="driver", rows_sent=rows_sent, distinct_rows=distinct_rows,
+    )  # fmt: skip

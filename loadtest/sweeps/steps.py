@@ -18,6 +18,8 @@ from typing import Any
 import numpy as np
 
 from bundle.errors import ConfigError
+from loadtest.engine.client_cpu import ClientCpu
+from loadtest.engine.latency import PERCENTILES, Tally
 
 logger = logging.getLogger(__name__)
 
@@ -274,6 +276,38 @@ class StepResult:
         if self.rounds < 2 or not self.samples_per_s > 0:
             return 0.0
         return (self.samples_per_s_max - self.samples_per_s_min) / self.samples_per_s
+
+    @classmethod
+    def of_tally(
+        cls,
+        target: Target,
+        model: str,
+        batch_size: int,
+        concurrency: int,
+        tally: Tally,
+        requests_per_s: float,
+        cpu: ClientCpu,
+        **fields: Any,
+    ) -> StepResult:
+        """A step from the tally of its window (the latencies and counts of every process merged),
+        its request rate and its load generator's CPU; ``fields``: the rest (``processes``,
+        ``seconds``, ``server``, ``engine``, ...)."""
+        histogram = tally.histogram
+        p50, p90, p95, p99 = (histogram.percentile(q) for q in PERCENTILES)
+        samples_per_s = requests_per_s * batch_size
+        fields.setdefault("seconds", tally.seconds)
+        fields.setdefault("errors_total", tally.errors)
+        return cls(
+            label=target.label, model=model, protocol=target.protocol, batch_size=batch_size,
+            concurrency=concurrency, requests=tally.ok, errors=tally.errors,
+            requests_per_s=requests_per_s, samples_per_s=samples_per_s,
+            p50_ms=p50, p90_ms=p90, p95_ms=p95, p99_ms=p99, mean_ms=histogram.mean_ms,
+            max_ms=histogram.max_ms if histogram.count else math.nan,
+            error_kinds=dict(tally.error_kinds.most_common(5)),
+            client_cpu_us=cpu.per_request_us, client_cores=cpu.share, client_demand=cpu.total_demand,
+            client_bound=cpu.bound, samples_per_s_min=samples_per_s, samples_per_s_max=samples_per_s,
+            **fields,
+        )  # fmt: skip
 
     def as_dict(self) -> dict[str, Any]:
         """JSON-ready fields (server statistics nested)."""

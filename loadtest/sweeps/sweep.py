@@ -38,7 +38,7 @@ import numpy as np
 import loadtest
 from bundle.errors import BundleError, ConfigError
 from loadtest.engine.client_cpu import ClientCpu
-from loadtest.engine.latency import PERCENTILES, Tally, merged_tallies
+from loadtest.engine.latency import Tally, merged_tallies
 from loadtest.engine.payload import MAX_POOL_ROWS, build_pool, build_stream
 from loadtest.sweeps.engines import driver_step, perf_analyzer_step
 from loadtest.sweeps.stepfiles import (
@@ -97,8 +97,6 @@ def collect_step(
     rate = sum(t.ok / (t.seconds or window_s) for t in tallies)
     covered = [t.seconds or window_s for t in tallies]
     tally = merged_tallies(tallies)
-    histogram = tally.histogram
-    p50, p90, p95, p99 = (histogram.percentile(q) for q in PERCENTILES)
     server = None
     stats_path = folder / SERVER_STATS_FILE
     if stats_path.is_file():
@@ -114,34 +112,10 @@ def collect_step(
         allowed,
         concurrency,
     )
-    return StepResult(
-        label=target.label,
-        model=model,
-        protocol=target.protocol,
-        batch_size=batch_size,
-        concurrency=concurrency,
-        processes=processes,
-        seconds=sum(covered) / len(covered),
-        requests=tally.ok,
-        errors=tally.errors,
-        requests_per_s=rate,
-        samples_per_s=rate * batch_size,
-        p50_ms=p50,
-        p90_ms=p90,
-        p95_ms=p95,
-        p99_ms=p99,
-        mean_ms=histogram.mean_ms,
-        max_ms=histogram.max_ms if histogram.count else math.nan,
-        server=server,
-        errors_total=errors_total,
-        error_kinds=dict(tally.error_kinds.most_common(5)),
-        client_cpu_us=cpu.per_request_us,
-        client_cores=cpu.share,
-        client_demand=cpu.total_demand,
-        client_bound=cpu.bound,
-        samples_per_s_min=rate * batch_size,
-        samples_per_s_max=rate * batch_size,
-    )
+    return StepResult.of_tally(
+        target, model, batch_size, concurrency, tally, rate, cpu, processes=processes,
+        seconds=sum(covered) / len(covered), server=server, errors_total=errors_total,
+    )  # fmt: skip
 
 
 def locust_command(

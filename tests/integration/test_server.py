@@ -439,3 +439,54 @@ def test_cli_serves_until_sigterm(repository: Path, tmp_path: Path) -> None:
             cli.wait()
         reader.join(timeout=5)
         cli.stdout.close()
+
+
+def _child_arguments(pid: int) -> list[str]:
+    """The command lines of ``pid``'s children, their arguments in one list."""
+    arguments: list[str] = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        with contextlib.suppress(OSError):
+            if int(stat.read_text().rsplit(")", 1)[1].split()[1]) == pid:
+                arguments += (stat.parent / "cmdline").read_bytes().decode().split("\0")
+    return arguments
+
+
+def test_the_tritonserver_command_passes_its_arguments_through_and_adds_the_backends(
+    repository: Path, tmp_path: Path
+) -> None:
+    """What Model Analyzer's --triton-server-path runs: tritonserver with the caller's own
+    arguments, able to serve the bundle's CPU models, stopped by SIGTERM, leaving nothing."""
+    http_port, grpc_port, metrics_port = free_ports(3)
+    wrapper = PROJECT_ROOT / "benchmarks" / "model_analyzer" / "tritonserver"
+    command = [
+        str(wrapper), f"--model-repository={repository}", f"--http-port={http_port}",
+        f"--grpc-port={grpc_port}", f"--metrics-port={metrics_port}", "--model-control-mode=explicit",
+        f"--load-model={CTR_MODEL}",
+    ]  # fmt: skip
+    log = tmp_path / "tritonserver.log"
+    with log.open("wb") as output:
+        process = subprocess.Popen(command, cwd=tmp_path, stdout=output, stderr=subprocess.STDOUT,
+                                   start_new_session=True)  # fmt: skip
+    try:
+        ready = False
+        deadline = time.monotonic() + 90
+        while not ready and time.monotonic() < deadline and process.poll() is None:
+            with (
+                contextlib.suppress(Exception),
+                grpcclient.InferenceServerClient(f"127.0.0.1:{grpc_port}") as c,
+            ):
+                ready = c.is_model_ready(CTR_MODEL) and not c.is_model_ready(GATHER_MODEL)
+            time.sleep(0.3)
+        assert ready, log.read_text()[-3000:]
+        backends = [
+            a.split("=", 1)[1] for a in _child_arguments(process.pid) if a.startswith("--backend-directory=")
+        ]
+        assert len(backends) == 1 and Path(backends[0], "python").is_dir()
+
+        process.send_signal(signal.SIGTERM)
+        assert process.wait(timeout=60) == 0, log.read_text()[-3000:]
+        assert not Path(backends[0]).exists()
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait()

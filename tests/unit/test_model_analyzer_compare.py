@@ -1,0 +1,80 @@
+"""The Model Analyzer comparison's own logic: its config, and reading its answer within a budget."""
+
+from __future__ import annotations
+
+import csv
+from pathlib import Path
+
+import pytest
+
+from bundle.errors import ConfigError
+from loadtest.benchmarks.model_analyzer import CompareOptions, ma_answer, ma_config
+
+HEADER = [
+    "Model", "Batch", "Concurrency", "Model Config Path", "Instance Group", "Max Batch Size",
+    "Satisfies Constraints", "Throughput (infer/sec)", "p99 Latency (ms)",
+]  # fmt: skip
+
+
+def _options(tmp_path: Path) -> CompareOptions:
+    executable = tmp_path / "model-analyzer"
+    executable.write_text("#!/bin/sh\n")
+    return CompareOptions(repository=tmp_path / "repo", model_analyzer=executable, work=tmp_path / "work")
+
+
+def _config(folder: Path, instances: int, delay_us: int) -> None:
+    folder.mkdir(parents=True)
+    (folder / "config.pbtxt").write_text(
+        f'name: "{folder.name}"\nmax_batch_size: 4096\n'
+        f"instance_group {{\n  count: {instances}\n  kind: KIND_CPU\n}}\n"
+        f"dynamic_batching {{\n  max_queue_delay_microseconds: {delay_us}\n}}\n"
+    )
+
+
+def test_the_best_measurement_within_the_budget_is_the_answer_with_its_config(tmp_path: Path) -> None:
+    output = tmp_path / "output"
+    _config(output / "dlrm_onnx_config_default", 1, 100)
+    _config(output / "dlrm_onnx_config_2", 2, 2000)
+    path = tmp_path / "metrics.csv"
+    with open(path, "w", newline="") as handle:
+        writer = csv.writer(handle)
+        writer.writerow(HEADER)
+        writer.writerow(["dlrm_onnx", 1024, 8, "dlrm_onnx_config_2", "2:CPU", 4096, "No", 300000, 31.0])
+        writer.writerow(["dlrm_onnx", 1024, 2, "dlrm_onnx_config_2", "2:CPU", 4096, "Yes", 250000, 9.5])
+        writer.writerow(["dlrm_onnx", 64, 4, "dlrm_onnx_config_default", "1:CPU", 4096, "Yes", 90000, 4.0])
+    with open(path, newline="") as handle:
+        rows = [dict(row) for row in csv.DictReader(handle)]
+
+    tight = ma_answer(rows, 10.0, output)
+    assert tight is not None
+    assert (tight.instances, tight.queue_delay_us, tight.batch_size, tight.concurrency) == (2, 2000, 1024, 2)
+    assert tight.samples_per_s == 250000 and tight.p99_ms == 9.5
+    assert "max_queue_delay_microseconds: 2000" in tight.config
+
+    loose = ma_answer(rows, 50.0, output)
+    assert loose is not None and (loose.batch_size, loose.concurrency, loose.samples_per_s) == (
+        1024,
+        8,
+        300000,
+    )
+    assert ma_answer(rows, 3.0, output) is None
+
+
+def test_model_analyzer_searches_the_same_space_through_the_bundle_server(tmp_path: Path) -> None:
+    options = _options(tmp_path)
+    config = ma_config(options, "dlrm_onnx", tmp_path / "repo", tmp_path / "rows.json", Path("/pa"))
+    model = config["profile_models"]["dlrm_onnx"]
+    assert config["run_config_search_mode"] == "brute" and config["triton_launch_mode"] == "local"
+    assert model["parameters"] == {"batch_sizes": [64, 1024], "concurrency": [1, 2, 4, 8]}
+    assert model["model_config_parameters"]["instance_group"] == [{"kind": "KIND_CPU", "count": [1, 2]}]
+    assert model["model_config_parameters"]["dynamic_batching"] == {
+        "max_queue_delay_microseconds": [100, 2000]
+    }
+    assert Path(config["triton_server_path"]).name == "tritonserver"
+    assert Path(config["triton_server_path"]).exists()
+    assert config["perf_analyzer_flags"]["input-data"].endswith("rows.json")
+
+
+def test_a_missing_model_analyzer_says_how_to_install_it(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="pip install triton-model-analyzer"):
+        CompareOptions(repository=tmp_path, model_analyzer=tmp_path / "none", work=tmp_path)
