@@ -139,7 +139,8 @@ def ma_config(
         "perf_analyzer_flags": {"input-data": str(input_data.resolve())},
         "client_protocol": "grpc",
         "run_config_search_mode": "brute",
-        "skip_summary_reports": True,
+        # Its results tables (export/results) come with the summary reports; the detailed ones
+        # are skipped.
         "skip_detailed_reports": True,
         "objectives": ["perf_throughput"],
         "profile_models": {
@@ -181,7 +182,7 @@ def run_model_analyzer(
     config_path = folder / "config.yaml"
     config_path.write_text(json.dumps(config, indent=2))
     log_path = folder / "model_analyzer.log"
-    argv = [str(options.model_analyzer), "profile", "-f", str(config_path.resolve())]
+    argv = [str(options.model_analyzer.resolve()), "profile", "-f", str(config_path.resolve())]
     logger.info("Model Analyzer on %s (log %s)", model, log_path)
     started = time.perf_counter()
     with open(log_path, "w") as log:
@@ -384,6 +385,14 @@ def run_compare(options: CompareOptions, command: str) -> dict[str, Any]:
     }
 
 
+def _same(case: dict[str, Any]) -> bool:
+    """Whether both tools answered with one config at one client load (their side-by-side
+    ratio is then the noise of the measurement)."""
+    ma, tuned = case["model_analyzer"], case["tune"]
+    keys = ("instances", "queue_delay_us", "batch_size", "concurrency")
+    return ma is not None and tuned is not None and all(ma[key] == tuned[key] for key in keys)
+
+
 def write_report(document: dict[str, Any], out: Path) -> dict[str, Path]:
     """``report.json`` and ``report.md`` in ``out``."""
     json_path = write_json(out / "report.json", document)
@@ -422,7 +431,8 @@ def write_report(document: dict[str, Any], out: Path) -> dict[str, Path]:
                 "" if measured is None else f"{measured['samples_per_s']:,.0f}",
                 "" if measured is None else f"{measured['p99_ms']:.2f}",
                 f"{case['model_analyzer_s' if key == 'model_analyzer' else 'tune_s']:.0f}",
-                "" if key == "model_analyzer" or "ratio" not in case else f"**{case['ratio']:.2f}x**",
+                "" if key == "model_analyzer" or "ratio" not in case else
+                f"**{case['ratio']:.2f}x**" + (" (same answer)" if _same(case) else ""),
             ])  # fmt: skip
     lines += table(
         ["family", "p99 budget ms", "tool", "answer", "its own figure: samples/s (p99 ms)",
@@ -433,7 +443,8 @@ def write_report(document: dict[str, Any], out: Path) -> dict[str, Path]:
         "<!-- --8<-- [end:summary] -->",
         "",
         "Model Analyzer's search covers every budget at once (it measures every point); its time is the "
-        "one search's, counted again for each budget. tune searches once per budget.",
+        "one search's, counted again for each budget. tune searches once per budget. *Same answer*: both "
+        "chose one config at one client load, so their ratio is the run-to-run noise of the measurement.",
     ]
     md_path = write_markdown(out / "report.md", lines)
     return {"json": json_path, "markdown": md_path}

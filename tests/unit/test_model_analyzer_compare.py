@@ -78,3 +78,29 @@ def test_model_analyzer_searches_the_same_space_through_the_bundle_server(tmp_pa
 def test_a_missing_model_analyzer_says_how_to_install_it(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="pip install triton-model-analyzer"):
         CompareOptions(repository=tmp_path, model_analyzer=tmp_path / "none", work=tmp_path)
+
+
+def test_the_report_sets_both_answers_side_by_side_and_says_when_they_are_one(tmp_path: Path) -> None:
+    from bundle.records import RunRecord
+    from loadtest.benchmarks.model_analyzer import write_report
+
+    answer = {"instances": 1, "queue_delay_us": 100, "batch_size": 1024, "concurrency": 1,
+              "samples_per_s": 216000.0, "p99_ms": 8.8, "config": "", "tool": "Model Analyzer"}  # fmt: skip
+    other = {**answer, "concurrency": 2, "tool": "tune", "samples_per_s": 250000.0, "p99_ms": 9.0}
+    measured = {"Model Analyzer": {"samples_per_s": 210000.0, "p99_ms": 8.5},
+                "tune": {"samples_per_s": 252000.0, "p99_ms": 9.1}}  # fmt: skip
+    case = {"family": "dlrm", "budget_ms": 10.0, "model_analyzer": answer, "tune": other,
+            "side_by_side": measured, "model_analyzer_s": 360.0, "tune_s": 60.0, "ratio": 1.2}  # fmt: skip
+    same = {**case, "budget_ms": 50.0, "tune": {**answer, "tool": "tune"}, "ratio": 1.0}
+    document = {
+        **RunRecord.begin("python -m loadtest model-analyzer").finish().to_json(),
+        "space": {"variant": "fp32", "instances": [1, 2], "queue_delays_us": [100, 2000],
+                  "batch_sizes": [64, 1024], "concurrency": [1, 2, 4, 8]},
+        "rounds": 3, "window_s": 2.0, "cases": [case, same],
+    }  # fmt: skip
+    text = write_report(document, tmp_path)["markdown"].read_text()
+    lines = [line for line in text.splitlines() if line.startswith("| dlrm")]
+    assert len(lines) == 4
+    assert "B=1024 c=2" in lines[1] and "252,000" in lines[1] and "**1.20x**" in lines[1]
+    assert "(same answer)" not in lines[1] and "(same answer)" in lines[3]
+    assert "<!-- --8<-- [start:summary] -->" in text and "<!-- --8<-- [end:summary] -->" in text
