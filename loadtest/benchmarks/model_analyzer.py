@@ -393,6 +393,23 @@ def _same(case: dict[str, Any]) -> bool:
     return ma is not None and tuned is not None and all(ma[key] == tuned[key] for key in keys)
 
 
+def verdict(case: dict[str, Any]) -> str:
+    """One line: how tune's answer compares with Model Analyzer's, side by side, at one budget."""
+    where = f"{case['family']} at {case['budget_ms']:g} ms"
+    sides, budget = case["side_by_side"], case["budget_ms"]
+    holds = {tool: tool in sides and sides[tool]["p99_ms"] <= budget for tool in ("tune", "Model Analyzer")}
+    faster = f"tune {case['tune_s']:.0f} s against Model Analyzer {case['model_analyzer_s']:.0f} s"
+    if not holds["tune"]:
+        return f"{where}: tune's answer does not hold the budget side by side ({faster})."
+    if not holds["Model Analyzer"]:
+        return f"{where}: tune's answer holds the budget, Model Analyzer's does not ({faster})."
+    ratio = case["ratio"]
+    if _same(case):
+        return f"{where}: both chose the same config and load ({ratio:.2f}x is the noise; {faster})."
+    word = "at least" if ratio >= 1.0 else "below"
+    return f"{where}: tune's answer is {word} Model Analyzer's, {ratio:.2f}x ({faster})."
+
+
 def write_report(document: dict[str, Any], out: Path) -> dict[str, Path]:
     """``report.json`` and ``report.md`` in ``out``."""
     json_path = write_json(out / "report.json", document)
@@ -430,18 +447,22 @@ def write_report(document: dict[str, Any], out: Path) -> dict[str, Path]:
                 "" if answer is None else f"{answer['samples_per_s']:,.0f} ({answer['p99_ms']:.2f})",
                 "" if measured is None else f"{measured['samples_per_s']:,.0f}",
                 "" if measured is None else f"{measured['p99_ms']:.2f}",
+                "" if measured is None else ("yes" if measured["p99_ms"] <= case["budget_ms"] else "**no**"),
                 f"{case['model_analyzer_s' if key == 'model_analyzer' else 'tune_s']:.0f}",
                 "" if key == "model_analyzer" or "ratio" not in case else
                 f"**{case['ratio']:.2f}x**" + (" (same answer)" if _same(case) else ""),
             ])  # fmt: skip
     lines += table(
         ["family", "p99 budget ms", "tool", "answer", "its own figure: samples/s (p99 ms)",
-         "side by side: samples/s", "p99 ms", "search s", "tune / MA"],
-        rows, "lllllrrrr",
+         "side by side: samples/s", "p99 ms", "holds the budget", "search s", "tune / MA"],
+        rows, "lllllrrlrr",
     )  # fmt: skip
+    lines += ["", *(f"- {verdict(case)}" for case in document["cases"])]
     lines += [
         "<!-- --8<-- [end:summary] -->",
         "",
+        "*Holds the budget*: the median p99 of the side-by-side rounds is within it. An answer that does "
+        "not hold it is no answer at that budget, whatever its samples/s.",
         "Model Analyzer's search covers every budget at once (it measures every point); its time is the "
         "one search's, counted again for each budget. tune searches once per budget. *Same answer*: both "
         "chose one config at one client load, so their ratio is the run-to-run noise of the measurement.",

@@ -103,4 +103,23 @@ def test_the_report_sets_both_answers_side_by_side_and_says_when_they_are_one(tm
     assert len(lines) == 4
     assert "B=1024 c=2" in lines[1] and "252,000" in lines[1] and "**1.20x**" in lines[1]
     assert "(same answer)" not in lines[1] and "(same answer)" in lines[3]
+    assert "dlrm at 10 ms: tune's answer is at least Model Analyzer's, 1.20x" in text
+    assert "dlrm at 50 ms: both chose the same config and load" in text
     assert "<!-- --8<-- [start:summary] -->" in text and "<!-- --8<-- [end:summary] -->" in text
+
+
+def test_an_answer_over_the_budget_side_by_side_is_no_answer() -> None:
+    from loadtest.benchmarks.model_analyzer import verdict
+
+    measured = {"Model Analyzer": {"samples_per_s": 290000.0, "p99_ms": 11.5},
+                "tune": {"samples_per_s": 250000.0, "p99_ms": 7.5}}  # fmt: skip
+    ma = {"instances": 1, "queue_delay_us": 100, "batch_size": 1024, "concurrency": 2}
+    case = {"family": "dlrm", "budget_ms": 10.0, "side_by_side": measured, "model_analyzer": ma,
+            "tune": {**ma, "concurrency": 1}, "ratio": 0.86, "tune_s": 60.0,
+            "model_analyzer_s": 360.0}  # fmt: skip
+    assert verdict(case) == (
+        "dlrm at 10 ms: tune's answer holds the budget, Model Analyzer's does not "
+        "(tune 60 s against Model Analyzer 360 s)."
+    )
+    over = {**case, "side_by_side": {**measured, "tune": {"samples_per_s": 1.0, "p99_ms": 12.0}}}
+    assert "tune's answer does not hold the budget" in verdict(over)
