@@ -88,16 +88,23 @@ class Recording:
     cpu_at_end: float | None = None
     busy_at_start: dict[int, float] = field(default_factory=dict)
     busy_at_end: dict[int, float] = field(default_factory=dict)
-    #: The window in ``time.perf_counter()``'s clock, and the latencies (ms) of the answers that
-    #: ended inside it, not yet in ``tally`` (:meth:`answered`, counted by :meth:`settle`).
+    #: The window in ``time.perf_counter()``'s clock (what a request's end is compared with), and
+    #: the latencies (ms) of the answers that ended inside it, not yet in ``tally``
+    #: (:meth:`answered`, counted by :meth:`settle`).
     window_pc: tuple[float, float] = (float("inf"), float("inf"))
     pending_ms: list[float] = field(default_factory=list)
+    #: ``--skip-locust-stats``: answered requests go to this record only, not through locust's event.
+    record_only: bool = False
+
+    def inside(self, ended_pc: float) -> bool:
+        """Whether a request that ended at ``ended_pc`` (``perf_counter``) counts."""
+        start, end = self.window_pc
+        return start <= ended_pc < end
 
     def answered(self, latency_ms: float, ended_pc: float) -> None:
-        """One answered request that ended at ``ended_pc`` (``perf_counter``): kept if inside the
-        window. The least work per request: one comparison and one append."""
-        start, end = self.window_pc
-        if start <= ended_pc < end:
+        """One answered request that ended at ``ended_pc``: kept if inside the window. The least
+        work per request: one comparison and one append."""
+        if self.inside(ended_pc):
             self.pending_ms.append(latency_ms)
 
     def settle(self) -> None:
@@ -148,8 +155,6 @@ _stream_sent: list[int] = []
 _stream_turn = itertools.count()
 #: The greenlet reading this process's CPU time at the window's start and end.
 _cpu_greenlet: list[gevent.Greenlet] = []
-#: ``--skip-locust-stats``: answered requests go to the record only (read once, at ``init``).
-_fast = [False]
 
 
 def payload_pool() -> PayloadPool:
@@ -265,7 +270,7 @@ def _on_init(environment: Environment, **_: Any) -> None:
         # gRPC must run on gevent's loop before any channel exists, else a blocking
         # call would block every user of this process.
         grpc.experimental.gevent.init_gevent()
-    _fast[0] = bool(parsed.skip_locust_stats)
+    _recording.record_only = bool(parsed.skip_locust_stats)
     if _runs_users(environment) and "pool" not in _pool:
         started = time.perf_counter()
         _pool["pool"] = load_payload(parsed.payload, parsed.batch_size)
@@ -309,7 +314,7 @@ def timed_request(
         exception = exc
     ended = time.perf_counter()
     elapsed_ms = (ended - started) * 1000.0
-    if exception is None and (_fast[0] or not report_success):
+    if exception is None and (_recording.record_only or not report_success):
         if report_success:
             _recording.answered(elapsed_ms, ended)
         return
@@ -363,15 +368,12 @@ def _window_cpu() -> None:
 
 @events.request.add_listener
 def _on_request(response_time: float, exception: BaseException | None = None, **_: Any) -> None:
-    now = time.time()
-    if exception is not None:
-        _recording.errors_total += 1
-    start = _recording.window_start
-    if start is None or not start <= now < _recording.window_end:
-        return
+    ended = time.perf_counter()
     if exception is None:
-        _recording.tally.answer(response_time)
-    else:
+        _recording.answered(response_time, ended)
+        return
+    _recording.errors_total += 1
+    if _recording.inside(ended):
         _recording.tally.error(exception)
 
 
