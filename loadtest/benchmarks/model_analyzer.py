@@ -44,7 +44,7 @@ from tritonclient.grpc import model_config_pb2 as mc
 
 from bundle.errors import BundleError, ConfigError
 from bundle.records import RunRecord, machine_summary
-from bundle.repository import CONFIG_NAME
+from bundle.repository import CONFIG_NAME, read_config
 from loadtest.engine.payload import build_pool
 from loadtest.engine.writer import table, write_json, write_markdown
 from loadtest.sweeps import perf_analyzer as pa
@@ -223,8 +223,7 @@ def ma_answer(rows: list[dict[str, Any]], budget_ms: float, output_repository: P
         return None
     best = max(within, key=lambda row: float(_column(row, "throughput")))
     variant = _column(best, "model config path")
-    config = mc.ModelConfig()
-    text_format.Parse((output_repository / variant / CONFIG_NAME).read_text(), config)
+    config = read_config(output_repository / variant / CONFIG_NAME)
     return Answer(
         tool="Model Analyzer",
         instances=sum(group.count for group in config.instance_group) or 1,
@@ -271,8 +270,7 @@ def run_tune(options: CompareOptions, family: str, budget_ms: float) -> tuple[An
     )  # fmt: skip
     confirmed = winner.get("confirmed") or winner
     client = confirmed.get("client") or winner["client"]
-    base = mc.ModelConfig()
-    text_format.Parse((options.repository / model_name(family, "fp32") / CONFIG_NAME).read_text(), base)
+    base = read_config(options.repository / model_name(family, "fp32") / CONFIG_NAME)
     answer = Answer(
         tool="tune",
         instances=point.instances,
