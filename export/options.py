@@ -61,7 +61,7 @@ class PlacementOptions:
         profile_data: Criteo TSV whose lookups choose the hot rows, or the folder of a profile
             ``python -m criteo profile`` wrote (None: the export's calibration data, else its
             check data; see :meth:`profile_source`).
-        store_dtype: the row store's values, ``float32`` or ``float16``.
+        store_dtype: the row store's values, ``float32``, ``float16`` or ``int8`` (row-wise quantized).
         stage_instances: instances of the embedding stage (python stubs; each maps the
             same store and holds its own slot map).
         stream_tables: never build the all-in-graph graph: write the row store from the

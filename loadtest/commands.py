@@ -5,6 +5,10 @@
 - ``precision``: served and in-process samples/s of FP32, FP16 and INT8 against the sgemm ceiling.
 - ``serving-defaults``: candidate serving settings (threads, instances, batcher) through the server.
 - ``kernels``: each CUDA kernel's GPU time in one call of a model (:mod:`loadtest.benchmarks.kernels`).
+- ``cold-reads``: the embedding stage's ways of reading cold rows, on a store evicted from memory,
+  beside the disk's own random-read rate (:mod:`loadtest.benchmarks.cold_reads`).
+- ``cold-tier``: a hot/cold model served with its store evicted and in memory, side by side
+  (:mod:`loadtest.benchmarks.cold_tier`).
 - ``gpu``: served and in-process samples/s of every variant on the served device
   (:mod:`loadtest.benchmarks.gpu`).
 - ``tune``: the fastest serving config and client load within a p99 budget (:mod:`loadtest.tune`).
@@ -239,6 +243,102 @@ def kernels(
         files[name] = path
     paths = run_kernels(files, data, batch_size, calls, out)
     print(f"report: {paths['text']}")
+
+
+def cold_reads(
+    repository: Repository,
+    data: Annotated[Path, typer.Option(help="Held-out Criteo TSV: the requests' rows, each sent once.")],
+    stage: Annotated[str, typer.Option(help="The embedding stage's model name.")] = "dlrm_embedding",
+    batch_size: Annotated[str, typer.Option(help="Rows per request, comma-separated.")] = "64,1024",
+    requests: Annotated[int, typer.Option(help="Requests per way, batch size and round.")] = 30,
+    rounds: Annotated[int, typer.Option(help="Turns the ways take.")] = 2,
+    way: Annotated[
+        list[str] | None, typer.Option(help="A way of reading to compare (repeatable; default all).")
+    ] = None,
+    threads: Annotated[int, typer.Option(help="Threads of the 'threads' way.")] = 8,
+    probe_seconds: Annotated[float, typer.Option(help="Seconds of each disk probe.")] = 3.0,
+    out: Annotated[Path, typer.Option(help="Folder for the report.", file_okay=False)] = Path(
+        "reports/cold_reads"
+    ),
+) -> None:
+    """The embedding stage's ways of reading cold rows, on a store evicted from memory (a benchmark)."""
+    from rich.progress import Progress
+
+    from loadtest.benchmarks.cold_reads import COLD_READS, ColdReadOptions, run_cold_reads, write_cold_reads
+
+    options = ColdReadOptions(
+        repository=repository,
+        stage=stage,
+        data=data,
+        batch_sizes=parse_ints(batch_size, "--batch-size"),
+        requests=requests,
+        rounds=rounds,
+        ways=tuple(way or COLD_READS),
+        threads=threads,
+        probe_seconds=probe_seconds,
+    )
+    with Progress(transient=True) as progress:
+        task = progress.add_task(
+            "cold reads", total=options.rounds * len(options.ways) * len(options.batch_sizes)
+        )
+        report = run_cold_reads(options, command_line("loadtest"), lambda: progress.advance(task))
+    paths = write_cold_reads(report, out)
+    print(f"report: {paths['markdown']}")
+
+
+def cold_tier(
+    repository: Annotated[
+        list[Path],
+        typer.Option(help="Repository holding the hot/cold model (repeatable: stores side by side)."),
+    ],
+    data: Annotated[Path, typer.Option(help="Held-out Criteo TSV, sent in order, each row once per step.")],
+    model: Annotated[str, typer.Option(help="The hot/cold ensemble clients call.")] = "dlrm_onnx",
+    stage: Annotated[str, typer.Option(help="Its embedding stage.")] = "dlrm_embedding",
+    way: Annotated[
+        list[str] | None,
+        typer.Option(help="A way of reading cold rows (repeatable; default prefetch, fault)."),
+    ] = None,
+    batch_size: Annotated[str, typer.Option(help="Rows per request, comma-separated.")] = "64,1024",
+    concurrency: Concurrency = "1,4",
+    rounds: Annotated[int, typer.Option(help="Turns the steps take (medians reported).")] = 2,
+    seconds: Annotated[float, typer.Option(help="Measured seconds per step.")] = 20.0,
+    threads: Annotated[int, typer.Option(help="Threads of the 'threads' way.")] = 8,
+    stream_rows: Annotated[int, typer.Option(help="Held-out rows read for the steps.")] = 1_500_000,
+    out: Annotated[Path, typer.Option(help="Folder for the report.", file_okay=False)] = Path(
+        "reports/cold_tier"
+    ),
+) -> None:
+    """A hot/cold model served with its store evicted (cold) and in memory (warm), side by side."""
+    from rich.progress import Progress
+
+    from loadtest.benchmarks.cold_tier import ColdTierOptions, run_cold_tier, write_cold_tier
+
+    options = ColdTierOptions(
+        repositories=tuple(repository),
+        data=data,
+        model=model,
+        stage=stage,
+        ways=tuple(way or ("prefetch", "fault")),
+        batch_sizes=parse_ints(batch_size, "--batch-size"),
+        concurrency=parse_ints(concurrency, "--concurrency"),
+        rounds=rounds,
+        seconds=seconds,
+        threads=threads,
+        stream_rows=stream_rows,
+    )
+    steps = (
+        options.rounds
+        * len(options.repositories)
+        * len(options.ways)
+        * len(options.batch_sizes)
+        * len(options.concurrency)
+        * 2
+    )
+    with Progress(transient=True) as progress:
+        task = progress.add_task("cold tier", total=steps)
+        report = run_cold_tier(options, command_line("loadtest"), lambda: progress.advance(task))
+    paths = write_cold_tier(report, out)
+    print(f"report: {paths['markdown']}")
 
 
 def serving_defaults(

@@ -67,6 +67,12 @@ from export.tables.hot_rows import HotSet
 from export.tables.row_store import RowStore
 from server.stages.embedding import SOURCE_DIR, SOURCE_FILES
 from server.stages.embedding.hot_cold_lookup import (
+    COLD_READ_THREADS,
+    COLD_READS,
+    DEFAULT_COLD_READ_THREADS,
+    DEFAULT_COLD_READS,
+    PARAM_COLD_READ_THREADS,
+    PARAM_COLD_READS,
     PARAM_HOT_SET,
     PARAM_ROW_STORE,
     PARAM_ROW_STORE_FINGERPRINT,
@@ -181,6 +187,8 @@ def build_embedding_config(
     hot_set: str = HOT_SET_FILE,
     instances: int = 1,
     store_fingerprint: str = "",
+    cold_reads: str = DEFAULT_COLD_READS,
+    cold_read_threads: int = DEFAULT_COLD_READ_THREADS,
 ) -> mc.ModelConfig:
     """The ModelConfig of an embedding stage (python backend, KIND_CPU, ``max_batch_size: 0``).
 
@@ -193,10 +201,13 @@ def build_embedding_config(
         instances: stage instances (each a python stub mapping the same store).
         store_fingerprint: the store's fingerprint (its ``store.json``): the stage refuses
             another store found under the same path ("" for none, e.g. an older store).
+        cold_reads: how the stage reads cold rows from the store (``prefetch``, ``threads``
+            or ``fault``: :class:`server.stages.embedding.hot_cold_lookup.ColdReads`).
+        cold_read_threads: threads of the ``threads`` way (written only for it).
 
     Raises:
-        ConfigError: not 26 sizes >= 1, a width below 1, fewer than 1 instance or an
-            empty path.
+        ConfigError: not 26 sizes >= 1, a width below 1, fewer than 1 instance, an
+            empty path, or an unknown way of reading cold rows.
     """
     sizes = tuple(int(size) for size in table_sizes)
     if len(sizes) != NUM_CATEGORICAL or min(sizes) < 1:
@@ -206,6 +217,11 @@ def build_embedding_config(
         raise ConfigError(f"the embedding stage needs at least 1 instance, got {instances}")
     if not row_store or not hot_set:
         raise ConfigError("the embedding stage needs a row store path and a hot-set path")
+    if cold_reads not in COLD_READS or cold_read_threads < 1:
+        raise ConfigError(
+            f"cold reads must be one of {', '.join(COLD_READS)} with threads >= 1, "
+            f"got {cold_reads!r} and {cold_read_threads}"
+        )
     config = mc.ModelConfig(name=name, backend=PYTHON_BACKEND, max_batch_size=0)
     _add(config.input, _schema_tensor(CATEGORICAL_INPUT))
     for tensor in (_hot_slots(), _cold_positions(), _cold_rows(width)):
@@ -219,6 +235,9 @@ def build_embedding_config(
     config.parameters[PARAM_TABLE_SIZES].string_value = ",".join(str(size) for size in sizes)
     if store_fingerprint:
         config.parameters[PARAM_ROW_STORE_FINGERPRINT].string_value = store_fingerprint
+    config.parameters[PARAM_COLD_READS].string_value = cold_reads
+    if cold_reads == COLD_READ_THREADS:
+        config.parameters[PARAM_COLD_READ_THREADS].string_value = str(cold_read_threads)
     return config
 
 
@@ -332,6 +351,8 @@ def write_embedding_stage(
     store_path: str | None = None,
     instances: int = 1,
     version: int = 1,
+    cold_reads: str = DEFAULT_COLD_READS,
+    cold_read_threads: int = DEFAULT_COLD_READ_THREADS,
 ) -> Path:
     """Write ``<family>_embedding``: its version folder (the stage's files, the hot set) and config.
 
@@ -350,6 +371,8 @@ def write_embedding_stage(
             the serving container); default: see :func:`store_reference`.
         instances: stage instances.
         version: the model version folder.
+        cold_reads: how the stage reads cold rows (see :func:`build_embedding_config`).
+        cold_read_threads: threads of the ``threads`` way.
 
     Returns:
         The config path.
@@ -383,7 +406,15 @@ def write_embedding_stage(
     reference = store_path or store_reference(Path(store_dir), repository, folder)
     fingerprint = str(store.description.get(STORE_FINGERPRINT_KEY, ""))
     config = build_embedding_config(
-        name, sizes, store.spec.width, reference, HOT_SET_FILE, instances, fingerprint
+        name,
+        sizes,
+        store.spec.width,
+        reference,
+        HOT_SET_FILE,
+        instances,
+        fingerprint,
+        cold_reads,
+        cold_read_threads,
     )
     return write_config(repository / name, config)
 

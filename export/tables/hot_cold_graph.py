@@ -97,7 +97,7 @@ def write_store(
     Args:
         model: the graph, or the path of an ``.onnx`` file (external data beside it).
         path: the store's folder.
-        dtype: ``"float32"`` or ``"float16"``.
+        dtype: ``"float32"``, ``"float16"`` or ``"int8"``.
         table_sizes: rows of C1..C26 (the graph's own reduction, where it has one).
         base_dir: the folder of the graph's external data (default: the file's folder).
         metadata: kept in ``store.json``.
@@ -121,7 +121,7 @@ def write_store(
             sources.setdefault(lookup.store_column, {}).setdefault(column, (lookup, j))
 
     def read_rows(table: int, start: int, stop: int) -> np.ndarray:
-        chunk = np.empty((stop - start, spec.width), dtype=spec.numpy_dtype)
+        chunk = np.empty((stop - start, spec.width), dtype=spec.value_dtype)
         for name, (first, last) in spec.columns.items():
             lookup, j = sources[name][table]
             row = lookup.row_offsets[j]
@@ -210,7 +210,8 @@ def stage_reference(
     values = np.asarray(ids)
     if values.ndim != 2 or values.shape[1] != NUM_CATEGORICAL or not np.issubdtype(values.dtype, np.integer):
         raise DataError(f"ids must be B x {NUM_CATEGORICAL} integers, got {values.dtype} {values.shape}")
-    split = HotColdLookup(sizes, hot.ids, store.data).place(values.astype(np.int64, copy=False))
+    lookup = HotColdLookup(sizes, hot.ids, store.data, store.cold_reads())
+    split = lookup.place(values.astype(np.int64, copy=False))
     return split.hot_slots, split.cold_positions, split.cold_rows
 
 

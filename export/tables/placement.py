@@ -20,7 +20,8 @@ After the all-in-graph FP32 graph is written and checked against its framework
 3. checks the two stages in-process (:func:`export.tables.hot_cold_graph.stage_reference`,
    then ONNX Runtime on the dense model) against the all-in-graph graph on the check
    rows and on ids at the int64 limits: within :data:`FP32_STORE_TOLERANCE` for an
-   FP32 store, within the FP16 AUC tolerance for an FP16 store;
+   FP32 store, within the FP16 AUC tolerance for an FP16 store and the INT8 one
+   (the INT8 model's gate) for an int8 store;
 4. writes the stage's, the dense model's and the ensemble's configs; the ensemble
    ``<family>_onnx`` replaces the all-in-graph model and its ``export_report.json``
    records the placement.
@@ -185,8 +186,8 @@ def _check(
         The combined comparison (max abs diff over both; AUC on ``rows``) and report fields.
 
     Raises:
-        ExportError: an FP32 store off by more than ``fp32_tolerance``, or an FP16 store whose
-            AUC moved more than ``auc_tolerance``.
+        ExportError: an FP32 store off by more than ``fp32_tolerance``, or an FP16 or int8
+            store whose AUC moved more than ``auc_tolerance``.
     """
     extreme = extreme_id_rows(rows)
     check = compare(run_hot_cold(dense_path, hot, store, rows), reference(rows), rows.labels)
@@ -459,7 +460,7 @@ def _write_hot_cold(
         store,
         rows,
         fp32_tolerance,
-        options.fp16_auc_tolerance,
+        options.int8_auc_tolerance if store.spec.quantized else options.fp16_auc_tolerance,
     )
     measured = hot.hit_rate(rows)
     config = add_hot_cold_models(

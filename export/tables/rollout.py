@@ -100,6 +100,8 @@ log = logging.getLogger(__name__)
 #: Max |AUC(new pair) - AUC(old pair)| with an FP16 store (the export's FP16 gate): the
 #: first export took its hot rows from the FP32 graph, a rollout takes them from the store.
 FP16_STORE_AUC_TOLERANCE = 1e-3
+#: The same with an int8 store (the export's INT8 gate).
+INT8_STORE_AUC_TOLERANCE = 1e-3
 #: Where a replaced version's folders go, inside each model's folder.
 RETIRED_FOLDER = "retired"
 #: Check rows read from the check data by default.
@@ -223,6 +225,8 @@ class RolloutResult:
             f"check rows hit {100 * old:.1f}% -> {100 * new:.1f}%; max abs diff vs version "
             f"{self.old_version} {self.parity.max_abs_diff:.2e}"
         )
+        if self.parity.auc_delta is not None:
+            line += f", AUC delta {self.parity.auc_delta:+.1e}"
         for precision, parity in self.variants.items():
             line += f"; {LABELS[precision]} AUC delta {parity.auc_delta:+.1e}"
         return line
@@ -335,7 +339,8 @@ def _check(repository: Path, serving: Serving, dense_path: Path, hot: HotSet, ro
 
     Raises:
         ExportError: off by more than :data:`FP32_STORE_TOLERANCE` (FP32 store) or an AUC
-            moved by more than :data:`FP16_STORE_AUC_TOLERANCE` (FP16 store).
+            moved by more than :data:`FP16_STORE_AUC_TOLERANCE` (FP16 store) or
+            :data:`INT8_STORE_AUC_TOLERANCE` (int8 store).
     """
     serving_dense = version_dir(repository, serving.dense, serving.version) / MODEL_FILE
     store = serving.store
@@ -357,9 +362,10 @@ def _check(repository: Path, serving: Serving, dense_path: Path, hot: HotSet, ro
         raise ExportError(f"{where}: max abs diff {worst:.3g} (tolerance {FP32_STORE_TOLERANCE:g})")
     if store.spec.dtype != "float32":
         delta = check.auc_delta
-        if delta is None or not abs(delta) <= FP16_STORE_AUC_TOLERANCE:
+        tolerance = INT8_STORE_AUC_TOLERANCE if store.spec.quantized else FP16_STORE_AUC_TOLERANCE
+        if delta is None or not abs(delta) <= tolerance:
             raise ExportError(
-                f"{where}: AUC differs by {delta} (tolerance {FP16_STORE_AUC_TOLERANCE:g}; needs labeled "
+                f"{where}: AUC differs by {delta} (tolerance {tolerance:g}; needs labeled "
                 f"check data); max abs diff {worst:.3g}"
             )
     return parity

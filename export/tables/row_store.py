@@ -13,7 +13,12 @@ On disk a store is one folder:
   ``[rows, width]``, little-endian ``float32`` or ``float16``; table ``t``
   starts at global row ``table_offsets(table_sizes)[t]``, the layout of the
   bundle's fused ``nn.Embedding`` (:mod:`models.dlrm`) and of Wide & Deep's
-  ``deep_table``/``wide_table`` (:mod:`models.wide_deep`).
+  ``deep_table``/``wide_table`` (:mod:`models.wide_deep`). An ``int8`` store
+  holds each row quantized row-wise instead: ``width`` uint8 codes, then a
+  float32 scale and bias per column (FBGEMM's 8-bit row-wise tables, defined in
+  the serving stage: :func:`~server.stages.embedding.hot_cold_lookup.quantize_rows`);
+  at D 128 a row takes 136 bytes against 256 in ``float16``. Reads return its
+  values dequantized, as float32.
 - ``store.json``: the format version, the :class:`RowStoreSpec`, the file size,
   a SHA-256 of the whole of ``rows.bin`` and one of a fixed sample of its rows,
   a CRC-32 of each 64 MiB chunk of ``rows.bin`` (``checksums``) and the store's
@@ -78,8 +83,10 @@ META_FILE = "store.json"
 PARTIAL_SUFFIX = ".partial"
 FORMAT = "criteo-row-store"
 FORMAT_VERSION = 1
-#: Value types a store may hold (always little-endian on disk).
-DTYPES: tuple[str, ...] = ("float32", "float16")
+#: Value types a store may hold (always little-endian on disk): ``int8`` is row-wise quantized.
+DTYPES: tuple[str, ...] = stage_format.STORE_DTYPES
+#: The row-wise quantized value type.
+INT8 = stage_format.STORE_INT8
 #: Column of the embedding vector (DLRM; Wide & Deep's deep part).
 EMBEDDING_COLUMN = "embedding"
 #: Column of Wide & Deep's wide weight, one value per (table, id).
@@ -113,9 +120,10 @@ class RowStoreSpec:
     Args:
         table_sizes: rows of C1..C26 (26 ints >= 1).
         width: values per row.
-        dtype: ``"float32"`` or ``"float16"``.
+        dtype: ``"float32"``, ``"float16"`` or ``"int8"`` (row-wise quantized).
         columns: name -> ``(start, stop)`` value range within a row; non-empty,
-            non-overlapping, within ``[0, width)``. Default: ``{"embedding": (0, width)}``.
+            non-overlapping, within ``[0, width)`` (for ``int8``: tiling it, each column
+            quantized on its own). Default: ``{"embedding": (0, width)}``.
 
     Raises:
         ConfigError: any of the above violated.
@@ -149,6 +157,11 @@ class RowStoreSpec:
             if overlap:
                 raise ConfigError(f"row store columns {overlap[0]!r} and {name!r} overlap")
             checked[name] = (start, stop)
+        if self.dtype == INT8:
+            try:
+                stage_format.store_columns({"columns": checked}, self.width)
+            except stage_format.StageError as exc:
+                raise ConfigError(f"an int8 row store's columns must tile its rows: {exc}") from None
         object.__setattr__(self, "columns", MappingProxyType(checked))
 
     @classmethod
@@ -165,8 +178,23 @@ class RowStoreSpec:
 
     @property
     def numpy_dtype(self) -> np.dtype[Any]:
-        """The on-disk value type, little-endian."""
-        return np.dtype("<f4" if self.dtype == "float32" else "<f2")
+        """The on-disk item, little-endian: ``<f4``, ``<f2``, or ``uint8`` for an int8 store's bytes."""
+        return np.dtype({"float32": "<f4", "float16": "<f2"}.get(self.dtype, "u1"))
+
+    @property
+    def value_dtype(self) -> np.dtype[Any]:
+        """The values written and read: the on-disk type, or float32 for an int8 store."""
+        return np.dtype("<f4") if self.dtype == INT8 else self.numpy_dtype
+
+    @property
+    def quantized(self) -> bool:
+        """Rows are stored row-wise quantized (``int8``)."""
+        return self.dtype == INT8
+
+    @property
+    def ordered_columns(self) -> tuple[tuple[int, int], ...]:
+        """The columns' ``(start, stop)`` in row order."""
+        return tuple(sorted(self.columns.values()))
 
     @property
     def rows(self) -> int:
@@ -176,6 +204,8 @@ class RowStoreSpec:
     @property
     def row_bytes(self) -> int:
         """Bytes of one row."""
+        if self.quantized:
+            return stage_format.int8_row_bytes(self.width, len(self.columns))
         return self.width * self.numpy_dtype.itemsize
 
     @property
@@ -420,14 +450,15 @@ class RowStoreWriter:
 
         Args:
             first_row: the global row of ``rows[0]``.
-            rows: ``n x width`` values, cast to the store's dtype.
+            rows: ``n x width`` values, cast to the store's dtype (quantized row-wise for ``int8``).
 
         Raises:
-            ExportError: the writer is closed, or a row range or shape that does not fit the store.
+            ExportError: the writer is closed, a row range or shape that does not fit the
+                store, or a value that is not finite in rows to quantize.
         """
         if self._fd is None:
             raise ExportError(f"row store writer for {self.path} is closed")
-        values = np.ascontiguousarray(rows, dtype=self.spec.numpy_dtype)
+        values = np.ascontiguousarray(rows, dtype=self.spec.value_dtype)
         if values.ndim != 2 or values.shape[1] != self.spec.width:
             raise ExportError(f"rows to write must be n x {self.spec.width}, got {values.shape}")
         count = values.shape[0]
@@ -438,6 +469,13 @@ class RowStoreWriter:
             )
         if count == 0:
             return
+        if self.spec.quantized:
+            if not np.isfinite(values).all():
+                bad = int(np.flatnonzero(~np.isfinite(values).all(axis=1))[0])
+                raise ExportError(
+                    f"global row {first_row + bad} holds a value that is not finite: cannot quantize it"
+                )
+            values = stage_format.quantize_rows(values, self.spec.ordered_columns)
         data = values.reshape(-1).view(np.uint8).data
         offset = first_row * self.spec.row_bytes
         while data:
@@ -559,7 +597,8 @@ class RowStore:
         description: ``store.json`` as read (the writer's ``metadata`` under ``"metadata"``).
 
     Use :meth:`open`; lookups are :meth:`rows` (by table and in-table id) and
-    :meth:`rows_at` (by global row). Values come back in the store's dtype.
+    :meth:`rows_at` (by global row). Values come back in the store's dtype, or as
+    float32 for an int8 store (dequantized; :attr:`data` then holds its bytes).
     """
 
     def __init__(
@@ -630,8 +669,24 @@ class RowStore:
             os.close(fd)
         if random_access and hasattr(mmap, "MADV_RANDOM"):
             mapped.madvise(mmap.MADV_RANDOM)
-        data = np.frombuffer(mapped, dtype=spec.numpy_dtype).reshape(spec.rows, spec.width)
+        items = spec.row_bytes // spec.numpy_dtype.itemsize
+        data = np.frombuffer(mapped, dtype=spec.numpy_dtype).reshape(spec.rows, items)
         return cls(path, spec, data, meta)
+
+    def decode(self, raw: np.ndarray) -> np.ndarray:
+        """Rows gathered from :attr:`data` as values: unchanged, or dequantized (``int8``) to float32."""
+        if self.spec.quantized:
+            return stage_format.dequantize_rows(raw, self.spec.width, self.spec.ordered_columns)
+        return raw
+
+    def cold_reads(self) -> stage_format.ColdReads:
+        """The serving stage's reads over this store (a plain gather, decoded as the stage decodes)."""
+        return stage_format.ColdReads(
+            self.data,
+            stage_format.COLD_READ_FAULT,
+            decode=lambda raw: self.decode(raw).astype(np.float32, copy=False),
+            width=self.spec.width,
+        )
 
     def global_rows(self, tables: npt.ArrayLike, ids: npt.ArrayLike) -> IntArray:
         """Global rows ``offset[table] + id`` of lookups, after checking them.
@@ -707,18 +762,25 @@ class RowStore:
             column: only this column's values (default: whole rows).
 
         Returns:
-            ``shape x width`` (or ``shape x column width``) values in the store's dtype.
+            ``shape x width`` (or ``shape x column width``) values in the store's dtype
+            (float32 for an int8 store).
 
         Raises:
             ConfigError: no such column.
         """
         index = np.asarray(global_rows, dtype=np.int64)
+        if self.spec.quantized:
+            values = self.decode(self.data.take(index.reshape(-1), axis=0))
+            if column is not None:
+                values = values[:, self.spec.column_slice(column)]
+            return values.reshape(*index.shape, values.shape[1])
         source = self.data if column is None else self.data[:, self.spec.column_slice(column)]
         gathered = source.take(index.reshape(-1), axis=0)
         return gathered.reshape(*index.shape, source.shape[1])
 
     def table(self, table: int) -> np.ndarray:
-        """Table ``table``'s rows (0 = C1): a read-only ``size x width`` view of the file.
+        """Table ``table``'s rows (0 = C1): a read-only ``size x width`` view of the file
+        (for an int8 store, its values dequantized: a copy in memory).
 
         Raises:
             ConfigError: a table index outside 0..25.
@@ -726,15 +788,19 @@ class RowStore:
         if not 0 <= table < NUM_CATEGORICAL:
             raise ConfigError(f"row store table index must be 0..{NUM_CATEGORICAL - 1}, got {table}")
         start = self.spec.offsets[table]
-        return self.data[start : start + self.spec.table_sizes[table]]
+        return self.decode(self.data[start : start + self.spec.table_sizes[table]])
 
     def column(self, name: str) -> np.ndarray:
-        """Column ``name`` of every row: a read-only ``rows x column width`` strided view of the file.
+        """Column ``name`` of every row: a read-only ``rows x column width`` strided view of the file
+        (for an int8 store, its values dequantized: a copy in memory).
 
         Raises:
             ConfigError: no such column.
         """
-        return self.data[:, self.spec.column_slice(name)]
+        columns = self.spec.column_slice(name)
+        if self.spec.quantized:
+            return self.decode(self.data)[:, columns]
+        return self.data[:, columns]
 
     def verify(self, on_bytes: Callable[[int], None] | None = None) -> None:
         """Read all of ``rows.bin`` and check it against the SHA-256 in ``store.json``.
@@ -841,7 +907,7 @@ def from_stacked(
         if shape not in {(spec.rows, width), *([(spec.rows,)] if width == 1 else [])}:
             label = f"column {name!r}" if name else "stacked rows"
             raise ExportError(f"{label} must be {spec.rows} x {width}, got {shape}")
-    buffer = np.zeros((min(step, spec.rows), spec.width), dtype=spec.numpy_dtype)
+    buffer = np.zeros((min(step, spec.rows), spec.width), dtype=spec.value_dtype)
     with RowStoreWriter(path, spec, metadata=metadata) as writer:
         for start in range(0, spec.rows, step):
             stop = min(start + step, spec.rows)
@@ -873,10 +939,11 @@ def random_rows(
     Values: every column but ``"wide"`` uniform in ``[-b, b)``, ``b = sqrt(1/n)`` for a table
     of ``n`` rows (``init="dlrm"``, the reference DLRM's init) or ``b = 0.05``
     (``init="wide_deep"``, the Keras embedding default); the ``"wide"`` column normal with
-    standard deviation :data:`WIDE_STD`. Drawn in float32, then cast to the store's dtype.
+    standard deviation :data:`WIDE_STD`. Drawn in float32, then cast to the store's dtype
+    (an int8 store quantizes them when they are written).
 
     Returns:
-        ``count x width`` values in the store's dtype.
+        ``count x width`` values in the store's dtype (float32 for an int8 store).
 
     Raises:
         ConfigError: an unknown init, or rows outside the table.
@@ -889,7 +956,7 @@ def random_rows(
     if first_row < 0 or count < 0 or first_row + count > size:
         last = first_row + count - 1
         raise ConfigError(f"rows {first_row}..{last} outside {CATEGORICAL_COLUMNS[table]} (0..{size - 1})")
-    out = np.zeros((count, spec.width), dtype=spec.numpy_dtype)
+    out = np.zeros((count, spec.width), dtype=spec.value_dtype)
     bound = _init_bound(init, size)
     first_block = first_row // RANDOM_BLOCK_ROWS
     last_block = (first_row + count - 1) // RANDOM_BLOCK_ROWS

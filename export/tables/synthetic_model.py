@@ -24,8 +24,8 @@ takes the other way:
    read from the store for the ids reduced into the real sizes, against the dense
    ONNX model (ONNX Runtime) fed by :func:`export.tables.hot_cold_graph.stage_reference`,
    on batches of hot, cold, mixed and out-of-range ids: within
-   :data:`TOLERANCES` (1e-6 for an FP32 store; 1e-3 for FP16, whose values both
-   sides read alike but which the benchmark does not need tighter).
+   :data:`TOLERANCES` (1e-6 for an FP32 store; 1e-3 for FP16 and int8, whose values
+   both sides read alike, dequantized, but which the benchmark does not need tighter).
 
 The placeholder graph's tables never matter to ``dlrm_onnx``: the split drops them
 with their ``Mod``, and every row it serves comes from the store.
@@ -103,7 +103,7 @@ SMALL_MODEL = "dlrm_small"
 #: The ONNX opset of the export (as ``python -m export``'s default).
 DEFAULT_OPSET = 17
 #: Max |dense model - store reference| per probability, by store dtype.
-TOLERANCES: dict[str, float] = {"float32": 1e-6, "float16": 1e-3}
+TOLERANCES: dict[str, float] = {"float32": 1e-6, "float16": 1e-3, "int8": 1e-3}
 #: Rows of each exactness batch.
 CHECK_ROWS = 64
 #: The initialisation of the random store (the reference DLRM's).
@@ -464,7 +464,7 @@ def make_random_hot_cold_dlrm(
         store_dir: the row store's folder; reused when it holds this store already (same
             spec and ``seed``), else written (replacing what is there). Not inside the
             folders of the models above.
-        store_dtype: ``"float32"`` or ``"float16"``.
+        store_dtype: ``"float32"``, ``"float16"`` or ``"int8"`` (row-wise quantized).
         hot_budget: bytes of hot rows the dense model keeps (FP32 rows, ``4 D`` bytes each).
         profile: measured lookups that choose the hot rows (raw ids, or reduced into
             ``config.table_sizes``).

@@ -200,7 +200,8 @@ def _stand_in_dense_model(tiers: Tiers) -> onnx.ModelProto:
 
 @pytest.fixture(scope="module")
 def hot_cold_repository(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The stage (2 instances, its store inside its model folder), the stand-in dense model, the ensemble."""
+    """The stage (2 instances reading cold rows with threads, its store inside its model folder), the
+    stand-in dense model, the ensemble."""
     root = tmp_path_factory.mktemp("hot_cold")
     repository = root / "model_repository"
     # Inside the stage's model folder (not a version folder): written as a relative path.
@@ -215,7 +216,11 @@ def hot_cold_repository(tmp_path_factory: pytest.TempPathFactory) -> Path:
         profiled_lookups=sum(ids.size for ids in TIERS.hot_ids),
     )
     hot_path = hot_set.save(root / "hot.npz")
-    write_embedding_stage(repository, FAMILY, store_dir, hot_path, TABLE_SIZES, WIDTH, instances=2)
+    # The stage reads cold rows with two threads here (the default way, prefetch, serves elsewhere).
+    write_embedding_stage(
+        repository, FAMILY, store_dir, hot_path, TABLE_SIZES, WIDTH, instances=2,
+        cold_reads="threads", cold_read_threads=2,
+    )  # fmt: skip
     dense_dir = version_dir(repository, dense_model_name(FAMILY))
     dense_dir.mkdir(parents=True)
     onnx.save(_stand_in_dense_model(TIERS), dense_dir / MODEL_FILE)

@@ -42,6 +42,8 @@ from export.tables.ensemble import (
     ensemble_model_name,
 )
 from export.tables.hot_rows import HotSet
+from export.tables.placement import run_hot_cold
+from export.tables.row_store import RowStore
 from loadtest.benchmarks.soak import Case, Endpoint, checked_load
 from server import LocalServer
 from server.security import generate_admin_key
@@ -210,6 +212,40 @@ def test_rollout_without_a_server_writes_the_final_state(
         (DENSE, "2"),
     }
     _exact(server, _batches(labeled_file), OnnxReference(exported.reference))
+    server.stop()
+
+
+def test_an_int8_store_is_exported_rolled_out_and_served(
+    start_triton: StartTriton, exported: Exported, tmp_path: Path, labeled_file: Path
+) -> None:
+    """The same model with an int8 row store: the INT8 AUC gate at export and at rollout, and
+    the served answers equal to the stages run in-process on the same store."""
+    repository = tmp_path / "int8"
+    _run("export", "dlrm", "--checkpoint", str(exported.repository.parent / "dlrm"), "--check-data",
+         str(labeled_file), "--check-rows", "1024", "--no-int8", "--no-fp16", "--repository", str(repository),
+         "--hot-budget", HOT_BUDGET, "--store-dtype", "int8")  # fmt: skip
+    report = json.loads((repository / NAME / "export_report.json").read_text())
+    assert report["row_store"]["dtype"] == "int8" and set(report["tolerance"]) == {"auc_delta"}
+    fp32 = json.loads((exported.repository / NAME / "export_report.json").read_text())["row_store"]["bytes"]
+    assert report["row_store"]["bytes"] == fp32 // 2  # D 8: 8 codes + a scale and a bias, against 32 bytes
+    done = _run("export", "rollout-hot-set", "--repository", str(repository), "--profile-data",
+                str(exported.fresh), "--check-data", str(labeled_file))  # fmt: skip
+    assert re.search(r"max abs diff vs version 1 \S+, AUC delta [-+]\d", done.stdout), done.stdout
+    assert _steps(repository) == {STAGE: 2, DENSE: 2}
+    store = RowStore.open(repository / STAGE / "rows")
+    hot = _hot_set(repository, 2)
+    dense = repository / DENSE / "2" / "model.onnx"
+    server = start_triton(repository)
+    reference = OnnxReference(exported.reference)
+    for protocol, url in (("grpc", server.grpc_url), ("http", server.http_url)):
+        with TritonClient(url, protocol) as client:  # type: ignore[arg-type]
+            for batch in _batches(labeled_file):
+                served = client.infer(NAME, batch.inputs())
+                np.testing.assert_allclose(
+                    served, run_hot_cold(dense, hot, store, batch), rtol=0, atol=TOLERANCE
+                )
+                # Within the quantization's reach of the FP32 model.
+                np.testing.assert_allclose(served, reference.predict(batch), rtol=0, atol=0.02)
     server.stop()
 
 

@@ -132,6 +132,7 @@ def test_the_three_configs_are_written_and_read_back(
         stage.PARAM_HOT_SET: HOT_SET_FILE,
         stage.PARAM_TABLE_SIZES: ",".join(map(str, SIZES)),
         stage.PARAM_ROW_STORE_FINGERPRINT: fingerprint,  # the stage refuses another store under that path
+        stage.PARAM_COLD_READS: stage.DEFAULT_COLD_READS,  # written out: the knob is in the config
     }
 
     dense = read_config(dense_config)

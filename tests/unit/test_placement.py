@@ -62,7 +62,7 @@ def test_defaults_keep_the_tables_in_the_graph() -> None:
     ("fields", "message"),
     [
         ({"mode": "sharded"}, "--embeddings must be auto, in-graph, hot-cold"),
-        ({"hot_budget": 10, "store_dtype": "bfloat16"}, "--store-dtype must be float32 or float16"),
+        ({"hot_budget": 10, "store_dtype": "bfloat16"}, "--store-dtype must be float32 or float16 or int8"),
         ({"hot_budget": -1}, "--hot-budget must be a byte count >= 0"),
         ({"hot_budget": True}, "--hot-budget must be a byte count >= 0"),
         ({"mode": "hot-cold"}, "--embeddings hot-cold needs --hot-budget SIZE"),
@@ -307,6 +307,37 @@ def test_an_fp16_store_passes_the_auc_gate(
     with monkeypatch.context() as patch:
         patch.setattr(placement_module, "run_hot_cold", nudged)
         with pytest.raises(ExportError, match="AUC differs by"):
+            export_family(_exporter(checkpoint), strict)
+    assert {path: path.read_bytes() for path in sorted(repository.rglob("*")) if path.is_file()} == before
+
+
+def test_an_int8_store_passes_the_int8_auc_gate(
+    checkpoint: Path, data: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    repository = tmp_path / "repo"
+    options = _options(repository, data, mode="hot-cold", store_dtype="int8", profile_data=data)
+    (result,) = export_family(_exporter(checkpoint), options)
+    report = json.loads((repository / "dlrm_onnx" / "export_report.json").read_text())
+    assert report["row_store"]["dtype"] == "int8"
+    # 8 codes and one scale and bias per row (the embedding is the row's one column).
+    assert report["row_store"]["bytes"] == sum(SIZES) * (8 + 8)
+    assert report["tolerance"] == {"auc_delta": options.int8_auc_tolerance}
+    assert abs(result.parity.auc_delta or 0.0) <= options.int8_auc_tolerance
+    assert 0 < result.parity.max_abs_diff < 5e-2  # the cold rows' quantization, reported
+
+    before = {path: path.read_bytes() for path in sorted(repository.rglob("*")) if path.is_file()}
+    strict = replace(options, int8_auc_tolerance=1e-12)
+    original = placement_module.run_hot_cold
+
+    def nudged(*args: Any, **kwargs: Any) -> np.ndarray:
+        probabilities: np.ndarray = original(*args, **kwargs)
+        return np.clip(probabilities + np.linspace(0, 0.2, len(probabilities))[:, None], 0, 1).astype(
+            np.float32
+        )
+
+    with monkeypatch.context() as patch:
+        patch.setattr(placement_module, "run_hot_cold", nudged)
+        with pytest.raises(ExportError, match=r"\(int8 row store\) vs .*AUC differs by .*tolerance 1e-12"):
             export_family(_exporter(checkpoint), strict)
     assert {path: path.read_bytes() for path in sorted(repository.rglob("*")) if path.is_file()} == before
 

@@ -8,7 +8,7 @@ dense ONNX model and the rest in a memory-mapped row store. For a request's
   where it is hot: row ``s - 1`` of table ``t``'s hot rows (the hot set's order);
 - ``cold_positions`` ``N`` int64: ``b * 26 + t`` of each cold lookup, ascending;
 - ``cold_rows``      ``N x W`` float32: the store's row of each cold lookup, in that
-  order (an FP16 store is cast to FP32).
+  order (an FP16 store is cast to FP32, an int8 store dequantized: :func:`dequantize_rows`).
 
 Only the cold rows leave the stage: an ensemble that passes whole ``B x 26 x D``
 blocks between its steps loses most of its throughput to the copies.
@@ -46,6 +46,7 @@ verifies at its own load.
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 import mmap
 import os
@@ -65,7 +66,15 @@ STORE_ROWS_FILE = "rows.bin"
 STORE_META_FILE = "store.json"
 STORE_FORMAT = "criteo-row-store"
 STORE_FORMAT_VERSION = 1
-_STORE_DTYPES: dict[str, np.dtype[Any]] = {"float32": np.dtype("<f4"), "float16": np.dtype("<f2")}
+_FLOAT_DTYPES: dict[str, np.dtype[Any]] = {"float32": np.dtype("<f4"), "float16": np.dtype("<f2")}
+#: A store of rows quantized row-wise to 8 bits (see :func:`quantize_rows`).
+STORE_INT8 = "int8"
+#: The value types a store may hold.
+STORE_DTYPES: tuple[str, ...] = ("float32", "float16", STORE_INT8)
+#: Bytes of one column's scale and bias in an int8 row (two little-endian float32).
+INT8_PARAM_BYTES = 8
+#: Codes of an int8 row: 0 .. 255.
+INT8_LEVELS = 255
 #: ``store.json``'s key of the chunk checksums: ``{"kind", "chunk_bytes", "values"}``.
 STORE_CHECKSUMS_KEY = "checksums"
 #: ``store.json``'s key of the store's fingerprint (see :func:`store_fingerprint`).
@@ -90,6 +99,21 @@ PARAM_TABLE_SIZES = "table_sizes"
 #: The fingerprint of the store the stage's hot set was exported against (optional):
 #: a store of another content under the same path fails the load.
 PARAM_ROW_STORE_FINGERPRINT = "row_store_fingerprint"
+#: How the stage reads its cold rows (optional): one of :data:`COLD_READS`.
+PARAM_COLD_READS = "cold_reads"
+#: Threads of the ``threads`` way of reading (optional; default :data:`DEFAULT_COLD_READ_THREADS`).
+PARAM_COLD_READ_THREADS = "cold_read_threads"
+
+#: The ways of reading a request's cold rows (see :class:`ColdReads`).
+COLD_READ_PREFETCH = "prefetch"
+COLD_READ_THREADS = "threads"
+COLD_READ_FAULT = "fault"
+COLD_READS = (COLD_READ_PREFETCH, COLD_READ_THREADS, COLD_READ_FAULT)
+#: The stage's way when its config names none.
+DEFAULT_COLD_READS = COLD_READ_PREFETCH
+DEFAULT_COLD_READ_THREADS = 8
+#: The kernel's page: the unit a cold row is read from disk in.
+PAGE_BYTES = mmap.PAGESIZE
 
 
 class StageError(Exception):
@@ -110,6 +134,75 @@ class RequestError(Exception):
         self.invalid_argument = invalid_argument
 
 
+def int8_row_bytes(width: int, columns: int) -> int:
+    """Bytes of one int8 row: ``width`` codes, then a scale and a bias per column."""
+    return width + INT8_PARAM_BYTES * columns
+
+
+def quantize_rows(values: np.ndarray, columns: Sequence[tuple[int, int]]) -> np.ndarray:
+    """``n x W`` float values as int8 rows: ``n x (W + 8 * len(columns))`` bytes.
+
+    FBGEMM's 8-bit row-wise layout, with a scale and a bias per column of the row
+    rather than per row (a Wide & Deep row keeps its one wide weight exact): for each
+    column ``[a, b)`` of a row, ``bias = min``, ``scale = (max - min) / 255`` and
+    ``code = round((value - bias) / scale)``; the row's codes come first, then each
+    column's scale and bias as little-endian float32, in column order. A column whose
+    values are all equal has scale 0 and is stored exactly (its bias).
+    :func:`dequantize_rows` reads them back within ``scale / 2`` of each value.
+
+    Args:
+        values: finite float values, ``n x W``.
+        columns: ``(start, stop)`` of each column, in row order, tiling ``[0, W)``.
+    """
+    values = np.asarray(values, dtype=np.float32)
+    count, width = values.shape
+    out = np.zeros((count, int8_row_bytes(width, len(columns))), dtype=np.uint8)
+    params = np.empty((count, len(columns), 2), dtype="<f4")
+    for index, (start, stop) in enumerate(columns):
+        part = values[:, start:stop]
+        low = part.min(axis=1) if count else np.zeros(0, dtype=np.float32)
+        high = part.max(axis=1) if count else np.zeros(0, dtype=np.float32)
+        scale = (high - low) / np.float32(INT8_LEVELS)
+        step = np.where(scale > 0, scale, np.float32(1.0))
+        codes = np.rint((part - low[:, None]) / step[:, None])
+        np.clip(codes, 0, INT8_LEVELS, out=codes)
+        out[:, start:stop] = codes.astype(np.uint8)
+        params[:, index, 0] = scale
+        params[:, index, 1] = low
+    out[:, width:] = params.reshape(count, 2 * len(columns)).view(np.uint8)
+    return out
+
+
+def dequantize_rows(raw: np.ndarray, width: int, columns: Sequence[tuple[int, int]]) -> np.ndarray:
+    """Int8 rows (:func:`quantize_rows`), ``n x row bytes``, as ``n x width`` float32:
+    ``code * scale + bias``."""
+    count = raw.shape[0]
+    values = raw[:, :width].astype(np.float32)
+    params = np.ascontiguousarray(raw[:, width:]).view("<f4").reshape(count, len(columns), 2)
+    for index, (start, stop) in enumerate(columns):
+        values[:, start:stop] *= params[:, index, 0:1]
+        values[:, start:stop] += params[:, index, 1:2]
+    return values
+
+
+def store_columns(spec: dict[str, Any], width: int) -> tuple[tuple[int, int], ...]:
+    """The columns of a store's spec (``store.json``), in row order; they must tile ``[0, width)``.
+
+    Raises:
+        StageError: columns that overlap, leave a gap or pass the row's end.
+    """
+    try:
+        columns = sorted((int(a), int(b)) for a, b in dict(spec.get("columns") or {}).values())
+    except (TypeError, ValueError) as exc:
+        raise StageError(f"invalid row store columns ({type(exc).__name__}: {exc})") from None
+    if not columns:
+        return ((0, width),)
+    edges = [0] + [b for _, b in columns]
+    if [a for a, _ in columns] != edges[:-1] or edges[-1] != width or any(a >= b for a, b in columns):
+        raise StageError(f"row store columns {columns} do not tile a row of {width} values")
+    return tuple(columns)
+
+
 @dataclass(frozen=True)
 class StoreRows:
     """A row store mapped read-only.
@@ -118,10 +211,12 @@ class StoreRows:
         path: the store's folder.
         table_sizes: rows of each table.
         width: values per row.
-        data: ``rows x width`` read-only array over ``rows.bin`` (float32 or float16).
+        data: read-only array over ``rows.bin``: ``rows x width`` float32 or float16 values,
+            or, for an int8 store, ``rows x row bytes`` uint8 (see :meth:`decode`).
         fingerprint: ``store.json``'s fingerprint ("" for a store written without checksums).
         verified: every byte of ``rows.bin`` was checked against ``store.json``.
         check: how the content was checked, in words (for the stage's load line).
+        mapping: the mapping ``data`` lies in (for read-ahead hints and eviction).
     """
 
     path: Path
@@ -131,6 +226,15 @@ class StoreRows:
     fingerprint: str = ""
     verified: bool = False
     check: str = "not checked"
+    mapping: mmap.mmap | None = None
+    dtype: str = "float32"
+    columns: tuple[tuple[int, int], ...] = ()
+
+    def decode(self, raw: np.ndarray) -> np.ndarray:
+        """Rows gathered from :attr:`data` as ``n x width`` float32 values."""
+        if self.dtype == STORE_INT8:
+            return dequantize_rows(raw, self.width, self.columns)
+        return raw.astype(np.float32, copy=False)
 
     @property
     def offsets(self) -> np.ndarray:
@@ -379,10 +483,19 @@ def open_store(path: Path, verify: bool = True) -> StoreRows:
         spec = meta["spec"]
         table_sizes = tuple(int(size) for size in spec["table_sizes"])
         width = int(spec["width"])
-        dtype = _STORE_DTYPES[str(spec["dtype"])]
+        dtype_name = str(spec["dtype"])
+        if dtype_name not in STORE_DTYPES:
+            raise ValueError(f"dtype {dtype_name!r} is not one of {', '.join(STORE_DTYPES)}")
+        columns = store_columns(spec, width)
+    except StageError as exc:
+        raise StageError(f"{meta_path}: {exc}") from None
     except (KeyError, TypeError, ValueError) as exc:
         raise StageError(f"{meta_path}: invalid row store spec ({type(exc).__name__}: {exc})") from None
-    expected = sum(table_sizes) * width * dtype.itemsize
+    if dtype_name == STORE_INT8:
+        dtype, row_items = np.dtype(np.uint8), int8_row_bytes(width, len(columns))
+    else:
+        dtype, row_items = _FLOAT_DTYPES[dtype_name], width
+    expected = sum(table_sizes) * row_items * dtype.itemsize
     try:
         fd = os.open(rows_path, os.O_RDONLY)
     except OSError as exc:
@@ -403,8 +516,10 @@ def open_store(path: Path, verify: bool = True) -> StoreRows:
     # A cold lookup then reads one page, not the kernel's read-ahead window.
     if hasattr(mmap, "MADV_RANDOM"):
         mapped.madvise(mmap.MADV_RANDOM)
-    data = np.frombuffer(mapped, dtype=dtype).reshape(sum(table_sizes), width)
-    return StoreRows(path, table_sizes, width, data, fingerprint, verified, check)
+    data = np.frombuffer(mapped, dtype=dtype).reshape(sum(table_sizes), row_items)
+    return StoreRows(
+        path, table_sizes, width, data, fingerprint, verified, check, mapped, dtype_name, columns
+    )
 
 
 def read_hot_ids(path: Path, num_tables: int) -> tuple[tuple[int, ...], tuple[np.ndarray, ...]]:
@@ -429,6 +544,207 @@ def read_hot_ids(path: Path, num_tables: int) -> tuple[tuple[int, ...], tuple[np
     return sizes, ids
 
 
+def _as_float32(rows: np.ndarray) -> np.ndarray:
+    return rows.astype(np.float32, copy=False)
+
+
+def page_runs(
+    rows: np.ndarray, row_bytes: int, page_bytes: int = PAGE_BYTES
+) -> tuple[np.ndarray, np.ndarray]:
+    """Byte offset and length of each run of whole pages that the rows ``rows`` lie on.
+
+    Args:
+        rows: distinct row numbers of the store, ascending.
+        row_bytes: bytes per row.
+        page_bytes: bytes per page.
+
+    Returns:
+        ``(offsets, lengths)``, int64, in file order: a row that spans a page boundary
+        takes both pages, and rows on the same or on adjacent pages share one run.
+    """
+    if rows.size == 0:
+        empty = np.zeros(0, dtype=np.int64)
+        return empty, empty
+    starts = rows.astype(np.int64, copy=False) * row_bytes
+    first = starts // page_bytes
+    last = (starts + (row_bytes - 1)) // page_bytes
+    opens = np.empty(rows.size, dtype=bool)
+    opens[0] = True
+    np.greater(first[1:], last[:-1] + 1, out=opens[1:])
+    begins = np.flatnonzero(opens)
+    ends = np.append(begins[1:], rows.size) - 1
+    # Rows ascend, so each run's last page is its last row's.
+    return first[begins] * page_bytes, (last[ends] - first[begins] + 1) * page_bytes
+
+
+@dataclass
+class PendingRows:
+    """The cold rows of one request, being read (:meth:`ColdReads.start`); :meth:`result` waits.
+
+    Attributes:
+        rows: distinct store rows the request reads.
+        pages: pages those rows lie on (what a cold store reads from disk).
+        reads: read calls issued: read-ahead hints or ``pread`` calls (0 for ``fault``,
+            whose page faults do the reading).
+    """
+
+    rows: int
+    pages: int
+    reads: int
+    _finish: Callable[[], np.ndarray]
+
+    def result(self) -> np.ndarray:
+        """The ``N x W`` float32 rows, in the order of the keys the read started with."""
+        return self._finish()
+
+
+class ColdReads:
+    """Reads the store rows of a request's cold lookups, the only bytes that come from disk.
+
+    Three ways, named by the stage's config parameter ``cold_reads``; measured by
+    ``python -m loadtest cold-reads`` (docs: "Tables larger than memory"):
+
+    - ``prefetch`` (the default): the request's distinct rows, in file order, become runs
+      of pages, and one read-ahead hint per run (``madvise(MADV_WILLNEED)``) starts all
+      their reads at once, so the disk serves them in parallel; the gather from the
+      mapping then waits for each page only as long as its read still runs.
+    - ``threads``: the distinct rows, in file order, are read with ``pread`` by
+      ``threads`` threads, each a contiguous share (adjacent rows in one call).
+    - ``fault``: one gather from the mapping in request order. Every cold row on a page
+      not in memory is a synchronous page fault, one after another: the disk serves one
+      read at a time (kept to compare with).
+
+    All three give the same bytes: the rows of the keys, in the keys' order, as float32
+    (a float16 store is cast). A row read twice in one request is read from disk once.
+
+    Args:
+        rows: the store's rows as they lie in ``rows.bin`` (``rows x W`` float32 or float16,
+            or an int8 store's bytes); a mapping of the file or any array (then ``prefetch``
+            gives no hints: the rows are in memory).
+        how: one of :data:`COLD_READS`.
+        threads: threads of the ``threads`` way.
+        mapping: the mapping ``rows`` lies in (``prefetch`` hints it).
+        rows_path: ``rows.bin`` (``threads`` reads it).
+        decode: gathered rows -> ``N x W`` float32 (default: a cast; :meth:`StoreRows.decode`
+            for an int8 store).
+        width: values per row ``W`` (default: ``rows.shape[1]``).
+
+    Raises:
+        StageError: an unknown way, fewer than one thread, or ``threads`` without the file.
+    """
+
+    def __init__(
+        self,
+        rows: np.ndarray,
+        how: str = DEFAULT_COLD_READS,
+        threads: int = DEFAULT_COLD_READ_THREADS,
+        mapping: mmap.mmap | None = None,
+        rows_path: Path | None = None,
+        decode: Callable[[np.ndarray], np.ndarray] | None = None,
+        width: int | None = None,
+    ) -> None:
+        if how not in COLD_READS:
+            raise StageError(f"cold reads must be one of {', '.join(COLD_READS)}; got {how!r}")
+        if threads < 1:
+            raise StageError(f"cold read threads must be >= 1, got {threads}")
+        if how == COLD_READ_THREADS and rows_path is None:
+            raise StageError("cold reads 'threads' read the store's file: give its path")
+        self.how = how
+        self.threads = threads
+        self._rows = rows
+        self._row_bytes = int(rows.shape[1]) * rows.dtype.itemsize if rows.ndim == 2 else 0
+        self._decode = decode if decode is not None else _as_float32
+        #: Values per row that :meth:`read` returns.
+        self.width = int(width if width is not None else (rows.shape[1] if rows.ndim == 2 else 0))
+        self._mapping = mapping
+        self._fd = -1
+        self._pool: ThreadPoolExecutor | None = None
+        if how == COLD_READ_THREADS and rows_path is not None:
+            try:
+                self._fd = os.open(rows_path, os.O_RDONLY)
+            except OSError as exc:
+                raise StageError(f"cannot open {rows_path}: {exc.strerror}") from None
+            self._pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="cold-reads")
+
+    @classmethod
+    def of_store(
+        cls, store: StoreRows, how: str = DEFAULT_COLD_READS, threads: int = DEFAULT_COLD_READ_THREADS
+    ) -> ColdReads:
+        """The reads of an opened store (:func:`open_store`)."""
+        return cls(
+            store.data, how, threads, store.mapping, store.path / STORE_ROWS_FILE, store.decode, store.width
+        )
+
+    def start(self, keys: np.ndarray) -> PendingRows:
+        """Start reading the rows ``keys`` (int64 store rows, any order, repeats allowed)."""
+        if keys.size == 0:
+            return PendingRows(0, 0, 0, lambda: self._gather(keys))
+        distinct, inverse = np.unique(keys, return_inverse=True)
+        offsets, lengths = page_runs(distinct, self._row_bytes)
+        pages = int(lengths.sum()) // PAGE_BYTES
+        if self.how == COLD_READ_FAULT:
+            return PendingRows(int(distinct.size), pages, 0, lambda: self._gather(keys))
+        if self.how == COLD_READ_PREFETCH:
+            if self._mapping is not None:
+                hint = self._mapping.madvise
+                for offset, length in zip(offsets.tolist(), lengths.tolist(), strict=True):
+                    hint(mmap.MADV_WILLNEED, offset, length)
+            return PendingRows(int(distinct.size), pages, offsets.size, lambda: self._gather(keys))
+        return self._read_threads(distinct, inverse.reshape(-1), pages)
+
+    def read(self, keys: np.ndarray) -> np.ndarray:
+        """The rows ``keys`` as ``N x W`` float32, read the chosen way."""
+        return self.start(keys).result()
+
+    def _gather(self, keys: np.ndarray) -> np.ndarray:
+        return np.ascontiguousarray(self._decode(self._rows.take(keys, axis=0)))
+
+    def _read_threads(self, distinct: np.ndarray, inverse: np.ndarray, pages: int) -> PendingRows:
+        """``pread`` the distinct rows (ascending) in ``threads`` contiguous shares."""
+        assert self._pool is not None
+        row_bytes = self._row_bytes
+        out = np.empty((distinct.size, self._rows.shape[1]), dtype=self._rows.dtype)
+        view = out.reshape(-1).view(np.uint8).data
+        # Spans of adjacent rows: each is one pread.
+        opens = np.empty(distinct.size, dtype=bool)
+        opens[0] = True
+        np.not_equal(distinct[1:], distinct[:-1] + 1, out=opens[1:])
+        begins = np.flatnonzero(opens)
+        counts = np.diff(np.append(begins, distinct.size))
+        spans = list(
+            zip(begins.tolist(), (distinct[begins] * row_bytes).tolist(), counts.tolist(), strict=True)
+        )
+        fd = self._fd
+
+        def read_share(share: list[tuple[int, int, int]]) -> None:
+            for index, offset, count in share:
+                want = count * row_bytes
+                piece = view[index * row_bytes : index * row_bytes + want]
+                got = os.preadv(fd, [piece], offset)
+                if got != want:
+                    raise OSError(f"short read of the row store: {got} of {want} bytes at offset {offset}")
+
+        bounds = np.linspace(0, len(spans), min(self.threads, len(spans)) + 1).astype(int).tolist()
+        shares = [spans[lo:hi] for lo, hi in itertools.pairwise(bounds)]
+        futures = [self._pool.submit(read_share, share) for share in shares]
+
+        def finish() -> np.ndarray:
+            for future in futures:
+                future.result()
+            return np.ascontiguousarray(self._decode(out[inverse]))
+
+        return PendingRows(int(distinct.size), pages, len(spans), finish)
+
+    def close(self) -> None:
+        """Stop the threads and close the file (the ``threads`` way)."""
+        if self._pool is not None:
+            self._pool.shutdown(wait=True)
+            self._pool = None
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
+
+
 @dataclass(frozen=True)
 class Placement:
     """Where one request's lookups are served from (see the module docstring for shapes)."""
@@ -436,6 +752,10 @@ class Placement:
     hot_slots: np.ndarray
     cold_positions: np.ndarray
     cold_rows: np.ndarray
+    #: Distinct store rows the cold lookups read, the pages they lie on, and the read calls made.
+    cold_distinct_rows: int = 0
+    cold_pages: int = 0
+    cold_reads: int = 0
 
     @property
     def cold_lookups(self) -> int:
@@ -468,23 +788,32 @@ class HotColdLookup:
         table_sizes: rows of each of the ``T`` tables.
         hot_ids: ``T`` int64 arrays, each table's hot ids in ``[0, size)``, in the
             order of the dense model's hot rows (slot ``s`` is ``hot_ids[t][s - 1]``).
-        rows: ``sum(table_sizes) x W`` store rows (float32 or float16), tables stacked.
+        rows: the store's rows, tables stacked: ``sum(table_sizes) x W`` float32 or float16
+            (or an int8 store's bytes, with ``reads`` that decode them).
+        reads: how the cold rows are read (default: a plain gather from ``rows``, cast to float32).
 
     Raises:
         StageError: sizes, hot ids or rows that do not fit together.
     """
 
-    def __init__(self, table_sizes: Sequence[int], hot_ids: Sequence[np.ndarray], rows: np.ndarray) -> None:
+    def __init__(
+        self,
+        table_sizes: Sequence[int],
+        hot_ids: Sequence[np.ndarray],
+        rows: np.ndarray,
+        reads: ColdReads | None = None,
+    ) -> None:
         sizes = np.asarray(table_sizes, dtype=np.int64)
         if sizes.ndim != 1 or sizes.size == 0 or (sizes < 1).any():
             raise StageError(f"table sizes must be one or more ints >= 1, got {list(table_sizes)}")
         if len(hot_ids) != sizes.size:
             raise StageError(f"hot ids for {len(hot_ids)} tables, the stage has {sizes.size}")
         if rows.ndim != 2 or rows.shape[0] != int(sizes.sum()):
-            raise StageError(f"the store has {rows.shape} rows, the tables need {int(sizes.sum())} x W")
+            raise StageError(f"the store has {rows.shape} rows, the tables need {int(sizes.sum())} rows")
         self._sizes = sizes
         self._offsets = np.concatenate(([0], np.cumsum(sizes)[:-1])).astype(np.int64)
         self._rows = rows
+        self.reads = reads if reads is not None else ColdReads(rows, COLD_READ_FAULT)
         keys, slots = [], []
         for table, ids in enumerate(hot_ids):
             ids = np.asarray(ids, dtype=np.int64)
@@ -507,7 +836,13 @@ class HotColdLookup:
 
     @classmethod
     def open(
-        cls, store_dir: Path, hot_set: Path, table_sizes: Sequence[int], fingerprint: str = ""
+        cls,
+        store_dir: Path,
+        hot_set: Path,
+        table_sizes: Sequence[int],
+        fingerprint: str = "",
+        cold_reads: str = DEFAULT_COLD_READS,
+        threads: int = DEFAULT_COLD_READ_THREADS,
     ) -> HotColdLookup:
         """The lookup over a row store folder and a hot-set file, checked against ``table_sizes``.
 
@@ -519,6 +854,8 @@ class HotColdLookup:
             table_sizes: the rows of each table, as the config says.
             fingerprint: the store's fingerprint as the export recorded it beside the
                 hot set ("" : not compared).
+            cold_reads: how cold rows are read (:class:`ColdReads`).
+            threads: threads of the ``threads`` way.
 
         Raises:
             StageError: a file missing, invalid or damaged, table sizes that differ
@@ -542,7 +879,7 @@ class HotColdLookup:
         hot_sizes, hot_ids = read_hot_ids(hot_set, len(sizes))
         if hot_sizes != sizes:
             raise StageError(f"hot set {hot_set} has table sizes {list(hot_sizes)}, not {list(sizes)}")
-        lookup = cls(sizes, hot_ids, store.data)
+        lookup = cls(sizes, hot_ids, store.data, ColdReads.of_store(store, cold_reads, threads))
         lookup.store = store
         return lookup
 
@@ -553,8 +890,8 @@ class HotColdLookup:
 
     @property
     def width(self) -> int:
-        """Values per store row ``W``."""
-        return int(self._rows.shape[1])
+        """Values per store row ``W`` (what ``cold_rows`` holds per lookup)."""
+        return self.reads.width
 
     @property
     def hot_rows(self) -> int:
@@ -598,9 +935,18 @@ class HotColdLookup:
             hot = np.zeros(keys.shape, dtype=bool)
             slots = np.zeros(keys.shape, dtype=np.int64)
         cold_positions = np.flatnonzero(~hot).astype(np.int64, copy=False)
-        cold_rows = self._rows.take(keys[cold_positions], axis=0).astype(np.float32, copy=False)
+        # The cold reads start first and run while the hot slots are finished.
+        pending = self.reads.start(keys[cold_positions])
+        hot_slots = np.ascontiguousarray(slots.reshape(ids.shape))
         return Placement(
-            hot_slots=slots.reshape(ids.shape),
+            hot_slots=hot_slots,
             cold_positions=cold_positions,
-            cold_rows=np.ascontiguousarray(cold_rows),
+            cold_rows=pending.result(),
+            cold_distinct_rows=pending.rows,
+            cold_pages=pending.pages,
+            cold_reads=pending.reads,
         )
+
+    def close(self) -> None:
+        """Release the cold reads' threads and file."""
+        self.reads.close()

@@ -21,7 +21,10 @@ Config ``parameters`` (string values), written by ``export.tables.ensemble``:
 absolute or relative to this model's version folder, ``table_sizes`` (26
 comma-separated sizes, checked against both files) and, optionally,
 ``row_store_fingerprint`` (the store's fingerprint when the stage was exported:
-another store under the same path fails the load; absent, one warning).
+another store under the same path fails the load; absent, one warning),
+``cold_reads`` (how cold rows are read from the store: ``prefetch``, the default,
+``threads`` or ``fault``; see :class:`hot_cold_lookup.ColdReads`) and
+``cold_read_threads`` (threads of the ``threads`` way).
 
 At load every byte of the store is checked against the checksums in its
 ``store.json`` (see :mod:`hot_cold_lookup`: 6.7 GB/s on two cores here); a damaged
@@ -57,6 +60,11 @@ from typing import Any
 import numpy as np
 import triton_python_backend_utils as pb_utils
 from hot_cold_lookup import (
+    COLD_READS,
+    DEFAULT_COLD_READ_THREADS,
+    DEFAULT_COLD_READS,
+    PARAM_COLD_READ_THREADS,
+    PARAM_COLD_READS,
     PARAM_HOT_SET,
     PARAM_ROW_STORE,
     PARAM_ROW_STORE_FINGERPRINT,
@@ -95,6 +103,26 @@ def _table_sizes(raw: str, model: str) -> tuple[int, ...]:
             f"model '{model}': every table needs at least 1 row, got {PARAM_TABLE_SIZES}={raw!r}"
         )
     return sizes
+
+
+def _cold_reads(parameters: dict[str, Any], model: str) -> tuple[str, int]:
+    """The config's way of reading cold rows and its threads (defaults where absent)."""
+    how = str(parameters.get(PARAM_COLD_READS, {}).get("string_value", "")).strip() or DEFAULT_COLD_READS
+    if how not in COLD_READS:
+        raise pb_utils.TritonModelException(
+            f"model '{model}': parameter '{PARAM_COLD_READS}' must be one of {', '.join(COLD_READS)}, "
+            f"got {how!r}"
+        )
+    raw = str(parameters.get(PARAM_COLD_READ_THREADS, {}).get("string_value", "")).strip()
+    try:
+        threads = int(raw) if raw else DEFAULT_COLD_READ_THREADS
+    except ValueError:
+        threads = 0
+    if threads < 1:
+        raise pb_utils.TritonModelException(
+            f"model '{model}': parameter '{PARAM_COLD_READ_THREADS}' must be an integer >= 1, got {raw!r}"
+        )
+    return how, threads
 
 
 def _check_tensors(config: dict[str, Any], tables: int, width: int) -> list[str]:
@@ -199,8 +227,11 @@ class TritonPythonModel:
         hot_set = (version_dir / _parameter(parameters, PARAM_HOT_SET, self._name)).resolve()
         sizes = _table_sizes(_parameter(parameters, PARAM_TABLE_SIZES, self._name), self._name)
         fingerprint = str(parameters.get(PARAM_ROW_STORE_FINGERPRINT, {}).get("string_value", "")).strip()
+        how, threads = _cold_reads(parameters, self._name)
         try:
-            self._lookup = HotColdLookup.open(store, hot_set, sizes, fingerprint=fingerprint)
+            self._lookup = HotColdLookup.open(
+                store, hot_set, sizes, fingerprint=fingerprint, cold_reads=how, threads=threads
+            )
         except StageError as exc:
             raise pb_utils.TritonModelException(f"model '{self._name}': {exc}") from exc
         checked = self._lookup.store
@@ -222,7 +253,8 @@ class TritonPythonModel:
         pb_utils.Logger.log_info(
             f"{args['model_instance_name']}: row store {store} "
             f"({sum(sizes)} rows x {self._lookup.width}; {checked.check if checked else 'not checked'}), "
-            f"{self._lookup.hot_rows} hot rows from {hot_set}"
+            f"{self._lookup.hot_rows} hot rows from {hot_set}; cold reads: {how}"
+            + (f" ({threads} threads)" if how == "threads" else "")
         )
 
     def _answer(self, request: Any) -> tuple[Any, int, int]:
@@ -271,4 +303,6 @@ class TritonPythonModel:
     def finalize(self) -> None:
         """Drop the metrics and the store's mapping when the model unloads."""
         self._counters.close()
+        if self._lookup is not None:
+            self._lookup.close()
         self._lookup = None

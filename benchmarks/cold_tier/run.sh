@@ -1,0 +1,46 @@
+#!/usr/bin/env bash
+# Cold rows at the disk's speed: a hot/cold DLRM whose row store is really read from disk, with an
+# FP16 and an int8 row store side by side.
+#
+# The set-up: an untrained DLRM with the Criteo Terabyte preset's layers and its table sizes divided
+# by 6 (31.3M rows, D 128: an 8.0 GB FP16 row store, 4.3 GB in int8), 1 GiB of hot rows chosen from a
+# profile of 4M rows of skewed synthetic traffic, and 6M held-out rows of the same hidden model as
+# requests.
+#
+#   1. python -m criteo synth (train and held-out), python -m criteo profile,
+#      python -m export synthetic-hot-cold twice, --store-dtype float16 and int8 (a store is reused
+#      when WORK already holds it);
+#   2. python -m loadtest cold-reads: the stage's ways of reading cold rows, in one process, on the
+#      FP16 store evicted from the page cache, beside the disk's own random-read rate (cold_reads.md);
+#   3. python -m loadtest cold-tier: both models served by the local tritonserver, each way of reading
+#      at batch 64 and 1024, concurrency 1 and 4, with the store evicted (cold) and in memory (warm),
+#      the held-out rows sent in order, each once per step (cold_tier.md).
+#
+#   bash benchmarks/cold_tier/run.sh        # from the repository root, after `make setup`
+#
+# About 15 GB of disk in WORK and, on a 2-core machine, about 70 minutes (10 for the data and the
+# models, 1 for cold-reads, about 55 for cold-tier: every cold step reloads the stage, whose load
+# reads the whole store to verify it).
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+export PYTHONPATH="$PWD" PATH="$PWD/.venv/bin:$PATH"
+
+WORK=${WORK:-artifacts/cold}
+OUT=${OUT:-benchmarks/cold_tier}
+SIZES=$(python -c "from criteo.tables import CRITEO_TERABYTE as T; print(','.join(str(max(2, s // 6)) for s in T))")
+mkdir -p "$WORK" "$OUT"
+
+synth=(--vocabulary "$SIZES" --max-vocabulary 4000000 --exponent 1.05)
+[[ -f $WORK/train.tsv ]] || python -m criteo synth --rows 4000000 --seed 1 --out "$WORK/train.tsv" "${synth[@]}"
+[[ -f $WORK/heldout.tsv ]] || python -m criteo synth --rows 6000000 --seed 2 --out "$WORK/heldout.tsv" "${synth[@]}"
+python -m criteo profile --data "$WORK/train.tsv" --out "$WORK/profile" --table-sizes "$SIZES"
+for dtype in float16 int8; do
+  rm -rf "$WORK/repo-$dtype"
+  python -m export synthetic-hot-cold --preset criteo-terabyte --table-sizes "$SIZES" \
+    --repository "$WORK/repo-$dtype" --store-dir "$WORK/rows-$dtype" --store-dtype "$dtype" --hot-budget 1G \
+    --profile-data "$WORK/profile" --heldout-data "$WORK/heldout.tsv" --seed 0 2>&1 | tee "$OUT/export-$dtype.log"
+done
+
+python -m loadtest cold-reads --repository "$WORK/repo-float16" --data "$WORK/heldout.tsv" --out "$OUT"
+python -m loadtest cold-tier --repository "$WORK/repo-float16" --repository "$WORK/repo-int8" \
+  --data "$WORK/heldout.tsv" --out "$OUT"

@@ -1,0 +1,526 @@
+"""A hot/cold model served with its cold tier really on disk: cold against warm, side by side.
+
+``python -m loadtest cold-tier --repository DIR --data HELDOUT.tsv`` starts the local
+tritonserver on a repository holding a hot/cold model (an ensemble of the
+embedding stage and the dense model) and, for each way of reading cold rows
+(:class:`~server.stages.embedding.hot_cold_lookup.ColdReads`, loaded into the stage
+by a config override), batch size and concurrency, measures two conditions in turn:
+
+- **cold**: the stage unloaded and loaded again (its load reads the whole store to
+  verify it, through ``pread``, so nothing is mapped yet), then the store evicted
+  from the page cache (``posix_fadvise(DONTNEED)``; the bytes still resident are
+  recorded), then the step;
+- **warm**: the whole store read into the page cache first, then the step.
+
+Each step sends the held-out file's rows in order, each once (the closed-loop
+driver, :mod:`loadtest.engine.driver`, over gRPC), and starts at the file's first
+row: a cold step's rows are cold again after the eviction. Per step it records
+samples/s, p50 and p99, the stage's compute time per request (Triton's statistics
+of the stage), its cold lookups per request (the stage's
+``ctr_embedding_lookups_total`` counter), and the pages of the store read from disk
+per request (the store's resident bytes after the step, minus before, by
+``mincore``). The disk's own random-read rate is probed in the same run
+(:func:`~loadtest.benchmarks.cold_reads.disk_iops`); a cold step's *disk-bound
+time* per request is its pages read / the best probed rate.
+
+Writes ``cold_tier.json``, ``cold_tier.md`` and ``cold_tier.png``.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import urllib.request
+from contextlib import ExitStack
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from bundle.errors import ConfigError
+from bundle.records import RunRecord
+from bundle.schema import CATEGORICAL_INPUT, DENSE_INPUT
+from criteo.tsv import iter_batches
+from loadtest.benchmarks.cold_reads import disk_table, evict, probe_disk, resident_bytes, stage_files
+from loadtest.engine.driver import Driver
+from loadtest.engine.served import raw_connection
+from loadtest.engine.wire import serialised_request
+from loadtest.engine.writer import Panel, Series, plot, table, write_json, write_markdown
+from server.config import ServerConfig
+from server.launcher import LocalServer
+from server.stages.embedding.hot_cold_lookup import (
+    COLD_READS,
+    PAGE_BYTES,
+    PARAM_COLD_READ_THREADS,
+    PARAM_COLD_READS,
+    STORE_ROWS_FILE,
+    StoreRows,
+    open_store,
+)
+
+#: The two conditions, in the order each step takes them.
+CONDITIONS = ("cold", "warm")
+#: Bytes read at a time when the store is read into the page cache.
+_WARM_READ_BYTES = 16 << 20
+#: Evictions tried before a step starts with what is still resident (a stub that has
+#: just exited may still hold its mapping for a moment).
+_EVICT_TRIES = 10
+
+
+@dataclass(frozen=True)
+class ColdTierOptions:
+    """What to measure.
+
+    Args:
+        repositories: repositories each holding the hot/cold model (e.g. the same model with
+            an FP16 and an int8 store), measured side by side.
+        data: held-out Criteo TSV, sent in order (each row once per step).
+        model: the ensemble clients call.
+        stage: its embedding stage.
+        ways: the ways of reading cold rows compared (:data:`COLD_READS`).
+        batch_sizes: rows per request.
+        concurrency: requests in flight.
+        rounds: turns the steps take (each round: every way, batch size, concurrency, condition).
+        seconds: the measured window of a step.
+        warmup_s: requests sent before the window (rows of the same stream).
+        threads: threads of the ``threads`` way.
+        probe_seconds: seconds of each disk probe.
+        stream_rows: held-out rows read (a step that would send more fails and says so).
+    """
+
+    repositories: tuple[Path, ...]
+    data: Path
+    model: str = "dlrm_onnx"
+    stage: str = "dlrm_embedding"
+    ways: tuple[str, ...] = ("prefetch", "fault")
+    batch_sizes: tuple[int, ...] = (64, 1024)
+    concurrency: tuple[int, ...] = (1, 4)
+    rounds: int = 2
+    seconds: float = 20.0
+    warmup_s: float = 1.0
+    threads: int = 8
+    probe_seconds: float = 5.0
+    stream_rows: int = 1_500_000
+
+    def __post_init__(self) -> None:
+        if not self.repositories:
+            raise ConfigError("give at least one repository")
+        unknown = [way for way in self.ways if way not in COLD_READS]
+        if unknown or not self.ways:
+            raise ConfigError(f"ways must be some of {', '.join(COLD_READS)}; got {list(self.ways)}")
+        if (
+            not self.batch_sizes
+            or min(self.batch_sizes) < 1
+            or not self.concurrency
+            or min(self.concurrency) < 1
+        ):
+            raise ConfigError("batch sizes and concurrency must be integers >= 1")
+        if self.rounds < 1 or self.seconds <= 0 or self.warmup_s < 0:
+            raise ConfigError("need rounds >= 1, seconds > 0 and warmup_s >= 0")
+
+
+class _Stream:
+    """The held-out rows as model inputs, sent in order from the first row on each step."""
+
+    def __init__(self, path: Path, rows: int) -> None:
+        dense, categorical, have = [], [], 0
+        for batch in iter_batches(path):
+            dense.append(batch.dense)
+            categorical.append(batch.categorical)
+            have += len(batch)
+            if have >= rows:
+                break
+        self.dense = np.concatenate(dense)[:rows]
+        self.categorical = np.concatenate(categorical)[:rows]
+
+    def __len__(self) -> int:
+        return int(self.dense.shape[0])
+
+    def connect(self, url: str, model: str, batch_size: int, workers: int, sent: list[int]) -> Any:
+        """The driver's requests: worker ``w``'s ``k``-th request takes batch ``w + k * workers``."""
+        batches = len(self) // batch_size
+
+        def message(worker: int, sequence: int) -> bytes:
+            index = worker + sequence * workers
+            if index >= batches:
+                raise ConfigError(
+                    f"the step sent all {len(self):,} rows read; give more --stream-rows or fewer --seconds"
+                )
+            sent.append(index)
+            row = index * batch_size
+            rows = {
+                DENSE_INPUT: self.dense[row : row + batch_size],
+                CATEGORICAL_INPUT: self.categorical[row : row + batch_size],
+            }
+            return serialised_request(model, rows)
+
+        return raw_connection(url, "grpc", model, 0, 120.0, batch_size, message)
+
+
+def _warm(store: StoreRows) -> None:
+    """Read the whole store into the page cache."""
+    with open(store.path / STORE_ROWS_FILE, "rb", buffering=0) as handle:
+        while handle.read(_WARM_READ_BYTES):
+            pass
+
+
+def _cold_lookups(metrics_url: str, stage: str) -> float:
+    """The stage's cold lookups so far (its counter, summed over stubs)."""
+    with urllib.request.urlopen(metrics_url, timeout=10) as response:
+        text = response.read().decode()
+    total = 0.0
+    for line in text.splitlines():
+        if (
+            line.startswith("ctr_embedding_lookups_total{")
+            and 'tier="cold"' in line
+            and f'model="{stage}"' in line
+        ):
+            total += float(line.rsplit(" ", 1)[1])
+    return total
+
+
+def _stage_compute_ns(client: Any, stage: str) -> tuple[int, int]:
+    """The stage's requests so far and their summed compute time (ns), from Triton's statistics."""
+    stats = client.get_inference_statistics(model_name=stage)
+    count = ns = 0
+    for entry in stats.get("model_stats", []):
+        compute = entry.get("inference_stats", {}).get("compute_infer", {})
+        count += int(compute.get("count", 0))
+        ns += int(compute.get("ns", 0))
+    return count, ns
+
+
+@dataclass(frozen=True)
+class _Store:
+    """One repository of the run and its stage's store."""
+
+    label: str
+    repository: Path
+    rows: StoreRows
+
+
+def _stores(options: ColdTierOptions) -> list[_Store]:
+    """Each repository's store, labelled by its dtype (or, where two share one, by the folder too)."""
+    opened = [
+        (repo, open_store(stage_files(repo, options.stage)[0], verify=False)) for repo in options.repositories
+    ]
+    dtypes = [rows.dtype for _, rows in opened]
+    return [
+        _Store(rows.dtype if dtypes.count(rows.dtype) == 1 else f"{rows.dtype} ({repo.name})", repo, rows)
+        for repo, rows in opened
+    ]
+
+
+def run_cold_tier(options: ColdTierOptions, command: str, progress: Any = None) -> dict[str, Any]:
+    """Every repository, way, batch size, concurrency and condition, ``rounds`` times; the report.
+
+    Each round takes the repositories in turn, each served by a server of its own that
+    lives for its steps of that round.
+    """
+    import tritonclient.http as httpclient
+
+    stores = _stores(options)
+    record = RunRecord.begin(command)
+    steps: list[dict[str, Any]] = []
+    evict(stores[0].rows)
+    probes = probe_disk(stores[0].rows.path / STORE_ROWS_FILE, options.probe_seconds)
+    stream = _Stream(options.data, options.stream_rows)
+    for round_ in range(options.rounds):
+        for store in stores:
+            with ExitStack() as stack:
+                config = ServerConfig.with_free_ports(store.repository, model_control_mode="explicit")
+                server = stack.enter_context(LocalServer(config))
+                client = httpclient.InferenceServerClient(server.http_url, network_timeout=600.0)
+                stack.callback(client.close)
+                server.load_model(options.stage, timeout=1800)
+                base = client.get_model_config(options.stage)
+                for way in options.ways:
+                    for size in options.batch_sizes:
+                        for concurrency in options.concurrency:
+                            for condition in CONDITIONS:
+                                at = _Step(way, size, concurrency, condition)
+                                step = _step(options, server, client, store.rows, stream, base, at)
+                                steps.append({"round": round_, "store": store.label, **step})
+                                if progress is not None:
+                                    progress()
+    record.finish()
+    best = max(probes, key=lambda probe: probe.iops)
+    for step in steps:
+        step["disk_bound_ms"] = step["pages_read_per_request"] / best.iops * 1e3
+    return {
+        "record": record.to_json(),
+        "options": {
+            **asdict(options),
+            "repositories": [str(repo) for repo in options.repositories],
+            "data": str(options.data),
+        },
+        "stores": [
+            {
+                "label": store.label,
+                "path": str(store.rows.path),
+                "bytes": int(store.rows.data.nbytes),
+                "dtype": store.rows.dtype,
+                "row_bytes": int(store.rows.data.shape[1] * store.rows.data.dtype.itemsize),
+            }
+            for store in stores
+        ],
+        "disk": [probe.to_json() for probe in probes],
+        "best_iops": best.iops,
+        "steps": steps,
+        "summary": summarise(steps, options, [store.label for store in stores]),
+    }
+
+
+@dataclass(frozen=True)
+class _Step:
+    """Where a step stands: the way of reading, batch size, concurrency and condition."""
+
+    way: str
+    batch_size: int
+    concurrency: int
+    condition: str
+
+
+def _load(server: LocalServer, client: Any, options: ColdTierOptions, base: dict[str, Any], way: str) -> None:
+    """Unload the ensemble and the stage, load the stage reading cold rows ``way``, then the ensemble."""
+    for name in (options.model, options.stage):
+        server.unload_model(name, timeout=300)
+    config = json.loads(json.dumps(base))
+    parameters = config.setdefault("parameters", {})
+    parameters[PARAM_COLD_READS] = {"string_value": way}
+    parameters[PARAM_COLD_READ_THREADS] = {"string_value": str(options.threads)}
+    client.load_model(options.stage, config=json.dumps(config))
+    server.load_model(options.model, timeout=600)
+
+
+def _step(
+    options: ColdTierOptions,
+    server: LocalServer,
+    client: Any,
+    store: StoreRows,
+    stream: _Stream,
+    base: dict[str, Any],
+    at: _Step,
+) -> dict[str, Any]:
+    """One measured step."""
+    _load(server, client, options, base, at.way)
+    if at.condition == "cold":
+        resident = evict(store)
+        for _ in range(_EVICT_TRIES):
+            if resident < store.data.nbytes // 1000:
+                break
+            time.sleep(1.0)
+            resident = evict(store)
+    else:
+        _warm(store)
+        resident = resident_bytes(store)
+    sent: list[int] = []
+    connect = stream.connect(server.grpc_url, options.model, at.batch_size, at.concurrency, sent)
+    with Driver(connect, at.concurrency) as driver:
+        driver.wait(options.warmup_s)
+        before_pages = resident_bytes(store)
+        before_lookups = _cold_lookups(server.metrics_url, options.stage)
+        before_count, before_ns = _stage_compute_ns(client, options.stage)
+        window = driver.measure(options.seconds)
+        after_pages = resident_bytes(store)
+        after_lookups = _cold_lookups(server.metrics_url, options.stage)
+        after_count, after_ns = _stage_compute_ns(client, options.stage)
+    stage_requests = max(1, after_count - before_count)
+    return {
+        **asdict(at),
+        "resident_at_start_bytes": resident,
+        "samples_per_s": window.rows / window.seconds if window.seconds else 0.0,
+        "requests": window.answered,
+        "errors": window.errors,
+        "p50_ms": window.histogram.percentile(50) if window.answered else float("nan"),
+        "p99_ms": window.histogram.percentile(99) if window.answered else float("nan"),
+        "rows_sent": len(sent) * at.batch_size,
+        "stage_ms_per_request": (after_ns - before_ns) / stage_requests / 1e6,
+        "cold_lookups_per_request": (after_lookups - before_lookups) / stage_requests,
+        "pages_read_per_request": max(0, after_pages - before_pages) / PAGE_BYTES / stage_requests,
+    }
+
+
+def _median(steps: list[dict[str, Any]], key: str, **match: Any) -> float:
+    """The median of ``key`` over the steps that match every ``match`` (nan for none)."""
+    values = [s[key] for s in steps if all(s[k] == v for k, v in match.items())]
+    return float(np.median(values)) if values else float("nan")
+
+
+def summarise(
+    steps: list[dict[str, Any]], options: ColdTierOptions, stores: list[str]
+) -> list[dict[str, Any]]:
+    """Per store, way, batch size and concurrency: median samples/s cold and warm, their ratio,
+    the cold step's stage time against its disk-bound time, and both against the first store's."""
+    rows = []
+    for store in stores:
+        for way in options.ways:
+            for size in options.batch_sizes:
+                for concurrency in options.concurrency:
+                    at = {"store": store, "way": way, "batch_size": size, "concurrency": concurrency}
+                    cold = _median(steps, "samples_per_s", condition="cold", **at)
+                    warm = _median(steps, "samples_per_s", condition="warm", **at)
+                    stage = _median(steps, "stage_ms_per_request", condition="cold", **at)
+                    disk = _median(steps, "disk_bound_ms", condition="cold", **at)
+                    first = {**at, "store": stores[0]}
+                    rows.append(
+                        {
+                            **at,
+                            "cold_samples_per_s": cold,
+                            "warm_samples_per_s": warm,
+                            "cold_over_warm": cold / warm if warm else float("nan"),
+                            "cold_over_first_store": cold
+                            / _median(steps, "samples_per_s", condition="cold", **first),
+                            "warm_over_first_store": warm
+                            / _median(steps, "samples_per_s", condition="warm", **first),
+                            "cold_p50_ms": _median(steps, "p50_ms", condition="cold", **at),
+                            "cold_p99_ms": _median(steps, "p99_ms", condition="cold", **at),
+                            "warm_p99_ms": _median(steps, "p99_ms", condition="warm", **at),
+                            "cold_lookups_per_request": _median(
+                                steps, "cold_lookups_per_request", condition="cold", **at
+                            ),
+                            "pages_read_per_request": _median(
+                                steps, "pages_read_per_request", condition="cold", **at
+                            ),
+                            "cold_stage_ms": stage,
+                            "warm_stage_ms": _median(steps, "stage_ms_per_request", condition="warm", **at),
+                            "disk_bound_ms": disk,
+                            "cold_stage_over_disk_bound": stage / disk if disk > 0 else float("nan"),
+                        }
+                    )
+    return rows
+
+
+def write_cold_tier(report: dict[str, Any], out: Path) -> dict[str, Path]:
+    """``cold_tier.json``, ``cold_tier.md`` and ``cold_tier.png`` in ``out``."""
+    out.mkdir(parents=True, exist_ok=True)
+    record, options = report["record"], report["options"]
+    stores = [store["label"] for store in report["stores"]]
+    evicted = [s["resident_at_start_bytes"] for s in report["steps"] if s["condition"] == "cold"]
+    lines = [
+        "# A hot/cold model with its cold tier on disk: cold against warm",
+        "",
+        f"- command: `{record['command']}`; started {record['started']}",
+        "- stores: "
+        + "; ".join(
+            f"{s['label']}, {s['bytes'] / 1e9:.2f} GB ({s['row_bytes']} bytes a row)"
+            for s in report["stores"]
+        )
+        + f"; model `{options['model']}`, stage `{options['stage']}`",
+        f"- load: gRPC, the closed-loop driver, {options['seconds']:g} s per step after "
+        f"{options['warmup_s']:g} s, {options['rounds']} rounds (medians)",
+        "- traffic: the held-out rows in order, each once per step, from the first row; cold steps start "
+        f"with the store evicted (at most {max(evicted, default=0) / 2**20:.1f} MiB of it still resident), "
+        "warm steps with all of it in memory",
+        "- disk-bound ms: a cold step's pages read from disk per request / the disk's best random-read rate",
+        "",
+        *disk_table(report["disk"]),
+        "",
+        *table(
+            [
+                "store",
+                "cold reads",
+                "batch",
+                "concurrency",
+                "cold samples/s",
+                "warm samples/s",
+                "cold / warm",
+                "cold p50 / p99 ms",
+                "warm p99 ms",
+                "cold lookups / request",
+                "pages read / request",
+                "stage ms cold / warm",
+                "disk-bound ms",
+                "stage cold / disk-bound",
+            ],
+            [
+                [
+                    r["store"],
+                    r["way"],
+                    r["batch_size"],
+                    r["concurrency"],
+                    f"{r['cold_samples_per_s']:,.0f}",
+                    f"{r['warm_samples_per_s']:,.0f}",
+                    f"{r['cold_over_warm']:.2f}",
+                    f"{r['cold_p50_ms']:.1f} / {r['cold_p99_ms']:.1f}",
+                    f"{r['warm_p99_ms']:.1f}",
+                    f"{r['cold_lookups_per_request']:.0f}",
+                    f"{r['pages_read_per_request']:.0f}",
+                    f"{r['cold_stage_ms']:.1f} / {r['warm_stage_ms']:.1f}",
+                    f"{r['disk_bound_ms']:.1f}",
+                    f"{r['cold_stage_over_disk_bound']:.2f}",
+                ]
+                for r in report["summary"]
+            ],
+            "llrrrrrrrrrrrr",
+        ),
+        "",
+    ]
+    if len(stores) > 1:
+        lines += [
+            f"Each store against the {stores[0]} store, same way, batch size and concurrency:",
+            "",
+            *table(
+                [
+                    "store",
+                    "cold reads",
+                    "batch",
+                    "concurrency",
+                    "cold samples/s ratio",
+                    "warm samples/s ratio",
+                ],
+                [
+                    [
+                        r["store"],
+                        r["way"],
+                        r["batch_size"],
+                        r["concurrency"],
+                        f"{r['cold_over_first_store']:.2f}",
+                        f"{r['warm_over_first_store']:.2f}",
+                    ]
+                    for r in report["summary"]
+                    if r["store"] != stores[0]
+                ],
+                "llrrrr",
+            ),
+            "",
+        ]
+    lines += ["![cold against warm](cold_tier.png)", ""]
+    panels = []
+    for size in options["batch_sizes"]:
+        series = []
+        for store in stores:
+            for way in options["ways"]:
+                for condition in CONDITIONS:
+                    rows = [
+                        r
+                        for r in report["summary"]
+                        if (r["store"], r["way"], r["batch_size"]) == (store, way, size)
+                    ]
+                    series.append(
+                        Series(
+                            f"{store}, {way}, {condition}",
+                            [r["concurrency"] for r in rows],
+                            [r[f"{condition}_samples_per_s"] for r in rows],
+                            "o-" if condition == "warm" else "s--",
+                            f"{store} {way}",
+                        )
+                    )
+        panels.append(
+            Panel(
+                f"batch {size}",
+                "concurrency",
+                "samples/s",
+                series,
+                xlog2=True,
+                xticks=list(options["concurrency"]),
+            )
+        )
+    return {
+        "json": write_json(out / "cold_tier.json", report),
+        "markdown": write_markdown(out / "cold_tier.md", lines),
+        "plot": plot(
+            out / "cold_tier.png", "Hot/cold model: store evicted (cold) and in memory (warm)", panels
+        ),
+    }
