@@ -304,6 +304,14 @@ def cold_tier(
     seconds: Annotated[float, typer.Option(help="Measured seconds per step.")] = 20.0,
     threads: Annotated[int, typer.Option(help="Threads of the 'threads' way.")] = 8,
     stream_rows: Annotated[int, typer.Option(help="Held-out rows read for the steps.")] = 1_500_000,
+    warm: Annotated[
+        str,
+        typer.Option(
+            help="A warm step: 'resident' (the whole store in memory) or 'cycled' (a pool of rows sent "
+            "over and over; for a store larger than memory)."
+        ),
+    ] = "resident",
+    pool_rows: Annotated[int, typer.Option(help="Rows of the cycled pool.")] = 32_768,
     out: Annotated[Path, typer.Option(help="Folder for the report.", file_okay=False)] = Path(
         "reports/cold_tier"
     ),
@@ -325,6 +333,8 @@ def cold_tier(
         seconds=seconds,
         threads=threads,
         stream_rows=stream_rows,
+        warm=warm,
+        pool_rows=pool_rows,
     )
     steps = (
         options.rounds

@@ -61,6 +61,8 @@ from server.stages.embedding.hot_cold_lookup import (
 
 #: The two conditions, in the order each step takes them.
 CONDITIONS = ("cold", "warm")
+#: What a warm step means (:class:`ColdTierOptions`).
+WARM_CONDITIONS = ("resident", "cycled")
 #: Bytes read at a time when the store is read into the page cache.
 _WARM_READ_BYTES = 16 << 20
 #: Evictions tried before a step starts with what is still resident (a stub that has
@@ -87,6 +89,11 @@ class ColdTierOptions:
         threads: threads of the ``threads`` way.
         probe_seconds: seconds of each disk probe.
         stream_rows: held-out rows read (a step that would send more fails and says so).
+        warm: what a warm step means: ``resident`` (the whole store read into memory first;
+            it must fit) or ``cycled`` (a pool of the first ``pool_rows`` held-out rows sent
+            once, then over and over: their pages cached, as a load test that cycles a pool
+            sees it; for a store larger than memory).
+        pool_rows: rows of the ``cycled`` pool.
     """
 
     repositories: tuple[Path, ...]
@@ -102,6 +109,8 @@ class ColdTierOptions:
     threads: int = 8
     probe_seconds: float = 5.0
     stream_rows: int = 1_500_000
+    warm: str = "resident"
+    pool_rows: int = 32_768
 
     def __post_init__(self) -> None:
         if not self.repositories:
@@ -118,6 +127,8 @@ class ColdTierOptions:
             raise ConfigError("batch sizes and concurrency must be integers >= 1")
         if self.rounds < 1 or self.seconds <= 0 or self.warmup_s < 0:
             raise ConfigError("need rounds >= 1, seconds > 0 and warmup_s >= 0")
+        if self.warm not in WARM_CONDITIONS or self.pool_rows < 1:
+            raise ConfigError(f"warm must be one of {', '.join(WARM_CONDITIONS)}, with pool_rows >= 1")
 
 
 class _Stream:
@@ -137,12 +148,17 @@ class _Stream:
     def __len__(self) -> int:
         return int(self.dense.shape[0])
 
-    def connect(self, url: str, model: str, batch_size: int, workers: int, sent: list[int]) -> Any:
-        """The driver's requests: worker ``w``'s ``k``-th request takes batch ``w + k * workers``."""
+    def connect(
+        self, url: str, model: str, batch_size: int, workers: int, sent: list[int], cycle: int = 0
+    ) -> Any:
+        """The driver's requests: worker ``w``'s ``k``-th request takes batch ``w + k * workers``
+        (modulo ``cycle`` batches when ``cycle`` > 0: a pool sent over and over)."""
         batches = len(self) // batch_size
 
         def message(worker: int, sequence: int) -> bytes:
             index = worker + sequence * workers
+            if cycle:
+                index %= cycle
             if index >= batches:
                 raise ConfigError(
                     f"the step sent all {len(self):,} rows read; give more --stream-rows or fewer --seconds"
@@ -201,14 +217,19 @@ class _Store:
 
 
 def _stores(options: ColdTierOptions) -> list[_Store]:
-    """Each repository's store, labelled by its dtype (or, where two share one, by the folder too)."""
+    """Each repository's store, labelled by its dtype, with its rows where the stores' tables
+    differ, and its folder where two would still share a label."""
     opened = [
         (repo, open_store(stage_files(repo, options.stage)[0], verify=False)) for repo in options.repositories
     ]
-    dtypes = [rows.dtype for _, rows in opened]
+    same_tables = len({rows.table_sizes for _, rows in opened}) == 1
+    labels = [
+        rows.dtype if same_tables else f"{rows.dtype}, {rows.data.shape[0] / 1e6:.1f}M rows"
+        for _, rows in opened
+    ]
     return [
-        _Store(rows.dtype if dtypes.count(rows.dtype) == 1 else f"{rows.dtype} ({repo.name})", repo, rows)
-        for repo, rows in opened
+        _Store(label if labels.count(label) == 1 else f"{label} ({repo.name})", repo, rows)
+        for label, (repo, rows) in zip(labels, opened, strict=True)
     ]
 
 
@@ -312,11 +333,19 @@ def _step(
                 break
             time.sleep(1.0)
             resident = evict(store)
-    else:
+    elif options.warm == "resident":
         _warm(store)
         resident = resident_bytes(store)
     sent: list[int] = []
-    connect = stream.connect(server.grpc_url, options.model, at.batch_size, at.concurrency, sent)
+    cycle = 0
+    if at.condition == "warm" and options.warm == "cycled":
+        # The pool's rows once, before the window: their pages are then what the page cache holds.
+        cycle = max(1, options.pool_rows // at.batch_size)
+        prime = stream.connect(server.grpc_url, options.model, at.batch_size, at.concurrency, sent, cycle)
+        with Driver(prime, at.concurrency, max_requests=cycle) as driver:
+            driver.wait(3600.0)
+        resident = resident_bytes(store)
+    connect = stream.connect(server.grpc_url, options.model, at.batch_size, at.concurrency, sent, cycle)
     with Driver(connect, at.concurrency) as driver:
         driver.wait(options.warmup_s)
         before_pages = resident_bytes(store)
@@ -412,7 +441,12 @@ def write_cold_tier(report: dict[str, Any], out: Path) -> dict[str, Path]:
         f"{options['warmup_s']:g} s, {options['rounds']} rounds (medians)",
         "- traffic: the held-out rows in order, each once per step, from the first row; cold steps start "
         f"with the store evicted (at most {max(evicted, default=0) / 2**20:.1f} MiB of it still resident), "
-        "warm steps with all of it in memory",
+        + (
+            "warm steps with all of it in memory"
+            if options["warm"] == "resident"
+            else f"warm steps cycle a pool of the first {options['pool_rows']:,} rows, sent once before "
+            "the window (their pages cached: what a load test that cycles a pool measures)"
+        ),
         "- disk-bound ms: a cold step's pages read from disk per request / the disk's best random-read rate",
         "",
         *disk_table(report["disk"]),

@@ -12,6 +12,7 @@ with the stage's code).
 from __future__ import annotations
 
 import re
+import shutil
 import urllib.request
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -27,7 +28,8 @@ import tritonclient.http as httpclient
 from onnx import TensorProto, helper, numpy_helper
 from tritonclient.utils import InferenceServerException
 
-from bundle.repository import MODEL_FILE, ServingConfig, version_dir
+from bundle.errors import ServerError
+from bundle.repository import MODEL_FILE, ServingConfig, read_config, version_dir, write_config
 from bundle.schema import (
     CATEGORICAL_INPUT,
     COLD_POSITIONS,
@@ -51,6 +53,7 @@ from export.tables.ensemble import (
 from export.tables.hot_rows import HotSet
 from export.tables.row_store import RowStoreSpec, write_arrays
 from server import LocalServer
+from server.stages.embedding.hot_cold_lookup import PARAM_COLD_READS
 
 pytestmark = pytest.mark.integration
 
@@ -391,3 +394,55 @@ def test_the_bundle_client_infers_on_the_ensemble(
     with TritonClient(url, protocol, shared_memory=shared_memory) as client:
         got = client.infer(ENSEMBLE, {DENSE_INPUT: dense, CATEGORICAL_INPUT: ids})
     np.testing.assert_allclose(got, TIERS.probability(dense, ids), rtol=0, atol=1e-6)
+
+
+def test_an_unknown_way_of_reading_cold_rows_fails_the_stage_in_one_line(
+    start_triton: Any, hot_cold_repository: Path, tmp_path: Path
+) -> None:
+    repository = tmp_path / "model_repository"
+    shutil.copytree(hot_cold_repository, repository)
+    config = read_config(repository / STAGE / "config.pbtxt")
+    config.parameters[PARAM_COLD_READS].string_value = "io_uring"
+    write_config(repository / STAGE, config)
+    server = start_triton(repository, model_control_mode="explicit")
+    with pytest.raises(ServerError) as failure:
+        server.load_model(STAGE)
+    assert "'cold_reads' must be one of prefetch, threads, fault, got 'io_uring'" in str(failure.value)
+    # The server stays up and loads the rest.
+    server.load_model(dense_model_name(FAMILY))
+    assert server.running and {(m.name, m.state) for m in server.models()} >= {
+        (dense_model_name(FAMILY), "READY")
+    }
+    server.stop()
+
+
+def test_the_cold_tier_benchmark_serves_both_conditions(hot_cold_repository: Path, tmp_path: Path) -> None:
+    """``python -m loadtest cold-tier`` on this repository: every step answered, the stage's way
+    set by the load's config override, the cold step started with the store evicted."""
+    from loadtest.benchmarks.cold_tier import ColdTierOptions, run_cold_tier, write_cold_tier
+
+    data = tmp_path / "heldout.tsv"
+    rng = np.random.default_rng(11)
+    with data.open("w") as out:
+        for _ in range(4000):
+            ids = "\t".join(f"{v:x}" for v in rng.integers(0, 10**6, NUM_CATEGORICAL))
+            out.write("0\t" + "\t".join(["2"] * NUM_DENSE) + "\t" + ids + "\n")
+    # A copy: the module's server maps the original store, whose pages no eviction can drop.
+    repository = tmp_path / "model_repository"
+    shutil.copytree(hot_cold_repository, repository)
+    options = ColdTierOptions(
+        (repository,), data, ways=("prefetch", "threads"), batch_sizes=(8,), concurrency=(2,),
+        rounds=1, seconds=0.5, warmup_s=0.2, probe_seconds=0.1, stream_rows=4000,
+    )  # fmt: skip
+    report = run_cold_tier(options, "test")
+    steps = report["steps"]
+    assert [(s["way"], s["condition"]) for s in steps] == [
+        ("prefetch", "cold"), ("prefetch", "warm"), ("threads", "cold"), ("threads", "warm"),
+    ]  # fmt: skip
+    for step in steps:
+        assert step["requests"] > 0 and step["errors"] == 0, step
+        assert step["cold_lookups_per_request"] > 0 and step["stage_ms_per_request"] > 0, step
+    assert all(s["resident_at_start_bytes"] == 0 for s in steps if s["condition"] == "cold")
+    assert report["stores"][0]["dtype"] == "float32" and report["best_iops"] > 0
+    paths = write_cold_tier(report, tmp_path / "out")
+    assert "| float32 | prefetch | 8 | 2 |" in paths["markdown"].read_text()
