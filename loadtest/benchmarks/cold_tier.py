@@ -131,6 +131,11 @@ class ColdTierOptions:
             raise ConfigError(f"warm must be one of {', '.join(WARM_CONDITIONS)}, with pool_rows >= 1")
 
 
+class StreamExhausted(Exception):
+    """A step would send a row twice: not a request's error, the end of the measurement (the
+    driver stops and raises it)."""
+
+
 class _Stream:
     """The held-out rows as model inputs, sent in order from the first row on each step."""
 
@@ -160,7 +165,7 @@ class _Stream:
             if cycle:
                 index %= cycle
             if index >= batches:
-                raise ConfigError(
+                raise StreamExhausted(
                     f"the step sent all {len(self):,} rows read; give more --stream-rows or fewer --seconds"
                 )
             sent.append(index)
@@ -346,15 +351,20 @@ def _step(
             driver.wait(3600.0)
         resident = resident_bytes(store)
     connect = stream.connect(server.grpc_url, options.model, at.batch_size, at.concurrency, sent, cycle)
-    with Driver(connect, at.concurrency) as driver:
-        driver.wait(options.warmup_s)
-        before_pages = resident_bytes(store)
-        before_lookups = _cold_lookups(server.metrics_url, options.stage)
-        before_count, before_ns = _stage_compute_ns(client, options.stage)
-        window = driver.measure(options.seconds)
-        after_pages = resident_bytes(store)
-        after_lookups = _cold_lookups(server.metrics_url, options.stage)
-        after_count, after_ns = _stage_compute_ns(client, options.stage)
+    try:
+        with Driver(connect, at.concurrency) as driver:
+            driver.wait(options.warmup_s)
+            before_pages = resident_bytes(store)
+            before_lookups = _cold_lookups(server.metrics_url, options.stage)
+            before_count, before_ns = _stage_compute_ns(client, options.stage)
+            window = driver.measure(options.seconds)
+            after_pages = resident_bytes(store)
+            after_lookups = _cold_lookups(server.metrics_url, options.stage)
+            after_count, after_ns = _stage_compute_ns(client, options.stage)
+    except RuntimeError as exc:
+        if isinstance(exc.__cause__, StreamExhausted):
+            raise ConfigError(str(exc.__cause__)) from None
+        raise
     stage_requests = max(1, after_count - before_count)
     return {
         **asdict(at),
@@ -448,6 +458,7 @@ def write_cold_tier(report: dict[str, Any], out: Path) -> dict[str, Path]:
             "the window (their pages cached: what a load test that cycles a pool measures)"
         ),
         "- disk-bound ms: a cold step's pages read from disk per request / the disk's best random-read rate",
+        f"- failed requests: {sum(s['errors'] for s in report['steps'])} in all steps",
         "",
         *disk_table(report["disk"]),
         "",

@@ -16,7 +16,7 @@ import shutil
 import urllib.request
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -28,7 +28,7 @@ import tritonclient.http as httpclient
 from onnx import TensorProto, helper, numpy_helper
 from tritonclient.utils import InferenceServerException
 
-from bundle.errors import ServerError
+from bundle.errors import ConfigError, ServerError
 from bundle.repository import MODEL_FILE, ServingConfig, read_config, version_dir, write_config
 from bundle.schema import (
     CATEGORICAL_INPUT,
@@ -424,7 +424,7 @@ def test_the_cold_tier_benchmark_serves_both_conditions(hot_cold_repository: Pat
     data = tmp_path / "heldout.tsv"
     rng = np.random.default_rng(11)
     with data.open("w") as out:
-        for _ in range(4000):
+        for _ in range(40_000):
             ids = "\t".join(f"{v:x}" for v in rng.integers(0, 10**6, NUM_CATEGORICAL))
             out.write("0\t" + "\t".join(["2"] * NUM_DENSE) + "\t" + ids + "\n")
     # A copy: the module's server maps the original store, whose pages no eviction can drop.
@@ -432,7 +432,7 @@ def test_the_cold_tier_benchmark_serves_both_conditions(hot_cold_repository: Pat
     shutil.copytree(hot_cold_repository, repository)
     options = ColdTierOptions(
         (repository,), data, ways=("prefetch", "threads"), batch_sizes=(8,), concurrency=(2,),
-        rounds=1, seconds=0.5, warmup_s=0.2, probe_seconds=0.1, stream_rows=4000,
+        rounds=1, seconds=0.5, warmup_s=0.2, probe_seconds=0.1, stream_rows=40_000,
     )  # fmt: skip
     report = run_cold_tier(options, "test")
     steps = report["steps"]
@@ -441,8 +441,12 @@ def test_the_cold_tier_benchmark_serves_both_conditions(hot_cold_repository: Pat
     ]  # fmt: skip
     for step in steps:
         assert step["requests"] > 0 and step["errors"] == 0, step
+        assert step["rows_sent"] <= 40_000  # each row once per step
         assert step["cold_lookups_per_request"] > 0 and step["stage_ms_per_request"] > 0, step
     assert all(s["resident_at_start_bytes"] == 0 for s in steps if s["condition"] == "cold")
     assert report["stores"][0]["dtype"] == "float32" and report["best_iops"] > 0
     paths = write_cold_tier(report, tmp_path / "out")
     assert "| float32 | prefetch | 8 | 2 |" in paths["markdown"].read_text()
+    # A step that would send a row twice stops, saying so, rather than count errors.
+    with pytest.raises(ConfigError, match="sent all 64 rows read"):
+        run_cold_tier(replace(options, stream_rows=64, ways=("prefetch",)), "test")
