@@ -145,13 +145,20 @@ class StubWatch:
         """One look: remember the running stubs, return the versions whose stubs died since.
 
         A zombie stub whose version the index no longer calls READY exited because the
-        version unloads; it is forgotten. When the index cannot be read, the dead stubs
-        are kept for the next look.
+        version unloads; it is forgotten. So is one whose instance runs again under
+        another pid: the version was loaded again (a hot-set rollout does so), and
+        tritonserver starts the new instance before the old one exits, while the
+        version stays READY. When the index cannot be read, the dead stubs are kept
+        for the next look.
         """
         running, zombies = stub_processes(self._pid)
         for stub in running:
             self._known.setdefault(stub.pid, stub)
         died = [self._known.pop(pid) for pid in sorted(zombies) if pid in self._known]
+        replaced = {(stub.model, stub.version, stub.instance) for stub in running}
+        for stub in [stub for stub in died if (stub.model, stub.version, stub.instance) in replaced]:
+            logger.debug("stub %s (pid %d) exited: its instance was loaded again", stub.instance, stub.pid)
+            died.remove(stub)
         if not died:
             return []
         seen_at = time.monotonic()
