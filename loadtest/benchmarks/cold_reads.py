@@ -458,8 +458,8 @@ def write_cold_reads(report: dict[str, Any], out: Path) -> dict[str, Path]:
         f"{store['bytes'] / 1e9:.2f} GB; {store['hot_rows']:,} hot rows in the dense model",
         "- cold: the store evicted from the page cache before each way's requests, each request of held-out "
         "rows never sent before; warm: the same requests again",
-        "- disk-bound time: a request's cold pages / the disk's best random-read rate below (no way of "
-        "reading can beat it)",
+        "- disk-bound time: a request's cold pages / the disk's best random-read rate below (the kernel's "
+        "read-ahead may queue deeper than the probe, so a way can come in under it)",
         "",
         "## The disk (4 KiB O_DIRECT reads at random pages of rows.bin)",
         "",

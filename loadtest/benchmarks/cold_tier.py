@@ -566,6 +566,9 @@ def write_cold_tier(report: dict[str, Any], out: Path) -> dict[str, Path]:
         "json": write_json(out / "cold_tier.json", report),
         "markdown": write_markdown(out / "cold_tier.md", lines),
         "plot": plot(
-            out / "cold_tier.png", "Hot/cold model: store evicted (cold) and in memory (warm)", panels
+            out / "cold_tier.png",
+            "Hot/cold model: store evicted (cold) and "
+            + ("in memory (warm)" if options["warm"] == "resident" else "a cycled pool of rows (warm)"),
+            panels,
         ),
     }
