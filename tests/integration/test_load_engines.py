@@ -149,11 +149,12 @@ def test_a_load_generator_starved_of_cpu_is_flagged_client_bound(
     server_off_the_last_core: LocalServer, busy_core: int, tmp_path: Path
 ) -> None:
     # The load generator gets a fifth of one core: pinned to the core the spinners hold, its
-    # thread waits for that core most of the time. Eight users in one process want about 0.3 of a
-    # core; four (threads sharing one process since the gRPC users send from native threads) wanted
-    # about 0.15, under the fifth they had, and were flagged only now and then.
+    # thread waits for that core most of the time. Twelve users in one process want well over
+    # that fifth (3 of 3 flagged here); eight, about 0.3 of a core, were missed in 1 of the last
+    # CI runs, four (about 0.15) in 2 of 5. Sixteen users of one row each starved so far that the
+    # step answered nothing in its window.
     done = _sweep(
-        server_off_the_last_core, tmp_path / "starved", "--batch-size", "8", "--concurrency", "8",
+        server_off_the_last_core, tmp_path / "starved", "--batch-size", "8", "--concurrency", "12",
         "--duration", "2", "--warmup", "0.5", "--client-cpus", str(busy_core), "--processes", "1",
     )  # fmt: skip
     assert done.returncode == 0, f"{done.stdout}\n{done.stderr}"
