@@ -279,6 +279,27 @@ def test_hot_cold_export_is_exact_with_an_fp32_store(
     assert store.spec.table_sizes == SIZES
 
 
+def _closed_gate_changes_nothing(
+    checkpoint: Path, repository: Path, strict: ExportOptions, match: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With the hot/cold answers nudged, the ``strict`` export fails with ``match`` and leaves the
+    repository as it was."""
+    before = {path: path.read_bytes() for path in sorted(repository.rglob("*")) if path.is_file()}
+    original = placement_module.run_hot_cold
+
+    def nudged(*args: Any, **kwargs: Any) -> np.ndarray:
+        probabilities: np.ndarray = original(*args, **kwargs)
+        return np.clip(probabilities + np.linspace(0, 0.2, len(probabilities))[:, None], 0, 1).astype(
+            np.float32
+        )
+
+    with monkeypatch.context() as patch:
+        patch.setattr(placement_module, "run_hot_cold", nudged)
+        with pytest.raises(ExportError, match=match):
+            export_family(_exporter(checkpoint), strict)
+    assert {path: path.read_bytes() for path in sorted(repository.rglob("*")) if path.is_file()} == before
+
+
 def test_an_fp16_store_passes_the_auc_gate(
     checkpoint: Path, data: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -294,21 +315,9 @@ def test_an_fp16_store_passes_the_auc_gate(
     assert 0 < result.parity.max_abs_diff < 1e-2  # FP16 rounding of the cold rows, reported
 
     # The same gate, closed: the export fails and leaves the repository as it was.
-    before = {path: path.read_bytes() for path in sorted(repository.rglob("*")) if path.is_file()}
-    strict = replace(options, fp16_auc_tolerance=1e-12)
-    original = placement_module.run_hot_cold
-
-    def nudged(*args: Any, **kwargs: Any) -> np.ndarray:
-        probabilities: np.ndarray = original(*args, **kwargs)
-        return np.clip(probabilities + np.linspace(0, 0.2, len(probabilities))[:, None], 0, 1).astype(
-            np.float32
-        )
-
-    with monkeypatch.context() as patch:
-        patch.setattr(placement_module, "run_hot_cold", nudged)
-        with pytest.raises(ExportError, match="AUC differs by"):
-            export_family(_exporter(checkpoint), strict)
-    assert {path: path.read_bytes() for path in sorted(repository.rglob("*")) if path.is_file()} == before
+    _closed_gate_changes_nothing(
+        checkpoint, repository, replace(options, fp16_auc_tolerance=1e-12), "AUC differs by", monkeypatch
+    )
 
 
 def test_an_int8_store_passes_the_int8_auc_gate(
@@ -325,21 +334,13 @@ def test_an_int8_store_passes_the_int8_auc_gate(
     assert abs(result.parity.auc_delta or 0.0) <= options.int8_auc_tolerance
     assert 0 < result.parity.max_abs_diff < 5e-2  # the cold rows' quantization, reported
 
-    before = {path: path.read_bytes() for path in sorted(repository.rglob("*")) if path.is_file()}
-    strict = replace(options, int8_auc_tolerance=1e-12)
-    original = placement_module.run_hot_cold
-
-    def nudged(*args: Any, **kwargs: Any) -> np.ndarray:
-        probabilities: np.ndarray = original(*args, **kwargs)
-        return np.clip(probabilities + np.linspace(0, 0.2, len(probabilities))[:, None], 0, 1).astype(
-            np.float32
-        )
-
-    with monkeypatch.context() as patch:
-        patch.setattr(placement_module, "run_hot_cold", nudged)
-        with pytest.raises(ExportError, match=r"\(int8 row store\) vs .*AUC differs by .*tolerance 1e-12"):
-            export_family(_exporter(checkpoint), strict)
-    assert {path: path.read_bytes() for path in sorted(repository.rglob("*")) if path.is_file()} == before
+    _closed_gate_changes_nothing(
+        checkpoint,
+        repository,
+        replace(options, int8_auc_tolerance=1e-12),
+        r"\(int8 row store\) vs .*AUC differs by .*tolerance 1e-12",
+        monkeypatch,
+    )
 
 
 def test_a_failed_fp32_check_leaves_nothing(

@@ -705,15 +705,11 @@ class ColdReads:
         row_bytes = self._row_bytes
         out = np.empty((distinct.size, self._rows.shape[1]), dtype=self._rows.dtype)
         view = out.reshape(-1).view(np.uint8).data
-        # Spans of adjacent rows: each is one pread.
-        opens = np.empty(distinct.size, dtype=bool)
-        opens[0] = True
-        np.not_equal(distinct[1:], distinct[:-1] + 1, out=opens[1:])
-        begins = np.flatnonzero(opens)
-        counts = np.diff(np.append(begins, distinct.size))
-        spans = list(
-            zip(begins.tolist(), (distinct[begins] * row_bytes).tolist(), counts.tolist(), strict=True)
-        )
+        # Spans of adjacent rows (runs of "pages" one row long): each is one pread.
+        offsets, lengths = page_runs(distinct, row_bytes, row_bytes)
+        counts = lengths // row_bytes
+        begins = np.concatenate(([0], np.cumsum(counts)[:-1]))
+        spans = list(zip(begins.tolist(), offsets.tolist(), counts.tolist(), strict=True))
         fd = self._fd
 
         def read_share(share: list[tuple[int, int, int]]) -> None:
