@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import enum
 import ipaddress
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -115,6 +116,8 @@ class ServerConfig:
             config that does not parse): each is named in one warning line and the others
             serve; the server's readiness stays non-200 (``--strict-readiness``), each
             served model's own ready endpoint says 200. False: such a start is an error.
+        cpus: the cores tritonserver and its backends' processes run on (None: any), e.g. the
+            cores a load generator on the same machine leaves free.
     """
 
     repository: Path | str
@@ -134,6 +137,7 @@ class ServerConfig:
     allow_open_admin_apis: bool = False
     on_dead_model: DeadModelAction | None = None
     allow_failed_models: bool = False
+    cpus: frozenset[int] | None = None
 
     def __post_init__(self) -> None:
         # Accept str paths and lists from callers, store canonical types so the
@@ -143,6 +147,14 @@ class ServerConfig:
         else:
             object.__setattr__(self, "repository", Path(self.repository))
         object.__setattr__(self, "log_file", Path(self.log_file))
+        if self.cpus is not None:
+            cpus = frozenset(int(core) for core in self.cpus)
+            allowed = os.sched_getaffinity(0)
+            if not cpus or not cpus <= allowed:
+                raise ConfigError(
+                    f"server cores {sorted(cpus)} are not among this process's cores {sorted(allowed)}"
+                )
+            object.__setattr__(self, "cpus", cpus)
         try:
             object.__setattr__(self, "model_control_mode", ModelControlMode(self.model_control_mode))
         except ValueError:

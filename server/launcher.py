@@ -63,19 +63,23 @@ _PR_SET_PDEATHSIG = 1
 _ENDPOINT_TIMEOUT_S = 5.0
 
 
-def _parent_death_signal() -> Callable[[], None] | None:
-    """A preexec_fn that makes the child get SIGTERM when its parent thread dies.
+def _parent_death_signal(cpus: frozenset[int] | None = None) -> Callable[[], None] | None:
+    """A preexec_fn that makes the child get SIGTERM when its parent thread dies, and with
+    ``cpus`` keeps it (and every process it starts) on those cores.
 
     So a launcher killed with SIGKILL (or a test run killed by a timeout) leaves
     no tritonserver holding ports. Linux only; elsewhere None.
     """
     if not sys.platform.startswith("linux"):
         return None
-    # Resolved here, in the parent: the child may only make the one call.
+    # Resolved here, in the parent: the child may only make these calls.
     prctl = ctypes.CDLL(None, use_errno=True).prctl
+    set_affinity = os.sched_setaffinity
 
     def _set() -> None:
         prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+        if cpus:
+            set_affinity(0, cpus)
 
     return _set
 
@@ -275,7 +279,7 @@ class LocalServer:
                 stderr=subprocess.STDOUT,
                 env=env,
                 start_new_session=True,
-                preexec_fn=_parent_death_signal(),
+                preexec_fn=_parent_death_signal(config.cpus),
             )
         except BaseException:
             self._cleanup_files()

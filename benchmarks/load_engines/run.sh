@@ -8,9 +8,10 @@
 #
 # The model is the issue's set-up: an untrained `small` DLRM (its speed does not depend on
 # training), exported FP32 and INT8 (dlrm_onnx, dlrm_onnx_int8), gRPC and HTTP, batch 1, 64 and
-# 1024, concurrency 1, 2, 4 and 8. About 50 minutes on 2 cores; run it on an otherwise idle
-# machine (the report records the load average). Models go to artifacts/load_engines (not
-# committed); the report to benchmarks/load_engines/dlrm.
+# 1024, concurrency 1, 2, 4 and 8. The load generators run on core 0 (CLIENT_CPUS) and the
+# server on the others, so that no engine's CPU is taken from the server. About 30 minutes on
+# 2 cores; run it on an otherwise idle machine (the report records the load average). Models go
+# to artifacts/load_engines (not committed); the report to benchmarks/load_engines/dlrm.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 export PATH="$PWD/.venv/bin:$PATH"
@@ -21,6 +22,7 @@ DURATION=${DURATION:-2}
 ROUNDS=${ROUNDS:-2}
 CONCURRENCY=${CONCURRENCY:-1,2,4,8}
 BATCHES=${BATCHES:-1,64,1024}
+CLIENT_CPUS=${CLIENT_CPUS:-0}
 
 python -m loadtest perf-analyzer where >/dev/null
 if [[ ! -f $REPO/dlrm_onnx/1/model.onnx || ! -f $REPO/dlrm_onnx_int8/1/model.onnx || -n ${REBUILD:-} ]]; then
@@ -33,5 +35,5 @@ fi
 python -m loadtest sweep --repository "$REPO" --model dlrm_onnx --model dlrm_onnx_int8 \
   --protocol grpc --protocol http --engine locust,driver,perf_analyzer \
   --batch-size "$BATCHES" --concurrency "$CONCURRENCY" --duration "$DURATION" --warmup 1 --rounds "$ROUNDS" \
-  --no-baseline --out benchmarks/load_engines/dlrm --raw "$WORK/raw" \
+  --client-cpus "$CLIENT_CPUS" --no-baseline --out benchmarks/load_engines/dlrm --raw "$WORK/raw" \
   --title "Load engines against perf_analyzer: small DLRM, FP32 and INT8, on the local tritonserver"

@@ -33,8 +33,6 @@ CORE_SHARE = 0.75
 MACHINE_SHARE = 0.25
 #: A closed-loop user whose client CPU takes more than this share of its request cycle.
 USER_SHARE = 0.2
-#: A closed-loop user whose client CPU takes more than this share of its request cycle.
-USER_SHARE = 0.2
 
 
 def process_cpu_s() -> float:

@@ -8,8 +8,9 @@ sending pre-built batches of real-format rows back to back: ``N`` users keep
         --host 127.0.0.1:8000 --model dlrm_onnx --batch-size 64 \\
         --results-dir reports/step --warmup 2 --window 15 --server-stats http
 
-gRPC users cost the client least with ``--grpc-blocking``, under the launcher
-that leaves thread locks unpatched (:mod:`loadtest.sweeps.locust_main`)::
+Users send from native threads (HTTP users always, gRPC users with
+``--grpc-blocking``): they cost the client least under the launcher that
+leaves thread locks unpatched (:mod:`loadtest.sweeps.locust_main`)::
 
     python -m loadtest.sweeps.locust_main -f loadtest/sweeps/locustfile.py GrpcTritonUser \\
         --headless -u 4 -r 4 -t 20s --host 127.0.0.1:8001 --model dlrm_onnx --grpc-blocking
@@ -48,7 +49,7 @@ TASK_SLICE_S = 0.5
 #: them (serialising a batch-1 pool takes a quarter of a second, which each user's start would
 #: otherwise take from the others in its process).
 _MESSAGES: dict[str, list[bytes]] = {}
-#: gRPC users of this process that send from native threads (the thread pool grows to fit them).
+#: Users of this process that send from native threads (the thread pool grows to fit them).
 _THREADED_USERS = [0]
 
 
@@ -131,12 +132,33 @@ class RawTritonUser(TritonUser):
         """How a batch becomes a request's bytes, and the connection that sends them."""
         raise NotImplementedError
 
+    def threaded(self) -> bool:
+        """Whether this user sends from a native thread (else on gevent's loop)."""
+        raise NotImplementedError
+
     def on_start(self) -> None:
         super().on_start()
         self._encode, self._raw = self.open()
         if not self._stream and self.protocol not in _MESSAGES:
             _MESSAGES[self.protocol] = [self._encode(b) for b in payload_pool().batches()]
         self._messages = [] if self._stream else _MESSAGES[self.protocol]
+        self._threaded = self.threaded()
+        if self._threaded:
+            threads = gevent.get_hub().threadpool
+            _THREADED_USERS[0] += 1
+            threads.maxsize = max(threads.maxsize, _THREADED_USERS[0] + 1)
+
+    def send(self) -> None:
+        """The task: one slice of requests, from this user's native thread when it has one (its
+        failures then reach locust from this greenlet)."""
+        if not self._threaded:
+            self.send_for_a_slice()
+            return
+        failures: list[dict[str, Any]] = []
+        try:
+            gevent.get_hub().threadpool.apply(self.send_for_a_slice, (failures,))
+        finally:
+            fire_failures(self.environment, failures)
 
     def on_stop(self) -> None:
         self._raw.close()
@@ -178,28 +200,20 @@ class GrpcTritonUser(RawTritonUser):
     def open(self) -> tuple[Callable[[dict[str, Any]], bytes], RawGrpcInfer | RawHttpInfer]:
         return partial(serialised_request, self._model), RawGrpcInfer(self.host or "", self._timeout_s)
 
-    def on_start(self) -> None:
-        super().on_start()
-        self._threaded: bool = options(self.environment).grpc_blocking
-        if self._threaded:
-            threads = gevent.get_hub().threadpool
-            _THREADED_USERS[0] += 1
-            threads.maxsize = max(threads.maxsize, _THREADED_USERS[0] + 1)
+    def threaded(self) -> bool:
+        return bool(options(self.environment).grpc_blocking)
 
     @task
     def infer(self) -> None:
-        if not self._threaded:
-            self.send_for_a_slice()
-            return
-        failures: list[dict[str, Any]] = []
-        try:
-            gevent.get_hub().threadpool.apply(self.send_for_a_slice, (failures,))
-        finally:
-            fire_failures(self.environment, failures)
+        self.send()
 
 
 class HttpTritonUser(RawTritonUser):
-    """Triton's HTTP/REST endpoint (``--host 127.0.0.1:8000``); tensors in the binary-data extension."""
+    """Triton's HTTP/REST endpoint (``--host 127.0.0.1:8000``); tensors in the binary-data extension.
+
+    Each user sends from a native thread of gevent's thread pool, a slice at a time, on a plain
+    blocking socket (:class:`~loadtest.engine.wire.RawHttpInfer`).
+    """
 
     protocol = "http"
 
@@ -207,6 +221,9 @@ class HttpTritonUser(RawTritonUser):
         length = http_header_length(payload_pool())
         return http_body, RawHttpInfer(self.host or "", self._model, length, self._timeout_s)
 
+    def threaded(self) -> bool:
+        return True
+
     @task
     def infer(self) -> None:
-        self.send_for_a_slice()
+        self.send()

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -151,9 +152,12 @@ class RunOptions:
             if self.rounds > 1
             else "1 per step (no spread: use --rounds 3)",
             "Client-bound": threshold_line(),
-            "Load generator cores": ",".join(map(str, sorted(self.client_cpus)))
-            if self.client_cpus
-            else "any",
+            "Load generator cores": (
+                f"{_cores(self.client_cpus)}; "
+                f"a server the run starts: {_cores(server_cpus(self.client_cpus))}"
+                if self.client_cpus
+                else "any"
+            ),
             "Request rows": (
                 f"streamed from {self.data} in order, each once (it wraps only past its last row)"
                 if self.stream
@@ -235,15 +239,32 @@ def _serving(repository: Path | None, models: Sequence[str]) -> dict[str, Any]:
     return settings
 
 
+def server_cpus(client_cpus: frozenset[int] | None) -> frozenset[int] | None:
+    """The cores a local server gets beside a load generator on ``client_cpus``: the others
+    (None, any core, when the client may run anywhere or takes every core)."""
+    if not client_cpus:
+        return None
+    rest = frozenset(os.sched_getaffinity(0)) - client_cpus
+    return rest or None
+
+
+def _cores(cpus: frozenset[int] | None) -> str:
+    return ",".join(map(str, sorted(cpus))) if cpus else "any"
+
+
 @contextlib.contextmanager
-def local_triton(repository: Path, models: Sequence[str], log_file: Path) -> Iterator[Any]:
-    """A local tritonserver serving only ``models`` of ``repository``, on free ports."""
+def local_triton(
+    repository: Path, models: Sequence[str], log_file: Path, client_cpus: frozenset[int] | None = None
+) -> Iterator[Any]:
+    """A local tritonserver serving only ``models`` of ``repository``, on free ports, kept off
+    the load generator's cores (``client_cpus``) when others are left."""
     from server.config import ServerConfig
     from server.launcher import LocalServer
 
     config = ServerConfig.with_free_ports(
-        repository, log_file=log_file, model_control_mode="explicit", load_models=tuple(models)
-    )
+        repository, log_file=log_file, model_control_mode="explicit", load_models=tuple(models),
+        cpus=server_cpus(client_cpus),
+    )  # fmt: skip
     with LocalServer(config) as server:
         console.print(f"local tritonserver pid {server.pid}: grpc {server.grpc_url}, http {server.http_url}")
         yield server
@@ -358,7 +379,9 @@ def sweep_run(
     with contextlib.ExitStack() as stack:
         endpoints = list(zip(protocols, urls, strict=True)) if urls else []
         if not urls and repository is not None:
-            server = stack.enter_context(local_triton(repository, models, raw / "tritonserver.log"))
+            server = stack.enter_context(
+                local_triton(repository, models, raw / "tritonserver.log", options.client_cpus)
+            )
             endpoints = [(p, server.grpc_url if p == "grpc" else server.http_url) for p in protocols]
         targets = [
             Target(url, protocol, "triton", engine=engine)
@@ -478,7 +501,9 @@ def compare_run(
     serving = serving_settings(path)
     factories = _peer_processes(model, path, raw, serving, protocol)
     with contextlib.ExitStack() as stack:
-        server = stack.enter_context(local_triton(repository, [model], raw / "tritonserver.log"))
+        server = stack.enter_context(
+            local_triton(repository, [model], raw / "tritonserver.log", options.client_cpus)
+        )
         url = server.grpc_url if protocol == "grpc" else server.http_url
         targets = [Target(url, protocol, "triton")]
         for peer in peers:

@@ -134,10 +134,9 @@ def locust_command(
     payload, folder = payload.resolve(), folder.resolve()
     locustfile, user_class = USERS[target.protocol]
     processes = config.processes_for(concurrency)
-    # Blocking gRPC users run under a launcher that leaves the thread locks unpatched.
-    launcher = "loadtest.sweeps.locust_main" if target.protocol == "grpc" else "locust"
+    # The users send from native threads, under a launcher that leaves thread locks unpatched.
     command = [
-        sys.executable, "-m", launcher, "-f", str(locustfile), user_class,
+        sys.executable, "-m", "loadtest.sweeps.locust_main", "-f", str(locustfile), user_class,
         "--headless", "--users", str(concurrency), "--spawn-rate", str(concurrency),
         # Let each user finish the request it has in flight when the step ends: tritonserver 2.51
         # (the local server) can crash when a gRPC client cancels an in-flight request

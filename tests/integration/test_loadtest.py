@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 
 from loadtest.engine.latency import LatencyHistogram, merged
-from server import LocalServer
+from server import LocalServer, free_ports
 
 pytestmark = pytest.mark.integration
 
@@ -192,3 +192,37 @@ def test_client_cost_times_each_transport_phase_by_phase(
     document = json.loads(paths["json"].read_text())
     assert document["command"] == "pytest" and len(document["cases"]) == 8
     assert "client-side" in paths["markdown"].read_text()
+
+
+def test_the_raw_http_client_checks_answers_and_fails_bad_ones_in_one_line(
+    exported_server: LocalServer,
+) -> None:
+    """The load generators' HTTP client (a plain socket, the answer read by its length) against
+    the real server: an answer of the wrong size, an error answer, a model the server does not
+    have and a server that is not there each fail the request in one line; the connection
+    then serves the next request."""
+    from bundle.errors import ClientError, DataError
+    from loadtest.engine.payload import build_pool
+    from loadtest.engine.wire import RawHttpInfer, http_body, http_header_length
+
+    pool = build_pool(BATCH, batches=4)
+    body, length = http_body(pool.batch(0)), http_header_length(pool)
+    raw = RawHttpInfer(exported_server.http_url, MODEL, length, timeout_s=10)
+    try:
+        assert raw(body, BATCH) == raw(http_body(pool.batch(1)), BATCH) > BATCH * 4
+        with pytest.raises(DataError, match=f"expected {(BATCH + 1) * 4}"):
+            raw(body, BATCH + 1)
+        with pytest.raises(ClientError, match=r"HTTP 400 .*") as error:
+            raw(body[: len(body) - 4], BATCH)  # one value short of its shape
+        assert "\n" not in str(error.value)
+        assert raw(body, BATCH) > 0  # the connection still serves
+        raw.close()
+        assert raw(body, BATCH) > 0  # and is opened again after a close
+    finally:
+        raw.close()
+    unknown = RawHttpInfer(exported_server.http_url, "no_such_model", length, timeout_s=10)
+    with pytest.raises(ClientError, match=r"HTTP 4\d\d .*no_such_model"):
+        unknown(body, BATCH)
+    unknown.close()
+    with pytest.raises(ClientError, match=r"127\.0\.0\.1"):
+        RawHttpInfer(f"127.0.0.1:{free_ports(1)[0]}", MODEL, length, timeout_s=5)(body, BATCH)

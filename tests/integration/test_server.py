@@ -32,7 +32,7 @@ from onnx import TensorProto, helper, numpy_helper
 from tritonclient.grpc import model_config_pb2
 from tritonclient.utils import InferenceServerException
 
-from bundle.errors import ServerError
+from bundle.errors import ConfigError, ServerError
 from server import LocalServer, ServerConfig, free_ports
 
 pytestmark = pytest.mark.integration
@@ -490,3 +490,31 @@ def test_the_tritonserver_command_passes_its_arguments_through_and_adds_the_back
         if process.poll() is None:
             os.killpg(process.pid, signal.SIGKILL)
             process.wait()
+
+
+def test_a_server_given_cores_runs_on_them_with_its_backends(
+    start_triton: StartTriton, repository: Path
+) -> None:
+    """``cpus`` (a sweep keeps its server off the load generator's cores) holds for
+    tritonserver and the python stubs it starts, and the server answers."""
+    cores = os.sched_getaffinity(0)
+    chosen = frozenset({max(cores)})
+    server = start_triton(repository, cpus=chosen)
+    stubs = [int(p.parent.name) for p in Path("/proc").glob("[0-9]*/stat")
+             if _parent_pid(p) == server.pid]  # fmt: skip
+    assert stubs, "tritonserver started no backend process"
+    for pid in [server.pid or 0, *stubs]:
+        assert os.sched_getaffinity(pid) == chosen
+    with grpcclient.InferenceServerClient(server.grpc_url) as client:
+        assert client.is_model_ready(CTR_MODEL)
+
+
+def test_server_cores_outside_this_process_are_refused_in_one_line(repository: Path) -> None:
+    with pytest.raises(ConfigError, match=r"server cores \[100000\] are not among"):
+        ServerConfig.with_free_ports(repository, cpus={100000})
+
+
+def _parent_pid(stat: Path) -> int:
+    with contextlib.suppress(OSError, IndexError, ValueError):
+        return int(stat.read_text().rsplit(")", 1)[1].split()[1])
+    return -1

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import os
 from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
+from bundle.errors import ClientError
 from loadtest.sweeps import runs
 from loadtest.sweeps.steps import StepResult, SweepConfig, Target, median_step
 
@@ -220,3 +222,53 @@ def test_a_failed_step_is_listed_and_left_out_and_the_run_goes_on(
     steps = runs._interleaved_steps(targets, "m", options, tmp_path, tmp_path / "p.npz", failed=failed)
     assert [(s.label, s.concurrency) for s in steps] == [("triton", 1), ("broken", 1), ("triton", 2)]
     assert failed == ["locust m grpc B=8 c=2: no latency results"]
+
+
+@pytest.mark.parametrize(
+    ("answer", "message"),
+    [
+        (
+            b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n4\r\nabcd\r\n0\r\n\r\n",
+            "without Content-Length",
+        ),
+        (b"HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\nshort", "closed the connection"),
+        (b"garbage\r\n\r\n", "not an HTTP/1.1 answer"),
+    ],
+)
+def test_the_raw_http_client_refuses_an_answer_it_cannot_read_in_one_line(
+    answer: bytes, message: str
+) -> None:
+    """An answer framed other than by Content-Length, cut short, or not HTTP fails the request
+    (never a silent wrong answer), and the connection is dropped."""
+    import socket
+    import threading
+
+    from loadtest.engine.wire import RawHttpInfer
+
+    listener = socket.create_server(("127.0.0.1", 0))
+
+    def serve() -> None:
+        connection, _ = listener.accept()
+        with connection:
+            connection.recv(65536)
+            connection.sendall(answer)
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    raw = RawHttpInfer(f"127.0.0.1:{listener.getsockname()[1]}", "m", 10, timeout_s=5)
+    try:
+        with pytest.raises(ClientError, match=message) as error:
+            raw(b"x" * 20, 1)
+        assert "\n" not in str(error.value) and raw._socket is None
+    finally:
+        raw.close()
+        listener.close()
+        thread.join(timeout=5)
+
+
+def test_a_server_the_sweep_starts_gets_the_cores_its_load_generator_leaves() -> None:
+    cores = frozenset(os.sched_getaffinity(0))
+    assert runs.server_cpus(None) is None
+    assert runs.server_cpus(cores) is None  # the client takes every core: the server may use any
+    if len(cores) > 1:
+        assert runs.server_cpus(frozenset({min(cores)})) == cores - {min(cores)}
