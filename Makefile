@@ -62,4 +62,5 @@ docs: setup
 	NO_MKDOCS_2_WARNING=1 $(PYTHON) -m mkdocs build --strict --quiet
 
 clean:
-	rm -rf artifacts reports logs model_repository data site
+	rm -rf artifacts reports logs data site
+	find model_repository -mindepth 1 -maxdepth 1 ! -name README.md -exec rm -rf {} +

@@ -12,21 +12,9 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from criteo.rows import preprocess_counts
 
-def preprocess_counts(counts: np.ndarray, missing: np.ndarray | None = None) -> np.ndarray:
-    """Clamp counts at 0 (missing -> 0) and apply ``log1p``.
-
-    Args:
-        counts: ``B x 13`` integer counts.
-        missing: optional ``B x 13`` bool mask of missing fields.
-
-    Returns:
-        ``B x 13`` float32.
-    """
-    values = np.maximum(counts, 0).astype(np.float32)
-    if missing is not None:
-        values[missing] = 0.0
-    return np.log1p(values)
+__all__ = ["hash_ids", "preprocess_counts", "preprocess_ids"]
 
 
 def preprocess_ids(ids: np.ndarray) -> np.ndarray:

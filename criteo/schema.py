@@ -9,12 +9,9 @@ and ``NUM_CATEGORICAL`` hex categorical ids ``C1..C26``.
 from __future__ import annotations
 
 from bundle.schema import NUM_CATEGORICAL, NUM_DENSE
+from criteo.rows import CATEGORICAL_COLUMNS, DENSE_COLUMNS, MISSING_ID
 
 #: Fields of one labeled Criteo TSV line: label, counts, categorical ids.
 NUM_FIELDS = 1 + NUM_DENSE + NUM_CATEGORICAL
 
-#: The id a missing categorical field maps to before the model's modulo.
-MISSING_ID = 0
-
-DENSE_COLUMNS = tuple(f"I{i}" for i in range(1, NUM_DENSE + 1))
-CATEGORICAL_COLUMNS = tuple(f"C{i}" for i in range(1, NUM_CATEGORICAL + 1))
+__all__ = ["CATEGORICAL_COLUMNS", "DENSE_COLUMNS", "MISSING_ID", "NUM_FIELDS"]

@@ -1,15 +1,14 @@
 """Reader for the Criteo TSV format, streamed in chunks.
 
-A line holds a label, 13 integer counts and 26 categorical ids written as
-8-digit hex, separated by tabs (the unlabeled test format omits the label).
-An empty field is missing; counts can be negative. Files larger than memory
+A line holds a label, 13 integer counts and 26 categorical ids written in
+hex, separated by tabs (the unlabeled test format omits the label). An empty
+field is missing; counts can be negative; the rules are :mod:`criteo.rows`. Files larger than memory
 stream through :func:`iter_batches` chunk by chunk.
 """
 
 from __future__ import annotations
 
 import gzip
-import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,8 +17,9 @@ from typing import IO
 import numpy as np
 
 from bundle.errors import DataError
-from bundle.schema import CATEGORICAL_INPUT, DENSE_INPUT, NUM_CATEGORICAL, NUM_DENSE
+from bundle.schema import CATEGORICAL_INPUT, DENSE_INPUT
 from criteo.preprocess import preprocess_counts, preprocess_ids
+from criteo.rows import RowError, parse_rows
 from criteo.schema import NUM_FIELDS
 
 
@@ -92,10 +92,6 @@ class Batch:
         )
 
 
-_COUNT = re.compile(r"-?[0-9]{1,18}")
-_HEX_ID = re.compile(r"[0-9a-fA-F]{1,8}")
-
-
 def _open_text(path: Path) -> IO[str]:
     if path.suffix == ".gz":
         return gzip.open(path, "rt", encoding="ascii", newline="\n")
@@ -105,71 +101,33 @@ def _open_text(path: Path) -> IO[str]:
 def parse_lines(
     lines: list[str], first_line: int = 1, path: str = "<lines>", fields: int | None = None
 ) -> RawBatch:
-    """Parse Criteo TSV lines (all labeled, or all unlabeled).
+    """Parse Criteo TSV lines (all labeled, or all unlabeled) by the rules of :mod:`criteo.rows`.
 
     Args:
         lines: text lines, with or without the trailing newline.
         first_line: line number of ``lines[0]``, for error messages.
         path: file name for error messages.
         fields: the field count every line must have (40 labeled, 39 unlabeled);
-            None takes it from the first line.
+            None takes it from the first line (labeled unless it has 39).
 
     Returns:
         The parsed rows.
 
     Raises:
         DataError: a row with the wrong field count or a field that does not parse,
-            naming its file and line number.
+            naming its file, line number and field.
     """
-    n = len(lines)
-    counts = np.empty((n, NUM_DENSE), dtype=np.int64)
-    missing = np.zeros((n, NUM_DENSE), dtype=bool)
-    ids = np.empty((n, NUM_CATEGORICAL), dtype=np.int64)
-    labels: np.ndarray | None = None
-    expected = fields
-    if expected == NUM_FIELDS:
-        labels = np.empty(n, dtype=np.float32)
-    for i, line in enumerate(lines):
-        parts = line.rstrip("\r\n").split("\t")
-        if expected is None:
-            expected = len(parts)
-            if expected not in (NUM_FIELDS, NUM_FIELDS - 1):
-                raise DataError(
-                    f"{path}:{first_line + i}: expected {NUM_FIELDS} tab-separated fields "
-                    f"(label, {NUM_DENSE} counts, {NUM_CATEGORICAL} ids), got {expected}"
-                )
-            if expected == NUM_FIELDS:
-                labels = np.empty(n, dtype=np.float32)
-        elif len(parts) != expected:
-            raise DataError(
-                f"{path}:{first_line + i}: expected {expected} tab-separated fields, got {len(parts)}"
-            )
-        try:
-            offset = 0
-            if labels is not None:
-                label = parts[0]
-                if label not in ("0", "1"):
-                    raise ValueError(f"label must be 0 or 1, got {label!r}")
-                labels[i] = 1.0 if label == "1" else 0.0
-                offset = 1
-            for j in range(NUM_DENSE):
-                field = parts[offset + j]
-                if field:
-                    if not _COUNT.fullmatch(field):
-                        raise ValueError(f"count {field!r} is not an integer")
-                    counts[i, j] = int(field)
-                else:
-                    counts[i, j] = -1
-                    missing[i, j] = True
-            offset += NUM_DENSE
-            for j in range(NUM_CATEGORICAL):
-                field = parts[offset + j]
-                if field and not _HEX_ID.fullmatch(field):
-                    raise ValueError(f"categorical id {field!r} is not 1 to 8 hex digits")
-                ids[i, j] = int(field, 16) if field else 0
-        except (ValueError, OverflowError) as exc:
-            raise DataError(f"{path}:{first_line + i}: {exc}") from None
-    return RawBatch(labels, counts, missing, ids, first_line)
+    text = "".join(lines)
+    if text.count("\n") != len(lines) - (not text.endswith("\n")):
+        text = "\n".join(line.rstrip("\r\n") for line in lines)
+    labeled = None if fields is None else fields == NUM_FIELDS
+    try:
+        rows = parse_rows(text.encode("ascii"), labeled=labeled, rows=len(lines))
+    except RowError as exc:
+        raise DataError(f"{path}:{first_line + exc.row}: {exc.detail}") from None
+    except UnicodeEncodeError as exc:
+        raise DataError(f"{path}: not an ASCII Criteo TSV line ({exc.reason})") from None
+    return RawBatch(rows.labels, rows.counts, rows.missing, rows.ids, first_line)
 
 
 def to_batch(raw: RawBatch) -> Batch:

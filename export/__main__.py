@@ -207,6 +207,14 @@ Torch = Annotated[
     ),
 ]
 TorchDtype = Annotated[str, typer.Option(help=f"Precision of <family>_torch: {' or '.join(TORCH_DTYPES)}.")]
+RawRows = Annotated[
+    bool,
+    typer.Option(
+        "--raw-rows/--no-raw-rows",
+        help="Also write <model>_raw for each model: an ensemble that takes raw Criteo TSV rows "
+        "(raw_rows, one BYTES element per row) and preprocesses them in the server (criteo_rows).",
+    ),
+]
 
 
 def _graph_sizes(text: str | None) -> tuple[int, ...] | None:
@@ -257,6 +265,7 @@ def _export_options(
     stream_tables: StreamTables = False,
     torch: Torch = None,
     torch_dtype: TorchDtype = "float16",
+    raw_rows: RawRows = True,
     verbose: VerboseOption = False,
 ) -> tuple[ExportOptions, SourceOptions]:
     """The options every export command shares, declared once (see :func:`bundle.cli.shared_options`)."""
@@ -305,6 +314,7 @@ def _export_options(
         ),
         torch=torch,
         torch_dtype=torch_dtype,
+        raw_rows=raw_rows,
     )
     sizes = None if table_sizes is None else parse_table_sizes(table_sizes)
     return options, SourceOptions(table_sizes=sizes, logits=logits)

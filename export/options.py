@@ -174,6 +174,7 @@ class ExportOptions:
             Its instances follow the profile: KIND_GPU, or KIND_CPU in the cpu profile.
         torch_dtype: the TorchScript's precision, one of :data:`TORCH_DTYPES`; gated like
             FP16 (``fp16_auc_tolerance``) and by :data:`export.pipeline.TORCH_MAX_ABS_DIFF`.
+        raw_rows: also write ``<model>_raw`` for each model (:mod:`export.raw_rows`).
     """
 
     repository: Path
@@ -192,6 +193,7 @@ class ExportOptions:
     placement: PlacementOptions = field(default_factory=PlacementOptions)
     torch: bool | None = None
     torch_dtype: str = "float16"
+    raw_rows: bool = True
 
     @property
     def writes_int8(self) -> bool:

@@ -59,6 +59,7 @@ from export.graphs.parity import (
 )
 from export.graphs.quantize import quantize_int8
 from export.options import ExportOptions
+from export.raw_rows import STAGE_MODEL, raw_model_name, write_raw_models
 from export.tables.ensemble import PRECISIONS, dense_model_name, embedding_model_name, ensemble_model_name
 from export.tables.placement import place_embeddings, place_streamed
 
@@ -167,6 +168,10 @@ def export_family(exporter: FrameworkExporter, options: ExportOptions) -> list[E
     with RepositoryWrite(repository, f"export {family}") as write:
         staged = dataclasses.replace(options, repository=write.staged)
         results = _export_family(exporter, staged)
+        if options.raw_rows:
+            served = [name for name in served_models(family) if (write.staged / name).is_dir()]
+            write_raw_models(write.staged, served)
+            write.put(write.staged / STAGE_MODEL, repository / STAGE_MODEL)
         run = {"id": write.run_id, "written": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
         for name in family_models(family):
             if (write.staged / name).is_dir():
@@ -180,14 +185,23 @@ def export_family(exporter: FrameworkExporter, options: ExportOptions) -> list[E
     return [dataclasses.replace(r, path=repository / r.path.relative_to(write.staged)) for r in results]
 
 
-def family_models(family: str) -> tuple[str, ...]:
-    """Every model name an export of ``family`` may write: an export owns them all."""
+def served_models(family: str) -> tuple[str, ...]:
+    """The models of ``family`` a client calls (each may have a raw-row model)."""
     return (
         *(ensemble_model_name(family, precision) for precision in PRECISIONS),
-        *(dense_model_name(family, precision) for precision in PRECISIONS),
-        embedding_model_name(family),
         trt_model_name(family),
         torch_model_name(family),
+    )
+
+
+def family_models(family: str) -> tuple[str, ...]:
+    """Every model name an export of ``family`` may write: an export owns them all (the raw-row
+    stage, ``criteo_rows``, serves every family and is not one of them)."""
+    return (
+        *served_models(family),
+        *(dense_model_name(family, precision) for precision in PRECISIONS),
+        embedding_model_name(family),
+        *(raw_model_name(name) for name in served_models(family)),
     )
 
 

@@ -23,13 +23,16 @@ from typing import Any
 
 import numpy as np
 import pytest
+import tritonclient.grpc as grpcclient
+import tritonclient.http as httpclient
 
 from bundle.repository import read_config
-from bundle.schema import CATEGORICAL_INPUT, DENSE_INPUT, NUM_CATEGORICAL
+from bundle.schema import CATEGORICAL_INPUT, DENSE_INPUT, NUM_CATEGORICAL, OUTPUT
 from clients.options import Protocol
 from clients.triton import TritonClient
 from clients.verify import in_process
-from criteo.tsv import Batch, read_batch
+from criteo.tsv import Batch, parse_lines, read_batch, to_batch
+from export.raw_rows import RAW_INPUT, STAGE_MODEL, raw_model_name
 from export.tables.ensemble import dense_model_name, embedding_model_name, ensemble_model_name
 from export.tables.hot_rows import HotSet
 from loadtest.engine.payload import build_pool
@@ -105,6 +108,7 @@ def test_the_export_says_what_it_placed_and_writes_the_ensemble(exports: Exports
     assert "more than the hot budget" in exports.output["dlrm"]  # auto: the INFO line says why
     assert "--embeddings hot-cold: the embedding tables take" in exports.output["wide_deep"]
     expected = {f"{family}{suffix}" for family in FAMILIES for suffix in ("_onnx", "_embedding", "_dense")}
+    expected |= {raw_model_name(ensemble_model_name(family)) for family in FAMILIES} | {STAGE_MODEL}
     assert {path.name for path in exports.hot_cold.iterdir()} == expected
     for family in FAMILIES:
         name = ensemble_model_name(family)
@@ -205,4 +209,27 @@ def test_only_the_ensemble_and_its_steps_are_served(server: LocalServer) -> None
     with TritonClient(server.http_url, "http") as client:
         ready = {state.name for state in client.repository_index() if state.state == "READY"}
     names = (ensemble_model_name, embedding_model_name, dense_model_name)
-    assert ready == {name(family) for family in FAMILIES for name in names}
+    raw = {raw_model_name(ensemble_model_name(family)) for family in FAMILIES} | {STAGE_MODEL}
+    assert ready == {name(family) for family in FAMILIES for name in names} | raw
+
+
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+def test_raw_rows_through_the_hot_cold_ensemble_score_as_preprocessed_rows(
+    server: LocalServer, labeled_file: Path, protocol: Protocol
+) -> None:
+    """``<family>_onnx_raw`` over the hot/cold ensemble: the raw-row stage, then the embedding
+    stage and the dense model, as the ensemble scores the client's own preprocessed rows."""
+    lines = [line.split("\t", 1)[1] for line in labeled_file.read_text().splitlines()[:48]]
+    batch = to_batch(parse_lines(lines, fields=39))
+    module: Any = grpcclient if protocol == "grpc" else httpclient
+    raw = module.InferInput(RAW_INPUT, [len(lines), 1], "BYTES")
+    raw.set_data_from_numpy(np.array([line.encode() for line in lines], dtype=np.object_).reshape(-1, 1))
+    with (
+        TritonClient(server.grpc_url if protocol == "grpc" else server.http_url, protocol) as client,
+        module.InferenceServerClient(server.grpc_url if protocol == "grpc" else server.http_url) as plain,
+    ):
+        for family in FAMILIES:
+            expected = client.infer(ensemble_model_name(family), batch.inputs())
+            answered = plain.infer(raw_model_name(ensemble_model_name(family)), [raw]).as_numpy(OUTPUT)
+            assert answered.shape == expected.shape == (len(lines), 1)
+            assert float(np.max(np.abs(answered - expected))) <= TOLERANCE

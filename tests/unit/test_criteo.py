@@ -50,7 +50,7 @@ def test_unlabeled_format() -> None:
     ("line", "message"),
     [
         ("1\t2\t3\n", "expected 40 tab-separated fields"),
-        (LINE.replace("68fd1e64", "zz"), "is not 1 to 8 hex digits"),
+        (LINE.replace("68fd1e64", "zz"), "is not 1 to 16 hex digits"),
         (LINE.replace("\t12\t", "\t1.5\t"), "is not an integer"),
         ("2" + LINE[1:], "label must be 0 or 1"),
     ],
@@ -119,11 +119,11 @@ def test_every_chunk_keeps_the_files_format(tmp_path: Path) -> None:
         list(iter_batches(path, chunk_rows=3))
 
 
-@pytest.mark.parametrize("bad", ["0x1f", "-1", "5_0", "123456789", "ffffffffffffffffffff"])
-def test_ids_must_be_hex_of_up_to_8_digits(tmp_path: Path, bad: str) -> None:
+@pytest.mark.parametrize("bad", ["0x1f", "-1", "5_0", "12345678901234567", "ffffffffffffffffffff"])
+def test_ids_must_be_hex_of_up_to_16_digits(tmp_path: Path, bad: str) -> None:
     path = tmp_path / "ids.tsv"
     path.write_text(LINE.replace("68fd1e64", bad))
-    with pytest.raises(DataError, match=r"ids.tsv:1: categorical id"):
+    with pytest.raises(DataError, match=r"ids.tsv:1: C1: categorical id"):
         read_batch(path)
 
 
@@ -131,7 +131,7 @@ def test_ids_must_be_hex_of_up_to_8_digits(tmp_path: Path, bad: str) -> None:
 def test_counts_must_be_plain_integers(tmp_path: Path, bad: str) -> None:
     path = tmp_path / "counts.tsv"
     path.write_text(LINE.replace("\t12\t", f"\t{bad}\t"))
-    with pytest.raises(DataError, match=r"counts.tsv:1: count"):
+    with pytest.raises(DataError, match=r"counts.tsv:1: I5: count"):
         read_batch(path)
 
 

@@ -40,6 +40,7 @@ from export.engines.trt_build import (
     source_models,
 )
 from export.options import ExportOptions
+from export.raw_rows import STAGE_MODEL, raw_model_name
 
 ONNX_MODELS = ["dlrm_onnx", "dlrm_onnx_fp16", "wide_deep_onnx", "wide_deep_onnx_fp16"]
 TRT_MODELS = ["dlrm_trt", "wide_deep_trt"]
@@ -100,13 +101,19 @@ def gpu_repository(trained: Path) -> Path:
     return repository
 
 
-def _configs(repository: Path) -> dict[str, mc.ModelConfig]:
-    return {path.parent.name: read_config(path) for path in sorted(repository.glob("*/config.pbtxt"))}
+def _configs(repository: Path, raw: bool = False) -> dict[str, mc.ModelConfig]:
+    """The served models' configs (``raw``: the raw-row models' and their stage's instead)."""
+    configs = {path.parent.name: read_config(path) for path in sorted(repository.glob("*/config.pbtxt"))}
+    return {name: c for name, c in configs.items() if (name.endswith("_raw") or name == STAGE_MODEL) == raw}
 
 
 def test_every_config_parses_and_every_model_is_there(gpu_repository: Path) -> None:
     configs = _configs(gpu_repository)
     assert sorted(configs) == sorted(ONNX_MODELS + TRT_MODELS + TORCH_MODELS)
+    raw = _configs(gpu_repository, raw=True)
+    assert sorted(raw) == sorted([STAGE_MODEL, *(raw_model_name(name) for name in configs)])
+    for name, config in configs.items():
+        assert raw[raw_model_name(name)].max_batch_size == config.max_batch_size
     for name, config in configs.items():
         assert config.name == name
         assert [(t.name, list(t.dims)) for t in config.input] == [(s.name, list(s.shape)) for s in INPUTS]

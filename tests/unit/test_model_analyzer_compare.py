@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 
 from bundle.errors import ConfigError
-from loadtest.benchmarks.model_analyzer import CompareOptions, ma_answer, ma_config
+from loadtest.benchmarks import model_analyzer
+from loadtest.benchmarks.model_analyzer import Answer, CompareOptions, ma_answers, ma_config
 
 HEADER = [
     "Model", "Batch", "Concurrency", "Model Config Path", "Instance Group", "Max Batch Size",
@@ -45,19 +46,53 @@ def test_the_best_measurement_within_the_budget_is_the_answer_with_its_config(tm
     with open(path, newline="") as handle:
         rows = [dict(row) for row in csv.DictReader(handle)]
 
-    tight = ma_answer(rows, 10.0, output)
-    assert tight is not None
+    tight = ma_answers(rows, 10.0, output)[0]
     assert (tight.instances, tight.queue_delay_us, tight.batch_size, tight.concurrency) == (2, 2000, 1024, 2)
     assert tight.samples_per_s == 250000 and tight.p99_ms == 9.5
     assert "max_queue_delay_microseconds: 2000" in tight.config
 
-    loose = ma_answer(rows, 50.0, output)
-    assert loose is not None and (loose.batch_size, loose.concurrency, loose.samples_per_s) == (
-        1024,
-        8,
-        300000,
-    )
-    assert ma_answer(rows, 3.0, output) is None
+    loose = ma_answers(rows, 50.0, output, count=5)
+    assert [(a.batch_size, a.concurrency, a.samples_per_s) for a in loose] == [
+        (1024, 8, 300000), (1024, 2, 250000), (64, 4, 90000),
+    ]  # fmt: skip
+    assert ma_answers(rows, 3.0, output) == []
+
+
+def _answer(tool: str, concurrency: int) -> Answer:
+    return Answer(tool, 1, 100, 1024, concurrency, 1000.0 * concurrency, 5.0, config="")
+
+
+def test_model_analyzer_answers_that_miss_the_budget_side_by_side_are_passed_over(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Its best answers are measured beside tune's, best first, until one holds the budget;
+    tune is compared with that one, and those passed over are kept with their figures."""
+    p99_by_concurrency = {4: 12.0, 2: 11.0, 1: 8.0}
+    calls: list[list[int]] = []
+
+    def remeasure(options, family, budget_ms, answers, input_data, attempt):  # type: ignore[no-untyped-def]
+        calls.append([a.concurrency for a in answers])
+        p99 = p99_by_concurrency.get
+        return {a.tool: {"samples_per_s": a.samples_per_s, "p99_ms": p99(a.concurrency, 7.0)}
+                for a in answers}  # fmt: skip
+
+    monkeypatch.setattr(model_analyzer, "remeasure", remeasure)
+    options = _options(tmp_path)
+    candidates = [_answer("Model Analyzer", c) for c in (4, 2, 1)]
+    tuned = _answer("tune", 3)
+    ma, measured, passed = model_analyzer.best_holding(options, "dlrm", 10.0, candidates, tuned, tmp_path)
+    assert calls == [[4, 3], [2, 3], [1, 3]]
+    assert ma is candidates[2] and measured["Model Analyzer"]["p99_ms"] == 8.0
+    assert [p["answer"]["concurrency"] for p in passed] == [4, 2]
+    assert [p["side_by_side"]["p99_ms"] for p in passed] == [12.0, 11.0]
+
+    calls.clear()
+    ma, _, passed = model_analyzer.best_holding(options, "dlrm", 10.0, candidates[:2], tuned, tmp_path)
+    assert ma is candidates[1] and len(passed) == 1  # none held it: the last one tried is compared
+    case = {"family": "dlrm", "budget_ms": 10.0, "side_by_side": {"tune": {"p99_ms": 7.0},
+            "Model Analyzer": {"p99_ms": 11.0}}, "tune_s": 50.0, "model_analyzer_s": 300.0,
+            "model_analyzer_passed_over": passed}  # fmt: skip
+    assert "none of Model Analyzer's best 2 answers within the budget does" in model_analyzer.verdict(case)
 
 
 def test_model_analyzer_searches_the_same_space_through_the_bundle_server(tmp_path: Path) -> None:

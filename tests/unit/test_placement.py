@@ -222,6 +222,7 @@ def _options(repository: Path, data: Path, **placement: Any) -> ExportOptions:
         fp16=False,
         int8=False,
         placement=PlacementOptions(**{"hot_budget": BUDGET, **placement}),
+        raw_rows=False,  # the placement's models alone
     )
 
 

@@ -1,0 +1,114 @@
+"""Raw-row models: Criteo rows in, as the client has them, a served model's scores out.
+
+For each model an export serves (``dlrm_onnx``, ``dlrm_onnx_int8``, a hot/cold
+ensemble, ``dlrm_torch``, ...), :func:`write_raw_models` writes ``<model>_raw``:
+a Triton ensemble of two steps,
+
+1. ``criteo_rows``: the raw-row stage (``server/stages/raw_rows``, a python-backend
+   model with numpy alone), which parses ``raw_rows`` (``B x 1`` BYTES, one
+   unlabeled TSV row per element) into ``dense_features`` and ``categorical_ids``
+   by the rules of :mod:`criteo.rows`, copied beside it as ``criteo_rows.py``, so
+   the stage and the bundle's own reader parse with one module;
+2. the model itself, whose ``click_probability`` is the ensemble's output.
+
+A client picks the precision by the name, as it does without raw rows:
+``dlrm_onnx_int8_raw`` scores with ``dlrm_onnx_int8``. One stage serves every
+family: its dynamic batcher gathers the rows of concurrent requests into one
+vectorised parse.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+from tritonclient.grpc import model_config_pb2 as mc
+
+from bundle.errors import ConfigError
+from bundle.repository import CONFIG_NAME, read_config, version_dir, write_config
+from bundle.schema import CATEGORICAL_INPUT, DENSE_INPUT, NUM_CATEGORICAL, NUM_DENSE, OUTPUT
+from criteo import rows as rules
+from server.stages.raw_rows import RULES_FILE, SOURCE_DIR, SOURCE_FILES
+
+#: The raw-row stage's model name (one for every family).
+STAGE_MODEL = "criteo_rows"
+#: The raw-row models' input: one unlabeled Criteo TSV row per element.
+RAW_INPUT = "raw_rows"
+#: A raw-row model's name is its served model's with this suffix.
+RAW_SUFFIX = "_raw"
+#: Rows the stage takes in one execution at most (a served model's max batch size may not exceed it).
+STAGE_MAX_BATCH = 65536
+#: Instances of the stage (each is one python stub process).
+STAGE_INSTANCES = 1
+
+
+def raw_model_name(model: str) -> str:
+    """The raw-row model of served model ``model``."""
+    return f"{model}{RAW_SUFFIX}"
+
+
+def build_stage_config() -> mc.ModelConfig:
+    """The stage's config: ``raw_rows`` BYTES ``[1]`` in, the schema's two input tensors out, a
+    dynamic batcher that gathers concurrent requests (no delay added)."""
+    config = mc.ModelConfig(name=STAGE_MODEL, backend="python", max_batch_size=STAGE_MAX_BATCH)
+    config.input.add(name=RAW_INPUT, data_type=mc.TYPE_STRING, dims=[1])
+    config.output.add(name=DENSE_INPUT, data_type=mc.TYPE_FP32, dims=[NUM_DENSE])
+    config.output.add(name=CATEGORICAL_INPUT, data_type=mc.TYPE_INT64, dims=[NUM_CATEGORICAL])
+    config.dynamic_batching.SetInParent()
+    group = config.instance_group.add()
+    group.count = STAGE_INSTANCES
+    group.kind = mc.ModelInstanceGroup.KIND_CPU
+    return config
+
+
+def write_stage(repository: Path) -> Path:
+    """Write ``criteo_rows`` (its config, ``model.py`` and the rules module); the config's path."""
+    folder = version_dir(repository, STAGE_MODEL, 1)
+    folder.mkdir(parents=True, exist_ok=True)
+    for filename in SOURCE_FILES:
+        shutil.copyfile(SOURCE_DIR / filename, folder / filename)
+    shutil.copyfile(Path(rules.__file__), folder / RULES_FILE)
+    return write_config(repository / STAGE_MODEL, build_stage_config())
+
+
+def build_raw_config(model: str, served: mc.ModelConfig) -> mc.ModelConfig:
+    """The ensemble ``<model>_raw`` over ``model`` (whose config is ``served``).
+
+    A batching model (``max_batch_size`` > 0) gives a batching ensemble of the same
+    maximum; a model without batching (a hot/cold ensemble) one without, its
+    tensors then ``[-1, 1]``.
+
+    Raises:
+        ConfigError: the model batches more rows than the stage takes.
+    """
+    batch = int(served.max_batch_size)
+    if batch > STAGE_MAX_BATCH:
+        raise ConfigError(f"{model}: max_batch_size {batch} exceeds the raw-row stage's {STAGE_MAX_BATCH}")
+    config = mc.ModelConfig(name=raw_model_name(model), platform="ensemble", max_batch_size=batch)
+    leading = [] if batch else [-1]
+    config.input.add(name=RAW_INPUT, data_type=mc.TYPE_STRING, dims=[*leading, 1])
+    config.output.add(name=OUTPUT, data_type=mc.TYPE_FP32, dims=[*leading, 1])
+    stage = config.ensemble_scheduling.step.add(model_name=STAGE_MODEL, model_version=-1)
+    stage.input_map[RAW_INPUT] = RAW_INPUT
+    step = config.ensemble_scheduling.step.add(model_name=model, model_version=-1)
+    for tensor in (DENSE_INPUT, CATEGORICAL_INPUT):
+        stage.output_map[tensor] = tensor
+        step.input_map[tensor] = tensor
+    step.output_map[OUTPUT] = OUTPUT
+    return config
+
+
+def write_raw_models(repository: Path, models: list[str]) -> list[str]:
+    """Write the stage and ``<model>_raw`` for each of ``models`` (each in ``repository``); their names."""
+    if not models:
+        return []
+    write_stage(repository)
+    written = []
+    for model in models:
+        served = read_config(repository / model / CONFIG_NAME)
+        name = raw_model_name(model)
+        shutil.rmtree(repository / name, ignore_errors=True)
+        version_dir(repository, name, 1).mkdir(parents=True)
+        write_config(repository / name, build_raw_config(model, served))
+        written.append(name)
+    return written
