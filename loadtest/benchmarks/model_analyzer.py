@@ -462,8 +462,19 @@ def verdict(case: dict[str, Any]) -> str:
     )
     if _same(case):
         return f"{where}: {mine}both chose the same config and load ({ratio:.2f}x is the noise; {faster})."
-    word = "at least" if ratio >= 1.0 else "below"
-    return f"{where}: {mine}tune's answer is {word} Model Analyzer's, {ratio:.2f}x ({faster})."
+    if ratio >= 1.0:
+        return f"{where}: {mine}tune's answer is at least Model Analyzer's, {ratio:.2f}x ({faster})."
+    ours, theirs = (
+        sides["tune"].get("rounds_samples_per_s"),
+        sides["Model Analyzer"].get("rounds_samples_per_s"),
+    )
+    if ours and theirs and max(ours) >= min(theirs):
+        return (
+            f"{where}: {mine}tune's answer is {ratio:.2f}x of Model Analyzer's, within the rounds' spread "
+            f"(tune {min(ours):,.0f} to {max(ours):,.0f} samples/s, Model Analyzer {min(theirs):,.0f} to "
+            f"{max(theirs):,.0f}; {faster})."
+        )
+    return f"{where}: {mine}tune's answer is below Model Analyzer's, {ratio:.2f}x ({faster})."
 
 
 def _answer_text(answer: dict[str, Any]) -> str:

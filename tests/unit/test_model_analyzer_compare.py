@@ -158,3 +158,16 @@ def test_an_answer_over_the_budget_side_by_side_is_no_answer() -> None:
     )
     over = {**case, "side_by_side": {**measured, "tune": {"samples_per_s": 1.0, "p99_ms": 12.0}}}
     assert "tune's answer does not hold the budget" in verdict(over)
+
+
+def test_a_ratio_below_one_inside_the_rounds_spread_is_called_so() -> None:
+    sides = {
+        "tune": {"p99_ms": 40.0, "rounds_samples_per_s": [263_000.0, 273_000.0, 264_000.0]},
+        "Model Analyzer": {"p99_ms": 22.0, "rounds_samples_per_s": [267_000.0, 252_000.0, 273_000.0]},
+    }
+    case = {"family": "wide_deep", "budget_ms": 50.0, "side_by_side": sides, "ratio": 0.99,
+            "tune_s": 90.0, "model_analyzer_s": 300.0, "model_analyzer": {"instances": 1},
+            "tune": {"instances": 2}}  # fmt: skip
+    assert "0.99x of Model Analyzer's, within the rounds' spread" in model_analyzer.verdict(case)
+    sides["tune"]["rounds_samples_per_s"] = [200_000.0, 201_000.0, 202_000.0]
+    assert "below Model Analyzer's, 0.99x" in model_analyzer.verdict(case)
