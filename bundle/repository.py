@@ -398,6 +398,22 @@ def version_dir(repository: Path, name: str, version: int = 1) -> Path:
     return repository / name / str(version)
 
 
+#: The file that keeps an ensemble's (otherwise empty) version folder.
+ENSEMBLE_VERSION_FILE = "ensemble.txt"
+
+
+def make_ensemble_version(repository: Path, name: str, version: int = 1) -> Path:
+    """Create ensemble ``name``'s version folder, which Triton needs, with one small file in it:
+    object storage (an ``s3://`` repository) keeps no empty folder, and without it Triton
+    finds no version to load."""
+    folder = version_dir(repository, name, version)
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / ENSEMBLE_VERSION_FILE).write_text(
+        "An ensemble has no file of its own; this one keeps its version folder in object storage.\n"
+    )
+    return folder
+
+
 #: The export's checks beside a model's config (:func:`write_report`).
 REPORT_FILE = "export_report.json"
 

@@ -25,7 +25,7 @@ from pathlib import Path
 from tritonclient.grpc import model_config_pb2 as mc
 
 from bundle.errors import ConfigError
-from bundle.repository import CONFIG_NAME, read_config, version_dir, write_config
+from bundle.repository import CONFIG_NAME, make_ensemble_version, read_config, version_dir, write_config
 from bundle.schema import CATEGORICAL_INPUT, DENSE_INPUT, NUM_CATEGORICAL, NUM_DENSE, OUTPUT
 from criteo import rows as rules
 from server.stages.raw_rows import RULES_FILE, SOURCE_DIR, SOURCE_FILES
@@ -108,7 +108,7 @@ def write_raw_models(repository: Path, models: list[str]) -> list[str]:
         served = read_config(repository / model / CONFIG_NAME)
         name = raw_model_name(model)
         shutil.rmtree(repository / name, ignore_errors=True)
-        version_dir(repository, name, 1).mkdir(parents=True)
+        make_ensemble_version(repository, name)
         write_config(repository / name, build_raw_config(model, served))
         written.append(name)
     return written

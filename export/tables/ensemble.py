@@ -45,6 +45,7 @@ from bundle.repository import (
     ONNX_BACKEND,
     ServingConfig,
     clear_model,
+    make_ensemble_version,
     read_config,
     set_ort_threading,
     version_dir,
@@ -449,7 +450,7 @@ def write_ensemble(repository: Path, family: str, version: int = 1, precision: s
     """
     name = ensemble_model_name(family, precision)
     clear_model(repository, name)
-    version_dir(repository, name, version).mkdir(parents=True)
+    make_ensemble_version(repository, name, version)
     return write_config(repository / name, build_ensemble_config(family, version, precision))
 
 

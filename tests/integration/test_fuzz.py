@@ -454,11 +454,14 @@ MALFORMED_ROWS = {
     "one_field_more": (GOOD_LINE + "\t0", r"expected 40 tab-separated fields, got 41"),
     "one_field_less": (GOOD_LINE.rsplit("\t", 1)[0], r"expected 40 tab-separated fields, got 39"),
     "label_not_binary": ("2" + GOOD_LINE[1:], r"label must be 0 or 1, got '2'"),
-    "count_not_a_number": (GOOD_LINE.replace("\t5\t", "\tfive\t", 1), r"count 'five' is not an integer"),
-    "count_float": (GOOD_LINE.replace("\t5\t", "\t5.5\t", 1), r"count '5.5' is not an integer"),
+    "count_not_a_number": (
+        GOOD_LINE.replace("\t5\t", "\tfive\t", 1),
+        r"I\d+: count 'five' is not an integer",
+    ),
+    "count_float": (GOOD_LINE.replace("\t5\t", "\t5.5\t", 1), r"I\d+: count '5\.5' is not an integer"),
     "id_not_hex": (
         GOOD_LINE.replace("a1b2c3d4", "zz9", 1),
-        r"categorical id 'zz9' is not 1 to 16 hex digits",
+        r"C\d+: categorical id 'zz9' is not 1 to 16 hex digits",
     ),
     "empty_line": ("", r"empty line"),
 }

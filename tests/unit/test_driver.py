@@ -140,14 +140,19 @@ def test_a_rate_paces_the_workers_instead_of_sending_back_to_back() -> None:
 
 
 def test_a_worker_that_fails_outside_a_request_is_raised_by_stop() -> None:
+    reached = threading.Event()
+
     @contextmanager
     def broken(worker: int) -> Iterator[Request]:
         def request(sequence: int) -> Answer:
+            reached.set()
             raise ValueError("a bug, not a failed request")
 
         yield request
 
     driver = Driver(broken, workers=2).start()
+    # A stop before any worker sends would rightly find no failure: wait for one to send.
+    assert reached.wait(10)
     with pytest.raises(RuntimeError, match="a load worker failed"):
         driver.stop()
 

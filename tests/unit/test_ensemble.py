@@ -240,7 +240,8 @@ def test_the_ensemble_replaces_an_in_graph_model(tmp_path: Path) -> None:
     (old / MODEL_FILE).write_bytes(b"in-graph model")
     (tmp_path / "dlrm_onnx" / "export_report.json").write_text("{}")
     write_ensemble(tmp_path, "dlrm")
-    assert sorted(p.name for p in (tmp_path / "dlrm_onnx").rglob("*")) == ["1", "config.pbtxt"]
+    # The version folder holds only the file that keeps it in object storage (no model file).
+    assert sorted(p.name for p in (tmp_path / "dlrm_onnx").rglob("*")) == ["1", "config.pbtxt", "ensemble.txt"]
 
 
 # -------------------------------------------------------------- stage core
