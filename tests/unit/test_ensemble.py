@@ -241,7 +241,8 @@ def test_the_ensemble_replaces_an_in_graph_model(tmp_path: Path) -> None:
     (tmp_path / "dlrm_onnx" / "export_report.json").write_text("{}")
     write_ensemble(tmp_path, "dlrm")
     # The version folder holds only the file that keeps it in object storage (no model file).
-    assert sorted(p.name for p in (tmp_path / "dlrm_onnx").rglob("*")) == ["1", "config.pbtxt", "ensemble.txt"]
+    names = sorted(p.name for p in (tmp_path / "dlrm_onnx").rglob("*"))
+    assert names == ["1", "config.pbtxt", "ensemble.txt"]
 
 
 # -------------------------------------------------------------- stage core
