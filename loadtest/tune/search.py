@@ -80,7 +80,7 @@ from bundle.errors import ConfigError
 from bundle.records import RunRecord
 from bundle.repository import MODEL_FILE, version_dir, write_config
 from loadtest.engine.driver import Driver
-from loadtest.engine.latency import Tally
+from loadtest.engine.latency import Tally, merged_tallies
 from loadtest.engine.payload import MAX_POOL_ROWS, PayloadPool, build_pool
 from loadtest.engine.served import triton_requests
 from loadtest.tune.space import (
@@ -216,6 +216,7 @@ class Trial:
         client_bound: the load generator, not the server, limited at least half of its windows
             (:mod:`loadtest.engine.client_cpu`): never a winner, never the server's best.
         client_cpu_us: the load generator's CPU per request (median of the windows).
+        first_error: the most common error of its failed requests (None without errors).
         stop: why the step ended: ``over budget``, ``decided``, ``dominated``, ``near budget`` (every
             window: feasible, but its p99 interval reaches within ``p99_margin`` of the budget),
             ``max windows`` (every window: undecided, or a brute force), ``errors``.
@@ -239,6 +240,7 @@ class Trial:
     budget_ms: float
     client_bound: bool = False
     client_cpu_us: float = math.nan
+    first_error: str | None = None
 
     @property
     def feasible(self) -> bool:
@@ -332,7 +334,14 @@ def run_trial(
         budget_ms=policy.budget_ms,
         client_bound=bool(clients) and 2 * sum(c.bound for c in clients) >= len(clients),
         client_cpu_us=statistics.median(c.per_request_us for c in clients) if clients else math.nan,
+        first_error=_most_common_error(windows),
     )
+
+
+def _most_common_error(windows: Sequence[Tally]) -> str | None:
+    """The most common error of a step's windows (None without errors): why its requests failed."""
+    kinds = merged_tallies(windows).error_kinds
+    return kinds.most_common(1)[0][0] if kinds else None
 
 
 @dataclass

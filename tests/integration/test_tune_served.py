@@ -49,7 +49,11 @@ def test_tune_searches_reports_and_applies_through_the_server(
     assert spent["search_measured_s"] > 0
     assert spent["search_fraction"] == pytest.approx(spent["search_measured_s"] / spent["brute_force_s"])
     trials = document["trials"]
-    assert trials and all(t["errors"] == 0 and t["requests"] > 0 for t in trials)
+    assert trials and all(t["errors"] == 0 and t["requests"] > 0 for t in trials), [
+        (t["server_label"], t["client"], t["errors"], t["first_error"])
+        for t in trials
+        if t["errors"] or not t["requests"]
+    ]
     assert trials[0]["server"] == document["default"]["server"]  # the default goes first
     winner = document["winner"]
     assert winner["feasible"] and winner["confirmed"]["samples_per_s"] > 0
