@@ -41,14 +41,16 @@ def perf_analyzer_step(
     """One step driven by perf_analyzer, its figures read from its own CSV and summary.
 
     Its input data are the sweep's rows (written once beside the payload); it runs its own
-    stabilisation windows of ``config.duration_s`` each (``config.warmup_s`` is not used: its
-    first windows are its warm-up).
+    stabilisation windows, a third of ``config.duration_s`` each, so that the three it reports
+    cover the step's measured seconds like every other engine's (``config.warmup_s`` is not
+    used: its first windows are its warm-up).
     """
     input_data = payload.with_name("perf_analyzer-input.json")
     if not input_data.is_file():
         perf_analyzer.write_input_data(PayloadPool.load(payload), input_data)
     # Its windows until three agree, at most MAX_TRIALS of them.
-    windows_s = (perf_analyzer.MAX_TRIALS + 1) * config.duration_s
+    window_s = perf_analyzer.window_for(config.duration_s)
+    windows_s = (perf_analyzer.MAX_TRIALS + 1) * window_s
     run = perf_analyzer.run_step(
         require_perf_analyzer(),
         target.url,
@@ -56,7 +58,7 @@ def perf_analyzer_step(
         model,
         config.batch_size,
         concurrency,
-        config.duration_s,
+        window_s,
         input_data,
         folder,
         timeout_s=windows_s + config.request_timeout_s + STEP_GRACE_S,

@@ -38,6 +38,8 @@ INPUT_ROWS = 4096
 #: settles on a shared 2-core machine, and an unsettled step has no result at all).
 STABILITY_PERCENT = 25
 MAX_TRIALS = 10
+#: The windows perf_analyzer reports on: the last three, merged, once they agree.
+REPORTED_WINDOWS = 3
 STEP_CSV = "perf_analyzer.csv"
 STEP_LOG = "perf_analyzer.log"
 _SERVER_LINE = re.compile(
@@ -45,6 +47,14 @@ _SERVER_LINE = re.compile(
     r" \+ compute input (?P<input>[\d.]+) usec \+ compute infer (?P<infer>[\d.]+) usec"
     r" \+ compute output (?P<output>[\d.]+) usec\)"
 )
+
+
+def window_for(measured_s: float) -> float:
+    """perf_analyzer's window for a step measured over ``measured_s`` seconds: it reports its last
+    :data:`REPORTED_WINDOWS` windows merged, so they together cover the same time as the other
+    engines' measurement (with a window of ``measured_s`` it would average three times as long,
+    and smooth out what they see)."""
+    return measured_s / REPORTED_WINDOWS
 
 
 def write_input_data(pool: PayloadPool, path: Path, rows: int = INPUT_ROWS) -> Path:

@@ -33,7 +33,7 @@ from loadtest.engine.client_cpu import threshold_line
 from loadtest.engine.payload import MAX_POOL_ROWS, PayloadPool
 from loadtest.engine.session import serving_settings
 from loadtest.sweeps.peers.process import PeerProcess
-from loadtest.sweeps.perf_analyzer import MAX_TRIALS, STABILITY_PERCENT
+from loadtest.sweeps.perf_analyzer import MAX_TRIALS, STABILITY_PERCENT, window_for
 from loadtest.sweeps.perf_analyzer_install import require as require_perf_analyzer
 from loadtest.sweeps.report import Report, write_report
 from loadtest.sweeps.steps import ENGINES, StepResult, StreamCursor, SweepConfig, Target, median_step
@@ -141,8 +141,8 @@ class RunOptions:
             "Per step": f"{self.warmup_s:g} s warm-up, {self.duration_s:g} s measured, "
             f"locust processes {'auto' if not self.processes else self.processes}"
             + (
-                f"; perf_analyzer: windows of {self.duration_s:g} s until three agree within "
-                f"{STABILITY_PERCENT} % (at most {MAX_TRIALS})"
+                f"; perf_analyzer: windows of {window_for(self.duration_s):.3g} s until three agree "
+                f"within {STABILITY_PERCENT} % (at most {MAX_TRIALS}), those three reported"
                 if "perf_analyzer" in self.engines
                 else ""
             ),
