@@ -55,6 +55,23 @@ INPUTS: tuple[TensorSpec, ...] = (
 )
 OUTPUTS: tuple[TensorSpec, ...] = (TensorSpec(OUTPUT, np.float32, (1,)),)
 
+# Raw rows: a served model's raw-row model takes the Criteo rows as a client has them.
+#: ``B x 1`` BYTES: one unlabeled Criteo TSV row per element (13 counts, 26 hex ids, tab-separated).
+RAW_ROWS_INPUT = "raw_rows"
+#: A raw-row model's name is its served model's with this suffix (``dlrm_onnx_int8_raw``).
+RAW_MODEL_SUFFIX = "_raw"
+
+
+def raw_model_name(model: str) -> str:
+    """The raw-row model of served model ``model``."""
+    return f"{model}{RAW_MODEL_SUFFIX}"
+
+
+def is_raw_model(model: str) -> bool:
+    """Whether ``model`` is a raw-row model (rows in as text), by the repository's names."""
+    return model.endswith(RAW_MODEL_SUFFIX)
+
+
 # Hot/cold: the tensors between the embedding stage and the dense model.
 #: ``B x 26`` int64: 0 where the lookup is cold, else 1 + the row's index in its table's hot rows.
 HOT_SLOTS = "hot_slots"

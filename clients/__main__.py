@@ -84,6 +84,14 @@ ModeOption = Annotated[ModeName, typer.Option("--mode", help="sync: one request 
 InFlightOption = Annotated[int, typer.Option("--max-in-flight", help="Requests pending at once (async).")]
 MaxRowsOption = Annotated[int | None, typer.Option("--max-rows", help="Only the first N rows.")]
 JsonOption = Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")]
+RawOption = Annotated[
+    bool,
+    typer.Option(
+        "--raw",
+        help="Send each row's text as it is (a labeled file's label cut off) to a raw-row model, "
+        "e.g. dlrm_onnx_int8_raw, which parses it in the server.",
+    ),
+]
 
 
 def _options(
@@ -105,11 +113,11 @@ def _options(
 
 
 def _predict_options(
-    batch_size: int, mode: ModeName, max_in_flight: int, max_rows: int | None
+    batch_size: int, mode: ModeName, max_in_flight: int, max_rows: int | None, raw: bool = False
 ) -> PredictOptions:
     from clients.predict import PredictOptions
 
-    return PredictOptions(batch_size, mode.value, max_in_flight, max_rows)
+    return PredictOptions(batch_size, mode.value, max_in_flight, max_rows, raw)
 
 
 def _table(header: list[str], rows: list[list[str]]) -> str:
@@ -238,13 +246,14 @@ def infer(
     shared_memory: SharedMemoryOption = SharedMemoryName.NONE,
     admin_key: AdminKeyOption = None,
     max_rows: MaxRowsOption = None,
+    raw: RawOption = False,
     timeout: TimeoutOption = 30.0,
     tries: TriesOption = 4,
 ) -> None:
     """Probability of a click for every row of a Criteo TSV file, one per line, in input order."""
     from clients.predict import predict_file
 
-    options = _predict_options(batch_size, mode, max_in_flight, max_rows)
+    options = _predict_options(batch_size, mode, max_in_flight, max_rows, raw)
     client = _options(protocol, url, timeout, tries, shared_memory, admin_key)
     summary = predict_file(client, model, input_file, options, output)
     if output is not None:
@@ -272,6 +281,7 @@ def evaluate(
     shared_memory: SharedMemoryOption = SharedMemoryName.NONE,
     admin_key: AdminKeyOption = None,
     max_rows: MaxRowsOption = None,
+    raw: RawOption = False,
     as_json: JsonOption = False,
     timeout: TimeoutOption = 30.0,
     tries: TriesOption = 4,
@@ -279,7 +289,7 @@ def evaluate(
     """AUC and logloss of served predictions on a labeled file, side by side per model (and reference)."""
     from clients.evaluate import evaluate as run_evaluation
 
-    options = _predict_options(batch_size, mode, max_in_flight, max_rows)
+    options = _predict_options(batch_size, mode, max_in_flight, max_rows, raw)
     client = _options(protocol, url, timeout, tries, shared_memory, admin_key)
     result = run_evaluation(client, model, input_file, options, reference)
     if as_json:

@@ -26,14 +26,13 @@ import numpy as np
 from bundle.errors import BundleError, ClientError
 from clients import failures, request, retry
 from clients import protocol as wire
-from clients.batching import ordered
+from clients.batching import RowsT, located, ordered
 from clients.connection import Connection
 from clients.protocol import ModelState
 from clients.request import Prepared
 from clients.shm import SystemRegion, region_bytes, registration_error
 from clients.stats import ModelStats, parse_statistics
 from clients.validation import ModelSpec
-from criteo.tsv import Batch
 
 logger = logging.getLogger(__name__)
 
@@ -190,8 +189,8 @@ class AsyncTritonClient(Connection):
             raise
 
     async def infer_batches(
-        self, model: str, batches: Iterable[Batch], max_in_flight: int = 4, version: str = ""
-    ) -> AsyncIterator[tuple[Batch, np.ndarray]]:
+        self, model: str, batches: Iterable[RowsT], max_in_flight: int = 4, version: str = ""
+    ) -> AsyncIterator[tuple[RowsT, np.ndarray]]:
         """Infer every batch with up to ``max_in_flight`` requests pending; yield in input order.
 
         Yields:
@@ -200,8 +199,11 @@ class AsyncTritonClient(Connection):
         if self.options.validate:
             await self.model_spec(model, version)  # one fetch, and a bad model fails before any batch
 
-        async def one(batch: Batch) -> np.ndarray:
-            return await self.infer(model, batch.inputs(), version)
+        async def one(batch: RowsT) -> np.ndarray:
+            try:
+                return await self.infer(model, batch.inputs(), version)
+            except ClientError as exc:
+                raise located(batch, exc) from exc.__cause__
 
         results = ordered(batches, one, max_in_flight)
         try:

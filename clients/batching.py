@@ -9,16 +9,61 @@ the items' order, however the calls finish.
 from __future__ import annotations
 
 import asyncio
+import re
 from collections import deque
 from collections.abc import AsyncGenerator, Awaitable, Callable, Iterable, Iterator
 from pathlib import Path
-from typing import TypeVar
+from typing import Protocol, TypeVar, cast
 
-from bundle.errors import ConfigError
-from criteo.tsv import Batch, iter_batches
+import numpy as np
+
+from bundle.errors import ClientError, ConfigError
+from criteo.tsv import Batch, RowText, iter_batches, iter_row_text
 
 Item = TypeVar("Item")
 Result = TypeVar("Result")
+
+
+class Rows(Protocol):
+    """What one request is built from: some rows, as the model's inputs (and their labels, from
+    a labeled file)."""
+
+    @property
+    def labels(self) -> np.ndarray | None: ...
+
+    def __len__(self) -> int: ...
+
+    def inputs(self) -> dict[str, np.ndarray]: ...
+
+
+RowsT = TypeVar("RowsT", bound=Rows)
+
+#: How a raw-row model names a bad row: ``row 3: C7: ...`` (0-based within the request).
+_BAD_ROW = re.compile(r"\brow (\d+): ")
+
+
+class _Chunk(Rows, Protocol):
+    def slice(self, start: int, stop: int) -> _Chunk: ...
+
+
+ChunkT = TypeVar("ChunkT", bound=_Chunk)
+
+
+def _first_rows(
+    chunks: Callable[[], Iterator[ChunkT]], batch_size: int, max_rows: int | None
+) -> Iterator[ChunkT]:
+    """The chunks (of ``batch_size`` rows) up to ``max_rows`` rows in all (every one when None)."""
+    if batch_size < 1:
+        raise ConfigError(f"batch_size must be >= 1, got {batch_size}")
+    if max_rows is not None and max_rows < 1:
+        raise ConfigError(f"max_rows must be >= 1, got {max_rows}")
+    seen = 0
+    for chunk in chunks():
+        if max_rows is not None and seen + len(chunk) >= max_rows:
+            yield cast(ChunkT, chunk.slice(0, max_rows - seen))
+            return
+        seen += len(chunk)
+        yield chunk
 
 
 def file_batches(path: Path | str, batch_size: int, max_rows: int | None = None) -> Iterator[Batch]:
@@ -35,17 +80,24 @@ def file_batches(path: Path | str, batch_size: int, max_rows: int | None = None)
     Raises:
         DataError: the file is missing or a row is malformed (with its file:line).
     """
-    if batch_size < 1:
-        raise ConfigError(f"batch_size must be >= 1, got {batch_size}")
-    if max_rows is not None and max_rows < 1:
-        raise ConfigError(f"max_rows must be >= 1, got {max_rows}")
-    seen = 0
-    for batch in iter_batches(path, chunk_rows=batch_size):
-        if max_rows is not None and seen + len(batch) >= max_rows:
-            yield batch.slice(0, max_rows - seen)
-            return
-        seen += len(batch)
-        yield batch
+    return _first_rows(lambda: iter_batches(path, chunk_rows=batch_size), batch_size, max_rows)
+
+
+def row_text_batches(path: Path | str, batch_size: int, max_rows: int | None = None) -> Iterator[RowText]:
+    """The file's rows as text, ``batch_size`` per request, for a raw-row model (see
+    :func:`criteo.tsv.iter_row_text`: nothing is parsed here, a labeled file's labels are cut)."""
+    return _first_rows(lambda: iter_row_text(path, chunk_rows=batch_size), batch_size, max_rows)
+
+
+def located(rows: Rows, error: ClientError) -> ClientError:
+    """``error`` pointed at the file line it is about, when the server named a bad row of a
+    request made of a file's row text (else ``error`` itself)."""
+    found = _BAD_ROW.search(str(error))
+    if not isinstance(rows, RowText) or found is None or int(found.group(1)) >= len(rows):
+        return error
+    message, line = str(error), rows.line_of(int(found.group(1)))
+    said = message[: found.start()].rstrip(" ,:")
+    return ClientError(f"{rows.path}:{line}: {message[found.end() :]} ({said})")
 
 
 async def ordered(

@@ -16,12 +16,11 @@ from typing import Any
 import numpy as np
 
 from bundle.errors import ConfigError, DataError
-from clients.batching import file_batches
+from clients.batching import Rows, file_batches
 from clients.options import ClientOptions
 from clients.predict import PredictOptions, run_file
 from clients.reference import OnnxReference
 from criteo.metrics import logloss, roc_auc
-from criteo.tsv import Batch
 
 
 @dataclass(frozen=True)
@@ -81,7 +80,7 @@ class _Collector:
         self.labels: list[np.ndarray] = []
         self.probabilities: list[np.ndarray] = []
 
-    def __call__(self, batch: Batch, probabilities: np.ndarray) -> None:
+    def __call__(self, batch: Rows, probabilities: np.ndarray) -> None:
         if batch.labels is None:
             raise DataError("evaluate needs a labeled file (label, 13 counts, 26 ids per line)")
         self.labels.append(batch.labels)

@@ -26,10 +26,9 @@ import numpy as np
 from bundle.errors import ClientError, ConfigError
 from bundle.schema import OUTPUT
 from clients.aio import AsyncTritonClient
-from clients.batching import file_batches
+from clients.batching import Rows, file_batches, row_text_batches
 from clients.options import ClientOptions
 from clients.triton import TritonClient
-from criteo.tsv import Batch
 
 logger = logging.getLogger(__name__)
 
@@ -37,7 +36,7 @@ Mode = Literal["sync", "async"]
 MODES: tuple[str, ...] = ("sync", "async")
 
 #: Receives each batch with its ``B x 1`` probabilities, in input order.
-Sink = Callable[[Batch, np.ndarray], None]
+Sink = Callable[[Rows, np.ndarray], None]
 
 
 @dataclass(frozen=True)
@@ -49,12 +48,15 @@ class PredictOptions:
         mode: ``sync`` (one request in flight) or ``async`` (asyncio client).
         max_in_flight: requests pending at once in ``async`` mode.
         max_rows: stop after this many rows (the whole file when None).
+        raw: send each row's text as it is (to a raw-row model, ``<model>_raw``, which parses
+            it in the server), not the tensors the client makes of it.
     """
 
     batch_size: int = 1024
     mode: Mode = "sync"
     max_in_flight: int = 4
     max_rows: int | None = None
+    raw: bool = False
 
     def __post_init__(self) -> None:
         if isinstance(self.batch_size, bool) or not isinstance(self.batch_size, int) or self.batch_size < 1:
@@ -105,7 +107,11 @@ def run_file(
         DataError: a malformed row (with its file:line).
     """
     started = time.perf_counter()
-    batches = file_batches(path, options.batch_size, options.max_rows)
+    batches: Iterable[Rows] = (
+        row_text_batches(path, options.batch_size, options.max_rows)
+        if options.raw
+        else file_batches(path, options.batch_size, options.max_rows)
+    )
     if options.mode == "sync":
         rows = count = 0
         with TritonClient.from_options(client) as sync_client:
@@ -119,7 +125,7 @@ def run_file(
 
 
 async def _run_async(
-    client: ClientOptions, model: str, batches: Iterable[Batch], max_in_flight: int, sink: Sink
+    client: ClientOptions, model: str, batches: Iterable[Rows], max_in_flight: int, sink: Sink
 ) -> tuple[int, int]:
     rows = count = 0
     async with AsyncTritonClient.from_options(client) as async_client:
@@ -153,7 +159,7 @@ class ProbabilityWriter:
             self._handle = os.fdopen(descriptor, "w", encoding="ascii", newline="\n")
         self.rows = 0
 
-    def __call__(self, batch: Batch, probabilities: np.ndarray) -> None:
+    def __call__(self, batch: Rows, probabilities: np.ndarray) -> None:
         """Append the ``B x 1`` probabilities of ``batch`` (9 significant digits: float32 round-trips)."""
         values = np.asarray(probabilities).reshape(len(batch), -1)
         if values.shape[1] != 1:

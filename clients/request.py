@@ -97,7 +97,14 @@ def build(
 
 
 def shm_layout(pairs: list[tuple[TensorMeta, np.ndarray]], output: TensorMeta, rows: int) -> list[Slice]:
-    """Where this request's inputs and output lie in a region (see :func:`clients.shm.layout`)."""
+    """Where this request's inputs and output lie in a region (see :func:`clients.shm.layout`).
+
+    Raises:
+        ClientError: an input is BYTES (its size varies by row; see :meth:`TensorMeta.row_bytes`).
+    """
+    for tensor, _ in pairs:
+        if tensor.datatype == "BYTES":
+            tensor.row_bytes()
     return layout([(t, a.shape) for t, a in pairs], output, rows)
 
 

@@ -25,6 +25,7 @@ import numpy as np
 from bundle.errors import BundleError, ClientError
 from clients import failures, request, retry
 from clients import protocol as wire
+from clients.batching import RowsT, located
 from clients.connection import Connection
 from clients.options import PROTOCOLS, Protocol
 from clients.protocol import ModelState
@@ -32,7 +33,6 @@ from clients.request import Prepared
 from clients.shm import SystemRegion, region_bytes, registration_error
 from clients.stats import ModelStats, parse_statistics
 from clients.validation import ModelSpec
-from criteo.tsv import Batch
 
 __all__ = ["PROTOCOLS", "Protocol", "TritonClient"]
 
@@ -209,11 +209,15 @@ class TritonClient(Connection):
         return request.decode(prepared, result)
 
     def infer_batches(
-        self, model: str, batches: Iterable[Batch], version: str = ""
-    ) -> Iterator[tuple[Batch, np.ndarray]]:
+        self, model: str, batches: Iterable[RowsT], version: str = ""
+    ) -> Iterator[tuple[RowsT, np.ndarray]]:
         """Infer batch after batch, one request in flight; yields each batch with its ``B x 1`` output."""
         for batch in batches:
-            yield batch, self.infer(model, batch.inputs(), version)
+            try:
+                answer = self.infer(model, batch.inputs(), version)
+            except ClientError as exc:
+                raise located(batch, exc) from exc.__cause__
+            yield batch, answer
 
     # ---------------------------------------------------------- shared memory
     def _region_for(self, nbytes: int) -> SystemRegion:

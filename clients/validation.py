@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from bundle.errors import ClientError
-from bundle.schema import OUTPUT
+from bundle.schema import OUTPUT, RAW_ROWS_INPUT, raw_model_name
 
 #: The config parameter that lets a model take NaN/Inf (the local backend's, see server/backends).
 ALLOW_NON_FINITE = "allow_non_finite_inputs"
@@ -38,6 +38,8 @@ _TRITON_DTYPES: dict[np.dtype[Any], str] = {
     np.dtype(np.float16): "FP16",
     np.dtype(np.float32): "FP32",
     np.dtype(np.float64): "FP64",
+    # Variable-length bytes (a raw-row model's rows): an object array of ``bytes``.
+    np.dtype(np.object_): "BYTES",
 }
 _NUMPY_DTYPES = {name: dtype for dtype, name in _TRITON_DTYPES.items()}
 
@@ -82,6 +84,11 @@ class TensorMeta:
 
     def row_bytes(self) -> int:
         """Bytes of one batch row (fixed per-row dims only)."""
+        if self.datatype == "BYTES":
+            raise ClientError(
+                f"tensor {self.name!r} is BYTES, whose size varies by row: shared memory cannot "
+                "carry it here; send it in the request (--shared-memory none)"
+            )
         if any(dim < 0 for dim in self.row_shape):
             raise ClientError(f"tensor {self.name!r} has a variable per-row shape {list(self.shape)}")
         return int(np.prod(self.row_shape, dtype=np.int64)) * self.numpy_dtype.itemsize
@@ -216,6 +223,16 @@ class ModelSpec:
         prefix = f"model {self.name!r}"
         expected = {t.name for t in self.inputs}
         missing = [t.name for t in self.inputs if t.name not in inputs]
+        if sorted(set(inputs) - expected) == [RAW_ROWS_INPUT]:
+            raise ClientError(
+                f"{prefix} takes {sorted(expected)}, not rows as text; its raw-row model is "
+                f"{raw_model_name(self.name)!r}"
+            )
+        if missing == [RAW_ROWS_INPUT]:
+            raise ClientError(
+                f"{prefix} is a raw-row model: it takes the rows as text in {RAW_ROWS_INPUT!r} "
+                f"(python -m clients infer --raw), not {sorted(inputs)}"
+            )
         if missing:
             raise ClientError(f"{prefix}: input {missing[0]!r} is missing; it takes {sorted(expected)}")
         unexpected = sorted(set(inputs) - expected)

@@ -7,12 +7,12 @@ from pathlib import Path
 
 import numpy as np
 
-from bundle.errors import ClientError, ConfigError
+from bundle.errors import ClientError, ConfigError, DataError
 from bundle.schema import INPUTS
 from clients.reference import OnnxReference
 from clients.triton import TritonClient
 from criteo.synth import SynthConfig, generate_lines
-from criteo.tsv import Batch, parse_lines, read_batch, to_batch
+from criteo.tsv import Batch, iter_row_text, parse_lines, read_batch, to_batch
 
 
 @dataclass(frozen=True)
@@ -42,6 +42,20 @@ def sample_rows(data: Path | None, rows: int, seed: int = 7) -> Batch:
         return read_batch(data, rows)
     lines = [line for chunk in generate_lines(SynthConfig(rows=rows, seed=seed)) for line in chunk]
     return to_batch(parse_lines(lines, path="<synthetic>"))
+
+
+def sample_row_text(data: Path | None, rows: int, seed: int = 7) -> np.ndarray:
+    """The rows of :func:`sample_rows` (same arguments) as their unlabeled text, unparsed: a 1-D
+    ``bytes`` array, one row each, what a raw-row model takes."""
+    if data is not None:
+        chunk = next(iter_row_text(data, chunk_rows=rows), None)
+        if chunk is None:
+            raise DataError(f"{data}: no rows")
+        return np.asarray(chunk.rows[:, 0].tolist(), dtype=np.bytes_)
+    lines = [line for chunk in generate_lines(SynthConfig(rows=rows, seed=seed)) for line in chunk]
+    return np.asarray(
+        [line.rstrip("\r\n").split("\t", 1)[1].encode("ascii") for line in lines], dtype=np.bytes_
+    )
 
 
 def _takes_the_schema(config_file: Path) -> bool:

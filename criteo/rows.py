@@ -22,6 +22,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
+from numpy.lib.stride_tricks import sliding_window_view
 
 NUM_DENSE = 13
 NUM_CATEGORICAL = 26
@@ -36,11 +37,11 @@ DENSE_COLUMNS = tuple(f"I{i}" for i in range(1, NUM_DENSE + 1))
 CATEGORICAL_COLUMNS = tuple(f"C{i}" for i in range(1, NUM_CATEGORICAL + 1))
 
 _TAB, _NEWLINE, _RETURN, _MINUS = 9, 10, 13, 45
-#: Each byte's hex value, 255 for a byte that is no hex digit.
-_HEX = np.full(256, 255, dtype=np.uint8)
-_HEX[np.frombuffer(b"0123456789", np.uint8)] = np.arange(10)
-_HEX[np.frombuffer(b"abcdef", np.uint8)] = np.arange(10, 16)
-_HEX[np.frombuffer(b"ABCDEF", np.uint8)] = np.arange(10, 16)
+#: Digits read at once (a window of bytes), and the zero bytes put before the rows so that the
+#: windows of a field's longest digits never start before them.
+_WINDOW = 8
+_PAD = 3 * _WINDOW
+_ALL_BYTES = np.uint64(2**64 - 1)
 
 
 class RowError(ValueError):
@@ -122,10 +123,11 @@ def parse_rows(data: bytes, labeled: bool | None = False, rows: int | None = Non
     first = int(labeled)
     if labeled:
         labels = _labels(buffer, starts[:, 0], ends[:, 0])
+    windows = sliding_window_view(np.concatenate([np.zeros(_PAD, dtype=np.uint8), buffer]), _WINDOW)
     counts, missing, bad_counts = _counts(
-        buffer, starts[:, first : first + NUM_DENSE], ends[:, first : first + NUM_DENSE]
+        windows, buffer, starts[:, first : first + NUM_DENSE], ends[:, first : first + NUM_DENSE]
     )
-    ids, bad_ids = _ids(buffer, starts[:, first + NUM_DENSE :], ends[:, first + NUM_DENSE :])
+    ids, bad_ids = _ids(windows, starts[:, first + NUM_DENSE :], ends[:, first + NUM_DENSE :])
     bad = np.concatenate([bad_counts, bad_ids], axis=1)
     if bad.any():
         row, field = divmod(int(np.argmax(bad.ravel())), NUM_FEATURES)
@@ -153,17 +155,60 @@ def _labels(buffer: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> np.ndar
     return (first == ord("1")).astype(np.float32)
 
 
-def _digit(
-    buffer: np.ndarray, starts: np.ndarray, ends: np.ndarray, k: int, width: int
+def _window_values(lanes: np.ndarray, hexadecimal: bool) -> np.ndarray:
+    """Windows of 8 digit values (one per byte of a little-endian uint64, 0 to the base - 1,
+    the most significant first) as the numbers they write: adjacent digits, then pairs, then
+    quads combined with shifts and multiplies on every window at once (SWAR)."""
+    if hexadecimal:
+        lanes = ((lanes << np.uint64(4)) | (lanes >> np.uint64(8))) & np.uint64(0x00FF00FF00FF00FF)
+        lanes = ((lanes << np.uint64(8)) | (lanes >> np.uint64(16))) & np.uint64(0x0000FFFF0000FFFF)
+        return ((lanes << np.uint64(16)) | (lanes >> np.uint64(32))) & np.uint64(0xFFFFFFFF)
+    lanes = (lanes * np.uint64(10) & np.uint64(0x00FF00FF00FF00FF)) + (
+        (lanes >> np.uint64(8)) & np.uint64(0x00FF00FF00FF00FF)
+    )
+    lanes = (lanes * np.uint64(100) & np.uint64(0x0000FFFF0000FFFF)) + (
+        (lanes >> np.uint64(16)) & np.uint64(0x0000FFFF0000FFFF)
+    )
+    return (lanes * np.uint64(10000) & np.uint64(0xFFFFFFFF)) + (lanes >> np.uint64(32))
+
+
+def _values(
+    windows: np.ndarray, starts: np.ndarray, ends: np.ndarray, longest: int, hexadecimal: bool
 ) -> tuple[np.ndarray, np.ndarray]:
-    """Byte ``k`` of each field right-aligned in ``width`` bytes, and whether it is the field's own."""
-    positions = ends - (width - k)
-    own = positions >= starts
-    return buffer[np.where(own, positions, 0)], own
+    """Each field's digits as one number: ``(values, bad)``, ``values`` as uint64 (their low 64
+    bits), ``bad`` where a byte of the field is no digit (decimal, or hex in either case).
+
+    ``windows``: the rows' bytes as overlapping :data:`_WINDOW`-byte windows, the ``i``-th
+    starting at byte ``i - _PAD``; ``longest``: the most digits of any field. The fields are
+    read :data:`_WINDOW` digits at a time from their right end: each window in one gather,
+    checked byte by byte, then one uint64 per window.
+    """
+    base = 16 if hexadecimal else 10
+    lengths = (ends - starts).ravel()
+    total = np.zeros(lengths.size, dtype=np.uint64)
+    bad = np.zeros(lengths.size, dtype=bool)
+    for chunk in range(-(-longest // _WINDOW)):
+        raw = windows[ends.ravel() + (_PAD - _WINDOW * (chunk + 1))]
+        digits = raw - np.uint8(ord("0"))
+        ok = digits < 10
+        if hexadecimal:
+            ok |= (raw | np.uint8(0x20)) - np.uint8(ord("a")) < 6
+            # "0"-"9" are 0x30-0x39, "A"-"F" 0x41-0x46 and "a"-"f" 0x61-0x66: the low four bits,
+            # plus 9 for a letter (bit 6).
+            digits = (raw & np.uint8(0x0F)) + np.uint8(9) * (raw >> np.uint8(6))
+        # The field's own bytes of this window: its last ones (the high bytes, little-endian);
+        # the window's first bytes lie before the field when it has fewer digits left.
+        own = np.clip(lengths - _WINDOW * chunk, 0, _WINDOW).astype(np.uint64)
+        mask = np.where(own > 0, _ALL_BYTES << (np.uint64(8) * (np.uint64(_WINDOW) - own) % np.uint64(64)), 0)
+        mask = mask.astype(np.uint64)
+        bad |= ((~ok).view("<u8").ravel() & mask) != 0
+        lanes = digits.view("<u8").ravel() & mask
+        total += _window_values(lanes, hexadecimal) * np.uint64(base ** (_WINDOW * chunk) % 2**64)
+    return total.reshape(starts.shape), bad.reshape(starts.shape)
 
 
 def _counts(
-    buffer: np.ndarray, starts: np.ndarray, ends: np.ndarray
+    windows: np.ndarray, buffer: np.ndarray, starts: np.ndarray, ends: np.ndarray
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Counts (missing: -1), which are missing, and which break the rule, each ``B x 13``."""
     missing = ends == starts
@@ -171,28 +216,24 @@ def _counts(
     first = starts + negative
     digits = ends - first
     bad = ~missing & ((digits < 1) | (digits > MAX_COUNT_DIGITS))
-    total = np.zeros(starts.shape, dtype=np.int64)
-    for k in range(MAX_COUNT_DIGITS):
-        chars, own = _digit(buffer, first, ends, k, MAX_COUNT_DIGITS)
-        values = chars - np.uint8(ord("0"))  # a byte that is no digit wraps above 9
-        bad |= own & (values > 9)
-        total = np.where(own, total * 10 + values, total)
+    longest = min(int(digits.max(initial=0)), MAX_COUNT_DIGITS)
+    values, no_digit = _values(windows, first, ends, longest, hexadecimal=False)
+    bad |= no_digit
+    total = values.view(np.int64)
     total = np.where(negative, -total, total)
     total[missing] = -1
     return total, missing, bad
 
 
-def _ids(buffer: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def _ids(windows: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Ids as int64 (the 64 bits of the hex value; missing: :data:`MISSING_ID`), and which break
     the rule, each ``B x 26``."""
-    bad = ends - starts > MAX_ID_DIGITS
-    total = np.zeros(starts.shape, dtype=np.uint64)
-    for k in range(MAX_ID_DIGITS):
-        chars, own = _digit(buffer, starts, ends, k, MAX_ID_DIGITS)
-        values = _HEX[chars]
-        bad |= own & (values > 15)
-        total = np.where(own, (total << np.uint64(4)) | values.astype(np.uint64), total)
-    ids = total.view(np.int64)
+    lengths = ends - starts
+    bad = lengths > MAX_ID_DIGITS
+    longest = min(int(lengths.max(initial=0)), MAX_ID_DIGITS)
+    values, no_digit = _values(windows, starts, ends, longest, hexadecimal=True)
+    bad |= no_digit
+    ids = values.view(np.int64)
     ids[ends == starts] = MISSING_ID
     return ids, bad
 

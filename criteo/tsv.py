@@ -12,12 +12,12 @@ import gzip
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO
+from typing import IO, cast
 
 import numpy as np
 
 from bundle.errors import DataError
-from bundle.schema import CATEGORICAL_INPUT, DENSE_INPUT
+from bundle.schema import CATEGORICAL_INPUT, DENSE_INPUT, RAW_ROWS_INPUT
 from criteo.preprocess import preprocess_counts, preprocess_ids
 from criteo.rows import RowError, parse_rows
 from criteo.schema import NUM_FIELDS
@@ -98,6 +98,12 @@ def _open_text(path: Path) -> IO[str]:
     return open(path, encoding="ascii", newline="\n")
 
 
+def _open_bytes(path: Path) -> IO[bytes]:
+    if path.suffix == ".gz":
+        return cast(IO[bytes], gzip.open(path, "rb"))
+    return open(path, "rb")
+
+
 def parse_lines(
     lines: list[str], first_line: int = 1, path: str = "<lines>", fields: int | None = None
 ) -> RawBatch:
@@ -172,6 +178,95 @@ def iter_raw(path: Path | str, chunk_rows: int = 65536) -> Iterator[RawBatch]:
                 line_no += len(lines)
     except UnicodeDecodeError as exc:
         raise DataError(f"{path}: not an ASCII Criteo TSV file ({exc.reason} at byte {exc.start})") from None
+
+
+@dataclass(frozen=True)
+class RowText:
+    """Rows as their text, for a raw-row model (``<model>_raw``), which parses them in the server.
+
+    Attributes:
+        rows: ``B x 1`` object array of ``bytes``: each row's 39 unlabeled fields as written,
+            tab-separated, without its line end.
+        first_line: 1-based line number of the first row in its file.
+        path: the file's name, for messages.
+        labels: ``B`` float32 labels of a labeled file (cut from the text), else None.
+    """
+
+    rows: np.ndarray
+    first_line: int
+    path: str = "<rows>"
+    labels: np.ndarray | None = None
+
+    def __len__(self) -> int:
+        return int(self.rows.shape[0])
+
+    def inputs(self) -> dict[str, np.ndarray]:
+        """The raw-row model's input: ``{raw_rows: B x 1 BYTES}``."""
+        return {RAW_ROWS_INPUT: self.rows}
+
+    def slice(self, start: int, stop: int) -> RowText:
+        """Rows ``start:stop`` (views, no copy)."""
+        labels = None if self.labels is None else self.labels[start:stop]
+        return RowText(self.rows[start:stop], self.first_line + start, self.path, labels)
+
+    def line_of(self, row: int) -> int:
+        """The file line of row ``row`` (0-based) of this chunk."""
+        return self.first_line + row
+
+
+def iter_row_text(path: Path | str, chunk_rows: int = 65536) -> Iterator[RowText]:
+    """Stream a Criteo TSV file (optionally ``.gz``) as its rows' text, unparsed.
+
+    The text is sent as it is, so the server, not the client, applies the rules: a labeled
+    file (its first line has 40 fields) loses each line's first field, the label (kept as
+    :attr:`RowText.labels`, which must be 0 or 1), and nothing else is changed or checked here.
+
+    Args:
+        path: the file.
+        chunk_rows: rows per chunk.
+
+    Raises:
+        DataError: the file is missing, or has an empty line.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise DataError(f"no such file: {path}")
+    if chunk_rows <= 0:
+        raise DataError(f"chunk_rows must be positive, got {chunk_rows}")
+    labeled: bool | None = None
+    line_no = 1
+    with _open_bytes(path) as handle:
+        while True:
+            lines: list[bytes] = []
+            labels: list[bytes] = []
+            for line in handle:
+                line = line.rstrip(b"\r\n")
+                if not line.strip():
+                    raise DataError(f"{path}:{line_no + len(lines)}: empty line")
+                if labeled is None:
+                    labeled = line.count(b"\t") == NUM_FIELDS - 1
+                if labeled:
+                    label, _, line = line.partition(b"\t")
+                    labels.append(label)
+                lines.append(line)
+                if len(lines) == chunk_rows:
+                    break
+            if not lines:
+                return
+            rows = np.empty((len(lines), 1), dtype=np.object_)
+            rows[:, 0] = lines
+            yield RowText(rows, line_no, str(path), _labels_of(labels, line_no, path) if labeled else None)
+            line_no += len(lines)
+
+
+def _labels_of(labels: list[bytes], first_line: int, path: Path) -> np.ndarray:
+    """Labels cut from row text: each must be ``0`` or ``1``."""
+    values = np.asarray(labels, dtype=np.bytes_)
+    good = (values == b"0") | (values == b"1")
+    if not good.all():
+        row = int(np.argmin(good))
+        raise DataError(f"{path}:{first_line + row}: label: label must be 0 or 1, got {labels[row]!r}")
+    return (values == b"1").astype(np.float32)
 
 
 def iter_batches(path: Path | str, chunk_rows: int = 65536) -> Iterator[Batch]:

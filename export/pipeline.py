@@ -43,6 +43,7 @@ from bundle.repository import (
     version_dir,
     write_report,
 )
+from bundle.schema import raw_model_name
 from bundle.staging import RepositoryWrite
 from criteo.tsv import Batch, read_batch
 from export.framework import FrameworkExporter, StreamedTables, TorchSource
@@ -59,7 +60,7 @@ from export.graphs.parity import (
 )
 from export.graphs.quantize import quantize_int8
 from export.options import ExportOptions
-from export.raw_rows import STAGE_MODEL, raw_model_name, write_raw_models
+from export.raw_rows import STAGE_MODEL, write_raw_models
 from export.tables.ensemble import PRECISIONS, dense_model_name, embedding_model_name, ensemble_model_name
 from export.tables.placement import place_embeddings, place_streamed
 

@@ -26,32 +26,31 @@ from tritonclient.grpc import model_config_pb2 as mc
 
 from bundle.errors import ConfigError
 from bundle.repository import CONFIG_NAME, make_ensemble_version, read_config, version_dir, write_config
-from bundle.schema import CATEGORICAL_INPUT, DENSE_INPUT, NUM_CATEGORICAL, NUM_DENSE, OUTPUT
+from bundle.schema import (
+    CATEGORICAL_INPUT,
+    DENSE_INPUT,
+    NUM_CATEGORICAL,
+    NUM_DENSE,
+    OUTPUT,
+    RAW_ROWS_INPUT,
+    raw_model_name,
+)
 from criteo import rows as rules
 from server.stages.raw_rows import RULES_FILE, SOURCE_DIR, SOURCE_FILES
 
 #: The raw-row stage's model name (one for every family).
 STAGE_MODEL = "criteo_rows"
-#: The raw-row models' input: one unlabeled Criteo TSV row per element.
-RAW_INPUT = "raw_rows"
-#: A raw-row model's name is its served model's with this suffix.
-RAW_SUFFIX = "_raw"
 #: Rows the stage takes in one execution at most (a served model's max batch size may not exceed it).
 STAGE_MAX_BATCH = 65536
 #: Instances of the stage (each is one python stub process).
 STAGE_INSTANCES = 1
 
 
-def raw_model_name(model: str) -> str:
-    """The raw-row model of served model ``model``."""
-    return f"{model}{RAW_SUFFIX}"
-
-
 def build_stage_config() -> mc.ModelConfig:
     """The stage's config: ``raw_rows`` BYTES ``[1]`` in, the schema's two input tensors out, a
     dynamic batcher that gathers concurrent requests (no delay added)."""
     config = mc.ModelConfig(name=STAGE_MODEL, backend="python", max_batch_size=STAGE_MAX_BATCH)
-    config.input.add(name=RAW_INPUT, data_type=mc.TYPE_STRING, dims=[1])
+    config.input.add(name=RAW_ROWS_INPUT, data_type=mc.TYPE_STRING, dims=[1])
     config.output.add(name=DENSE_INPUT, data_type=mc.TYPE_FP32, dims=[NUM_DENSE])
     config.output.add(name=CATEGORICAL_INPUT, data_type=mc.TYPE_INT64, dims=[NUM_CATEGORICAL])
     config.dynamic_batching.SetInParent()
@@ -86,10 +85,10 @@ def build_raw_config(model: str, served: mc.ModelConfig) -> mc.ModelConfig:
         raise ConfigError(f"{model}: max_batch_size {batch} exceeds the raw-row stage's {STAGE_MAX_BATCH}")
     config = mc.ModelConfig(name=raw_model_name(model), platform="ensemble", max_batch_size=batch)
     leading = [] if batch else [-1]
-    config.input.add(name=RAW_INPUT, data_type=mc.TYPE_STRING, dims=[*leading, 1])
+    config.input.add(name=RAW_ROWS_INPUT, data_type=mc.TYPE_STRING, dims=[*leading, 1])
     config.output.add(name=OUTPUT, data_type=mc.TYPE_FP32, dims=[*leading, 1])
     stage = config.ensemble_scheduling.step.add(model_name=STAGE_MODEL, model_version=-1)
-    stage.input_map[RAW_INPUT] = RAW_INPUT
+    stage.input_map[RAW_ROWS_INPUT] = RAW_ROWS_INPUT
     step = config.ensemble_scheduling.step.add(model_name=model, model_version=-1)
     for tensor in (DENSE_INPUT, CATEGORICAL_INPUT):
         stage.output_map[tensor] = tensor

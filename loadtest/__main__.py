@@ -345,6 +345,7 @@ app.command("cold-reads")(commands.cold_reads)
 app.command("cold-tier")(commands.cold_tier)
 app.command()(commands.tune)
 app.command("model-analyzer")(commands.model_analyzer)
+app.command("raw-rows")(commands.raw_rows)
 app.command()(commands.faults)
 app.command()(commands.demo)
 

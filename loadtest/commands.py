@@ -31,6 +31,7 @@ import typer
 from bundle.errors import ConfigError
 from bundle.records import command_line
 from loadtest.options import (
+    ClientCpus,
     Concurrency,
     CpuOut,
     Data,
@@ -41,7 +42,7 @@ from loadtest.options import (
     Seconds,
     Warmup,
 )
-from loadtest.sweeps.steps import parse_ints
+from loadtest.sweeps.steps import parse_cpus, parse_ints
 
 
 def soak(
@@ -435,6 +436,14 @@ def tune(
         bool, typer.Option("--apply", help="Write the winner's config into --repository.")
     ] = False,
     data: Data = None,
+    raw: Annotated[
+        bool,
+        typer.Option(
+            "--raw",
+            help="Send the rows as text to each variant's raw-row model (<model>_raw, parsed in the "
+            "server); the config searched is the variant's.",
+        ),
+    ] = False,
     out: Annotated[Path, typer.Option(help="Folder for report.md, report.json and frontier.png.")] = Path(
         "reports/tune"
     ),
@@ -468,7 +477,8 @@ def tune(
     )
     if brute_force:
         policy = with_changes(policy, adaptive=False)
-    document = run_tune(TuneOptions(repository, space, policy, data, top), command_line("loadtest"))
+    options = TuneOptions(repository, space, policy, data, top, raw=raw)
+    document = run_tune(options, command_line("loadtest"))
     paths = write_tune(document, out)
     winner = document["winner"]
     if winner is None:
@@ -577,3 +587,32 @@ def faults(
 
     table = measure(command_line("loadtest"), out, work, keep)
     print(f"{len(table.results)} faults, every target met: {out / 'result.md'}")
+
+
+def raw_rows(
+    repository: Repository = Path("model_repository"),
+    model: Annotated[str, typer.Option(help="The served model; its raw-row model is <model>_raw.")] = (
+        "dlrm_onnx_int8"
+    ),
+    batch_size: Annotated[str, typer.Option(help="Rows per request, comma-separated.")] = "1,1024",
+    concurrency: Concurrency = "1,2,4",
+    rounds: Rounds = 3,
+    seconds: Seconds = 3.0,
+    warmup: Warmup = 1.0,
+    protocol: Protocol = "grpc",
+    data: Data = None,
+    client_cpus: ClientCpus = None,
+    out: CpuOut = Path("reports/raw_rows"),
+) -> None:
+    """Raw rows against tensors: samples/s and latency of <model>_raw beside <model>, where a raw
+    request's time goes in the server, and the input forms timed in-process."""
+    from loadtest.benchmarks.raw_rows import RawRowsOptions, run_raw_rows, verdict, write_raw_rows
+
+    options = RawRowsOptions(
+        repository, model, parse_ints(batch_size, "--batch-size"), parse_ints(concurrency, "--concurrency"),
+        rounds, seconds, warmup, protocol, data, None if client_cpus is None else parse_cpus(client_cpus),
+    )  # fmt: skip
+    document = run_raw_rows(options, command_line("loadtest"))
+    paths = write_raw_rows(document, out)
+    print(verdict(document))
+    print(f"report: {paths['markdown']}")

@@ -2,9 +2,11 @@
 
 Rows come from a Criteo TSV file or from the synthetic generator, go through
 the data contract's preprocessing once (:mod:`criteo.tsv`), and are kept as
-the model's two input arrays. Load generators then only pick a batch; no row
-is parsed, generated or preprocessed while requests are timed. The sweep
-writes the pool to one ``.npz`` file that every locust process loads.
+the model's two input arrays, and as the rows' text for a raw-row model
+(``<model>_raw``, which parses the rows in the server). Load generators then
+only pick a batch; no row is parsed, generated or preprocessed while requests
+are timed. The sweep writes the pool to one ``.npz`` file that every locust
+process loads.
 """
 
 from __future__ import annotations
@@ -15,8 +17,8 @@ from pathlib import Path
 import numpy as np
 
 from bundle.errors import ConfigError, DataError
-from bundle.schema import CATEGORICAL_INPUT, DENSE_INPUT, INPUTS
-from clients.verify import sample_rows
+from bundle.schema import CATEGORICAL_INPUT, DENSE_INPUT, INPUTS, RAW_ROWS_INPUT
+from clients.verify import sample_row_text, sample_rows
 
 #: Distinct batches a pool holds, at most (fewer when that would exceed MAX_POOL_ROWS).
 DEFAULT_POOL_BATCHES = 64
@@ -35,12 +37,15 @@ class PayloadPool:
         categorical: ``(batches * batch_size) x 26`` int64.
         batch_size: rows per request ``B``.
         source: where the rows came from (a file name, or ``synthetic``).
+        text: the same rows as their unlabeled TSV text, 1-D ``bytes``, for a raw-row model;
+            None when the pool was made without it (a streamed file's).
     """
 
     dense: np.ndarray
     categorical: np.ndarray
     batch_size: int
     source: str
+    text: np.ndarray | None = None
 
     def __post_init__(self) -> None:
         if self.batch_size < 1:
@@ -50,6 +55,10 @@ class PayloadPool:
             raise DataError(
                 f"a payload pool needs a whole number of batches of {self.batch_size} rows, "
                 f"got {rows} dense and {self.categorical.shape[0]} categorical rows"
+            )
+        if self.text is not None and (self.text.dtype.kind != "S" or self.text.shape != (rows,)):
+            raise DataError(
+                f"payload row text is {self.text.dtype} {list(self.text.shape)}, expected bytes [{rows}]"
             )
         for spec, array in zip(INPUTS, (self.dense, self.categorical), strict=True):
             if array.dtype != spec.dtype or array.shape[1:] != spec.shape:
@@ -62,15 +71,24 @@ class PayloadPool:
         """The number of batches."""
         return int(self.dense.shape[0]) // self.batch_size
 
-    def batch(self, index: int) -> dict[str, np.ndarray]:
-        """Batch ``index`` (modulo the pool's length) as ``{tensor name: B x ...}`` contiguous views."""
+    def batch(self, index: int, raw: bool = False) -> dict[str, np.ndarray]:
+        """Batch ``index`` (modulo the pool's length) as ``{tensor name: B x ...}`` contiguous views,
+        or with ``raw`` as a raw-row model's input, ``{raw_rows: B x 1 bytes objects}``.
+
+        Raises:
+            DataError: ``raw`` from a pool made without the rows' text.
+        """
         start = (index % len(self)) * self.batch_size
         stop = start + self.batch_size
+        if raw:
+            if self.text is None:
+                raise DataError(f"the payload from {self.source} holds no row text for a raw-row model")
+            return {RAW_ROWS_INPUT: self.text[start:stop].astype(np.object_).reshape(-1, 1)}
         return {DENSE_INPUT: self.dense[start:stop], CATEGORICAL_INPUT: self.categorical[start:stop]}
 
-    def batches(self) -> list[dict[str, np.ndarray]]:
-        """Every batch, in order."""
-        return [self.batch(i) for i in range(len(self))]
+    def batches(self, raw: bool = False) -> list[dict[str, np.ndarray]]:
+        """Every batch, in order (``raw``: see :meth:`batch`)."""
+        return [self.batch(i, raw) for i in range(len(self))]
 
     def save(self, path: Path) -> Path:
         """Write the pool as an uncompressed ``.npz`` file (loads in milliseconds)."""
@@ -82,6 +100,7 @@ class PayloadPool:
                 categorical=self.categorical,
                 batch_size=np.int64(self.batch_size),
                 source=np.array(self.source),
+                **({} if self.text is None else {"text": self.text}),
             )
         return path
 
@@ -95,6 +114,7 @@ class PayloadPool:
                     np.ascontiguousarray(data["categorical"]),
                     int(data["batch_size"]),
                     str(data["source"]),
+                    data["text"] if "text" in data.files else None,
                 )
         except (OSError, KeyError, ValueError) as exc:
             raise DataError(f"cannot read payload pool {path}: {exc}") from None
@@ -103,17 +123,18 @@ class PayloadPool:
         """The same rows cut into batches of ``batch_size`` (rows beyond a whole batch are dropped;
         rows repeat when the pool holds fewer than one batch)."""
         rows = self.dense.shape[0]
+        dense, categorical, text = self.dense, self.categorical, self.text
         if rows < batch_size:
             repeat = -(-batch_size // rows)
-            dense, categorical = np.tile(self.dense, (repeat, 1)), np.tile(self.categorical, (repeat, 1))
-        else:
-            dense, categorical = self.dense, self.categorical
+            dense, categorical = np.tile(dense, (repeat, 1)), np.tile(categorical, (repeat, 1))
+            text = None if text is None else np.tile(text, repeat)
         keep = (dense.shape[0] // batch_size) * batch_size
         return PayloadPool(
             np.ascontiguousarray(dense[:keep]),
             np.ascontiguousarray(categorical[:keep]),
             batch_size,
             self.source,
+            None if text is None else np.ascontiguousarray(text[:keep]),
         )
 
 
@@ -139,15 +160,17 @@ def build_pool(
         seed: seed of the synthetic rows.
 
     Returns:
-        The pool: ``len(pool)`` batches of ``B x 13`` dense and ``B x 26`` ids.
+        The pool: ``len(pool)`` batches of ``B x 13`` dense and ``B x 26`` ids, and the rows' text.
     """
     rows = pool_rows(batch_size, batches)
     sample = sample_rows(data, rows, seed)
+    text = sample_row_text(data, len(sample), seed)
     pool = PayloadPool(
         np.ascontiguousarray(sample.dense, dtype=np.float32),
         np.ascontiguousarray(sample.categorical, dtype=np.int64),
         1,
         str(data) if data is not None else "synthetic",
+        text if text.shape == (len(sample),) else None,
     )
     return pool.rebatched(batch_size)
 

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from bundle.errors import ClientError, ConfigError
+from bundle.schema import is_raw_model
 from clients.options import Protocol, SharedMemory
 from clients.retry import RetryPolicy
 from clients.triton import TritonClient
@@ -92,7 +93,7 @@ def triton_requests(
 
     @contextmanager
     def connect(worker: int) -> Iterator[Request]:
-        batches = pool.batches()
+        batches = pool.batches(is_raw_model(model))
         with TritonClient(
             url,
             protocol,
@@ -152,7 +153,8 @@ def _raw_requests(
     if protocol == "grpc":
         messages, header_length = serialised_requests(model, pool), 0
     else:
-        messages, header_length = http_bodies(pool), http_header_length(pool)
+        raw = is_raw_model(model)
+        messages, header_length = http_bodies(pool, raw), http_header_length(pool, raw)
 
     def message(worker: int, sequence: int) -> bytes:
         return messages[(first + worker + sequence * step) % len(messages)]

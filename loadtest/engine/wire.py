@@ -19,9 +19,10 @@ from typing import Any
 import grpc
 import numpy as np
 from tritonclient.grpc import service_pb2
+from tritonclient.utils import serialize_byte_tensor
 
 from bundle.errors import ClientError, DataError
-from bundle.schema import OUTPUT
+from bundle.schema import OUTPUT, is_raw_model
 from clients.validation import triton_dtype
 from loadtest.engine.payload import PayloadPool
 
@@ -41,22 +42,30 @@ _RECEIVE_BYTES = 1 << 16
 _SCORE_BYTES = 4
 
 
+def tensor_bytes(array: np.ndarray) -> bytes:
+    """A tensor's contents as Triton takes them raw: the array's bytes, or for BYTES (an object
+    array of ``bytes``) each element's 4-byte little-endian length, then the element."""
+    if array.dtype == np.object_:
+        return bytes(serialize_byte_tensor(array).item())
+    return np.ascontiguousarray(array).tobytes()
+
+
 def serialised_request(model: str, batch: dict[str, np.ndarray], version: str = "") -> bytes:
     """One batch as a serialised ``ModelInferRequest`` for ``model`` (tensors raw)."""
     message = service_pb2.ModelInferRequest(model_name=model, model_version=version)
     for name, array in batch.items():
-        array = np.ascontiguousarray(array)
         tensor = message.inputs.add()
         tensor.name, tensor.datatype = name, triton_dtype(array.dtype)
         tensor.shape.extend(array.shape)
-        message.raw_input_contents.append(array.tobytes())
+        message.raw_input_contents.append(tensor_bytes(array))
     message.outputs.add().name = OUTPUT
     return bytes(message.SerializeToString())
 
 
 def serialised_requests(model: str, pool: PayloadPool, version: str = "") -> list[bytes]:
-    """Every batch of ``pool`` as a serialised ``ModelInferRequest`` for ``model``."""
-    return [serialised_request(model, batch, version) for batch in pool.batches()]
+    """Every batch of ``pool`` as a serialised ``ModelInferRequest`` for ``model`` (its rows' text
+    for a raw-row model)."""
+    return [serialised_request(model, batch, version) for batch in pool.batches(is_raw_model(model))]
 
 
 def _check_scores(output_bytes: list[int], rows: int) -> None:
@@ -107,30 +116,44 @@ class RawGrpcInfer:
 HEADER_LENGTH = "Inference-Header-Content-Length"
 
 
-def http_body(batch: dict[str, np.ndarray]) -> bytes:
-    """One batch as the body of an HTTP inference request (binary-data extension)."""
-    arrays = [np.ascontiguousarray(array) for array in batch.values()]
+def _http_parts(batch: dict[str, np.ndarray]) -> tuple[bytes, list[bytes]]:
+    """An HTTP body's JSON header and its tensors' bytes."""
+    contents = [tensor_bytes(array) for array in batch.values()]
     header = {
         "inputs": [
             {"name": name, "shape": list(array.shape), "datatype": triton_dtype(array.dtype),
-             "parameters": {"binary_data_size": array.nbytes}}
-            for name, array in zip(batch, arrays, strict=True)
+             "parameters": {"binary_data_size": len(content)}}
+            for (name, array), content in zip(batch.items(), contents, strict=True)
         ],
         "outputs": [{"name": OUTPUT, "parameters": {"binary_data": True}}],
     }  # fmt: skip
-    return json.dumps(header, separators=(",", ":")).encode() + b"".join(a.tobytes() for a in arrays)
+    return json.dumps(header, separators=(",", ":")).encode(), contents
 
 
-def http_bodies(pool: PayloadPool) -> list[bytes]:
-    """Every batch of ``pool`` as an HTTP body, its JSON header's length the same for every
-    batch (:func:`http_header_length`)."""
-    return [http_body(batch) for batch in pool.batches()]
+def http_body(batch: dict[str, np.ndarray], header_length: int | None = None) -> bytes:
+    """One batch as the body of an HTTP inference request (binary-data extension); with
+    ``header_length``, its JSON header padded with spaces to that length, so that the bodies
+    of a pool whose tensors' sizes vary (rows as text) share one header length."""
+    header, contents = _http_parts(batch)
+    if header_length is not None:
+        if len(header) > header_length:
+            raise DataError(f"an HTTP request header of {len(header)} bytes exceeds {header_length}")
+        header = header.ljust(header_length)
+    return header + b"".join(contents)
 
 
-def http_header_length(pool: PayloadPool) -> int:
-    """The length of the JSON header of :func:`http_body` for ``pool``'s batches (all one shape)."""
-    batch = pool.batch(0)
-    return len(http_body(batch)) - sum(np.ascontiguousarray(a).nbytes for a in batch.values())
+def http_bodies(pool: PayloadPool, raw: bool = False) -> list[bytes]:
+    """Every batch of ``pool`` as an HTTP body (its rows' text with ``raw``), its JSON header's
+    length the same for every batch (:func:`http_header_length`)."""
+    length = http_header_length(pool, raw)
+    return [http_body(batch, length) for batch in pool.batches(raw)]
+
+
+def http_header_length(pool: PayloadPool, raw: bool = False) -> int:
+    """The length of the JSON header of :func:`http_body` for ``pool``'s batches: one shape for
+    tensors; the longest for rows as text (``raw``), whose sizes vary."""
+    batches = pool.batches(raw) if raw else [pool.batch(0)]
+    return max(len(_http_parts(batch)[0]) for batch in batches)
 
 
 class RawHttpInfer:

@@ -15,7 +15,7 @@ from typing import Literal
 import numpy as np
 
 from bundle.errors import ConfigError
-from bundle.schema import CATEGORICAL_INPUT, DENSE_INPUT
+from bundle.schema import CATEGORICAL_INPUT, DENSE_INPUT, is_raw_model
 from clients.retry import RetryPolicy
 from clients.triton import TritonClient
 from loadtest.engine.client_cpu import ClientCpu, process_cpu_s, process_demand, thread_busy_s
@@ -45,9 +45,10 @@ def perf_analyzer_step(
     cover the step's measured seconds like every other engine's (``config.warmup_s`` is not
     used: its first windows are its warm-up).
     """
-    input_data = payload.with_name("perf_analyzer-input.json")
+    raw = is_raw_model(model)
+    input_data = payload.with_name("perf_analyzer-input-raw.json" if raw else "perf_analyzer-input.json")
     if not input_data.is_file():
-        perf_analyzer.write_input_data(PayloadPool.load(payload), input_data)
+        perf_analyzer.write_input_data(PayloadPool.load(payload), input_data, raw=raw)
     # Its windows until three agree, at most MAX_TRIALS of them.
     window_s = perf_analyzer.window_for(config.duration_s)
     windows_s = (perf_analyzer.MAX_TRIALS + 1) * window_s

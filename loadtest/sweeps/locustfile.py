@@ -32,7 +32,7 @@ from typing import Any, ClassVar
 import gevent
 from locust import User, constant, task
 
-from bundle.schema import CATEGORICAL_INPUT, DENSE_INPUT
+from bundle.schema import CATEGORICAL_INPUT, DENSE_INPUT, is_raw_model
 from clients.options import Protocol
 from clients.retry import RetryPolicy
 from clients.triton import TritonClient
@@ -76,7 +76,9 @@ class TritonUser(User):
         self._timeout_s: float = parsed.request_timeout
         #: Streamed: each request takes the stream's next rows (built then); else the pool's batches.
         self._stream: bool = parsed.stream_start >= 0
-        self._batches = [] if self._stream else payload_pool().batches()
+        #: A raw-row model takes the rows' text (the pool holds both forms).
+        self._as_text = is_raw_model(self._model)
+        self._batches = [] if self._stream else payload_pool().batches(self._as_text)
         # Users start at different batches so that concurrent requests differ.
         self._next = random.randrange(len(self._batches)) if self._batches else 0
         self._client: TritonClient | None = None
@@ -140,7 +142,7 @@ class RawTritonUser(TritonUser):
         super().on_start()
         self._encode, self._raw = self.open()
         if not self._stream and self.protocol not in _MESSAGES:
-            _MESSAGES[self.protocol] = [self._encode(b) for b in payload_pool().batches()]
+            _MESSAGES[self.protocol] = [self._encode(b) for b in payload_pool().batches(self._as_text)]
         self._messages = [] if self._stream else _MESSAGES[self.protocol]
         self._threaded = self.threaded()
         if self._threaded:
@@ -218,8 +220,9 @@ class HttpTritonUser(RawTritonUser):
     protocol = "http"
 
     def open(self) -> tuple[Callable[[dict[str, Any]], bytes], RawGrpcInfer | RawHttpInfer]:
-        length = http_header_length(payload_pool())
-        return http_body, RawHttpInfer(self.host or "", self._model, length, self._timeout_s)
+        length = http_header_length(payload_pool(), self._as_text)
+        encode = partial(http_body, header_length=length)
+        return encode, RawHttpInfer(self.host or "", self._model, length, self._timeout_s)
 
     def threaded(self) -> bool:
         return True

@@ -24,8 +24,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from bundle.errors import BundleError
-from bundle.schema import CATEGORICAL_INPUT, DENSE_INPUT
+from bundle.errors import BundleError, DataError
+from bundle.schema import CATEGORICAL_INPUT, DENSE_INPUT, RAW_ROWS_INPUT
 from clients.retry import RetryPolicy
 from clients.triton import TritonClient
 from loadtest.engine.client_cpu import ClientCpu, process_demand, thread_busy_s
@@ -57,9 +57,17 @@ def window_for(measured_s: float) -> float:
     return measured_s / REPORTED_WINDOWS
 
 
-def write_input_data(pool: PayloadPool, path: Path, rows: int = INPUT_ROWS) -> Path:
-    """The pool's first ``rows`` rows as perf_analyzer's JSON input data, one batch-1 entry per row."""
+def write_input_data(pool: PayloadPool, path: Path, rows: int = INPUT_ROWS, raw: bool = False) -> Path:
+    """The pool's first ``rows`` rows as perf_analyzer's JSON input data, one batch-1 entry per row;
+    with ``raw``, each row's text for a raw-row model (its one BYTES element)."""
     count = min(rows, pool.dense.shape[0])
+    if raw:
+        if pool.text is None:
+            raise DataError(f"the payload from {pool.source} holds no row text for a raw-row model")
+        texts = [row.decode("ascii") for row in pool.text[:count].tolist()]
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps({"data": [{RAW_ROWS_INPUT: [text]} for text in texts]}))
+        return path
     dense, categorical = pool.dense[:count].tolist(), pool.categorical[:count].tolist()
     entries = [{DENSE_INPUT: d, CATEGORICAL_INPUT: c} for d, c in zip(dense, categorical, strict=True)]
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -28,6 +28,7 @@ from rich.console import Console
 
 from bundle.errors import BundleError, ConfigError
 from bundle.records import RunRecord
+from bundle.schema import is_raw_model
 from loadtest.engine.baseline import BaselineConfig, BaselineResult, InProcessModel
 from loadtest.engine.client_cpu import threshold_line
 from loadtest.engine.payload import MAX_POOL_ROWS, PayloadPool
@@ -367,6 +368,8 @@ def sweep_run(
         if options.stream:
             raise ConfigError("perf_analyzer cycles its input data: --stream needs --engine locust or driver")
         require_perf_analyzer()
+    if options.stream and any(is_raw_model(model) for model in models):
+        raise ConfigError("--stream sends tensors, and a raw-row model takes the rows as text: use --cycle")
     raw = raw or out / "raw"
     out.mkdir(parents=True, exist_ok=True)
     record = RunRecord.begin(command)

@@ -116,6 +116,14 @@ def report_lines(document: dict[str, Any], command_note: str = "") -> list[str]:
         "",
         *RunRecord.from_json(document).lines(),
         *([command_note] if command_note else []),
+        *(
+            [
+                "- **Requests**: each row's text to the variant's raw-row model (`<model>_raw`), which "
+                "parses it in the server; the config searched is the variant's"
+            ]
+            if document.get("raw")
+            else []
+        ),
         "",
     ]
     lines += side_by_side_lines(document)

@@ -64,6 +64,7 @@ from __future__ import annotations
 
 import logging
 import math
+import shutil
 import statistics
 import tempfile
 import time
@@ -78,7 +79,8 @@ from rich.progress import Progress
 
 from bundle.errors import ConfigError
 from bundle.records import RunRecord
-from bundle.repository import MODEL_FILE, version_dir, write_config
+from bundle.repository import CONFIG_NAME, MODEL_FILE, read_config, version_dir, write_config
+from bundle.schema import raw_model_name
 from loadtest.engine.driver import Driver
 from loadtest.engine.latency import Tally, merged_tallies
 from loadtest.engine.payload import MAX_POOL_ROWS, PayloadPool, build_pool
@@ -754,23 +756,34 @@ class ServedProbe:
     the user's repository is never written. One variant is loaded at a time:
     switching variants unloads the previous one, so it takes no core.
 
+    With ``raw``, requests go to each variant's raw-row model (``<variant>_raw``: the rows as
+    text, parsed in the server by its first step): the scratch repository also holds those
+    ensembles and their other steps, as the user's has them, and the config searched is still
+    the variant's.
+
     Args:
         repository: the exported repository.
         family: ``dlrm`` or ``wide_deep``.
         pools: request batches by batch size.
         log_file: tritonserver's log.
+        raw: measure through the raw-row models.
     """
 
-    def __init__(self, repository: Path, family: str, pools: dict[int, PayloadPool], log_file: Path) -> None:
+    def __init__(
+        self, repository: Path, family: str, pools: dict[int, PayloadPool], log_file: Path, raw: bool = False
+    ) -> None:
         self._repository = repository
         self._family = family
         self._pools = pools
         self._log_file = log_file
+        self._raw = raw
         self._bases = base_configs(repository, family, tuple(model_name_variants(repository, family)))
         self._scratch: tempfile.TemporaryDirectory[str] | None = None
         self._server: Any = None
         self._loaded: str | None = None
         self._model = ""
+        #: The models requests went to.
+        self.sent_to: set[str] = set()
 
     def __enter__(self) -> ServedProbe:
         from server import LocalServer, ServerConfig
@@ -779,10 +792,13 @@ class ServedProbe:
         root = Path(self._scratch.name)
         for variant in self._bases:
             name = model_name(self._family, variant)
-            (root / name).mkdir()
-            for folder in sorted((self._repository / name).iterdir()):
-                if folder.is_dir() and folder.name.isdigit():
-                    (root / name / folder.name).symlink_to(folder.resolve(), target_is_directory=True)
+            _link_versions(self._repository / name, root / name)
+            # The variants searched have theirs (run_tune checks); the others are never loaded.
+            if self._raw and (self._repository / raw_model_name(name) / CONFIG_NAME).is_file():
+                for other in raw_models(self._repository, name):
+                    if not (root / other).exists():
+                        _link_versions(self._repository / other, root / other)
+                        shutil.copy2(self._repository / other / CONFIG_NAME, root / other / CONFIG_NAME)
         config = ServerConfig.with_free_ports(root, model_control_mode="explicit", log_file=self._log_file)
         self._server = LocalServer(config).start()
         return self
@@ -798,17 +814,50 @@ class ServedProbe:
             raise ConfigError("enter the probe before loading a config")
         name = model_name(self._family, point.variant)
         if self._loaded is not None and self._loaded != name:
+            if self._raw:
+                self._server.unload_model(raw_model_name(self._loaded))
             self._server.unload_model(self._loaded)
         write_config(Path(self._scratch.name) / name, candidate_config(self._bases[point.variant], point))
         self._server.load_model(name, timeout=600)
         self._loaded = self._model = name
+        if self._raw:
+            # Its other steps load with it; the variant, loaded above, keeps the candidate's config.
+            self._model = raw_model_name(name)
+            self._server.load_model(self._model, timeout=600)
 
     @contextmanager
     def run(self, client: ClientPoint) -> Iterator[Measure]:
         pool = self._pools[client.batch_size]
+        self.sent_to.add(self._model)
         connect = triton_requests(self._server.grpc_url, "grpc", self._model, pool, client.concurrency)
         with Driver(connect, client.concurrency) as driver:
             yield driver.measure
+
+
+def _link_versions(source: Path, target: Path) -> None:
+    """``target``: a folder whose version folders link to ``source``'s."""
+    target.mkdir()
+    for folder in sorted(source.iterdir()):
+        if folder.is_dir() and folder.name.isdigit():
+            (target / folder.name).symlink_to(folder.resolve(), target_is_directory=True)
+
+
+def raw_models(repository: Path, model: str) -> list[str]:
+    """``model``'s raw-row model and its steps other than ``model`` (the raw-row stage), as
+    ``repository`` has them.
+
+    Raises:
+        ConfigError: the repository has no raw-row model for ``model`` (exported with
+            ``--no-raw-rows``), or it is not an ensemble over ``model``.
+    """
+    name = raw_model_name(model)
+    path = repository / name / CONFIG_NAME
+    if not path.is_file():
+        raise ConfigError(f"{repository} has no {name} (export without --no-raw-rows writes one)")
+    steps = [step.model_name for step in read_config(path).ensemble_scheduling.step]
+    if model not in steps:
+        raise ConfigError(f"{path} is not an ensemble over {model} (its steps: {steps})")
+    return [name, *(step for step in steps if step != model)]
 
 
 def model_name_variants(repository: Path, family: str) -> list[str]:
@@ -832,6 +881,7 @@ class TuneOptions:
         data: Criteo TSV for the request rows (None: synthetic).
         top: configurations listed with their config.pbtxt diffs.
         log_file: tritonserver's log.
+        raw: send the rows as text to each variant's raw-row model (see :class:`ServedProbe`).
     """
 
     repository: Path
@@ -840,6 +890,7 @@ class TuneOptions:
     data: Path | None = None
     top: int = 5
     log_file: Path = Path("logs/tune-tritonserver.log")
+    raw: bool = False
 
     def __post_init__(self) -> None:
         if self.top < 1:
@@ -868,6 +919,8 @@ def run_tune(options: TuneOptions, command: str) -> dict[str, Any]:
     points = [default, *[p for p in points if p != default]]
     for point in points:  # fails before anything is measured
         candidate_config(bases[point.variant], point)
+        if options.raw:
+            raw_models(options.repository, model_name(space.family, point.variant))
     record = RunRecord.begin(command)
     rows = build_pool(1, data=options.data, batches=MAX_POOL_ROWS)
     pools = {batch: rows.rebatched(batch) for batch in space.batch_sizes}
@@ -875,7 +928,7 @@ def run_tune(options: TuneOptions, command: str) -> dict[str, Any]:
     with Progress(console=console, transient=True) as progress:
         trials = len(points) * len(space.client_points())
         task = progress.add_task("starting the local tritonserver and loading the models", total=trials)
-        with ServedProbe(options.repository, space.family, pools, options.log_file) as probe:
+        with ServedProbe(options.repository, space.family, pools, options.log_file, options.raw) as probe:
             progress.update(task, description="tuning")
 
             def on_trial(trial: Trial) -> None:
@@ -891,9 +944,10 @@ def run_tune(options: TuneOptions, command: str) -> dict[str, Any]:
             default_best = result.best(default)
             progress.update(task, description="finalists and the default, side by side")
             confirmed = confirm(probe, finalists, policy, space.batch_sizes, space.concurrency)
-    return _document(
+    document = _document(
         options, space, points, default, bases, result, default_best, confirmed, record.finish().to_json()
     )
+    return {**document, "request_models": sorted(probe.sent_to)}
 
 
 def _document(
@@ -925,6 +979,7 @@ def _document(
     return {
         **record,
         "family": space.family,
+        "raw": options.raw,
         "budget_ms": policy.budget_ms,
         "space": {
             "variants": list(space.variants),

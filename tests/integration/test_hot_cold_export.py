@@ -27,12 +27,19 @@ import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 
 from bundle.repository import read_config
-from bundle.schema import CATEGORICAL_INPUT, DENSE_INPUT, NUM_CATEGORICAL, OUTPUT
+from bundle.schema import (
+    CATEGORICAL_INPUT,
+    DENSE_INPUT,
+    NUM_CATEGORICAL,
+    OUTPUT,
+    RAW_ROWS_INPUT,
+    raw_model_name,
+)
 from clients.options import Protocol
 from clients.triton import TritonClient
 from clients.verify import in_process
 from criteo.tsv import Batch, parse_lines, read_batch, to_batch
-from export.raw_rows import RAW_INPUT, STAGE_MODEL, raw_model_name
+from export.raw_rows import STAGE_MODEL
 from export.tables.ensemble import dense_model_name, embedding_model_name, ensemble_model_name
 from export.tables.hot_rows import HotSet
 from loadtest.engine.payload import build_pool
@@ -222,7 +229,7 @@ def test_raw_rows_through_the_hot_cold_ensemble_score_as_preprocessed_rows(
     lines = [line.split("\t", 1)[1] for line in labeled_file.read_text().splitlines()[:48]]
     batch = to_batch(parse_lines(lines, fields=39))
     module: Any = grpcclient if protocol == "grpc" else httpclient
-    raw = module.InferInput(RAW_INPUT, [len(lines), 1], "BYTES")
+    raw = module.InferInput(RAW_ROWS_INPUT, [len(lines), 1], "BYTES")
     raw.set_data_from_numpy(np.array([line.encode() for line in lines], dtype=np.object_).reshape(-1, 1))
     with (
         TritonClient(server.grpc_url if protocol == "grpc" else server.http_url, protocol) as client,

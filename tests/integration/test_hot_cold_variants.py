@@ -25,12 +25,11 @@ import numpy as np
 import pytest
 
 from bundle.repository import read_config
-from bundle.schema import NUM_CATEGORICAL
+from bundle.schema import NUM_CATEGORICAL, raw_model_name
 from clients.triton import TritonClient
 from criteo.synth import SynthConfig, write_tsv
 from criteo.tsv import Batch, read_batch
 from export.graphs.parity import compare, extreme_id_rows
-from export.raw_rows import raw_model_name
 from export.tables.ensemble import dense_model_name, embedding_model_name, ensemble_model_name
 from export.tables.hot_rows import HotSet
 from export.tables.placement import run_hot_cold

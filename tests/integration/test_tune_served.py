@@ -77,3 +77,26 @@ def test_tune_searches_reports_and_applies_through_the_server(
     server = start_triton(repository, model_control_mode="explicit", load_models=(winner["model"],))
     assert any(m.name == winner["model"] and m.state == "READY" for m in server.models())
     server.stop()
+
+
+def test_tune_raw_sends_the_rows_as_text_to_the_raw_row_models(
+    exported_repository: Path, tmp_path: Path
+) -> None:
+    """``--raw``: every request goes to the variant's raw-row model, and the config searched is the
+    variant's; the user's repository is only read."""
+    out = tmp_path / "report"
+    command = [
+        sys.executable, "-m", "loadtest", "tune", "--repository", str(exported_repository), "--model", "dlrm",
+        "--raw", "--p99-budget-ms", "500", "--variants", "int8", "--instances", "1", "--threads", "0",
+        "--queue-delay-us", "100", "--batch-sizes", "16", "--concurrency", "1", "--window", "0.25",
+        "--warmup", "0.1", "--min-windows", "2", "--max-windows", "2", "--confirm-rounds", "1",
+        "--finalists", "1", "--out", str(out),
+    ]  # fmt: skip
+    completed = subprocess.run(command, capture_output=True, text=True, timeout=300, check=False)
+    assert completed.returncode == 0, completed.stderr[-3000:]
+    document = json.loads((out / "report.json").read_text())
+    assert document["raw"] is True and document["request_models"] == ["dlrm_onnx_int8_raw"]
+    trials = document["trials"]
+    assert trials and all(t["errors"] == 0 and t["requests"] > 0 for t in trials)
+    assert document["winner"]["model"] == "dlrm_onnx_int8"  # the config tuned is the variant's
+    assert "each row's text to the variant's raw-row model" in (out / "report.md").read_text()

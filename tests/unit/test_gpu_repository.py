@@ -29,7 +29,7 @@ from bundle.repository import (
     default_graph_batch_sizes,
     read_config,
 )
-from bundle.schema import INPUTS, OUTPUTS
+from bundle.schema import INPUTS, OUTPUTS, raw_model_name
 from criteo.synth import SynthConfig, write_tsv
 from export.engines.trt_build import (
     TensorRTOptions,
@@ -40,7 +40,7 @@ from export.engines.trt_build import (
     source_models,
 )
 from export.options import ExportOptions
-from export.raw_rows import STAGE_MODEL, raw_model_name
+from export.raw_rows import STAGE_MODEL
 
 ONNX_MODELS = ["dlrm_onnx", "dlrm_onnx_fp16", "wide_deep_onnx", "wide_deep_onnx_fp16"]
 TRT_MODELS = ["dlrm_trt", "wide_deep_trt"]

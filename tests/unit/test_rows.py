@@ -92,3 +92,60 @@ def test_the_rules_module_agrees_with_the_served_contract_and_imports_numpy_alon
     imported |= {node.module.split(".")[0] for node in ast.walk(tree)
                  if isinstance(node, ast.ImportFrom) and node.module}  # fmt: skip
     assert imported <= {"numpy", "__future__", "dataclasses"}
+
+
+def _python_rules(row: str) -> tuple[list[int], list[int]] | None:
+    """The rules on one row in plain Python: its counts (missing: -1) and ids, or None when a
+    field breaks one."""
+    fields = row.split("\t")
+    counts, ids = [], []
+    for field in fields[:13]:
+        digits = field[1:] if field.startswith("-") else field
+        if field and not (1 <= len(digits) <= 18 and all(c in "0123456789" for c in digits)):
+            return None
+        counts.append(int(field) if field else -1)
+    for field in fields[13:]:
+        if len(field) > 16 or not all(c in "0123456789abcdefABCDEF" for c in field):
+            return None
+        value = int(field, 16) if field else 0
+        ids.append(value - (1 << 64) if value >= 1 << 63 else value)
+    return counts, ids
+
+
+def test_random_rows_parse_as_the_rules_say_field_by_field() -> None:
+    """Fields of every length around the 8-digit windows the parser reads at once, in either
+    case, with a byte that is no digit now and then: each row alone, and all valid ones at once."""
+    rng = np.random.default_rng(5)
+    stray = list("-xgG@`/: \x10\x80\xc1")
+    valid = []
+    for _ in range(400):
+        fields = []
+        for column in range(39):
+            longest = 18 if column < 13 else 16
+            length = int(rng.choice([0, 1, 2, 7, 8, 9, 15, 16, longest]))
+            alphabet = list("0123456789") if column < 13 else list("0123456789abcdefABCDEF")
+            text = "".join(rng.choice(alphabet, size=length))
+            if column < 13 and text and rng.random() < 0.2:
+                text = "-" + text
+            fields.append(text)
+        if rng.random() < 0.4:  # one fault: a stray byte, or one digit too many
+            column = int(rng.integers(39))
+            text = fields[column] or "1"
+            if rng.random() < 0.5:
+                at = int(rng.integers(len(text)))
+                fields[column] = text[:at] + str(rng.choice(stray)) + text[at + 1 :]
+            else:
+                fields[column] = text.lstrip("-") + "1" * (19 if column < 13 else 17)
+        row = "\t".join(fields)
+        expected = _python_rules(row)
+        if expected is None:
+            with pytest.raises(RowError):
+                parse_rows(row.encode("latin-1"), rows=1)
+            continue
+        parsed = parse_rows(row.encode("latin-1"), rows=1)
+        assert parsed.counts[0].tolist() == expected[0] and parsed.ids[0].tolist() == expected[1], row
+        valid.append((row, expected))
+    assert len(valid) > 50
+    together = parse_rows("\n".join(row for row, _ in valid).encode(), rows=len(valid))
+    assert together.counts.tolist() == [counts for _, (counts, _) in valid]
+    assert together.ids.tolist() == [ids for _, (_, ids) in valid]
