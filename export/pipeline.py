@@ -171,7 +171,9 @@ def export_family(exporter: FrameworkExporter, options: ExportOptions) -> list[E
         results = _export_family(exporter, staged)
         if options.raw_rows:
             served = [name for name in served_models(family) if (write.staged / name).is_dir()]
-            write_raw_models(write.staged, served)
+            # The family's own raw-row model feeds the first of these: INT8, else FP32, ...
+            default = sorted(served, key=lambda name: name != ensemble_model_name(family, "int8"))
+            write_raw_models(write.staged, default, family)
             write.put(write.staged / STAGE_MODEL, repository / STAGE_MODEL)
         run = {"id": write.run_id, "written": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
         for name in family_models(family):
@@ -203,6 +205,7 @@ def family_models(family: str) -> tuple[str, ...]:
         *(dense_model_name(family, precision) for precision in PRECISIONS),
         embedding_model_name(family),
         *(raw_model_name(name) for name in served_models(family)),
+        raw_model_name(family),
     )
 
 

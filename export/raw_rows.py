@@ -12,7 +12,9 @@ a Triton ensemble of two steps,
 2. the model itself, whose ``click_probability`` is the ensemble's output.
 
 A client picks the precision by the name, as it does without raw rows:
-``dlrm_onnx_int8_raw`` scores with ``dlrm_onnx_int8``. One stage serves every
+``dlrm_onnx_int8_raw`` scores with ``dlrm_onnx_int8``. The family's own,
+``<family>_raw`` (``dlrm_raw``), scores with the model to call by default: the
+INT8 variant where the export wrote it, else FP32. One stage serves every
 family: its dynamic batcher gathers the rows of concurrent requests into one
 vectorised parse.
 """
@@ -70,8 +72,8 @@ def write_stage(repository: Path) -> Path:
     return write_config(repository / STAGE_MODEL, build_stage_config())
 
 
-def build_raw_config(model: str, served: mc.ModelConfig) -> mc.ModelConfig:
-    """The ensemble ``<model>_raw`` over ``model`` (whose config is ``served``).
+def build_raw_config(model: str, served: mc.ModelConfig, name: str = "") -> mc.ModelConfig:
+    """The ensemble ``<model>_raw`` (or ``name``) over ``model`` (whose config is ``served``).
 
     A batching model (``max_batch_size`` > 0) gives a batching ensemble of the same
     maximum; a model without batching (a hot/cold ensemble) one without, its
@@ -83,7 +85,7 @@ def build_raw_config(model: str, served: mc.ModelConfig) -> mc.ModelConfig:
     batch = int(served.max_batch_size)
     if batch > STAGE_MAX_BATCH:
         raise ConfigError(f"{model}: max_batch_size {batch} exceeds the raw-row stage's {STAGE_MAX_BATCH}")
-    config = mc.ModelConfig(name=raw_model_name(model), platform="ensemble", max_batch_size=batch)
+    config = mc.ModelConfig(name=name or raw_model_name(model), platform="ensemble", max_batch_size=batch)
     leading = [] if batch else [-1]
     config.input.add(name=RAW_ROWS_INPUT, data_type=mc.TYPE_STRING, dims=[*leading, 1])
     config.output.add(name=OUTPUT, data_type=mc.TYPE_FP32, dims=[*leading, 1])
@@ -97,17 +99,21 @@ def build_raw_config(model: str, served: mc.ModelConfig) -> mc.ModelConfig:
     return config
 
 
-def write_raw_models(repository: Path, models: list[str]) -> list[str]:
-    """Write the stage and ``<model>_raw`` for each of ``models`` (each in ``repository``); their names."""
+def write_raw_models(repository: Path, models: list[str], family: str = "") -> list[str]:
+    """Write the stage and ``<model>_raw`` for each of ``models`` (each in ``repository``), and with
+    ``family`` the family's own raw-row model, ``<family>_raw``, over the first of ``models``
+    (the one to call by default); their names."""
     if not models:
         return []
     write_stage(repository)
     written = []
-    for model in models:
+    targets = [(model, raw_model_name(model)) for model in models]
+    if family:
+        targets.append((models[0], raw_model_name(family)))
+    for model, name in targets:
         served = read_config(repository / model / CONFIG_NAME)
-        name = raw_model_name(model)
         shutil.rmtree(repository / name, ignore_errors=True)
         make_ensemble_version(repository, name)
-        write_config(repository / name, build_raw_config(model, served))
+        write_config(repository / name, build_raw_config(model, served, name))
         written.append(name)
     return written

@@ -116,6 +116,7 @@ def test_the_export_says_what_it_placed_and_writes_the_ensemble(exports: Exports
     assert "--embeddings hot-cold: the embedding tables take" in exports.output["wide_deep"]
     expected = {f"{family}{suffix}" for family in FAMILIES for suffix in ("_onnx", "_embedding", "_dense")}
     expected |= {raw_model_name(ensemble_model_name(family)) for family in FAMILIES} | {STAGE_MODEL}
+    expected |= {raw_model_name(family) for family in FAMILIES}  # over the only served model
     assert {path.name for path in exports.hot_cold.iterdir()} == expected
     for family in FAMILIES:
         name = ensemble_model_name(family)
@@ -217,6 +218,7 @@ def test_only_the_ensemble_and_its_steps_are_served(server: LocalServer) -> None
         ready = {state.name for state in client.repository_index() if state.state == "READY"}
     names = (ensemble_model_name, embedding_model_name, dense_model_name)
     raw = {raw_model_name(ensemble_model_name(family)) for family in FAMILIES} | {STAGE_MODEL}
+    raw |= {raw_model_name(family) for family in FAMILIES}
     assert ready == {name(family) for family in FAMILIES for name in names} | raw
 
 

@@ -96,6 +96,16 @@ def test_raw_rows_score_as_rows_preprocessed_by_the_client(
     np.testing.assert_allclose(answered, expected, rtol=0, atol=1e-6)
 
 
+@pytest.mark.parametrize("family", ["dlrm", "wide_deep"])
+def test_the_familys_raw_row_model_scores_with_its_int8_variant(
+    exported_server: LocalServer, raw_rows: list[str], family: str
+) -> None:
+    url = exported_server.grpc_url
+    expected = _infer("grpc", url, f"{family}_onnx_int8", _preprocessed(raw_rows))
+    answered = _infer("grpc", url, raw_model_name(family), _raw(raw_rows))
+    np.testing.assert_allclose(answered, expected, rtol=0, atol=1e-6)
+
+
 def test_one_bad_row_fails_its_own_request_naming_row_and_field(
     exported_server: LocalServer, raw_rows: list[str]
 ) -> None:

@@ -111,9 +111,14 @@ def test_every_config_parses_and_every_model_is_there(gpu_repository: Path) -> N
     configs = _configs(gpu_repository)
     assert sorted(configs) == sorted(ONNX_MODELS + TRT_MODELS + TORCH_MODELS)
     raw = _configs(gpu_repository, raw=True)
-    assert sorted(raw) == sorted([STAGE_MODEL, *(raw_model_name(name) for name in configs)])
+    families = [raw_model_name(family) for family in ("dlrm", "wide_deep")]
+    assert sorted(raw) == sorted([STAGE_MODEL, *(raw_model_name(name) for name in configs), *families])
     for name, config in configs.items():
         assert raw[raw_model_name(name)].max_batch_size == config.max_batch_size
+    for family in ("dlrm", "wide_deep"):  # the family's own: over INT8 where written, else FP32
+        steps = [step.model_name for step in raw[raw_model_name(family)].ensemble_scheduling.step]
+        int8 = f"{family}_onnx_int8"
+        assert steps == [STAGE_MODEL, int8 if int8 in configs else f"{family}_onnx"]
     for name, config in configs.items():
         assert config.name == name
         assert [(t.name, list(t.dims)) for t in config.input] == [(s.name, list(s.shape)) for s in INPUTS]
