@@ -87,7 +87,8 @@ def test_served_from_s3_equals_in_process_over_http_and_grpc(
     server = start_triton(published)
     try:
         assert server.config.remote
-        served = ["criteo_rows", "dlrm_onnx", "dlrm_onnx_raw"]  # the raw-row ensemble loads from S3 too
+        # The raw-row ensembles (the model's, and the family's over it) load from S3 too.
+        served = ["criteo_rows", "dlrm_onnx", "dlrm_onnx_raw", "dlrm_raw"]
         assert [(m.name, m.state) for m in server.models()] == [(name, "READY") for name in served]
         (result,) = verify_repository(
             repository, server.http_url, server.grpc_url, read_batch(labeled_file, 64)
