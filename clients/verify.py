@@ -36,26 +36,30 @@ class VerifyResult:
         return max(self.http_max_abs_diff, self.grpc_max_abs_diff)
 
 
+def _synthetic_lines(rows: int, seed: int) -> list[str]:
+    return [line for chunk in generate_lines(SynthConfig(rows=rows, seed=seed)) for line in chunk]
+
+
 def sample_rows(data: Path | None, rows: int, seed: int = 7) -> Batch:
     """``rows`` rows of ``data``, or synthetic rows when no file is given."""
     if data is not None:
         return read_batch(data, rows)
-    lines = [line for chunk in generate_lines(SynthConfig(rows=rows, seed=seed)) for line in chunk]
-    return to_batch(parse_lines(lines, path="<synthetic>"))
+    return to_batch(parse_lines(_synthetic_lines(rows, seed), path="<synthetic>"))
 
 
-def sample_row_text(data: Path | None, rows: int, seed: int = 7) -> np.ndarray:
-    """The rows of :func:`sample_rows` (same arguments) as their unlabeled text, unparsed: a 1-D
-    ``bytes`` array, one row each, what a raw-row model takes."""
+def sample_rows_with_text(data: Path | None, rows: int, seed: int = 7) -> tuple[Batch, np.ndarray]:
+    """:func:`sample_rows` (same arguments), and the same rows as their unlabeled text, unparsed:
+    a 1-D ``bytes`` array, one row each, what a raw-row model takes. Synthetic rows are
+    generated once for both."""
     if data is not None:
-        chunk = next(iter_row_text(data, chunk_rows=rows), None)
+        batch = read_batch(data, rows)
+        chunk = next(iter_row_text(data, chunk_rows=len(batch)), None)
         if chunk is None:
             raise DataError(f"{data}: no rows")
-        return np.asarray(chunk.rows[:, 0].tolist(), dtype=np.bytes_)
-    lines = [line for chunk in generate_lines(SynthConfig(rows=rows, seed=seed)) for line in chunk]
-    return np.asarray(
-        [line.rstrip("\r\n").split("\t", 1)[1].encode("ascii") for line in lines], dtype=np.bytes_
-    )
+        return batch, np.asarray(chunk.rows[:, 0].tolist(), dtype=np.bytes_)
+    lines = _synthetic_lines(rows, seed)
+    unlabeled = [line.rstrip("\r\n").split("\t", 1)[1].encode("ascii") for line in lines]
+    return to_batch(parse_lines(lines, path="<synthetic>")), np.asarray(unlabeled, dtype=np.bytes_)
 
 
 def _takes_the_schema(config_file: Path) -> bool:

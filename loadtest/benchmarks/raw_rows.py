@@ -24,32 +24,35 @@ from __future__ import annotations
 import logging
 import os
 import statistics
-import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 from rich.progress import Progress
 from tritonclient.utils import deserialize_bytes_tensor, serialize_byte_tensor
 
-from bundle.errors import ConfigError
+from bundle.errors import BundleError, ConfigError
 from bundle.records import RunRecord
 from bundle.schema import raw_model_name
-from clients.stats import ModelStats
 from clients.triton import TritonClient
 from criteo.rows import model_inputs, parse_rows
 from criteo.tsv import parse_lines, to_batch
 from loadtest.engine.payload import MAX_POOL_ROWS, PayloadPool, build_pool
 from loadtest.engine.served import served_throughput
+from loadtest.engine.timer import TimerConfig, time_calls
 from loadtest.engine.writer import Panel, Series, plot, table, write_json, write_markdown
+from loadtest.sweeps.stepfiles import server_counters
+from loadtest.sweeps.steps import ServerTimes
 from loadtest.tune.search import raw_models
 
 logger = logging.getLogger(__name__)
 
 #: The raw path's samples/s at batch 1024 should reach this share of the preprocessed path's.
 TARGET_RATIO = 0.9
+#: The in-process timings: 7 repeats of at least 0.2 s each, the candidates in turns.
+IN_PROCESS_TIMER = TimerConfig(repeats=7, seconds=0.2, warmup_calls=1, min_calls=1)
 
 
 @dataclass(frozen=True)
@@ -119,36 +122,36 @@ class PathStep:
     server_ms: dict[str, float]
 
 
-def _stats(client: TritonClient, names: Sequence[str]) -> dict[str, ModelStats]:
-    found = {entry.name: entry for entry in client.statistics()}
-    return {name: found[name] for name in names if name in found}
+def _counters(client: TritonClient, names: Sequence[str]) -> dict[str, dict[str, int]]:
+    """Triton's counters of each model now (:func:`~loadtest.sweeps.stepfiles.server_counters`).
+
+    Raises:
+        BundleError: the server did not give them.
+    """
+    counters = {name: server_counters(client, name) for name in names}
+    missing = [name for name, found in counters.items() if found is None]
+    if missing:
+        raise BundleError(f"no statistics from the server for {missing}")
+    return cast(dict[str, dict[str, int]], counters)
 
 
-def _delta(after: ModelStats, before: ModelStats | None) -> ModelStats:
-    if before is None:
-        return after
-    fields = {k: v - getattr(before, k) if isinstance(v, int) else v for k, v in asdict(after).items()}
-    return ModelStats(**fields)
+def _times(before: dict[str, int], after: dict[str, int]) -> ServerTimes:
+    return ServerTimes.from_delta({key: after[key] - before[key] for key in after})
 
 
-def _per_request_ms(stats: ModelStats, field: str) -> float:
-    value = stats.success_ns if field == "success" else int(getattr(stats, f"{field}_ns"))
-    return value / stats.success_count / 1e6 if stats.success_count else float("nan")
-
-
-def _compute_ms(stats: ModelStats) -> float:
+def _compute_ms(times: ServerTimes) -> float:
     """Mean ms per request of a model's compute: its inputs in, the run, its outputs out."""
-    return sum(_per_request_ms(stats, f"compute_{phase}") for phase in ("input", "infer", "output"))
+    return times.compute_input_ms + times.compute_infer_ms + times.compute_output_ms
 
 
-def server_parts(model: str, stage: str, ensemble: str, deltas: dict[str, ModelStats]) -> dict[str, float]:
+def server_parts(model: str, stage: str, ensemble: str, times: dict[str, ServerTimes]) -> dict[str, float]:
     """Mean ms per raw-path request in each part of the server (see :class:`PathStep`)."""
-    whole, parse, scored = deltas[ensemble], deltas[stage], deltas[model]
+    whole, parse, scored = times[ensemble], times[stage], times[model]
     parts = {
-        "request": _per_request_ms(whole, "success"),
-        "stage queue": _per_request_ms(parse, "queue"),
+        "request": whole.request_ms,
+        "stage queue": parse.queue_ms,
         "stage parse": _compute_ms(parse),
-        "model queue": _per_request_ms(scored, "queue"),
+        "model queue": scored.queue_ms,
         "model compute": _compute_ms(scored),
     }
     parts["hand-offs"] = parts["request"] - sum(v for k, v in parts.items() if k != "request")
@@ -159,20 +162,9 @@ def _median_parts(rounds: list[dict[str, float]]) -> dict[str, float]:
     return {key: statistics.median(r[key] for r in rounds) for key in rounds[0]}
 
 
-def _time_ms(call: Callable[[], object], repeats: int = 7, min_s: float = 0.2) -> float:
-    """Median ms of one call, each repeat calling it for at least ``min_s``."""
-    call()
-    results = []
-    for _ in range(repeats):
-        count, started = 0, time.perf_counter()
-        while True:
-            call()
-            count += 1
-            elapsed = time.perf_counter() - started
-            if elapsed >= min_s:
-                break
-        results.append(elapsed / count * 1000)
-    return statistics.median(results)
+def _by_index(call: Callable[[], object]) -> Callable[[int], object]:
+    """``call`` as the timer calls its candidates (with a call index, not needed here)."""
+    return lambda _: call()
 
 
 def in_process(text: np.ndarray, batch_sizes: Sequence[int]) -> list[dict[str, Any]]:
@@ -201,15 +193,16 @@ def in_process(text: np.ndarray, batch_sizes: Sequence[int]) -> list[dict[str, A
         def client_reader(text: list[str] = lines) -> object:
             return to_batch(parse_lines(text, fields=39))
 
-        results.append(
-            {
-                "batch_size": batch_size,
-                "stage parse ms": _time_ms(stage_parse),
-                "client-side reader ms": _time_ms(client_reader),
-                "decode B x 1 ms": _time_ms(decode_one_column),
-                "decode B x 39 ms": _time_ms(decode_columns),
-            }
+        candidates: dict[str, Callable[[], object]] = {
+            "stage parse ms": stage_parse,
+            "client-side reader ms": client_reader,
+            "decode B x 1 ms": decode_one_column,
+            "decode B x 39 ms": decode_columns,
+        }
+        timings = time_calls(
+            {key: _by_index(call) for key, call in candidates.items()}, 1.0, IN_PROCESS_TIMER
         )
+        results.append({"batch_size": batch_size, **{key: 1000 / t.median for key, t in timings.items()}})
     return results
 
 
@@ -252,20 +245,20 @@ def run_raw_rows(options: RawRowsOptions, command: str) -> dict[str, Any]:
                     for path in order:
                         name = raw if path == "raw" else model
                         names = [model, raw, stage]
-                        before = _stats(stats_client, names)
+                        before = _counters(stats_client, names)
                         result = served_throughput(
                             url, name, pools[batch_size], concurrency, options.protocol,
                             seconds=options.seconds, repeats=1, warmup_s=options.warmup_s,
                         )  # fmt: skip
-                        after = _stats(stats_client, names)
-                        deltas = {n: _delta(after[n], before.get(n)) for n in after}
+                        after = _counters(stats_client, names)
+                        times = {n: _times(before[n], after[n]) for n in names}
                         if path == "raw":
-                            parts = server_parts(model, stage, raw, deltas)
+                            parts = server_parts(model, stage, raw, times)
                         else:
-                            scored = deltas[model]
+                            scored = times[model]
                             parts = {
-                                "request": _per_request_ms(scored, "success"),
-                                "model queue": _per_request_ms(scored, "queue"),
+                                "request": scored.request_ms,
+                                "model queue": scored.queue_ms,
                                 "model compute": _compute_ms(scored),
                             }
                         measured[path].append((result, parts))

@@ -18,7 +18,7 @@ import numpy as np
 
 from bundle.errors import ConfigError, DataError
 from bundle.schema import CATEGORICAL_INPUT, DENSE_INPUT, INPUTS, RAW_ROWS_INPUT
-from clients.verify import sample_row_text, sample_rows
+from clients.verify import sample_rows_with_text
 
 #: Distinct batches a pool holds, at most (fewer when that would exceed MAX_POOL_ROWS).
 DEFAULT_POOL_BATCHES = 64
@@ -163,14 +163,13 @@ def build_pool(
         The pool: ``len(pool)`` batches of ``B x 13`` dense and ``B x 26`` ids, and the rows' text.
     """
     rows = pool_rows(batch_size, batches)
-    sample = sample_rows(data, rows, seed)
-    text = sample_row_text(data, len(sample), seed)
+    sample, text = sample_rows_with_text(data, rows, seed)
     pool = PayloadPool(
         np.ascontiguousarray(sample.dense, dtype=np.float32),
         np.ascontiguousarray(sample.categorical, dtype=np.int64),
         1,
         str(data) if data is not None else "synthetic",
-        text if text.shape == (len(sample),) else None,
+        text,
     )
     return pool.rebatched(batch_size)
 
