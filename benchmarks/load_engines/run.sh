@@ -11,7 +11,7 @@
 # 1024, concurrency 1, 2, 4 and 8. The load generators run on core 0 (CLIENT_CPUS) and the
 # server on the others, so that no engine's CPU is taken from the server. Every engine measures
 # DURATION seconds per step (perf_analyzer's three reported windows together cover them). About
-# an hour on 2 cores; run it on an otherwise idle machine (the report records the load average). Models go
+# 45 minutes on 2 cores; run it on an otherwise idle machine (the report records the load average). Models go
 # to artifacts/load_engines (not committed); the report to benchmarks/load_engines/dlrm.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -20,7 +20,7 @@ export PATH="$PWD/.venv/bin:$PATH"
 WORK=${WORK:-artifacts/load_engines}
 REPO=$WORK/model_repository
 DURATION=${DURATION:-6}
-ROUNDS=${ROUNDS:-3}
+ROUNDS=${ROUNDS:-2}
 CONCURRENCY=${CONCURRENCY:-1,2,4,8}
 BATCHES=${BATCHES:-1,64,1024}
 CLIENT_CPUS=${CLIENT_CPUS:-0}
