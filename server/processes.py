@@ -139,6 +139,23 @@ def unlink_regions(names: Iterable[str], directory: Path = SHM_DIR) -> list[str]
     return removed
 
 
+def tree_cpu_s(pid: int) -> dict[int, float]:
+    """CPU seconds so far (user + system, every thread) of tritonserver ``pid`` and of each of
+    its descendants (the stubs), by process id, tritonserver first; empty when it is gone.
+    Processes that exit while being read are left out."""
+    try:
+        root = psutil.Process(pid)
+        processes = [root, *root.children(recursive=True)]
+    except psutil.Error:
+        return {}
+    seconds = {}
+    for process in processes:
+        with contextlib.suppress(psutil.Error):
+            times = process.cpu_times()
+            seconds[process.pid] = float(times.user + times.system)
+    return seconds
+
+
 def tree_rss(pid: int, anonymous: bool = False) -> dict[int, int]:
     """Resident memory of tritonserver ``pid`` and of each of its descendants (the stubs).
 

@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import psutil
 
 from bundle.errors import ConfigError
 from bundle.records import RunRecord
@@ -49,6 +50,7 @@ from loadtest.engine.wire import serialised_request
 from loadtest.engine.writer import Panel, Series, plot, table, write_json, write_markdown
 from server.config import ServerConfig
 from server.launcher import LocalServer
+from server.processes import stub_processes, tree_cpu_s
 from server.stages.embedding.hot_cold_lookup import (
     COLD_READS,
     PAGE_BYTES,
@@ -199,6 +201,31 @@ def _cold_lookups(metrics_url: str, stage: str) -> float:
         ):
             total += float(line.rsplit(" ", 1)[1])
     return total
+
+
+@dataclass(frozen=True)
+class _Cpu:
+    """CPU seconds so far: the server's (tritonserver and its stubs), the stage's stubs', the
+    machine's interrupt handling (I/O completions run there, charged to no process), and the
+    time the hypervisor took from this machine's CPUs (steal; 0 on bare metal)."""
+
+    server: float
+    stage: float
+    interrupts: float
+    steal: float
+
+    @classmethod
+    def now(cls, server: LocalServer, stage: str) -> _Cpu:
+        pid = server.pid
+        seconds = tree_cpu_s(pid) if pid is not None else {}
+        stubs = {stub.pid for stub in stub_processes(pid)[0] if stub.model == stage} if pid else set()
+        machine = psutil.cpu_times()
+        return cls(
+            sum(seconds.values()),
+            sum(cpu for process, cpu in seconds.items() if process in stubs),
+            float(machine.irq + machine.softirq),
+            float(getattr(machine, "steal", 0.0)),
+        )
 
 
 def _stage_compute_ns(client: Any, stage: str) -> tuple[int, int]:
@@ -357,7 +384,9 @@ def _step(
             before_pages = resident_bytes(store)
             before_lookups = _cold_lookups(server.metrics_url, options.stage)
             before_count, before_ns = _stage_compute_ns(client, options.stage)
+            before_cpu = _Cpu.now(server, options.stage)
             window = driver.measure(options.seconds)
+            after_cpu = _Cpu.now(server, options.stage)
             after_pages = resident_bytes(store)
             after_lookups = _cold_lookups(server.metrics_url, options.stage)
             after_count, after_ns = _stage_compute_ns(client, options.stage)
@@ -378,6 +407,10 @@ def _step(
         "stage_ms_per_request": (after_ns - before_ns) / stage_requests / 1e6,
         "cold_lookups_per_request": (after_lookups - before_lookups) / stage_requests,
         "pages_read_per_request": max(0, after_pages - before_pages) / PAGE_BYTES / stage_requests,
+        "server_cpu_ms_per_request": (after_cpu.server - before_cpu.server) / stage_requests * 1e3,
+        "stage_cpu_ms_per_request": (after_cpu.stage - before_cpu.stage) / stage_requests * 1e3,
+        "interrupt_cpu_ms_per_request": (after_cpu.interrupts - before_cpu.interrupts) / stage_requests * 1e3,
+        "steal_cpu_ms_per_request": (after_cpu.steal - before_cpu.steal) / stage_requests * 1e3,
     }
 
 
@@ -385,6 +418,16 @@ def _median(steps: list[dict[str, Any]], key: str, **match: Any) -> float:
     """The median of ``key`` over the steps that match every ``match`` (nan for none)."""
     values = [s[key] for s in steps if all(s[k] == v for k, v in match.items())]
     return float(np.median(values)) if values else float("nan")
+
+
+#: A step's CPU per request: the server's, the stage's share of it, the machine's interrupts
+#: and the hypervisor's steal.
+_CPU_KEYS = (
+    "server_cpu_ms_per_request",
+    "stage_cpu_ms_per_request",
+    "interrupt_cpu_ms_per_request",
+    "steal_cpu_ms_per_request",
+)
 
 
 def summarise(
@@ -397,10 +440,16 @@ def summarise(
         for way in options.ways:
             for size in options.batch_sizes:
                 for concurrency in options.concurrency:
-                    at = {"store": store, "way": way, "batch_size": size, "concurrency": concurrency}
+                    at: dict[str, Any] = {
+                        "store": store,
+                        "way": way,
+                        "batch_size": size,
+                        "concurrency": concurrency,
+                    }
                     cold = _median(steps, "samples_per_s", condition="cold", **at)
                     warm = _median(steps, "samples_per_s", condition="warm", **at)
                     stage = _median(steps, "stage_ms_per_request", condition="cold", **at)
+                    warm_stage = _median(steps, "stage_ms_per_request", condition="warm", **at)
                     disk = _median(steps, "disk_bound_ms", condition="cold", **at)
                     first = {**at, "store": stores[0]}
                     rows.append(
@@ -423,9 +472,18 @@ def summarise(
                                 steps, "pages_read_per_request", condition="cold", **at
                             ),
                             "cold_stage_ms": stage,
-                            "warm_stage_ms": _median(steps, "stage_ms_per_request", condition="warm", **at),
+                            "warm_stage_ms": warm_stage,
+                            **{
+                                f"{condition}_{key}": _median(steps, key, condition=condition, **at)
+                                for condition in CONDITIONS
+                                for key in _CPU_KEYS
+                            },
                             "disk_bound_ms": disk,
                             "cold_stage_over_disk_bound": stage / disk if disk > 0 else float("nan"),
+                            "cold_rows_ms": stage - warm_stage,
+                            "cold_rows_over_disk_bound": (stage - warm_stage) / disk
+                            if disk > 0
+                            else float("nan"),
                         }
                     )
     return rows
@@ -457,11 +515,14 @@ def write_cold_tier(report: dict[str, Any], out: Path) -> dict[str, Path]:
             else f"warm steps cycle a pool of the first {options['pool_rows']:,} rows, sent once before "
             "the window (their pages cached: what a load test that cycles a pool measures)"
         ),
-        "- disk-bound ms: a cold step's pages read from disk per request / the disk's best random-read rate",
+        "- disk-bound ms: a cold step's pages read from disk per request / the disk's best random-read rate; "
+        "cold rows' ms: what they add to the stage's time per request (its time cold less its time warm, "
+        "which leaves out the backend's fixed cost per request)",
         f"- failed requests: {sum(s['errors'] for s in report['steps'])} in all steps",
         "",
         *disk_table(report["disk"]),
         "",
+        "<!-- --8<-- [start:steps] -->",
         *table(
             [
                 "store",
@@ -478,6 +539,8 @@ def write_cold_tier(report: dict[str, Any], out: Path) -> dict[str, Path]:
                 "stage ms cold / warm",
                 "disk-bound ms",
                 "stage cold / disk-bound",
+                "cold rows' ms",
+                "cold rows' / disk-bound",
             ],
             [
                 [
@@ -495,10 +558,12 @@ def write_cold_tier(report: dict[str, Any], out: Path) -> dict[str, Path]:
                     f"{r['cold_stage_ms']:.1f} / {r['warm_stage_ms']:.1f}",
                     f"{r['disk_bound_ms']:.1f}",
                     f"{r['cold_stage_over_disk_bound']:.2f}",
+                    f"{r['cold_rows_ms']:.1f}",
+                    f"{r['cold_rows_over_disk_bound']:.2f}",
                 ]
                 for r in report["summary"]
             ],
-            "llrrrrrrrrrrrr",
+            "llrrrrrrrrrrrrrr",
         ),
         "",
     ]
@@ -531,7 +596,30 @@ def write_cold_tier(report: dict[str, Any], out: Path) -> dict[str, Path]:
             ),
             "",
         ]
-    lines += ["![cold against warm](cold_tier.png)", ""]
+    if all(f"cold_{key}" in r for r in report["summary"] for key in _CPU_KEYS):
+        lines += [
+            "CPU per request, cold / warm, in ms: the server's (tritonserver and its stubs, every "
+            "model of the ensemble), the stage's stubs' part of it, the machine's interrupt "
+            "handling (disk completions are charged to no process) and the time the hypervisor "
+            "took from the machine's CPUs (steal):",
+            "",
+            *table(
+                ["store", "cold reads", "batch", "concurrency", "server", "stage", "interrupts", "steal"],
+                [
+                    [
+                        r["store"],
+                        r["way"],
+                        r["batch_size"],
+                        r["concurrency"],
+                        *(f"{r[f'cold_{key}']:.2f} / {r[f'warm_{key}']:.2f}" for key in _CPU_KEYS),
+                    ]
+                    for r in report["summary"]
+                ],
+                "llrrrrrr",
+            ),
+            "",
+        ]
+    lines += ["<!-- --8<-- [end:steps] -->", "", "![cold against warm](cold_tier.png)", ""]
     panels = []
     for size in options["batch_sizes"]:
         series = []

@@ -443,10 +443,15 @@ def test_the_cold_tier_benchmark_serves_both_conditions(hot_cold_repository: Pat
         assert step["requests"] > 0 and step["errors"] == 0, step
         assert step["rows_sent"] <= 40_000  # each row once per step
         assert step["cold_lookups_per_request"] > 0 and step["stage_ms_per_request"] > 0, step
+        # The server's CPU per request covers its stage's stubs, which did work.
+        assert step["server_cpu_ms_per_request"] >= step["stage_cpu_ms_per_request"] > 0, step
+        assert step["interrupt_cpu_ms_per_request"] >= 0 and step["steal_cpu_ms_per_request"] >= 0, step
     assert all(s["resident_at_start_bytes"] == 0 for s in steps if s["condition"] == "cold")
     assert report["stores"][0]["dtype"] == "float32" and report["best_iops"] > 0
     paths = write_cold_tier(report, tmp_path / "out")
-    assert "| float32 | prefetch | 8 | 2 |" in paths["markdown"].read_text()
+    markdown = paths["markdown"].read_text()
+    assert "| float32 | prefetch | 8 | 2 |" in markdown
+    assert "CPU per request, cold / warm" in markdown and "[start:steps]" in markdown
     # A step that would send a row twice stops, saying so, rather than count errors.
     with pytest.raises(ConfigError, match="sent all 64 rows read"):
         run_cold_tier(replace(options, stream_rows=64, ways=("prefetch",)), "test")

@@ -194,9 +194,11 @@ def test_the_benchmark_measures_every_way_on_fresh_rows(
     ]
     for way in report["ways"]:
         assert way["requests"] == 6 and way["cold_lookups_p50"] > 0 and way["pages_p50"] > 0
+        assert way["cold_cpu_ms_p50"] >= 0 and way["warm_cpu_ms_p50"] >= 0
     assert [d["queue_depth"] for d in report["disk"]] == [1, 8, 32] and report["best_iops"] > 0
     paths = write_cold_reads(report, tmp_path / "out")
     assert all(path.stat().st_size > 0 for path in paths.values())
+    assert "CPU ms cold / warm" in paths["markdown"].read_text()
     with pytest.raises(Exception, match="sends 2400 rows"):
         run_cold_reads(
             ColdReadOptions(repository, data=data, batch_sizes=(4, 16), requests=20, rounds=2), "test"
