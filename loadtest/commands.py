@@ -313,6 +313,12 @@ def cold_tier(
         ),
     ] = "resident",
     pool_rows: Annotated[int, typer.Option(help="Rows of the cycled pool.")] = 32_768,
+    dense_instances: Annotated[
+        int, typer.Option(help="Instances of the ensemble's dense model for the run (0: as exported).")
+    ] = 0,
+    dense_threads: Annotated[
+        int, typer.Option(help="ONNX Runtime intra-op threads of each dense instance (0: as exported).")
+    ] = 0,
     out: Annotated[Path, typer.Option(help="Folder for the report.", file_okay=False)] = Path(
         "reports/cold_tier"
     ),
@@ -336,6 +342,8 @@ def cold_tier(
         stream_rows=stream_rows,
         warm=warm,
         pool_rows=pool_rows,
+        dense_instances=dense_instances,
+        dense_threads=dense_threads,
     )
     steps = (
         options.rounds

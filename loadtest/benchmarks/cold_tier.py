@@ -46,6 +46,7 @@ from criteo.tsv import iter_batches
 from loadtest.benchmarks.cold_reads import disk_table, evict, probe_disk, resident_bytes, stage_files
 from loadtest.engine.driver import Driver
 from loadtest.engine.served import raw_connection
+from loadtest.engine.session import THREADS_PARAMETER
 from loadtest.engine.wire import serialised_request
 from loadtest.engine.writer import Panel, Series, plot, table, write_json, write_markdown
 from server.config import ServerConfig
@@ -96,6 +97,8 @@ class ColdTierOptions:
             once, then over and over: their pages cached, as a load test that cycles a pool
             sees it; for a store larger than memory).
         pool_rows: rows of the ``cycled`` pool.
+        dense_instances: instances of the ensemble's dense model for the run (0: as exported).
+        dense_threads: ONNX Runtime intra-op threads of each (0: as exported).
     """
 
     repositories: tuple[Path, ...]
@@ -113,6 +116,8 @@ class ColdTierOptions:
     stream_rows: int = 1_500_000
     warm: str = "resident"
     pool_rows: int = 32_768
+    dense_instances: int = 0
+    dense_threads: int = 0
 
     def __post_init__(self) -> None:
         if not self.repositories:
@@ -129,6 +134,8 @@ class ColdTierOptions:
             raise ConfigError("batch sizes and concurrency must be integers >= 1")
         if self.rounds < 1 or self.seconds <= 0 or self.warmup_s < 0:
             raise ConfigError("need rounds >= 1, seconds > 0 and warmup_s >= 0")
+        if self.dense_instances < 0 or self.dense_threads < 0:
+            raise ConfigError("dense instances and threads must be >= 0 (0: as exported)")
         if self.warm not in WARM_CONDITIONS or self.pool_rows < 1:
             raise ConfigError(f"warm must be one of {', '.join(WARM_CONDITIONS)}, with pool_rows >= 1")
 
@@ -288,13 +295,15 @@ def run_cold_tier(options: ColdTierOptions, command: str, progress: Any = None) 
                 stack.callback(client.close)
                 server.load_model(options.stage, timeout=1800)
                 base = client.get_model_config(options.stage)
+                dense = _serve_dense(server, client, options)
                 for way in options.ways:
                     for size in options.batch_sizes:
                         for concurrency in options.concurrency:
                             for condition in CONDITIONS:
                                 at = _Step(way, size, concurrency, condition)
                                 step = _step(options, server, client, store.rows, stream, base, at)
-                                steps.append({"round": round_, "store": store.label, **step})
+                                served = _dense_serving(client, dense)
+                                steps.append({"round": round_, "store": store.label, **step, **served})
                                 if progress is not None:
                                     progress()
     record.finish()
@@ -333,6 +342,46 @@ class _Step:
     batch_size: int
     concurrency: int
     condition: str
+
+
+def _dense_model(client: Any, options: ColdTierOptions) -> str:
+    """The ensemble's dense model: its step that is not the stage."""
+    steps = client.get_model_config(options.model).get("ensemble_scheduling", {}).get("step", [])
+    names = [step["model_name"] for step in steps if step["model_name"] != options.stage]
+    if len(names) != 1:
+        raise ConfigError(f"'{options.model}' is not an ensemble of '{options.stage}' and one dense model")
+    return str(names[0])
+
+
+def _serve_dense(server: LocalServer, client: Any, options: ColdTierOptions) -> str:
+    """Load the ensemble once to find its dense model; with ``dense_instances`` or
+    ``dense_threads`` set, load that model again, explicitly, with them (a config override
+    that stays while the steps reload the stage and the ensemble). Its name."""
+    server.load_model(options.model, timeout=600)
+    dense = _dense_model(client, options)
+    if options.dense_instances or options.dense_threads:
+        config = client.get_model_config(dense)
+        if options.dense_instances:
+            for group in config.setdefault("instance_group", [{"kind": "KIND_CPU"}]):
+                group["count"] = options.dense_instances
+        if options.dense_threads:
+            parameters = config.setdefault("parameters", {})
+            parameters[THREADS_PARAMETER] = {"string_value": str(options.dense_threads)}
+        server.unload_model(options.model, timeout=300)
+        client.load_model(dense, config=json.dumps(config))
+    return dense
+
+
+def _dense_serving(client: Any, dense: str) -> dict[str, Any]:
+    """How the dense model is served now: its instances and intra-op threads (0: ONNX Runtime's
+    default), read back from the server."""
+    config = client.get_model_config(dense)
+    threads = config.get("parameters", {}).get(THREADS_PARAMETER, {}).get("string_value", "0")
+    return {
+        "dense_model": dense,
+        "dense_instances": sum(int(group.get("count", 1)) for group in config.get("instance_group", [])),
+        "dense_threads": int(threads or 0),
+    }
 
 
 def _load(server: LocalServer, client: Any, options: ColdTierOptions, base: dict[str, Any], way: str) -> None:
@@ -514,6 +563,19 @@ def write_cold_tier(report: dict[str, Any], out: Path) -> dict[str, Path]:
             if options["warm"] == "resident"
             else f"warm steps cycle a pool of the first {options['pool_rows']:,} rows, sent once before "
             "the window (their pages cached: what a load test that cycles a pool measures)"
+        ),
+        "- dense model: "
+        + "; ".join(
+            f"`{model}` {instances} instance(s) x "
+            + (f"{threads} intra-op thread(s)" if threads else "ONNX Runtime's default intra-op threads")
+            for model, instances, threads in sorted(
+                {(s["dense_model"], s["dense_instances"], s["dense_threads"]) for s in report["steps"]}
+            )
+        )
+        + (
+            " (set for this run)"
+            if options.get("dense_instances") or options.get("dense_threads")
+            else " (as exported)"
         ),
         "- disk-bound ms: a cold step's pages read from disk per request / the disk's best random-read rate; "
         "cold rows' ms: what they add to the stage's time per request (its time cold less its time warm, "
