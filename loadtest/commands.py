@@ -313,6 +313,9 @@ def cold_tier(
         ),
     ] = "resident",
     pool_rows: Annotated[int, typer.Option(help="Rows of the cycled pool.")] = 32_768,
+    stage_instances: Annotated[
+        int, typer.Option(help="Instances of the embedding stage for the run (0: as exported).")
+    ] = 0,
     dense_instances: Annotated[
         int, typer.Option(help="Instances of the ensemble's dense model for the run (0: as exported).")
     ] = 0,
@@ -342,6 +345,7 @@ def cold_tier(
         stream_rows=stream_rows,
         warm=warm,
         pool_rows=pool_rows,
+        stage_instances=stage_instances,
         dense_instances=dense_instances,
         dense_threads=dense_threads,
     )

@@ -15,9 +15,11 @@
 #   3. python -m loadtest cold-tier: both models served by the local tritonserver, reading cold rows
 #      the default way (prefetch), at batch 64 and 1024, concurrency 1 and 4, with the store evicted
 #      (cold) and in memory (warm), the held-out rows sent in order, each once per step, three rounds
-#      (cold_tier.md). The dense model is served as two instances of one intra-op thread each: on
-#      two cores that leaves the cold reads room where one instance of two threads stalls whenever
-#      a read takes one of its cores (both configs measured in the docs).
+#      (cold_tier.md). The stage runs two instances, so one request's reads overlap another's
+#      work, and the dense model two instances of one intra-op thread each: on two cores that
+#      leaves the cold reads room, where one instance of two threads stalls whenever a read takes
+#      one of its cores (at concurrency 1 the exported config, one instance of two threads, is
+#      faster, cold and warm alike).
 #
 #   bash benchmarks/cold_tier/run.sh        # from the repository root, after `make setup`
 #
@@ -46,4 +48,5 @@ done
 
 python -m loadtest cold-reads --repository "$WORK/repo-float16" --data "$WORK/heldout.tsv" --out "$OUT"
 python -m loadtest cold-tier --repository "$WORK/repo-float16" --repository "$WORK/repo-int8" \
-  --data "$WORK/heldout.tsv" --way prefetch --rounds 3 --dense-instances 2 --dense-threads 1 --out "$OUT"
+  --data "$WORK/heldout.tsv" --way prefetch --rounds 3 \
+  --stage-instances 2 --dense-instances 2 --dense-threads 1 --out "$OUT"

@@ -97,6 +97,7 @@ class ColdTierOptions:
             once, then over and over: their pages cached, as a load test that cycles a pool
             sees it; for a store larger than memory).
         pool_rows: rows of the ``cycled`` pool.
+        stage_instances: instances of the embedding stage for the run (0: as exported).
         dense_instances: instances of the ensemble's dense model for the run (0: as exported).
         dense_threads: ONNX Runtime intra-op threads of each (0: as exported).
     """
@@ -116,6 +117,7 @@ class ColdTierOptions:
     stream_rows: int = 1_500_000
     warm: str = "resident"
     pool_rows: int = 32_768
+    stage_instances: int = 0
     dense_instances: int = 0
     dense_threads: int = 0
 
@@ -134,8 +136,8 @@ class ColdTierOptions:
             raise ConfigError("batch sizes and concurrency must be integers >= 1")
         if self.rounds < 1 or self.seconds <= 0 or self.warmup_s < 0:
             raise ConfigError("need rounds >= 1, seconds > 0 and warmup_s >= 0")
-        if self.dense_instances < 0 or self.dense_threads < 0:
-            raise ConfigError("dense instances and threads must be >= 0 (0: as exported)")
+        if min(self.stage_instances, self.dense_instances, self.dense_threads) < 0:
+            raise ConfigError("stage and dense instances and threads must be >= 0 (0: as exported)")
         if self.warm not in WARM_CONDITIONS or self.pool_rows < 1:
             raise ConfigError(f"warm must be one of {', '.join(WARM_CONDITIONS)}, with pool_rows >= 1")
 
@@ -302,7 +304,7 @@ def run_cold_tier(options: ColdTierOptions, command: str, progress: Any = None) 
                             for condition in CONDITIONS:
                                 at = _Step(way, size, concurrency, condition)
                                 step = _step(options, server, client, store.rows, stream, base, at)
-                                served = _dense_serving(client, dense)
+                                served = _serving(client, options.stage, dense)
                                 steps.append({"round": round_, "store": store.label, **step, **served})
                                 if progress is not None:
                                     progress()
@@ -372,14 +374,19 @@ def _serve_dense(server: LocalServer, client: Any, options: ColdTierOptions) -> 
     return dense
 
 
-def _dense_serving(client: Any, dense: str) -> dict[str, Any]:
-    """How the dense model is served now: its instances and intra-op threads (0: ONNX Runtime's
-    default), read back from the server."""
+def _instances(config: dict[str, Any]) -> int:
+    return sum(int(group.get("count", 1)) for group in config.get("instance_group", []))
+
+
+def _serving(client: Any, stage: str, dense: str) -> dict[str, Any]:
+    """How the stage and the dense model are served now, read back from the server: their
+    instances, and the dense model's intra-op threads (0: ONNX Runtime's default)."""
     config = client.get_model_config(dense)
     threads = config.get("parameters", {}).get(THREADS_PARAMETER, {}).get("string_value", "0")
     return {
+        "stage_instances": _instances(client.get_model_config(stage)),
         "dense_model": dense,
-        "dense_instances": sum(int(group.get("count", 1)) for group in config.get("instance_group", [])),
+        "dense_instances": _instances(config),
         "dense_threads": int(threads or 0),
     }
 
@@ -392,6 +399,9 @@ def _load(server: LocalServer, client: Any, options: ColdTierOptions, base: dict
     parameters = config.setdefault("parameters", {})
     parameters[PARAM_COLD_READS] = {"string_value": way}
     parameters[PARAM_COLD_READ_THREADS] = {"string_value": str(options.threads)}
+    if options.stage_instances:
+        for group in config.setdefault("instance_group", [{"kind": "KIND_CPU"}]):
+            group["count"] = options.stage_instances
     client.load_model(options.stage, config=json.dumps(config))
     server.load_model(options.model, timeout=600)
 
@@ -564,7 +574,11 @@ def write_cold_tier(report: dict[str, Any], out: Path) -> dict[str, Path]:
             else f"warm steps cycle a pool of the first {options['pool_rows']:,} rows, sent once before "
             "the window (their pages cached: what a load test that cycles a pool measures)"
         ),
-        "- dense model: "
+        "- stage: "
+        + " or ".join(str(n) for n in sorted({s["stage_instances"] for s in report["steps"]}))
+        + " instance(s)"
+        + (" (set for this run)" if options.get("stage_instances") else " (as exported)")
+        + "; dense model: "
         + "; ".join(
             f"`{model}` {instances} instance(s) x "
             + (f"{threads} intra-op thread(s)" if threads else "ONNX Runtime's default intra-op threads")

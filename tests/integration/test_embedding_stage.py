@@ -433,7 +433,7 @@ def test_the_cold_tier_benchmark_serves_both_conditions(hot_cold_repository: Pat
     options = ColdTierOptions(
         (repository,), data, ways=("prefetch", "threads"), batch_sizes=(8,), concurrency=(2,),
         rounds=1, seconds=0.5, warmup_s=0.2, probe_seconds=0.1, stream_rows=40_000,
-        dense_instances=2, dense_threads=1,
+        stage_instances=2, dense_instances=2, dense_threads=1,
     )  # fmt: skip
     report = run_cold_tier(options, "test")
     steps = report["steps"]
@@ -444,7 +444,7 @@ def test_the_cold_tier_benchmark_serves_both_conditions(hot_cold_repository: Pat
         assert step["requests"] > 0 and step["errors"] == 0, step
         assert step["rows_sent"] <= 40_000  # each row once per step
         # The dense model kept the run's config through every reload of the stage and ensemble.
-        assert (step["dense_instances"], step["dense_threads"]) == (2, 1), step
+        assert (step["stage_instances"], step["dense_instances"], step["dense_threads"]) == (2, 2, 1), step
         assert step["cold_lookups_per_request"] > 0 and step["stage_ms_per_request"] > 0, step
         # The server's CPU per request covers its stage's stubs, which did work.
         assert step["server_cpu_ms_per_request"] >= step["stage_cpu_ms_per_request"] > 0, step
@@ -455,6 +455,7 @@ def test_the_cold_tier_benchmark_serves_both_conditions(hot_cold_repository: Pat
     markdown = paths["markdown"].read_text()
     assert "| float32 | prefetch | 8 | 2 |" in markdown
     assert "CPU per request, cold / warm" in markdown and "[start:steps]" in markdown
+    assert "stage: 2 instance(s) (set for this run)" in markdown
     assert "2 instance(s) x 1 intra-op thread(s) (set for this run)" in markdown
     # A step that would send a row twice stops, saying so, rather than count errors.
     with pytest.raises(ConfigError, match="sent all 64 rows read"):
