@@ -139,17 +139,21 @@ def unlink_regions(names: Iterable[str], directory: Path = SHM_DIR) -> list[str]
     return removed
 
 
+def _tree(pid: int) -> list[psutil.Process]:
+    """Process ``pid`` and all its descendants, itself first; empty when it is gone."""
+    try:
+        root = psutil.Process(pid)
+        return [root, *root.children(recursive=True)]
+    except psutil.Error:
+        return []
+
+
 def tree_cpu_s(pid: int) -> dict[int, float]:
     """CPU seconds so far (user + system, every thread) of tritonserver ``pid`` and of each of
     its descendants (the stubs), by process id, tritonserver first; empty when it is gone.
     Processes that exit while being read are left out."""
-    try:
-        root = psutil.Process(pid)
-        processes = [root, *root.children(recursive=True)]
-    except psutil.Error:
-        return {}
     seconds = {}
-    for process in processes:
+    for process in _tree(pid):
         with contextlib.suppress(psutil.Error):
             times = process.cpu_times()
             seconds[process.pid] = float(times.user + times.system)
@@ -169,13 +173,8 @@ def tree_rss(pid: int, anonymous: bool = False) -> dict[int, int]:
         Bytes by process id, tritonserver first; empty when it is gone.
         Processes that exit while being read are left out.
     """
-    try:
-        root = psutil.Process(pid)
-        processes = [root, *root.children(recursive=True)]
-    except psutil.Error:
-        return {}
     rss = {}
-    for process in processes:
+    for process in _tree(pid):
         with contextlib.suppress(psutil.Error):
             info = process.memory_info()
             shared = int(getattr(info, "shared", 0)) if anonymous else 0

@@ -364,14 +364,19 @@ def _serve_dense(server: LocalServer, client: Any, options: ColdTierOptions) -> 
     if options.dense_instances or options.dense_threads:
         config = client.get_model_config(dense)
         if options.dense_instances:
-            for group in config.setdefault("instance_group", [{"kind": "KIND_CPU"}]):
-                group["count"] = options.dense_instances
+            _set_instances(config, options.dense_instances)
         if options.dense_threads:
             parameters = config.setdefault("parameters", {})
             parameters[THREADS_PARAMETER] = {"string_value": str(options.dense_threads)}
         server.unload_model(options.model, timeout=300)
         client.load_model(dense, config=json.dumps(config))
     return dense
+
+
+def _set_instances(config: dict[str, Any], count: int) -> None:
+    """Give each instance group of a model's config (JSON, as the server reports it) ``count``."""
+    for group in config.setdefault("instance_group", [{"kind": "KIND_CPU"}]):
+        group["count"] = count
 
 
 def _instances(config: dict[str, Any]) -> int:
@@ -400,8 +405,7 @@ def _load(server: LocalServer, client: Any, options: ColdTierOptions, base: dict
     parameters[PARAM_COLD_READS] = {"string_value": way}
     parameters[PARAM_COLD_READ_THREADS] = {"string_value": str(options.threads)}
     if options.stage_instances:
-        for group in config.setdefault("instance_group", [{"kind": "KIND_CPU"}]):
-            group["count"] = options.stage_instances
+        _set_instances(config, options.stage_instances)
     client.load_model(options.stage, config=json.dumps(config))
     server.load_model(options.model, timeout=600)
 
