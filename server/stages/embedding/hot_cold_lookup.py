@@ -584,7 +584,7 @@ class PendingRows:
     Attributes:
         rows: distinct store rows the request reads.
         pages: pages those rows lie on (what a cold store reads from disk).
-        reads: read calls issued: read-ahead hints or ``pread`` calls (0 for ``fault``,
+        reads: system calls issued: read-ahead hints and ``pread`` calls (0 for ``fault``,
             whose page faults do the reading).
     """
 
@@ -605,9 +605,12 @@ class ColdReads:
     ``python -m loadtest cold-reads`` (docs: "Tables larger than memory"):
 
     - ``prefetch`` (the default): the request's distinct rows, in file order, become runs
-      of pages, and one read-ahead hint per run (``madvise(MADV_WILLNEED)``) starts all
-      their reads at once, so the disk serves them in parallel; the gather from the
-      mapping then waits for each page only as long as its read still runs.
+      of pages, and one read-ahead hint per run (``posix_fadvise(WILLNEED)``) starts all
+      their reads at once, so the disk serves them in parallel; the rows are then copied
+      with ``pread`` in file order (adjacent rows in one call), each waiting only as long
+      as its page's read still runs. ``pread`` copies from the page cache without mapping
+      the page into the process: a gather from the mapping would take a page fault for
+      every page it touches first, cached or not, and a stage sees ever new pages.
     - ``threads``: the distinct rows, in file order, are read with ``pread`` by
       ``threads`` threads, each a contiguous share (adjacent rows in one call).
     - ``fault``: one gather from the mapping in request order. Every cold row on a page
@@ -619,12 +622,12 @@ class ColdReads:
 
     Args:
         rows: the store's rows as they lie in ``rows.bin`` (``rows x W`` float32 or float16,
-            or an int8 store's bytes); a mapping of the file or any array (then ``prefetch``
-            gives no hints: the rows are in memory).
+            or an int8 store's bytes); a mapping of the file or any array.
         how: one of :data:`COLD_READS`.
         threads: threads of the ``threads`` way.
-        mapping: the mapping ``rows`` lies in (``prefetch`` hints it).
-        rows_path: ``rows.bin`` (``threads`` reads it).
+        mapping: the mapping ``rows`` lies in (kept open while the reads are).
+        rows_path: ``rows.bin``, which ``prefetch`` and ``threads`` read (``prefetch``
+            without it gathers from ``rows``: rows in memory need no reads).
         decode: gathered rows -> ``N x W`` float32 (default: a cast; :meth:`StoreRows.decode`
             for an int8 store).
         width: values per row ``W`` (default: ``rows.shape[1]``).
@@ -659,11 +662,15 @@ class ColdReads:
         self._mapping = mapping
         self._fd = -1
         self._pool: ThreadPoolExecutor | None = None
-        if how == COLD_READ_THREADS and rows_path is not None:
+        if how != COLD_READ_FAULT and rows_path is not None:
             try:
                 self._fd = os.open(rows_path, os.O_RDONLY)
             except OSError as exc:
                 raise StageError(f"cannot open {rows_path}: {exc.strerror}") from None
+            # A read that finds its page uncached (its hint not yet acted on) reads that
+            # page, not the kernel's read-ahead window around it.
+            os.posix_fadvise(self._fd, 0, 0, os.POSIX_FADV_RANDOM)
+        if how == COLD_READ_THREADS:
             self._pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="cold-reads")
 
     @classmethod
@@ -682,15 +689,21 @@ class ColdReads:
         distinct, inverse = np.unique(keys, return_inverse=True)
         offsets, lengths = page_runs(distinct, self._row_bytes)
         pages = int(lengths.sum()) // PAGE_BYTES
-        if self.how == COLD_READ_FAULT:
+        if self.how == COLD_READ_FAULT or self._fd < 0:
+            # Rows in memory (no file to read): one gather.
             return PendingRows(int(distinct.size), pages, 0, lambda: self._gather(keys))
-        if self.how == COLD_READ_PREFETCH:
-            if self._mapping is not None:
-                hint = self._mapping.madvise
-                for offset, length in zip(offsets.tolist(), lengths.tolist(), strict=True):
-                    hint(mmap.MADV_WILLNEED, offset, length)
-            return PendingRows(int(distinct.size), pages, offsets.size, lambda: self._gather(keys))
-        return self._read_threads(distinct, inverse.reshape(-1), pages)
+        if self.how == COLD_READ_THREADS:
+            return self._read_threads(distinct, inverse.reshape(-1), pages)
+        fd, willneed = self._fd, os.POSIX_FADV_WILLNEED
+        for offset, length in zip(offsets.tolist(), lengths.tolist(), strict=True):
+            os.posix_fadvise(fd, offset, length, willneed)
+        out, spans = self._spans(distinct)
+
+        def finish() -> np.ndarray:
+            self._read_spans(out, spans)
+            return np.ascontiguousarray(self._decode(out[inverse.reshape(-1)]))
+
+        return PendingRows(int(distinct.size), pages, offsets.size + len(spans), finish)
 
     def read(self, keys: np.ndarray) -> np.ndarray:
         """The rows ``keys`` as ``N x W`` float32, read the chosen way."""
@@ -699,30 +712,36 @@ class ColdReads:
     def _gather(self, keys: np.ndarray) -> np.ndarray:
         return np.ascontiguousarray(self._decode(self._rows.take(keys, axis=0)))
 
+    def _spans(self, distinct: np.ndarray) -> tuple[np.ndarray, list[tuple[int, int, int]]]:
+        """A buffer for the distinct rows (ascending), and its spans of adjacent rows.
+
+        Each span ``(index, offset, count)`` is ``count`` rows that lie one after another
+        at byte ``offset`` of the file and go to the buffer's rows from ``index``: one read.
+        """
+        out = np.empty((distinct.size, self._rows.shape[1]), dtype=self._rows.dtype)
+        offsets, lengths = page_runs(distinct, self._row_bytes, self._row_bytes)
+        counts = lengths // self._row_bytes
+        begins = np.concatenate(([0], np.cumsum(counts)[:-1]))
+        return out, list(zip(begins.tolist(), offsets.tolist(), counts.tolist(), strict=True))
+
+    def _read_spans(self, out: np.ndarray, spans: Sequence[tuple[int, int, int]]) -> None:
+        """``pread`` each span into its rows of ``out``, one call each, in the order given."""
+        row_bytes, fd = self._row_bytes, self._fd
+        view = out.reshape(-1).view(np.uint8).data
+        for index, offset, count in spans:
+            want = count * row_bytes
+            got = os.preadv(fd, [view[index * row_bytes : index * row_bytes + want]], offset)
+            if got != want:
+                raise OSError(f"short read of the row store: {got} of {want} bytes at offset {offset}")
+
     def _read_threads(self, distinct: np.ndarray, inverse: np.ndarray, pages: int) -> PendingRows:
         """``pread`` the distinct rows (ascending) in ``threads`` contiguous shares."""
         assert self._pool is not None
-        row_bytes = self._row_bytes
-        out = np.empty((distinct.size, self._rows.shape[1]), dtype=self._rows.dtype)
-        view = out.reshape(-1).view(np.uint8).data
-        # Spans of adjacent rows (runs of "pages" one row long): each is one pread.
-        offsets, lengths = page_runs(distinct, row_bytes, row_bytes)
-        counts = lengths // row_bytes
-        begins = np.concatenate(([0], np.cumsum(counts)[:-1]))
-        spans = list(zip(begins.tolist(), offsets.tolist(), counts.tolist(), strict=True))
-        fd = self._fd
-
-        def read_share(share: list[tuple[int, int, int]]) -> None:
-            for index, offset, count in share:
-                want = count * row_bytes
-                piece = view[index * row_bytes : index * row_bytes + want]
-                got = os.preadv(fd, [piece], offset)
-                if got != want:
-                    raise OSError(f"short read of the row store: {got} of {want} bytes at offset {offset}")
-
+        out, spans = self._spans(distinct)
         bounds = np.linspace(0, len(spans), min(self.threads, len(spans)) + 1).astype(int).tolist()
-        shares = [spans[lo:hi] for lo, hi in itertools.pairwise(bounds)]
-        futures = [self._pool.submit(read_share, share) for share in shares]
+        futures = [
+            self._pool.submit(self._read_spans, out, spans[lo:hi]) for lo, hi in itertools.pairwise(bounds)
+        ]
 
         def finish() -> np.ndarray:
             for future in futures:
