@@ -10,6 +10,9 @@ GPU_STAMP := $(VENV)/.installed-gpu-$(shell cat requirements.txt requirements-gp
 # perf_analyzer, Triton's own load tool and the reference of the load tests: three pinned files
 # (requirements-perf-analyzer.txt) unpacked into the venv, no root. Where it cannot be had, setup says
 # so in one line and goes on; the tests that drive it then skip with that line.
+# TorchRec (requirements-torchrec.txt), the reference the tests check the DCNv2 importer against;
+# --no-deps: it declares fbgemm-gpu (CUDA), where fbgemm-gpu-cpu serves the same module.
+TR_STAMP := $(VENV)/.installed-torchrec-$(shell cat requirements.txt requirements-torchrec.txt | sha1sum | cut -c1-12)
 PA_STAMP := $(VENV)/.installed-perf-analyzer-$(shell cat requirements.txt requirements-perf-analyzer.txt | sha1sum | cut -c1-12)
 export PYTHONPATH := $(CURDIR)
 export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
@@ -33,11 +36,16 @@ $(GPU_STAMP): $(STAMP) requirements-gpu.txt
 	$(PYTHON) -c 'import onnxruntime as o, sys; p = o.get_available_providers(); sys.exit(0 if "CUDAExecutionProvider" in p else f"onnxruntime offers {p}")'
 	touch $@
 
+$(TR_STAMP): $(STAMP) requirements-torchrec.txt
+	$(PYTHON) -m pip install --quiet --no-deps -r requirements-torchrec.txt
+	$(PYTHON) -c 'import torchrec.models.dlrm'
+	touch $@
+
 $(PA_STAMP): $(STAMP) requirements-perf-analyzer.txt
 	$(PYTHON) -m loadtest perf-analyzer install --optional
 	test -x $(VENV)/bin/perf_analyzer && touch $@ || true
 
-setup: $(STAMP) $(PA_STAMP) $(if $(filter 1,$(GPU)),$(GPU_STAMP))
+setup: $(STAMP) $(TR_STAMP) $(PA_STAMP) $(if $(filter 1,$(GPU)),$(GPU_STAMP))
 
 demo: setup
 	$(PYTHON) -m loadtest demo

@@ -27,10 +27,18 @@ CRITEO_TERABYTE: tuple[int, ...] = (
     39884406, 39043, 17289, 7420, 20263, 3, 7120, 1543, 63, 38532951, 2953546, 403346, 10,
     2208, 11938, 155, 4, 976, 14, 39979771, 25641295, 39664984, 585935, 12972, 108, 36,
 )  # fmt: skip
+#: Rows of the 26 tables of MLPerf's DLRM-DCNv2 (``dlrm-v2``: Criteo 1TB, ids capped at 40 million
+#: rows, as mlcommons/inference ``recommendation/dlrm_v2`` and mlcommons/training
+#: ``recommendation_v2/torchrec_dlrm`` size them; 204,184,588 rows in all).
+MLPERF_DCNV2: tuple[int, ...] = (
+    40000000, 39060, 17295, 7424, 20265, 3, 7122, 1543, 63, 40000000, 3067956, 405282, 10,
+    2209, 11938, 155, 4, 976, 14, 40000000, 40000000, 40000000, 590152, 12973, 108, 36,
+)  # fmt: skip
 #: Published per-table sizes by name (``--table-sizes criteo-kaggle``).
 TABLE_SIZE_PRESETS: dict[str, tuple[int, ...]] = {
     "criteo-kaggle": CRITEO_KAGGLE,
     "criteo-terabyte": CRITEO_TERABYTE,
+    "mlperf-dcnv2": MLPERF_DCNV2,
 }
 
 

@@ -11,12 +11,17 @@ import typer
 
 from bundle.cli import new_app, run
 from criteo.tables import TABLE_SIZE_PRESETS, parse_table_sizes
-from models.config import PRESETS, DLRMConfig, TrainConfig, WideDeepConfig
+from models.config import DCN_PRESETS, PRESETS, DLRMConfig, TrainConfig, WideDeepConfig
 
 app = new_app("Train DLRM (PyTorch) or Wide & Deep (Keras) on Criteo-format data.")
 
 
-Preset = Annotated[str, typer.Option(help=f"Architecture preset: {', '.join(PRESETS)}.")]
+Preset = Annotated[
+    str,
+    typer.Option(
+        help=f"Architecture preset: {', '.join(PRESETS)}; DLRM-DCNv2 (dlrm only): {', '.join(DCN_PRESETS)}."
+    ),
+]
 TableSize = Annotated[int | None, typer.Option(help="Rows of every one of the 26 tables.")]
 TableSizes = Annotated[
     str | None,

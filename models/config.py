@@ -9,6 +9,12 @@ models; ``--table-size N`` means "all 26 = N". The ``criteo-kaggle`` and
 ``criteo-terabyte`` presets carry the published per-table sizes (see
 :mod:`criteo.tables`) for benchmarks and the large-table work: at 2.2 GB and
 96 GB of FP32 DLRM tables they are not meant to train on this machine.
+
+The ``dcnv2-*`` and ``mlperf-dcnv2`` presets are DLRM-DCNv2 (TorchRec's ``DLRM_DCN``,
+MLPerf's ``dlrm-v2``): a low-rank cross net over ``[x, e_1..e_26]`` in place of the
+dot interaction. ``mlperf-dcnv2`` is MLPerf's model: ``D`` 128, bottom 512-256-128,
+3 cross layers of rank 512, top 1024-1024-512-256-1, its 26 table sizes (104.5 GB of
+FP32 tables).
 """
 
 from __future__ import annotations
@@ -20,10 +26,20 @@ from typing import Any, Literal
 
 from bundle.errors import ConfigError
 from bundle.schema import NUM_CATEGORICAL
-from criteo.tables import CRITEO_KAGGLE, CRITEO_TERABYTE, check_table_sizes, uniform_table_sizes
+from criteo.tables import (
+    CRITEO_KAGGLE,
+    CRITEO_TERABYTE,
+    MLPERF_DCNV2,
+    check_table_sizes,
+    uniform_table_sizes,
+)
 
-Preset = Literal["tiny", "small", "reference", "criteo-kaggle", "criteo-terabyte"]
+#: Presets of both families.
 PRESETS: tuple[str, ...] = ("tiny", "small", "reference", "criteo-kaggle", "criteo-terabyte")
+#: DLRM-DCNv2 presets (the DLRM family only).
+DCN_PRESETS: tuple[str, ...] = ("dcnv2-tiny", "dcnv2-small", "mlperf-dcnv2")
+#: The DLRM's interactions: the 2019 model's dot products, or DLRM-DCNv2's low-rank cross net.
+Interaction = Literal["dot", "dcn"]
 CONFIG_FILE = "config.json"
 
 
@@ -53,8 +69,8 @@ def _check_layers(name: str, layers: tuple[int, ...]) -> None:
 
 @dataclass(frozen=True)
 class DLRMConfig:
-    """DLRM: bottom MLP over counts, one embedding per categorical feature, dot
-    interaction over the 27 vectors, top MLP to one logit.
+    """DLRM: bottom MLP over counts, one embedding per categorical feature, an
+    interaction of the 27 vectors, top MLP to one logit.
 
     Args:
         table_sizes: rows of the 26 embedding tables (C1..C26); each id is reduced
@@ -62,12 +78,19 @@ class DLRMConfig:
         embedding_dim: ``D``, the width of every embedding and of the bottom MLP's output.
         bottom_mlp: widths of the bottom MLP; the last equals ``embedding_dim``.
         top_mlp: widths of the top MLP; the last is 1 (the logit).
+        interaction: ``dot`` (pairwise dot products, the 2019 DLRM) or ``dcn`` (DLRM-DCNv2:
+            ``cross_layers`` low-rank cross layers over ``x0 = [x, e_1..e_26]``).
+        cross_layers: ``dcn``: layers of the cross net (0 for ``dot``).
+        cross_rank: ``dcn``: their low-rank dimension (0 for ``dot``).
     """
 
     table_sizes: tuple[int, ...]
     embedding_dim: int
     bottom_mlp: tuple[int, ...]
     top_mlp: tuple[int, ...]
+    interaction: Interaction = "dot"
+    cross_layers: int = 0
+    cross_rank: int = 0
     kind: Literal["dlrm"] = field(default="dlrm", init=False)
 
     def __post_init__(self) -> None:
@@ -80,11 +103,25 @@ class DLRMConfig:
             )
         if self.top_mlp[-1] != 1:
             raise ConfigError(f"top_mlp must end with 1 (the logit), got {self.top_mlp}")
+        if self.interaction == "dcn":
+            if self.cross_layers < 1 or self.cross_rank < 1:
+                raise ConfigError(
+                    f"a dcn interaction needs cross_layers and cross_rank >= 1, got {self.cross_layers} "
+                    f"and {self.cross_rank}"
+                )
+        elif self.interaction == "dot":
+            if self.cross_layers or self.cross_rank:
+                raise ConfigError("cross_layers and cross_rank belong to the dcn interaction, not dot")
+        else:
+            raise ConfigError(f"interaction must be dot or dcn, got {self.interaction!r}")
 
     @property
     def num_interactions(self) -> int:
-        """Width of the interaction output: pairwise dots of 27 vectors plus the dense vector."""
+        """Width of the interaction output: pairwise dots of 27 vectors plus the dense vector
+        (``dot``), or the cross net's ``27 D`` (``dcn``)."""
         vectors = NUM_CATEGORICAL + 1
+        if self.interaction == "dcn":
+            return vectors * self.embedding_dim
         return vectors * (vectors - 1) // 2 + self.embedding_dim
 
     @property
@@ -101,8 +138,10 @@ class DLRMConfig:
         ``criteo-kaggle`` is facebookresearch/dlrm's Kaggle configuration (``D`` 16,
         bottom 13-512-256-64-16, top 512-256-1, 2.2 GB of FP32 tables);
         ``criteo-terabyte`` its MLPerf Terabyte one (``D`` 128, ids capped at 40M
-        rows per table, 96 GB of FP32 tables).
+        rows per table, 96 GB of FP32 tables). ``dcnv2-tiny``, ``dcnv2-small`` and
+        ``mlperf-dcnv2`` are DLRM-DCNv2 (see the module).
         """
+        mlperf_top = (1024, 1024, 512, 256, 1)
         presets = {
             "tiny": DLRMConfig(uniform_table_sizes(1_000), 8, (16, 8), (32, 16, 1)),
             "small": DLRMConfig(uniform_table_sizes(20_000), 32, (128, 64, 32), (256, 128, 1)),
@@ -110,10 +149,15 @@ class DLRMConfig:
                 uniform_table_sizes(100_000), 128, (512, 256, 128), (1024, 1024, 512, 256, 1)
             ),
             "criteo-kaggle": DLRMConfig(CRITEO_KAGGLE, 16, (512, 256, 64, 16), (512, 256, 1)),
-            "criteo-terabyte": DLRMConfig(CRITEO_TERABYTE, 128, (512, 256, 128), (1024, 1024, 512, 256, 1)),
+            "criteo-terabyte": DLRMConfig(CRITEO_TERABYTE, 128, (512, 256, 128), mlperf_top),
+            "dcnv2-tiny": DLRMConfig(uniform_table_sizes(1_000), 8, (16, 8), (32, 16, 1), "dcn", 2, 8),
+            "dcnv2-small": DLRMConfig(
+                uniform_table_sizes(20_000), 32, (128, 64, 32), (256, 128, 1), "dcn", 3, 64
+            ),
+            "mlperf-dcnv2": DLRMConfig(MLPERF_DCNV2, 128, (512, 256, 128), mlperf_top, "dcn", 3, 512),
         }
         if name not in presets:
-            raise ConfigError(f"unknown preset {name!r}; choose one of {', '.join(PRESETS)}")
+            raise ConfigError(f"unknown preset {name!r}; choose one of {', '.join(PRESETS + DCN_PRESETS)}")
         config: DLRMConfig = _resized(presets[name], table_size, table_sizes)
         return config
 
@@ -162,6 +206,8 @@ class WideDeepConfig:
             "criteo-kaggle": WideDeepConfig(CRITEO_KAGGLE, 64, (1024,) * 5),
             "criteo-terabyte": WideDeepConfig(CRITEO_TERABYTE, 64, (1024,) * 5),
         }
+        if name in DCN_PRESETS:
+            raise ConfigError(f"preset {name!r} is a DLRM-DCNv2; Wide & Deep takes {', '.join(PRESETS)}")
         if name not in presets:
             raise ConfigError(f"unknown preset {name!r}; choose one of {', '.join(PRESETS)}")
         config: WideDeepConfig = _resized(presets[name], table_size, table_sizes)
@@ -229,11 +275,15 @@ def load_config(directory: Path) -> ModelConfig:
             else uniform_table_sizes(int(data["table_size"]))
         )
         if kind == "dlrm":
+            # Outputs of earlier versions have no interaction: the dot products.
             return DLRMConfig(
                 table_sizes=sizes,
                 embedding_dim=int(data["embedding_dim"]),
                 bottom_mlp=tuple(data["bottom_mlp"]),
                 top_mlp=tuple(data["top_mlp"]),
+                interaction=data.get("interaction", "dot"),
+                cross_layers=int(data.get("cross_layers", 0)),
+                cross_rank=int(data.get("cross_rank", 0)),
             )
         if kind == "wide_deep":
             return WideDeepConfig(

@@ -1,7 +1,9 @@
-"""DLRM in PyTorch: bottom MLP, embeddings, dot interaction, top MLP.
+"""DLRM in PyTorch: bottom MLP, embeddings, an interaction, top MLP.
 
 The architecture follows the reference DLRM (Naumov et al., 2019) and its
-initialisation. Two choices are made for export and serving:
+initialisation, with its dot interaction, or DLRM-DCNv2 (TorchRec's ``DLRM_DCN``,
+MLPerf's ``dlrm-v2``) with a low-rank cross net in its place (:class:`LowRankCrossNet`).
+Two choices are made for export and serving:
 
 - Ids are reduced into their table inside the model with a non-negative
   modulo (``torch.remainder``, ONNX ``Mod`` with ``fmod=0``), so a categorical
@@ -93,11 +95,46 @@ class DotInteraction(nn.Module):
         return torch.cat([dense, pairs], dim=1)
 
 
+class LowRankCrossNet(nn.Module):
+    """DLRM-DCNv2's interaction: TorchRec's ``LowRankCrossNet`` over ``x0 = [x, e_1..e_26]``.
+
+    Layer ``l`` computes ``x = x0 * (W_l (V_l x) + b_l) + x`` (``W_l`` is ``27D x r``,
+    ``V_l`` ``r x 27D``), with TorchRec's parameter names and initialisation (Xavier-normal
+    kernels, zero biases), so its state dict reads as ``inter_arch.crossnet``'s does.
+
+    Args:
+        width: ``27 D``.
+        layers: cross layers.
+        rank: ``r``.
+
+    Shapes:
+        dense ``B x D``, embedded ``B x 26 x D`` -> ``B x 27D``.
+    """
+
+    def __init__(self, width: int, layers: int, rank: int) -> None:
+        super().__init__()
+        self.W_kernels = nn.ParameterList(
+            nn.Parameter(nn.init.xavier_normal_(torch.empty(width, rank))) for _ in range(layers)
+        )
+        self.V_kernels = nn.ParameterList(
+            nn.Parameter(nn.init.xavier_normal_(torch.empty(rank, width))) for _ in range(layers)
+        )
+        self.bias = nn.ParameterList(nn.Parameter(torch.zeros(width)) for _ in range(layers))
+
+    def forward(self, dense: torch.Tensor, embedded: torch.Tensor) -> torch.Tensor:
+        x0 = torch.cat([dense, embedded.flatten(1)], dim=1)
+        x = x0
+        for w, v, b in zip(self.W_kernels, self.V_kernels, self.bias, strict=True):
+            x = x0 * (nn.functional.linear(nn.functional.linear(x, v), w) + b) + x
+        return x
+
+
 class DLRM(nn.Module):
     """Deep Learning Recommendation Model: click probability of one impression.
 
     ``p = sigmoid(top([x, tril(V V^T)]))`` with ``x = bottom(dense)`` and
-    ``V = [x, E_1[c_1 mod T_1], ..., E_26[c_26 mod T_26]]``.
+    ``V = [x, E_1[c_1 mod T_1], ..., E_26[c_26 mod T_26]]``; with the ``dcn``
+    interaction ``p = sigmoid(top(crossnet([x, e_1..e_26])))``.
 
     Args:
         config: table sizes ``T_t``, embedding width ``D`` and the MLP widths.
@@ -140,7 +177,13 @@ class DLRM(nn.Module):
             torch.tensor(offsets, dtype=torch.int64).unsqueeze(0),
             persistent=False,
         )
-        self.interaction = DotInteraction(NUM_CATEGORICAL + 1)
+        self.interaction: nn.Module
+        if config.interaction == "dcn":
+            self.interaction = LowRankCrossNet(
+                config.num_interactions, config.cross_layers, config.cross_rank
+            )
+        else:
+            self.interaction = DotInteraction(NUM_CATEGORICAL + 1)
         self.top_mlp = _mlp(config.top_mlp, config.num_interactions, relu_last=False)
 
     @classmethod

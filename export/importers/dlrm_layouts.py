@@ -13,7 +13,12 @@ in ``0..i-1``, or ``0..i`` with ``--arch-interaction-itself``; ``R = [x, Z_pairs
 or ``cat`` (``R = [x, e_1..e_26]``). TorchRec ``DLRM``: ``dense_arch`` MLP (ReLU
 after every layer), ``sparse_arch.embedding_bag_collection`` tables, the upper
 triangle ``triu_indices(27, 27, 1)`` of the dot products (row-major) after the
-dense vector, ``over_arch`` MLP then a final Linear, logits out.
+dense vector, ``over_arch`` MLP then a final Linear, logits out. TorchRec
+``DLRM_DCN`` (DLRM-DCNv2, MLPerf's ``dlrm-v2``): the same arches, and
+``inter_arch.crossnet``, a ``LowRankCrossNet`` over ``x0 = [x, e_1..e_26]``
+(``27 D`` wide): each layer ``l`` computes ``x = x0 * (W_l (V_l x) + b_l) + x``
+from ``W_kernels.l`` (``27D x r``), ``V_kernels.l`` (``r x 27D``) and ``bias.l``
+(``27D``, or ``27D x 1`` in TorchRec before December 2022), and the over arch reads ``x``.
 
 Imports torch at the top: import this module inside the functions that need it.
 """
@@ -40,11 +45,15 @@ TORCHREC_TABLES = "sparse_arch.embedding_bag_collection.embedding_bags."
 _TR_DENSE = re.compile(r"^dense_arch\.model\._mlp\.(?P<index>\d+)\._linear\.(?P<name>weight|bias)$")
 _TR_OVER = re.compile(r"^over_arch\.model\.0\._mlp\.(?P<index>\d+)\._linear\.(?P<name>weight|bias)$")
 _TR_FINAL = re.compile(r"^over_arch\.model\.1\.(?P<name>weight|bias)$")
+_TR_CROSS = re.compile(r"^inter_arch\.crossnet\.(?P<name>W_kernels|V_kernels|bias)\.(?P<index>\d+)$")
 FACEBOOK_KEYS = "emb_l.<k>.weight, bot_l.<n>.weight/bias, top_l.<n>.weight/bias"
 TORCHREC_KEYS = (
     f"{TORCHREC_TABLES}<table>.weight, dense_arch.model._mlp.<i>._linear.*, "
-    "over_arch.model.0._mlp.<i>._linear.*, over_arch.model.1.*"
+    "over_arch.model.0._mlp.<i>._linear.*, over_arch.model.1.*, "
+    "and for DLRM_DCN inter_arch.crossnet.{W_kernels,V_kernels,bias}.<l>"
 )
+#: The interactions a DLRM layout can have.
+Interaction = Literal["dot", "cat", "dcn"]
 
 
 @dataclass(frozen=True)
@@ -58,9 +67,12 @@ class DLRMLayout:
         dim: ``D``, the embeddings' width.
         bottom: widths of the bottom (dense) MLP's layers.
         top: widths of the top (over) MLP's layers, the last 1.
-        interaction: ``dot`` or ``cat``.
+        interaction: ``dot``, ``cat`` or ``dcn`` (TorchRec ``DLRM_DCN``'s low-rank cross net).
         self_interaction: ``dot`` keeps the diagonal (facebookresearch ``--arch-interaction-itself``).
         columns: for each table, the Criteo column (0 = C1) whose ids it looks up.
+        cross_layers: ``dcn``: the cross net's layers (0 otherwise).
+        cross_rank: ``dcn``: its low-rank dimension ``r``.
+        cross_bias_column: ``dcn``: its biases are ``27D x 1`` (TorchRec before December 2022).
     """
 
     codebase: Codebase
@@ -69,9 +81,12 @@ class DLRMLayout:
     dim: int
     bottom: tuple[int, ...]
     top: tuple[int, ...]
-    interaction: Literal["dot", "cat"]
+    interaction: Interaction
     self_interaction: bool
     columns: tuple[int, ...]
+    cross_layers: int = 0
+    cross_rank: int = 0
+    cross_bias_column: bool = False
 
     def __post_init__(self) -> None:
         if sorted(self.columns) != list(range(NUM_CATEGORICAL)) or len(self.tables) != NUM_CATEGORICAL:
@@ -81,6 +96,20 @@ class DLRMLayout:
     def logits(self) -> bool:
         """The source's forward returns logits (TorchRec), not probabilities."""
         return self.codebase == "torchrec"
+
+    @property
+    def source_model(self) -> str:
+        """The source's model class, for the report and messages."""
+        if self.codebase == "facebookresearch":
+            return "DLRM_Net"
+        return "DLRM_DCN" if self.interaction == "dcn" else "DLRM"
+
+    @property
+    def interaction_width(self) -> int:
+        """Features the interaction gives the top MLP."""
+        if self.interaction == "dot":
+            return self.bottom[-1] + len(self.pairs())
+        return self.bottom[-1] + NUM_CATEGORICAL * self.dim
 
     @property
     def column_rows(self) -> tuple[int, ...]:
@@ -95,6 +124,11 @@ class DLRMLayout:
         """The interaction, for the export report."""
         if self.interaction == "cat":
             return "cat: [x, e_1..e_26]"
+        if self.interaction == "dcn":
+            return (
+                f"dcn: {self.cross_layers} low-rank cross layers (rank {self.cross_rank}), "
+                "x = x0 * (W (V x) + b) + x over x0 = [x, e_1..e_26]"
+            )
         triangle = "upper triangle, row-major" if self.codebase == "torchrec" else "lower triangle, row-major"
         diagonal = " with the diagonal" if self.self_interaction else ""
         return f"dot: [x, {triangle}{diagonal} of [x, e_1..e_26] [x, e_1..e_26]^T]"
@@ -140,12 +174,10 @@ def _mlp(layers: dict[int, dict[str, torch.Tensor]], step: int, width_in: int, w
     return tuple(widths)
 
 
-def _interaction(width: int, bottom_out: int, dim: int, where: str) -> tuple[Literal["dot", "cat"], bool]:
+def _interaction(width: int, bottom_out: int, dim: int, where: str) -> tuple[Interaction, bool]:
     """The interaction whose output is ``width`` wide: ``dot`` (with or without the diagonal) or ``cat``."""
     vectors = NUM_CATEGORICAL + 1
-    options: dict[int, tuple[Literal["dot", "cat"], bool]] = {
-        bottom_out + NUM_CATEGORICAL * dim: ("cat", False)
-    }
+    options: dict[int, tuple[Interaction, bool]] = {bottom_out + NUM_CATEGORICAL * dim: ("cat", False)}
     if bottom_out == dim:
         options[dim + vectors * (vectors - 1) // 2] = ("dot", False)
         options[dim + vectors * (vectors + 1) // 2] = ("dot", True)
@@ -259,7 +291,7 @@ def facebook_layout(state: Mapping[str, torch.Tensor], where: str) -> DLRMLayout
 def torchrec_layout(
     state: Mapping[str, torch.Tensor], where: str, feature_order: Sequence[str] | None = None
 ) -> DLRMLayout:
-    """Read a TorchRec ``DLRM`` state dict (keys without wrapper prefixes).
+    """Read a TorchRec ``DLRM`` or ``DLRM_DCN`` state dict (keys without wrapper prefixes).
 
     Args:
         state: the state dict.
@@ -267,26 +299,33 @@ def torchrec_layout(
         feature_order: the 26 table names in C1..C26 order (None: the state dict's order).
 
     Raises:
-        ExportError: a DLRM variant the export does not support (``DLRM_DCN``,
-            ``DLRM_Projection``), not 26 tables, or shapes that do not chain.
+        ExportError: a DLRM variant the export does not support (``DLRM_Projection``),
+            not 26 tables, or shapes that do not chain (the line names the first
+            unknown or missing key).
         ConfigError: ``feature_order`` names a table the state dict does not hold.
     """
-    inter = [key for key in state if key.startswith("inter_arch.")]
-    if inter:
-        variant = "DLRM_DCN (crossnet)" if any("crossnet" in k for k in inter) else "DLRM_Projection"
-        if not any("crossnet" in k or "interaction_branch" in k for k in inter):
-            variant = "a DLRM with a learned interaction"
+    inter = [key for key in state if key.startswith("inter_arch.") and not _TR_CROSS.match(key)]
+    if inter and inter[0].startswith("inter_arch.crossnet."):
         raise ExportError(
-            f"{where}: {inter[0]} belongs to {variant}; the export supports TorchRec's DLRM "
-            "(dot interaction without parameters) only"
+            f"{where}: {inter[0]} is not a parameter of DLRM_DCN's LowRankCrossNet "
+            "(inter_arch.crossnet.{W_kernels,V_kernels,bias}.<l>)"
+        )
+    if inter:
+        variant = "DLRM_Projection" if any("interaction_branch" in k for k in inter) else ""
+        raise ExportError(
+            f"{where}: {inter[0]} belongs to {variant or 'a DLRM with another learned interaction'}; the "
+            "export supports TorchRec's DLRM (dot interaction) and DLRM_DCN (inter_arch.crossnet) only"
         )
     tables: dict[str, torch.Tensor] = {}
     dense: dict[int, dict[str, torch.Tensor]] = {}
     over: dict[int, dict[str, torch.Tensor]] = {}
     final: dict[str, torch.Tensor] = {}
+    cross: dict[int, dict[str, torch.Tensor]] = {}
     unknown: list[str] = []
     for key, value in state.items():
-        if key.startswith(TORCHREC_TABLES) and key.endswith(".weight"):
+        if match := _TR_CROSS.match(key):
+            cross.setdefault(int(match["index"]), {})[match["name"]] = value
+        elif key.startswith(TORCHREC_TABLES) and key.endswith(".weight"):
             tables[key[len(TORCHREC_TABLES) : -len(".weight")]] = value
         elif match := _TR_DENSE.match(key):
             dense.setdefault(int(match["index"]), {})[match["name"]] = value
@@ -298,7 +337,7 @@ def torchrec_layout(
             unknown.append(key)
     if unknown:
         raise ExportError(
-            f"{where}: keys {', '.join(unknown[:4])} are not part of a TorchRec DLRM ({TORCHREC_KEYS})"
+            f"{where}: key {unknown[0]} is not part of a TorchRec DLRM or DLRM_DCN ({TORCHREC_KEYS})"
         )
     names = tuple(tables)
     if len(names) != NUM_CATEGORICAL or any("." in name for name in names):
@@ -319,6 +358,9 @@ def torchrec_layout(
     width_in = dim + vectors * (vectors - 1) // 2
     if bottom[-1] != dim:
         raise ExportError(f"{where}: dense_arch gives {bottom[-1]} features; the tables are {dim} wide")
+    layers, rank, column = _cross_net(cross, vectors * dim, where) if cross else (0, 0, False)
+    if cross:
+        width_in = vectors * dim
     hidden = _mlp(over, 1, width_in, f"{where}: over_arch.model.0._mlp") if over else ()
     top = (*hidden, *_mlp({0: final}, 1, hidden[-1] if hidden else width_in, f"{where}: over_arch.model.1"))
     if top[-1] != 1:
@@ -340,10 +382,43 @@ def torchrec_layout(
         dim=dim,
         bottom=bottom,
         top=top,
-        interaction="dot",
+        interaction="dcn" if cross else "dot",
         self_interaction=False,
         columns=columns,
+        cross_layers=layers,
+        cross_rank=rank,
+        cross_bias_column=column,
     )
+
+
+def _cross_net(layers: dict[int, dict[str, torch.Tensor]], width: int, where: str) -> tuple[int, int, bool]:
+    """Layers, rank and bias form (``27D x 1`` or not) of a ``LowRankCrossNet`` over ``width`` features."""
+    prefix = f"{where}: inter_arch.crossnet"
+    if sorted(layers) != list(range(len(layers))):
+        raise ExportError(f"{prefix}: layers {sorted(layers)}; expected 0..{len(layers) - 1}")
+    ranks: set[int] = set()
+    columns: set[bool] = set()
+    for index in range(len(layers)):
+        params = layers[index]
+        absent = sorted({"W_kernels", "V_kernels", "bias"} - set(params))
+        if absent:
+            raise ExportError(f"{prefix}.{absent[0]}.{index} is missing (layer {index} has {sorted(params)})")
+        w, v, b = params["W_kernels"], params["V_kernels"], params["bias"]
+        rank = int(v.shape[0]) if v.dim() == 2 else -1
+        if tuple(w.shape) != (width, rank) or tuple(v.shape) != (rank, width):
+            raise ExportError(
+                f"{prefix} layer {index}: W_kernels {tuple(w.shape)}, V_kernels {tuple(v.shape)}; expected "
+                f"({width}, r) and (r, {width}) over x0 = [x, e_1..e_26] ({width} wide)"
+            )
+        if tuple(b.shape) not in ((width,), (width, 1)):
+            raise ExportError(
+                f"{prefix}.bias.{index} is {tuple(b.shape)}; expected ({width},) or ({width}, 1)"
+            )
+        ranks.add(rank)
+        columns.add(b.dim() == 2)
+    if len(ranks) != 1 or len(columns) != 1:
+        raise ExportError(f"{prefix}: layers of different ranks {sorted(ranks)} or bias shapes")
+    return len(layers), ranks.pop(), columns.pop()
 
 
 def read_layout(

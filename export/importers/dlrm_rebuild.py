@@ -91,6 +91,44 @@ class PairInteraction(nn.Module):
         return torch.cat([dense, products.flatten(1).index_select(1, self.pair_index)], dim=1)
 
 
+class CrossInteraction(nn.Module):
+    """TorchRec's ``LowRankCrossNet`` over ``x0 = [x, e_1..e_26]``: ``x = x0 * (W_l (V_l x) + b_l) + x``.
+
+    Each layer is two ``MatMul`` and an ``Add``/``Mul``/``Add`` in ONNX: no ``Loop``.
+
+    Args:
+        state: the state dict (``inter_arch.crossnet.{V_kernels,W_kernels,bias}.<l>``).
+        layers: the cross layers.
+
+    Shapes:
+        dense ``B x D``, embedded ``B x 26 x D`` -> ``B x 27D``.
+    """
+
+    def __init__(self, state: Mapping[str, torch.Tensor], layers: int) -> None:
+        super().__init__()
+        prefix = "inter_arch.crossnet"
+        # Transposed once here, so that each layer is x @ V^T @ W^T as two plain MatMuls.
+        self.v_t = nn.ParameterList(
+            nn.Parameter(state[f"{prefix}.V_kernels.{i}"].float().t().contiguous(), requires_grad=False)
+            for i in range(layers)
+        )
+        self.w_t = nn.ParameterList(
+            nn.Parameter(state[f"{prefix}.W_kernels.{i}"].float().t().contiguous(), requires_grad=False)
+            for i in range(layers)
+        )
+        self.bias = nn.ParameterList(
+            nn.Parameter(state[f"{prefix}.bias.{i}"].float().reshape(-1).clone(), requires_grad=False)
+            for i in range(layers)
+        )
+
+    def forward(self, dense: torch.Tensor, embedded: torch.Tensor) -> torch.Tensor:
+        x0 = torch.cat([dense, embedded.flatten(1)], dim=1)
+        x = x0
+        for v_t, w_t, bias in zip(self.v_t, self.w_t, self.bias, strict=True):
+            x = x0 * (torch.matmul(torch.matmul(x, v_t), w_t) + bias) + x
+        return x
+
+
 class ConcatInteraction(nn.Module):
     """``[x, e_1, .., e_26]``. Shapes: ``B x D'``, ``B x 26 x D`` -> ``B x (D' + 26 D)``."""
 
@@ -131,11 +169,11 @@ class GatherDLRM(nn.Module):
         self.bottom_mlp = _linear_stack(layout.bottom, NUM_DENSE, relu_last=True)
         if layout.interaction == "dot":
             self.interaction: nn.Module = PairInteraction(layout.pairs())
-            width = layout.bottom[-1] + len(layout.pairs())
+        elif layout.interaction == "dcn":
+            self.interaction = CrossInteraction(state, layout.cross_layers)
         else:
             self.interaction = ConcatInteraction()
-            width = layout.bottom[-1] + NUM_CATEGORICAL * layout.dim
-        self.top_mlp = _linear_stack(layout.top, width, relu_last=False)
+        self.top_mlp = _linear_stack(layout.top, layout.interaction_width, relu_last=False)
         bottom_keys, top_keys = _mlp_keys(layout)
         _load_linears(self.bottom_mlp, state, bottom_keys)
         _load_linears(self.top_mlp, state, top_keys)
@@ -231,9 +269,30 @@ class _Holder(nn.Module):
             self.add_module(name, child)
 
 
+class _LowRankCrossNet(nn.Module):
+    """TorchRec's ``LowRankCrossNet``: ``W_kernels``, ``V_kernels`` and ``bias`` parameter lists,
+    ``x_l = x_0 * (W(V(x_l)) + b) + x_l`` with ``torch.nn.functional.linear`` as TorchRec writes it."""
+
+    def __init__(self, width: int, layers: int, rank: int, bias_column: bool) -> None:
+        super().__init__()
+        bias_shape = (width, 1) if bias_column else (width,)
+        self.W_kernels = nn.ParameterList(nn.Parameter(torch.empty(width, rank)) for _ in range(layers))
+        self.V_kernels = nn.ParameterList(nn.Parameter(torch.empty(rank, width)) for _ in range(layers))
+        self.bias = nn.ParameterList(nn.Parameter(torch.empty(bias_shape)) for _ in range(layers))
+
+    def forward(self, x_0: torch.Tensor) -> torch.Tensor:
+        x_l = x_0
+        for w, v, b in zip(self.W_kernels, self.V_kernels, self.bias, strict=True):
+            x_l_v = nn.functional.linear(x_l, v)
+            x_l_w = nn.functional.linear(x_l_v, w)
+            x_l = x_0 * (x_l_w + b.reshape(-1)) + x_l
+        return x_l
+
+
 class TorchRecReference(nn.Module):
-    """TorchRec ``DLRM``: its parameter layout and forward (``DenseArch``, ``SparseArch``,
-    ``InteractionArch`` over the upper triangle, ``OverArch``), logits out.
+    """TorchRec ``DLRM`` or ``DLRM_DCN``: its parameter layout and forward (``DenseArch``,
+    ``SparseArch``, ``InteractionArch`` over the upper triangle or ``InteractionDCNArch``'s
+    cross net, ``OverArch``), logits out.
 
     Shapes:
         ``forward(dense B x 13, {table: (B,) ids})`` -> ``B x 1`` logits.
@@ -248,13 +307,17 @@ class TorchRecReference(nn.Module):
                 for name, rows in zip(layout.tables, layout.rows, strict=True)
             }
         )
-        vectors = NUM_CATEGORICAL + 1
-        over_in = layout.dim + vectors * (vectors - 1) // 2
+        over_in = layout.interaction_width
         hidden = layout.top[:-1]
         final = nn.Linear(hidden[-1] if hidden else over_in, layout.top[-1], bias=True)
         self.sparse_arch = _Holder(embedding_bag_collection=_Holder(embedding_bags=bags))
         self.dense_arch = _Holder(model=_MLP(NUM_DENSE, layout.bottom))
         self.over_arch = _Holder(model=nn.Sequential(_MLP(over_in, hidden), final))
+        if layout.interaction == "dcn":
+            crossnet = _LowRankCrossNet(
+                over_in, layout.cross_layers, layout.cross_rank, layout.cross_bias_column
+            )
+            self.inter_arch = _Holder(crossnet=crossnet)
 
     def forward(self, dense: torch.Tensor, features: dict[str, torch.Tensor]) -> torch.Tensor:
         batch = dense.shape[0]
@@ -264,6 +327,9 @@ class TorchRecReference(nn.Module):
         pooled = [bags[name](features[name], offsets) for name in self.layout.tables]
         sparse = torch.cat(pooled, dim=1).reshape(batch, len(pooled), self.layout.dim)
         combined = torch.cat((embedded_dense.unsqueeze(1), sparse), dim=1)
+        if self.layout.interaction == "dcn":
+            crossed = self.inter_arch.get_submodule("crossnet")(combined.reshape(batch, -1))
+            return cast(torch.Tensor, self.over_arch.get_submodule("model")(crossed))
         interactions = torch.bmm(combined, torch.transpose(combined, 1, 2))
         triu = torch.triu_indices(len(pooled) + 1, len(pooled) + 1, offset=1)
         flat = interactions[:, triu[0], triu[1]]

@@ -208,7 +208,8 @@ class CheckpointExporter:
         if larger:
             raise ConfigError(f"--table-sizes exceed the checkpoint's tables: {', '.join(larger[:4])}")
         self.sizes: tuple[int, ...] = tuple(sizes)
-        self.format = f"{self.layout.codebase}_dlrm_{container}"
+        model = "dlrm_dcn" if self.layout.interaction == "dcn" else "dlrm"
+        self.format = f"{self.layout.codebase}_{model}_{container}"
         self.state = state
         self._module: GatherDLRM | None = None
         self.reference = reference_module(self.layout, state)
@@ -290,8 +291,12 @@ class CheckpointExporter:
             "top_mlp": list(self.layout.top),
         }
         if self.layout.codebase == "torchrec":
+            source["model"] = self.layout.source_model
             source["feature_order"] = column_names(self.layout)
-            source["logits"] = "sigmoid appended (TorchRec's DLRM returns logits)"
+            source["logits"] = f"sigmoid appended (TorchRec's {self.layout.source_model} returns logits)"
+        if self.layout.interaction == "dcn":
+            source["cross_layers"] = self.layout.cross_layers
+            source["cross_rank"] = self.layout.cross_rank
         return source
 
     def to_onnx(self, out: Path, opset: int) -> None:
@@ -337,23 +342,26 @@ class CheckpointExporter:
         return np.concatenate(outputs).astype(np.float32, copy=False)
 
     def torch_serving(self) -> TorchServing:
-        """The rebuilt DLRM's logits for the TorchScript variant: a ``dot`` interaction stays FP32
-        there (a ``cat`` only moves values), the sigmoid is FP32, and the module reduces ids itself."""
+        """The rebuilt DLRM's logits for the TorchScript variant: a ``dot`` or ``dcn`` interaction
+        stays FP32 there (a ``cat`` only moves values), the sigmoid is FP32, and the module reduces
+        ids itself."""
         from export.engines.torchscript import Logits
 
-        keep = ("model.interaction",) if self.layout.interaction == "dot" else ()
+        keep = ("model.interaction",) if self.layout.interaction != "cat" else ()
         return TorchServing(Logits(self.module), True, keep, None)
 
     def fp32_nodes(self, model: onnx.ModelProto) -> list[str]:
-        """The interaction (every node under ``/interaction/``, for ``dot``) and the output sigmoid.
+        """The interaction (every node under ``/interaction/``, for ``dot`` and ``dcn``) and the
+        output sigmoid.
 
-        The dot products are sums of ``D`` products that feed the top MLP unscaled
-        (see :meth:`export.importers.onnx_dlrm.DLRMExporter.fp32_nodes`); a ``cat`` interaction
+        The dot products are sums of ``D`` products that feed the top MLP unscaled, and the
+        cross net multiplies activations by activations (see
+        :meth:`export.importers.onnx_dlrm.DLRMExporter.fp32_nodes`); a ``cat`` interaction
         only moves values and stays FP16.
         """
         names = (
             [n.name for n in model.graph.node if INTERACTION_SCOPE in n.name]
-            if self.layout.interaction == "dot"
+            if self.layout.interaction != "cat"
             else []
         )
         return names + output_sigmoids(model)

@@ -34,6 +34,7 @@ with their ``Mod``, and every row it serves comes from the store.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import time
 from collections.abc import Callable, Iterator
@@ -493,12 +494,7 @@ def make_random_hot_cold_dlrm(
     spec = random_store_spec(config, store_dtype)
     if isinstance(hot_budget, bool) or not isinstance(hot_budget, int) or hot_budget < 0:
         raise ConfigError(f"the hot budget must be a byte count >= 0, got {hot_budget!r}")
-    small_config = DLRMConfig(
-        small_table_sizes(config.table_sizes, small_rows),
-        config.embedding_dim,
-        config.bottom_mlp,
-        config.top_mlp,
-    )
+    small_config = dataclasses.replace(config, table_sizes=small_table_sizes(config.table_sizes, small_rows))
     _check_store_place(repository, store_dir)
     serving = serving or ServingConfig()
     seconds: dict[str, float] = {}

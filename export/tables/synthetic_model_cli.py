@@ -31,7 +31,7 @@ from export.tables.synthetic_model import (
     make_random_hot_cold_dlrm,
     random_store_spec,
 )
-from models.config import PRESETS, DLRMConfig
+from models.config import DCN_PRESETS, PRESETS, DLRMConfig
 
 app = new_app("An untrained DLRM of any preset's size, served hot/cold (random tables), for benchmarks.")
 
@@ -81,7 +81,7 @@ def synthetic_hot_cold(
         ),
     ],
     preset: Annotated[
-        str, typer.Option(help=f"DLRM layers and table sizes: {', '.join(PRESETS)}.")
+        str, typer.Option(help=f"DLRM layers and table sizes: {', '.join(PRESETS + DCN_PRESETS)}.")
     ] = "criteo-terabyte",
     table_sizes: Annotated[
         str | None,

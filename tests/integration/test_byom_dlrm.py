@@ -3,8 +3,10 @@ the real local tritonserver, answers what the source framework itself answers.
 
 Forms: a facebookresearch/dlrm checkpoint (``--save-model``) and its bare state dict, a TorchScript
 trace of that model, a TorchRec DLRM state dict (with ``--feature-order``), a ``torch.export``
-program, and ``--factory`` returning a module with ``nn.EmbeddingBag`` tables. The expected
-answers come from the test's own modules (:mod:`tests.byom_torch`) on ids reduced into the tables.
+program, ``--factory`` returning a module with ``nn.EmbeddingBag`` tables, and a TorchRec
+``DLRMTrain(DLRM_DCN)`` state dict (DLRM-DCNv2) built with the real ``torchrec`` package. The
+expected answers come from the test's own modules (:mod:`tests.byom_torch`) and from TorchRec's own
+forward (:mod:`tests.torchrec_dcn`) on ids reduced into the tables.
 Each form has its own repository and server (one family, one model name), started in turn.
 """
 
@@ -39,6 +41,7 @@ from tests.byom_torch import (
     torchrec_logits,
     torchrec_sizes,
 )
+from tests.torchrec_dcn import dcn_logits, make_dcn, train_state
 
 pytestmark = [pytest.mark.integration, pytest.mark.filterwarnings("ignore::torch.jit.TracerWarning")]
 
@@ -95,8 +98,15 @@ def forms(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Form]:
     torchrec = TorchRecDLRM(torchrec_sizes()).eval()
     torch.save({f"model.{k}": v for k, v in torchrec.state_dict().items()}, root / "torchrec.pt")
 
+    dcn = make_dcn(seed=23)
+    torch.save(train_state(dcn), root / "dlrm_dcn.pt")
+
     def facebook(dense: np.ndarray, ids: np.ndarray) -> np.ndarray:
         return facebook_probabilities(net, dense, ids)
+
+    def dcn_probabilities(dense: np.ndarray, ids: np.ndarray) -> np.ndarray:
+        logits = dcn_logits(dcn, dense, ids).astype(np.float64)
+        return (1 / (1 + np.exp(-logits))).astype(np.float32)
 
     def torchrec_probabilities(dense: np.ndarray, ids: np.ndarray) -> np.ndarray:
         logits = torchrec_logits(torchrec, dense, ids).astype(np.float64)
@@ -123,6 +133,9 @@ def forms(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Form]:
             facebook,
             env=((FACTORY_ENV, str(checkpoint)),),
         ),
+        "torchrec_dcn": Form(
+            ("--checkpoint", str(root / "dlrm_dcn.pt")), "torchrec_dlrm_dcn_state_dict", dcn_probabilities
+        ),
     }
 
 
@@ -142,6 +155,7 @@ class Served:
         "torchrec",
         "torch_export",
         "factory",
+        "torchrec_dcn",
     ],
 )
 def served(
