@@ -10,8 +10,10 @@
   package.module:function``: exported as it is (:mod:`export.importers.torch_module`);
 - a ``torch.save`` file: a facebookresearch/dlrm checkpoint (what
   ``dlrm_s_pytorch.py --save-model`` writes: a dict whose ``state_dict`` holds the
-  weights) or its bare state dict, or a TorchRec ``DLRM`` state dict: the model is
-  rebuilt from the weight shapes (:mod:`export.importers.dlrm_layouts`, :mod:`export.importers.dlrm_rebuild`).
+  weights) or its bare state dict, or a TorchRec ``DLRM`` or ``DLRM_DCN`` state dict: the model is
+  rebuilt from the weight shapes (:mod:`export.importers.dlrm_layouts`, :mod:`export.importers.dlrm_rebuild`);
+- a ``torch.distributed.checkpoint`` folder (``.metadata`` and ``.distcp`` shards) of such a
+  state dict, as TorchRec training runs save it (:mod:`export.importers.distributed_checkpoint`).
 
 A TorchScript archive holds ``constants.pkl`` and ``code/``, a ``torch.export``
 archive ``archive_format``, a ``torch.save`` archive ``data.pkl``: the zip's
@@ -57,7 +59,8 @@ log = logging.getLogger(__name__)
 FileFormat = Literal["torchscript", "torch_export", "torch_save"]
 #: What ``--checkpoint`` may be, for the error line when it is none of them.
 EXPECTED_FORMS = (
-    "a facebookresearch/dlrm checkpoint or state dict, a TorchRec DLRM state dict, a TorchScript file "
+    "a facebookresearch/dlrm checkpoint or state dict, a TorchRec DLRM or DLRM_DCN state dict or "
+    "torch.distributed.checkpoint folder, a TorchScript file "
     "(torch.jit.save), a torch.export program (torch.export.save, .pt2), or the bundle's training "
     "directory (config.json, model.pt); any other nn.Module through --factory package.module:function"
 )
@@ -177,7 +180,8 @@ class CheckpointExporter:
     Args:
         path: the file.
         state: its state dict.
-        container: ``checkpoint`` (a dict with ``state_dict``) or ``state_dict``.
+        container: ``checkpoint`` (a dict with ``state_dict``), ``state_dict`` or
+            ``distributed_checkpoint`` (a ``torch.distributed.checkpoint`` folder).
         options: ``feature_order`` (TorchRec), ``table_sizes`` (at most each table's rows).
 
     Raises:
@@ -191,7 +195,7 @@ class CheckpointExporter:
         self,
         path: Path,
         state: dict[str, torch.Tensor],
-        container: Literal["checkpoint", "state_dict"],
+        container: Literal["checkpoint", "state_dict", "distributed_checkpoint"],
         options: SourceOptions,
     ) -> None:
         from export.importers.dlrm_layouts import read_layout
@@ -422,6 +426,18 @@ def open_dlrm_source(checkpoint: Path | None, options: SourceOptions) -> Framewo
     if checkpoint is None:
         raise ConfigError(f"give --checkpoint ({EXPECTED_FORMS})")
     checkpoint = Path(checkpoint)
+    if checkpoint.is_dir() and not (checkpoint / CONFIG_FILE).is_file():
+        from export.importers.distributed_checkpoint import (
+            is_distributed_checkpoint,
+            load_distributed_checkpoint,
+        )
+
+        if is_distributed_checkpoint(checkpoint):
+            exporter = CheckpointExporter(
+                checkpoint, load_distributed_checkpoint(checkpoint), "distributed_checkpoint", options
+            )
+            log.info("%s: %s, %s", checkpoint, exporter.format, exporter.layout.description)
+            return exporter
     if checkpoint.is_dir():
         if not (checkpoint / CONFIG_FILE).is_file():
             raise ConfigError(

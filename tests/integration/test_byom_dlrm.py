@@ -4,7 +4,8 @@ the real local tritonserver, answers what the source framework itself answers.
 Forms: a facebookresearch/dlrm checkpoint (``--save-model``) and its bare state dict, a TorchScript
 trace of that model, a TorchRec DLRM state dict (with ``--feature-order``), a ``torch.export``
 program, ``--factory`` returning a module with ``nn.EmbeddingBag`` tables, and a TorchRec
-``DLRMTrain(DLRM_DCN)`` state dict (DLRM-DCNv2) built with the real ``torchrec`` package. The
+``DLRMTrain(DLRM_DCN)`` state dict (DLRM-DCNv2) built with the real ``torchrec`` package, saved
+with ``torch.save`` and as a ``torch.distributed.checkpoint`` folder. The
 expected answers come from the test's own modules (:mod:`tests.byom_torch`) and from TorchRec's own
 forward (:mod:`tests.torchrec_dcn`) on ids reduced into the tables.
 Each form has its own repository and server (one family, one model name), started in turn.
@@ -24,6 +25,7 @@ import numpy as np
 import onnx
 import pytest
 import torch
+import torch.distributed.checkpoint as dcp
 
 from bundle.schema import NUM_CATEGORICAL, NUM_DENSE
 from clients.triton import TritonClient
@@ -100,6 +102,7 @@ def forms(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Form]:
 
     dcn = make_dcn(seed=23)
     torch.save(train_state(dcn), root / "dlrm_dcn.pt")
+    dcp.save(train_state(dcn), checkpoint_id=root / "dlrm_dcn_run")
 
     def facebook(dense: np.ndarray, ids: np.ndarray) -> np.ndarray:
         return facebook_probabilities(net, dense, ids)
@@ -136,6 +139,11 @@ def forms(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Form]:
         "torchrec_dcn": Form(
             ("--checkpoint", str(root / "dlrm_dcn.pt")), "torchrec_dlrm_dcn_state_dict", dcn_probabilities
         ),
+        "torchrec_dcn_distributed_checkpoint": Form(
+            ("--checkpoint", str(root / "dlrm_dcn_run")),
+            "torchrec_dlrm_dcn_distributed_checkpoint",
+            dcn_probabilities,
+        ),
     }
 
 
@@ -156,6 +164,7 @@ class Served:
         "torch_export",
         "factory",
         "torchrec_dcn",
+        "torchrec_dcn_distributed_checkpoint",
     ],
 )
 def served(

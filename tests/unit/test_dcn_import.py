@@ -109,3 +109,40 @@ def test_table_sizes_of_the_checkpoint_are_its_own(dcn, tmp_path: Path) -> None:
     torch.save(dcn.state_dict(), tmp_path / "dcn.pt")
     exporter = open_dlrm_source(tmp_path / "dcn.pt", SourceOptions())
     assert exporter.table_sizes == TABLE_SIZES
+
+
+def test_a_distributed_checkpoint_folder_imports(dcn, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    import torch.distributed.checkpoint as dcp
+
+    state = {**train_state(dcn), "step": 7}  # a training run saves more than tensors
+    dcp.save(state, checkpoint_id=tmp_path / "run")
+    exporter = open_dlrm_source(tmp_path / "run", SourceOptions())
+    assert isinstance(exporter, CheckpointExporter)
+    assert exporter.format == "torchrec_dlrm_dcn_distributed_checkpoint"
+    batch = _batch(64, seed=5)
+    expected = _sigmoid(dcn_logits(dcn, batch.dense, in_range(batch.categorical)))
+    np.testing.assert_allclose(exporter.predict(batch), expected, atol=1e-6, rtol=0)
+
+
+class _Marker:
+    """A pickle that would create a file if it were unpickled with plain pickle."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    def __reduce__(self):  # type: ignore[no-untyped-def]
+        return (open, (str(self.path), "w"))
+
+
+def test_a_metadata_file_never_runs_code(dcn, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    import pickle
+
+    import torch.distributed.checkpoint as dcp
+
+    dcp.save(train_state(dcn), checkpoint_id=tmp_path / "run")
+    marker = tmp_path / "ran"
+    (tmp_path / "run" / ".metadata").write_bytes(pickle.dumps(_Marker(marker)))
+    with pytest.raises(ExportError, match=r"not a torch\.distributed\.checkpoint metadata file") as error:
+        open_dlrm_source(tmp_path / "run", SourceOptions())
+    assert "\n" not in str(error.value)
+    assert not marker.exists()
