@@ -28,7 +28,7 @@ from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2 as mc
 
 from bundle.errors import ConfigError
-from bundle.schema import INPUTS, OUTPUTS, TensorSpec
+from bundle.schema import HOTNESS_PARAMETER, INPUTS, NUM_CATEGORICAL, OUTPUTS, TensorSpec, inputs_for
 from bundle.staging import write_file_atomically
 
 CONFIG_NAME = "config.pbtxt"
@@ -115,6 +115,7 @@ class BatchProfile:
     min_batch: int
     opt_batch: int
     max_batch: int
+    inputs: tuple[TensorSpec, ...] = INPUTS
 
     def __post_init__(self) -> None:
         if not 1 <= self.min_batch <= self.opt_batch <= self.max_batch:
@@ -124,10 +125,23 @@ class BatchProfile:
             )
 
     @classmethod
-    def for_max(cls, max_batch: int, opt_batch: int = 0, min_batch: int = 1) -> BatchProfile:
+    def for_max(
+        cls, max_batch: int, opt_batch: int = 0, min_batch: int = 1, inputs: tuple[TensorSpec, ...] = INPUTS
+    ) -> BatchProfile:
         """The profile up to ``max_batch``; ``opt_batch=0`` picks :data:`DEFAULT_OPT_BATCH` (capped)."""
         opt = opt_batch or max(min_batch, min(DEFAULT_OPT_BATCH, max_batch))
-        return cls(min_batch, opt, max_batch)
+        return cls(min_batch, opt, max_batch, inputs)
+
+    def key(self) -> dict[str, Any]:
+        """The profile as JSON: its batch sizes, and its inputs' shapes when they are not the schema's."""
+        key: dict[str, Any] = {
+            "min_batch": self.min_batch,
+            "opt_batch": self.opt_batch,
+            "max_batch": self.max_batch,
+        }
+        if self.inputs != INPUTS:
+            key["inputs"] = {spec.name: list(spec.shape) for spec in self.inputs}
+        return key
 
     def shapes(self) -> dict[str, tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...]]]:
         """``{input name: (min shape, opt shape, max shape)}``, each ``B x dims``."""
@@ -135,12 +149,12 @@ class BatchProfile:
             spec.name: tuple(  # type: ignore[misc]
                 (batch, *spec.shape) for batch in (self.min_batch, self.opt_batch, self.max_batch)
             )
-            for spec in INPUTS
+            for spec in self.inputs
         }
 
     def ort_shapes(self, batch: int) -> str:
         """ONNX Runtime's TensorRT profile syntax: ``dense_features:1x13,categorical_ids:1x26``."""
-        return ",".join(f"{spec.name}:{'x'.join(map(str, (batch, *spec.shape)))}" for spec in INPUTS)
+        return ",".join(f"{spec.name}:{'x'.join(map(str, (batch, *spec.shape)))}" for spec in self.inputs)
 
 
 def default_graph_batch_sizes(max_batch_size: int) -> tuple[int, ...]:
@@ -178,6 +192,8 @@ class ServingConfig:
             container (absolute; one subfolder per model).
         opt_batch_size: ``opt`` batch of the accelerator's TensorRT profile (0: the default,
             :data:`DEFAULT_OPT_BATCH` capped at ``max_batch_size``).
+        hotness: a multi-hot model's ids per table, C1..C26 (None: one each); its
+            ``categorical_ids`` is then ``B x sum(hotness)`` and the config records them.
         cuda_graph_batch_sizes: gpu profile: batch sizes the TensorRT models capture CUDA
             graphs for (None: :func:`default_graph_batch_sizes`; empty: no graphs).
     """
@@ -194,8 +210,11 @@ class ServingConfig:
     ort_trt_cache_dir: str = ORT_TRT_CACHE_DIR
     opt_batch_size: int = 0
     cuda_graph_batch_sizes: tuple[int, ...] | None = None
+    hotness: tuple[int, ...] | None = None
 
     def __post_init__(self) -> None:
+        if self.hotness is not None and (len(self.hotness) != NUM_CATEGORICAL or min(self.hotness) < 1):
+            raise ConfigError(f"hotness needs {NUM_CATEGORICAL} counts >= 1, got {self.hotness}")
         if self.profile not in PROFILES:
             raise ConfigError(f"unknown profile {self.profile!r}; choose one of {', '.join(PROFILES)}")
         if self.max_batch_size <= 0:
@@ -241,9 +260,14 @@ class ServingConfig:
         return mc.ModelInstanceGroup.KIND_GPU if self.profile == "gpu" else mc.ModelInstanceGroup.KIND_CPU
 
     @property
+    def inputs(self) -> tuple[TensorSpec, ...]:
+        """The model's inputs: :data:`bundle.schema.INPUTS`, ``categorical_ids`` ``B x H`` when multi-hot."""
+        return inputs_for(self.hotness)
+
+    @property
     def batch_profile(self) -> BatchProfile:
         """The TensorRT profile ``1 .. opt .. max_batch_size`` these settings serve."""
-        return BatchProfile.for_max(self.max_batch_size, self.opt_batch_size)
+        return BatchProfile.for_max(self.max_batch_size, self.opt_batch_size, inputs=self.inputs)
 
     @property
     def graph_batch_sizes(self) -> tuple[int, ...]:
@@ -264,8 +288,10 @@ def _tensor(spec: TensorSpec, message: Any) -> None:
 def _base_config(name: str, serving: ServingConfig) -> mc.ModelConfig:
     """What every model shares: schema tensors, dynamic batching, instances, warmup."""
     config = mc.ModelConfig(name=name, max_batch_size=serving.max_batch_size)
-    for spec in INPUTS:
+    for spec in serving.inputs:
         _tensor(spec, config.input.add())
+    if serving.hotness is not None:
+        config.parameters[HOTNESS_PARAMETER].string_value = ",".join(map(str, serving.hotness))
     for spec in OUTPUTS:
         _tensor(spec, config.output.add())
     # Set explicitly even when 0, so `dynamic_batching {}` is present and enabled.
@@ -279,7 +305,7 @@ def _base_config(name: str, serving: ServingConfig) -> mc.ModelConfig:
         warmup = config.model_warmup.add()
         warmup.name = f"zeros_batch_{size}"
         warmup.batch_size = size
-        for spec in INPUTS:
+        for spec in serving.inputs:
             data = warmup.inputs[spec.name]
             data.data_type = _DATA_TYPES[spec.triton_dtype]
             data.dims.extend(spec.shape)
@@ -354,7 +380,7 @@ def build_trt_config(name: str, serving: ServingConfig) -> mc.ModelConfig:
             spec = cuda.graph_spec.add()
             spec.batch_size = size
             spec.graph_lower_bound.batch_size = lower
-            for tensor in INPUTS:
+            for tensor in serving.inputs:
                 spec.input[tensor.name].dim.extend(tensor.shape)
                 spec.graph_lower_bound.input[tensor.name].dim.extend(tensor.shape)
             lower = size + 1
@@ -391,6 +417,26 @@ def read_config(path: Path) -> mc.ModelConfig:
         return text_format.Parse(path.read_text(), mc.ModelConfig())
     except (OSError, text_format.ParseError) as exc:
         raise ConfigError(f"{path}: not a valid Triton model config ({exc})") from None
+
+
+def config_hotness(config: mc.ModelConfig) -> tuple[int, ...] | None:
+    """A multi-hot model's ids per table, from its config's ``hotness`` parameter (None: one id each).
+
+    Raises:
+        ConfigError: the parameter is there but not 26 counts >= 1.
+    """
+    if HOTNESS_PARAMETER not in config.parameters:
+        return None
+    text = config.parameters[HOTNESS_PARAMETER].string_value
+    try:
+        counts = tuple(int(part) for part in text.split(","))
+    except ValueError:
+        counts = ()
+    if len(counts) != NUM_CATEGORICAL or min(counts) < 1:
+        raise ConfigError(
+            f"model {config.name!r}: parameter {HOTNESS_PARAMETER} is {text!r}, not 26 counts >= 1"
+        )
+    return counts
 
 
 def version_dir(repository: Path, name: str, version: int = 1) -> Path:

@@ -9,7 +9,10 @@ dimension ``B``:
 
 - ``dense_features``   ``B x 13`` float32: log1p of the integer counts.
 - ``categorical_ids``  ``B x 26`` int64: raw ids; any int64 value is valid
-  because the model reduces each id into its table (modulo) itself.
+  because the model reduces each id into its table (modulo) itself. A multi-hot
+  model (a bag of ``h_t`` ids per table, DLRM-DCNv2 as MLPerf runs it) takes
+  ``B x H``, ``H = h_1 + .. + h_26``: C1's ids first, then C2's, and so on
+  (:func:`inputs_for`; the config's ``hotness`` parameter records the ``h_t``).
 - ``click_probability`` ``B x 1`` float32: sigmoid of the model's logit.
 """
 
@@ -54,6 +57,16 @@ INPUTS: tuple[TensorSpec, ...] = (
     TensorSpec(CATEGORICAL_INPUT, np.int64, (NUM_CATEGORICAL,)),
 )
 OUTPUTS: tuple[TensorSpec, ...] = (TensorSpec(OUTPUT, np.float32, (1,)),)
+#: The config parameter that records a multi-hot model's hotness (26 comma-separated counts).
+HOTNESS_PARAMETER = "hotness"
+
+
+def inputs_for(hotness: tuple[int, ...] | None) -> tuple[TensorSpec, ...]:
+    """The inputs of a model with ``hotness`` ids per table (None: one id per table, :data:`INPUTS`)."""
+    if hotness is None:
+        return INPUTS
+    return (INPUTS[0], TensorSpec(CATEGORICAL_INPUT, np.int64, (sum(hotness),)))
+
 
 # Raw rows: a served model's raw-row model takes the Criteo rows as a client has them.
 #: ``B x 1`` BYTES: one unlabeled Criteo TSV row per element (13 counts, 26 hex ids, tab-separated).

@@ -17,6 +17,7 @@ from bundle.cli import VerboseOption, new_app, run, set_verbose, shared_options
 from bundle.errors import ConfigError
 from bundle.memory import PeakMemory
 from bundle.repository import CONFIG_NAME, ORT_TRT_CACHE_DIR, QUEUE_DELAY_US, ServingConfig, trt_model_name
+from criteo.multihot import parse_hotness
 from criteo.tables import TABLE_SIZE_PRESETS, parse_table_sizes
 from export.engines.trt_build import EngineResult, TensorRTOptions, build_engines
 from export.framework import FrameworkExporter
@@ -370,8 +371,9 @@ def dlrm(
         Path | None,
         typer.Option(
             help="What to export: a directory written by `models train dlrm`, a facebookresearch/dlrm "
-            "checkpoint (--save-model) or its state dict, a TorchRec DLRM state dict, a TorchScript file, "
-            "or a torch.export program (.pt2); the format is detected from the file."
+            "checkpoint (--save-model) or its state dict, a TorchRec DLRM or DLRM_DCN state dict or "
+            "torch.distributed.checkpoint folder, a TorchScript file, or a torch.export program (.pt2); "
+            "the format is detected from the file."
         ),
     ] = None,
     factory: Annotated[
@@ -389,6 +391,14 @@ def dlrm(
             "(t_cat_0..t_cat_25); default: the state dict's order."
         ),
     ] = None,
+    hotness: Annotated[
+        str,
+        typer.Option(
+            help="Ids per table of a multi-hot model (TorchRec or facebookresearch state dicts): mlperf "
+            "(MLPerf dlrm-v2's 214 per sample), one count for all 26, or 26 comma-separated counts. "
+            "categorical_ids is then B x (their sum), C1's ids first; each table sums its bag."
+        ),
+    ] = "1",
 ) -> None:
     """Export a PyTorch DLRM (torch.onnx) as dlrm_onnx, dlrm_onnx_fp16 and, in the cpu profile,
     dlrm_onnx_int8 (in the gpu profile: dlrm_torch, TorchScript FP16, and the config of dlrm_trt instead)."""
@@ -398,7 +408,12 @@ def dlrm(
             "give --checkpoint PATH, or --factory package.module:function (with --checkpoint PATH, "
             "the function receives that path)"
         )
-    source = replace(source, factory=factory, feature_order=parse_feature_order(feature_order))
+    source = replace(
+        source,
+        factory=factory,
+        feature_order=parse_feature_order(feature_order),
+        hotness=parse_hotness(hotness),
+    )
     from export.importers.dlrm_sources import open_dlrm_source
 
     _export(open_dlrm_source(checkpoint, source), options)

@@ -94,12 +94,14 @@ class TorchServing:
             whose structure is unknown.
         table_sizes: the 26 sizes the variant reduces ids into before ``module`` runs;
             None where ``module`` reduces every id into its tables itself.
+        hotness: a multi-hot module's ids per table (its ids are then ``B x H``); None: one each.
     """
 
     module: nn.Module
     logits: bool
     fp32_modules: tuple[str, ...]
     table_sizes: tuple[int, ...] | None
+    hotness: tuple[int, ...] | None = None
 
 
 @runtime_checkable

@@ -164,6 +164,17 @@ def export_family(exporter: FrameworkExporter, options: ExportOptions) -> list[E
         raise ConfigError(
             f"--torch: {exporter.family} is not a PyTorch model; the TorchScript variant is for PyTorch DLRMs"
         )
+    hotness = getattr(exporter, "hotness", None)
+    if hotness is not None:
+        if options.placement.may_split:
+            raise ConfigError(
+                "a multi-hot model's tables are not placed hot/cold yet: drop --hot-budget (or --hotness)"
+            )
+        if options.raw_rows:
+            log.info("a multi-hot model takes bags of ids, not Criteo rows: no raw-row models written")
+        options = dataclasses.replace(
+            options, serving=dataclasses.replace(options.serving, hotness=tuple(hotness)), raw_rows=False
+        )
     repository = Path(options.repository)
     family = exporter.family
     with RepositoryWrite(repository, f"export {family}") as write:
@@ -209,9 +220,16 @@ def family_models(family: str) -> tuple[str, ...]:
     )
 
 
+def model_rows(exporter: FrameworkExporter, batch: Batch) -> Batch:
+    """``batch`` as ``exporter``'s model takes it: a multi-hot model's exporter makes each
+    table's bag from the row's id (``model_rows``); every other model takes the rows as they are."""
+    adapt = getattr(exporter, "model_rows", None)
+    return adapt(batch) if adapt is not None else batch
+
+
 def _export_family(exporter: FrameworkExporter, options: ExportOptions) -> list[ExportedModel]:
     """:func:`export_family` into ``options.repository`` (the staging repository)."""
-    rows = check_rows(options.check_data, options.check_rows)
+    rows = model_rows(exporter, check_rows(options.check_data, options.check_rows))
     if options.placement.stream_tables:  # no all-in-graph graph: the tables may not fit in memory
         streamed = place_streamed(exporter, rows, options)
         ensemble = ExportedModel(
@@ -589,6 +607,7 @@ def _export_int8(
         source = ""
         if options.quantize.method == "static":
             calibration, source = calibration_rows(options)
+            calibration = model_rows(exporter, calibration)
         log.info("quantizing %s to INT8 (%s) at %s", fp32_path, options.quantize.method, path)
         keep = exporter.fp32_nodes(onnx.load(str(fp32_path), load_external_data=False))
         graph = quantize_int8(fp32_path, path, keep, options.quantize, calibration, source)

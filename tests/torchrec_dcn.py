@@ -59,13 +59,22 @@ def old_bias_state(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     return {k: v.reshape(-1, 1) if ".crossnet.bias." in k else v for k, v in state.items()}
 
 
-def dcn_logits(model: DLRM_DCN, dense: np.ndarray, ids: np.ndarray) -> np.ndarray:
-    """TorchRec's own forward on single-hot in-range ``ids`` (``B x 26``, table order): ``B x 1`` logits."""
+def dcn_logits(
+    model: DLRM_DCN, dense: np.ndarray, ids: np.ndarray, hotness: tuple[int, ...] | None = None
+) -> np.ndarray:
+    """TorchRec's own forward on in-range ``ids``: ``B x 1`` logits.
+
+    ``ids`` is ``B x 26`` (table order), or ``B x H`` with ``hotness``: table 0's bag first,
+    then table 1's, as the export's ``categorical_ids`` has them. The KeyedJaggedTensor holds
+    each table's bags (key-major, one length per sample and table).
+    """
     batch = ids.shape[0]
+    counts = hotness if hotness is not None else (1,) * NUM_TABLES
+    starts = np.concatenate(([0], np.cumsum(counts)[:-1]))
+    values = np.concatenate([ids[:, s : s + h].reshape(-1) for s, h in zip(starts, counts, strict=True)])
+    lengths = np.repeat(np.asarray(counts, dtype=np.int32), batch)
     features = KeyedJaggedTensor.from_lengths_sync(
-        keys=list(FEATURES),
-        values=torch.from_numpy(np.ascontiguousarray(ids.T).reshape(-1)),
-        lengths=torch.ones(NUM_TABLES * batch, dtype=torch.int32),
+        keys=list(FEATURES), values=torch.from_numpy(values), lengths=torch.from_numpy(lengths)
     )
     with torch.no_grad():
         return model(torch.from_numpy(np.ascontiguousarray(dense, dtype=np.float32)), features).numpy()

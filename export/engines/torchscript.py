@@ -180,6 +180,10 @@ def write_torchscript(serving: TorchServing, dtype_name: str, out: Path) -> dict
         raise ConfigError(f"unknown TorchScript precision {dtype_name!r}; choose one of {', '.join(DTYPES)}")
     module = reduced_precision(serving, DTYPES[dtype_name])
     inputs = example_inputs(serving.table_sizes)
+    if serving.hotness is not None:
+        from criteo.multihot import expand
+
+        inputs = (inputs[0], torch.from_numpy(expand(inputs[1].numpy(), serving.hotness)))
     try:
         with torch.no_grad():
             traced = torch.jit.trace(module, inputs, check_trace=False)

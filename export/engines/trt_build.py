@@ -201,7 +201,7 @@ def build_key(
         "tensorrt": tensorrt_version,
         "gpu": device["name"],
         "compute_capability": device["compute_capability"],
-        "profile": asdict(profile),
+        "profile": profile.key(),
         "strongly_typed": True,
     }
 

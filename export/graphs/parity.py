@@ -53,7 +53,7 @@ def extreme_id_rows(batch: Batch, rows: int = 64) -> Batch:
     extremes = np.array([info.min, info.max, -1, -(2**40) - 3, 2**62 + 11, 10**12], dtype=np.int64)
     ids[:] = extremes[np.arange(ids.size).reshape(ids.shape) % extremes.size]
     ids[:, ::2] = base.categorical[:, ::2] * -7
-    return Batch(base.dense.copy(), ids.reshape(-1, NUM_CATEGORICAL), base.labels)
+    return Batch(base.dense.copy(), ids, base.labels)
 
 
 def batch_arrays(batch: Batch) -> tuple[np.ndarray, np.ndarray]:

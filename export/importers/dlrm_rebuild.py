@@ -142,30 +142,58 @@ class GatherDLRM(nn.Module):
     The tables are stacked into one ``nn.Embedding`` (table ``t``'s rows start
     at ``offsets[t]``); ids of any int64 value are reduced into ``sizes`` first.
 
+    With ``hotness``, each table looks up a bag of ids and sums their rows
+    (``EmbeddingBag(mode="sum")`` with fixed bags): the ids are ``B x H``, C1's bag
+    first, and the pooling is a ``Split`` and one ``ReduceSum`` per table.
+
     Args:
         layout: from :func:`read_layout`.
         state: the state dict without wrapper prefixes.
         sizes: rows to reduce each table's ids into (at most its rows), in table order.
+        hotness: ids per bag of C1..C26 (None: one id each).
 
     Shapes:
-        dense ``B x 13`` float32, ids ``B x 26`` int64 (C1..C26, any value) -> ``B x 1`` float32.
+        dense ``B x 13`` float32, ids ``B x 26`` (``B x H`` multi-hot) int64 (C1..C26, any
+        value) -> ``B x 1`` float32.
     """
 
     columns: torch.Tensor
     sizes: torch.Tensor
     offsets: torch.Tensor
 
-    def __init__(self, layout: DLRMLayout, state: Mapping[str, torch.Tensor], sizes: Sequence[int]) -> None:
+    def __init__(
+        self,
+        layout: DLRMLayout,
+        state: Mapping[str, torch.Tensor],
+        sizes: Sequence[int],
+        hotness: Sequence[int] | None = None,
+    ) -> None:
         super().__init__()
         tables = [state[table_key(layout, name)].float() for name in layout.tables]
         self.embedding = nn.Embedding.from_pretrained(torch.cat(tables), freeze=True)
         starts = [0]
         for rows in layout.rows[:-1]:
             starts.append(starts[-1] + rows)
-        self.register_buffer("columns", torch.tensor(layout.columns, dtype=torch.int64), persistent=False)
-        self.register_buffer("sizes", torch.tensor([list(sizes)], dtype=torch.int64), persistent=False)
-        self.register_buffer("offsets", torch.tensor([starts], dtype=torch.int64), persistent=False)
-        self.permuted = layout.columns != tuple(range(NUM_CATEGORICAL))
+        # Each input column's position, in table order: table t reads the bag of C<columns[t] + 1>.
+        counts = list(hotness) if hotness is not None else [1] * NUM_CATEGORICAL
+        bag_start = [sum(counts[:column]) for column in range(NUM_CATEGORICAL)]
+        positions = [bag_start[c] + k for c in layout.columns for k in range(counts[c])]
+        #: Ids per table, in table order (the pooling's split).
+        self.bag_sizes = [counts[c] for c in layout.columns]
+        per_position = [
+            (size, start)
+            for size, start, h in zip(sizes, starts, self.bag_sizes, strict=True)
+            for _ in range(h)
+        ]
+        self.register_buffer("columns", torch.tensor(positions, dtype=torch.int64), persistent=False)
+        self.register_buffer(
+            "sizes", torch.tensor([[p[0] for p in per_position]], dtype=torch.int64), persistent=False
+        )
+        self.register_buffer(
+            "offsets", torch.tensor([[p[1] for p in per_position]], dtype=torch.int64), persistent=False
+        )
+        self.permuted = positions != list(range(len(positions)))
+        self.multi_hot = any(h > 1 for h in counts)
         self.bottom_mlp = _linear_stack(layout.bottom, NUM_DENSE, relu_last=True)
         if layout.interaction == "dot":
             self.interaction: nn.Module = PairInteraction(layout.pairs())
@@ -183,8 +211,14 @@ class GatherDLRM(nn.Module):
         in_table_order = ids.index_select(1, self.columns) if self.permuted else ids
         # remainder takes the divisor's sign: negative and huge ids land in [0, rows).
         rows = torch.remainder(in_table_order, self.sizes) + self.offsets
+        embedded = self.embedding(rows)
+        if self.multi_hot:
+            # Each table's bag summed (EmbeddingBag's mode="sum"): one Split and a ReduceSum per
+            # table in ONNX, no Loop.
+            bags = torch.split(embedded, self.bag_sizes, dim=1)
+            embedded = torch.stack([bag.sum(dim=1) for bag in bags], dim=1)
         x = self.bottom_mlp(dense)
-        return cast(torch.Tensor, self.top_mlp(self.interaction(x, self.embedding(rows))))
+        return cast(torch.Tensor, self.top_mlp(self.interaction(x, embedded)))
 
     def forward(self, dense: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
         return torch.sigmoid(self.logits(dense, ids))
@@ -319,12 +353,14 @@ class TorchRecReference(nn.Module):
             )
             self.inter_arch = _Holder(crossnet=crossnet)
 
-    def forward(self, dense: torch.Tensor, features: dict[str, torch.Tensor]) -> torch.Tensor:
+    def forward(
+        self, dense: torch.Tensor, features: dict[str, tuple[torch.Tensor, torch.Tensor]]
+    ) -> torch.Tensor:
+        """``features``: table -> (its ids, flat, bag after bag; each bag's first index)."""
         batch = dense.shape[0]
         bags = cast(nn.ModuleDict, self.sparse_arch.get_submodule("embedding_bag_collection.embedding_bags"))
         embedded_dense = self.dense_arch.get_submodule("model")(dense)
-        offsets = torch.arange(batch)
-        pooled = [bags[name](features[name], offsets) for name in self.layout.tables]
+        pooled = [bags[name](*features[name]) for name in self.layout.tables]
         sparse = torch.cat(pooled, dim=1).reshape(batch, len(pooled), self.layout.dim)
         combined = torch.cat((embedded_dense.unsqueeze(1), sparse), dim=1)
         if self.layout.interaction == "dcn":
@@ -360,7 +396,11 @@ def reference_module(layout: DLRMLayout, state: Mapping[str, torch.Tensor]) -> n
 
 
 def reference_probabilities(
-    layout: DLRMLayout, module: nn.Module, dense: torch.Tensor, ids: torch.Tensor
+    layout: DLRMLayout,
+    module: nn.Module,
+    dense: torch.Tensor,
+    ids: torch.Tensor,
+    hotness: Sequence[int] | None = None,
 ) -> torch.Tensor:
     """The source's probabilities for in-range ``ids``: ``B x 1``.
 
@@ -368,15 +408,25 @@ def reference_probabilities(
         layout: the checkpoint's layout.
         module: from :func:`reference_module`.
         dense: ``B x 13`` float32.
-        ids: ``B x 26`` int64, already inside each column's table.
+        ids: ``B x 26`` int64 (``B x H`` with ``hotness``: C1's bag first), already inside
+            each column's table.
+        hotness: ids per bag of C1..C26 (None: one id each).
     """
     import torch
 
     batch = dense.shape[0]
-    per_table = [ids[:, column].contiguous() for column in layout.columns]
+    counts = list(hotness) if hotness is not None else [1] * NUM_CATEGORICAL
+    starts = [sum(counts[:column]) for column in range(NUM_CATEGORICAL)]
+    # Each table's bags as EmbeddingBag takes them: the ids flat, bag after bag, and each bag's start.
+    per_table = [
+        ids[:, starts[column] : starts[column] + counts[column]].reshape(-1).contiguous()
+        for column in layout.columns
+    ]
+    offsets = [torch.arange(batch) * counts[column] for column in layout.columns]
     with torch.no_grad():
         if layout.codebase == "facebookresearch":
-            offsets = torch.arange(batch).repeat(NUM_CATEGORICAL, 1)
-            return module(dense, offsets, per_table)
-        features = dict(zip(layout.tables, per_table, strict=True))
+            return module(dense, torch.stack(offsets), per_table)
+        features = {
+            name: (flat, start) for name, flat, start in zip(layout.tables, per_table, offsets, strict=True)
+        }
         return torch.sigmoid(module(dense, features))

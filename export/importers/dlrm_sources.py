@@ -37,6 +37,7 @@ import onnx
 
 from bundle.errors import ConfigError, ExportError
 from bundle.schema import NUM_CATEGORICAL
+from criteo.multihot import expand
 from criteo.schema import CATEGORICAL_COLUMNS
 from criteo.tsv import Batch
 from export.framework import FrameworkExporter, TorchServing, example_inputs
@@ -212,6 +213,8 @@ class CheckpointExporter:
         if larger:
             raise ConfigError(f"--table-sizes exceed the checkpoint's tables: {', '.join(larger[:4])}")
         self.sizes: tuple[int, ...] = tuple(sizes)
+        #: Ids per bag of C1..C26 (None: one id per table).
+        self.hotness = options.hotness
         model = "dlrm_dcn" if self.layout.interaction == "dcn" else "dlrm"
         self.format = f"{self.layout.codebase}_{model}_{container}"
         self.state = state
@@ -225,7 +228,7 @@ class CheckpointExporter:
 
         if self._module is None:
             in_table_order = [self.sizes[column] for column in self.layout.columns]
-            self._module = GatherDLRM(self.layout, self.state, in_table_order).eval()
+            self._module = GatherDLRM(self.layout, self.state, in_table_order, self.hotness).eval()
         return self._module
 
     @property
@@ -243,6 +246,9 @@ class CheckpointExporter:
     def placeholder_onnx(self, out: Path, opset: int, small_rows: int) -> None:
         """The rebuilt module with tables of at most ``small_rows`` rows (zeros), as an ONNX graph."""
         import dataclasses
+
+        if self.hotness is not None:
+            raise ConfigError("a multi-hot model's tables are not placed hot/cold yet: drop --hotness")
 
         import torch
 
@@ -293,6 +299,7 @@ class CheckpointExporter:
             "embedding_dim": self.layout.dim,
             "bottom_mlp": list(self.layout.bottom),
             "top_mlp": list(self.layout.top),
+            "hotness": list(self.hotness) if self.hotness is not None else "one id per table",
         }
         if self.layout.codebase == "torchrec":
             source["model"] = self.layout.source_model
@@ -317,7 +324,7 @@ class CheckpointExporter:
         )
         model = export_module(
             self.module,
-            example_inputs(self.sizes),
+            self.example_inputs(),
             out,
             opset,
             f"{self.path} ({self.format})",
@@ -333,17 +340,36 @@ class CheckpointExporter:
 
         from export.importers.dlrm_rebuild import reference_probabilities
 
-        ids = np.mod(batch.categorical, np.asarray(self.sizes, dtype=np.int64)[None, :])
+        counts = self.hotness if self.hotness is not None else (1,) * NUM_CATEGORICAL
+        ids = np.mod(batch.categorical, np.repeat(np.asarray(self.sizes, dtype=np.int64), counts)[None, :])
         outputs = []
         for start in range(0, len(batch), PREDICT_CHUNK):
             dense = torch.from_numpy(
                 np.ascontiguousarray(batch.dense[start : start + PREDICT_CHUNK], dtype=np.float32)
             )
             rows = torch.from_numpy(np.ascontiguousarray(ids[start : start + PREDICT_CHUNK]))
-            outputs.append(reference_probabilities(self.layout, self.reference, dense, rows).numpy())
+            outputs.append(
+                reference_probabilities(self.layout, self.reference, dense, rows, self.hotness).numpy()
+            )
         if not outputs:
             return np.empty((0, 1), dtype=np.float32)
         return np.concatenate(outputs).astype(np.float32, copy=False)
+
+    def example_inputs(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """The traced batch: ``B x 13`` dense and ids inside the tables (``B x H`` multi-hot)."""
+        import torch
+
+        dense, ids = example_inputs(self.sizes)
+        if self.hotness is None:
+            return dense, ids
+        return dense, torch.from_numpy(expand(ids.numpy(), self.hotness))
+
+    def model_rows(self, batch: Batch) -> Batch:
+        """``batch`` as the model takes it: each table's bag made from its single id
+        (:func:`criteo.multihot.expand`, fixed seed) when the model is multi-hot."""
+        if self.hotness is None:
+            return batch
+        return Batch(batch.dense, expand(batch.categorical, self.hotness), batch.labels)
 
     def torch_serving(self) -> TorchServing:
         """The rebuilt DLRM's logits for the TorchScript variant: a ``dot`` or ``dcn`` interaction
@@ -352,7 +378,7 @@ class CheckpointExporter:
         from export.engines.torchscript import Logits
 
         keep = ("model.interaction",) if self.layout.interaction != "cat" else ()
-        return TorchServing(Logits(self.module), True, keep, None)
+        return TorchServing(Logits(self.module), True, keep, None, self.hotness)
 
     def fp32_nodes(self, model: onnx.ModelProto) -> list[str]:
         """The interaction (every node under ``/interaction/``, for ``dot`` and ``dcn``) and the
@@ -396,6 +422,15 @@ def _module_exporter(
     return TorchModuleExporter(module, kind, options, checkpoint, reproduce)
 
 
+def _refuse_hotness(options: SourceOptions) -> None:
+    """A module is exported as its forward takes its ids: ``--hotness`` is for rebuilt state dicts."""
+    if options.hotness is not None:
+        raise ConfigError(
+            "--hotness applies to TorchRec and facebookresearch state dicts, whose tables are rebuilt "
+            "as bags; a module takes the ids its own forward takes"
+        )
+
+
 def open_dlrm_source(checkpoint: Path | None, options: SourceOptions) -> FrameworkExporter:
     """The exporter for what a user brought as a DLRM, its format detected from the file.
 
@@ -422,6 +457,7 @@ def open_dlrm_source(checkpoint: Path | None, options: SourceOptions) -> Framewo
             "--input-map applies to Keras models; a PyTorch DLRM takes (dense_features, categorical_ids)"
         )
     if options.factory is not None:
+        _refuse_hotness(options)
         return _module_exporter(checkpoint, options, None)
     if checkpoint is None:
         raise ConfigError(f"give --checkpoint ({EXPECTED_FORMS})")
@@ -449,6 +485,7 @@ def open_dlrm_source(checkpoint: Path | None, options: SourceOptions) -> Framewo
                 ("--table-sizes", options.table_sizes),
                 ("--feature-order", options.feature_order),
                 ("--logits", options.logits or None),
+                ("--hotness", options.hotness),
             )
             if value is not None
         ]
@@ -463,6 +500,7 @@ def open_dlrm_source(checkpoint: Path | None, options: SourceOptions) -> Framewo
     kind = detect_format(checkpoint)
     log.debug("%s: detected %s", checkpoint, kind)
     if kind != "torch_save":
+        _refuse_hotness(options)
         if options.feature_order is not None:
             raise ConfigError(
                 "--feature-order applies to TorchRec state dicts; a module takes C1..C26 in order"

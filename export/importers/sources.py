@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 from bundle.errors import ConfigError
 from bundle.schema import CATEGORICAL_INPUT, DENSE_INPUT
+from criteo.multihot import check_hotness, is_single_hot
 from criteo.schema import CATEGORICAL_COLUMNS, DENSE_COLUMNS
 from criteo.tables import check_table_sizes
 
@@ -46,6 +47,8 @@ class SourceOptions:
         factory: ``package.module:function`` returning the user's ``nn.Module``
             with weights loaded (PyTorch only).
         logits: the model returns logits; the export appends the sigmoid.
+        hotness: ids per table of a multi-hot model, C1..C26 (None: one id per table); a
+            TorchRec or facebookresearch state dict's tables then sum bags of that many ids.
     """
 
     table_sizes: tuple[int, ...] | None = None
@@ -53,8 +56,12 @@ class SourceOptions:
     input_map: tuple[tuple[str, tuple[str, ...]], ...] = ()
     factory: str | None = None
     logits: bool = False
+    hotness: tuple[int, ...] | None = None
 
     def __post_init__(self) -> None:
+        if self.hotness is not None:
+            counts = check_hotness(self.hotness)
+            object.__setattr__(self, "hotness", None if is_single_hot(counts) else counts)
         if self.table_sizes is not None:
             check_table_sizes(self.table_sizes, "--table-sizes")
         if self.feature_order is not None:

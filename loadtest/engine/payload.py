@@ -34,7 +34,7 @@ class PayloadPool:
 
     Attributes:
         dense: ``(batches * batch_size) x 13`` float32.
-        categorical: ``(batches * batch_size) x 26`` int64.
+        categorical: ``(batches * batch_size) x 26`` int64 (``x H`` for a multi-hot model: its bags).
         batch_size: rows per request ``B``.
         source: where the rows came from (a file name, or ``synthetic``).
         text: the same rows as their unlabeled TSV text, 1-D ``bytes``, for a raw-row model;
@@ -60,8 +60,12 @@ class PayloadPool:
             raise DataError(
                 f"payload row text is {self.text.dtype} {list(self.text.shape)}, expected bytes [{rows}]"
             )
-        for spec, array in zip(INPUTS, (self.dense, self.categorical), strict=True):
-            if array.dtype != spec.dtype or array.shape[1:] != spec.shape:
+        # A multi-hot model's ids are N x H (its bags, C1's first): any width of at least 26.
+        width = max(int(self.categorical.shape[1]), INPUTS[1].shape[0]) if self.categorical.ndim == 2 else 0
+        for spec, shape, array in zip(
+            INPUTS, (INPUTS[0].shape, (width,)), (self.dense, self.categorical), strict=True
+        ):
+            if array.dtype != spec.dtype or array.shape[1:] != shape:
                 raise DataError(
                     f"payload input {spec.name!r} is {array.dtype} {list(array.shape)}, "
                     f"expected {np.dtype(spec.dtype)} [N, {', '.join(map(str, spec.shape))}]"
@@ -118,6 +122,16 @@ class PayloadPool:
                 )
         except (OSError, KeyError, ValueError) as exc:
             raise DataError(f"cannot read payload pool {path}: {exc}") from None
+
+    def multi_hot(self, hotness: tuple[int, ...] | None) -> PayloadPool:
+        """The same rows for a model of ``hotness`` ids per table (None: as they are): each table's
+        bag made from the row's id (:func:`criteo.multihot.expand`); no row text (a raw-row model
+        takes one id per table)."""
+        if hotness is None:
+            return self
+        from criteo.multihot import expand
+
+        return PayloadPool(self.dense, expand(self.categorical, hotness), self.batch_size, self.source)
 
     def rebatched(self, batch_size: int) -> PayloadPool:
         """The same rows cut into batches of ``batch_size`` (rows beyond a whole batch are dropped;

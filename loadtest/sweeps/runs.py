@@ -28,6 +28,7 @@ from rich.console import Console
 
 from bundle.errors import BundleError, ConfigError
 from bundle.records import RunRecord
+from bundle.repository import CONFIG_NAME, config_hotness, read_config
 from bundle.schema import is_raw_model
 from loadtest.engine.baseline import BaselineConfig, BaselineResult, InProcessModel
 from loadtest.engine.client_cpu import threshold_line
@@ -186,6 +187,34 @@ def _print_step(step: StepResult) -> None:
 def model_file(repository: Path, model: str) -> Path:
     """``<repository>/<model>/1/model.onnx``."""
     return repository / model / MODEL_FILE
+
+
+def models_hotness(
+    repository: Path | None, urls: Sequence[str], protocols: Sequence[str], models: Sequence[str]
+) -> tuple[int, ...] | None:
+    """The ids per table the swept models take (None: one each), from their configs in ``repository``
+    or, without one, from the server at ``urls[0]``.
+
+    Raises:
+        ConfigError: models that take different inputs (sweep them one at a time).
+    """
+    found: set[tuple[int, ...] | None] = set()
+    for model in models:
+        if is_raw_model(model):
+            continue
+        if repository is not None and (repository / model / CONFIG_NAME).is_file():
+            found.add(config_hotness(read_config(repository / model / CONFIG_NAME)))
+        elif urls:
+            from clients.triton import TritonClient
+
+            with TritonClient(urls[0], protocols[0]) as client:  # type: ignore[arg-type]
+                found.add(client.model_spec(model).hotness)
+    if len(found) > 1:
+        raise ConfigError(
+            f"the models {', '.join(models)} take different categorical_ids (one id per table and bags): "
+            "sweep them one at a time"
+        )
+    return found.pop() if found else None
 
 
 def in_process_models(
@@ -374,7 +403,9 @@ def sweep_run(
     out.mkdir(parents=True, exist_ok=True)
     record = RunRecord.begin(command)
     failed: list[str] = []
-    payload = make_payload(raw, options.data, options.stream)
+    payload = make_payload(
+        raw, options.data, options.stream, models_hotness(repository, urls, protocols, models)
+    )
     cursor = StreamCursor(len(PayloadPool.load(payload).dense)) if options.stream else None
     sessions = in_process_models(repository, models, options)
     in_process: dict[str, list[BaselineResult]] = {}
@@ -492,7 +523,7 @@ def compare_run(
     out.mkdir(parents=True, exist_ok=True)
     record = RunRecord.begin(command)
     failed: list[str] = []
-    payload = make_payload(raw, options.data)
+    payload = make_payload(raw, options.data, hotness=models_hotness(repository, [], [], [model]))
     in_process: dict[str, list[BaselineResult]] = {}
     # Timed once, before any server runs: the peers are compared with each other.
     measure_in_process(

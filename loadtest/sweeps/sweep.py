@@ -231,14 +231,17 @@ def _wait_for_group(group: int, timeout_s: float) -> None:
         os.killpg(group, signal.SIGKILL)
 
 
-def make_payload(out: Path, data: Path | None, stream: bool = False) -> Path:
+def make_payload(
+    out: Path, data: Path | None, stream: bool = False, hotness: tuple[int, ...] | None = None
+) -> Path:
     """Build the rows every step sends (once) and write them to ``out/payload.npz``: a pool of at
-    most :data:`MAX_POOL_ROWS` rows, cycled; or with ``stream``, every row of ``data`` in order."""
+    most :data:`MAX_POOL_ROWS` rows, cycled; or with ``stream``, every row of ``data`` in order.
+    For a multi-hot model (``hotness``), each row's bags are made from its ids."""
     if stream and data is None:
         raise ConfigError("--stream sends the rows of a file: give --data FILE")
     if stream and data is not None:
-        return build_stream(data).save(out / "payload.npz")
-    return build_pool(1, data=data, batches=MAX_POOL_ROWS).save(out / "payload.npz")
+        return build_stream(data).multi_hot(hotness).save(out / "payload.npz")
+    return build_pool(1, data=data, batches=MAX_POOL_ROWS).multi_hot(hotness).save(out / "payload.npz")
 
 
 def step_folder(out: Path, target: Target, model: str, batch_size: int, concurrency: int) -> Path:

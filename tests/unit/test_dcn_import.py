@@ -5,12 +5,14 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
+import onnx
 import onnxruntime as ort
 import pytest
 import torch
 
 from bundle.errors import ExportError
 from bundle.schema import CATEGORICAL_INPUT, DENSE_INPUT, NUM_CATEGORICAL, NUM_DENSE, OUTPUT
+from criteo.multihot import MLPERF_HOTNESS
 from criteo.tsv import Batch
 from export.importers.dlrm_sources import CheckpointExporter, open_dlrm_source
 from export.importers.sources import SourceOptions
@@ -146,3 +148,65 @@ def test_a_metadata_file_never_runs_code(dcn, tmp_path: Path) -> None:  # type: 
         open_dlrm_source(tmp_path / "run", SourceOptions())
     assert "\n" not in str(error.value)
     assert not marker.exists()
+
+
+def _in_range(ids: np.ndarray, hotness: tuple[int, ...]) -> np.ndarray:
+    return np.mod(ids, np.repeat(np.asarray(TABLE_SIZES, dtype=np.int64), hotness)[None, :])
+
+
+@pytest.mark.parametrize("hotness", [MLPERF_HOTNESS, (3,) * NUM_CATEGORICAL])
+def test_multi_hot_bags_export_to_torchrecs_own_answers(dcn, hotness, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    torch.save(train_state(dcn), tmp_path / "dcn.pt")
+    exporter = open_dlrm_source(tmp_path / "dcn.pt", SourceOptions(hotness=hotness))
+    assert isinstance(exporter, CheckpointExporter)
+    assert exporter.source["hotness"] == list(hotness)
+    batch = exporter.model_rows(_batch(128, seed=6))
+    assert batch.categorical.shape == (128, sum(hotness))
+    expected = _sigmoid(dcn_logits(dcn, batch.dense, _in_range(batch.categorical, hotness), hotness))
+    np.testing.assert_allclose(exporter.predict(batch), expected, atol=1e-6, rtol=0)
+    exporter.to_onnx(tmp_path / "dcn.onnx", OPSET)
+    graph = onnx.load(str(tmp_path / "dcn.onnx"))
+    assert "Loop" not in {node.op_type for node in graph.graph.node}
+    assert "ReduceSum" in {node.op_type for node in graph.graph.node}
+    session = ort.InferenceSession(str(tmp_path / "dcn.onnx"), providers=["CPUExecutionProvider"])
+    (answer,) = session.run([OUTPUT], {DENSE_INPUT: batch.dense, CATEGORICAL_INPUT: batch.categorical})
+    np.testing.assert_allclose(answer, expected, atol=1e-5, rtol=0)
+
+
+def test_multi_hot_bags_follow_the_feature_order(tmp_path: Path) -> None:
+    """With --feature-order, C<k>'s bag is read by the table it names, wherever it lies in the state dict."""
+    model = make_dcn(seed=9)
+    torch.save(model.state_dict(), tmp_path / "dcn.pt")
+    order = tuple(f"t_cat_{(i * 7 + 3) % NUM_CATEGORICAL}" for i in range(NUM_CATEGORICAL))
+    hotness = tuple(1 + (i % 4) for i in range(NUM_CATEGORICAL))
+    sizes = tuple(TABLE_SIZES[int(name.split("_")[-1])] for name in order)
+    exporter = open_dlrm_source(tmp_path / "dcn.pt", SourceOptions(hotness=hotness, feature_order=order))
+    batch = exporter.model_rows(_batch(64, seed=8))
+    exporter.to_onnx(tmp_path / "dcn.onnx", OPSET)
+    session = ort.InferenceSession(str(tmp_path / "dcn.onnx"), providers=["CPUExecutionProvider"])
+    (answer,) = session.run([OUTPUT], {DENSE_INPUT: batch.dense, CATEGORICAL_INPUT: batch.categorical})
+    # TorchRec's input in its own table order: table t's bag is column order.index(t_cat_t)'s.
+    starts = np.concatenate(([0], np.cumsum(hotness)[:-1]))
+    reduced = np.mod(batch.categorical, np.repeat(np.asarray(sizes, dtype=np.int64), hotness)[None, :])
+    columns = [order.index(f"t_cat_{t}") for t in range(NUM_CATEGORICAL)]
+    table_ids = np.concatenate([reduced[:, starts[c] : starts[c] + hotness[c]] for c in columns], axis=1)
+    table_hotness = tuple(hotness[c] for c in columns)
+    expected = _sigmoid(dcn_logits(model, batch.dense, table_ids, table_hotness))
+    np.testing.assert_allclose(answer, expected, atol=1e-5, rtol=0)
+    np.testing.assert_allclose(exporter.predict(batch), expected, atol=1e-6, rtol=0)
+
+
+def test_hotness_is_refused_where_it_cannot_apply(tmp_path: Path) -> None:
+    from bundle.errors import ConfigError
+    from criteo.multihot import parse_hotness
+
+    assert parse_hotness("mlperf") == MLPERF_HOTNESS and sum(MLPERF_HOTNESS) == 214
+    assert parse_hotness("1") is not None and SourceOptions(hotness=parse_hotness("1")).hotness is None
+    with pytest.raises(ConfigError, match="26 counts"):
+        parse_hotness("1,2,3")
+    with pytest.raises(ConfigError, match=">= 1"):
+        parse_hotness("0")
+    with pytest.raises(ConfigError, match="--hotness applies to TorchRec and facebookresearch state dicts"):
+        open_dlrm_source(
+            None, SourceOptions(hotness=MLPERF_HOTNESS, factory="tests.byom_torch:build_factory_model")
+        )

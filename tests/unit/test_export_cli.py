@@ -22,7 +22,7 @@ def test_both_commands_take_every_shared_option() -> None:
     assert {"--repository", "--int8-method", "--table-sizes", "--logits", "--verbose"} <= shared
     dlrm, wide_deep = _options("dlrm"), _options("wide-deep")
     assert shared <= dlrm and shared <= wide_deep
-    assert dlrm - wide_deep == {"--checkpoint", "--factory", "--feature-order"}
+    assert dlrm - wide_deep == {"--checkpoint", "--factory", "--feature-order", "--hotness"}
     assert wide_deep - dlrm == {"--saved-model", "--input-map"}
 
 
