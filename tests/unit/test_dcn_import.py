@@ -210,3 +210,28 @@ def test_hotness_is_refused_where_it_cannot_apply(tmp_path: Path) -> None:
         open_dlrm_source(
             None, SourceOptions(hotness=MLPERF_HOTNESS, factory="tests.byom_torch:build_factory_model")
         )
+
+
+def test_a_facebookresearch_dlrm_takes_multi_hot_bags(tmp_path: Path) -> None:
+    """facebookresearch/dlrm sums bags too (``lS_o`` offsets of each table's bags): its own forward."""
+    from tests.byom_torch import make_facebook_net, save_facebook_checkpoint
+
+    net = make_facebook_net(seed=12)
+    path = save_facebook_checkpoint(net, tmp_path / "fb.pt")
+    hotness = tuple(1 + (i % 3) for i in range(NUM_CATEGORICAL))
+    exporter = open_dlrm_source(path, SourceOptions(hotness=hotness))
+    batch = exporter.model_rows(_batch(96, seed=13))
+    reduced = _in_range(batch.categorical, hotness)
+    starts = np.concatenate(([0], np.cumsum(hotness)[:-1]))
+    bags = [
+        torch.from_numpy(reduced[:, s : s + h].reshape(-1).copy())
+        for s, h in zip(starts, hotness, strict=True)
+    ]
+    offsets = torch.stack([torch.arange(96) * h for h in hotness])
+    with torch.no_grad():
+        expected = net(torch.from_numpy(batch.dense), offsets, bags).numpy()
+    np.testing.assert_allclose(exporter.predict(batch), expected, atol=1e-6, rtol=0)
+    exporter.to_onnx(tmp_path / "fb.onnx", OPSET)
+    session = ort.InferenceSession(str(tmp_path / "fb.onnx"), providers=["CPUExecutionProvider"])
+    (answer,) = session.run([OUTPUT], {DENSE_INPUT: batch.dense, CATEGORICAL_INPUT: batch.categorical})
+    np.testing.assert_allclose(answer, expected, atol=1e-5, rtol=0)
