@@ -203,7 +203,7 @@ def gpu(
         int, typer.Option(help="Profiled ONNX Runtime calls per ONNX model (0: no profile).")
     ] = 20,
 ) -> None:
-    """Served and in-process samples/s of every variant, side by side, on the served device (issue 13)."""
+    """Served and in-process samples/s of every variant, side by side, on the served device."""
     from loadtest.benchmarks.gpu import DEFAULT_STEPS, GpuOptions, run_gpu_bench, write_gpu_report
     from loadtest.benchmarks.serving_defaults import parse_step
 

@@ -5,7 +5,7 @@
 #   1. serving_defaults.{json,md} (python -m loadtest serving-defaults): candidate serving settings
 #      through the local tritonserver;
 #   2. concurrency.{json,md} (python -m loadtest serving-defaults --name concurrency): why served
-#      INT8 DLRM at batch 1024 lost throughput from concurrency 1 to 2 and 4 (issue 14), each
+#      INT8 DLRM at batch 1024 lost throughput from concurrency 1 to 2 and 4, each
 #      hypothesis (ONNX Runtime spinning, the batcher merging requests, thread counts) side by side;
 #   3. precision.{json,md} (python -m loadtest precision): served and in-process samples/s of every
 #      precision at batch 1024 as fractions of the FP32 sgemm ceiling measured in the same run, with

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Reproduces benchmarks/gpu (issue 13) on a machine with an NVIDIA GPU:
+# Reproduces benchmarks/gpu on a machine with an NVIDIA GPU:
 #   1. a reference-size DLRM (26 tables of 100,000 rows, D 128, bottom 512-256-128, top
 #      1024-1024-512-256-1) trained on 200,000 synthetic rows, exported in the gpu profile:
 #      dlrm_onnx (FP32) and dlrm_onnx_fp16 on ONNX Runtime CUDA, dlrm_torch (TorchScript FP16),

@@ -54,7 +54,7 @@ CANDIDATES: dict[str, dict[str, Any]] = {
         "preferred_batch_sizes": (16, 64),
     },
 }
-#: Why served batch-1024 throughput fell at concurrency 2 and 4 (issue 14): each candidate
+#: Why served batch-1024 throughput fell at concurrency 2 and 4: each candidate
 #: isolates one hypothesis against the old default (ONNX Runtime's spinning on) and the new one.
 #: Spinning idle intra-op threads taking the cores that tritonserver, the stub and the client
 #: need; the dynamic batcher merging two 1024-row requests into one 2048-row batch (max batch
