@@ -33,6 +33,7 @@ from bundle.repository import (
     CONFIG_NAME,
     MODEL_FILE,
     ORT_SPINNING_KEY,
+    config_hotness,
     read_config,
     read_report,
     version_dir,
@@ -163,6 +164,7 @@ HEADER = [
     "precision (model)",
     "served samples/s",
     "x FP32 ceiling",
+    "x INT8 GEMM",
     "conc.",
     "in-process samples/s",
     "x ceiling",
@@ -212,12 +214,13 @@ def _verdict(rows: list[dict[str, Any]]) -> list[str]:
 
 
 def _in_process(
-    options: PrecisionOptions, families: dict[str, list[tuple[str, str]]], pool: PayloadPool
+    options: PrecisionOptions, families: dict[str, list[tuple[str, str]]], pools: dict[str, PayloadPool]
 ) -> dict[str, Any]:
     """Every variant's in-process samples/s, the variants of a family taking turns."""
     timer = TimerConfig(repeats=options.rounds, seconds=options.seconds)
     results: dict[str, Any] = {}
-    for variants in families.values():
+    for family, variants in families.items():
+        pool = pools[family]
         models = {
             name: InProcessModel(
                 BaselineConfig(version_dir(options.repository, name) / MODEL_FILE, (pool.batch_size,))
@@ -248,6 +251,15 @@ def run_precision(options: PrecisionOptions, command: str) -> dict[str, Any]:
         ]
         if present:
             families[family] = present
+    # A multi-hot model takes each row's bags (its config's hotness): one pool per family.
+    pools = {
+        family: pool.multi_hot(
+            config_hotness(read_config(options.repository / f"{family}_onnx" / CONFIG_NAME))
+            if (options.repository / f"{family}_onnx" / CONFIG_NAME).is_file()
+            else None
+        )
+        for family in families
+    }
     served: dict[str, Any] = {}
     config = ServerConfig.with_free_ports(
         options.repository, model_control_mode="explicit", log_file=Path("logs/benchmarks-cpu-precision.log")
@@ -259,10 +271,10 @@ def run_precision(options: PrecisionOptions, command: str) -> dict[str, Any]:
                 server.load_model(name, timeout=600)
             for round_index in range(options.rounds):
                 logger.info("%s served, round %d/%d", family, round_index + 1, options.rounds)
-                _served_round(server, names, pool, options, served)
+                _served_round(server, names, pools[family], options, served)
             for name in names:
                 server.unload_model(name)
-    in_process = _in_process(options, families, pool)
+    in_process = _in_process(options, families, pools)
     ceiling_end = sgemm_ceiling(options.gemm_size, repeats=9)
     ceiling = statistics.median([*ceiling_start.repeats, *ceiling_end.repeats])
     rows: list[dict[str, Any]] = []
@@ -328,7 +340,7 @@ def _fmt(value: float | None, spec: str) -> str:
 def write_precision(result: dict[str, Any], out: Path) -> dict[str, Path]:
     """Write ``precision.json`` and ``precision.md`` into ``out``."""
     lines = [
-        "# CPU serving by precision: DLRM and Wide & Deep against this machine's FP32 ceiling",
+        "# CPU serving by precision, against this machine's GEMM ceilings",
         "",
         *RunRecord.from_json(result).lines(),
         "",
@@ -363,13 +375,21 @@ def write_precision(result: dict[str, Any], out: Path) -> dict[str, Path]:
             "",
         ]
         cells = []
+        int8 = next((p for p in result["probes"] if "MatMulInteger" in p["what"] and p["size"]), None)
         for r in rows:
             gate = r["gate"]
+            # The served rate's arithmetic (every matrix product counted) over ONNX Runtime's INT8 GEMM rate.
+            of_int8 = (
+                r["served"]["samples_per_s"] * r["flops_per_sample"] / (int8["gflops"] * 1e9)
+                if int8
+                else None
+            )
             cells.append(
                 [
                     f"{r['precision']} (`{r['model']}`)",
                     f"{r['served']['samples_per_s']:,.0f}",
                     f"**{r['served_fraction_of_ceiling']:.2f}**",
+                    _fmt(of_int8, ".2f"),
                     str(r["served"]["concurrency"]),
                     f"{r['in_process']['samples_per_s']:,.0f}",
                     f"{r['in_process_fraction_of_ceiling']:.2f}",
@@ -379,7 +399,7 @@ def write_precision(result: dict[str, Any], out: Path) -> dict[str, Path]:
                     _fmt(gate.get("max_abs_diff_between_batch_sizes"), ".2g"),
                 ]
             )
-        cells.append(["BF16", "-", "-", "-", "-", "-", "-", "-", "-", "-"])
+        cells.append(["BF16", "-", "-", "-", "-", "-", "-", "-", "-", "-", "-"])
         lines += table(HEADER, cells)
         lines += ["", *_verdict(rows), ""]
     lines += [
@@ -390,6 +410,9 @@ def write_precision(result: dict[str, Any], out: Path) -> dict[str, Path]:
         "- BF16: not run. ONNX Runtime's CPU execution provider has no bfloat16 MatMul or Gemm kernel "
         "(the probe above fails with NOT_IMPLEMENTED), so a BF16 graph cannot even load, although the "
         "CPU has AVX512-BF16 and AMX-BF16.",
+        "- x INT8 GEMM: the served samples/s times the graph's FLOPs per sample (every matrix product, "
+        "whatever precision it runs in) over ONNX Runtime's INT8 GEMM rate above: how near the model "
+        "comes to what this machine's INT8 kernels could do if all of it ran on them.",
         "- Served and in-process numbers are medians over the rounds; each round gives every variant one "
         f"{options['seconds']:g} s window per concurrency.",
     ]

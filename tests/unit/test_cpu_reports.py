@@ -53,7 +53,8 @@ def test_the_precision_report_names_the_fastest_variant_that_passes_the_gate(tmp
         "ceiling_start": ceiling,
         "ceiling_end": ceiling,
         "probes": [
-            {"size": 0, "what": "onnxruntime MatMul bfloat16", "gflops": None, "note": "not available"}
+            {"size": 2048, "what": "onnxruntime MatMulInteger u8s8", "gflops": 1000.0, "note": ""},
+            {"size": 0, "what": "onnxruntime MatMul bfloat16", "gflops": None, "note": "not available"},
         ],
         "results": rows,
     }
@@ -61,7 +62,8 @@ def test_the_precision_report_names_the_fastest_variant_that_passes_the_gate(tmp
     text = paths["markdown"].read_text()
 
     assert "- **Command**: `python -m loadtest precision --repository r`" in text
-    assert "| INT8 static (`dlrm_onnx_int8`) | 48,239 | **1.39** | 4 | 45,463 |" in text
+    # x INT8 GEMM: 48,239 samples/s x 4.92 MFLOP / 1000 GOP/s = 0.24.
+    assert "| INT8 static (`dlrm_onnx_int8`) | 48,239 | **1.39** | 0.24 | 4 | 45,463 |" in text
     # FP16 is the fastest here but misses the AUC gate; dynamic INT8 passes but moves rows with the batch.
     assert "fastest served variant that passes the gate: INT8 dynamic (`dlrm_onnx_int8_dynamic`)" in text
     assert "same answer in any batch: INT8 static (`dlrm_onnx_int8`), 48,239 samples/s" in text
