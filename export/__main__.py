@@ -111,6 +111,14 @@ CalibrationData = Annotated[
 ]
 CalibrationRows = Annotated[int, typer.Option(help="Rows that calibrate static INT8.")]
 Int8AucTolerance = Annotated[float, typer.Option(help="Max |AUC(INT8) - AUC(FP32)|.")]
+AucTarget = Annotated[
+    float | None,
+    typer.Option(
+        help="MLPerf's accuracy rule in place of the AUC tolerances: FP16, INT8 and TorchScript variants "
+        "pass when their AUC on the check rows is at least this percent of FP32's (99 or 99.9, "
+        "MLPerf's two targets)."
+    ),
+]
 MaxBatch = Annotated[int, typer.Option(help="max_batch_size in config.pbtxt.")]
 Instances = Annotated[
     int, typer.Option(help="Model instances per model (per GPU in the gpu profile); 0: 1 on CPU, 4 per GPU.")
@@ -256,6 +264,7 @@ def _export_options(
     calibration_data: CalibrationData = None,
     calibration_rows: CalibrationRows = 2048,
     int8_auc_tolerance: Int8AucTolerance = 1e-3,
+    auc_target: AucTarget = None,
     table_sizes: TableSizes = None,
     logits: Logits = False,
     embeddings: Embeddings = "auto",
@@ -304,6 +313,7 @@ def _export_options(
         int8=int8,
         quantize=quantize,
         int8_auc_tolerance=int8_auc_tolerance,
+        auc_target=auc_target,
         calibration_data=calibration_data,
         placement=PlacementOptions(
             mode=mode,

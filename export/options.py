@@ -175,6 +175,10 @@ class ExportOptions:
         torch_dtype: the TorchScript's precision, one of :data:`TORCH_DTYPES`; gated like
             FP16 (``fp16_auc_tolerance``) and by :data:`export.pipeline.TORCH_MAX_ABS_DIFF`.
         raw_rows: also write ``<model>_raw`` for each model (:mod:`export.raw_rows`).
+        auc_target: MLPerf's accuracy rule in place of the AUC tolerances: a reduced-precision
+            variant (FP16, INT8, TorchScript) passes when its AUC on the check rows is at
+            least this percent of FP32's (99 or 99.9 for MLPerf's two targets); None: the
+            tolerances.
     """
 
     repository: Path
@@ -194,6 +198,7 @@ class ExportOptions:
     torch: bool | None = None
     torch_dtype: str = "float16"
     raw_rows: bool = True
+    auc_target: float | None = None
 
     @property
     def writes_int8(self) -> bool:
@@ -212,6 +217,26 @@ class ExportOptions:
             raise ConfigError(f"check_rows must be >= 1024, got {self.check_rows}")
         if self.fp32_tolerance <= 0 or self.fp16_auc_tolerance <= 0 or self.int8_auc_tolerance <= 0:
             raise ConfigError("tolerances must be positive")
+        if self.auc_target is not None and not 0 < self.auc_target < 100:
+            raise ConfigError(
+                f"--auc-target is a percent of FP32's AUC in (0, 100), e.g. 99.9; got {self.auc_target}"
+            )
+
+    def auc_gate(self, auc: float | None, delta: float | None, tolerance: float) -> tuple[bool, str]:
+        """Whether a variant of AUC ``auc`` (``delta`` from FP32's) passes, and the rule, for messages.
+
+        With :attr:`auc_target`, MLPerf's rule: at least that percent of FP32's AUC (one-sided);
+        else ``|delta| <= tolerance``.
+        """
+        if delta is None or auc is None or delta != delta:
+            return (
+                False,
+                f"tolerance {tolerance:g}" if self.auc_target is None else f"target {self.auc_target:g}%",
+            )
+        if self.auc_target is None:
+            return abs(delta) <= tolerance, f"tolerance {tolerance:g}"
+        floor = (auc - delta) * self.auc_target / 100
+        return auc >= floor, f"target {self.auc_target:g}% of FP32's AUC {auc - delta:.4f}: {floor:.4f}"
         if self.serving.profile == "gpu" and not self.fp16:
             raise ConfigError("the gpu profile builds its TensorRT models from the FP16 ONNX: drop --no-fp16")
         if self.serving.profile == "gpu" and self.int8 is True:

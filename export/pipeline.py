@@ -381,12 +381,14 @@ def _export_variant(
             raise ExportError(f"the {label} check needs labeled rows")
         parity, gate_extra = _gate_parity(path, fp32_path, rows, gate_batches)
         delta = parity.auc_delta if parity.auc_delta is not None else float("nan")
-        if not abs(delta) <= tolerance:
+        passes, rule = options.auc_gate(parity.auc, parity.auc_delta, tolerance)
+        if not passes:
             at = f" at batch sizes {', '.join(map(str, gate_batches))}" if len(gate_batches) > 1 else ""
             raise ExportError(
                 f"{path}: {label} AUC differs from FP32 by {delta:.3g}{at} "
-                f"(tolerance {tolerance:g}; max abs diff {parity.max_abs_diff:.3g})"
+                f"({rule}; max abs diff {parity.max_abs_diff:.3g})"
             )
+        gate_extra["auc_gate"] = rule
         if cuda:
             gate_extra["cuda_check"] = _onnx_cuda_check(path, fp32_path, rows, label, tolerance)
         exported = ExportedModel(name, path, "onnx_fp32", parity, time.perf_counter() - start)
@@ -502,10 +504,11 @@ def _torch_gate(
         raise ExportError(f"{path} on {device}: {exc}") from None
     worst = max(parity.max_abs_diff, extreme_parity.max_abs_diff)
     delta = parity.auc_delta if parity.auc_delta is not None else float("nan")
-    if not abs(delta) <= options.fp16_auc_tolerance or worst > TORCH_MAX_ABS_DIFF:
+    passes, rule = options.auc_gate(parity.auc, parity.auc_delta, options.fp16_auc_tolerance)
+    if not passes or worst > TORCH_MAX_ABS_DIFF:
         raise ExportError(
             f"{path} ({options.torch_dtype}) on {device} differs from the framework: AUC by {delta:.3g} "
-            f"(tolerance {options.fp16_auc_tolerance:g}), probabilities by up to {worst:.3g} "
+            f"({rule}), probabilities by up to {worst:.3g} "
             f"(tolerance {TORCH_MAX_ABS_DIFF:g}; out-of-range ids: {extreme_parity.max_abs_diff:.3g})"
         )
     return ParityResult(parity.rows + extreme_parity.rows, worst, parity.auc, parity.auc_delta), output

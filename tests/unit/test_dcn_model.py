@@ -114,3 +114,19 @@ def test_a_torchrec_dcn_state_dict_layout_is_read_from_own_keys() -> None:
     layout, _ = read_layout(state, "own.pt")
     assert (layout.interaction, layout.cross_layers, layout.cross_rank) == ("dcn", 2, 8)
     assert layout.interaction_width == config.num_interactions
+
+
+def test_mlperfs_auc_target_is_a_one_sided_share_of_fp32s_auc(tmp_path: Path) -> None:
+    from export.options import ExportOptions
+
+    target = ExportOptions(repository=tmp_path, auc_target=99.9)
+    # FP32 AUC 0.80: the floor is 0.7992; a variant above FP32 always passes.
+    assert target.auc_gate(0.7993, -0.0007, 1e-3)[0]
+    assert not target.auc_gate(0.7990, -0.0010, 1e-3)[0]
+    assert target.auc_gate(0.85, 0.05, 1e-3)[0]
+    assert target.auc_gate(0.7993, -0.0007, 1e-3)[1] == "target 99.9% of FP32's AUC 0.8000: 0.7992"
+    tolerance = ExportOptions(repository=tmp_path)
+    assert not tolerance.auc_gate(0.85, 0.05, 1e-3)[0]  # the tolerance is two-sided
+    assert not tolerance.auc_gate(None, None, 1e-3)[0]
+    with pytest.raises(ConfigError, match="percent of FP32's AUC"):
+        ExportOptions(repository=tmp_path, auc_target=100.0)
