@@ -221,22 +221,6 @@ class ExportOptions:
             raise ConfigError(
                 f"--auc-target is a percent of FP32's AUC in (0, 100), e.g. 99.9; got {self.auc_target}"
             )
-
-    def auc_gate(self, auc: float | None, delta: float | None, tolerance: float) -> tuple[bool, str]:
-        """Whether a variant of AUC ``auc`` (``delta`` from FP32's) passes, and the rule, for messages.
-
-        With :attr:`auc_target`, MLPerf's rule: at least that percent of FP32's AUC (one-sided);
-        else ``|delta| <= tolerance``.
-        """
-        if delta is None or auc is None or delta != delta:
-            return (
-                False,
-                f"tolerance {tolerance:g}" if self.auc_target is None else f"target {self.auc_target:g}%",
-            )
-        if self.auc_target is None:
-            return abs(delta) <= tolerance, f"tolerance {tolerance:g}"
-        floor = (auc - delta) * self.auc_target / 100
-        return auc >= floor, f"target {self.auc_target:g}% of FP32's AUC {auc - delta:.4f}: {floor:.4f}"
         if self.serving.profile == "gpu" and not self.fp16:
             raise ConfigError("the gpu profile builds its TensorRT models from the FP16 ONNX: drop --no-fp16")
         if self.serving.profile == "gpu" and self.int8 is True:
@@ -255,3 +239,19 @@ class ExportOptions:
                 raise ConfigError(NO_PROFILE_DATA)
             if self.placement.mode == "hot-cold" and self.serving.ort_trt:
                 raise ConfigError("--ort-trt does not apply to a hot/cold model's dense part: drop it")
+
+    def auc_gate(self, auc: float | None, delta: float | None, tolerance: float) -> tuple[bool, str]:
+        """Whether a variant of AUC ``auc`` (``delta`` from FP32's) passes, and the rule, for messages.
+
+        With :attr:`auc_target`, MLPerf's rule: at least that percent of FP32's AUC (one-sided);
+        else ``|delta| <= tolerance``.
+        """
+        if delta is None or auc is None or delta != delta:
+            return (
+                False,
+                f"tolerance {tolerance:g}" if self.auc_target is None else f"target {self.auc_target:g}%",
+            )
+        if self.auc_target is None:
+            return abs(delta) <= tolerance, f"tolerance {tolerance:g}"
+        floor = (auc - delta) * self.auc_target / 100
+        return auc >= floor, f"target {self.auc_target:g}% of FP32's AUC {auc - delta:.4f}: {floor:.4f}"

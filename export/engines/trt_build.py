@@ -35,10 +35,13 @@ from bundle.repository import (
     TRT_PLATFORM,
     TRT_SUFFIX,
     BatchProfile,
+    config_hotness,
     read_config,
     version_dir,
     write_report,
 )
+from bundle.schema import inputs_for
+from criteo.tsv import Batch
 from export.graphs.onnx_io import model_files
 from export.graphs.parity import ParityResult, check_rows, compare, extreme_id_rows, run_onnx
 
@@ -180,7 +183,9 @@ def resolve_profile(config: mc.ModelConfig, options: TensorRTOptions) -> BatchPr
             config.name,
             options.min_batch,
         )
-    return BatchProfile.for_max(max_batch, options.opt_batch, options.min_batch)
+    # A multi-hot model's categorical_ids is B x H: its config's hotness says H.
+    inputs = inputs_for(config_hotness(config))
+    return BatchProfile.for_max(max_batch, options.opt_batch, options.min_batch, inputs)
 
 
 def _sha256(paths: list[Path]) -> str:
@@ -219,10 +224,15 @@ def plan_is_current(model_dir: Path, key: dict[str, Any]) -> bool:
 
 
 def _check_engine(
-    runner: EngineRunner, reference: Path, options: TensorRTOptions
+    runner: EngineRunner, reference: Path, options: TensorRTOptions, hotness: tuple[int, ...] | None = None
 ) -> tuple[ParityResult, float]:
-    """Compare the engine with ONNX Runtime FP32 on labeled and on out-of-range-id rows."""
+    """Compare the engine with ONNX Runtime FP32 on labeled and on out-of-range-id rows (a multi-hot
+    model's bags made from each row's ids, as its export checked it)."""
     rows = check_rows(options.check_data, options.check_rows)
+    if hotness is not None:
+        from criteo.multihot import expand
+
+        rows = Batch(rows.dense, expand(rows.categorical, hotness), rows.labels)
     if rows.labels is None:
         raise ExportError("the engine check needs labeled rows")
     parity = compare(runner.run(rows), run_onnx(reference, rows), rows.labels)
@@ -270,7 +280,7 @@ def _build_one(
         partial.write_bytes(plan)
         partial.replace(plan_path)
         with EngineRunner(plan) as runner:
-            parity, extreme = _check_engine(runner, reference, options)
+            parity, extreme = _check_engine(runner, reference, options, config_hotness(config))
     except BaseException:
         # Neither a plan that failed its check nor the report of an older one stays.
         plan_path.unlink(missing_ok=True)
