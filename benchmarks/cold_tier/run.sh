@@ -14,7 +14,7 @@
 #      FP16 store evicted from the page cache, beside the disk's own random-read rate (cold_reads.md);
 #   3. python -m loadtest cold-tier: both models served by the local tritonserver, reading cold rows
 #      the default way (prefetch), at batch 64 and 1024, concurrency 1 and 4, with the store evicted
-#      (cold) and in memory (warm), the held-out rows sent in order, each once per step, five rounds
+#      (cold) and in memory (warm), the held-out rows sent in order, each once per step, three rounds
 #      (cold_tier.md). The stage runs two instances, so one request's reads overlap another's
 #      work, and the dense model two instances of one intra-op thread each: on two cores that
 #      leaves the cold reads room, where one instance of two threads stalls whenever a read takes
@@ -23,9 +23,9 @@
 #
 #   bash benchmarks/cold_tier/run.sh        # from the repository root, after `make setup`
 #
-# About 15 GB of disk in WORK and, on a 2-core machine, about 65 minutes (10 for the data and the
-# models, 1 for cold-reads, about 50 for cold-tier: every step reloads the stage, whose load reads
-# the whole store to verify it).
+# About 15 GB of disk in WORK and, on a 2-core machine, about 70 minutes (10 for the data and the
+# models, 1 for cold-reads, about 55 for cold-tier: every step reloads the stage, whose load reads
+# the whole store to verify it, and a warm step reads all of it into memory).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 export PYTHONPATH="$PWD" PATH="$PWD/.venv/bin:$PATH"
@@ -48,5 +48,5 @@ done
 
 python -m loadtest cold-reads --repository "$WORK/repo-float16" --data "$WORK/heldout.tsv" --out "$OUT"
 python -m loadtest cold-tier --repository "$WORK/repo-float16" --repository "$WORK/repo-int8" \
-  --data "$WORK/heldout.tsv" --way prefetch --rounds 5 \
+  --data "$WORK/heldout.tsv" --way prefetch --rounds 3 \
   --stage-instances 2 --dense-instances 2 --dense-threads 1 --out "$OUT"

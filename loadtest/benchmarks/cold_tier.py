@@ -29,6 +29,7 @@ Writes ``cold_tier.json``, ``cold_tier.md`` and ``cold_tier.png``.
 from __future__ import annotations
 
 import json
+import logging
 import time
 import urllib.request
 from contextlib import ExitStack
@@ -71,6 +72,10 @@ _WARM_READ_BYTES = 16 << 20
 #: Evictions tried before a step starts with what is still resident (a stub that has
 #: just exited may still hold its mapping for a moment).
 _EVICT_TRIES = 10
+logger = logging.getLogger(__name__)
+
+#: Tries of one round's steps of one store: a hung server is replaced once.
+_BLOCK_ATTEMPTS = 2
 
 
 @dataclass(frozen=True)
@@ -280,34 +285,31 @@ def run_cold_tier(options: ColdTierOptions, command: str, progress: Any = None) 
     Each round takes the repositories in turn, each served by a server of its own that
     lives for its steps of that round.
     """
-    import tritonclient.http as httpclient
-
     stores = _stores(options)
     record = RunRecord.begin(command)
     steps: list[dict[str, Any]] = []
     evict(stores[0].rows)
     probes = probe_disk(stores[0].rows.path / STORE_ROWS_FILE, options.probe_seconds)
     stream = _Stream(options.data, options.stream_rows)
+    retried: list[str] = []
     for round_ in range(options.rounds):
         for store in stores:
-            with ExitStack() as stack:
-                config = ServerConfig.with_free_ports(store.repository, model_control_mode="explicit")
-                server = stack.enter_context(LocalServer(config))
-                client = httpclient.InferenceServerClient(server.http_url, network_timeout=600.0)
-                stack.callback(client.close)
-                server.load_model(options.stage, timeout=1800)
-                base = client.get_model_config(options.stage)
-                dense = _serve_dense(server, client, options)
-                for way in options.ways:
-                    for size in options.batch_sizes:
-                        for concurrency in options.concurrency:
-                            for condition in CONDITIONS:
-                                at = _Step(way, size, concurrency, condition)
-                                step = _step(options, server, client, store.rows, stream, base, at)
-                                served = _serving(client, options.stage, dense)
-                                steps.append({"round": round_, "store": store.label, **step, **served})
-                                if progress is not None:
-                                    progress()
+            for attempt in range(1, _BLOCK_ATTEMPTS + 1):
+                first = len(steps)
+                try:
+                    _serve_block(options, store, stream, round_, steps, progress)
+                    break
+                except ConfigError:
+                    raise
+                except Exception as exc:
+                    # A load or request that never returns (the server hung) would lose a run of
+                    # an hour: the store's steps of this round run again on a new server, once.
+                    del steps[first:]
+                    if attempt == _BLOCK_ATTEMPTS:
+                        raise
+                    what = f"round {round_ + 1}, store {store.label}: {type(exc).__name__}: {exc}"
+                    logger.warning("%s; its steps run again on a new server", what)
+                    retried.append(what)
     record.finish()
     best = max(probes, key=lambda probe: probe.iops)
     for step in steps:
@@ -332,8 +334,40 @@ def run_cold_tier(options: ColdTierOptions, command: str, progress: Any = None) 
         "disk": [probe.to_json() for probe in probes],
         "best_iops": best.iops,
         "steps": steps,
+        "retried": retried,
         "summary": summarise(steps, options, [store.label for store in stores]),
     }
+
+
+def _serve_block(
+    options: ColdTierOptions,
+    store: _Store,
+    stream: _Stream,
+    round_: int,
+    steps: list[dict[str, Any]],
+    progress: Any,
+) -> None:
+    """One round's steps of one store, on a server of their own (appended to ``steps``)."""
+    import tritonclient.http as httpclient
+
+    with ExitStack() as stack:
+        config = ServerConfig.with_free_ports(store.repository, model_control_mode="explicit")
+        server = stack.enter_context(LocalServer(config))
+        client = httpclient.InferenceServerClient(server.http_url, network_timeout=600.0)
+        stack.callback(client.close)
+        server.load_model(options.stage, timeout=1800)
+        base = client.get_model_config(options.stage)
+        dense = _serve_dense(server, client, options)
+        for way in options.ways:
+            for size in options.batch_sizes:
+                for concurrency in options.concurrency:
+                    for condition in CONDITIONS:
+                        at = _Step(way, size, concurrency, condition)
+                        step = _step(options, server, client, store.rows, stream, base, at)
+                        served = _serving(client, options.stage, dense)
+                        steps.append({"round": round_, "store": store.label, **step, **served})
+                        if progress is not None:
+                            progress()
 
 
 @dataclass(frozen=True)
@@ -599,6 +633,10 @@ def write_cold_tier(report: dict[str, Any], out: Path) -> dict[str, Path]:
         "cold rows' ms: what they add to the stage's time per request (its time cold less its time warm, "
         "which leaves out the backend's fixed cost per request)",
         f"- failed requests: {sum(s['errors'] for s in report['steps'])} in all steps",
+        *(
+            f"- run again on a new server (the first try's steps dropped): {what}"
+            for what in report.get("retried", [])
+        ),
         "",
         *disk_table(report["disk"]),
         "",

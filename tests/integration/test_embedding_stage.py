@@ -416,9 +416,13 @@ def test_an_unknown_way_of_reading_cold_rows_fails_the_stage_in_one_line(
     server.stop()
 
 
-def test_the_cold_tier_benchmark_serves_both_conditions(hot_cold_repository: Path, tmp_path: Path) -> None:
+def test_the_cold_tier_benchmark_serves_both_conditions(
+    hot_cold_repository: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """``python -m loadtest cold-tier`` on this repository: every step answered, the stage's way
-    set by the load's config override, the cold step started with the store evicted."""
+    set by the load's config override, the cold step started with the store evicted, and a
+    step that hangs once run again on a new server."""
+    from loadtest.benchmarks import cold_tier
     from loadtest.benchmarks.cold_tier import ColdTierOptions, run_cold_tier, write_cold_tier
 
     data = tmp_path / "heldout.tsv"
@@ -435,11 +439,23 @@ def test_the_cold_tier_benchmark_serves_both_conditions(hot_cold_repository: Pat
         rounds=1, seconds=0.5, warmup_s=0.2, probe_seconds=0.1, stream_rows=40_000,
         stage_instances=2, dense_instances=2, dense_threads=1,
     )  # fmt: skip
+    # The second step times out once, as a hung server's load would: the round's steps of this
+    # store run again on a new server and the report says so.
+    real_step, calls = cold_tier._step, []
+
+    def hangs_once(*args: Any, **kwargs: Any) -> dict[str, Any]:
+        calls.append(1)
+        if len(calls) == 2:
+            raise TimeoutError("timed out")
+        return real_step(*args, **kwargs)
+
+    monkeypatch.setattr(cold_tier, "_step", hangs_once)
     report = run_cold_tier(options, "test")
     steps = report["steps"]
     assert [(s["way"], s["condition"]) for s in steps] == [
         ("prefetch", "cold"), ("prefetch", "warm"), ("threads", "cold"), ("threads", "warm"),
     ]  # fmt: skip
+    assert len(calls) == 6 and len(report["retried"]) == 1 and "TimeoutError" in report["retried"][0]
     for step in steps:
         assert step["requests"] > 0 and step["errors"] == 0, step
         assert step["rows_sent"] <= 40_000  # each row once per step
@@ -457,6 +473,7 @@ def test_the_cold_tier_benchmark_serves_both_conditions(hot_cold_repository: Pat
     assert "CPU per request, cold / warm" in markdown and "[start:steps]" in markdown
     assert "stage: 2 instance(s) (set for this run)" in markdown
     assert "2 instance(s) x 1 intra-op thread(s) (set for this run)" in markdown
+    assert "run again on a new server (the first try's steps dropped): round 1" in markdown
     # A step that would send a row twice stops, saying so, rather than count errors.
     with pytest.raises(ConfigError, match="sent all 64 rows read"):
         run_cold_tier(replace(options, stream_rows=64, ways=("prefetch",)), "test")
