@@ -103,5 +103,21 @@ def random_dlrm(
     print(f"dlrm: untrained, {rows:,} table rows x D {config.embedding_dim}; {path} ({size:.2f} GB)")
 
 
+@app.command("torchrec-dcn")
+def torchrec_dcn(
+    out: Annotated[Path, typer.Option(help="The state dict file to write.")],
+    max_rows: Annotated[
+        int, typer.Option(help="Rows of each table at most (MLPerf's sizes capped).")
+    ] = 200_000,
+    seed: Annotated[int, typer.Option(help="Seed of TorchRec's initialisation.")] = 0,
+) -> None:
+    """MLPerf's DLRM-DCNv2 built with TorchRec (DLRMTrain(DLRM_DCN)), untrained, as a TorchRec user's
+    state dict: MLPerf's layers, its table sizes capped at --max-rows (needs torchrec)."""
+    from models.torchrec_dcn import write_mlperf_dcn
+
+    sizes = write_mlperf_dcn(out, max_rows, seed)
+    print(f"{out}: DLRM_DCN, tables {','.join(map(str, sizes))} ({sum(sizes):,} rows)")
+
+
 if __name__ == "__main__":
     run(app)

@@ -2,7 +2,7 @@
 # MLPerf's DLRM-DCNv2 served on this machine: the dlrm-v2 layers and hotness (214 ids per user-item
 # pair) at reduced table sizes, as a user brings it from TorchRec.
 #
-#   1. benchmarks/dcnv2/make_checkpoint.py: DLRMTrain(DLRM_DCN) built with TorchRec, MLPerf's layers
+#   1. python -m models torchrec-dcn: DLRMTrain(DLRM_DCN) built with TorchRec, MLPerf's layers
 #      (D 128, bottom 512-256-128, 3 cross layers of rank 512, top 1024-1024-512-256-1), its 26 table
 #      sizes capped at 200,000 rows (1.72M rows, 0.88 GB of FP32 tables), untrained;
 #   2. python -m export dlrm --checkpoint ... --hotness mlperf: FP32, FP16 and static INT8 (the cross
@@ -25,7 +25,7 @@ WORK=${WORK:-artifacts/dcnv2}
 OUT=${OUT:-benchmarks/dcnv2}
 mkdir -p "$WORK" "$OUT"
 
-python benchmarks/dcnv2/make_checkpoint.py --out "$WORK/dlrm_dcn.pt" --max-rows 200000
+python -m models torchrec-dcn --out "$WORK/dlrm_dcn.pt" --max-rows 200000
 rm -rf "$WORK/repo"
 python -m export dlrm --checkpoint "$WORK/dlrm_dcn.pt" --hotness mlperf --repository "$WORK/repo" \
   --check-rows 4096 --no-raw-rows 2>&1 | tee "$OUT/export.log"

@@ -130,3 +130,21 @@ def test_mlperfs_auc_target_is_a_one_sided_share_of_fp32s_auc(tmp_path: Path) ->
     assert not tolerance.auc_gate(None, None, 1e-3)[0]
     with pytest.raises(ConfigError, match="percent of FP32's AUC"):
         ExportOptions(repository=tmp_path, auc_target=100.0)
+
+
+def test_mlperfs_dcn_from_torchrec_reads_as_mlperfs_layers(tmp_path: Path) -> None:
+    from criteo.multihot import MLPERF_HOTNESS
+    from export.importers.dlrm_sources import CheckpointExporter, open_dlrm_source
+    from export.importers.sources import SourceOptions
+    from models.torchrec_dcn import write_mlperf_dcn
+
+    sizes = write_mlperf_dcn(tmp_path / "dcn.pt", max_rows=40)
+    assert sizes == tuple(min(rows, 40) for rows in MLPERF_DCNV2)
+    exporter = open_dlrm_source(tmp_path / "dcn.pt", SourceOptions(hotness=MLPERF_HOTNESS))
+    assert isinstance(exporter, CheckpointExporter)
+    layout = exporter.layout
+    assert (layout.dim, layout.bottom, layout.top) == (128, (512, 256, 128), (1024, 1024, 512, 256, 1))
+    assert (layout.interaction, layout.cross_layers, layout.cross_rank) == ("dcn", 3, 512)
+    assert exporter.table_sizes == sizes and exporter.source["hotness"] == list(MLPERF_HOTNESS)
+    with pytest.raises(ConfigError, match="max-rows"):
+        write_mlperf_dcn(tmp_path / "x.pt", max_rows=1)
