@@ -50,6 +50,7 @@ def convert_to_fp16(
     large = weights_bytes(model) > EXTERNAL_DATA_THRESHOLD
     if large:
         _infer_shapes_from_file(model, source)
+    _unshare_kept_constants(model, set(keep_fp32))
     # Read before converting: without its own shape inference the converter changes ``model`` in place.
     own_casts = {node.name for node in model.graph.node if node.op_type == "Cast"} - set(keep_fp32)
     fp32_outputs = {
@@ -69,6 +70,32 @@ def convert_to_fp16(
     if weights_bytes(converted) <= EXTERNAL_DATA_THRESHOLD:
         onnx.checker.check_model(converted)  # larger: checked by path once saved (ONNX Runtime loads it)
     return converted
+
+
+def _unshare_kept_constants(model: onnx.ModelProto, keep: set[str]) -> None:
+    """Give each FP32 node its own copy of a weight that torch.onnx shared through an ``Identity``.
+
+    torch.onnx writes equal weights once and passes the copies through ``Identity`` nodes
+    outside the module's scope (a TorchRec cross net's zero-initialised biases are equal).
+    The converter then makes the ``Identity`` FP16, and the FP32 node it feeds gets an FP16
+    input that ONNX Runtime refuses. Each such ``Identity`` of an inline weight that feeds a
+    kept node is replaced by a copy of the weight under its output's name, in place.
+    """
+    weights = {init.name: init for init in model.graph.initializer}
+    kept_inputs = {name for node in model.graph.node if node.name in keep for name in node.input}
+    for node in list(model.graph.node):
+        source = weights.get(node.input[0]) if node.op_type == "Identity" and node.input else None
+        if (
+            source is None
+            or node.output[0] not in kept_inputs
+            or source.data_location == onnx.TensorProto.EXTERNAL
+        ):
+            continue
+        copy = onnx.TensorProto()
+        copy.CopyFrom(source)
+        copy.name = node.output[0]
+        model.graph.initializer.append(copy)
+        model.graph.node.remove(node)
 
 
 def _infer_shapes_from_file(model: onnx.ModelProto, source: Path | None) -> None:

@@ -235,3 +235,28 @@ def test_a_facebookresearch_dlrm_takes_multi_hot_bags(tmp_path: Path) -> None:
     session = ort.InferenceSession(str(tmp_path / "fb.onnx"), providers=["CPUExecutionProvider"])
     (answer,) = session.run([OUTPUT], {DENSE_INPUT: batch.dense, CATEGORICAL_INPUT: batch.categorical})
     np.testing.assert_allclose(answer, expected, atol=1e-5, rtol=0)
+
+
+def test_a_dcn_with_equal_biases_exports_its_fp16_variant(tmp_path: Path) -> None:
+    """TorchRec initialises the cross net's biases to zero: torch.onnx shares equal weights through
+    Identity nodes, which must not turn the FP32 cross net's inputs into FP16."""
+    from export.options import ExportOptions
+    from export.pipeline import export_family
+
+    model = make_dcn(seed=14)
+    with torch.no_grad():
+        for name, parameter in model.named_parameters():
+            if "crossnet.bias" in name:
+                parameter.zero_()
+    torch.save(train_state(model), tmp_path / "dcn.pt")
+    exporter = open_dlrm_source(tmp_path / "dcn.pt", SourceOptions(hotness=(2,) * NUM_CATEGORICAL))
+    results = export_family(
+        exporter, ExportOptions(repository=tmp_path / "repo", int8=False, check_rows=1024, raw_rows=False)
+    )
+    assert [r.name for r in results] == ["dlrm_onnx", "dlrm_onnx_fp16"]
+    graph = onnx.load(str(tmp_path / "repo" / "dlrm_onnx_fp16" / "1" / "model.onnx"))
+    session = ort.InferenceSession(graph.SerializeToString(), providers=["CPUExecutionProvider"])
+    batch = exporter.model_rows(_batch(32, seed=15))
+    (answer,) = session.run([OUTPUT], {DENSE_INPUT: batch.dense, CATEGORICAL_INPUT: batch.categorical})
+    expected = exporter.predict(batch)
+    np.testing.assert_allclose(answer, expected, atol=5e-3, rtol=0)
