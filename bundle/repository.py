@@ -28,7 +28,15 @@ from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2 as mc
 
 from bundle.errors import ConfigError
-from bundle.schema import HOTNESS_PARAMETER, INPUTS, NUM_CATEGORICAL, OUTPUTS, TensorSpec, inputs_for
+from bundle.schema import (
+    HOTNESS_PARAMETER,
+    INPUTS,
+    NUM_CATEGORICAL,
+    OUTPUTS,
+    TensorSpec,
+    inputs_for,
+    parse_hotness_parameter,
+)
 from bundle.staging import write_file_atomically
 
 CONFIG_NAME = "config.pbtxt"
@@ -427,16 +435,7 @@ def config_hotness(config: mc.ModelConfig) -> tuple[int, ...] | None:
     """
     if HOTNESS_PARAMETER not in config.parameters:
         return None
-    text = config.parameters[HOTNESS_PARAMETER].string_value
-    try:
-        counts = tuple(int(part) for part in text.split(","))
-    except ValueError:
-        counts = ()
-    if len(counts) != NUM_CATEGORICAL or min(counts) < 1:
-        raise ConfigError(
-            f"model {config.name!r}: parameter {HOTNESS_PARAMETER} is {text!r}, not 26 counts >= 1"
-        )
-    return counts
+    return parse_hotness_parameter(config.parameters[HOTNESS_PARAMETER].string_value, config.name)
 
 
 def version_dir(repository: Path, name: str, version: int = 1) -> Path:

@@ -22,6 +22,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from bundle.errors import ConfigError
+
 NUM_DENSE = 13
 NUM_CATEGORICAL = 26
 
@@ -59,6 +61,21 @@ INPUTS: tuple[TensorSpec, ...] = (
 OUTPUTS: tuple[TensorSpec, ...] = (TensorSpec(OUTPUT, np.float32, (1,)),)
 #: The config parameter that records a multi-hot model's hotness (26 comma-separated counts).
 HOTNESS_PARAMETER = "hotness"
+
+
+def parse_hotness_parameter(text: str, model: str) -> tuple[int, ...]:
+    """The counts of model ``model``'s ``hotness`` config parameter (26 comma-separated counts).
+
+    Raises:
+        ConfigError: not 26 counts >= 1.
+    """
+    try:
+        counts = tuple(int(part) for part in text.split(","))
+    except ValueError:
+        counts = ()
+    if len(counts) != NUM_CATEGORICAL or min(counts) < 1:
+        raise ConfigError(f"model {model!r}: parameter {HOTNESS_PARAMETER} is {text!r}, not 26 counts >= 1")
+    return counts
 
 
 def inputs_for(hotness: tuple[int, ...] | None) -> tuple[TensorSpec, ...]:

@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from bundle.errors import ClientError
-from bundle.schema import HOTNESS_PARAMETER, OUTPUT, RAW_ROWS_INPUT, raw_model_name
+from bundle.schema import HOTNESS_PARAMETER, OUTPUT, RAW_ROWS_INPUT, parse_hotness_parameter, raw_model_name
 
 #: The config parameter that lets a model take NaN/Inf (the local backend's, see server/backends).
 ALLOW_NON_FINITE = "allow_non_finite_inputs"
@@ -103,10 +103,10 @@ def _tensor(entry: Mapping[str, Any]) -> TensorMeta:
     )
 
 
-def _hotness(parameters: Mapping[str, Any]) -> tuple[int, ...] | None:
+def _hotness(parameters: Mapping[str, Any], model: str) -> tuple[int, ...] | None:
     """The ``hotness`` parameter as counts (None when absent)."""
     text = (parameters.get(HOTNESS_PARAMETER) or {}).get("string_value")
-    return tuple(int(part) for part in str(text).split(",")) if text else None
+    return parse_hotness_parameter(str(text), model) if text else None
 
 
 def _flag(parameters: Mapping[str, Any], key: str) -> bool:
@@ -173,7 +173,7 @@ class ModelSpec:
                 inputs=tuple(_tensor(entry) for entry in metadata.get("inputs", [])),
                 outputs=tuple(_tensor(entry) for entry in metadata.get("outputs", [])),
                 allow_non_finite=_flag(config.get("parameters") or {}, ALLOW_NON_FINITE),
-                hotness=_hotness(config.get("parameters") or {}),
+                hotness=_hotness(config.get("parameters") or {}, str(metadata["name"])),
             )
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
             raise ClientError(

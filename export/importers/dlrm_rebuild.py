@@ -27,6 +27,7 @@ from torch import nn
 
 from bundle.errors import ExportError
 from bundle.schema import NUM_CATEGORICAL, NUM_DENSE
+from criteo.tables import table_offsets
 from export.importers.dlrm_layouts import TORCHREC_TABLES, DLRMLayout
 
 
@@ -171,12 +172,10 @@ class GatherDLRM(nn.Module):
         super().__init__()
         tables = [state[table_key(layout, name)].float() for name in layout.tables]
         self.embedding = nn.Embedding.from_pretrained(torch.cat(tables), freeze=True)
-        starts = [0]
-        for rows in layout.rows[:-1]:
-            starts.append(starts[-1] + rows)
+        starts = table_offsets(layout.rows)
         # Each input column's position, in table order: table t reads the bag of C<columns[t] + 1>.
         counts = list(hotness) if hotness is not None else [1] * NUM_CATEGORICAL
-        bag_start = [sum(counts[:column]) for column in range(NUM_CATEGORICAL)]
+        bag_start = table_offsets(counts)
         positions = [bag_start[c] + k for c in layout.columns for k in range(counts[c])]
         #: Ids per table, in table order (the pooling's split).
         self.bag_sizes = [counts[c] for c in layout.columns]
@@ -416,7 +415,7 @@ def reference_probabilities(
 
     batch = dense.shape[0]
     counts = list(hotness) if hotness is not None else [1] * NUM_CATEGORICAL
-    starts = [sum(counts[:column]) for column in range(NUM_CATEGORICAL)]
+    starts = table_offsets(counts)
     # Each table's bags as EmbeddingBag takes them: the ids flat, bag after bag, and each bag's start.
     per_table = [
         ids[:, starts[column] : starts[column] + counts[column]].reshape(-1).contiguous()

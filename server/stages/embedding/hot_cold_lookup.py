@@ -625,7 +625,6 @@ class ColdReads:
             or an int8 store's bytes); a mapping of the file or any array.
         how: one of :data:`COLD_READS`.
         threads: threads of the ``threads`` way.
-        mapping: the mapping ``rows`` lies in (kept open while the reads are).
         rows_path: ``rows.bin``, which ``prefetch`` and ``threads`` read (``prefetch``
             without it gathers from ``rows``: rows in memory need no reads).
         decode: gathered rows -> ``N x W`` float32 (default: a cast; :meth:`StoreRows.decode`
@@ -641,7 +640,6 @@ class ColdReads:
         rows: np.ndarray,
         how: str = DEFAULT_COLD_READS,
         threads: int = DEFAULT_COLD_READ_THREADS,
-        mapping: mmap.mmap | None = None,
         rows_path: Path | None = None,
         decode: Callable[[np.ndarray], np.ndarray] | None = None,
         width: int | None = None,
@@ -659,7 +657,6 @@ class ColdReads:
         self._decode = decode if decode is not None else _as_float32
         #: Values per row that :meth:`read` returns.
         self.width = int(width if width is not None else (rows.shape[1] if rows.ndim == 2 else 0))
-        self._mapping = mapping
         self._fd = -1
         self._pool: ThreadPoolExecutor | None = None
         if how != COLD_READ_FAULT and rows_path is not None:
@@ -678,9 +675,7 @@ class ColdReads:
         cls, store: StoreRows, how: str = DEFAULT_COLD_READS, threads: int = DEFAULT_COLD_READ_THREADS
     ) -> ColdReads:
         """The reads of an opened store (:func:`open_store`)."""
-        return cls(
-            store.data, how, threads, store.mapping, store.path / STORE_ROWS_FILE, store.decode, store.width
-        )
+        return cls(store.data, how, threads, store.path / STORE_ROWS_FILE, store.decode, store.width)
 
     def start(self, keys: np.ndarray) -> PendingRows:
         """Start reading the rows ``keys`` (int64 store rows, any order, repeats allowed)."""
