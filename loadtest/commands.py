@@ -297,7 +297,7 @@ def cold_tier(
     stage: Annotated[str, typer.Option(help="Its embedding stage.")] = "dlrm_embedding",
     way: Annotated[
         list[str] | None,
-        typer.Option(help="A way of reading cold rows (repeatable; default prefetch, fault)."),
+        typer.Option(help="A way of reading cold rows (repeatable; default io_uring, fault)."),
     ] = None,
     batch_size: Annotated[str, typer.Option(help="Rows per request, comma-separated.")] = "64,1024",
     concurrency: Concurrency = "1,4",
@@ -336,7 +336,7 @@ def cold_tier(
         data=data,
         model=model,
         stage=stage,
-        ways=tuple(way or ("prefetch", "fault")),
+        ways=tuple(way or ("io_uring", "fault")),
         batch_sizes=parse_ints(batch_size, "--batch-size"),
         concurrency=parse_ints(concurrency, "--concurrency"),
         rounds=rounds,

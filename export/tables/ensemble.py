@@ -202,8 +202,8 @@ def build_embedding_config(
         instances: stage instances (each a python stub mapping the same store).
         store_fingerprint: the store's fingerprint (its ``store.json``): the stage refuses
             another store found under the same path ("" for none, e.g. an older store).
-        cold_reads: how the stage reads cold rows from the store (``prefetch``, ``threads``
-            or ``fault``: :class:`server.stages.embedding.hot_cold_lookup.ColdReads`).
+        cold_reads: how the stage reads cold rows from the store (``io_uring``, ``prefetch``,
+            ``threads`` or ``fault``: :class:`server.stages.embedding.hot_cold_lookup.ColdReads`).
         cold_read_threads: threads of the ``threads`` way (written only for it).
 
     Raises:

@@ -111,7 +111,7 @@ class ColdTierOptions:
     data: Path
     model: str = "dlrm_onnx"
     stage: str = "dlrm_embedding"
-    ways: tuple[str, ...] = ("prefetch", "fault")
+    ways: tuple[str, ...] = ("io_uring", "fault")
     batch_sizes: tuple[int, ...] = (64, 1024)
     concurrency: tuple[int, ...] = (1, 4)
     rounds: int = 2

@@ -402,12 +402,12 @@ def test_an_unknown_way_of_reading_cold_rows_fails_the_stage_in_one_line(
     repository = tmp_path / "model_repository"
     shutil.copytree(hot_cold_repository, repository)
     config = read_config(repository / STAGE / "config.pbtxt")
-    config.parameters[PARAM_COLD_READS].string_value = "io_uring"
+    config.parameters[PARAM_COLD_READS].string_value = "mmap"
     write_config(repository / STAGE, config)
     server = start_triton(repository, model_control_mode="explicit")
     with pytest.raises(ServerError) as failure:
         server.load_model(STAGE)
-    assert "'cold_reads' must be one of prefetch, threads, fault, got 'io_uring'" in str(failure.value)
+    assert "'cold_reads' must be one of io_uring, prefetch, threads, fault, got 'mmap'" in str(failure.value)
     # The server stays up and loads the rest.
     server.load_model(dense_model_name(FAMILY))
     assert server.running and {(m.name, m.state) for m in server.models()} >= {

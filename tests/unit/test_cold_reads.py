@@ -158,8 +158,8 @@ def test_page_runs() -> None:
 
 def test_bad_ways_are_refused(store: tuple[Path, Path, list[np.ndarray]]) -> None:
     opened = open_store(store[0], verify=False)
-    with pytest.raises(StageError, match="one of prefetch, threads, fault"):
-        ColdReads(opened.data, "io_uring")
+    with pytest.raises(StageError, match="one of io_uring, prefetch, threads, fault"):
+        ColdReads(opened.data, "mmap")
     with pytest.raises(StageError, match="threads must be >= 1"):
         ColdReads(opened.data, "threads", threads=0)
     with pytest.raises(StageError, match="give its path"):
@@ -182,7 +182,7 @@ def test_the_benchmark_measures_every_way_on_fresh_rows(
     data = tmp_path / "heldout.tsv"
     rng = np.random.default_rng(9)
     with data.open("w") as out:
-        for _ in range(2 * 3 * (4 + 16) * 3):
+        for _ in range(2 * len(COLD_READS) * (4 + 16) * 3):
             ids = "\t".join(f"{v:x}" for v in rng.integers(0, 10**6, NUM_CATEGORICAL))
             out.write("1\t" + "\t".join(["1"] * 13) + "\t" + ids + "\n")
     options = ColdReadOptions(
@@ -199,7 +199,7 @@ def test_the_benchmark_measures_every_way_on_fresh_rows(
     paths = write_cold_reads(report, tmp_path / "out")
     assert all(path.stat().st_size > 0 for path in paths.values())
     assert "CPU ms cold / warm" in paths["markdown"].read_text()
-    with pytest.raises(Exception, match="sends 2400 rows"):
+    with pytest.raises(Exception, match=f"sends {2 * len(COLD_READS) * 20 * (4 + 16)} rows"):
         run_cold_reads(
             ColdReadOptions(repository, data=data, batch_sizes=(4, 16), requests=20, rounds=2), "test"
         )

@@ -61,6 +61,11 @@ from typing import Any
 
 import numpy as np
 
+try:  # In the bundle, a package; in the stub's version folder, a module beside this one.
+    from .uring import Ring, RingUnavailable
+except ImportError:
+    from uring import Ring, RingUnavailable  # type: ignore[no-redef]
+
 #: The row store's files and format, as :mod:`export.tables.row_store` writes them.
 STORE_ROWS_FILE = "rows.bin"
 STORE_META_FILE = "store.json"
@@ -105,12 +110,13 @@ PARAM_COLD_READS = "cold_reads"
 PARAM_COLD_READ_THREADS = "cold_read_threads"
 
 #: The ways of reading a request's cold rows (see :class:`ColdReads`).
+COLD_READ_URING = "io_uring"
 COLD_READ_PREFETCH = "prefetch"
 COLD_READ_THREADS = "threads"
 COLD_READ_FAULT = "fault"
-COLD_READS = (COLD_READ_PREFETCH, COLD_READ_THREADS, COLD_READ_FAULT)
+COLD_READS = (COLD_READ_URING, COLD_READ_PREFETCH, COLD_READ_THREADS, COLD_READ_FAULT)
 #: The stage's way when its config names none.
-DEFAULT_COLD_READS = COLD_READ_PREFETCH
+DEFAULT_COLD_READS = COLD_READ_URING
 DEFAULT_COLD_READ_THREADS = 8
 #: The kernel's page: the unit a cold row is read from disk in.
 PAGE_BYTES = mmap.PAGESIZE
@@ -584,8 +590,9 @@ class PendingRows:
     Attributes:
         rows: distinct store rows the request reads.
         pages: pages those rows lie on (what a cold store reads from disk).
-        reads: system calls issued: read-ahead hints and ``pread`` calls (0 for ``fault``,
-            whose page faults do the reading).
+        reads: system calls issued: read-ahead hints and ``pread`` calls, ``io_uring_enter``
+            calls (one per :attr:`uring.Ring.entries` reads), or 0 for ``fault``, whose page
+            faults do the reading.
     """
 
     rows: int
@@ -601,10 +608,18 @@ class PendingRows:
 class ColdReads:
     """Reads the store rows of a request's cold lookups, the only bytes that come from disk.
 
-    Three ways, named by the stage's config parameter ``cold_reads``; measured by
+    Four ways, named by the stage's config parameter ``cold_reads``; measured by
     ``python -m loadtest cold-reads`` (docs: "Tables larger than memory"):
 
-    - ``prefetch`` (the default): the request's distinct rows, in file order, become runs
+    - ``io_uring`` (the default): the request's distinct rows, in file order, become spans
+      of adjacent rows, one read each, and all the reads go to the kernel in one
+      ``io_uring_enter`` (:class:`uring.Ring`), which returns when all are done: the cached
+      ones copied at once, the others read by the disk in parallel. One system call per
+      request, where ``prefetch`` makes two per row. Where the kernel offers no
+      ``io_uring`` (before Linux 5.6, ``kernel.io_uring_disabled``, or a container's
+      seccomp profile, Docker's default among them), it reads the ``prefetch`` way and
+      :attr:`fallback` says why.
+    - ``prefetch``: the request's distinct rows, in file order, become runs
       of pages, and one read-ahead hint per run (``posix_fadvise(WILLNEED)``) starts all
       their reads at once, so the disk serves them in parallel; the rows are then copied
       with ``pread`` in file order (adjacent rows in one call), each waiting only as long
@@ -617,7 +632,7 @@ class ColdReads:
       not in memory is a synchronous page fault, one after another: the disk serves one
       read at a time (kept to compare with).
 
-    All three give the same bytes: the rows of the keys, in the keys' order, as float32
+    All give the same bytes: the rows of the keys, in the keys' order, as float32
     (a float16 store is cast). A row read twice in one request is read from disk once.
 
     Args:
@@ -625,8 +640,9 @@ class ColdReads:
             or an int8 store's bytes); a mapping of the file or any array.
         how: one of :data:`COLD_READS`.
         threads: threads of the ``threads`` way.
-        rows_path: ``rows.bin``, which ``prefetch`` and ``threads`` read (``prefetch``
-            without it gathers from ``rows``: rows in memory need no reads).
+        rows_path: ``rows.bin``, which ``io_uring``, ``prefetch`` and ``threads`` read
+            (``io_uring`` and ``prefetch`` without it gather from ``rows``: rows in memory
+            need no reads).
         decode: gathered rows -> ``N x W`` float32 (default: a cast; :meth:`StoreRows.decode`
             for an int8 store).
         width: values per row ``W`` (default: ``rows.shape[1]``).
@@ -659,6 +675,14 @@ class ColdReads:
         self.width = int(width if width is not None else (rows.shape[1] if rows.ndim == 2 else 0))
         self._fd = -1
         self._pool: ThreadPoolExecutor | None = None
+        self._ring: Ring | None = None
+        #: Why ``io_uring`` reads the ``prefetch`` way here ("" : it does not).
+        self.fallback = ""
+        if how == COLD_READ_URING and rows_path is not None:
+            try:
+                self._ring = Ring()
+            except RingUnavailable as exc:
+                self.fallback = f"{exc.strerror}; cold rows are read the '{COLD_READ_PREFETCH}' way"
         if how != COLD_READ_FAULT and rows_path is not None:
             try:
                 self._fd = os.open(rows_path, os.O_RDONLY)
@@ -689,6 +713,8 @@ class ColdReads:
             return PendingRows(int(distinct.size), pages, 0, lambda: self._gather(keys))
         if self.how == COLD_READ_THREADS:
             return self._read_threads(distinct, inverse.reshape(-1), pages)
+        if self._ring is not None:
+            return self._read_ring(distinct, inverse.reshape(-1), pages)
         fd, willneed = self._fd, os.POSIX_FADV_WILLNEED
         for offset, length in zip(offsets.tolist(), lengths.tolist(), strict=True):
             os.posix_fadvise(fd, offset, length, willneed)
@@ -729,6 +755,21 @@ class ColdReads:
             if got != want:
                 raise OSError(f"short read of the row store: {got} of {want} bytes at offset {offset}")
 
+    def _read_ring(self, distinct: np.ndarray, inverse: np.ndarray, pages: int) -> PendingRows:
+        """The distinct rows (ascending), one read per span, all in one ``io_uring_enter``."""
+        assert self._ring is not None
+        ring, fd, row_bytes = self._ring, self._fd, self._row_bytes
+        out = np.empty((distinct.size, self._rows.shape[1]), dtype=self._rows.dtype)
+        offsets, lengths = page_runs(distinct, row_bytes, row_bytes)
+        first_row = np.concatenate(([0], np.cumsum(lengths[:-1]) // row_bytes))
+        addresses = out.ctypes.data + first_row * row_bytes
+
+        def finish() -> np.ndarray:
+            ring.read(fd, offsets, addresses, lengths)
+            return np.ascontiguousarray(self._decode(out[inverse]))
+
+        return PendingRows(int(distinct.size), pages, -(-offsets.size // ring.entries), finish)
+
     def _read_threads(self, distinct: np.ndarray, inverse: np.ndarray, pages: int) -> PendingRows:
         """``pread`` the distinct rows (ascending) in ``threads`` contiguous shares."""
         assert self._pool is not None
@@ -746,10 +787,13 @@ class ColdReads:
         return PendingRows(int(distinct.size), pages, len(spans), finish)
 
     def close(self) -> None:
-        """Stop the threads and close the file (the ``threads`` way)."""
+        """Stop the threads, close the ring and the file."""
         if self._pool is not None:
             self._pool.shutdown(wait=True)
             self._pool = None
+        if self._ring is not None:
+            self._ring.close()
+            self._ring = None
         if self._fd >= 0:
             os.close(self._fd)
             self._fd = -1

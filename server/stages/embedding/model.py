@@ -22,8 +22,8 @@ absolute or relative to this model's version folder, ``table_sizes`` (26
 comma-separated sizes, checked against both files) and, optionally,
 ``row_store_fingerprint`` (the store's fingerprint when the stage was exported:
 another store under the same path fails the load; absent, one warning),
-``cold_reads`` (how cold rows are read from the store: ``prefetch``, the default,
-``threads`` or ``fault``; see :class:`hot_cold_lookup.ColdReads`) and
+``cold_reads`` (how cold rows are read from the store: ``io_uring``, the default,
+``prefetch``, ``threads`` or ``fault``; see :class:`hot_cold_lookup.ColdReads`) and
 ``cold_read_threads`` (threads of the ``threads`` way).
 
 At load every byte of the store is checked against the checksums in its
@@ -44,7 +44,7 @@ metrics, on the server's Prometheus page), labelled ``model``, ``version``,
 rows read per second ``sum by (model) (rate(..{tier="cold"}))``. A python backend without the metrics API
 serves without them (one warning at load).
 
-This file and ``hot_cold_lookup.py`` are copied into the model's version folder
+This file, ``hot_cold_lookup.py`` and ``uring.py`` are copied into the model's version folder
 (the python backend puts that folder on ``sys.path``); they run in the local
 server's stub and in the NGC image's, and import only numpy, the standard
 library and ``triton_python_backend_utils``.
@@ -235,6 +235,9 @@ class TritonPythonModel:
         except StageError as exc:
             raise pb_utils.TritonModelException(f"model '{self._name}': {exc}") from exc
         checked = self._lookup.store
+        fallback = self._lookup.reads.fallback
+        if fallback:
+            pb_utils.Logger.log_warn(f"model '{self._name}': io_uring is unavailable ({fallback})")
         if checked is not None and not checked.verified:
             pb_utils.Logger.log_warn(f"model '{self._name}': row store {store}: {checked.check}")
         if not fingerprint:
