@@ -13,7 +13,7 @@
 #   2. python -m loadtest cold-reads: the stage's ways of reading cold rows, in one process, on the
 #      FP16 store evicted from the page cache, beside the disk's own random-read rate (cold_reads.md);
 #   3. python -m loadtest cold-tier: both models served by the local tritonserver, reading cold rows
-#      the default way (prefetch), at batch 64 and 1024, concurrency 1 and 4, with the store evicted
+#      the default way (io_uring), at batch 64 and 1024, concurrency 1 and 4, with the store evicted
 #      (cold) and in memory (warm), the held-out rows sent in order, each once per step, three rounds
 #      (cold_tier.md). The stage runs two instances, so one request's reads overlap another's
 #      work, and the dense model two instances of one intra-op thread each: on two cores that
@@ -48,5 +48,5 @@ done
 
 python -m loadtest cold-reads --repository "$WORK/repo-float16" --data "$WORK/heldout.tsv" --out "$OUT"
 python -m loadtest cold-tier --repository "$WORK/repo-float16" --repository "$WORK/repo-int8" \
-  --data "$WORK/heldout.tsv" --way prefetch --rounds 3 \
+  --data "$WORK/heldout.tsv" --way io_uring --rounds 3 \
   --stage-instances 2 --dense-instances 2 --dense-threads 1 --out "$OUT"
