@@ -29,10 +29,13 @@ from tritonclient.grpc import model_config_pb2 as mc
 
 from bundle.errors import ConfigError
 from bundle.schema import (
+    BAG_INPUTS,
+    BAG_OUTPUTS,
     HOTNESS_PARAMETER,
     INPUTS,
     NUM_CATEGORICAL,
     OUTPUTS,
+    VARIABLE_HOTNESS,
     TensorSpec,
     inputs_for,
     parse_hotness_parameter,
@@ -202,6 +205,9 @@ class ServingConfig:
             :data:`DEFAULT_OPT_BATCH` capped at ``max_batch_size``).
         hotness: a multi-hot model's ids per table, C1..C26 (None: one each); its
             ``categorical_ids`` is then ``B x sum(hotness)`` and the config records them.
+        variable_bags: the model takes bags of any size (:data:`bundle.schema.BAG_INPUTS`):
+            ``max_batch_size: 0`` (each request runs as it comes), no dynamic batcher and no
+            warmup, and the ``hotness`` parameter says ``variable``.
         cuda_graph_batch_sizes: gpu profile: batch sizes the TensorRT models capture CUDA
             graphs for (None: :func:`default_graph_batch_sizes`; empty: no graphs).
     """
@@ -219,8 +225,11 @@ class ServingConfig:
     opt_batch_size: int = 0
     cuda_graph_batch_sizes: tuple[int, ...] | None = None
     hotness: tuple[int, ...] | None = None
+    variable_bags: bool = False
 
     def __post_init__(self) -> None:
+        if self.variable_bags and (self.hotness is not None or self.ort_trt):
+            raise ConfigError("bags of any size take no fixed hotness and no TensorRT accelerator")
         if self.hotness is not None and (len(self.hotness) != NUM_CATEGORICAL or min(self.hotness) < 1):
             raise ConfigError(f"hotness needs {NUM_CATEGORICAL} counts >= 1, got {self.hotness}")
         if self.profile not in PROFILES:
@@ -295,6 +304,8 @@ def _tensor(spec: TensorSpec, message: Any) -> None:
 
 def _base_config(name: str, serving: ServingConfig) -> mc.ModelConfig:
     """What every model shares: schema tensors, dynamic batching, instances, warmup."""
+    if serving.variable_bags:
+        return _bag_config(name, serving)
     config = mc.ModelConfig(name=name, max_batch_size=serving.max_batch_size)
     for spec in serving.inputs:
         _tensor(spec, config.input.add())
@@ -318,6 +329,21 @@ def _base_config(name: str, serving: ServingConfig) -> mc.ModelConfig:
             data.data_type = _DATA_TYPES[spec.triton_dtype]
             data.dims.extend(spec.shape)
             data.zero_data = True
+    return config
+
+
+def _bag_config(name: str, serving: ServingConfig) -> mc.ModelConfig:
+    """:func:`_base_config` for bags of any size: full shapes, no batching, no warmup (a
+    request of zeros would need lengths that add up to its values)."""
+    config = mc.ModelConfig(name=name, max_batch_size=0)
+    for spec in BAG_INPUTS:
+        _tensor(spec, config.input.add())
+    for spec in BAG_OUTPUTS:
+        _tensor(spec, config.output.add())
+    config.parameters[HOTNESS_PARAMETER].string_value = VARIABLE_HOTNESS
+    group = config.instance_group.add()
+    group.count = serving.instances
+    group.kind = serving.instance_kind
     return config
 
 
@@ -435,7 +461,17 @@ def config_hotness(config: mc.ModelConfig) -> tuple[int, ...] | None:
     """
     if HOTNESS_PARAMETER not in config.parameters:
         return None
+    if config.parameters[HOTNESS_PARAMETER].string_value == VARIABLE_HOTNESS:
+        return None  # bags of any size: see config_variable_bags
     return parse_hotness_parameter(config.parameters[HOTNESS_PARAMETER].string_value, config.name)
+
+
+def config_variable_bags(config: mc.ModelConfig) -> bool:
+    """Whether the model takes bags of any size (its ``hotness`` parameter is ``variable``)."""
+    return (
+        HOTNESS_PARAMETER in config.parameters
+        and config.parameters[HOTNESS_PARAMETER].string_value == VARIABLE_HOTNESS
+    )
 
 
 def version_dir(repository: Path, name: str, version: int = 1) -> Path:

@@ -14,6 +14,21 @@ dimension ``B``:
   ``B x H``, ``H = h_1 + .. + h_26``: C1's ids first, then C2's, and so on
   (:func:`inputs_for`; the config's ``hotness`` parameter records the ``h_t``).
 - ``click_probability`` ``B x 1`` float32: sigmoid of the model's logit.
+
+A model with variable-length bags (a bag of any size per table and row, empty
+bags included; the config's ``hotness`` parameter is ``variable``) takes, in
+place of ``categorical_ids`` (:data:`BAG_INPUTS`):
+
+- ``categorical_values``  ``N`` int64: every id of the request, row after row and,
+  within a row, C1's bag, then C2's, and so on;
+- ``categorical_lengths`` ``B x 26`` int64: the size of each bag (0: empty, which
+  adds nothing), so ``N`` is their sum.
+
+Such a model has ``max_batch_size: 0``: Triton's ragged batching concatenates a
+ragged input across requests but still requires every input of a request to
+share its batch size, so it fits only requests of one row each; a request of
+``B`` rows with bags of their own sizes is one values tensor and one lengths
+tensor, run as it comes.
 """
 
 from __future__ import annotations
@@ -61,6 +76,20 @@ INPUTS: tuple[TensorSpec, ...] = (
 OUTPUTS: tuple[TensorSpec, ...] = (TensorSpec(OUTPUT, np.float32, (1,)),)
 #: The config parameter that records a multi-hot model's hotness (26 comma-separated counts).
 HOTNESS_PARAMETER = "hotness"
+
+
+#: The ``hotness`` parameter of a model with variable-length bags.
+VARIABLE_HOTNESS = "variable"
+#: Inputs of a model with variable-length bags: the ids of every bag, and each bag's size.
+VALUES_INPUT = "categorical_values"
+LENGTHS_INPUT = "categorical_lengths"
+#: Its tensors, each with its full shape (``-1``: any size; no batch dimension of Triton's).
+BAG_INPUTS: tuple[TensorSpec, ...] = (
+    TensorSpec(DENSE_INPUT, np.float32, (-1, NUM_DENSE)),
+    TensorSpec(VALUES_INPUT, np.int64, (-1,)),
+    TensorSpec(LENGTHS_INPUT, np.int64, (-1, NUM_CATEGORICAL)),
+)
+BAG_OUTPUTS: tuple[TensorSpec, ...] = (TensorSpec(OUTPUT, np.float32, (-1, 1)),)
 
 
 def parse_hotness_parameter(text: str, model: str) -> tuple[int, ...]:

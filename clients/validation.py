@@ -19,7 +19,16 @@ from typing import Any
 import numpy as np
 
 from bundle.errors import ClientError
-from bundle.schema import HOTNESS_PARAMETER, OUTPUT, RAW_ROWS_INPUT, parse_hotness_parameter, raw_model_name
+from bundle.schema import (
+    HOTNESS_PARAMETER,
+    LENGTHS_INPUT,
+    OUTPUT,
+    RAW_ROWS_INPUT,
+    VALUES_INPUT,
+    VARIABLE_HOTNESS,
+    parse_hotness_parameter,
+    raw_model_name,
+)
 
 #: The config parameter that lets a model take NaN/Inf (the local backend's, see server/backends).
 ALLOW_NON_FINITE = "allow_non_finite_inputs"
@@ -106,7 +115,35 @@ def _tensor(entry: Mapping[str, Any]) -> TensorMeta:
 def _hotness(parameters: Mapping[str, Any], model: str) -> tuple[int, ...] | None:
     """The ``hotness`` parameter as counts (None when absent)."""
     text = (parameters.get(HOTNESS_PARAMETER) or {}).get("string_value")
-    return parse_hotness_parameter(str(text), model) if text else None
+    if not text or str(text) == VARIABLE_HOTNESS:
+        return None
+    return parse_hotness_parameter(str(text), model)
+
+
+def _variable_bags(parameters: Mapping[str, Any]) -> bool:
+    """The ``hotness`` parameter says bags of any size."""
+    return str((parameters.get(HOTNESS_PARAMETER) or {}).get("string_value", "")) == VARIABLE_HOTNESS
+
+
+def check_bags(prefix: str, values: np.ndarray, lengths: np.ndarray) -> None:
+    """Bags of any size: every length >= 0, and the lengths add up to the values.
+
+    Raises:
+        ClientError: the first negative length (its row and table), or the two counts.
+    """
+    negative = np.argwhere(lengths < 0)
+    if negative.size:
+        row, table = (int(v) for v in negative[0])
+        raise ClientError(
+            f"{prefix}: input {LENGTHS_INPUT!r}: row {row}, table C{table + 1} has a negative bag "
+            f"length ({int(lengths[row, table])})"
+        )
+    total = int(lengths.sum())
+    if total != values.size:
+        raise ClientError(
+            f"{prefix}: input {LENGTHS_INPUT!r} adds up to {total} ids, "
+            f"but {VALUES_INPUT!r} holds {values.size}"
+        )
 
 
 def _flag(parameters: Mapping[str, Any], key: str) -> bool:
@@ -154,6 +191,8 @@ class ModelSpec:
     allow_non_finite: bool = False
     #: A multi-hot model's ids per table (its config's ``hotness`` parameter); None: one id each.
     hotness: tuple[int, ...] | None = None
+    #: The model takes bags of any size: values and lengths (``hotness`` is ``variable``).
+    variable_bags: bool = False
 
     @classmethod
     def from_server(cls, metadata: Mapping[str, Any], config: Mapping[str, Any]) -> ModelSpec:
@@ -174,6 +213,7 @@ class ModelSpec:
                 outputs=tuple(_tensor(entry) for entry in metadata.get("outputs", [])),
                 allow_non_finite=_flag(config.get("parameters") or {}, ALLOW_NON_FINITE),
                 hotness=_hotness(config.get("parameters") or {}, str(metadata["name"])),
+                variable_bags=_variable_bags(config.get("parameters") or {}),
             )
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
             raise ClientError(
@@ -268,10 +308,16 @@ class ModelSpec:
                 _check_finite(prefix, tensor, array)
             # A model that does not batch may still take B rows: an ensemble of max_batch_size 0
             # (a hot/cold model) whose inputs all start with a variable dimension.
-            if self.batched or tensor.shape[:1] == (-1,):
+            # A variable-bag model's values are every id of the request, not one per row.
+            if (self.batched or tensor.shape[:1] == (-1,)) and not (
+                self.variable_bags and tensor.name == VALUES_INPUT
+            ):
                 rows[tensor.name] = shape[0]
             pairs.append((tensor, np.ascontiguousarray(array)))
-        if not rows or (not self.batched and len(rows) < len(self.inputs)):
+        if self.variable_bags:
+            check_bags(prefix, np.asarray(inputs[VALUES_INPUT]), np.asarray(inputs[LENGTHS_INPUT]))
+        counted = len(self.inputs) - (1 if self.variable_bags else 0)
+        if not rows or (not self.batched and len(rows) < counted):
             return pairs, 1
         sizes = set(rows.values())
         if len(sizes) > 1:

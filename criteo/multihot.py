@@ -1,4 +1,4 @@
-"""Multi-hot inputs: a bag of ids per table, of a fixed size per table (its *hotness*).
+"""Multi-hot inputs: a bag of ids per table, of a fixed size per table (its *hotness*) or of any size.
 
 DLRM-DCNv2 as MLPerf's ``dlrm-v2`` runs it looks up a bag of ids in each table and
 sums their rows. With a fixed hotness ``h_t`` per table, a sample's ids are one
@@ -8,17 +8,23 @@ from single-hot Criteo rows the way MLPerf's ``materialize_synthetic_multihot_da
 does with ``--multi_hot_distribution_type uniform``: a bag's first id is the row's
 own id, each other id that id plus an offset drawn uniformly, so a bag keeps the
 row's signal and adds rows of the same table.
+
+Bags of any size (``--hotness variable``) travel as values and lengths
+(:class:`BagBatch`, the tensors of :data:`bundle.schema.BAG_INPUTS`);
+:func:`draw_bags` makes them from single-hot rows, empty bags included.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import numpy as np
 
-from bundle.errors import ConfigError
-from bundle.schema import NUM_CATEGORICAL
+from bundle.errors import ConfigError, DataError
+from bundle.schema import DENSE_INPUT, LENGTHS_INPUT, NUM_CATEGORICAL, VALUES_INPUT, VARIABLE_HOTNESS
 from criteo.tables import table_offsets
+from criteo.tsv import Batch
 
 #: MLPerf's ``dlrm-v2`` hotness of C1..C26 (214 ids per sample; mlcommons/training
 #: ``recommendation_v2/torchrec_dlrm``, ``--multi_hot_sizes``).
@@ -96,3 +102,96 @@ def expand(ids: np.ndarray, hotness: Sequence[int], seed: int = 0) -> np.ndarray
     with np.errstate(over="ignore"):
         out[:, ~first] += offsets
     return out
+
+
+def parse_bags(text: str) -> tuple[int, ...] | str:
+    """``--hotness``: :data:`bundle.schema.VARIABLE_HOTNESS` (bags of any size) as it is, else
+    :func:`parse_hotness`'s counts."""
+    if text.strip().lower() == VARIABLE_HOTNESS:
+        return VARIABLE_HOTNESS
+    return parse_hotness(text)
+
+
+#: Largest bag :func:`draw_bags` makes per table: twice MLPerf's hotness, so bags average
+#: MLPerf's sizes (214 ids a row) and every table has empty bags.
+DRAWN_MAX_LENGTHS: tuple[int, ...] = tuple(2 * h for h in MLPERF_HOTNESS)
+
+
+@dataclass(frozen=True)
+class BagBatch(Batch):
+    """Rows whose tables each look up a bag of any size: values and lengths.
+
+    Attributes:
+        dense: ``B x 13`` float32.
+        categorical: the values, ``N`` int64: row after row, C1's bag first within a row.
+        labels: ``B`` float32, or None.
+        lengths: ``B x 26`` int64, each bag's size (0: empty); they add up to ``N``.
+    """
+
+    lengths: np.ndarray
+
+    def __post_init__(self) -> None:
+        lengths = np.asarray(self.lengths)
+        if lengths.ndim != 2 or lengths.shape != (len(self.dense), NUM_CATEGORICAL):
+            raise DataError(f"bag lengths must be B x {NUM_CATEGORICAL}, got {lengths.shape}")
+        if (lengths < 0).any() or int(lengths.sum()) != int(np.asarray(self.categorical).size):
+            total, held = int(lengths.sum()), int(np.asarray(self.categorical).size)
+            raise DataError(f"bag lengths add up to {total}, the values hold {held}")
+
+    @property
+    def values(self) -> np.ndarray:
+        """Every id, ``N`` int64."""
+        return self.categorical
+
+    def row_starts(self) -> np.ndarray:
+        """Index of each row's first value, and ``N`` last: ``B + 1`` int64."""
+        return np.concatenate(([0], np.cumsum(self.lengths.sum(axis=1)))).astype(np.int64)
+
+    def inputs(self) -> dict[str, np.ndarray]:
+        """The model inputs keyed by tensor name (:data:`bundle.schema.BAG_INPUTS`)."""
+        return {DENSE_INPUT: self.dense, VALUES_INPUT: self.categorical, LENGTHS_INPUT: self.lengths}
+
+    def slice(self, start: int, stop: int) -> BagBatch:
+        """Rows ``start:stop`` (views)."""
+        starts = self.row_starts()
+        rows = range(len(self))[start:stop]
+        first, last = (starts[rows.start], starts[rows.stop]) if len(rows) else (0, 0)
+        labels = None if self.labels is None else self.labels[start:stop]
+        values = self.categorical[first:last]
+        return BagBatch(self.dense[start:stop], values, labels, self.lengths[start:stop])
+
+    def with_values(self, values: np.ndarray) -> BagBatch:
+        """The same bags holding other ids (``N`` int64)."""
+        return BagBatch(self.dense, np.asarray(values, dtype=np.int64), self.labels, self.lengths)
+
+    def per_table(self) -> tuple[list[np.ndarray], list[np.ndarray]]:
+        """Each table's ids, bag after bag (row order), and its bags' lengths: the layout of
+        TorchRec's ``KeyedJaggedTensor`` (one key per table, C1..C26)."""
+        column = np.repeat(np.tile(np.arange(NUM_CATEGORICAL), len(self)), self.lengths.reshape(-1))
+        values = [self.categorical[column == c] for c in range(NUM_CATEGORICAL)]
+        return values, [self.lengths[:, c].copy() for c in range(NUM_CATEGORICAL)]
+
+
+def draw_bags(batch: Batch, max_lengths: Sequence[int] = DRAWN_MAX_LENGTHS, seed: int = 0) -> BagBatch:
+    """Bags of any size from single-hot rows: table ``t``'s bag has a size drawn uniformly
+    from ``0 .. max_lengths[t]`` (empty bags included), its first id the row's own id and
+    the others that id plus an offset, as :func:`expand` makes them. The same ``seed`` gives
+    the same bags.
+    """
+    ids = np.asarray(batch.categorical, dtype=np.int64)
+    if ids.ndim != 2 or ids.shape[1] != NUM_CATEGORICAL:
+        raise ConfigError(f"expected B x {NUM_CATEGORICAL} ids to draw bags from, got {ids.shape}")
+    limits = np.asarray(max_lengths, dtype=np.int64)
+    if limits.shape != (NUM_CATEGORICAL,) or (limits < 0).any():
+        raise ConfigError(f"bag size limits need {NUM_CATEGORICAL} counts >= 0, got {list(max_lengths)}")
+    rng = np.random.default_rng(seed)
+    lengths = rng.integers(0, limits + 1, size=ids.shape, dtype=np.int64)
+    flat = lengths.reshape(-1)
+    owner = np.repeat(ids.reshape(-1), flat)
+    # Position of each value within its bag: 0 for the bag's first id.
+    starts = np.repeat(np.cumsum(flat) - flat, flat)
+    within = np.arange(owner.size, dtype=np.int64) - starts
+    offsets = rng.integers(1, OFFSET_RANGE, size=owner.size, dtype=np.int64)
+    with np.errstate(over="ignore"):
+        values = np.where(within == 0, owner, owner + offsets)
+    return BagBatch(batch.dense, values, batch.labels, lengths)

@@ -17,7 +17,7 @@ from bundle.cli import VerboseOption, new_app, run, set_verbose, shared_options
 from bundle.errors import ConfigError
 from bundle.memory import PeakMemory
 from bundle.repository import CONFIG_NAME, ORT_TRT_CACHE_DIR, QUEUE_DELAY_US, ServingConfig, trt_model_name
-from criteo.multihot import parse_hotness
+from criteo.multihot import parse_bags
 from criteo.tables import TABLE_SIZE_PRESETS, parse_table_sizes
 from export.engines.trt_build import EngineResult, TensorRTOptions, build_engines
 from export.framework import FrameworkExporter
@@ -406,7 +406,9 @@ def dlrm(
         typer.Option(
             help="Ids per table of a multi-hot model (TorchRec or facebookresearch state dicts): mlperf "
             "(MLPerf dlrm-v2's 214 per sample), one count for all 26, or 26 comma-separated counts. "
-            "categorical_ids is then B x (their sum), C1's ids first; each table sums its bag."
+            "categorical_ids is then B x (their sum), C1's ids first; each table sums its bag. "
+            "variable: bags of any size, empty ones included, sent as categorical_values (every id, "
+            "row after row, C1's bag first) and categorical_lengths (B x 26 bag sizes)."
         ),
     ] = "1",
 ) -> None:
@@ -418,11 +420,13 @@ def dlrm(
             "give --checkpoint PATH, or --factory package.module:function (with --checkpoint PATH, "
             "the function receives that path)"
         )
+    bags = parse_bags(hotness)
     source = replace(
         source,
         factory=factory,
         feature_order=parse_feature_order(feature_order),
-        hotness=parse_hotness(hotness),
+        hotness=None if isinstance(bags, str) else bags,
+        variable_bags=isinstance(bags, str),
     )
     from export.importers.dlrm_sources import open_dlrm_source
 

@@ -165,16 +165,20 @@ def export_family(exporter: FrameworkExporter, options: ExportOptions) -> list[E
             f"--torch: {exporter.family} is not a PyTorch model; the TorchScript variant is for PyTorch DLRMs"
         )
     hotness = getattr(exporter, "hotness", None)
-    if hotness is not None:
+    variable_bags = bool(getattr(exporter, "variable_bags", False))
+    if hotness is not None or variable_bags:
         if options.placement.may_split:
             raise ConfigError(
                 "a multi-hot model's tables are not placed hot/cold yet: drop --hot-budget (or --hotness)"
             )
         if options.raw_rows:
             log.info("a multi-hot model takes bags of ids, not Criteo rows: no raw-row models written")
-        options = dataclasses.replace(
-            options, serving=dataclasses.replace(options.serving, hotness=tuple(hotness)), raw_rows=False
+        serving = dataclasses.replace(
+            options.serving,
+            hotness=None if hotness is None else tuple(hotness),
+            variable_bags=variable_bags,
         )
+        options = dataclasses.replace(options, serving=serving, raw_rows=False)
     repository = Path(options.repository)
     family = exporter.family
     with RepositoryWrite(repository, f"export {family}") as write:
@@ -290,7 +294,9 @@ def _export_family(exporter: FrameworkExporter, options: ExportOptions) -> list[
             )  # fmt: skip
     trt_name = trt_model_name(exporter.family)
     clear_model(options.repository, trt_name)
-    if options.serving.profile == "gpu":
+    if options.serving.profile == "gpu" and options.serving.variable_bags:
+        log.info("no %s: its TensorRT plan is built for categorical_ids, not bags of any size", trt_name)
+    elif options.serving.profile == "gpu":
         path = add_trt_model(options.repository, trt_name, options.serving)
         log.info("wrote %s; build its plan with `python -m export tensorrt`", path)
     return results

@@ -78,3 +78,22 @@ def dcn_logits(
     )
     with torch.no_grad():
         return model(torch.from_numpy(np.ascontiguousarray(dense, dtype=np.float32)), features).numpy()
+
+
+def dcn_bag_logits(model: DLRM_DCN, dense: np.ndarray, values: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+    """TorchRec's own forward on bags of any size: ``B x 1`` logits.
+
+    ``values`` are in-range ids, row after row and within a row table 0's bag first (the
+    export's ``categorical_values``); ``lengths`` is ``B x 26`` (table order). The
+    KeyedJaggedTensor takes them key-major: every bag of table 0, then of table 1.
+    """
+    batch = lengths.shape[0]
+    table = np.repeat(np.tile(np.arange(NUM_TABLES), batch), lengths.reshape(-1))
+    key_major = np.concatenate([values[table == t] for t in range(NUM_TABLES)])
+    features = KeyedJaggedTensor.from_lengths_sync(
+        keys=list(FEATURES),
+        values=torch.from_numpy(key_major.astype(np.int64)),
+        lengths=torch.from_numpy(np.ascontiguousarray(lengths.T.reshape(-1), dtype=np.int32)),
+    )
+    with torch.no_grad():
+        return model(torch.from_numpy(np.ascontiguousarray(dense, dtype=np.float32)), features).numpy()

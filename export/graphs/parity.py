@@ -12,6 +12,7 @@ from bundle.errors import ConfigError, ExportError
 from bundle.onnx_session import inference_session
 from bundle.schema import CATEGORICAL_INPUT, DENSE_INPUT, NUM_CATEGORICAL, NUM_DENSE, OUTPUT
 from criteo.metrics import roc_auc
+from criteo.multihot import BagBatch
 from criteo.synth import SynthConfig, generate_lines
 from criteo.tsv import Batch, parse_lines, read_batch, to_batch
 
@@ -51,6 +52,9 @@ def extreme_id_rows(batch: Batch, rows: int = 64) -> Batch:
     ids = base.categorical.copy()
     info = np.iinfo(np.int64)
     extremes = np.array([info.min, info.max, -1, -(2**40) - 3, 2**62 + 11, 10**12], dtype=np.int64)
+    if isinstance(base, BagBatch):  # bags of any size: every other value extreme
+        ids[::2] = extremes[np.arange(ids[::2].size) % extremes.size]
+        return base.with_values(ids)
     ids[:] = extremes[np.arange(ids.size).reshape(ids.shape) % extremes.size]
     ids[:, ::2] = base.categorical[:, ::2] * -7
     return Batch(base.dense.copy(), ids, base.labels)

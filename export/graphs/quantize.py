@@ -215,6 +215,11 @@ def _dynamic_renames(model: onnx.ModelProto, nodes: list[str]) -> tuple[list[str
     return [back.get(name, name) for name in nodes], renamed
 
 
+def _inputs(batch: Batch) -> dict[str, np.ndarray]:
+    """``batch.inputs()``, a subclass's own (bags of any size take values and lengths)."""
+    return batch.inputs()
+
+
 class BatchCalibrationReader:
     """Feeds labeled rows to ONNX Runtime's calibrator, ``chunk`` rows at a time.
 
@@ -230,7 +235,7 @@ class BatchCalibrationReader:
     """
 
     def __init__(self, rows: Batch, chunk: int, feeds: Feeds | None = None) -> None:
-        make = feeds or Batch.inputs
+        make = feeds or _inputs
         self._batches: Iterator[dict[str, np.ndarray]] = (
             make(rows.slice(start, start + chunk)) for start in range(0, len(rows), chunk)
         )

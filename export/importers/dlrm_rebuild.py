@@ -193,6 +193,16 @@ class GatherDLRM(nn.Module):
         )
         self.permuted = positions != list(range(len(positions)))
         self.multi_hot = any(h > 1 for h in counts)
+        # For bags of any size (:meth:`pool_bags`), per input column (C1..C26): the table it
+        # feeds, that table's rows to reduce into, and its first row.
+        table_of = [layout.columns.index(c) for c in range(NUM_CATEGORICAL)]
+        self.register_buffer("bag_table", torch.tensor(table_of, dtype=torch.int64), persistent=False)
+        self.register_buffer(
+            "bag_sizes_of", torch.tensor([sizes[t] for t in table_of], dtype=torch.int64), persistent=False
+        )
+        self.register_buffer(
+            "bag_offsets_of", torch.tensor([starts[t] for t in table_of], dtype=torch.int64), persistent=False
+        )
         self.bottom_mlp = _linear_stack(layout.bottom, NUM_DENSE, relu_last=True)
         if layout.interaction == "dot":
             self.interaction: nn.Module = PairInteraction(layout.pairs())
@@ -205,8 +215,46 @@ class GatherDLRM(nn.Module):
         _load_linears(self.bottom_mlp, state, bottom_keys)
         _load_linears(self.top_mlp, state, top_keys)
 
-    def logits(self, dense: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
-        """The ``B x 1`` logits (the TorchScript variant applies the sigmoid in FP32 itself)."""
+    bag_table: torch.Tensor
+    bag_sizes_of: torch.Tensor
+    bag_offsets_of: torch.Tensor
+
+    def pool_bags(self, values: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+        """Each bag's rows summed: ``N`` values and ``B x 26`` lengths -> ``B x 26 x D`` (table order).
+
+        No ``Loop``: each value's bag is a running count of the bag ends before it
+        (``CumSum`` over ones scattered at the ends), its rows one ``Gather``, and the sums one
+        ``ScatterElements`` with ``add``. An empty bag sums to zeros, as ``EmbeddingBag`` does.
+
+        Inputs that do not fit are refused, never answered: an index out of range is an error
+        in ``ScatterElements`` (ONNX Runtime checks every index), and the inputs are made to
+        produce one when the lengths add up to more than the values (a bag end past them),
+        to fewer (values left over fall in bag ``B x 26``, past the sums) or hold a negative
+        length (every bag end is moved past the values).
+        """
+        flat = lengths.reshape(-1)
+        count = values.shape[0]
+        negative = (flat < 0).any().to(torch.int64)
+        ends = torch.cumsum(flat, 0) + negative * (count + 2)
+        marks = torch.zeros(count + 1, dtype=torch.int64).scatter_add(0, ends, torch.ones_like(ends))
+        bag = torch.cumsum(marks[:count], 0)
+        column = torch.remainder(bag, NUM_CATEGORICAL)
+        rows = torch.remainder(values, self.bag_sizes_of[column]) + self.bag_offsets_of[column]
+        embedded = self.embedding(rows)
+        target = bag - column + self.bag_table[column]
+        pooled = torch.zeros(flat.shape[0], embedded.shape[1], dtype=embedded.dtype)
+        pooled = pooled.scatter_add(0, target.unsqueeze(1).expand(-1, embedded.shape[1]), embedded)
+        return pooled.reshape(lengths.shape[0], NUM_CATEGORICAL, embedded.shape[1])
+
+    def logits(
+        self, dense: torch.Tensor, ids: torch.Tensor, lengths: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """The ``B x 1`` logits (the TorchScript variant applies the sigmoid in FP32 itself).
+
+        With variable bags ``ids`` are the ``N`` values and ``lengths`` the ``B x 26`` bag sizes."""
+        if lengths is not None:
+            x = self.bottom_mlp(dense)
+            return cast(torch.Tensor, self.top_mlp(self.interaction(x, self.pool_bags(ids, lengths))))
         in_table_order = ids.index_select(1, self.columns) if self.permuted else ids
         # remainder takes the divisor's sign: negative and huge ids land in [0, rows).
         rows = torch.remainder(in_table_order, self.sizes) + self.offsets
@@ -219,8 +267,10 @@ class GatherDLRM(nn.Module):
         x = self.bottom_mlp(dense)
         return cast(torch.Tensor, self.top_mlp(self.interaction(x, embedded)))
 
-    def forward(self, dense: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
-        return torch.sigmoid(self.logits(dense, ids))
+    def forward(
+        self, dense: torch.Tensor, ids: torch.Tensor, lengths: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        return torch.sigmoid(self.logits(dense, ids, lengths))
 
 
 def _fb_mlp(widths: Sequence[int], width_in: int, sigmoid_last: bool) -> nn.Sequential:
@@ -422,6 +472,34 @@ def reference_probabilities(
         for column in layout.columns
     ]
     offsets = [torch.arange(batch) * counts[column] for column in layout.columns]
+    with torch.no_grad():
+        if layout.codebase == "facebookresearch":
+            return module(dense, torch.stack(offsets), per_table)
+        features = {
+            name: (flat, start) for name, flat, start in zip(layout.tables, per_table, offsets, strict=True)
+        }
+        return torch.sigmoid(module(dense, features))
+
+
+def reference_bag_probabilities(
+    layout: DLRMLayout, module: nn.Module, dense: torch.Tensor, values: torch.Tensor, lengths: torch.Tensor
+) -> torch.Tensor:
+    """The source's probabilities for bags of any size: ``B x 1``.
+
+    Args:
+        layout: the checkpoint's layout.
+        module: from :func:`reference_module`.
+        dense: ``B x 13`` float32.
+        values: ``N`` int64 ids, already inside each column's table: row after row, C1's bag first.
+        lengths: ``B x 26`` int64 bag sizes (0: empty).
+    """
+    batch = dense.shape[0]
+    columns = torch.arange(NUM_CATEGORICAL).repeat(batch).repeat_interleave(lengths.reshape(-1))
+    per_table, offsets = [], []
+    for column in layout.columns:
+        per_table.append(values[columns == column].contiguous())
+        sizes = lengths[:, column]
+        offsets.append(torch.cumsum(sizes, 0) - sizes)
     with torch.no_grad():
         if layout.codebase == "facebookresearch":
             return module(dense, torch.stack(offsets), per_table)

@@ -36,8 +36,8 @@ import numpy as np
 import onnx
 
 from bundle.errors import ConfigError, ExportError
-from bundle.schema import NUM_CATEGORICAL
-from criteo.multihot import expand
+from bundle.schema import BAG_INPUTS, NUM_CATEGORICAL, VARIABLE_HOTNESS
+from criteo.multihot import BagBatch, draw_bags, expand
 from criteo.schema import CATEGORICAL_COLUMNS
 from criteo.tsv import Batch
 from export.framework import FrameworkExporter, TorchServing, example_inputs
@@ -71,6 +71,8 @@ STATE_DICT_KEYS = ("state_dict", "model_state_dict")
 INTERACTION_SCOPE = "/interaction/"
 #: Rows per reference forward pass in :meth:`CheckpointExporter.predict`.
 PREDICT_CHUNK = 65536
+#: Bags of any size are summed by ScatterElements with ``reduction="add"`` (opset 16).
+BAGS_MIN_OPSET = 16
 
 
 def _describe(path: Path) -> str:
@@ -213,8 +215,10 @@ class CheckpointExporter:
         if larger:
             raise ConfigError(f"--table-sizes exceed the checkpoint's tables: {', '.join(larger[:4])}")
         self.sizes: tuple[int, ...] = tuple(sizes)
-        #: Ids per bag of C1..C26 (None: one id per table).
+        #: Ids per bag of C1..C26 (None: one id per table, or bags of any size).
         self.hotness = options.hotness
+        #: Bags of any size: the model takes values and lengths (:data:`bundle.schema.BAG_INPUTS`).
+        self.variable_bags = options.variable_bags
         model = "dlrm_dcn" if self.layout.interaction == "dcn" else "dlrm"
         self.format = f"{self.layout.codebase}_{model}_{container}"
         self.state = state
@@ -247,7 +251,7 @@ class CheckpointExporter:
         """The rebuilt module with tables of at most ``small_rows`` rows (zeros), as an ONNX graph."""
         import dataclasses
 
-        if self.hotness is not None:
+        if self.hotness is not None or self.variable_bags:
             raise ConfigError("a multi-hot model's tables are not placed hot/cold yet: drop --hotness")
 
         import torch
@@ -299,7 +303,11 @@ class CheckpointExporter:
             "embedding_dim": self.layout.dim,
             "bottom_mlp": list(self.layout.bottom),
             "top_mlp": list(self.layout.top),
-            "hotness": list(self.hotness) if self.hotness is not None else "one id per table",
+            "hotness": list(self.hotness)
+            if self.hotness is not None
+            else VARIABLE_HOTNESS
+            if self.variable_bags
+            else "one id per table",
         }
         if self.layout.codebase == "torchrec":
             source["model"] = self.layout.source_model
@@ -322,6 +330,10 @@ class CheckpointExporter:
             f"from export.importers.sources import SourceOptions; open_dlrm_source(Path({str(self.path)!r}), "
             f"{self.options!r}).to_onnx(Path({str(out)!r}), {opset})"
         )
+        if self.variable_bags and opset < BAGS_MIN_OPSET:
+            raise ConfigError(
+                f"bags of any size sum with ScatterElements' add, ONNX opset >= {BAGS_MIN_OPSET}; got {opset}"
+            )
         model = export_module(
             self.module,
             self.example_inputs(),
@@ -330,6 +342,7 @@ class CheckpointExporter:
             f"{self.path} ({self.format})",
             reproduce=python_command(code),
             doc=f"DLRM rebuilt from {self.path} ({self.format}); {self.layout.description}",
+            input_names=tuple(spec.name for spec in BAG_INPUTS) if self.variable_bags else None,
         )
         if loop_nodes(model):  # the rebuilt module has no EmbeddingBag: a Loop here is a bug
             raise ExportError(f"exporting {self.path} wrote a Loop node; the rebuilt DLRM should have none")
@@ -340,6 +353,8 @@ class CheckpointExporter:
 
         from export.importers.dlrm_rebuild import reference_probabilities
 
+        if isinstance(batch, BagBatch):
+            return self._predict_bags(batch)
         counts = self.hotness if self.hotness is not None else (1,) * NUM_CATEGORICAL
         ids = np.mod(batch.categorical, np.repeat(np.asarray(self.sizes, dtype=np.int64), counts)[None, :])
         outputs = []
@@ -355,18 +370,49 @@ class CheckpointExporter:
             return np.empty((0, 1), dtype=np.float32)
         return np.concatenate(outputs).astype(np.float32, copy=False)
 
-    def example_inputs(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """The traced batch: ``B x 13`` dense and ids inside the tables (``B x H`` multi-hot)."""
+    def _predict_bags(self, batch: BagBatch) -> np.ndarray:
+        """The source's own forward on bags of any size (ids reduced into the tables)."""
+        import torch
+
+        from export.importers.dlrm_rebuild import reference_bag_probabilities
+
+        columns = np.repeat(np.tile(np.arange(NUM_CATEGORICAL), len(batch)), batch.lengths.reshape(-1))
+        reduced = batch.with_values(np.mod(batch.values, np.asarray(self.sizes, dtype=np.int64)[columns]))
+        outputs = []
+        for start in range(0, len(batch), PREDICT_CHUNK):
+            part = reduced.slice(start, start + PREDICT_CHUNK)
+            outputs.append(
+                reference_bag_probabilities(
+                    self.layout,
+                    self.reference,
+                    torch.from_numpy(np.ascontiguousarray(part.dense, dtype=np.float32)),
+                    torch.from_numpy(np.ascontiguousarray(part.values)),
+                    torch.from_numpy(np.ascontiguousarray(part.lengths)),
+                ).numpy()
+            )
+        if not outputs:
+            return np.empty((0, 1), dtype=np.float32)
+        return np.concatenate(outputs).astype(np.float32, copy=False)
+
+    def example_inputs(self) -> tuple[torch.Tensor, ...]:
+        """The traced batch: ``B x 13`` dense and ids inside the tables (``B x H`` multi-hot;
+        values and lengths, empty bags among them, for bags of any size)."""
         import torch
 
         dense, ids = example_inputs(self.sizes)
+        if self.variable_bags:
+            bags = draw_bags(Batch(dense.numpy(), ids.numpy(), None))
+            return dense, torch.from_numpy(bags.values), torch.from_numpy(bags.lengths)
         if self.hotness is None:
             return dense, ids
         return dense, torch.from_numpy(expand(ids.numpy(), self.hotness))
 
     def model_rows(self, batch: Batch) -> Batch:
         """``batch`` as the model takes it: each table's bag made from its single id
-        (:func:`criteo.multihot.expand`, fixed seed) when the model is multi-hot."""
+        (:func:`criteo.multihot.expand`, fixed seed) when the model is multi-hot, or bags of
+        drawn sizes (:func:`criteo.multihot.draw_bags`, empty ones included) for bags of any size."""
+        if self.variable_bags:
+            return draw_bags(batch)
         if self.hotness is None:
             return batch
         return Batch(batch.dense, expand(batch.categorical, self.hotness), batch.labels)
@@ -377,12 +423,17 @@ class CheckpointExporter:
         ids itself."""
         from export.engines.torchscript import Logits
 
+        if self.variable_bags:
+            raise ExportError(
+                "the TorchScript variant takes categorical_ids; "
+                "bags of any size are served by the ONNX models"
+            )
         keep = ("model.interaction",) if self.layout.interaction != "cat" else ()
         return TorchServing(Logits(self.module), True, keep, None, self.hotness)
 
     def fp32_nodes(self, model: onnx.ModelProto) -> list[str]:
-        """The interaction (every node under ``/interaction/``, for ``dot`` and ``dcn``) and the
-        output sigmoid.
+        """The interaction (every node under ``/interaction/``, for ``dot`` and ``dcn``), the sums
+        of bags of any size, and the output sigmoid.
 
         The dot products are sums of ``D`` products that feed the top MLP unscaled, and the
         cross net multiplies activations by activations (see
@@ -394,7 +445,10 @@ class CheckpointExporter:
             if self.layout.interaction != "cat"
             else []
         )
-        return names + output_sigmoids(model)
+        # Bags of any size are summed by ScatterElements' add, which ONNX Runtime's CPU provider
+        # runs in FP32 only (and a long bag sums better in FP32).
+        bag_sums = [n.name for n in model.graph.node if n.op_type == "ScatterElements"]
+        return names + bag_sums + output_sigmoids(model)
 
 
 def _module_exporter(
@@ -424,7 +478,7 @@ def _module_exporter(
 
 def _refuse_hotness(options: SourceOptions) -> None:
     """A module is exported as its forward takes its ids: ``--hotness`` is for rebuilt state dicts."""
-    if options.hotness is not None:
+    if options.hotness is not None or options.variable_bags:
         raise ConfigError(
             "--hotness applies to TorchRec and facebookresearch state dicts, whose tables are rebuilt "
             "as bags; a module takes the ids its own forward takes"

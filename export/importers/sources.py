@@ -49,6 +49,9 @@ class SourceOptions:
         logits: the model returns logits; the export appends the sigmoid.
         hotness: ids per table of a multi-hot model, C1..C26 (None: one id per table); a
             TorchRec or facebookresearch state dict's tables then sum bags of that many ids.
+        variable_bags: a TorchRec or facebookresearch state dict's tables sum bags of any
+            size, empty ones included: the model takes values and lengths
+            (:data:`bundle.schema.BAG_INPUTS`) in place of ``categorical_ids``.
     """
 
     table_sizes: tuple[int, ...] | None = None
@@ -57,8 +60,11 @@ class SourceOptions:
     factory: str | None = None
     logits: bool = False
     hotness: tuple[int, ...] | None = None
+    variable_bags: bool = False
 
     def __post_init__(self) -> None:
+        if self.variable_bags and self.hotness is not None:
+            raise ConfigError("bags of any size have no fixed hotness: give one of the two")
         if self.hotness is not None:
             counts = check_hotness(self.hotness)
             object.__setattr__(self, "hotness", None if is_single_hot(counts) else counts)

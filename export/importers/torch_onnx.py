@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING, Any
 import onnx
 
 from bundle.errors import ConfigError, ExportError
-from bundle.schema import CATEGORICAL_INPUT, DENSE_INPUT, OUTPUT
+from bundle.schema import CATEGORICAL_INPUT, DENSE_INPUT, OUTPUT, VALUES_INPUT
 from export.graphs.onnx_io import save_model
 
 if TYPE_CHECKING:
@@ -45,6 +45,8 @@ log = logging.getLogger(__name__)
 
 #: Name of the dynamic batch dimension in the exported graph.
 BATCH_DIM = "batch"
+#: The symbolic length of a variable-bag model's values (every id of a request).
+BAG_VALUES_DIM = "ids"
 #: Lowest opset accepted: torch writes ``torch.remainder`` as one ``Mod`` from opset 11 on.
 MIN_OPSET = 11
 #: The aten operator behind ``nn.EmbeddingBag`` and ``F.embedding_bag``.
@@ -183,13 +185,14 @@ def loop_nodes(model: onnx.ModelProto) -> list[str]:
 
 def export_module(
     module: torch.nn.Module,
-    inputs: tuple[torch.Tensor, torch.Tensor],
+    inputs: tuple[torch.Tensor, ...],
     out: Path,
     opset: int,
     what: str,
     reproduce: str | None = None,
     bags_as_gather: bool = False,
     doc: str | None = None,
+    input_names: tuple[str, ...] | None = None,
 ) -> onnx.ModelProto:
     """Write ``module`` as the bundle's ONNX graph to ``out`` (external data beside it when over 2 GB).
 
@@ -204,6 +207,9 @@ def export_module(
         bags_as_gather: write each ``aten::embedding_bag`` as one ``Gather``
             (:func:`gather_embedding_bags`; only for one-id bags).
         doc: the graph's doc string (default: ``exported from {what}``).
+        input_names: the graph's inputs, one per tensor of ``inputs`` (None: the schema's
+            two); :data:`bundle.schema.BAG_INPUTS`' names for bags of any size, whose values'
+            length ``N`` is a dimension of its own.
 
     Returns:
         The checked graph as written.
@@ -214,6 +220,7 @@ def export_module(
     """
     import torch
 
+    input_names = input_names or (DENSE_INPUT, CATEGORICAL_INPUT)
     if opset < MIN_OPSET:
         raise ConfigError(f"DLRM export needs ONNX opset >= {MIN_OPSET} (for Mod), got {opset}")
     out = Path(out)
@@ -243,9 +250,12 @@ def export_module(
                     inputs,
                     str(traced),
                     dynamo=False,
-                    input_names=[DENSE_INPUT, CATEGORICAL_INPUT],
+                    input_names=list(input_names),
                     output_names=[OUTPUT],
-                    dynamic_axes={name: {0: BATCH_DIM} for name in (DENSE_INPUT, CATEGORICAL_INPUT, OUTPUT)},
+                    dynamic_axes={
+                        name: {0: BAG_VALUES_DIM if name == VALUES_INPUT else BATCH_DIM}
+                        for name in (*input_names, OUTPUT)
+                    },
                     opset_version=opset,
                     do_constant_folding=True,
                 )

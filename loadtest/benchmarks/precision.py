@@ -34,6 +34,7 @@ from bundle.repository import (
     MODEL_FILE,
     ORT_SPINNING_KEY,
     config_hotness,
+    config_variable_bags,
     read_config,
     read_report,
     version_dir,
@@ -252,6 +253,13 @@ def run_precision(options: PrecisionOptions, command: str) -> dict[str, Any]:
         if present:
             families[family] = present
     # A multi-hot model takes each row's bags (its config's hotness): one pool per family.
+    for family in families:
+        config_path = options.repository / f"{family}_onnx" / CONFIG_NAME
+        if config_path.is_file() and config_variable_bags(read_config(config_path)):
+            raise ConfigError(
+                f"{family}_onnx takes bags of any size (values and lengths); this benchmark sends "
+                "one id or a fixed bag per table"
+            )
     pools = {
         family: pool.multi_hot(
             config_hotness(read_config(options.repository / f"{family}_onnx" / CONFIG_NAME))

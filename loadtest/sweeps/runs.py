@@ -28,8 +28,8 @@ from rich.console import Console
 
 from bundle.errors import BundleError, ConfigError
 from bundle.records import RunRecord
-from bundle.repository import CONFIG_NAME, config_hotness, read_config
-from bundle.schema import is_raw_model
+from bundle.repository import CONFIG_NAME, config_hotness, config_variable_bags, read_config
+from bundle.schema import CATEGORICAL_INPUT, LENGTHS_INPUT, VALUES_INPUT, is_raw_model
 from loadtest.engine.baseline import BaselineConfig, BaselineResult, InProcessModel
 from loadtest.engine.client_cpu import threshold_line
 from loadtest.engine.payload import MAX_POOL_ROWS, PayloadPool
@@ -203,12 +203,23 @@ def models_hotness(
         if is_raw_model(model):
             continue
         if repository is not None and (repository / model / CONFIG_NAME).is_file():
-            found.add(config_hotness(read_config(repository / model / CONFIG_NAME)))
+            config = read_config(repository / model / CONFIG_NAME)
+            variable = config_variable_bags(config)
+            found.add(config_hotness(config))
         elif urls:
             from clients.triton import TritonClient
 
             with TritonClient(urls[0], protocols[0]) as client:  # type: ignore[arg-type]
-                found.add(client.model_spec(model).hotness)
+                spec = client.model_spec(model)
+            variable = spec.variable_bags
+            found.add(spec.hotness)
+        else:
+            variable = False
+        if variable:
+            raise ConfigError(
+                f"model {model} takes bags of any size ({VALUES_INPUT} and {LENGTHS_INPUT}); the load "
+                f"tools send {CATEGORICAL_INPUT} only (one id or a fixed bag per table)"
+            )
     if len(found) > 1:
         raise ConfigError(
             f"the models {', '.join(models)} take different categorical_ids (one id per table and bags): "

@@ -11,7 +11,13 @@ own and never costs the others theirs. The python backend does not batch for
 you: ``execute`` gets the list of requests the dynamic batcher gathered.
 
 Config ``parameters`` read here (string values): ``allow_non_finite_inputs``
-(``"true"``/``"false"``, default false), the bundle's own.
+(``"true"``/``"false"``, default false), the bundle's own; and ``hotness``: ``variable``
+marks a model of bags of any size (``bundle.schema``'s values and lengths), whose
+requests are checked here before the model runs: a negative length (named by row and
+table), lengths that do not add up to the values, or rows that disagree between the
+dense features and the lengths get one INVALID_ARGUMENT line. (The exported graph
+refuses such inputs too, with ONNX Runtime's index error, where this check does not
+run: in the NGC container.)
 
 Non-finite inputs. A floating-point input holding NaN or +-Inf is refused with
 INVALID_ARGUMENT naming the input, row and column, and the other requests of
@@ -41,6 +47,12 @@ from typing import Any
 
 import numpy as np
 import triton_python_backend_utils as pb_utils
+
+#: Names of a variable-bag model's tensors, as ``bundle.schema`` names them (the stub cannot
+#: import the bundle in every image; ``tests/unit/test_onnxruntime_backend.py`` checks they agree).
+BAG_DENSE, BAG_VALUES, BAG_LENGTHS = "dense_features", "categorical_values", "categorical_lengths"
+#: The ``hotness`` parameter of such a model.
+VARIABLE_HOTNESS = "variable"
 
 
 class RequestError(Exception):
@@ -129,6 +141,35 @@ class TensorSpec:
         )
 
 
+def check_bags(feeds: dict[str, np.ndarray[Any, Any]]) -> None:
+    """A variable-bag request's lengths against its values and dense rows.
+
+    Raises:
+        RequestError: a negative length (its row and table), lengths that add up to another
+            count than the values', or another number of rows than the dense features'.
+    """
+    lengths, values = feeds.get(BAG_LENGTHS), feeds.get(BAG_VALUES)
+    if lengths is None or values is None:
+        return
+    negative = np.argwhere(lengths < 0)
+    if negative.size:
+        row, table = (int(v) for v in negative[0])
+        raise RequestError(
+            f"input '{BAG_LENGTHS}': row {row}, table C{table + 1} has a negative bag length "
+            f"({int(lengths[row, table])})"
+        )
+    total = int(lengths.sum())
+    if total != values.size:
+        raise RequestError(
+            f"input '{BAG_LENGTHS}' adds up to {total} ids, but '{BAG_VALUES}' holds {values.size}"
+        )
+    dense = feeds.get(BAG_DENSE)
+    if dense is not None and dense.shape[0] != lengths.shape[0]:
+        raise RequestError(
+            f"input '{BAG_DENSE}' has {dense.shape[0]} rows, '{BAG_LENGTHS}' has {lengths.shape[0]}"
+        )
+
+
 def error_response(error: RequestError) -> Any:
     """The error response of one request."""
     code = pb_utils.TritonError.INVALID_ARG if error.invalid_argument else pb_utils.TritonError.INTERNAL
@@ -209,6 +250,8 @@ class BatchedModel:
 
         parameters = config.get("parameters", {})
         self._allow_non_finite = flag_parameter(parameters, "allow_non_finite_inputs")
+        hotness = str(parameters.get("hotness", {}).get("string_value", "")).strip()
+        self._bags = hotness == VARIABLE_HOTNESS
         loaded = self._load(path, args, parameters)
         pb_utils.Logger.log_info(
             f"{args['model_instance_name']}: {path} {loaded}, "
@@ -264,6 +307,8 @@ class BatchedModel:
             sizes = {name: array.shape[0] for name, array in feeds.items()}
             if len(set(sizes.values())) > 1:
                 raise RequestError(f"inputs disagree on the batch size: {sizes}")
+        if self._bags:
+            check_bags(feeds)
         return feeds
 
     def _run(self, feeds: dict[str, np.ndarray[Any, Any]]) -> list[np.ndarray[Any, Any]]:

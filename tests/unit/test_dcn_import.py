@@ -11,8 +11,16 @@ import pytest
 import torch
 
 from bundle.errors import ExportError
-from bundle.schema import CATEGORICAL_INPUT, DENSE_INPUT, NUM_CATEGORICAL, NUM_DENSE, OUTPUT
-from criteo.multihot import MLPERF_HOTNESS
+from bundle.schema import (
+    CATEGORICAL_INPUT,
+    DENSE_INPUT,
+    LENGTHS_INPUT,
+    NUM_CATEGORICAL,
+    NUM_DENSE,
+    OUTPUT,
+    VALUES_INPUT,
+)
+from criteo.multihot import MLPERF_HOTNESS, BagBatch
 from criteo.tsv import Batch
 from export.importers.dlrm_sources import CheckpointExporter, open_dlrm_source
 from export.importers.sources import SourceOptions
@@ -21,6 +29,7 @@ from tests.torchrec_dcn import (
     CROSS_LAYERS,
     CROSS_RANK,
     DIM,
+    dcn_bag_logits,
     dcn_logits,
     make_dcn,
     old_bias_state,
@@ -260,3 +269,67 @@ def test_a_dcn_with_equal_biases_exports_its_fp16_variant(tmp_path: Path) -> Non
     (answer,) = session.run([OUTPUT], {DENSE_INPUT: batch.dense, CATEGORICAL_INPUT: batch.categorical})
     expected = exporter.predict(batch)
     np.testing.assert_allclose(answer, expected, atol=5e-3, rtol=0)
+
+
+def _bag_columns(bags: BagBatch) -> np.ndarray:
+    return np.repeat(np.tile(np.arange(NUM_CATEGORICAL), len(bags)), bags.lengths.reshape(-1))
+
+
+def test_bags_of_any_size_export_to_torchrecs_own_answers(dcn, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """Values and lengths, empty bags included, any int64 id: the graph, the export's own reference
+    and TorchRec's forward on a KeyedJaggedTensor agree."""
+    torch.save(train_state(dcn), tmp_path / "dcn.pt")
+    exporter = open_dlrm_source(tmp_path / "dcn.pt", SourceOptions(variable_bags=True))
+    assert isinstance(exporter, CheckpointExporter) and exporter.source["hotness"] == "variable"
+    bags = exporter.model_rows(_batch(128, seed=6))
+    assert isinstance(bags, BagBatch) and (bags.lengths == 0).sum() > 100
+    bags = BagBatch(bags.dense, bags.values, None, bags.lengths)
+    bags.lengths[3] = 0  # a row whose every bag is empty
+    bags = BagBatch(bags.dense, bags.values[: int(bags.lengths.sum())], None, bags.lengths)
+    in_range = np.mod(bags.values, np.asarray(TABLE_SIZES, dtype=np.int64)[_bag_columns(bags)])
+    expected = _sigmoid(dcn_bag_logits(dcn, bags.dense, in_range, bags.lengths))
+    np.testing.assert_allclose(exporter.predict(bags), expected, atol=1e-6, rtol=0)
+    exporter.to_onnx(tmp_path / "dcn.onnx", OPSET)
+    graph = onnx.load(str(tmp_path / "dcn.onnx"))
+    assert [i.name for i in graph.graph.input] == [DENSE_INPUT, VALUES_INPUT, LENGTHS_INPUT]
+    assert "Loop" not in {node.op_type for node in graph.graph.node}
+    session = ort.InferenceSession(str(tmp_path / "dcn.onnx"), providers=["CPUExecutionProvider"])
+    (answer,) = session.run([OUTPUT], bags.inputs())
+    np.testing.assert_allclose(answer, expected, atol=1e-5, rtol=0)
+    # One row alone, and a batch sliced out of the middle, give the same answers.
+    for start, stop in ((0, 1), (50, 77)):
+        (part,) = session.run([OUTPUT], bags.slice(start, stop).inputs())
+        np.testing.assert_allclose(part, expected[start:stop], atol=1e-5, rtol=0)
+
+
+def test_bag_lengths_that_do_not_fit_the_values_are_refused_by_the_graph(dcn, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """With ONNX Runtime's full graph optimizations, as the server runs it: an error, never an answer."""
+    torch.save(dcn.state_dict(), tmp_path / "dcn.pt")
+    exporter = open_dlrm_source(tmp_path / "dcn.pt", SourceOptions(variable_bags=True))
+    exporter.to_onnx(tmp_path / "dcn.onnx", OPSET)
+    session = ort.InferenceSession(str(tmp_path / "dcn.onnx"), providers=["CPUExecutionProvider"])
+    bags = exporter.model_rows(_batch(8, seed=2))
+    dense, values, lengths = bags.dense, bags.values, bags.lengths.copy()
+    short = lengths.copy()
+    short[0, 0] += 1  # the lengths add up to one more than the values
+    long = lengths.copy()
+    long[long > 0] -= 1  # to fewer
+    negative = lengths.copy()
+    negative[2, 5], negative[2, 6] = -1, negative[2, 6] + 1  # a negative length, same sum
+    for name, bad in (("more", short), ("fewer", long), ("negative", negative)):
+        with pytest.raises(Exception, match="out of"):
+            session.run([OUTPUT], {DENSE_INPUT: dense, VALUES_INPUT: values, LENGTHS_INPUT: bad})
+        assert name
+
+
+def test_bags_of_any_size_refuse_what_cannot_carry_them(tmp_path: Path) -> None:
+    from bundle.errors import ConfigError
+
+    torch.save(make_dcn(seed=1).state_dict(), tmp_path / "dcn.pt")
+    with pytest.raises(ConfigError, match="no fixed hotness"):
+        SourceOptions(variable_bags=True, hotness=MLPERF_HOTNESS)
+    exporter = open_dlrm_source(tmp_path / "dcn.pt", SourceOptions(variable_bags=True))
+    with pytest.raises(ConfigError, match="opset >= 16"):
+        exporter.to_onnx(tmp_path / "dcn.onnx", 15)
+    with pytest.raises(ExportError, match="TorchScript variant takes categorical_ids"):
+        exporter.torch_serving()

@@ -129,3 +129,35 @@ def test_bad_spinning_value_fails_the_load(backend: Any, tmp_path: Path) -> None
                 "model_instance_name": f"{config.name}_0",
             }
         )
+
+
+def test_bag_checks_name_the_row_and_table(backend: Any) -> None:
+    """A variable-bag request that does not add up gets one line; the names are the schema's."""
+    from bundle.schema import LENGTHS_INPUT, VALUES_INPUT, VARIABLE_HOTNESS
+
+    batched = sys.modules["batched_model"]
+    assert (batched.BAG_DENSE, batched.BAG_VALUES, batched.BAG_LENGTHS) == (
+        DENSE_INPUT,
+        VALUES_INPUT,
+        LENGTHS_INPUT,
+    )
+    assert batched.VARIABLE_HOTNESS == VARIABLE_HOTNESS
+    lengths = np.ones((3, NUM_CATEGORICAL), dtype=np.int64)
+    feeds = {
+        DENSE_INPUT: np.zeros((3, NUM_DENSE), np.float32),
+        VALUES_INPUT: np.arange(3 * NUM_CATEGORICAL, dtype=np.int64),
+        LENGTHS_INPUT: lengths,
+    }
+    batched.check_bags(feeds)  # fits
+    bad = lengths.copy()
+    bad[2, 5], bad[2, 6] = -1, 3
+    with pytest.raises(batched.RequestError, match=r"row 2, table C6 has a negative bag length \(-1\)"):
+        batched.check_bags({**feeds, LENGTHS_INPUT: bad})
+    more = lengths.copy()
+    more[1, 0] = 4
+    with pytest.raises(batched.RequestError, match="adds up to 81 ids, but 'categorical_values' holds 78"):
+        batched.check_bags({**feeds, LENGTHS_INPUT: more})
+    with pytest.raises(
+        batched.RequestError, match="'dense_features' has 2 rows, 'categorical_lengths' has 3"
+    ):
+        batched.check_bags({**feeds, DENSE_INPUT: np.zeros((2, NUM_DENSE), np.float32)})

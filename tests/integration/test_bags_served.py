@@ -1,0 +1,127 @@
+"""A DLRM-DCNv2 built with the real ``torchrec`` package, exported with ``--hotness variable`` (bags of
+any size, empty ones included) and served by the real local tritonserver: its answers are TorchRec's
+own forward on the same KeyedJaggedTensor, over HTTP and gRPC; lengths that do not fit the values get
+one error line naming the row and table, and the server stays up."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import tritonclient.http as triton_http
+
+from bundle.errors import ClientError
+from bundle.schema import DENSE_INPUT, LENGTHS_INPUT, NUM_CATEGORICAL, NUM_DENSE, VALUES_INPUT
+from clients.triton import TritonClient
+from criteo.multihot import BagBatch, draw_bags
+from criteo.tsv import Batch
+from server import LocalServer
+from tests.byom_torch import TABLE_SIZES
+from tests.torchrec_dcn import dcn_bag_logits, make_dcn, train_state
+
+pytestmark = pytest.mark.integration
+
+ROOT = Path(__file__).resolve().parents[2]
+#: FP16 tables and MLPs around FP32 bag sums, cross net and sigmoid.
+FP16_TOLERANCE = 1e-2
+
+
+@pytest.fixture(scope="module")
+def exported(tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped-def]
+    root = tmp_path_factory.mktemp("bags")
+    model = make_dcn(seed=31)
+    torch.save(train_state(model), root / "dlrm_dcn.pt")
+    done = subprocess.run(
+        [sys.executable, "-m", "export", "dlrm", "--checkpoint", str(root / "dlrm_dcn.pt"),
+         "--hotness", "variable", "--repository", str(root / "repo"), "--no-int8", "--check-rows", "1024"],
+        capture_output=True, text=True, check=False, cwd=ROOT,
+    )  # fmt: skip
+    assert done.returncode == 0, f"export failed:\n{done.stdout}\n{done.stderr}"
+    return model, root / "repo"
+
+
+@pytest.fixture(scope="module")
+def server(start_triton, exported) -> LocalServer:  # type: ignore[no-untyped-def]
+    return start_triton(exported[1])
+
+
+def _bags(rows: int, seed: int) -> BagBatch:
+    rng = np.random.default_rng(seed)
+    dense = np.log1p(rng.integers(0, 1000, (rows, NUM_DENSE))).astype(np.float32)
+    single = rng.integers(-(2**62), 2**62, (rows, NUM_CATEGORICAL), dtype=np.int64)
+    bags = draw_bags(Batch(dense, single, None), seed=seed)
+    lengths = bags.lengths.copy()
+    lengths[1] = 0  # a row of empty bags only
+    starts = bags.row_starts()
+    values = np.concatenate([bags.values[: starts[1]], bags.values[starts[2] :]])
+    return BagBatch(dense, values, None, lengths)
+
+
+def _expected(model, bags: BagBatch) -> np.ndarray:  # type: ignore[no-untyped-def]
+    columns = np.repeat(np.tile(np.arange(NUM_CATEGORICAL), len(bags)), bags.lengths.reshape(-1))
+    in_range = np.mod(bags.values, np.asarray(TABLE_SIZES, dtype=np.int64)[columns])
+    logits = dcn_bag_logits(model, bags.dense, in_range, bags.lengths).astype(np.float64)
+    return (1 / (1 + np.exp(-logits))).astype(np.float32)
+
+
+def test_the_config_and_report_record_bags_of_any_size(exported) -> None:  # type: ignore[no-untyped-def]
+    repository = exported[1]
+    config = (repository / "dlrm_onnx" / "config.pbtxt").read_text()
+    assert 'string_value: "variable"' in config and "max_batch_size" not in config
+    assert VALUES_INPUT in config and LENGTHS_INPUT in config
+    report = json.loads((repository / "dlrm_onnx" / "export_report.json").read_text())
+    assert report["source"]["hotness"] == "variable"
+    assert not (repository / "dlrm_onnx_raw").exists() and not (repository / "dlrm_torch").exists()
+
+
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+def test_served_bags_answer_torchrecs_own_forward(server: LocalServer, exported, protocol: str) -> None:  # type: ignore[no-untyped-def]
+    model = exported[0]
+    bags = _bags(200, seed=3)
+    assert (bags.lengths == 0).sum() > 200
+    expected = _expected(model, bags)
+    assert float(np.std(expected)) > 1e-3
+    url = server.http_url if protocol == "http" else server.grpc_url
+    with TritonClient(url, protocol) as client:  # type: ignore[arg-type]
+        fp32 = client.infer("dlrm_onnx", bags.inputs())
+        fp16 = client.infer("dlrm_onnx_fp16", bags.inputs())
+        one = client.infer("dlrm_onnx", bags.slice(1, 2).inputs())  # one row, every bag empty
+    np.testing.assert_allclose(fp32, expected, atol=1e-5, rtol=0)
+    np.testing.assert_allclose(fp16, expected, atol=FP16_TOLERANCE, rtol=0)
+    np.testing.assert_allclose(one, expected[1:2], atol=1e-5, rtol=0)
+
+
+def test_lengths_that_do_not_fit_get_one_error_line(server: LocalServer) -> None:
+    bags = _bags(4, seed=4)
+    negative = bags.lengths.copy()
+    negative[2, 5], negative[2, 6] = -1, negative[2, 6] + 1  # same sum, one length negative
+    more = bags.lengths.copy()
+    more[0, 0] += 1
+    cases = {
+        "row 2, table C6 has a negative bag length (-1)": negative,
+        f"adds up to {bags.values.size + 1} ids, but 'categorical_values' holds {bags.values.size}": more,
+    }
+    raw = triton_http.InferenceServerClient(server.http_url)
+    for message, lengths in cases.items():
+        inputs = {DENSE_INPUT: bags.dense, VALUES_INPUT: bags.values, LENGTHS_INPUT: lengths}
+        with TritonClient(server.grpc_url, "grpc") as client, pytest.raises(ClientError) as error:
+            client.infer("dlrm_onnx", inputs)
+        assert "\n" not in str(error.value) and message in str(error.value)
+        # Sent as it is, past the client's checks: the server refuses it in one line and stays up.
+        tensors = []
+        for name, array, dtype in (
+            (DENSE_INPUT, bags.dense, "FP32"),
+            (VALUES_INPUT, bags.values, "INT64"),
+            (LENGTHS_INPUT, lengths, "INT64"),
+        ):
+            tensors.append(triton_http.InferInput(name, list(array.shape), dtype))
+            tensors[-1].set_data_from_numpy(np.ascontiguousarray(array))
+        with pytest.raises(Exception, match=message.replace("(", r"\(").replace(")", r"\)")):
+            raw.infer("dlrm_onnx", tensors)
+    assert raw.is_server_live() and raw.is_model_ready("dlrm_onnx")
+    raw.close()
