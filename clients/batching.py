@@ -18,6 +18,7 @@ from typing import Protocol, TypeVar, cast
 import numpy as np
 
 from bundle.errors import ClientError, ConfigError
+from criteo.multihot import fixed_bags, iter_bag_batches
 from criteo.tsv import Batch, RowText, iter_batches, iter_row_text
 
 Item = TypeVar("Item")
@@ -81,6 +82,27 @@ def file_batches(path: Path | str, batch_size: int, max_rows: int | None = None)
         DataError: the file is missing or a row is malformed (with its file:line).
     """
     return _first_rows(lambda: iter_batches(path, chunk_rows=batch_size), batch_size, max_rows)
+
+
+def bag_file_batches(
+    path: Path | str, batch_size: int, max_rows: int | None = None, hotness: tuple[int, ...] | None = None
+) -> Iterator[Batch]:
+    """Batches of a file in the multi-hot text format (:mod:`criteo.multihot`), for a model of bags:
+    ``B x H`` ``categorical_ids`` for one of fixed ``hotness``, values and lengths for bags of any
+    size (``hotness`` None).
+
+    Raises:
+        DataError: the file is missing, a row is malformed (its file:line), or a bag's size is not
+            the model's hotness (its row and table).
+    """
+
+    def chunks() -> Iterator[Batch]:
+        row = 0
+        for bags in iter_bag_batches(path, chunk_rows=batch_size):
+            yield bags if hotness is None else fixed_bags(bags, hotness, first_row=row)
+            row += len(bags)
+
+    return _first_rows(chunks, batch_size, max_rows)
 
 
 def row_text_batches(path: Path | str, batch_size: int, max_rows: int | None = None) -> Iterator[RowText]:

@@ -26,9 +26,10 @@ import numpy as np
 from bundle.errors import ClientError, ConfigError
 from bundle.schema import OUTPUT
 from clients.aio import AsyncTritonClient
-from clients.batching import Rows, file_batches, row_text_batches
+from clients.batching import Rows, bag_file_batches, file_batches, row_text_batches
 from clients.options import ClientOptions
 from clients.triton import TritonClient
+from clients.validation import ModelSpec
 
 logger = logging.getLogger(__name__)
 
@@ -98,7 +99,8 @@ def run_file(
     Args:
         client: the server endpoint and connection options.
         model: model name.
-        path: a Criteo TSV file (labeled or not).
+        path: a Criteo TSV file (labeled or not); for a model of bags (its config's ``hotness``),
+            a file of the multi-hot text format (:mod:`criteo.multihot`).
         options: batch size, sync/async, requests in flight, row limit.
         sink: called with ``(batch, B x 1 probabilities)`` per batch, in file order.
 
@@ -107,11 +109,13 @@ def run_file(
         DataError: a malformed row (with its file:line).
     """
     started = time.perf_counter()
-    batches: Iterable[Rows] = (
-        row_text_batches(path, options.batch_size, options.max_rows)
-        if options.raw
-        else file_batches(path, options.batch_size, options.max_rows)
-    )
+    batches: Iterable[Rows]
+    if options.raw:
+        batches = row_text_batches(path, options.batch_size, options.max_rows)
+    elif (spec := _bag_model(client, model)) is not None:
+        batches = bag_file_batches(path, options.batch_size, options.max_rows, spec.hotness)
+    else:
+        batches = file_batches(path, options.batch_size, options.max_rows)
     if options.mode == "sync":
         rows = count = 0
         with TritonClient.from_options(client) as sync_client:
@@ -122,6 +126,14 @@ def run_file(
     else:
         rows, count = asyncio.run(_run_async(client, model, batches, options.max_in_flight, sink))
     return RunSummary(model, rows, count, time.perf_counter() - started)
+
+
+def _bag_model(client: ClientOptions, model: str) -> ModelSpec | None:
+    """``model``'s spec when it takes bags (a fixed hotness, or any size): its rows are then read in
+    the multi-hot text format. None for a model of one id per table."""
+    with TritonClient.from_options(client) as probe:
+        spec = probe.model_spec(model)
+    return spec if spec.hotness is not None or spec.variable_bags else None
 
 
 async def _run_async(
@@ -194,7 +206,8 @@ def predict_file(
     Args:
         client: the server endpoint and connection options.
         model: model name.
-        path: a Criteo TSV file (labeled or not).
+        path: a Criteo TSV file (labeled or not); for a model of bags (its config's ``hotness``),
+            a file of the multi-hot text format (:mod:`criteo.multihot`).
         options: batch size, sync/async, requests in flight, row limit.
         output: the CSV file, or None for standard output.
     """

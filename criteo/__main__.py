@@ -20,6 +20,7 @@ from criteo.coverage import (
     parse_row_bytes,
     write_coverage,
 )
+from criteo.multihot import is_single_hot, parse_bags
 from criteo.profile import AccessProfile, profile_file
 from criteo.synth import SynthConfig, write_tsv
 from criteo.tables import TABLE_SIZE_PRESETS, parse_table_sizes
@@ -45,8 +46,17 @@ def synth(
         ),
     ] = None,
     max_vocabulary: Annotated[int, typer.Option(help="Cap on any table's distinct ids.")] = 200_000,
+    hotness: Annotated[
+        str,
+        typer.Option(
+            help="Ids per table and row: 1 (Criteo's format), or bags in the multi-hot format (each "
+            "field's hex ids comma-separated): mlperf (MLPerf dlrm-v2's 214 per row), one count for all "
+            "26, 26 comma-separated counts, or variable (bags of any size, empty ones included)."
+        ),
+    ] = "1",
 ) -> None:
-    """Write skewed synthetic click logs in the Criteo TSV format."""
+    """Write skewed synthetic click logs in the Criteo TSV format (or its multi-hot form)."""
+    bags = parse_bags(hotness)
     config = SynthConfig(
         rows=rows,
         seed=seed,
@@ -54,6 +64,7 @@ def synth(
         exponent=exponent,
         max_vocabulary=max_vocabulary,
         vocabulary=None if vocabulary is None else parse_table_sizes(vocabulary),
+        bags=None if not isinstance(bags, str) and is_single_hot(bags) else bags,
     )
     with Progress(transient=True) as progress:
         task = progress.add_task(f"writing {out}", total=rows)

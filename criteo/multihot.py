@@ -16,15 +16,18 @@ Bags of any size (``--hotness variable``) travel as values and lengths
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import itertools
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 
 from bundle.errors import ConfigError, DataError
 from bundle.schema import DENSE_INPUT, LENGTHS_INPUT, NUM_CATEGORICAL, VALUES_INPUT, VARIABLE_HOTNESS
+from criteo.preprocess import preprocess_counts
 from criteo.tables import table_offsets
-from criteo.tsv import Batch
+from criteo.tsv import Batch, open_text
 
 #: MLPerf's ``dlrm-v2`` hotness of C1..C26 (214 ids per sample; mlcommons/training
 #: ``recommendation_v2/torchrec_dlrm``, ``--multi_hot_sizes``).
@@ -195,3 +198,123 @@ def draw_bags(batch: Batch, max_lengths: Sequence[int] = DRAWN_MAX_LENGTHS, seed
     with np.errstate(over="ignore"):
         values = np.where(within == 0, owner, owner + offsets)
     return BagBatch(batch.dense, values, batch.labels, lengths)
+
+
+# The multi-hot text format: Criteo's TSV (a label, 13 counts, 26 categorical fields, tab
+# separated; the unlabeled form without the label) whose categorical fields each hold a bag
+# of hex ids separated by commas; an empty field is an empty bag. A Criteo file is one of
+# fixed hotness 1 where no id is missing. ``python -m criteo synth --bags`` writes it.
+BAG_SEPARATOR = ","
+
+
+def parse_bag_lines(lines: Sequence[str], path: str = "<rows>", first_line: int = 1) -> BagBatch:
+    """Rows of the multi-hot text format as a :class:`BagBatch` (labels when each row has 40 fields).
+
+    Raises:
+        DataError: a row with another number of fields, a count or id that is not a number,
+            naming the file, line and column.
+    """
+    rows = len(lines)
+    counts = np.zeros((rows, 13), dtype=np.int64)
+    missing = np.zeros((rows, 13), dtype=bool)
+    lengths = np.zeros((rows, NUM_CATEGORICAL), dtype=np.int64)
+    labels = np.zeros(rows, dtype=np.float32)
+    labeled: bool | None = None
+    ids: list[str] = []
+    for row, line in enumerate(lines):
+        where = f"{path}:{first_line + row}"
+        fields = line.rstrip("\r\n").split("\t")
+        has_label = len(fields) == 1 + 13 + NUM_CATEGORICAL
+        if not has_label and len(fields) != 13 + NUM_CATEGORICAL:
+            raise DataError(f"{where}: {len(fields)} fields, expected 40 (labeled) or 39")
+        if labeled is None:
+            labeled = has_label
+        elif labeled != has_label:
+            raise DataError(f"{where}: {len(fields)} fields where the rows before had {39 + int(labeled)}")
+        if has_label:
+            try:
+                labels[row] = float(fields[0])
+            except ValueError:
+                raise DataError(f"{where}: label {fields[0]!r} is not a number") from None
+            fields = fields[1:]
+        for column, text in enumerate(fields[:13]):
+            if text == "":
+                missing[row, column] = True
+                continue
+            try:
+                counts[row, column] = int(text)
+            except ValueError:
+                raise DataError(f"{where}: I{column + 1} {text!r} is not an integer") from None
+        for table, text in enumerate(fields[13:]):
+            if text == "":
+                continue
+            bag = text.split(BAG_SEPARATOR)
+            lengths[row, table] = len(bag)
+            ids.extend(bag)
+    try:
+        values = np.array([int(text, 16) for text in ids], dtype=np.uint64).astype(np.int64)
+    except (ValueError, OverflowError):
+        bad = next(text for text in ids if not _is_hex(text))
+        raise DataError(f"{path}: id {bad!r} is not a hex number of at most 64 bits") from None
+    dense = preprocess_counts(counts, missing)
+    return BagBatch(dense, values, labels if labeled else None, lengths)
+
+
+def _is_hex(text: str) -> bool:
+    try:
+        return 0 <= int(text, 16) < 2**64
+    except ValueError:
+        return False
+
+
+def iter_bag_batches(path: Path | str, chunk_rows: int = 65536) -> Iterator[BagBatch]:
+    """Stream a file of the multi-hot text format as :class:`BagBatch` chunks."""
+    path = Path(path)
+    if not path.is_file():
+        raise DataError(f"{path}: no such file")
+    with open_text(path) as handle:
+        first = 1
+        while True:
+            lines = list(itertools.islice(handle, chunk_rows))
+            if not lines:
+                return
+            yield parse_bag_lines(lines, str(path), first)
+            first += len(lines)
+
+
+def fixed_bags(bags: BagBatch, hotness: Sequence[int], first_row: int = 0) -> Batch:
+    """Bags of a fixed size per table as ``categorical_ids`` ``B x H`` (C1's bag first).
+
+    Raises:
+        DataError: a row whose bag has another size than ``hotness`` says, naming the row and table.
+    """
+    counts = np.asarray(check_hotness(hotness), dtype=np.int64)
+    wrong = np.argwhere(bags.lengths != counts[None, :])
+    if wrong.size:
+        row, table = (int(v) for v in wrong[0])
+        raise DataError(
+            f"row {first_row + row + 1}, table C{table + 1}: {int(bags.lengths[row, table])} ids, "
+            f"the model's bags hold {int(counts[table])}"
+        )
+    return Batch(bags.dense, bags.values.reshape(len(bags), int(counts.sum())), bags.labels)
+
+
+def read_bags(path: Path | str, max_rows: int | None = None) -> BagBatch:
+    """(Up to ``max_rows`` rows of) a file of the multi-hot text format, as one :class:`BagBatch`."""
+    parts: list[BagBatch] = []
+    total = 0
+    for bags in iter_bag_batches(path):
+        if max_rows is not None and total + len(bags) >= max_rows:
+            parts.append(bags.slice(0, max_rows - total))
+            break
+        parts.append(bags)
+        total += len(bags)
+    if not parts:
+        raise DataError(f"{path}: no rows")
+    labels = None if parts[0].labels is None else np.concatenate([p.labels for p in parts])
+    return BagBatch(
+        np.concatenate([p.dense for p in parts]),
+        np.concatenate([p.values for p in parts]),
+        labels,
+        np.concatenate([p.lengths for p in parts]),
+    )

@@ -7,6 +7,11 @@ features (per-id weights, count weights and one cross term), so a trained
 model can learn them. The hidden model depends only on ``model_seed``: files
 written with different ``seed`` values share it, which makes a train file and
 a held-out file of the same task.
+
+With ``bags`` (:class:`SynthConfig`) each row holds a bag of ids per table, written
+in the multi-hot text format of :mod:`criteo.multihot` (a field's ids separated by
+commas, an empty field an empty bag); the hidden model then scores a bag by the
+mean of its ids' weights, so every id of it carries signal.
 """
 
 from __future__ import annotations
@@ -18,7 +23,7 @@ from pathlib import Path
 import numpy as np
 
 from bundle.errors import ConfigError
-from bundle.schema import NUM_CATEGORICAL, NUM_DENSE
+from bundle.schema import NUM_CATEGORICAL, NUM_DENSE, VARIABLE_HOTNESS
 from criteo.tables import check_table_sizes
 
 
@@ -36,6 +41,10 @@ class SynthConfig:
             sizes), each capped at ``max_vocabulary``; None: 26 sizes spread
             log-uniformly from 10 to ``max_vocabulary``, in a shuffled order.
         chunk_rows: rows generated and written per step.
+        bags: None for one id per table (Criteo's format); 26 counts for bags of that
+            fixed size per table (MLPerf's hotness, say); or
+            :data:`bundle.schema.VARIABLE_HOTNESS` for bags of any size, table ``t``'s drawn
+            uniformly from 0 to twice MLPerf's hotness for it (empty bags included).
     """
 
     rows: int
@@ -45,8 +54,13 @@ class SynthConfig:
     max_vocabulary: int = 200_000
     vocabulary: tuple[int, ...] | None = None
     chunk_rows: int = 50_000
+    bags: tuple[int, ...] | str | None = None
 
     def __post_init__(self) -> None:
+        if isinstance(self.bags, str) and self.bags != VARIABLE_HOTNESS:
+            raise ConfigError(f"bags must be 26 counts or {VARIABLE_HOTNESS!r}, got {self.bags!r}")
+        if isinstance(self.bags, tuple) and (len(self.bags) != NUM_CATEGORICAL or min(self.bags) < 1):
+            raise ConfigError(f"bags need {NUM_CATEGORICAL} counts >= 1, got {self.bags}")
         if self.rows <= 0:
             raise ConfigError(f"rows must be positive, got {self.rows}")
         if not 0.0 < self.exponent <= 4.0:
@@ -145,6 +159,10 @@ def generate_lines(config: SynthConfig) -> Iterator[list[str]]:
     remaining = config.rows
     while remaining > 0:
         n = min(config.chunk_rows, remaining)
+        if config.bags is not None:
+            yield _bag_lines(model, rng, n, config.bags)
+            remaining -= n
+            continue
         labels, counts, count_missing, ranks, id_missing = model.sample(rng, n)
         count_text = counts.astype(str).astype(object)
         count_text[count_missing] = ""
@@ -155,6 +173,43 @@ def generate_lines(config: SynthConfig) -> Iterator[list[str]]:
         columns = np.concatenate([labels.astype(str).astype(object)[:, None], count_text, id_text], axis=1)
         yield ["\t".join(row) + "\n" for row in columns.tolist()]
         remaining -= n
+
+
+def _bag_lines(
+    model: HiddenModel, rng: np.random.Generator, n: int, bags: tuple[int, ...] | str
+) -> list[str]:
+    """``n`` rows of bags, labeled by ``model`` with each bag's mean id weight in place of its id's."""
+    from criteo.multihot import DRAWN_MAX_LENGTHS
+
+    if isinstance(bags, str):
+        lengths = rng.integers(0, np.asarray(DRAWN_MAX_LENGTHS) + 1, size=(n, NUM_CATEGORICAL))
+    else:
+        lengths = np.tile(np.asarray(bags, dtype=np.int64), (n, 1))
+    _, counts, count_missing, _, _ = model.sample(rng, n)
+    bag_weight = np.zeros((n, NUM_CATEGORICAL))
+    id_text = np.empty((n, NUM_CATEGORICAL), dtype=object)
+    for t, cdf in enumerate(model.cdf):
+        sizes = lengths[:, t]
+        ranks = np.minimum(np.searchsorted(cdf, rng.random(int(sizes.sum()))), cdf.size - 1)
+        ends = np.cumsum(sizes)
+        running = np.concatenate(([0.0], np.cumsum(model.id_weights[t][ranks])))
+        sums = running[ends] - running[ends - sizes]
+        bag_weight[:, t] = np.where(sizes > 0, sums / np.maximum(sizes, 1), 0.0)
+        hexes = model.hex_ids[t][ranks].tolist()
+        spans = zip(ends.tolist(), sizes.tolist(), strict=True)
+        id_text[:, t] = [",".join(hexes[end - size : end]) for end, size in spans]
+    z = np.log1p(np.where(count_missing, 0, np.maximum(counts, 0))) - model.count_mu
+    logit = (
+        model.bias
+        + z @ model.count_weights
+        + bag_weight.sum(axis=1)
+        + model.cross_weight * np.tanh(z[:, 0]) * bag_weight[:, 1] * 2.0
+    )
+    labels = (rng.random(n) < 1.0 / (1.0 + np.exp(-logit))).astype(np.int64)
+    count_text = counts.astype(str).astype(object)
+    count_text[count_missing] = ""
+    columns = np.concatenate([labels.astype(str).astype(object)[:, None], count_text, id_text], axis=1)
+    return ["\t".join(row) + "\n" for row in columns.tolist()]
 
 
 def write_tsv(config: SynthConfig, out: Path, on_rows: Callable[[int], None] | None = None) -> None:

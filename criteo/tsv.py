@@ -92,7 +92,8 @@ class Batch:
         )
 
 
-def _open_text(path: Path) -> IO[str]:
+def open_text(path: Path) -> IO[str]:
+    """A Criteo text file (``.gz`` too) for reading lines."""
     if path.suffix == ".gz":
         return gzip.open(path, "rt", encoding="ascii", newline="\n")
     return open(path, encoding="ascii", newline="\n")
@@ -159,7 +160,7 @@ def iter_raw(path: Path | str, chunk_rows: int = 65536) -> Iterator[RawBatch]:
     line_no = 1
     fields: int | None = None
     try:
-        with _open_text(path) as handle:
+        with open_text(path) as handle:
             while True:
                 lines = []
                 for line in handle:

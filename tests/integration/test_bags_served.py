@@ -125,3 +125,40 @@ def test_lengths_that_do_not_fit_get_one_error_line(server: LocalServer) -> None
             raw.infer("dlrm_onnx", tensors)
     assert raw.is_server_live() and raw.is_model_ready("dlrm_onnx")
     raw.close()
+
+
+def _cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", *args], capture_output=True, text=True, check=False, cwd=ROOT
+    )
+
+
+def test_clients_evaluate_reads_the_multi_hot_text_format(
+    server: LocalServer, exported, tmp_path: Path
+) -> None:  # type: ignore[no-untyped-def]
+    """``criteo synth --hotness variable`` writes bags of any size; ``clients evaluate`` and
+    ``clients infer`` send them as values and lengths, answered as TorchRec answers them."""
+    from criteo.multihot import read_bags
+
+    data = tmp_path / "bags.tsv"
+    made = _cli(
+        "criteo", "synth", "--rows", "700", "--seed", "5", "--hotness", "variable", "--out", str(data)
+    )
+    assert made.returncode == 0, made.stderr
+    bags = read_bags(data)
+    assert (bags.lengths == 0).any() and bags.labels is not None
+    evaluated = _cli(
+        "clients", "evaluate", "--url", server.grpc_url, "--input", str(data), "--model", "dlrm_onnx",
+        "--batch-size", "256", "--json",
+    )  # fmt: skip
+    assert evaluated.returncode == 0, evaluated.stderr
+    scores = json.loads(evaluated.stdout)["scores"]
+    assert scores[0]["name"] == "dlrm_onnx" and scores[0]["rows"] == 700
+    out = tmp_path / "p.csv"
+    inferred = _cli(
+        "clients", "infer", "--url", server.http_url, "--protocol", "http", "--input", str(data),
+        "--model", "dlrm_onnx", "--batch-size", "300", "--output", str(out),
+    )  # fmt: skip
+    assert inferred.returncode == 0, inferred.stderr
+    served = np.loadtxt(out, delimiter=",", skiprows=1, dtype=np.float32).reshape(-1, 1)
+    np.testing.assert_allclose(served, _expected(exported[0], bags), atol=1e-5, rtol=0)

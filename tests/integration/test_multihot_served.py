@@ -98,3 +98,26 @@ def test_rows_with_another_number_of_ids_get_one_error_line(server: LocalServer)
         raw.infer("dlrm_onnx", inputs)
     assert raw.is_server_live() and raw.is_model_ready("dlrm_onnx")
     raw.close()
+
+
+def test_clients_evaluate_sends_fixed_bags_and_names_a_bag_of_another_size(
+    server: LocalServer, tmp_path: Path
+) -> None:
+    """``criteo synth --hotness mlperf`` rows scored through the server; a file whose bags have
+    other sizes gets one line naming the row and table."""
+    cli = [sys.executable, "-m"]
+    data, other = tmp_path / "mlperf.tsv", tmp_path / "three.tsv"
+    for path, hotness in ((data, "mlperf"), (other, "3")):
+        made = subprocess.run(
+            [*cli, "criteo", "synth", "--rows", "300", "--hotness", hotness, "--out", str(path)],
+            capture_output=True, text=True, check=False, cwd=ROOT,
+        )  # fmt: skip
+        assert made.returncode == 0, made.stderr
+    args = ["clients", "evaluate", "--url", server.grpc_url, "--model", "dlrm_onnx", "--json", "--input"]
+    done = subprocess.run([*cli, *args, str(data)], capture_output=True, text=True, check=False, cwd=ROOT)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["scores"][0]["rows"] == 300
+    refused = subprocess.run([*cli, *args, str(other)], capture_output=True, text=True, check=False, cwd=ROOT)
+    assert refused.returncode != 0
+    assert "row 1, table C1: 3 ids, the model's bags hold 3" not in refused.stderr
+    assert "row 1, table C2: 3 ids, the model's bags hold 2" in refused.stderr
