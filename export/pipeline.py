@@ -45,6 +45,7 @@ from bundle.repository import (
 )
 from bundle.schema import raw_model_name
 from bundle.staging import RepositoryWrite
+from criteo.multihot import fixed_bags, read_bags
 from criteo.tsv import Batch, read_batch
 from export.framework import FrameworkExporter, StreamedTables, TorchSource
 from export.graphs.fp16 import convert_to_fp16
@@ -224,6 +225,18 @@ def family_models(family: str) -> tuple[str, ...]:
     )
 
 
+def read_rows(exporter: FrameworkExporter | None, path: Path, max_rows: int) -> Batch:
+    """Up to ``max_rows`` rows of ``path`` as the model takes them: a model of bags (a fixed
+    hotness, or bags of any size) reads the multi-hot text format (:mod:`criteo.multihot`),
+    every other model Criteo's."""
+    hotness = getattr(exporter, "hotness", None)
+    if bool(getattr(exporter, "variable_bags", False)):
+        return read_bags(path, max_rows)
+    if hotness is not None:
+        return fixed_bags(read_bags(path, max_rows), hotness)
+    return read_batch(path, max_rows)
+
+
 def model_rows(exporter: FrameworkExporter, batch: Batch) -> Batch:
     """``batch`` as ``exporter``'s model takes it: a multi-hot model's exporter makes each
     table's bag from the row's id (``model_rows``); every other model takes the rows as they are."""
@@ -233,7 +246,14 @@ def model_rows(exporter: FrameworkExporter, batch: Batch) -> Batch:
 
 def _export_family(exporter: FrameworkExporter, options: ExportOptions) -> list[ExportedModel]:
     """:func:`export_family` into ``options.repository`` (the staging repository)."""
-    rows = model_rows(exporter, check_rows(options.check_data, options.check_rows))
+    if options.check_data is not None:
+        rows = read_rows(exporter, options.check_data, options.check_rows)
+        if len(rows) < options.check_rows:
+            raise ExportError(
+                f"{options.check_data} has {len(rows)} rows; the checks need {options.check_rows}"
+            )
+    else:
+        rows = model_rows(exporter, check_rows(None, options.check_rows))
     if options.placement.stream_tables:  # no all-in-graph graph: the tables may not fit in memory
         streamed = place_streamed(exporter, rows, options)
         ensemble = ExportedModel(
@@ -579,7 +599,7 @@ def _export_torch(
         raise
 
 
-def calibration_rows(options: ExportOptions) -> tuple[Batch, str]:
+def calibration_rows(options: ExportOptions, exporter: FrameworkExporter | None = None) -> tuple[Batch, str]:
     """Rows that calibrate the static INT8 variant, and where they came from.
 
     ``options.calibration_data`` when given (its first rows); else the check
@@ -589,12 +609,12 @@ def calibration_rows(options: ExportOptions) -> tuple[Batch, str]:
     """
     wanted = options.quantize.calibration_rows
     if options.calibration_data is not None:
-        batch = read_batch(options.calibration_data, wanted)
+        batch = read_rows(exporter, options.calibration_data, wanted)
         if len(batch) == 0:
             raise ExportError(f"calibration data {options.calibration_data} has no rows")
         return batch, f"{options.calibration_data}: rows 1-{len(batch)}"
     if options.check_data is not None:
-        batch = read_batch(options.check_data, options.check_rows + wanted)
+        batch = read_rows(exporter, options.check_data, options.check_rows + wanted)
         if len(batch) >= options.check_rows + wanted:
             first, last = options.check_rows, options.check_rows + wanted
             return batch.slice(first, last), f"{options.check_data}: rows {first + 1}-{last}"
@@ -615,7 +635,7 @@ def _export_int8(
         calibration: Batch | None = None
         source = ""
         if options.quantize.method == "static":
-            calibration, source = calibration_rows(options)
+            calibration, source = calibration_rows(options, exporter)
             calibration = model_rows(exporter, calibration)
         log.info("quantizing %s to INT8 (%s) at %s", fp32_path, options.quantize.method, path)
         keep = exporter.fp32_nodes(onnx.load(str(fp32_path), load_external_data=False))

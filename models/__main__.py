@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from enum import StrEnum
 from pathlib import Path
 from typing import Annotated
@@ -10,6 +11,8 @@ from typing import Annotated
 import typer
 
 from bundle.cli import new_app, run
+from bundle.errors import ConfigError
+from criteo.multihot import parse_hotness
 from criteo.tables import TABLE_SIZE_PRESETS, parse_table_sizes
 from models.config import DCN_PRESETS, PRESETS, DLRMConfig, TrainConfig, WideDeepConfig
 
@@ -53,6 +56,14 @@ def train(
     valid_fraction: Annotated[float, typer.Option(help="Share of rows held out when no --valid.")] = 0.1,
     max_rows: Annotated[int | None, typer.Option(help="Read at most this many rows.")] = None,
     seed: Annotated[int, typer.Option(help="Seed of initialisation and shuffling.")] = 0,
+    hotness: Annotated[
+        str,
+        typer.Option(
+            help="dlrm: ids per table of a multi-hot model, each table summing its bag: mlperf (MLPerf "
+            "dlrm-v2's 214 per row), one count for all 26, or 26 comma-separated counts; the data is "
+            "then in the multi-hot text format (python -m criteo synth --hotness)."
+        ),
+    ] = "1",
 ) -> None:
     """Train a model; print its validation AUC and logloss."""
     options = TrainConfig(
@@ -67,9 +78,11 @@ def train(
     if architecture is Architecture.dlrm:
         from models.train_dlrm import train_dlrm
 
-        dlrm = DLRMConfig.preset(preset, table_size, sizes)
+        dlrm = replace(DLRMConfig.preset(preset, table_size, sizes), hotness=parse_hotness(hotness))
         metrics = train_dlrm(data, out, dlrm, options, valid)
     else:
+        if hotness != "1":
+            raise ConfigError("--hotness is for dlrm (Wide & Deep takes one id per table)")
         from models.train_wide_deep import train_wide_deep
 
         wide_deep = WideDeepConfig.preset(preset, table_size, sizes)

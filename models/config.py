@@ -82,6 +82,9 @@ class DLRMConfig:
             ``cross_layers`` low-rank cross layers over ``x0 = [x, e_1..e_26]``).
         cross_layers: ``dcn``: layers of the cross net (0 for ``dot``).
         cross_rank: ``dcn``: their low-rank dimension (0 for ``dot``).
+        hotness: ids per table of a multi-hot model (C1..C26), each table summing its bag of
+            that many ids (MLPerf's DCNv2: :data:`criteo.multihot.MLPERF_HOTNESS`); None: one id
+            per table. The ids are then ``B x H``, C1's bag first.
     """
 
     table_sizes: tuple[int, ...]
@@ -91,10 +94,16 @@ class DLRMConfig:
     interaction: Interaction = "dot"
     cross_layers: int = 0
     cross_rank: int = 0
+    hotness: tuple[int, ...] | None = None
     kind: Literal["dlrm"] = field(default="dlrm", init=False)
 
     def __post_init__(self) -> None:
         _check_sizes(self.table_sizes)
+        if self.hotness is not None:
+            from criteo.multihot import check_hotness, is_single_hot
+
+            counts = check_hotness(self.hotness)
+            object.__setattr__(self, "hotness", None if is_single_hot(counts) else counts)
         _check_layers("bottom_mlp", self.bottom_mlp)
         _check_layers("top_mlp", self.top_mlp)
         if self.bottom_mlp[-1] != self.embedding_dim:
@@ -284,6 +293,7 @@ def load_config(directory: Path) -> ModelConfig:
                 interaction=data.get("interaction", "dot"),
                 cross_layers=int(data.get("cross_layers", 0)),
                 cross_rank=int(data.get("cross_rank", 0)),
+                hotness=tuple(int(h) for h in data["hotness"]) if data.get("hotness") else None,
             )
         if kind == "wide_deep":
             return WideDeepConfig(

@@ -9,7 +9,18 @@ from criteo.tsv import Batch, read_batch
 from models.config import TrainConfig
 
 
-def load_split(data: Path, valid: Path | None, train: TrainConfig) -> tuple[Batch, Batch]:
+def _read(path: Path, max_rows: int | None, hotness: tuple[int, ...] | None) -> Batch:
+    """A Criteo file's rows, or, for a multi-hot model, a multi-hot text file's (``B x H`` bags)."""
+    if hotness is None:
+        return read_batch(path, max_rows)
+    from criteo.multihot import fixed_bags, read_bags
+
+    return fixed_bags(read_bags(path, max_rows), hotness)
+
+
+def load_split(
+    data: Path, valid: Path | None, train: TrainConfig, hotness: tuple[int, ...] | None = None
+) -> tuple[Batch, Batch]:
     """Read the training rows and the validation rows.
 
     Args:
@@ -17,15 +28,17 @@ def load_split(data: Path, valid: Path | None, train: TrainConfig) -> tuple[Batc
         valid: a separate labeled file for validation, or None to hold out the
             last ``train.valid_fraction`` of ``data`` (click logs are in time order).
         train: training options (``max_rows``, ``valid_fraction``).
+        hotness: a multi-hot model's ids per table: the files are then in the multi-hot text
+            format (:mod:`criteo.multihot`), every bag of its table's size.
 
     Returns:
         ``(train_rows, valid_rows)``, both labeled.
     """
-    rows = read_batch(data, train.max_rows)
+    rows = _read(data, train.max_rows, hotness)
     if rows.labels is None:
         raise DataError(f"{data}: training needs labeled rows (40 fields per line)")
     if valid is not None:
-        valid_rows = read_batch(valid)
+        valid_rows = _read(valid, None, hotness)
         if valid_rows.labels is None:
             raise DataError(f"{valid}: validation needs labeled rows")
         return rows, valid_rows

@@ -170,11 +170,16 @@ class DLRM(nn.Module):
                 for start, size in zip(offsets, config.table_sizes, strict=True):
                     bound = math.sqrt(1.0 / size)
                     self.embedding.weight[start : start + size].uniform_(-bound, bound)
-        sizes = torch.tensor(config.table_sizes, dtype=torch.int64).unsqueeze(0)
+        # Per id position: a multi-hot row holds each table's bag of hotness[t] ids.
+        counts = config.hotness or (1,) * NUM_CATEGORICAL
+        #: Ids per table, in C1..C26 order (the pooling's split; all 1 single-hot).
+        self.bag_sizes = list(counts)
+        per_id = [t for t, h in enumerate(counts) for _ in range(h)]
+        sizes = torch.tensor([config.table_sizes[t] for t in per_id], dtype=torch.int64).unsqueeze(0)
         self.register_buffer("table_sizes", sizes, persistent=False)
         self.register_buffer(
             "table_offsets",
-            torch.tensor(offsets, dtype=torch.int64).unsqueeze(0),
+            torch.tensor([offsets[t] for t in per_id], dtype=torch.int64).unsqueeze(0),
             persistent=False,
         )
         self.interaction: nn.Module
@@ -202,10 +207,15 @@ class DLRM(nn.Module):
         return model
 
     def embed(self, categorical: torch.Tensor) -> torch.Tensor:
-        """Look up every feature in its table: ``B x 26`` int64 -> ``B x 26 x D``."""
+        """Look up every feature in its table: ``B x 26`` int64 -> ``B x 26 x D``; a multi-hot
+        model's ``B x H`` bags are summed per table (one ``Split`` and a ``ReduceSum`` each in ONNX)."""
         # remainder takes the divisor's sign, so negative and huge ids land in [0, T_t).
         rows = torch.remainder(categorical, self.table_sizes) + self.table_offsets
-        return self.embedding(rows)
+        embedded = self.embedding(rows)
+        if self.config.hotness is None:
+            return embedded
+        bags = torch.split(embedded, self.bag_sizes, dim=1)
+        return torch.stack([bag.sum(dim=1) for bag in bags], dim=1)
 
     def logits(self, dense: torch.Tensor, categorical: torch.Tensor) -> torch.Tensor:
         """The ``B x 1`` logits (training uses them with a numerically stable BCE)."""

@@ -91,7 +91,7 @@ def _train(
 
     torch.manual_seed(train.seed)
     started = time.perf_counter()
-    train_rows, valid_rows = load_split(data, valid, train)
+    train_rows, valid_rows = load_split(data, valid, train, model_config.hotness)
     logger.info(
         "read %d training and %d validation rows in %.1f s",
         len(train_rows),

@@ -411,9 +411,12 @@ class CheckpointExporter:
         """``batch`` as the model takes it: each table's bag made from its single id
         (:func:`criteo.multihot.expand`, fixed seed) when the model is multi-hot, or bags of
         drawn sizes (:func:`criteo.multihot.draw_bags`, empty ones included) for bags of any size."""
+        if isinstance(batch, BagBatch) or (self.hotness is None and not self.variable_bags):
+            return batch  # already bags (a multi-hot text file's), or a single-hot model's rows
         if self.variable_bags:
             return draw_bags(batch)
-        if self.hotness is None:
+        assert self.hotness is not None
+        if batch.categorical.shape[1] == sum(self.hotness):
             return batch
         return Batch(batch.dense, expand(batch.categorical, self.hotness), batch.labels)
 

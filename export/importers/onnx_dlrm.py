@@ -25,6 +25,7 @@ import onnx
 
 from bundle.errors import ConfigError, ExportError
 from bundle.schema import NUM_CATEGORICAL, NUM_DENSE
+from criteo.multihot import expand
 from criteo.tables import table_offsets
 from criteo.tsv import Batch
 from export.framework import EXAMPLE_ROWS, TorchServing, own_model_source, small_table_sizes
@@ -98,6 +99,8 @@ class DLRMExporter:
                 f"{weights}: weights do not match {self.checkpoint / 'config.json'} ({exc})"
             ) from None
         self.model = model.eval()
+        #: A multi-hot model's ids per table (its ids are ``B x H``); None: one id per table.
+        self.hotness = config.hotness
 
     @property
     def table_sizes(self) -> tuple[int, ...]:
@@ -107,9 +110,12 @@ class DLRMExporter:
     @property
     def source(self) -> dict[str, Any]:
         """The export report's record of what was exported."""
-        return own_model_source(
+        source = own_model_source(
             "bundle DLRM checkpoint (config.json + model.pt)", self.checkpoint, self.table_sizes
         )
+        if self.hotness is not None:
+            source["hotness"] = list(self.hotness)
+        return source
 
     def _example_inputs(self) -> tuple[torch.Tensor, torch.Tensor]:
         """A traced batch of ``EXAMPLE_ROWS`` rows, ids across the whole int64 range."""
@@ -117,8 +123,16 @@ class DLRMExporter:
 
         generator = torch.Generator().manual_seed(0)
         dense = torch.rand(EXAMPLE_ROWS, NUM_DENSE, generator=generator)
-        ids = torch.randint(-(2**62), 2**62, (EXAMPLE_ROWS, NUM_CATEGORICAL), generator=generator)
+        width = sum(self.hotness) if self.hotness is not None else NUM_CATEGORICAL
+        ids = torch.randint(-(2**62), 2**62, (EXAMPLE_ROWS, width), generator=generator)
         return dense, ids
+
+    def model_rows(self, batch: Batch) -> Batch:
+        """``batch`` as the model takes it: a multi-hot model's bags made from each row's ids
+        (:func:`criteo.multihot.expand`) when the rows have one id per table."""
+        if self.hotness is None or batch.categorical.shape[1] == sum(self.hotness):
+            return batch
+        return Batch(batch.dense, expand(batch.categorical, self.hotness), batch.labels)
 
     def to_onnx(self, out: Path, opset: int) -> None:
         """Write the FP32 ONNX graph to ``out`` (external data beside it when over 2 GB).
@@ -161,6 +175,8 @@ class DLRMExporter:
         """The same layers with tables of at most ``small_rows`` rows (zeros), as an ONNX graph."""
         from models.dlrm import DLRM
 
+        if self.hotness is not None:
+            raise ConfigError("a multi-hot model's tables are not placed hot/cold yet: drop --hot-budget")
         small = dataclasses.replace(
             self.config, table_sizes=small_table_sizes(self.config.table_sizes, small_rows)
         )
@@ -188,7 +204,7 @@ class DLRMExporter:
         the sigmoid is applied in FP32, and the model reduces ids itself."""
         from export.engines.torchscript import Logits
 
-        return TorchServing(Logits(self.model), True, (f"model.{INTERACTION_MODULE}",), None)
+        return TorchServing(Logits(self.model), True, (f"model.{INTERACTION_MODULE}",), None, self.hotness)
 
     def fp32_nodes(self, model: onnx.ModelProto) -> list[str]:
         """Nodes of the FP32 graph that stay FP32 in the FP16 variant.
