@@ -139,17 +139,23 @@ class HiddenModel:
         for t, cdf in enumerate(self.cdf):
             ranks[:, t] = np.minimum(np.searchsorted(cdf, rng.random(n)), cdf.size - 1)
         id_missing = rng.random((n, NUM_CATEGORICAL)) < self.id_missing
-        z = np.log1p(np.where(count_missing, 0, np.maximum(counts, 0))) - self.count_mu
         id_w = np.stack([w[ranks[:, t]] for t, w in enumerate(self.id_weights)], axis=1)
         id_w[id_missing] = 0.0
+        labels = self.draw_labels(rng, counts, count_missing, id_w)
+        return labels, counts, count_missing, ranks, id_missing
+
+    def draw_labels(
+        self, rng: np.random.Generator, counts: np.ndarray, count_missing: np.ndarray, id_weight: np.ndarray
+    ) -> np.ndarray:
+        """Labels drawn from the model's logit, given each row's weight per table (``n x 26``)."""
+        z = np.log1p(np.where(count_missing, 0, np.maximum(counts, 0))) - self.count_mu
         logit = (
             self.bias
             + z @ self.count_weights
-            + id_w.sum(axis=1)
-            + self.cross_weight * np.tanh(z[:, 0]) * id_w[:, 1] * 2.0
+            + id_weight.sum(axis=1)
+            + self.cross_weight * np.tanh(z[:, 0]) * id_weight[:, 1] * 2.0
         )
-        labels = (rng.random(n) < 1.0 / (1.0 + np.exp(-logit))).astype(np.int64)
-        return labels, counts, count_missing, ranks, id_missing
+        return (rng.random(len(counts)) < 1.0 / (1.0 + np.exp(-logit))).astype(np.int64)
 
 
 def generate_lines(config: SynthConfig) -> Iterator[list[str]]:
@@ -198,14 +204,7 @@ def _bag_lines(
         hexes = model.hex_ids[t][ranks].tolist()
         spans = zip(ends.tolist(), sizes.tolist(), strict=True)
         id_text[:, t] = [",".join(hexes[end - size : end]) for end, size in spans]
-    z = np.log1p(np.where(count_missing, 0, np.maximum(counts, 0))) - model.count_mu
-    logit = (
-        model.bias
-        + z @ model.count_weights
-        + bag_weight.sum(axis=1)
-        + model.cross_weight * np.tanh(z[:, 0]) * bag_weight[:, 1] * 2.0
-    )
-    labels = (rng.random(n) < 1.0 / (1.0 + np.exp(-logit))).astype(np.int64)
+    labels = model.draw_labels(rng, counts, count_missing, bag_weight)
     count_text = counts.astype(str).astype(object)
     count_text[count_missing] = ""
     columns = np.concatenate([labels.astype(str).astype(object)[:, None], count_text, id_text], axis=1)

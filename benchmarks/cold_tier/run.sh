@@ -10,8 +10,9 @@
 #   1. python -m criteo synth (train and held-out), python -m criteo profile,
 #      python -m export synthetic-hot-cold twice, --store-dtype float16 and int8 (a store is reused
 #      when WORK already holds it);
-#   2. python -m loadtest cold-reads: the stage's ways of reading cold rows, in one process, on the
-#      FP16 store evicted from the page cache, beside the disk's own random-read rate (cold_reads.md);
+#   2. python -m loadtest cold-reads: the stage's ways of reading cold rows, in one process, six
+#      rounds, on the FP16 store evicted from the page cache, beside the disk's own random-read rate
+#      (cold_reads.md);
 #   3. python -m loadtest cold-tier: both models served by the local tritonserver, reading cold rows
 #      the default way (io_uring), at batch 64 and 1024, concurrency 1 and 4, with the store evicted
 #      (cold) and in memory (warm), the held-out rows sent in order, each once per step, three rounds
@@ -23,8 +24,8 @@
 #
 #   bash benchmarks/cold_tier/run.sh        # from the repository root, after `make setup`
 #
-# About 15 GB of disk in WORK and, on a 2-core machine, about 70 minutes (10 for the data and the
-# models, 1 for cold-reads, about 55 for cold-tier: every step reloads the stage, whose load reads
+# About 15 GB of disk in WORK and, on a 2-core machine, about 50 minutes (12 for the data and the
+# models, 2 for cold-reads, about 32 for cold-tier: every step reloads the stage, whose load reads
 # the whole store to verify it, and a warm step reads all of it into memory).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -46,7 +47,7 @@ for dtype in float16 int8; do
     --profile-data "$WORK/profile" --heldout-data "$WORK/heldout.tsv" --seed 0 2>&1 | tee "$OUT/export-$dtype.log"
 done
 
-python -m loadtest cold-reads --repository "$WORK/repo-float16" --data "$WORK/heldout.tsv" --out "$OUT"
+python -m loadtest cold-reads --repository "$WORK/repo-float16" --data "$WORK/heldout.tsv" --rounds 6 --out "$OUT"
 python -m loadtest cold-tier --repository "$WORK/repo-float16" --repository "$WORK/repo-int8" \
   --data "$WORK/heldout.tsv" --way io_uring --rounds 3 \
   --stage-instances 2 --dense-instances 2 --dense-threads 1 --out "$OUT"

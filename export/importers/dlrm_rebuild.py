@@ -472,13 +472,7 @@ def reference_probabilities(
         for column in layout.columns
     ]
     offsets = [torch.arange(batch) * counts[column] for column in layout.columns]
-    with torch.no_grad():
-        if layout.codebase == "facebookresearch":
-            return module(dense, torch.stack(offsets), per_table)
-        features = {
-            name: (flat, start) for name, flat, start in zip(layout.tables, per_table, offsets, strict=True)
-        }
-        return torch.sigmoid(module(dense, features))
+    return _reference_forward(layout, module, dense, per_table, offsets)
 
 
 def reference_bag_probabilities(
@@ -500,9 +494,21 @@ def reference_bag_probabilities(
         per_table.append(values[columns == column].contiguous())
         sizes = lengths[:, column]
         offsets.append(torch.cumsum(sizes, 0) - sizes)
+    return _reference_forward(layout, module, dense, per_table, offsets)
+
+
+def _reference_forward(
+    layout: DLRMLayout,
+    module: nn.Module,
+    dense: torch.Tensor,
+    per_table: list[torch.Tensor],
+    offsets: list[torch.Tensor],
+) -> torch.Tensor:
+    """The source module's probabilities for each table's bags as ``EmbeddingBag`` takes them: the
+    ids flat, bag after bag (``per_table``, in table order) and each bag's first index (``offsets``)."""
     with torch.no_grad():
         if layout.codebase == "facebookresearch":
-            return module(dense, torch.stack(offsets), per_table)
+            return cast(torch.Tensor, module(dense, torch.stack(offsets), per_table))
         features = {
             name: (flat, start) for name, flat, start in zip(layout.tables, per_table, offsets, strict=True)
         }

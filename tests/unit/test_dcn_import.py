@@ -333,3 +333,31 @@ def test_bags_of_any_size_refuse_what_cannot_carry_them(tmp_path: Path) -> None:
         exporter.to_onnx(tmp_path / "dcn.onnx", 15)
     with pytest.raises(ExportError, match="TorchScript variant takes categorical_ids"):
         exporter.torch_serving()
+
+
+def test_bags_of_any_size_follow_the_feature_order(tmp_path: Path) -> None:
+    """With --feature-order, C<k>'s bag of any size is summed by the table it names."""
+    model = make_dcn(seed=9)
+    torch.save(model.state_dict(), tmp_path / "dcn.pt")
+    order = tuple(f"t_cat_{(i * 7 + 3) % NUM_CATEGORICAL}" for i in range(NUM_CATEGORICAL))
+    exporter = open_dlrm_source(tmp_path / "dcn.pt", SourceOptions(variable_bags=True, feature_order=order))
+    bags = exporter.model_rows(_batch(64, seed=8))
+    assert isinstance(bags, BagBatch)
+    exporter.to_onnx(tmp_path / "dcn.onnx", OPSET)
+    session = ort.InferenceSession(str(tmp_path / "dcn.onnx"), providers=["CPUExecutionProvider"])
+    (answer,) = session.run([OUTPUT], bags.inputs())
+    # TorchRec's input in its own table order: table t's bags are column order.index(t_cat_t)'s.
+    sizes = np.asarray([TABLE_SIZES[int(name.split("_")[-1])] for name in order], dtype=np.int64)
+    column_of = _bag_columns(bags)
+    reduced = np.mod(bags.values, sizes[column_of])
+    columns = [order.index(f"t_cat_{t}") for t in range(NUM_CATEGORICAL)]
+    per_column = [reduced[column_of == c] for c in range(NUM_CATEGORICAL)]
+    lengths = bags.lengths[:, columns]
+    # Back to row-major values in table order, as dcn_bag_logits takes them.
+    starts = [np.concatenate(([0], np.cumsum(bags.lengths[:, c]))) for c in range(NUM_CATEGORICAL)]
+    values = np.concatenate(
+        [per_column[c][starts[c][row] : starts[c][row + 1]] for row in range(len(bags)) for c in columns]
+    )
+    expected = _sigmoid(dcn_bag_logits(model, bags.dense, values, lengths))
+    np.testing.assert_allclose(answer, expected, atol=1e-5, rtol=0)
+    np.testing.assert_allclose(exporter.predict(bags), expected, atol=1e-6, rtol=0)
