@@ -219,12 +219,13 @@ def _cold_lookups(metrics_url: str, stage: str) -> float:
 
 @dataclass(frozen=True)
 class _Cpu:
-    """CPU seconds so far: the server's (tritonserver and its stubs), the stage's stubs', the
-    machine's interrupt handling (I/O completions run there, charged to no process), and the
-    time the hypervisor took from this machine's CPUs (steal; 0 on bare metal)."""
+    """CPU seconds so far: each process of the server's tree (tritonserver and its stubs), which of
+    them are the stage's stubs, the machine's interrupt handling (I/O completions run there, charged
+    to no process), and the time the hypervisor took from this machine's CPUs (steal; 0 on bare
+    metal)."""
 
-    server: float
-    stage: float
+    processes: dict[int, float]
+    stubs: frozenset[int]
     interrupts: float
     steal: float
 
@@ -235,10 +236,22 @@ class _Cpu:
         stubs = {stub.pid for stub in stub_processes(pid)[0] if stub.model == stage} if pid else set()
         machine = psutil.cpu_times()
         return cls(
-            sum(seconds.values()),
-            sum(cpu for process, cpu in seconds.items() if process in stubs),
+            dict(seconds),
+            frozenset(stubs),
             float(machine.irq + machine.softirq),
             float(getattr(machine, "steal", 0.0)),
+        )
+
+    def since(self, before: _Cpu) -> tuple[float, float, float, float]:
+        """Seconds spent from ``before`` to this reading: the server's, the stage's stubs', the
+        interrupts' and the steal. A process gone in between (a stub of a version just unloaded,
+        still exiting when ``before`` was read) counts nothing; one started in between, all of its time."""
+        spent = {pid: max(0.0, cpu - before.processes.get(pid, 0.0)) for pid, cpu in self.processes.items()}
+        return (
+            sum(spent.values()),
+            sum(spent[pid] for pid in self.stubs if pid in spent),
+            self.interrupts - before.interrupts,
+            self.steal - before.steal,
         )
 
 
@@ -492,6 +505,7 @@ def _step(
             raise ConfigError(str(exc.__cause__)) from None
         raise
     stage_requests = max(1, after_count - before_count)
+    server_s, stage_s, interrupts_s, steal_s = after_cpu.since(before_cpu)
     return {
         **asdict(at),
         "resident_at_start_bytes": resident,
@@ -504,10 +518,10 @@ def _step(
         "stage_ms_per_request": (after_ns - before_ns) / stage_requests / 1e6,
         "cold_lookups_per_request": (after_lookups - before_lookups) / stage_requests,
         "pages_read_per_request": max(0, after_pages - before_pages) / PAGE_BYTES / stage_requests,
-        "server_cpu_ms_per_request": (after_cpu.server - before_cpu.server) / stage_requests * 1e3,
-        "stage_cpu_ms_per_request": (after_cpu.stage - before_cpu.stage) / stage_requests * 1e3,
-        "interrupt_cpu_ms_per_request": (after_cpu.interrupts - before_cpu.interrupts) / stage_requests * 1e3,
-        "steal_cpu_ms_per_request": (after_cpu.steal - before_cpu.steal) / stage_requests * 1e3,
+        "server_cpu_ms_per_request": server_s / stage_requests * 1e3,
+        "stage_cpu_ms_per_request": stage_s / stage_requests * 1e3,
+        "interrupt_cpu_ms_per_request": interrupts_s / stage_requests * 1e3,
+        "steal_cpu_ms_per_request": steal_s / stage_requests * 1e3,
     }
 
 
