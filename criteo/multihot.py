@@ -24,7 +24,14 @@ from pathlib import Path
 import numpy as np
 
 from bundle.errors import ConfigError, DataError
-from bundle.schema import DENSE_INPUT, LENGTHS_INPUT, NUM_CATEGORICAL, VALUES_INPUT, VARIABLE_HOTNESS
+from bundle.schema import (
+    DENSE_INPUT,
+    LENGTHS_INPUT,
+    NUM_CATEGORICAL,
+    NUM_DENSE,
+    VALUES_INPUT,
+    VARIABLE_HOTNESS,
+)
 from criteo.preprocess import preprocess_counts
 from criteo.tables import table_offsets
 from criteo.tsv import Batch, open_text
@@ -167,10 +174,14 @@ class BagBatch(Batch):
         """The same bags holding other ids (``N`` int64)."""
         return BagBatch(self.dense, np.asarray(values, dtype=np.int64), self.labels, self.lengths)
 
+    def value_columns(self) -> np.ndarray:
+        """The column (0 = C1) of each value: ``N`` int64."""
+        return np.repeat(np.tile(np.arange(NUM_CATEGORICAL), len(self)), self.lengths.reshape(-1))
+
     def per_table(self) -> tuple[list[np.ndarray], list[np.ndarray]]:
         """Each table's ids, bag after bag (row order), and its bags' lengths: the layout of
         TorchRec's ``KeyedJaggedTensor`` (one key per table, C1..C26)."""
-        column = np.repeat(np.tile(np.arange(NUM_CATEGORICAL), len(self)), self.lengths.reshape(-1))
+        column = self.value_columns()
         values = [self.categorical[column == c] for c in range(NUM_CATEGORICAL)]
         return values, [self.lengths[:, c].copy() for c in range(NUM_CATEGORICAL)]
 
@@ -203,7 +214,7 @@ def draw_bags(batch: Batch, max_lengths: Sequence[int] = DRAWN_MAX_LENGTHS, seed
 # The multi-hot text format: Criteo's TSV (a label, 13 counts, 26 categorical fields, tab
 # separated; the unlabeled form without the label) whose categorical fields each hold a bag
 # of hex ids separated by commas; an empty field is an empty bag. A Criteo file is one of
-# fixed hotness 1 where no id is missing. ``python -m criteo synth --bags`` writes it.
+# fixed hotness 1 where no id is missing. ``python -m criteo synth --hotness`` writes it.
 BAG_SEPARATOR = ","
 
 
@@ -215,8 +226,8 @@ def parse_bag_lines(lines: Sequence[str], path: str = "<rows>", first_line: int 
             naming the file, line and column.
     """
     rows = len(lines)
-    counts = np.zeros((rows, 13), dtype=np.int64)
-    missing = np.zeros((rows, 13), dtype=bool)
+    counts = np.zeros((rows, NUM_DENSE), dtype=np.int64)
+    missing = np.zeros((rows, NUM_DENSE), dtype=bool)
     lengths = np.zeros((rows, NUM_CATEGORICAL), dtype=np.int64)
     labels = np.zeros(rows, dtype=np.float32)
     labeled: bool | None = None
@@ -224,8 +235,8 @@ def parse_bag_lines(lines: Sequence[str], path: str = "<rows>", first_line: int 
     for row, line in enumerate(lines):
         where = f"{path}:{first_line + row}"
         fields = line.rstrip("\r\n").split("\t")
-        has_label = len(fields) == 1 + 13 + NUM_CATEGORICAL
-        if not has_label and len(fields) != 13 + NUM_CATEGORICAL:
+        has_label = len(fields) == 1 + NUM_DENSE + NUM_CATEGORICAL
+        if not has_label and len(fields) != NUM_DENSE + NUM_CATEGORICAL:
             raise DataError(f"{where}: {len(fields)} fields, expected 40 (labeled) or 39")
         if labeled is None:
             labeled = has_label
@@ -237,7 +248,7 @@ def parse_bag_lines(lines: Sequence[str], path: str = "<rows>", first_line: int 
             except ValueError:
                 raise DataError(f"{where}: label {fields[0]!r} is not a number") from None
             fields = fields[1:]
-        for column, text in enumerate(fields[:13]):
+        for column, text in enumerate(fields[:NUM_DENSE]):
             if text == "":
                 missing[row, column] = True
                 continue
@@ -245,7 +256,7 @@ def parse_bag_lines(lines: Sequence[str], path: str = "<rows>", first_line: int 
                 counts[row, column] = int(text)
             except ValueError:
                 raise DataError(f"{where}: I{column + 1} {text!r} is not an integer") from None
-        for table, text in enumerate(fields[13:]):
+        for table, text in enumerate(fields[NUM_DENSE:]):
             if text == "":
                 continue
             bag = text.split(BAG_SEPARATOR)

@@ -376,7 +376,7 @@ class CheckpointExporter:
 
         from export.importers.dlrm_rebuild import reference_bag_probabilities
 
-        columns = np.repeat(np.tile(np.arange(NUM_CATEGORICAL), len(batch)), batch.lengths.reshape(-1))
+        columns = batch.value_columns()
         reduced = batch.with_values(np.mod(batch.values, np.asarray(self.sizes, dtype=np.int64)[columns]))
         outputs = []
         for start in range(0, len(batch), PREDICT_CHUNK):

@@ -63,7 +63,7 @@ def _bags(rows: int, seed: int) -> BagBatch:
 
 
 def _expected(model, bags: BagBatch) -> np.ndarray:  # type: ignore[no-untyped-def]
-    columns = np.repeat(np.tile(np.arange(NUM_CATEGORICAL), len(bags)), bags.lengths.reshape(-1))
+    columns = bags.value_columns()
     in_range = np.mod(bags.values, np.asarray(TABLE_SIZES, dtype=np.int64)[columns])
     logits = dcn_bag_logits(model, bags.dense, in_range, bags.lengths).astype(np.float64)
     return (1 / (1 + np.exp(-logits))).astype(np.float32)

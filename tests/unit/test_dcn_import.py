@@ -272,7 +272,7 @@ def test_a_dcn_with_equal_biases_exports_its_fp16_variant(tmp_path: Path) -> Non
 
 
 def _bag_columns(bags: BagBatch) -> np.ndarray:
-    return np.repeat(np.tile(np.arange(NUM_CATEGORICAL), len(bags)), bags.lengths.reshape(-1))
+    return bags.value_columns()
 
 
 def test_bags_of_any_size_export_to_torchrecs_own_answers(dcn, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
