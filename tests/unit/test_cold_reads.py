@@ -18,6 +18,7 @@ from loadtest.benchmarks.cold_reads import (
     run_cold_reads,
     write_cold_reads,
 )
+from server.stages.embedding import hot_cold_lookup
 from server.stages.embedding.hot_cold_lookup import (
     COLD_READS,
     PAGE_BYTES,
@@ -203,3 +204,11 @@ def test_the_benchmark_measures_every_way_on_fresh_rows(
         run_cold_reads(
             ColdReadOptions(repository, data=data, batch_sizes=(4, 16), requests=20, rounds=2), "test"
         )
+
+
+def test_float16_rows_become_float32_bit_for_bit() -> None:
+    # Every float16 bit pattern, NaN payloads and infinities included.
+    every = np.arange(1 << 16, dtype=np.uint16).view(np.float16).reshape(-1, 64)
+    got = hot_cold_lookup._as_float32(every)
+    assert got.dtype == np.float32 and got.shape == every.shape
+    assert got.view(np.uint32).tobytes() == every.astype(np.float32).view(np.uint32).tobytes()

@@ -49,6 +49,21 @@ def test_many_scattered_reads_give_the_files_bytes(ring: Ring, data_file: tuple[
     ring.read(fd, np.zeros(0), np.zeros(0), np.zeros(0))
 
 
+def test_batches_that_wrap_around_the_ring_read_their_own_bytes(
+    ring: Ring, data_file: tuple[int, np.ndarray]
+) -> None:
+    fd, data = data_file
+    rng = np.random.default_rng(3)
+    # 5 + 16 + 13 + 7 + 16 reads into a ring of 16: most batches start mid-ring and wrap.
+    for count in (5, 16, 13, 7, 16):
+        offsets = rng.integers(0, data.size - 256, count).astype(np.uint64)
+        out = np.zeros((count, 256), dtype=np.uint8)
+        # One length for every read.
+        ring.read(fd, offsets, out.ctypes.data + 256 * np.arange(count), 256)
+        expected = np.stack([data[int(o) : int(o) + 256] for o in offsets])
+        assert out.tobytes() == expected.tobytes(), count
+
+
 def test_a_read_past_the_end_or_of_a_bad_file_is_an_error(
     ring: Ring, data_file: tuple[int, np.ndarray]
 ) -> None:

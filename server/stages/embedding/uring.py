@@ -152,6 +152,10 @@ class Ring:
         self._cq_mask = int(words_cq[cq.ring_mask // 4])
         self._cqes = np.frombuffer(cq_ring, dtype=_CQE, count=params.cq_entries, offset=cq.cqes)
         self._sqes = np.frombuffer(sqes, dtype=_SQE, count=params.sq_entries)
+        # Every entry is a read, and carries its own index as user_data, once for all: a
+        # submission writes only fd, offset, address and length.
+        self._sqes["opcode"] = IORING_OP_READ
+        self._sqes["user_data"] = np.arange(params.sq_entries, dtype="<u8")
 
     def _probe(self) -> None:
         """Read 0 bytes of /dev/zero: a kernel before ``IORING_OP_READ`` answers EINVAL."""
@@ -166,18 +170,19 @@ class Ring:
             code = int(-result[0])
             raise RingUnavailable(code, f"io_uring cannot read files here: {os.strerror(code)}")
 
-    def read(self, fd: int, offsets: np.ndarray, addresses: np.ndarray, lengths: np.ndarray) -> None:
+    def read(self, fd: int, offsets: np.ndarray, addresses: np.ndarray, lengths: np.ndarray | int) -> None:
         """Read ``lengths[i]`` bytes at ``offsets[i]`` of ``fd`` into memory at ``addresses[i]``.
 
-        All reads are in flight together (``entries`` at a time) and all are done on return.
-        The caller keeps the memory alive and writable for the call.
+        ``lengths`` may be one int for all reads. All reads are in flight together
+        (``entries`` at a time) and all are done on return. The caller keeps the memory
+        alive and writable for the call.
 
         Raises:
             OSError: a read failed (its error), or came back short at the end of the file.
         """
         offsets = np.asarray(offsets, dtype="<u8")
         addresses = np.asarray(addresses, dtype="<u8")
-        lengths = np.asarray(lengths, dtype="<u4")
+        lengths = np.broadcast_to(np.asarray(lengths, dtype="<u4"), offsets.shape)
         with self._lock:
             for start in range(0, offsets.size, self.entries):
                 stop = start + self.entries
@@ -204,15 +209,16 @@ class Ring:
         """Queue ``n <= entries`` reads, submit them, wait for all; each read's result, in order."""
         n = int(offsets.size)
         tail = int(self._sq_tail[0])
-        slots = (tail + np.arange(n, dtype=np.int64)) & self._sq_mask
-        entries = np.zeros(n, dtype=_SQE)
-        entries["opcode"] = IORING_OP_READ
-        entries["fd"] = fd
-        entries["off"] = offsets
-        entries["addr"] = addresses
-        entries["len"] = lengths
-        entries["user_data"] = np.arange(n, dtype="<u8")
-        self._sqes[slots] = entries
+        first = tail & self._sq_mask
+        # The entries from ``first``, in one or (where the ring wraps) two slices.
+        split = min(n, self.entries - first)
+        for lo, hi, slot in ((0, split, first), (split, n, 0)):
+            if hi > lo:
+                entries = self._sqes[slot : slot + hi - lo]
+                entries["fd"] = fd
+                entries["off"] = offsets[lo:hi]
+                entries["addr"] = addresses[lo:hi]
+                entries["len"] = lengths[lo:hi]
         # The kernel reads the tail inside io_uring_enter, on this thread: no barrier is needed.
         self._sq_tail[0] = (tail + n) & 0xFFFFFFFF
         results = np.empty(n, dtype=np.int64)
@@ -238,19 +244,20 @@ class Ring:
                         continue
                     raise OSError(code, f"io_uring_enter: {os.strerror(code)}")
                 submitted += entered
-            done += self._reap(results)
+            done += self._reap(results, first)
         return results
 
     def _ready(self) -> int:
         return (int(self._cq_tail[0]) - int(self._cq_head[0])) & 0xFFFFFFFF
 
-    def _reap(self, results: np.ndarray) -> int:
-        """Copy the completions waiting in the ring into ``results`` (by user_data); how many."""
+    def _reap(self, results: np.ndarray, first: int) -> int:
+        """Copy the completions waiting in the ring into ``results``, each at its entry's
+        place after ``first`` (its user_data is its entry's index); how many."""
         head = int(self._cq_head[0])
         ready = (int(self._cq_tail[0]) - head) & 0xFFFFFFFF
         if ready:
             done = self._cqes[(head + np.arange(ready, dtype=np.int64)) & self._cq_mask]
-            results[done["user_data"].astype(np.int64)] = done["res"]
+            results[(done["user_data"].astype(np.int64) - first) & self._sq_mask] = done["res"]
             self._cq_head[0] = (head + ready) & 0xFFFFFFFF
         return ready
 
