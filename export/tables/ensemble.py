@@ -75,6 +75,7 @@ from server.stages.embedding.hot_cold_lookup import (
     PARAM_COLD_READ_THREADS,
     PARAM_COLD_READS,
     PARAM_HOT_SET,
+    PARAM_HOTNESS,
     PARAM_ROW_STORE,
     PARAM_ROW_STORE_FINGERPRINT,
     PARAM_TABLE_SIZES,
@@ -154,8 +155,8 @@ def _schema_tensor(name: str) -> tuple[str, int, tuple[int, ...]]:
     return _schema_dims(spec)
 
 
-def _hot_slots() -> tuple[str, int, tuple[int, ...]]:
-    return HOT_SLOTS, mc.TYPE_INT64, (ANY_ROWS, NUM_CATEGORICAL)
+def _hot_slots(positions: int = NUM_CATEGORICAL) -> tuple[str, int, tuple[int, ...]]:
+    return HOT_SLOTS, mc.TYPE_INT64, (ANY_ROWS, positions)
 
 
 def _cold_positions() -> tuple[str, int, tuple[int, ...]]:
@@ -190,6 +191,7 @@ def build_embedding_config(
     store_fingerprint: str = "",
     cold_reads: str = DEFAULT_COLD_READS,
     cold_read_threads: int = DEFAULT_COLD_READ_THREADS,
+    hotness: Sequence[int] | None = None,
 ) -> mc.ModelConfig:
     """The ModelConfig of an embedding stage (python backend, KIND_CPU, ``max_batch_size: 0``).
 
@@ -205,10 +207,12 @@ def build_embedding_config(
         cold_reads: how the stage reads cold rows from the store (``io_uring``, ``prefetch``,
             ``threads`` or ``fault``: :class:`server.stages.embedding.hot_cold_lookup.ColdReads`).
         cold_read_threads: threads of the ``threads`` way (written only for it).
+        hotness: a multi-hot model's ids per bag of each table (None: one id each): the
+            ids and ``hot_slots`` are then ``-1 x H``, ``H`` their sum.
 
     Raises:
         ConfigError: not 26 sizes >= 1, a width below 1, fewer than 1 instance, an
-            empty path, or an unknown way of reading cold rows.
+            empty path, an unknown way of reading cold rows, or not 26 counts >= 1.
     """
     sizes = tuple(int(size) for size in table_sizes)
     if len(sizes) != NUM_CATEGORICAL or min(sizes) < 1:
@@ -223,9 +227,13 @@ def build_embedding_config(
             f"cold reads must be one of {', '.join(COLD_READS)} with threads >= 1, "
             f"got {cold_reads!r} and {cold_read_threads}"
         )
+    counts = None if hotness is None else tuple(int(count) for count in hotness)
+    if counts is not None and (len(counts) != NUM_CATEGORICAL or min(counts) < 1):
+        raise ConfigError(f"hotness must be {NUM_CATEGORICAL} counts >= 1, got {list(counts)}")
+    positions = NUM_CATEGORICAL if counts is None else sum(counts)
     config = mc.ModelConfig(name=name, backend=PYTHON_BACKEND, max_batch_size=0)
-    _add(config.input, _schema_tensor(CATEGORICAL_INPUT))
-    for tensor in (_hot_slots(), _cold_positions(), _cold_rows(width)):
+    _add(config.input, (CATEGORICAL_INPUT, mc.TYPE_INT64, (ANY_ROWS, positions)))
+    for tensor in (_hot_slots(positions), _cold_positions(), _cold_rows(width)):
         _add(config.output, tensor)
     group = config.instance_group.add()
     group.count = instances
@@ -239,6 +247,8 @@ def build_embedding_config(
     config.parameters[PARAM_COLD_READS].string_value = cold_reads
     if cold_reads == COLD_READ_THREADS:
         config.parameters[PARAM_COLD_READ_THREADS].string_value = str(cold_read_threads)
+    if counts is not None:
+        config.parameters[PARAM_HOTNESS].string_value = ",".join(str(count) for count in counts)
     return config
 
 
@@ -354,6 +364,7 @@ def write_embedding_stage(
     version: int = 1,
     cold_reads: str = DEFAULT_COLD_READS,
     cold_read_threads: int = DEFAULT_COLD_READ_THREADS,
+    hotness: Sequence[int] | None = None,
 ) -> Path:
     """Write ``<family>_embedding``: its version folder (the stage's files, the hot set) and config.
 
@@ -374,6 +385,7 @@ def write_embedding_stage(
         version: the model version folder.
         cold_reads: how the stage reads cold rows (see :func:`build_embedding_config`).
         cold_read_threads: threads of the ``threads`` way.
+        hotness: a multi-hot model's ids per bag of each table (None: one id each).
 
     Returns:
         The config path.
@@ -416,6 +428,7 @@ def write_embedding_stage(
         fingerprint,
         cold_reads,
         cold_read_threads,
+        hotness,
     )
     return write_config(repository / name, config)
 

@@ -24,6 +24,7 @@ from server.stages.embedding.hot_cold_lookup import (
     PAGE_BYTES,
     ColdReads,
     HotColdLookup,
+    RequestError,
     StageError,
     dequantize_rows,
     open_store,
@@ -212,3 +213,53 @@ def test_float16_rows_become_float32_bit_for_bit() -> None:
     got = hot_cold_lookup._as_float32(every)
     assert got.dtype == np.float32 and got.shape == every.shape
     assert got.view(np.uint32).tobytes() == every.astype(np.float32).view(np.uint32).tobytes()
+
+
+#: Ids per bag of each table for the multi-hot cases: 1 to 4, so positions and tables differ.
+HOTNESS = tuple(1 + t % 4 for t in range(NUM_CATEGORICAL))
+
+
+def _bag_reference(ids: np.ndarray, tables: list[np.ndarray], hot: HotSet) -> tuple[np.ndarray, ...]:
+    """Hot slots, cold positions and cold rows of ``B x H`` bags, one id at a time."""
+    table_of = np.repeat(np.arange(NUM_CATEGORICAL), HOTNESS)
+    slot_of = [{int(i): s + 1 for s, i in enumerate(table)} for table in hot.ids]
+    slots, positions, rows = np.zeros(ids.shape, dtype=np.int64), [], []
+    for b in range(ids.shape[0]):
+        for p, t in enumerate(table_of):
+            row = int(ids[b, p]) % SIZES[t]
+            slots[b, p] = slot_of[t].get(row, 0)
+            if not slots[b, p]:
+                positions.append(b * ids.shape[1] + p)
+                rows.append(tables[t][row].astype(np.float32))
+    return slots, np.array(positions, dtype=np.int64), np.array(rows, dtype=np.float32).reshape(-1, WIDTH)
+
+
+@pytest.mark.parametrize("way", COLD_READS)
+def test_bags_place_each_id_in_its_tables_rows(store: tuple[Path, Path, list[np.ndarray]], way: str) -> None:
+    store_dir, hot_path, tables = store
+    lookup = HotColdLookup.open(store_dir, hot_path, SIZES, cold_reads=way, threads=3, hotness=HOTNESS)
+    try:
+        assert lookup.positions == sum(HOTNESS)
+        rng = np.random.default_rng(11)
+        # Each table's one-hot cases spread over its bag's positions, repeats and extremes included.
+        one_hot = _requests()
+        table_of = np.repeat(np.arange(NUM_CATEGORICAL), HOTNESS)
+        for name, ids in one_hot.items():
+            bags = ids[:, table_of].copy()
+            bags[:, 1::3] = rng.integers(INT64.min, INT64.max, bags[:, 1::3].shape, dtype=np.int64)
+            placement = lookup.place(lookup.check_ids(bags, "categorical_ids"))
+            slots, positions, rows = _bag_reference(bags, tables, _hot_set())
+            np.testing.assert_array_equal(placement.hot_slots, slots, err_msg=name)
+            np.testing.assert_array_equal(placement.cold_positions, positions, err_msg=name)
+            assert placement.cold_rows.tobytes() == rows.tobytes(), name
+        with pytest.raises(RequestError, match=rf"shape \[2, 26\], expected \[-1, {sum(HOTNESS)}\]"):
+            lookup.check_ids(np.zeros((2, NUM_CATEGORICAL), dtype=np.int64), "categorical_ids")
+    finally:
+        lookup.close()
+
+
+def test_hotness_that_does_not_fit_the_tables_is_refused(store: tuple[Path, Path, list[np.ndarray]]) -> None:
+    store_dir, hot_path, _ = store
+    for hotness in ((2,) * (NUM_CATEGORICAL - 1), (0,) + (1,) * (NUM_CATEGORICAL - 1)):
+        with pytest.raises(StageError, match="hotness must be 26 counts >= 1"):
+            HotColdLookup.open(store_dir, hot_path, SIZES, cold_reads="fault", hotness=hotness)

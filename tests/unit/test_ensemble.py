@@ -223,6 +223,23 @@ def test_the_stage_refuses_what_does_not_fit(tmp_path: Path, store_and_hot_set: 
         write_embedding_stage(repository, "dlrm", store_dir, tmp_path / "missing.npz")
 
 
+def test_a_multi_hot_stage_takes_bags(tmp_path: Path, store_and_hot_set: tuple[Path, Path]) -> None:
+    store_dir, hot_path = store_and_hot_set
+    hotness = tuple(1 + t % 3 for t in range(NUM_CATEGORICAL))
+    width = sum(hotness)
+    config = read_config(
+        write_embedding_stage(tmp_path / "repository", "dlrm", store_dir, hot_path, hotness=hotness)
+    )
+    assert _tensors(config.input) == [(CATEGORICAL_INPUT, mc.TYPE_INT64, [-1, width])]
+    assert _tensors(config.output)[0] == (HOT_SLOTS, mc.TYPE_INT64, [-1, width])
+    assert config.parameters[stage.PARAM_HOTNESS].string_value == ",".join(map(str, hotness))
+    # One id per table writes no hotness: the stage's configs stay as they were.
+    assert stage.PARAM_HOTNESS not in build_embedding_config("s", SIZES, WIDTH, "rows").parameters
+    for wrong in ((2,) * 25, (0,) * 26):
+        with pytest.raises(ConfigError, match="hotness must be 26 counts >= 1"):
+            build_embedding_config("s", SIZES, WIDTH, "rows", hotness=wrong)
+
+
 def test_the_dense_config(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="missing"):
         write_dense_config(tmp_path, "dlrm", WIDTH, ServingConfig())

@@ -108,6 +108,9 @@ PARAM_ROW_STORE_FINGERPRINT = "row_store_fingerprint"
 PARAM_COLD_READS = "cold_reads"
 #: Threads of the ``threads`` way of reading (optional; default :data:`DEFAULT_COLD_READ_THREADS`).
 PARAM_COLD_READ_THREADS = "cold_read_threads"
+#: Config parameter: ids per bag of each table, C1's first (26 comma-separated counts; absent:
+#: one id per table), as the dense models' configs write it.
+PARAM_HOTNESS = "hotness"
 
 #: The ways of reading a request's cold rows (see :class:`ColdReads`).
 COLD_READ_URING = "io_uring"
@@ -886,9 +889,12 @@ class HotColdLookup:
         rows: the store's rows, tables stacked: ``sum(table_sizes) x W`` float32 or float16
             (or an int8 store's bytes, with ``reads`` that decode them).
         reads: how the cold rows are read (default: a plain gather from ``rows``, cast to float32).
+        hotness: ids per bag of each table (None: one id each). The ids are then ``B x H``
+            (``H = sum(hotness)``), table 0's bag first, and each position is placed in its
+            bag's table; positions and slots are per position, as for one id per table.
 
     Raises:
-        StageError: sizes, hot ids or rows that do not fit together.
+        StageError: sizes, hot ids, rows or hotness that do not fit together.
     """
 
     def __init__(
@@ -897,6 +903,7 @@ class HotColdLookup:
         hot_ids: Sequence[np.ndarray],
         rows: np.ndarray,
         reads: ColdReads | None = None,
+        hotness: Sequence[int] | None = None,
     ) -> None:
         sizes = np.asarray(table_sizes, dtype=np.int64)
         if sizes.ndim != 1 or sizes.size == 0 or (sizes < 1).any():
@@ -907,6 +914,17 @@ class HotColdLookup:
             raise StageError(f"the store has {rows.shape} rows, the tables need {int(sizes.sum())} rows")
         self._sizes = sizes
         self._offsets = np.concatenate(([0], np.cumsum(sizes)[:-1])).astype(np.int64)
+        counts = (
+            np.ones(sizes.size, dtype=np.int64) if hotness is None else np.asarray(hotness, dtype=np.int64)
+        )
+        if counts.shape != sizes.shape or (counts < 1).any():
+            raise StageError(f"hotness must be {sizes.size} counts >= 1, got {counts.tolist()}")
+        #: Ids per bag of each table (all 1 for one id per table).
+        self.hotness = tuple(int(count) for count in counts)
+        # Each id position's table: its size and its first row in the store.
+        tables = np.repeat(np.arange(sizes.size), counts)
+        self._position_sizes = sizes[tables]
+        self._position_offsets = self._offsets[tables]
         self._rows = rows
         self.reads = reads if reads is not None else ColdReads(rows, COLD_READ_FAULT)
         keys, slots = [], []
@@ -938,6 +956,7 @@ class HotColdLookup:
         fingerprint: str = "",
         cold_reads: str = DEFAULT_COLD_READS,
         threads: int = DEFAULT_COLD_READ_THREADS,
+        hotness: Sequence[int] | None = None,
     ) -> HotColdLookup:
         """The lookup over a row store folder and a hot-set file, checked against ``table_sizes``.
 
@@ -951,6 +970,7 @@ class HotColdLookup:
                 hot set ("" : not compared).
             cold_reads: how cold rows are read (:class:`ColdReads`).
             threads: threads of the ``threads`` way.
+            hotness: ids per bag of each table (None: one id each).
 
         Raises:
             StageError: a file missing, invalid or damaged, table sizes that differ
@@ -974,7 +994,7 @@ class HotColdLookup:
         hot_sizes, hot_ids = read_hot_ids(hot_set, len(sizes))
         if hot_sizes != sizes:
             raise StageError(f"hot set {hot_set} has table sizes {list(hot_sizes)}, not {list(sizes)}")
-        lookup = cls(sizes, hot_ids, store.data, ColdReads.of_store(store, cold_reads, threads))
+        lookup = cls(sizes, hot_ids, store.data, ColdReads.of_store(store, cold_reads, threads), hotness)
         lookup.store = store
         return lookup
 
@@ -993,8 +1013,13 @@ class HotColdLookup:
         """Hot rows of all tables."""
         return int(self._keys.size)
 
+    @property
+    def positions(self) -> int:
+        """Ids per request row: ``T``, or ``H = sum(hotness)`` for bags."""
+        return int(self._position_sizes.size)
+
     def check_ids(self, ids: Any, name: str) -> np.ndarray:
-        """``ids`` as a ``B x T`` int64 array, ``B >= 1``.
+        """``ids`` as a ``B x T`` (``B x H`` for bags) int64 array, ``B >= 1``.
 
         Raises:
             RequestError: another dtype or shape, naming the input ``name``.
@@ -1002,22 +1027,22 @@ class HotColdLookup:
         array = np.asarray(ids)
         if array.dtype != np.int64:
             raise RequestError(f"input '{name}' has data type {array.dtype}, expected INT64 (int64)")
-        if array.ndim != 2 or array.shape[1] != self.num_tables:
+        if array.ndim != 2 or array.shape[1] != self.positions:
             raise RequestError(
-                f"input '{name}' has shape {list(array.shape)}, expected [-1, {self.num_tables}]"
+                f"input '{name}' has shape {list(array.shape)}, expected [-1, {self.positions}]"
             )
         if array.shape[0] < 1:
             raise RequestError(f"input '{name}' is an empty batch (shape {list(array.shape)})")
         return array
 
     def place(self, ids: np.ndarray) -> Placement:
-        """Hot slots, cold positions and cold rows of ``B x T`` int64 raw ids (any value).
+        """Hot slots, cold positions and cold rows of ``B x T`` (``B x H``) int64 raw ids (any value).
 
         Each id is reduced into its table first (``id mod size``, non-negative, as the
         exported graphs do), so no id is out of range.
         """
-        reduced = np.mod(ids, self._sizes)
-        keys = (reduced + self._offsets).reshape(-1)
+        reduced = np.mod(ids, self._position_sizes)
+        keys = (reduced + self._position_offsets).reshape(-1)
         if self._slot_map is not None:
             slots = self._slot_map[keys].astype(np.int64)
             hot = slots > 0

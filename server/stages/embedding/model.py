@@ -23,8 +23,11 @@ comma-separated sizes, checked against both files) and, optionally,
 ``row_store_fingerprint`` (the store's fingerprint when the stage was exported:
 another store under the same path fails the load; absent, one warning),
 ``cold_reads`` (how cold rows are read from the store: ``io_uring``, the default,
-``prefetch``, ``threads`` or ``fault``; see :class:`hot_cold_lookup.ColdReads`) and
-``cold_read_threads`` (threads of the ``threads`` way).
+``prefetch``, ``threads`` or ``fault``; see :class:`hot_cold_lookup.ColdReads`),
+``cold_read_threads`` (threads of the ``threads`` way) and ``hotness`` (a multi-hot
+model's ids per bag of each table, 26 comma-separated counts: its ids are then
+``B x H``, ``H`` their sum, C1's bag first, and ``26`` above reads ``H``: each position
+is placed in its bag's table).
 
 At load every byte of the store is checked against the checksums in its
 ``store.json`` (see :mod:`hot_cold_lookup`: 6.7 GB/s on two cores here); a damaged
@@ -66,6 +69,7 @@ from hot_cold_lookup import (
     PARAM_COLD_READ_THREADS,
     PARAM_COLD_READS,
     PARAM_HOT_SET,
+    PARAM_HOTNESS,
     PARAM_ROW_STORE,
     PARAM_ROW_STORE_FINGERPRINT,
     PARAM_TABLE_SIZES,
@@ -125,8 +129,26 @@ def _cold_reads(parameters: dict[str, Any], model: str) -> tuple[str, int]:
     return how, threads
 
 
+def _hotness(parameters: dict[str, Any], tables: int, model: str) -> tuple[int, ...] | None:
+    """The config's ids per bag of each table (None where absent: one id per table)."""
+    raw = str(parameters.get(PARAM_HOTNESS, {}).get("string_value", "")).strip()
+    if not raw:
+        return None
+    try:
+        counts = tuple(int(part) for part in raw.split(","))
+    except ValueError:
+        counts = ()
+    if len(counts) != tables or min(counts) < 1:
+        raise pb_utils.TritonModelException(
+            f"model '{model}': parameter '{PARAM_HOTNESS}' must be {tables} comma-separated counts >= 1, "
+            f"got {raw!r}"
+        )
+    return counts
+
+
 def _check_tensors(config: dict[str, Any], tables: int, width: int) -> list[str]:
-    """Problems of the config's tensors against what the stage answers (empty when none)."""
+    """Problems of the config's tensors against what the stage answers (empty when none);
+    ``tables``: ids per request row (26, or the sum of the bags' sizes)."""
     inputs, outputs = config.get("input", []), config.get("output", [])
     if len(inputs) != 1 or len(outputs) != 3:
         return [f"1 input and 3 outputs expected, the config has {len(inputs)} and {len(outputs)}"]
@@ -228,9 +250,16 @@ class TritonPythonModel:
         sizes = _table_sizes(_parameter(parameters, PARAM_TABLE_SIZES, self._name), self._name)
         fingerprint = str(parameters.get(PARAM_ROW_STORE_FINGERPRINT, {}).get("string_value", "")).strip()
         how, threads = _cold_reads(parameters, self._name)
+        hotness = _hotness(parameters, len(sizes), self._name)
         try:
             self._lookup = HotColdLookup.open(
-                store, hot_set, sizes, fingerprint=fingerprint, cold_reads=how, threads=threads
+                store,
+                hot_set,
+                sizes,
+                fingerprint=fingerprint,
+                cold_reads=how,
+                threads=threads,
+                hotness=hotness,
             )
         except StageError as exc:
             raise pb_utils.TritonModelException(f"model '{self._name}': {exc}") from exc
@@ -245,7 +274,7 @@ class TritonPythonModel:
                 f"model '{self._name}': config parameter '{PARAM_ROW_STORE_FINGERPRINT}' is absent: "
                 "a different store under the same path would not be noticed"
             )
-        problems = _check_tensors(config, self._lookup.num_tables, self._lookup.width)
+        problems = _check_tensors(config, self._lookup.positions, self._lookup.width)
         if problems:
             raise pb_utils.TritonModelException(
                 f"model '{self._name}': config.pbtxt does not match the stage: " + "; ".join(problems)
@@ -258,13 +287,14 @@ class TritonPythonModel:
             f"({sum(sizes)} rows x {self._lookup.width}; {checked.check if checked else 'not checked'}), "
             f"{self._lookup.hot_rows} hot rows from {hot_set}; cold reads: {how}"
             + (f" ({threads} threads)" if how == "threads" else "")
+            + (f"; bags of {sum(hotness)} ids a row" if hotness else "")
         )
 
     def _answer(self, request: Any) -> tuple[Any, int, int]:
         """One request's response, with its hot and cold lookup counts.
 
         Raises:
-            RequestError: the input is missing, or not ``B x 26`` int64 with ``B >= 1``.
+            RequestError: the input is missing, or not ``B x 26`` (``B x H``) int64 with ``B >= 1``.
         """
         tensor = pb_utils.get_input_tensor_by_name(request, self._input)
         if tensor is None:
