@@ -93,12 +93,20 @@ def profile_command(
         typer.Option(help=f"Reduce ids into these tables (id mod size) before counting: {_SIZES_HELP}."),
     ] = None,
     max_rows: Annotated[int | None, typer.Option(help="Profile only the first rows.")] = None,
+    bags: Annotated[
+        bool,
+        typer.Option(
+            "--bags",
+            help="The file is of the multi-hot text format (comma-separated ids per field, as "
+            "`synth --hotness` writes): every id of every bag is a lookup.",
+        ),
+    ] = False,
 ) -> None:
     """Measure each table's access skew: lookups per id, and the share its hottest rows serve."""
     sizes = None if table_sizes is None else parse_table_sizes(table_sizes)
     with _row_progress() as progress:
         task = progress.add_task(f"profiling {data}", total=max_rows)
-        profile = profile_file(data, sizes, max_rows, on_rows=lambda n: progress.advance(task, n))
+        profile = profile_file(data, sizes, max_rows, on_rows=lambda n: progress.advance(task, n), bags=bags)
     files = profile.save(out)
     top = profile.summary()["top_share"]
     print(

@@ -348,10 +348,11 @@ def read_profile(
     path: Path | str,
     table_sizes: Sequence[int] | None = None,
     on_rows: Callable[[int], None] | None = None,
+    bags: bool = False,
 ) -> AccessProfile:
     """The access profile at ``path``: a folder :meth:`AccessProfile.save` wrote (or its
     ``counts.npz``), else a Criteo TSV profiled here (:func:`profile_file`, ids reduced into
-    ``table_sizes``; ``on_rows`` as there).
+    ``table_sizes``; ``on_rows`` and ``bags`` as there).
 
     Raises:
         DataError: see :meth:`AccessProfile.load` and :func:`profile_file`.
@@ -359,7 +360,7 @@ def read_profile(
     path = Path(path)
     if path.is_dir() or path.name == COUNTS_FILE:
         return AccessProfile.load(path if path.is_dir() else path.parent)
-    return profile_file(path, table_sizes, on_rows=on_rows)
+    return profile_file(path, table_sizes, on_rows=on_rows, bags=bags)
 
 
 def profile_file(
@@ -368,6 +369,7 @@ def profile_file(
     max_rows: int | None = None,
     on_rows: Callable[[int], None] | None = None,
     chunk_rows: int = 65536,
+    bags: bool = False,
 ) -> AccessProfile:
     """Count each table's lookups per id over a Criteo TSV file, streamed chunk by chunk.
 
@@ -378,6 +380,8 @@ def profile_file(
         max_rows: profile only the first rows; None: the whole file.
         on_rows: called with the rows of each chunk (progress).
         chunk_rows: rows parsed per chunk.
+        bags: the file is of the multi-hot text format (:mod:`criteo.multihot`): every id of
+            every bag is a lookup of its table.
 
     Returns:
         The profile.
@@ -390,6 +394,8 @@ def profile_file(
         raise ConfigError(f"max_rows must be positive, got {max_rows}")
     sizes = None if table_sizes is None else check_table_sizes(table_sizes)
     counters = [_Counter() for _ in range(NUM_CATEGORICAL)]
+    if bags:
+        return _profile_bags(Path(path), sizes, counters, max_rows, on_rows, chunk_rows)
     rows = 0
     for raw in iter_raw(path, chunk_rows):
         ids = raw.ids
@@ -407,6 +413,35 @@ def profile_file(
     if rows == 0:
         raise DataError(f"{path}: no rows")
     log.debug("profiled %d rows of %s", rows, path)
+    return AccessProfile(tuple(c.result() for c in counters), rows, sizes, str(path))
+
+
+def _profile_bags(
+    path: Path,
+    sizes: tuple[int, ...] | None,
+    counters: list[_Counter],
+    max_rows: int | None,
+    on_rows: Callable[[int], None] | None,
+    chunk_rows: int,
+) -> AccessProfile:
+    """:func:`profile_file` over a file of the multi-hot text format."""
+    from criteo.multihot import iter_bag_batches
+
+    rows = 0
+    for batch in iter_bag_batches(path, chunk_rows):
+        if max_rows is not None and rows + len(batch) > max_rows:
+            batch = batch.slice(0, max_rows - rows)
+        values, _ = batch.per_table()
+        for t, counter in enumerate(counters):
+            ids = values[t]
+            counter.add(ids if sizes is None else np.mod(ids, sizes[t]))
+        rows += len(batch)
+        if on_rows is not None:
+            on_rows(len(batch))
+        if max_rows is not None and rows >= max_rows:
+            break
+    if rows == 0:
+        raise DataError(f"{path}: no rows")
     return AccessProfile(tuple(c.result() for c in counters), rows, sizes, str(path))
 
 

@@ -168,9 +168,10 @@ def export_family(exporter: FrameworkExporter, options: ExportOptions) -> list[E
     hotness = getattr(exporter, "hotness", None)
     variable_bags = bool(getattr(exporter, "variable_bags", False))
     if hotness is not None or variable_bags:
-        if options.placement.may_split:
+        if options.placement.may_split and variable_bags:
             raise ConfigError(
-                "a multi-hot model's tables are not placed hot/cold yet: drop --hot-budget (or --hotness)"
+                "a model of bags of any size is not placed hot/cold yet: give a fixed --hotness, or drop "
+                "--hot-budget"
             )
         if options.raw_rows:
             log.info("a multi-hot model takes bags of ids, not Criteo rows: no raw-row models written")

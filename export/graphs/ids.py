@@ -46,6 +46,10 @@ PROBE_IDS: tuple[int, ...] = (
 REDUCED_IDS = f"{CATEGORICAL_INPUT}_reduced"
 #: Name of the initializer holding the 26 table sizes of the inserted ``Mod``.
 TABLE_SIZES_INITIALIZER = f"{CATEGORICAL_INPUT}_table_sizes"
+#: Metadata key of a multi-hot graph (``metadata_props``): ids per bag of C1..C26, 26
+#: comma-separated counts. Its ``categorical_ids`` are then ``B x H`` (``H`` their sum, C1's
+#: bag first), and the tracer maps each position to its bag's column. Absent: one id per table.
+HOTNESS_METADATA = "hotness"
 #: Ops an id passes through unchanged on its way from the input to a lookup.
 _PASS_THROUGH = frozenset({"Cast", "Identity", "Squeeze", "Unsqueeze", "Reshape", "Flatten", "Expand"})
 
@@ -124,11 +128,49 @@ def _constant_values(model: onnx.ModelProto) -> dict[str, np.ndarray]:
     return values
 
 
-def _is_permutation(value: np.ndarray) -> bool:
-    """``value`` is a 1-D list of all 26 column indices (``ids.index_select(1, columns)``)."""
+def graph_hotness(model: onnx.ModelProto) -> tuple[int, ...] | None:
+    """The ids per bag of C1..C26 a multi-hot graph records (None: one id per table).
+
+    Raises:
+        ExportError: the record is not 26 counts >= 1.
+    """
+    for entry in model.metadata_props:
+        if entry.key == HOTNESS_METADATA:
+            try:
+                counts = tuple(int(part) for part in entry.value.split(","))
+            except ValueError:
+                counts = ()
+            if len(counts) != NUM_CATEGORICAL or min(counts) < 1:
+                raise ExportError(
+                    f"the graph's {HOTNESS_METADATA} record {entry.value!r} is not 26 counts >= 1"
+                )
+            return counts
+    return None
+
+
+def set_graph_hotness(model: onnx.ModelProto, hotness: Sequence[int] | None) -> None:
+    """Record ``hotness`` in the graph (:data:`HOTNESS_METADATA`; None: remove the record)."""
+    for index in reversed(range(len(model.metadata_props))):
+        if model.metadata_props[index].key == HOTNESS_METADATA:
+            del model.metadata_props[index]
+    if hotness is not None:
+        entry = model.metadata_props.add()
+        entry.key, entry.value = HOTNESS_METADATA, ",".join(str(int(count)) for count in hotness)
+
+
+def input_columns(model: onnx.ModelProto) -> tuple[int, ...]:
+    """The input column (0 = C1) of each position of ``categorical_ids``' last axis."""
+    hotness = graph_hotness(model)
+    if hotness is None:
+        return tuple(range(NUM_CATEGORICAL))
+    return tuple(column for column, count in enumerate(hotness) for _ in range(count))
+
+
+def _is_permutation(value: np.ndarray, width: int = NUM_CATEGORICAL) -> bool:
+    """``value`` is a 1-D list of all ``width`` positions (``ids.index_select(1, columns)``)."""
     if value.ndim != 1:
         return False
-    return sorted(int(i) % NUM_CATEGORICAL for i in value) == list(range(NUM_CATEGORICAL))
+    return sorted(int(i) % width for i in value) == list(range(width))
 
 
 def _single_index(value: np.ndarray | None) -> int | None:
@@ -168,11 +210,15 @@ class _Tracer:
         self.constants = _constant_values(model)
         self.fixed = set(self.constants) | {t.name for t in model.graph.initializer}
         self.memo: dict[str, _Trace | None] = {}
+        # A multi-hot graph's input positions map to their bags' columns from the start.
+        columns = input_columns(model)
+        self.width = len(columns)
+        self.input_order = None if self.width == NUM_CATEGORICAL else columns
 
     def trace(self, name: str, depth: int = 0) -> _Trace | None:
         """The trace of ``name``; None when it does not come from the ids alone."""
         if name == CATEGORICAL_INPUT:
-            return _Trace(None, None, False)
+            return _Trace(None, None, False, order=self.input_order)
         if name not in self.memo:
             self.memo[name] = None if depth > 200 else self._trace_node(name, depth)
         return self.memo[name]
@@ -182,10 +228,10 @@ class _Tracer:
         upstream = self.trace(node.input[0], depth + 1)
         if upstream is None or upstream.column is not None:
             return None
-        position = column % NUM_CATEGORICAL
+        position = column % self.width
 
         def at_position(value: np.ndarray | None) -> np.ndarray | None:
-            if value is None or value.size != NUM_CATEGORICAL:
+            if value is None or value.size != self.width:
                 return value
             return value.reshape(-1)[position : position + 1]
 
@@ -204,11 +250,11 @@ class _Tracer:
         upstream = self.trace(node.input[0], depth + 1)
         if upstream is None or upstream.column is not None:
             return None
-        positions = [int(i) % NUM_CATEGORICAL for i in index]
-        before = upstream.order or tuple(range(NUM_CATEGORICAL))
+        positions = [int(i) % self.width for i in index]
+        before = upstream.order or tuple(range(self.width))
 
         def permute(value: np.ndarray | None) -> np.ndarray | None:
-            if value is None or value.size != NUM_CATEGORICAL:
+            if value is None or value.size != self.width:
                 return value
             return value.reshape(-1)[positions].reshape(value.shape)
 
@@ -231,7 +277,7 @@ class _Tracer:
         if op == "Gather" and int(attrs.get("axis", 0)) in (1, -1):
             value = self.constants.get(node.input[1])
             index = _single_index(value)
-            if index is None and value is not None and _is_permutation(value):  # all 26 columns, reordered
+            if index is None and value is not None and _is_permutation(value, self.width):  # reordered
                 return self._permuted(node, value, depth)
             return None if index is None else self._column(node, index, depth)
         if op == "Slice":
@@ -348,8 +394,8 @@ def read_table_sizes(model: onnx.ModelProto) -> dict[int, int]:
         node = trace.node
         divisor = trace.divisor
         if trace.column is None:
-            if divisor is not None and divisor.size == NUM_CATEGORICAL:
-                # One Mod by all 26 sizes in front of a stacked table (the bundle's own layout).
+            if divisor is not None and divisor.size == len(trace.order):
+                # One Mod by every position's size in front of a stacked table (the bundle's own layout).
                 for i, size in enumerate(divisor.reshape(-1)):
                     sizes.setdefault(trace.order[i], set()).add(int(size))
             continue

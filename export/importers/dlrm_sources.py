@@ -251,8 +251,11 @@ class CheckpointExporter:
         """The rebuilt module with tables of at most ``small_rows`` rows (zeros), as an ONNX graph."""
         import dataclasses
 
-        if self.hotness is not None or self.variable_bags:
-            raise ConfigError("a multi-hot model's tables are not placed hot/cold yet: drop --hotness")
+        if self.variable_bags:
+            raise ConfigError(
+                "a model of bags of any size is not placed hot/cold yet: give a fixed --hotness, or drop "
+                "--hot-budget"
+            )
 
         import torch
 
@@ -265,10 +268,13 @@ class CheckpointExporter:
         state = dict(self.state)
         for table, count in zip(self.layout.tables, rows, strict=True):
             state[table_key(self.layout, table)] = torch.zeros(count, self.layout.dim)
-        module = GatherDLRM(layout, state, sizes).eval()
+        module = GatherDLRM(layout, state, sizes, self.hotness).eval()
+        dense, ids = example_inputs(small_table_sizes(self.sizes, small_rows))
+        if self.hotness is not None:
+            ids = torch.from_numpy(expand(ids.numpy(), self.hotness))
         export_module(
             module,
-            example_inputs(small_table_sizes(self.sizes, small_rows)),
+            (dense, ids),
             out,
             opset,
             f"{self.path} ({self.format}, placeholder tables)",
@@ -279,6 +285,7 @@ class CheckpointExporter:
                 f".placeholder_onnx(Path({str(out)!r}), {opset}, {small_rows})"
             ),
             doc=f"DLRM rebuilt from {self.path} ({self.format}) with placeholder tables",
+            hotness=self.hotness,
         )
 
     @property
@@ -343,6 +350,7 @@ class CheckpointExporter:
             reproduce=python_command(code),
             doc=f"DLRM rebuilt from {self.path} ({self.format}); {self.layout.description}",
             input_names=tuple(spec.name for spec in BAG_INPUTS) if self.variable_bags else None,
+            hotness=self.hotness,
         )
         if loop_nodes(model):  # the rebuilt module has no EmbeddingBag: a Loop here is a bug
             raise ExportError(f"exporting {self.path} wrote a Loop node; the rebuilt DLRM should have none")

@@ -159,6 +159,7 @@ class DLRMExporter:
             str(self.checkpoint),
             reproduce=_repro_command(self.checkpoint, Path(out), opset),
             doc=f"DLRM {self.config} exported from {self.checkpoint}",
+            hotness=self.hotness,
         )
 
     @property
@@ -175,8 +176,6 @@ class DLRMExporter:
         """The same layers with tables of at most ``small_rows`` rows (zeros), as an ONNX graph."""
         from models.dlrm import DLRM
 
-        if self.hotness is not None:
-            raise ConfigError("a multi-hot model's tables are not placed hot/cold yet: drop --hot-budget")
         small = dataclasses.replace(
             self.config, table_sizes=small_table_sizes(self.config.table_sizes, small_rows)
         )
@@ -191,6 +190,7 @@ class DLRMExporter:
             str(self.checkpoint),
             reproduce=_repro_command(self.checkpoint, Path(out), opset),
             doc=f"DLRM {small} (placeholder tables) with the layers of {self.checkpoint}",
+            hotness=self.hotness,
         )
 
     def predict(self, batch: Batch) -> np.ndarray:

@@ -27,7 +27,7 @@ import shlex
 import sys
 import tempfile
 import warnings
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -36,6 +36,7 @@ import onnx
 
 from bundle.errors import ConfigError, ExportError
 from bundle.schema import CATEGORICAL_INPUT, DENSE_INPUT, OUTPUT, VALUES_INPUT
+from export.graphs.ids import set_graph_hotness
 from export.graphs.onnx_io import save_model
 
 if TYPE_CHECKING:
@@ -193,6 +194,7 @@ def export_module(
     bags_as_gather: bool = False,
     doc: str | None = None,
     input_names: tuple[str, ...] | None = None,
+    hotness: Sequence[int] | None = None,
 ) -> onnx.ModelProto:
     """Write ``module`` as the bundle's ONNX graph to ``out`` (external data beside it when over 2 GB).
 
@@ -210,6 +212,8 @@ def export_module(
         input_names: the graph's inputs, one per tensor of ``inputs`` (None: the schema's
             two); :data:`bundle.schema.BAG_INPUTS`' names for bags of any size, whose values'
             length ``N`` is a dimension of its own.
+        hotness: a multi-hot module's ids per bag of C1..C26 (its ids ``B x H``): recorded in
+            the graph (:func:`export.graphs.ids.set_graph_hotness`), which the hot/cold split reads.
 
     Returns:
         The checked graph as written.
@@ -276,6 +280,7 @@ def export_module(
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise ExportError(f"exporting {what} to ONNX opset {opset} failed: {first}") from exc
     model.doc_string = doc if doc is not None else f"exported from {what}"
+    set_graph_hotness(model, hotness)
     files = save_model(model, out)
     log.info("wrote %s", ", ".join(str(f) for f in files))
     return model

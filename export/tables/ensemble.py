@@ -57,10 +57,12 @@ from bundle.schema import (
     COLD_ROWS,
     DENSE_INPUT,
     HOT_SLOTS,
+    HOTNESS_PARAMETER,
     INPUTS,
     NUM_CATEGORICAL,
     OUTPUTS,
     TensorSpec,
+    inputs_for,
 )
 from export.graphs.onnx_io import save_model
 from export.tables.hot_cold_graph import lookup_graph
@@ -270,9 +272,10 @@ def build_dense_config(name: str, width: int, serving: ServingConfig) -> mc.Mode
         )
     config = mc.ModelConfig(name=name, backend=ONNX_BACKEND, max_batch_size=0)
     config.default_model_filename = MODEL_FILE
+    positions = NUM_CATEGORICAL if serving.hotness is None else sum(serving.hotness)
     for tensor in (
         _schema_tensor(DENSE_INPUT),
-        _hot_slots(),
+        _hot_slots(positions),
         _cold_positions(),
         _cold_rows(width),
     ):
@@ -287,7 +290,9 @@ def build_dense_config(name: str, width: int, serving: ServingConfig) -> mc.Mode
     return config
 
 
-def build_ensemble_config(family: str, version: int = 1, precision: str = "") -> mc.ModelConfig:
+def build_ensemble_config(
+    family: str, version: int = 1, precision: str = "", hotness: Sequence[int] | None = None
+) -> mc.ModelConfig:
     """The ModelConfig of ``<family>_onnx`` as an ensemble of the stage and the dense model
     (``precision``: ``<family>_onnx_<precision>`` over ``<family>_dense_<precision>``, same stage).
 
@@ -308,10 +313,12 @@ def build_ensemble_config(family: str, version: int = 1, precision: str = "") ->
     config = mc.ModelConfig(
         name=ensemble_model_name(family, precision), platform=ENSEMBLE_PLATFORM, max_batch_size=0
     )
-    for spec in INPUTS:
+    for spec in inputs_for(None if hotness is None else tuple(int(count) for count in hotness)):
         _add(config.input, _schema_dims(spec))
     for spec in OUTPUTS:
         _add(config.output, _schema_dims(spec))
+    if hotness is not None:  # clients send bags: C1's first, as many ids as this says
+        config.parameters[HOTNESS_PARAMETER].string_value = ",".join(str(int(count)) for count in hotness)
     stage = config.ensemble_scheduling.step.add()
     stage.model_name = embedding_model_name(family)
     stage.model_version = version
@@ -451,8 +458,11 @@ def write_dense_config(
     return write_config(repository / name, build_dense_config(name, width, serving))
 
 
-def write_ensemble(repository: Path, family: str, version: int = 1, precision: str = "") -> Path:
-    """Write ``<family>_onnx`` (``_<precision>``) as the ensemble of the stage and the dense model.
+def write_ensemble(
+    repository: Path, family: str, version: int = 1, precision: str = "", hotness: Sequence[int] | None = None
+) -> Path:
+    """Write ``<family>_onnx`` (``_<precision>``) as the ensemble of the stage and the dense model
+    (``hotness``: a multi-hot model's, see :func:`build_ensemble_config`).
 
     Whatever the repository held under that name (an in-graph model's ONNX file,
     its report) is removed first: the name now means the ensemble. Triton needs
@@ -464,7 +474,7 @@ def write_ensemble(repository: Path, family: str, version: int = 1, precision: s
     name = ensemble_model_name(family, precision)
     clear_model(repository, name)
     make_ensemble_version(repository, name, version)
-    return write_config(repository / name, build_ensemble_config(family, version, precision))
+    return write_config(repository / name, build_ensemble_config(family, version, precision, hotness))
 
 
 def write_lookup_graph(graph: Path | str, repository: Path, family: str) -> Path:
@@ -497,7 +507,8 @@ def add_hot_cold_models(
     store_path: str | None = None,
     stage_instances: int = 1,
 ) -> list[Path]:
-    """Write the three entries of a hot/cold model whose dense ONNX file is already written.
+    """Write the three entries of a hot/cold model whose dense ONNX file is already written
+    (a multi-hot model's bags with ``serving.hotness``).
 
     Args:
         repository: the model repository root.
@@ -512,8 +523,14 @@ def add_hot_cold_models(
         The config paths: stage, dense model, ensemble.
     """
     stage = write_embedding_stage(
-        repository, family, store_dir, hot_set_path, store_path=store_path, instances=stage_instances
+        repository,
+        family,
+        store_dir,
+        hot_set_path,
+        store_path=store_path,
+        instances=stage_instances,
+        hotness=serving.hotness,
     )
     width = RowStore.open(store_dir).spec.width
     dense = write_dense_config(repository, family, width, serving)
-    return [stage, dense, write_ensemble(repository, family)]
+    return [stage, dense, write_ensemble(repository, family, hotness=serving.hotness)]

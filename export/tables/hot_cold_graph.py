@@ -11,6 +11,12 @@ Between them (:mod:`bundle.schema` names, ``B`` rows, ``N`` cold lookups):
 - ``cold_positions`` ``N`` int64: ``b * 26 + t`` of each cold lookup, ascending.
 - ``cold_rows`` ``N x W`` float32: the store's whole row of each cold lookup.
 
+A multi-hot graph (its ``categorical_ids`` ``B x H``, the bags' sizes recorded in its
+metadata: :func:`export.graphs.ids.graph_hotness`) is split the same way with ``H`` for
+26: ``hot_slots`` is ``B x H`` and a cold position ``b * H + j``; each column's hot rows
+are in the hot table once, whatever the size of its bag, and the dense model sums the
+bags after the lookup as the graph did.
+
 Everything works on the ONNX graph (lookups found by :func:`export.tables.lookups.find_lookups`),
 so every exporter's model qualifies. :func:`write_store` writes every row from the
 graph's own tables, :func:`split_lookups` writes the dense model, and
@@ -47,6 +53,7 @@ from onnx.external_data_helper import load_external_data_for_tensor
 from bundle.errors import ConfigError, DataError, ExportError
 from bundle.schema import CATEGORICAL_INPUT, COLD_POSITIONS, COLD_ROWS, HOT_SLOTS, NUM_CATEGORICAL
 from criteo.tables import check_table_sizes
+from export.graphs.ids import input_columns
 from export.graphs.onnx_io import EXTERNAL_DATA_THRESHOLD, weights_bytes
 from export.tables.hot_rows import HotSet
 from export.tables.lookups import Lookup, check_sizes, find_lookups, load_graph, store_spec, table_values
@@ -178,7 +185,11 @@ def write_table_store(
 
 
 def stage_reference(
-    ids: npt.ArrayLike, hot: HotSet, table_sizes: Sequence[int], store: RowStore
+    ids: npt.ArrayLike,
+    hot: HotSet,
+    table_sizes: Sequence[int],
+    store: RowStore,
+    hotness: Sequence[int] | None = None,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """The embedding stage in-process: raw ids -> ``hot_slots``, ``cold_positions``, ``cold_rows``.
 
@@ -189,18 +200,19 @@ def stage_reference(
     and each cold lookup's row read from the store.
 
     Args:
-        ids: ``B x 26`` int64 raw ids, any value.
+        ids: ``B x 26`` int64 raw ids, any value (``B x H`` bags with ``hotness``).
         hot: the hot rows.
         table_sizes: rows of C1..C26 (those of ``hot`` and ``store``).
         store: the row store.
+        hotness: a multi-hot model's ids per bag of C1..C26 (None: one id each).
 
     Returns:
-        ``hot_slots`` ``B x 26`` int64, ``cold_positions`` ``N`` int64 ascending,
+        ``hot_slots`` ``B x 26`` (``B x H``) int64, ``cold_positions`` ``N`` int64 ascending,
         ``cold_rows`` ``N x W`` float32.
 
     Raises:
         ConfigError: ``hot`` or ``store`` made for other table sizes.
-        DataError: ``ids`` not ``B x 26``.
+        DataError: ``ids`` not ``B x 26`` (``B x H``).
     """
     from server.stages.embedding.hot_cold_lookup import HotColdLookup
 
@@ -208,9 +220,10 @@ def stage_reference(
     if hot.table_sizes != sizes or store.spec.table_sizes != sizes:
         raise ConfigError("the hot set, the row store and table_sizes must describe the same 26 tables")
     values = np.asarray(ids)
-    if values.ndim != 2 or values.shape[1] != NUM_CATEGORICAL or not np.issubdtype(values.dtype, np.integer):
-        raise DataError(f"ids must be B x {NUM_CATEGORICAL} integers, got {values.dtype} {values.shape}")
-    lookup = HotColdLookup(sizes, hot.ids, store.data, store.cold_reads())
+    positions = NUM_CATEGORICAL if hotness is None else sum(hotness)
+    if values.ndim != 2 or values.shape[1] != positions or not np.issubdtype(values.dtype, np.integer):
+        raise DataError(f"ids must be B x {positions} integers, got {values.dtype} {values.shape}")
+    lookup = HotColdLookup(sizes, hot.ids, store.data, store.cold_reads(), hotness)
     split = lookup.place(values.astype(np.int64, copy=False))
     return split.hot_slots, split.cold_positions, split.cold_rows
 
@@ -218,10 +231,14 @@ def stage_reference(
 class _Builder:
     """The nodes and initializers the split adds, named uniquely under :data:`PREFIX`."""
 
-    def __init__(self, graph: onnx.GraphProto, taken: set[str], opset: int, width: int) -> None:
+    def __init__(
+        self, graph: onnx.GraphProto, taken: set[str], opset: int, width: int, columns: tuple[int, ...]
+    ) -> None:
         self.graph = graph
         self.taken = taken
         self.width = width
+        #: The input column at each position of ``categorical_ids`` (and of ``hot_slots``).
+        self.columns = columns
         # ScatterND's reduction attribute exists from opset 16; "none" is also the earlier behaviour.
         self.scatter: dict[str, Any] = {"reduction": "none"} if opset >= 16 else {}
         self.nodes: list[onnx.NodeProto] = []
@@ -274,13 +291,14 @@ class _Builder:
         return self.shared[key]
 
     def cold_batch(self) -> str:
-        """``cold_positions // 26``: the row of each cold lookup."""
-        divisor = self.scalar(NUM_CATEGORICAL)
+        """``cold_positions // 26`` (``// H``): the row of each cold lookup."""
+        divisor = self.scalar(len(self.columns))
         return self.once(("batch",), lambda: self.op("Div", [COLD_POSITIONS, divisor], "cold/batch"))
 
     def cold_column(self) -> str:
-        """``cold_positions % 26``: the column of each cold lookup."""
-        divisor = self.scalar(NUM_CATEGORICAL)
+        """``cold_positions % 26`` (``% H``): the input position of each cold lookup (its column,
+        one id per table)."""
+        divisor = self.scalar(len(self.columns))
         return self.once(("column",), lambda: self.op("Mod", [COLD_POSITIONS, divisor], "cold/column"))
 
 
@@ -311,40 +329,54 @@ def _store_hot_rows(store: RowStore, lookup: Lookup, column: int, ids: np.ndarra
 def _hot_table(
     b: _Builder, lookup: Lookup, values: np.ndarray | None, hot: HotSet, store: RowStore | None = None
 ) -> tuple[str, list[int]]:
-    """The hot table (row 0 zeros, then each position's hot rows) and each position's first hot row - 1.
+    """The hot table (row 0 zeros, then each column's hot rows) and each position's first hot row - 1.
 
-    The hot rows come from the graph's table ``values``, or from ``store`` when given.
+    A column read at several positions (a multi-hot graph's bag) has its hot rows once. The hot
+    rows come from the graph's table ``values``, or from ``store`` when given.
     """
     dtype = values.dtype if values is not None else helper.tensor_dtype_to_np_dtype(lookup.data_type)
-    counts = [int(hot.ids[column].size) for column in lookup.columns]
-    # Filled in place: a hot table of gigabytes is held once, not as parts and their concatenation.
-    table = np.zeros((1 + sum(counts), *lookup.row_dims), dtype=dtype)
-    bases, rows = [], 0
+    first: dict[int, int] = {}  # each column's first position
     for j, column in enumerate(lookup.columns):
-        bases.append(rows)
-        target = table[1 + rows : 1 + rows + counts[j]]
+        first.setdefault(column, j)
+    counts = {column: int(hot.ids[column].size) for column in first}
+    # Filled in place: a hot table of gigabytes is held once, not as parts and their concatenation.
+    table = np.zeros((1 + sum(counts.values()), *lookup.row_dims), dtype=dtype)
+    base, rows = {}, 0
+    for column, j in first.items():
+        base[column] = rows
+        target = table[1 + rows : 1 + rows + counts[column]]
         if store is not None:
             _store_hot_rows(store, lookup, column, hot.ids[column], target)
         elif values is not None:
             target[...] = values[lookup.row_offsets[j] + hot.ids[column]]
         else:
             raise ExportError(f"{lookup.table}: neither its values nor a row store to take hot rows from")
-        rows += counts[j]
-    return b.constant(f"{lookup.table}/hot", table, share=False), bases
+        rows += counts[column]
+    return b.constant(f"{lookup.table}/hot", table, share=False), [base[c] for c in lookup.columns]
 
 
 def _replace_fused(
     b: _Builder, lookup: Lookup, values: np.ndarray | None, hot: HotSet, store: RowStore | None = None
 ) -> None:
-    """A stacked table read with ``B x 26`` ids: one Gather of the hot rows, one ScatterND of the cold."""
+    """A stacked table read with ``B x 26`` (``B x H``) ids: one Gather of the hot rows, one ScatterND
+    of the cold."""
     table, bases = _hot_table(b, lookup, values, hot, store)
     dims = lookup.row_dims
-    identity = lookup.columns == tuple(range(NUM_CATEGORICAL))
+    positions_count = len(b.columns)
+    # The input position each of the lookup's positions reads: a column's own (one id per table),
+    # or the k-th id of its column's bag at the k-th position that reads that column.
+    bag_start = {column: b.columns.index(column) for column in set(b.columns)}
+    seen: dict[int, int] = {}
+    reads = []
+    for column in lookup.columns:
+        reads.append(bag_start[column] + seen.get(column, 0))
+        seen[column] = seen.get(column, 0) + 1
+    identity = reads == list(range(positions_count))
 
     def make_index() -> str:
         slots = HOT_SLOTS
         if not identity:  # the graph reads the columns permuted: read the slots the same way
-            order = b.constant("order", np.asarray(lookup.columns, dtype=np.int64))
+            order = b.constant("order", np.asarray(reads, dtype=np.int64))
             slots = b.op("Gather", [HOT_SLOTS, order], "slots", axis=1)
         shifted = b.op("Add", [slots, b.constant("bases", np.asarray([bases], dtype=np.int64))], "index")
         is_hot = b.op("Greater", [slots, b.scalar(0)], "index")
@@ -355,15 +387,15 @@ def _replace_fused(
     gathered = b.op("Gather", [table, index], f"{lookup.table}/hot_rows")
     flat = b.op("Reshape", [gathered, b.ints(-1, *dims)], f"{lookup.table}/flat")
     positions = COLD_POSITIONS
-    if not identity:  # column t sits at position inverse[t] of this lookup's rows
-        inverse = np.argsort(np.asarray(lookup.columns)).astype(np.int64)
+    if not identity:  # input position p sits at position inverse[p] of this lookup's rows
+        inverse = np.argsort(np.asarray(reads)).astype(np.int64)
         moved = b.op("Gather", [b.constant("inverse", inverse), b.cold_column()], "cold/permuted")
-        start = b.op("Mul", [b.cold_batch(), b.scalar(NUM_CATEGORICAL)], "cold/permuted")
+        start = b.op("Mul", [b.cold_batch(), b.scalar(positions_count)], "cold/permuted")
         positions = b.op("Add", [start, moved], "cold/permuted")
     index_nd = b.once(("nd", positions), lambda: b.op("Reshape", [positions, b.ints(-1, 1)], "cold/index"))
     updates = b.op("Reshape", [_cold_values(b, lookup), b.ints(-1, *dims)], f"{lookup.table}/cold_rows")
     scattered = b.op("ScatterND", [flat, index_nd, updates], f"{lookup.table}/rows", **b.scatter)
-    b.op("Reshape", [scattered, b.ints(-1, NUM_CATEGORICAL, *dims)], lookup.table, output=lookup.output)
+    b.op("Reshape", [scattered, b.ints(-1, positions_count, *dims)], lookup.table, output=lookup.output)
 
 
 def _replace_column(
@@ -400,20 +432,21 @@ def _replace_column(
     b.op("Reshape", [scattered, b.ints(-1, *extra, *dims)], lookup.table, output=lookup.output)
 
 
-def _extra_dims(lookup: Lookup) -> tuple[int, ...]:
+def _extra_dims(lookup: Lookup, positions: int = NUM_CATEGORICAL) -> tuple[int, ...]:
     """Dims of the lookup's ids after the batch (``()`` for ``B``, ``(1,)`` for ``B x 1``).
 
     Raises:
-        ExportError: ids not shaped ``B x 26`` (stacked) or ``B`` plus dims of one value (per column).
+        ExportError: ids not shaped ``B x positions`` (stacked: 26, or ``H`` bags' ids) or ``B`` plus
+            dims of one value (per column).
     """
     shape = lookup.id_shape
-    expected = f"B x {NUM_CATEGORICAL}" if lookup.fused else "B, B x 1, ..."
+    expected = f"B x {positions}" if lookup.fused else "B, B x 1, ..."
     if shape is None or not shape or any(d is None for d in shape[1:]):
         raise ExportError(
             f"lookup {lookup.name}: the shape of its ids is not known statically (expected {expected})"
         )
     extra = tuple(int(d) for d in shape[1:] if d is not None)  # all known, checked above
-    if (lookup.fused and extra != (NUM_CATEGORICAL,)) or (not lookup.fused and int(np.prod(extra)) != 1):
+    if (lookup.fused and extra != (positions,)) or (not lookup.fused and int(np.prod(extra)) != 1):
         raise ExportError(f"lookup {lookup.name} reads ids of shape {list(shape)}; expected {expected}")
     return extra
 
@@ -458,7 +491,9 @@ def _prune(graph: onnx.GraphProto, keep_inputs: set[str]) -> None:
     _remove(graph.value_info, lambda i: graph.value_info[i].name in produced)
 
 
-def _new_inputs(model: onnx.ModelProto, width: int) -> list[onnx.ValueInfoProto]:
+def _new_inputs(
+    model: onnx.ModelProto, width: int, positions: int = NUM_CATEGORICAL
+) -> list[onnx.ValueInfoProto]:
     """The dense model's inputs: the original ones with ``categorical_ids`` replaced by the stage's three."""
     inputs = list(model.graph.input)
     position = next((i for i, value in enumerate(inputs) if value.name == CATEGORICAL_INPUT), None)
@@ -471,7 +506,7 @@ def _new_inputs(model: onnx.ModelProto, width: int) -> list[onnx.ValueInfoProto]
     elif batch and batch[0].HasField("dim_value"):
         first = batch[0].dim_value
     stage = [
-        helper.make_tensor_value_info(HOT_SLOTS, TensorProto.INT64, [first, NUM_CATEGORICAL]),
+        helper.make_tensor_value_info(HOT_SLOTS, TensorProto.INT64, [first, positions]),
         helper.make_tensor_value_info(COLD_POSITIONS, TensorProto.INT64, [COLD_DIM]),
         helper.make_tensor_value_info(COLD_ROWS, TensorProto.FLOAT, [COLD_DIM, width]),
     ]
@@ -525,7 +560,8 @@ def split_lookups(
     opset = _opset(source)
     if opset < MIN_OPSET:
         raise ExportError(f"the hot/cold split needs opset >= {MIN_OPSET} (ScatterND); the graph has {opset}")
-    extra = {lookup.output: _extra_dims(lookup) for lookup in lookups}
+    columns = input_columns(source)
+    extra = {lookup.output: _extra_dims(lookup, len(columns)) for lookup in lookups}
     tensors = {t.name: t for t in source.graph.initializer}
     taken = {name for node in source.graph.node for name in [*node.input, *node.output, node.name]}
     taken |= set(tensors) | {value.name for value in source.graph.input}
@@ -541,7 +577,7 @@ def split_lookups(
     dense.functions.extend(source.functions)
     out = dense.graph
     out.name, out.doc_string = source.graph.name, source.graph.doc_string
-    builder = _Builder(out, taken, opset, width)
+    builder = _Builder(out, taken, opset, width, columns)
     for lookup in lookups:
         values = table_values(tensors[lookup.table], folder) if rows is None else None
         if lookup.fused:
@@ -552,7 +588,7 @@ def split_lookups(
     out.node.extend(builder.nodes)
     out.node.extend(n for n in source.graph.node if not (n.op_type == "Gather" and n.output[0] in replaced))
     out.initializer.extend(t for t in source.graph.initializer if t.name not in tables)
-    out.input.extend(_new_inputs(source, width))
+    out.input.extend(_new_inputs(source, width, len(columns)))
     out.output.extend(source.graph.output)
     out.value_info.extend(v for v in source.graph.value_info if v.name not in replaced)
     kept_inputs = {value.name for value in out.input if value.name not in tensors}

@@ -40,6 +40,7 @@ from bundle.errors import ConfigError, ExportError
 from bundle.repository import MODEL_FILE, ServingConfig, clear_model, version_dir, write_report
 from criteo.tsv import Batch
 from export.graphs.fp16 import convert_to_fp16
+from export.graphs.ids import graph_hotness
 from export.graphs.onnx_io import save_model
 from export.graphs.parity import ParityResult, compare
 from export.graphs.quantize import QuantizeOptions, quantize_int8
@@ -163,6 +164,7 @@ def build_dense_variant(
             :func:`export.graphs.quantize.quantize_int8`).
     """
     out.parent.mkdir(parents=True, exist_ok=True)
+    hotness = graph_hotness(onnx.load(str(source), load_external_data=False))
     if recipe.quantize is None:
         log.info("converting %s to FP16 at %s", source, out)
         model = onnx.load(str(source))
@@ -180,7 +182,7 @@ def build_dense_variant(
         recipe.quantize,
         calibration,
         calibration_source,
-        feeds=lambda part: hot_cold_feeds(part, hot, store),
+        feeds=lambda part: hot_cold_feeds(part, hot, store, hotness),
     )
     return {
         "quantization": graph.settings,
@@ -251,9 +253,10 @@ def check_variant(
     """
     if rows.labels is None:
         raise ExportError(f"{what}: the {recipe.label} check needs labeled rows")
+    hotness = graph_hotness(onnx.load(str(reference), load_external_data=False))
     parity = compare(
-        run_hot_cold(candidate, hot, store, rows, CHECK_CHUNK),
-        run_hot_cold(reference, reference_hot, store, rows, CHECK_CHUNK),
+        run_hot_cold(candidate, hot, store, rows, CHECK_CHUNK, hotness),
+        run_hot_cold(reference, reference_hot, store, rows, CHECK_CHUNK, hotness),
         rows.labels,
     )
     delta = parity.auc_delta if parity.auc_delta is not None else float("nan")
@@ -343,7 +346,7 @@ def export_variant(
         extra = build_dense_variant(recipe, fp32_dense, out, hot, store, calibration, calibration_source)
         parity = check_variant(recipe, out, fp32_dense, hot, hot, store, rows, f"{name} vs {family}_onnx")
         write_dense_config(repository, family, store.spec.width, serving, precision=recipe.precision)
-        config = write_ensemble(repository, family, precision=recipe.precision)
+        config = write_ensemble(repository, family, precision=recipe.precision, hotness=serving.hotness)
         seconds = time.perf_counter() - start
         fields = {
             "model": name,

@@ -22,7 +22,6 @@ import numpy as np
 from bundle.errors import ConfigError, DataError
 from bundle.schema import NUM_CATEGORICAL
 from criteo.coverage import HotRanking, check_row_bytes
-from criteo.preprocess import hash_ids
 from criteo.profile import AccessProfile
 from criteo.schema import CATEGORICAL_COLUMNS
 from criteo.tables import check_table_sizes
@@ -111,30 +110,34 @@ class HotSet:
             return 0.0
         return sum(int(c.sum()) for c in self.counts) / self.profiled_lookups
 
-    def hits(self, ids: Batch | np.ndarray) -> np.ndarray:
+    def hits(self, ids: Batch | np.ndarray, hotness: Sequence[int] | None = None) -> np.ndarray:
         """Lookups of each table that a hot row serves.
 
         Args:
             ids: a :class:`criteo.tsv.Batch`, or ``B x 26`` int64 raw ids (reduced into the
-                tables here, as the served graph does).
+                tables here, as the served graph does); ``B x H`` bags with ``hotness``.
+            hotness: a multi-hot model's ids per bag of each table (None: one id each).
 
         Returns:
-            ``26`` int64 hit counts, of ``B`` lookups each.
+            ``26`` int64 hit counts, of ``B`` lookups each (``B x hotness[t]`` with bags).
         """
         values = ids.categorical if isinstance(ids, Batch) else np.asarray(ids, dtype=np.int64)
-        if values.ndim != 2 or values.shape[1] != NUM_CATEGORICAL:
-            raise DataError(f"ids must be B x {NUM_CATEGORICAL}, got shape {values.shape}")
-        reduced = hash_ids(values, self.table_sizes)
+        counts = (1,) * NUM_CATEGORICAL if hotness is None else tuple(int(count) for count in hotness)
+        if values.ndim != 2 or values.shape[1] != sum(counts):
+            raise DataError(f"ids must be B x {sum(counts)}, got shape {values.shape}")
+        columns = np.repeat(np.arange(NUM_CATEGORICAL), counts)
+        reduced = np.mod(values, np.asarray(self.table_sizes, dtype=np.int64)[columns])
         hot = self._sorted_ids
         return np.array(
-            [np.isin(reduced[:, t], hot[t]).sum() for t in range(NUM_CATEGORICAL)], dtype=np.int64
+            [np.isin(reduced[:, columns == t], hot[t]).sum() for t in range(NUM_CATEGORICAL)], dtype=np.int64
         )
 
-    def hit_rate(self, ids: Batch | np.ndarray) -> float:
-        """Share of the lookups of ``ids`` (a batch or ``B x 26`` raw ids) that hot rows serve."""
+    def hit_rate(self, ids: Batch | np.ndarray, hotness: Sequence[int] | None = None) -> float:
+        """Share of the lookups of ``ids`` (a batch or ``B x 26`` raw ids; ``B x H`` bags with
+        ``hotness``) that hot rows serve."""
         values = ids.categorical if isinstance(ids, Batch) else np.asarray(ids)
-        lookups = values.shape[0] * NUM_CATEGORICAL if values.ndim == 2 else 0
-        return float(self.hits(ids).sum()) / lookups if lookups else 0.0
+        lookups = values.shape[0] * values.shape[1] if values.ndim == 2 else 0
+        return float(self.hits(ids, hotness).sum()) / lookups if lookups else 0.0
 
     def save(self, path: Path | str) -> Path:
         """Write the set to one ``.npz`` file (parents created); returns its path."""

@@ -42,8 +42,9 @@ class Lookup:
         indices: the Gather's index input.
         output: the Gather's output.
         columns: the input column (0 = C1) at each position of the indices' last axis:
-            26 for a stacked table read with a ``B x 26`` index tensor, else the one
-            column of a per-column lookup.
+            26 for a stacked table read with a ``B x 26`` index tensor (``H``, a column
+            once per id of its bag, for a multi-hot graph's ``B x H``: see
+            :func:`export.graphs.ids.graph_hotness`), else the one column of a per-column lookup.
         row_offsets: per position, the table row of the column's id 0: row
             ``row_offsets[j] + id`` holds (``columns[j]``, in-table ``id``).
         divisors: per position, the size the graph itself reduces ids into (None: no ``Mod``).
@@ -70,8 +71,8 @@ class Lookup:
 
     @property
     def fused(self) -> bool:
-        """It reads all 26 columns at once (a stacked table)."""
-        return len(self.columns) == NUM_CATEGORICAL
+        """It reads every column at once (a stacked table; a multi-hot graph's every bag)."""
+        return len(self.columns) > 1
 
     @property
     def row_dims(self) -> tuple[int, ...]:
@@ -97,7 +98,7 @@ def _per_position(value: np.ndarray | None, columns: tuple[int, ...]) -> tuple[i
     flat = np.asarray(value).reshape(-1)
     if flat.size == 1:
         return (int(flat[0]),) * len(columns)
-    if flat.size == NUM_CATEGORICAL and len(columns) == NUM_CATEGORICAL:
+    if flat.size == len(columns) > 1:  # one per position of a stacked table (26, or H bags' ids)
         return tuple(int(v) for v in flat)
     if flat.size == NUM_CATEGORICAL and len(columns) == 1:  # a Mod of the whole input, then one column
         return (int(flat[columns[0]]),)

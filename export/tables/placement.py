@@ -58,6 +58,7 @@ from criteo.profile import read_profile
 from criteo.tables import check_table_sizes
 from criteo.tsv import Batch
 from export.framework import SMALL_ROWS, FrameworkExporter, StreamedTables
+from export.graphs.ids import HOTNESS_METADATA, graph_hotness
 from export.graphs.onnx_io import save_model
 from export.graphs.parity import ParityResult, compare, extreme_id_rows, onnx_session, run_onnx
 from export.options import NO_PROFILE_DATA, ExportOptions, PlacementOptions
@@ -147,24 +148,40 @@ class PlacedModel:
 
 
 def run_hot_cold(
-    dense_path: Path, hot: HotSet, store: RowStore, batch: Batch, chunk: int = CHECK_CHUNK
+    dense_path: Path,
+    hot: HotSet,
+    store: RowStore,
+    batch: Batch,
+    chunk: int = CHECK_CHUNK,
+    hotness: tuple[int, ...] | None = None,
 ) -> np.ndarray:
     """Probabilities of the two stages in-process: :func:`stage_reference`, then the dense model (ORT CPU).
+
+    Args:
+        hotness: a multi-hot model's bags (default: what the dense model records, see
+            :func:`export.graphs.ids.graph_hotness`; a converted variant may not keep the record).
 
     Returns:
         ``B x 1`` float32.
     """
     session = onnx_session(dense_path)
+    # A multi-hot dense model records its bags' sizes (as the graph it was split from).
+    recorded = session.get_modelmeta().custom_metadata_map.get(HOTNESS_METADATA)
+    if hotness is None and recorded:
+        hotness = tuple(int(count) for count in recorded.split(","))
     outputs = []
     for start in range(0, len(batch), chunk):
-        feeds = hot_cold_feeds(batch.slice(start, start + chunk), hot, store)
+        feeds = hot_cold_feeds(batch.slice(start, start + chunk), hot, store, hotness)
         outputs.append(session.run([OUTPUT], feeds)[0])
     return np.concatenate(outputs)
 
 
-def hot_cold_feeds(batch: Batch, hot: HotSet, store: RowStore) -> dict[str, np.ndarray]:
-    """The dense model's inputs for ``batch``: its dense features and the stage's answer (in-process)."""
-    slots, positions, rows = stage_reference(batch.categorical, hot, hot.table_sizes, store)
+def hot_cold_feeds(
+    batch: Batch, hot: HotSet, store: RowStore, hotness: tuple[int, ...] | None = None
+) -> dict[str, np.ndarray]:
+    """The dense model's inputs for ``batch``: its dense features and the stage's answer (in-process;
+    ``hotness``: a multi-hot model's bags, ``B x H`` ids)."""
+    slots, positions, rows = stage_reference(batch.categorical, hot, hot.table_sizes, store, hotness)
     return {DENSE_INPUT: batch.dense, HOT_SLOTS: slots, COLD_POSITIONS: positions, COLD_ROWS: rows}
 
 
@@ -373,6 +390,8 @@ class _Plan:
     decision: Decision
     spec: RowStoreSpec
     profile: tuple[Path, str]
+    #: A multi-hot model's ids per bag of each table (the graph's record; None: one id each).
+    hotness: tuple[int, ...] | None = None
 
 
 def _plan(exporter: FrameworkExporter, tables: _Tables, options: ExportOptions) -> _Plan | None:
@@ -385,7 +404,8 @@ def _plan(exporter: FrameworkExporter, tables: _Tables, options: ExportOptions) 
             f"a hot/cold {family} model needs the rows of each table: give --table-sizes "
             "(the model reduces ids its own way, so the export could not read them from the graph)"
         )
-    lookups = find_lookups(onnx.load(str(tables.graph), load_external_data=False))
+    graph = onnx.load(str(tables.graph), load_external_data=False)
+    lookups = find_lookups(graph)
     # FP32: the graph's tables and hot rows (a placeholder graph reduces ids into its own small tables)
     spec = store_spec(lookups, check_table_sizes(sizes) if tables.streamed else check_sizes(lookups, sizes))
     decision = decide(placement, spec.total_bytes)
@@ -400,7 +420,7 @@ def _plan(exporter: FrameworkExporter, tables: _Tables, options: ExportOptions) 
     source = placement.profile_source(options.calibration_data, options.check_data)
     if source is None:  # ExportOptions refuses this already
         raise ConfigError(NO_PROFILE_DATA)
-    return _Plan(decision, spec, source)
+    return _Plan(decision, spec, source, graph_hotness(graph))
 
 
 def _write_hot_cold(
@@ -417,7 +437,8 @@ def _write_hot_cold(
 
     profile_path, profile_option = plan.profile
     log.info("profiling %s lookups of %s (%s)", family, profile_path, profile_option)
-    profile = read_profile(profile_path, sizes)  # a TSV, or a folder `python -m criteo profile` wrote
+    # A TSV (of bags for a multi-hot model), or a folder `python -m criteo profile` wrote.
+    profile = read_profile(profile_path, sizes, bags=plan.hotness is not None)
     hot = choose_hot_rows(profile, sizes, row_bytes, budget)
     log.info(
         "%s: %d hot rows of %d (%s of the %s budget), expected hit rate %.1f%%",
@@ -462,7 +483,7 @@ def _write_hot_cold(
         fp32_tolerance,
         options.int8_auc_tolerance if store.spec.quantized else options.fp16_auc_tolerance,
     )
-    measured = hot.hit_rate(rows)
+    measured = hot.hit_rate(rows, plan.hotness)
     config = add_hot_cold_models(
         repository, family, store_dir, hot_path, options.serving, stage_instances=placement.stage_instances
     )[-1]
@@ -481,6 +502,7 @@ def _write_hot_cold(
         "hot_rows_per_table": list(hot.table_rows),
         "table_rows": sum(sizes),
         "table_sizes": list(sizes),
+        "hotness": list(plan.hotness) if plan.hotness is not None else "one id per table",
         "table_bytes": decision.table_bytes,
         "row_bytes": row_bytes,
         "profile": {

@@ -94,6 +94,7 @@ from export.tables.hot_rows import HotSet, choose_hot_rows
 from export.tables.placement import FP32_STORE_TOLERANCE, run_hot_cold
 from export.tables.row_store import RowStore, format_bytes
 from server.stages.embedding import SOURCE_DIR, SOURCE_FILES
+from server.stages.embedding.hot_cold_lookup import PARAM_HOTNESS
 
 log = logging.getLogger(__name__)
 
@@ -278,6 +279,11 @@ def serving_state(repository: Path, family: str, row_store: Path | None = None) 
             f"the bundle): export {name} again to roll out hot sets"
         )
     stage_config = read_config(repository / stage / CONFIG_NAME)
+    if stage_config.parameters[PARAM_HOTNESS].string_value:
+        raise ConfigError(
+            f"{name} takes bags of ids (a multi-hot model): rolling out a new hot set is not supported for "
+            "it yet; export it again with the new profile (--profile-data)"
+        )
     for model, model_config in (
         (stage, stage_config),
         (dense, read_config(repository / dense / CONFIG_NAME)),

@@ -205,6 +205,42 @@ def test_multi_hot_bags_follow_the_feature_order(tmp_path: Path) -> None:
     np.testing.assert_allclose(exporter.predict(batch), expected, atol=1e-6, rtol=0)
 
 
+@pytest.mark.parametrize("permuted", [False, True])
+def test_multi_hot_tables_split_hot_cold_answer_as_in_the_graph(tmp_path: Path, permuted: bool) -> None:
+    """The hot/cold split of a multi-hot graph (the bags read in C1..C26 order, or in the state
+    dict's own order under --feature-order): the stage in-process and the dense model answer as the
+    all-in-graph graph, hot, cold and mixed bags alike."""
+    from export.graphs.ids import graph_hotness
+    from export.tables.hot_cold_graph import split_lookups, write_store
+    from export.tables.hot_rows import HotSet
+    from export.tables.placement import run_hot_cold
+
+    model = make_dcn(seed=12)
+    torch.save(model.state_dict(), tmp_path / "dcn.pt")
+    order = (
+        tuple(f"t_cat_{(i * 7 + 3) % NUM_CATEGORICAL}" for i in range(NUM_CATEGORICAL)) if permuted else None
+    )
+    hotness = tuple(1 + (i % 4) for i in range(NUM_CATEGORICAL))
+    exporter = open_dlrm_source(tmp_path / "dcn.pt", SourceOptions(hotness=hotness, feature_order=order))
+    graph = tmp_path / "dcn.onnx"
+    exporter.to_onnx(graph, OPSET)
+    assert graph_hotness(onnx.load(str(graph), load_external_data=False)) == hotness
+    sizes = exporter.table_sizes
+    store = write_store(graph, tmp_path / "rows", "float32", sizes)
+    rng = np.random.default_rng(4)
+    ids = tuple(rng.permutation(size)[: max(1, size // 3)].astype(np.int64) for size in sizes)
+    counts = tuple(np.ones(i.size, dtype=np.int64) for i in ids)
+    hot = HotSet(sizes, (16,) * NUM_CATEGORICAL, 10**6, ids, counts, sum(i.size for i in ids))
+    dense = tmp_path / "dense.onnx"
+    onnx.save(split_lookups(graph, hot, sizes), str(dense))
+    batch = exporter.model_rows(_batch(96, seed=5))
+    hits = hot.hit_rate(batch, hotness)
+    assert 0.1 < hits < 0.9, hits
+    session = ort.InferenceSession(str(graph), providers=["CPUExecutionProvider"])
+    (expected,) = session.run([OUTPUT], {DENSE_INPUT: batch.dense, CATEGORICAL_INPUT: batch.categorical})
+    np.testing.assert_allclose(run_hot_cold(dense, hot, store, batch), expected, atol=1e-6, rtol=0)
+
+
 def test_hotness_is_refused_where_it_cannot_apply(tmp_path: Path) -> None:
     from bundle.errors import ConfigError
     from criteo.multihot import parse_hotness

@@ -105,6 +105,19 @@ def test_hit_rate_on_heldout_ids() -> None:
         hot.hit_rate(np.zeros((4, 3), dtype=np.int64))
 
 
+def test_hits_of_bags_count_every_id_in_its_tables_lookups() -> None:
+    hot = choose_hot_rows(_profile(), SIZES, ROW_BYTES, 140)  # C1 {5, 9}, C2 {2, 8}, others {0}
+    hotness = (2, 3) + (1,) * (NUM_CATEGORICAL - 2)
+    ids = np.zeros((2, sum(hotness)), dtype=np.int64)
+    ids[:, :2] = [[5, 3], [-1, 9]]  # C1's bag: 3 of 4 hot (-1 -> row 9)
+    ids[:, 2:5] = [[2, 2, 1], [8, 0, 12]]  # C2's bag: 12 -> row 2; 4 of 6 hot
+    hits = hot.hits(ids, hotness)
+    assert hits[:2].tolist() == [3, 4] and hits[2:].tolist() == [2] * (NUM_CATEGORICAL - 2)
+    assert hot.hit_rate(ids, hotness) == pytest.approx((3 + 4 + 2 * 24) / ids.size)
+    with pytest.raises(DataError, match="B x 29"):
+        hot.hits(ids[:, :-1], hotness)
+
+
 def test_save_load_round_trip(tmp_path: Path) -> None:
     hot = choose_hot_rows(_profile(), SIZES, ROW_BYTES, 147)
     path = hot.save(tmp_path / "sub" / "hot_rows.npz")

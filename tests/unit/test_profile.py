@@ -227,3 +227,18 @@ def test_cli_writes_profile_and_coverage(tmp_path: Path, train_file: Path) -> No
     # Other table sizes than the profile's: one clear error.
     result = runner.invoke(app, [*args, "--table-sizes", "300"])
     assert isinstance(result.exception, ConfigError)
+
+
+def test_a_file_of_bags_counts_every_id_of_every_bag(tmp_path: Path) -> None:
+    dense = "\t".join(["1"] * NUM_DENSE)
+    fields = ["a,b,a", ""] + ["1"] * (NUM_CATEGORICAL - 2)  # C1: a twice and b; C2: an empty bag
+    other = ["b"] + ["2,1"] + ["1"] * (NUM_CATEGORICAL - 2)
+    path = tmp_path / "bags.tsv"
+    path.write_text("\n".join("\t".join(["0", dense, *row]) for row in (fields, other)) + "\n")
+    profile = profile_file(path, bags=True)
+    assert profile.rows == 2
+    assert _as_dict(profile.tables[0]) == {0xA: 2, 0xB: 2}
+    assert _as_dict(profile.tables[1]) == {2: 1, 1: 1}
+    assert profile.lookups == 4 + 2 + 2 * (NUM_CATEGORICAL - 2)
+    reduced = profile_file(path, (5,) * NUM_CATEGORICAL, bags=True)
+    assert _as_dict(reduced.tables[0]) == {0xA % 5: 2, 0xB % 5: 2}
