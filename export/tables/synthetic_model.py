@@ -66,7 +66,7 @@ from bundle.schema import (
     OUTPUT,
 )
 from criteo.profile import AccessProfile
-from criteo.tsv import iter_batches
+from criteo.tsv import Batch, iter_batches
 from export.framework import SMALL_ROWS, small_table_sizes
 from export.graphs.onnx_io import save_model
 from export.graphs.parity import onnx_session
@@ -277,16 +277,29 @@ def _export_small(module: DLRM, repository: Path, opset: int, serving: ServingCo
     from export.importers.torch_onnx import export_module
 
     path = version_dir(repository, SMALL_MODEL) / MODEL_FILE
+    hotness = module.config.hotness
+    dense, ids = example_inputs(module.config.table_sizes)
+    if hotness is not None:
+        import torch
+
+        from criteo.multihot import expand
+
+        ids = torch.from_numpy(expand(ids.numpy(), hotness))
     export_module(
         module,
-        example_inputs(module.config.table_sizes),
+        (dense, ids),
         path,
         opset,
         "a random DLRM with placeholder tables",
         doc=f"random DLRM {module.config} (untrained; small in-graph tables)",
+        hotness=hotness,
     )
     report = {
-        "source": {"format": "random DLRM (untrained)", "table_sizes": list(module.config.table_sizes)},
+        "source": {
+            "format": "random DLRM (untrained)",
+            "table_sizes": list(module.config.table_sizes),
+            "hotness": list(hotness) if hotness is not None else "one id per table",
+        },
         "role": f"the dense layers of {ensemble_model_name(FAMILY)} with small in-graph tables",
     }
     add_model(repository, SMALL_MODEL, serving, report=report)
@@ -311,8 +324,11 @@ def _cold_ids(size: int, hot_sorted: np.ndarray, count: int, rng: np.random.Gene
     return rng.choice(np.setdiff1d(np.arange(size), hot_sorted, assume_unique=True), count)
 
 
-def check_batches(hot: HotSet, rows: int = CHECK_ROWS, seed: int = 0) -> dict[str, np.ndarray]:
-    """Raw ids of the exactness check, ``rows x 26`` each (:data:`CHECK_CASES`).
+def check_batches(
+    hot: HotSet, rows: int = CHECK_ROWS, seed: int = 0, hotness: tuple[int, ...] | None = None
+) -> dict[str, np.ndarray]:
+    """Raw ids of the exactness check, ``rows x 26`` each (``rows x H`` bags with ``hotness``;
+    :data:`CHECK_CASES`).
 
     ``hot``: hot ids of every table with any (cold where a table has none); ``cold``:
     ids of no hot row (hot where a table is all hot); ``mixed``: each lookup hot or
@@ -320,20 +336,22 @@ def check_batches(hot: HotSet, rows: int = CHECK_ROWS, seed: int = 0) -> dict[st
     size (negative ones too), half the rows at the int64 limits and near them.
     """
     rng = np.random.default_rng(seed)
-    sizes = np.asarray(hot.table_sizes, dtype=np.int64)
-    hot_ids = np.empty((rows, NUM_CATEGORICAL), dtype=np.int64)
-    cold_ids = np.empty((rows, NUM_CATEGORICAL), dtype=np.int64)
-    for t, size in enumerate(hot.table_sizes):
+    tables = np.repeat(np.arange(NUM_CATEGORICAL), hotness or (1,) * NUM_CATEGORICAL)
+    width = tables.size
+    sizes = np.asarray(hot.table_sizes, dtype=np.int64)[tables]
+    hot_ids = np.empty((rows, width), dtype=np.int64)
+    cold_ids = np.empty((rows, width), dtype=np.int64)
+    for j, t in enumerate(tables):
         ids = hot.ids[t]
-        cold = _cold_ids(size, np.sort(ids), rows, rng)
-        hot_ids[:, t] = rng.choice(ids, rows) if ids.size else cold
-        cold_ids[:, t] = cold if cold is not None else rng.choice(ids, rows)
-    mixed = np.where(rng.random((rows, NUM_CATEGORICAL)) < 0.5, hot_ids, cold_ids)
-    shifted = mixed + sizes[None, :] * rng.integers(-(10**9), 10**9, (rows, NUM_CATEGORICAL))
+        cold = _cold_ids(hot.table_sizes[t], np.sort(ids), rows, rng)
+        hot_ids[:, j] = rng.choice(ids, rows) if ids.size else cold
+        cold_ids[:, j] = cold if cold is not None else rng.choice(ids, rows)
+    mixed = np.where(rng.random((rows, width)) < 0.5, hot_ids, cold_ids)
+    shifted = mixed + sizes[None, :] * rng.integers(-(10**9), 10**9, (rows, width))
     limits = np.iinfo(np.int64)
     extremes = np.array([limits.min, limits.max, limits.min + 1, limits.max - 1, -1], dtype=np.int64)
     half = rows // 2
-    shifted[:half] = extremes[np.arange(half * NUM_CATEGORICAL).reshape(half, -1) % extremes.size]
+    shifted[:half] = extremes[np.arange(half * width).reshape(half, -1) % extremes.size]
     return {"hot": hot_ids, "cold": cold_ids, "mixed": mixed, "out_of_range": shifted}
 
 
@@ -346,15 +364,23 @@ def store_reference(module: DLRM, store: RowStore, dense: np.ndarray, ids: np.nd
     """Probabilities of ``module``'s layers on embeddings read from ``store``: ``B x 1`` float32.
 
     Each id is reduced into its real table (``np.mod``, as ONNX ``Mod(fmod=0)``) and its
-    row read from the store (cast to float32), whatever the module's own tables hold.
+    row read from the store (cast to float32), whatever the module's own tables hold; a
+    multi-hot module's bags (``ids`` ``B x H``) are summed per table.
     """
     import torch
 
-    reduced = np.mod(ids, np.asarray(store.spec.table_sizes, dtype=np.int64)[None, :])
-    embedded = store.rows(np.arange(NUM_CATEGORICAL)[None, :], reduced, column=EMBEDDING_COLUMN)
+    counts = module.config.hotness or (1,) * NUM_CATEGORICAL
+    tables = np.repeat(np.arange(NUM_CATEGORICAL), counts)
+    reduced = np.mod(ids, np.asarray(store.spec.table_sizes, dtype=np.int64)[tables][None, :])
+    embedded = store.rows(tables[None, :], reduced, column=EMBEDDING_COLUMN).astype(np.float32)
+    if module.config.hotness is not None:
+        ends = np.cumsum(counts)
+        embedded = np.stack(
+            [embedded[:, end - n : end].sum(axis=1) for n, end in zip(counts, ends, strict=True)], axis=1
+        )
     with torch.no_grad():
         x = module.bottom_mlp(torch.from_numpy(dense))
-        interacted = module.interaction(x, torch.from_numpy(embedded.astype(np.float32)))
+        interacted = module.interaction(x, torch.from_numpy(np.ascontiguousarray(embedded)))
         return torch.sigmoid(module.top_mlp(interacted)).numpy()
 
 
@@ -373,9 +399,10 @@ def check_exactness(
     session = onnx_session(dense_path)
     tolerance = TOLERANCES[store.spec.dtype]
     results = {}
-    for name, ids in check_batches(hot, rows, seed).items():
+    hotness = module.config.hotness
+    for name, ids in check_batches(hot, rows, seed, hotness).items():
         dense = check_dense(len(ids), seed)
-        slots, positions, cold_rows = stage_reference(ids, hot, hot.table_sizes, store)
+        slots, positions, cold_rows = stage_reference(ids, hot, hot.table_sizes, store, hotness)
         feeds = {DENSE_INPUT: dense, HOT_SLOTS: slots, COLD_POSITIONS: positions, COLD_ROWS: cold_rows}
         (got,) = session.run([OUTPUT], feeds)
         want = store_reference(module, store, dense, ids)
@@ -389,17 +416,28 @@ def check_exactness(
     return results
 
 
-def heldout_hit_rate(hot: HotSet, data: Path, max_rows: int | None = None) -> float:
-    """Share of the lookups of a Criteo TSV file (streamed) that ``hot``'s rows serve."""
-    hits = rows = 0
-    for batch in iter_batches(data):
+def heldout_hit_rate(
+    hot: HotSet, data: Path, max_rows: int | None = None, hotness: tuple[int, ...] | None = None
+) -> float:
+    """Share of the lookups of a Criteo TSV file (streamed) that ``hot``'s rows serve (``hotness``:
+    a file of the multi-hot text format, bags of those sizes; every id a lookup)."""
+    from criteo.multihot import fixed_bags, iter_bag_batches
+
+    batches: Iterator[Batch] = (
+        iter_batches(data)
+        if hotness is None
+        else (fixed_bags(bags, hotness) for bags in iter_bag_batches(data))
+    )
+    hits = rows = lookups = 0
+    for batch in batches:
         if max_rows is not None:
             batch = batch.slice(0, max_rows - rows)
-        hits += int(hot.hits(batch).sum())
+        hits += int(hot.hits(batch, hotness).sum())
         rows += len(batch)
+        lookups += batch.categorical.size
         if max_rows is not None and rows >= max_rows:
             break
-    return hits / (rows * NUM_CATEGORICAL) if rows else 0.0
+    return hits / lookups if lookups else 0.0
 
 
 def _check_store_place(repository: Path, store_dir: Path) -> None:
@@ -557,7 +595,7 @@ def make_random_hot_cold_dlrm(
     rate = None
     if heldout_data is not None:
         with _step("heldout_hit_rate", seconds, memory):
-            rate = heldout_hit_rate(hot, heldout_data)
+            rate = heldout_hit_rate(hot, heldout_data, hotness=config.hotness)
     result = RandomDLRM(
         repository=repository,
         config=config,

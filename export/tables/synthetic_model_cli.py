@@ -10,6 +10,7 @@ export`` mounts :func:`synthetic_hot_cold` as ``python -m export synthetic-hot-c
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from pathlib import Path
 from typing import Annotated
@@ -19,6 +20,7 @@ from rich.console import Console
 
 from bundle.cli import new_app, run
 from bundle.repository import ServingConfig
+from criteo.multihot import is_single_hot, parse_hotness
 from criteo.profile import COUNTS_FILE, AccessProfile, read_profile
 from criteo.tables import TABLE_SIZE_PRESETS, parse_table_sizes
 from export.framework import SMALL_ROWS
@@ -41,9 +43,10 @@ def _stderr() -> Console:
     return Console(stderr=True)
 
 
-def load_profile(path: Path, table_sizes: tuple[int, ...]) -> AccessProfile:
+def load_profile(path: Path, table_sizes: tuple[int, ...], bags: bool = False) -> AccessProfile:
     """The access profile at ``path``: a folder ``python -m criteo profile`` wrote, or a Criteo TSV
-    profiled here (ids reduced into ``table_sizes``, with a progress bar)."""
+    profiled here (ids reduced into ``table_sizes``, with a progress bar; ``bags``: a file of the
+    multi-hot text format, every id of every bag a lookup)."""
     if path.is_dir() or path.name == COUNTS_FILE:  # nothing to count: no progress bar
         return read_profile(path)
     from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
@@ -56,7 +59,7 @@ def load_profile(path: Path, table_sizes: tuple[int, ...]) -> AccessProfile:
         console=_stderr(),
     ) as progress:
         task = progress.add_task(f"profiling {path}", total=None)
-        return read_profile(path, table_sizes, on_rows=lambda n: progress.advance(task, n))
+        return read_profile(path, table_sizes, on_rows=lambda n: progress.advance(task, n), bags=bags)
 
 
 def synthetic_hot_cold(
@@ -91,6 +94,14 @@ def synthetic_hot_cold(
         ),
     ] = None,
     store_dtype: Annotated[str, typer.Option(help=f"Row store values: {' or '.join(DTYPES)}.")] = "float16",
+    hotness: Annotated[
+        str,
+        typer.Option(
+            help="Ids per bag of each table: mlperf, one count for all 26, or 26 comma-separated counts "
+            "(1: one id per table). With bags, --profile-data and --heldout-data are files of the "
+            "multi-hot text format (python -m criteo synth --hotness)."
+        ),
+    ] = "1",
     seed: Annotated[int, typer.Option(help="Seed of the table values and the layers.")] = 0,
     heldout_data: Annotated[
         Path | None,
@@ -123,12 +134,15 @@ def synthetic_hot_cold(
     )
 
     sizes = None if table_sizes is None else parse_table_sizes(table_sizes)
-    config = DLRMConfig.preset(preset, table_sizes=sizes)
+    counts = parse_hotness(hotness)
+    config = dataclasses.replace(
+        DLRMConfig.preset(preset, table_sizes=sizes), hotness=None if is_single_hot(counts) else counts
+    )
     budget = parse_size(hot_budget)
     spec = random_store_spec(config, store_dtype)
-    serving = ServingConfig(instances=instances, intra_op_threads=intra_op_threads)
+    serving = ServingConfig(instances=instances, intra_op_threads=intra_op_threads, hotness=config.hotness)
     started = time.perf_counter()
-    profile = load_profile(profile_data, config.table_sizes)
+    profile = load_profile(profile_data, config.table_sizes, bags=config.hotness is not None)
     profiled = time.perf_counter() - started
     reused = existing_random_store(store_dir, spec, seed) is not None
     with Progress(

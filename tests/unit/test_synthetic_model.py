@@ -262,3 +262,48 @@ def test_cli(tmp_path: Path, data: dict[str, Path]) -> None:
 
     done = runner.invoke(synthetic_model_cli.app, [*common[:-4], "--hot-budget", "8Q", "--profile-data", "x"])
     assert isinstance(done.exception, BundleError) and "a size must be" in str(done.exception)
+
+
+#: 1 to 3 ids per bag: 52 ids a row.
+HOTNESS = tuple(1 + t % 3 for t in range(NUM_CATEGORICAL))
+
+
+def test_a_multi_hot_model_takes_bags_hot_and_cold(tmp_path: Path) -> None:
+    """Bags of fixed sizes: the profile and the held-out hit rate count every id of every bag, the
+    stage and the dense model take ``B x H`` ids, and the check sums each bag's store rows."""
+    files = {name: tmp_path / f"{name}.tsv" for name in ("train", "heldout")}
+    for seed, path in enumerate(files.values()):
+        write_tsv(
+            SynthConfig(rows=2000, seed=seed, vocabulary=SIZES, max_vocabulary=1000, bags=HOTNESS), path
+        )
+    width = sum(HOTNESS)
+    done = CliRunner().invoke(
+        synthetic_model_cli.app,
+        [
+            "synthetic-hot-cold", "--preset", "tiny", "--table-sizes", ",".join(map(str, SIZES)),
+            "--repository", str(tmp_path / "repo"), "--store-dir", str(tmp_path / "store"),
+            "--hot-budget", "8K", "--small-rows", "100", "--store-dtype", "float32",
+            "--hotness", ",".join(map(str, HOTNESS)),
+            "--profile-data", str(files["train"]), "--heldout-data", str(files["heldout"]),
+        ],
+    )  # fmt: skip
+    assert done.exit_code == 0, done.output
+    report = json.loads((tmp_path / "repo" / "dlrm_onnx" / "export_report.json").read_text())
+    text = json.dumps(report)
+    assert "heldout_hit_rate" in text
+    for name in ("dlrm_onnx", "dlrm_embedding", "dlrm_dense", SMALL_MODEL):
+        assert f"dims: {width}" in (tmp_path / "repo" / name / CONFIG_NAME).read_text(), name
+    # The pair in-process against the store's rows summed per bag, on each case of the check.
+    store = RowStore.open(tmp_path / "store")
+    hot = HotSet.load(tmp_path / "repo" / "dlrm_embedding" / "1" / HOT_SET_FILE)
+    dense_path = tmp_path / "repo" / "dlrm_dense" / "1" / MODEL_FILE
+    session = ort.InferenceSession(str(dense_path), providers=["CPUExecutionProvider"])
+    for name, ids in check_batches(hot, 64, seed=1, hotness=HOTNESS).items():
+        assert ids.shape == (64, width), name
+        slots, positions, rows = stage_reference(ids, hot, SIZES, store, HOTNESS)
+        dense = check_dense(64, seed=1)
+        feeds = {DENSE_INPUT: dense, HOT_SLOTS: slots, COLD_POSITIONS: positions, COLD_ROWS: rows}
+        (got,) = session.run([OUTPUT], feeds)
+        assert got.shape == (64, 1) and np.all(np.isfinite(got)), name
+    hits = synthetic_model.heldout_hit_rate(hot, files["heldout"], hotness=HOTNESS)
+    assert 0.0 < hits < 1.0
