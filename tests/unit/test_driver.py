@@ -101,8 +101,9 @@ def test_a_window_counts_only_the_requests_that_complete_inside_it() -> None:
     total = driver.total
 
     assert before > 0 and window.seconds == pytest.approx(0.3, abs=0.05)
-    # The window saw what the total gained while it was open (one request per worker either side).
-    assert abs(window.requests - (after - before)) <= 2
+    # The window saw what the total gained while it was open: the totals are read just outside
+    # it, so each of the 2 workers may finish one request on either side of it.
+    assert abs(window.requests - (after - before)) <= 2 * 2
     # Two workers, 10 ms each: about 200 requests/s, far from it only on a stalled machine.
     assert 20 <= window.requests <= 70
     assert window.samples_per_s == pytest.approx(window.rows / window.seconds)
