@@ -21,6 +21,7 @@ from export.tables.ensemble import embedding_model_name, write_embedding_stage
 from export.tables.hot_rows import HotSet
 from export.tables.row_store import RowStoreSpec, write_arrays
 from server import LocalServer
+from tests.stage_contract import stage_contract
 
 FAMILY = "dlrm"
 STAGE = embedding_model_name(FAMILY)
@@ -49,21 +50,6 @@ def server(start_triton: Any, tmp_path_factory: pytest.TempPathFactory) -> Itera
     started.stop()
 
 
-def _contract(ids: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Hot slots, cold positions and cold rows, one id at a time with Python's %."""
-    table_of = [t for t, count in enumerate(HOTNESS) for _ in range(count)]
-    slot_of = [{int(i): s + 1 for s, i in enumerate(ids_)} for ids_ in HOT_IDS]
-    slots, positions, rows = np.zeros(ids.shape, dtype=np.int64), [], []
-    for b in range(ids.shape[0]):
-        for p, t in enumerate(table_of):
-            row = int(ids[b, p]) % SIZES[t]
-            slots[b, p] = slot_of[t].get(row, 0)
-            if not slots[b, p]:
-                positions.append(b * ids.shape[1] + p)
-                rows.append(TABLES[t][row].astype(np.float32))
-    return slots, np.array(positions, dtype=np.int64), np.array(rows, dtype=np.float32).reshape(-1, WIDTH)
-
-
 def _infer(server: LocalServer, protocol: str, ids: np.ndarray) -> Any:
     module: Any = httpclient if protocol == "http" else grpcclient
     client = module.InferenceServerClient(server.http_url if protocol == "http" else server.grpc_url)
@@ -82,7 +68,7 @@ def test_bags_are_placed_id_by_id(server: LocalServer, protocol: str) -> None:
     ids = rng.integers(-1000, 1000, (16, sum(HOTNESS)), dtype=np.int64)
     ids[0, :4] = [info.min, info.max, -1, 0]
     answer = _infer(server, protocol, ids)
-    slots, positions, rows = _contract(ids)
+    slots, positions, rows = stage_contract(ids, HOT_IDS, SIZES, TABLES, HOTNESS)
     np.testing.assert_array_equal(answer.as_numpy(HOT_SLOTS), slots)
     np.testing.assert_array_equal(answer.as_numpy(COLD_POSITIONS), positions)
     assert answer.as_numpy(COLD_ROWS).tobytes() == rows.tobytes()

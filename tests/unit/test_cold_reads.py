@@ -31,6 +31,7 @@ from server.stages.embedding.hot_cold_lookup import (
     page_runs,
     quantize_rows,
 )
+from tests.stage_contract import stage_contract
 
 #: 50 values: 200-byte float32 rows (100 in float16, 58 in int8), so rows span page boundaries.
 WIDTH = 50
@@ -219,21 +220,6 @@ def test_float16_rows_become_float32_bit_for_bit() -> None:
 HOTNESS = tuple(1 + t % 4 for t in range(NUM_CATEGORICAL))
 
 
-def _bag_reference(ids: np.ndarray, tables: list[np.ndarray], hot: HotSet) -> tuple[np.ndarray, ...]:
-    """Hot slots, cold positions and cold rows of ``B x H`` bags, one id at a time."""
-    table_of = np.repeat(np.arange(NUM_CATEGORICAL), HOTNESS)
-    slot_of = [{int(i): s + 1 for s, i in enumerate(table)} for table in hot.ids]
-    slots, positions, rows = np.zeros(ids.shape, dtype=np.int64), [], []
-    for b in range(ids.shape[0]):
-        for p, t in enumerate(table_of):
-            row = int(ids[b, p]) % SIZES[t]
-            slots[b, p] = slot_of[t].get(row, 0)
-            if not slots[b, p]:
-                positions.append(b * ids.shape[1] + p)
-                rows.append(tables[t][row].astype(np.float32))
-    return slots, np.array(positions, dtype=np.int64), np.array(rows, dtype=np.float32).reshape(-1, WIDTH)
-
-
 @pytest.mark.parametrize("way", COLD_READS)
 def test_bags_place_each_id_in_its_tables_rows(store: tuple[Path, Path, list[np.ndarray]], way: str) -> None:
     store_dir, hot_path, tables = store
@@ -248,7 +234,7 @@ def test_bags_place_each_id_in_its_tables_rows(store: tuple[Path, Path, list[np.
             bags = ids[:, table_of].copy()
             bags[:, 1::3] = rng.integers(INT64.min, INT64.max, bags[:, 1::3].shape, dtype=np.int64)
             placement = lookup.place(lookup.check_ids(bags, "categorical_ids"))
-            slots, positions, rows = _bag_reference(bags, tables, _hot_set())
+            slots, positions, rows = stage_contract(bags, _hot_set().ids, SIZES, tables, HOTNESS)
             np.testing.assert_array_equal(placement.hot_slots, slots, err_msg=name)
             np.testing.assert_array_equal(placement.cold_positions, positions, err_msg=name)
             assert placement.cold_rows.tobytes() == rows.tobytes(), name
