@@ -17,7 +17,7 @@ and its indices are traced back to the input column they were sliced from.
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -134,18 +134,26 @@ def graph_hotness(model: onnx.ModelProto) -> tuple[int, ...] | None:
     Raises:
         ExportError: the record is not 26 counts >= 1.
     """
-    for entry in model.metadata_props:
-        if entry.key == HOTNESS_METADATA:
-            try:
-                counts = tuple(int(part) for part in entry.value.split(","))
-            except ValueError:
-                counts = ()
-            if len(counts) != NUM_CATEGORICAL or min(counts) < 1:
-                raise ExportError(
-                    f"the graph's {HOTNESS_METADATA} record {entry.value!r} is not 26 counts >= 1"
-                )
-            return counts
-    return None
+    return recorded_hotness({entry.key: entry.value for entry in model.metadata_props})
+
+
+def recorded_hotness(metadata: Mapping[str, str]) -> tuple[int, ...] | None:
+    """The bag sizes among a graph's metadata (``metadata_props``, or ONNX Runtime's
+    ``custom_metadata_map``; None: no record, one id per table).
+
+    Raises:
+        ExportError: the record is not 26 counts >= 1.
+    """
+    text = metadata.get(HOTNESS_METADATA)
+    if text is None:
+        return None
+    try:
+        counts = tuple(int(part) for part in text.split(","))
+    except ValueError:
+        counts = ()
+    if len(counts) != NUM_CATEGORICAL or min(counts) < 1:
+        raise ExportError(f"the graph's {HOTNESS_METADATA} record {text!r} is not 26 counts >= 1")
+    return counts
 
 
 def set_graph_hotness(model: onnx.ModelProto, hotness: Sequence[int] | None) -> None:

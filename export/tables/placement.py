@@ -58,7 +58,7 @@ from criteo.profile import read_profile
 from criteo.tables import check_table_sizes
 from criteo.tsv import Batch
 from export.framework import SMALL_ROWS, FrameworkExporter, StreamedTables
-from export.graphs.ids import HOTNESS_METADATA, graph_hotness
+from export.graphs.ids import graph_hotness, recorded_hotness
 from export.graphs.onnx_io import save_model
 from export.graphs.parity import ParityResult, compare, extreme_id_rows, onnx_session, run_onnx
 from export.options import NO_PROFILE_DATA, ExportOptions, PlacementOptions
@@ -166,9 +166,8 @@ def run_hot_cold(
     """
     session = onnx_session(dense_path)
     # A multi-hot dense model records its bags' sizes (as the graph it was split from).
-    recorded = session.get_modelmeta().custom_metadata_map.get(HOTNESS_METADATA)
-    if hotness is None and recorded:
-        hotness = tuple(int(count) for count in recorded.split(","))
+    if hotness is None:
+        hotness = recorded_hotness(session.get_modelmeta().custom_metadata_map)
     outputs = []
     for start in range(0, len(batch), chunk):
         feeds = hot_cold_feeds(batch.slice(start, start + chunk), hot, store, hotness)
