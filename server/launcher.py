@@ -55,6 +55,8 @@ from server.triton_log import (
 logger = logging.getLogger(__name__)
 
 _POLL_INTERVAL_S = 0.1
+# Seconds a load or unload call still waits for the model to settle once its ``timeout`` is spent.
+_SETTLE_FLOOR_S = 5.0
 # How much longer than tritonserver's own --exit-timeout-secs stop() waits
 # before it kills: unloading python stubs takes a few seconds on its own.
 _KILL_GRACE_S = 5.0
@@ -394,16 +396,29 @@ class LocalServer:
         tritonserver loads the repository's current versions beside the ones
         serving and switches once they are ready, so requests keep being answered.
 
+        Returns once the model answers ready.
+
         Raises:
             ServerError: refused, the model failed to load, or ``timeout`` passed.
         """
         self._require_process()
+        started = time.monotonic()
         self._probe.load_model(name, timeout)
+        self._probe.wait_model_ready(name, max(_SETTLE_FLOOR_S, timeout - (time.monotonic() - started)))
 
     def unload_model(self, name: str, timeout: float = 60.0) -> None:
-        """Unload ``name`` (explicit model control), with the admin key if set."""
+        """Unload ``name`` (explicit model control), with the admin key if set.
+
+        Returns once tritonserver has released it: its unload API answers before that, and a
+        load of the same or another model meanwhile would run beside the instances still going.
+
+        Raises:
+            ServerError: refused, or still not unloaded after ``timeout``.
+        """
         self._require_process()
+        started = time.monotonic()
         self._probe.unload_model(name, timeout)
+        self._probe.wait_unloaded(name, max(_SETTLE_FLOOR_S, timeout - (time.monotonic() - started)))
 
     def stop(self, sig: int = signal.SIGTERM, timeout: float | None = None) -> int | None:
         """Ask tritonserver to exit with ``sig``; kill it if it does not in time.

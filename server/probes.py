@@ -8,12 +8,18 @@ from __future__ import annotations
 
 import http.client
 import json
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import quote
 
 from bundle.errors import ServerError
+
+# States of a version that still holds (or is taking) the model's instances.
+_IN_USE = ("LOADING", "READY", "UNLOADING")
+# Seconds between two polls of the server while waiting.
+_POLL_S = 0.02
 
 
 @dataclass(frozen=True)
@@ -128,5 +134,36 @@ class ServerProbe:
         self._json("POST", f"/v2/repository/models/{quote(name, safe='')}/load", timeout_s)
 
     def unload_model(self, name: str, timeout_s: float = 60.0) -> None:
-        """Unload ``name`` through the repository API (in-flight requests finish first)."""
+        """Ask tritonserver to unload ``name`` through the repository API (in-flight requests
+        finish first). It answers before the model's instances are released:
+        :meth:`wait_unloaded` waits for that."""
         self._json("POST", f"/v2/repository/models/{quote(name, safe='')}/unload", timeout_s)
+
+    def wait_unloaded(self, name: str, timeout_s: float) -> None:
+        """Return once the repository index shows no version of ``name`` loading, ready or
+        unloading.
+
+        Raises:
+            ServerError: a version of it is still there after ``timeout_s``.
+        """
+        deadline = time.monotonic() + timeout_s
+        while True:
+            busy = [e for e in self.repository_index() if e.name == name and e.state in _IN_USE]
+            if not busy:
+                return
+            if time.monotonic() >= deadline:
+                states = ", ".join(f"version {e.version} {e.state}" for e in busy)
+                raise ServerError(f"model '{name}' was not unloaded after {timeout_s:g} s ({states})")
+            time.sleep(_POLL_S)
+
+    def wait_model_ready(self, name: str, timeout_s: float) -> None:
+        """Return once ``name`` answers ready.
+
+        Raises:
+            ServerError: it does not within ``timeout_s``.
+        """
+        deadline = time.monotonic() + timeout_s
+        while not self.is_model_ready(name):
+            if time.monotonic() >= deadline:
+                raise ServerError(f"model '{name}' loaded but did not report ready within {timeout_s:g} s")
+            time.sleep(_POLL_S)

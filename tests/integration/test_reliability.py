@@ -215,6 +215,31 @@ def test_model_reloaded_to_a_new_version_under_load_without_a_failed_request(
     )
 
 
+def test_unload_returns_once_the_model_is_released_and_load_once_it_serves(
+    start_triton: StartTriton, exported_repository: Path, tmp_path: Path
+) -> None:
+    """tritonserver's unload API answers before the model's instances (its python stubs) are
+    released; the launcher's unload waits for that, so a load that follows never runs beside
+    them, and its load returns once the model answers."""
+    repository = tmp_path / "repository"
+    for name in (MODEL, OTHER):
+        shutil.copytree(exported_repository / name, repository / name)
+    server = start_triton(repository, model_control_mode="explicit", load_models=(MODEL,))
+    probe = ServerProbe("127.0.0.1", server.config.http_port)
+    assert len(server.memory()) > 1  # tritonserver and the model's stub
+    for _ in range(3):
+        server.unload_model(MODEL)
+        states = [m.state for m in server.models() if m.name == MODEL]
+        assert states and all(state == "UNAVAILABLE" for state in states), states
+        assert list(server.memory()) == [server.pid]  # its stub is gone: nothing else is loaded
+        server.load_model(OTHER)
+        assert probe.is_model_ready(OTHER)
+        server.unload_model(OTHER)
+        assert list(server.memory()) == [server.pid]
+        server.load_model(MODEL)
+        assert probe.is_model_ready(MODEL)
+
+
 # ------------------------------------------------------------------------------ soak
 @pytest.mark.integration
 def test_soak_command_reports_requests_errors_and_memory(exported_repository: Path, tmp_path: Path) -> None:
