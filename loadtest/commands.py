@@ -254,7 +254,10 @@ def cold_reads(
     requests: Annotated[int, typer.Option(help="Requests per way, batch size and round.")] = 30,
     rounds: Annotated[int, typer.Option(help="Turns the ways take.")] = 2,
     way: Annotated[
-        list[str] | None, typer.Option(help="A way of reading to compare (repeatable; default all).")
+        list[str] | None,
+        typer.Option(
+            help="A way of reading to compare (repeatable; default all: the stage's and io_uring-no-hints)."
+        ),
     ] = None,
     threads: Annotated[int, typer.Option(help="Threads of the 'threads' way.")] = 8,
     probe_seconds: Annotated[float, typer.Option(help="Seconds of each disk probe.")] = 3.0,
@@ -265,7 +268,7 @@ def cold_reads(
     """The embedding stage's ways of reading cold rows, on a store evicted from memory (a benchmark)."""
     from rich.progress import Progress
 
-    from loadtest.benchmarks.cold_reads import COLD_READS, ColdReadOptions, run_cold_reads, write_cold_reads
+    from loadtest.benchmarks.cold_reads import WAYS, ColdReadOptions, run_cold_reads, write_cold_reads
 
     options = ColdReadOptions(
         repository=repository,
@@ -274,7 +277,7 @@ def cold_reads(
         batch_sizes=parse_ints(batch_size, "--batch-size"),
         requests=requests,
         rounds=rounds,
-        ways=tuple(way or COLD_READS),
+        ways=tuple(way or WAYS),
         threads=threads,
         probe_seconds=probe_seconds,
     )

@@ -42,6 +42,7 @@ from criteo.tsv import iter_batches
 from loadtest.engine.client_cpu import process_cpu_s
 from loadtest.engine.writer import Panel, Series, plot, table, write_json, write_markdown
 from server.stages.embedding.hot_cold_lookup import (
+    COLD_READ_URING,
     COLD_READS,
     DEFAULT_COLD_READ_THREADS,
     PARAM_HOT_SET,
@@ -63,6 +64,10 @@ PROBE_THREADS = (1, 8)
 AIO_DEPTH = 32
 #: Bytes of one probe read: the kernel's page, what a cold row costs.
 PROBE_BYTES = 4096
+#: A way measured beside the stage's: ``io_uring`` without its read-ahead hints, at any size.
+URING_NO_HINTS = "io_uring-no-hints"
+#: Every way the benchmark compares.
+WAYS = (*COLD_READS, URING_NO_HINTS)
 
 
 @dataclass(frozen=True)
@@ -76,7 +81,7 @@ class ColdReadOptions:
         batch_sizes: rows per request.
         requests: measured requests per way, batch size and round.
         rounds: turns the ways take.
-        ways: the ways compared (:data:`COLD_READS`).
+        ways: the ways compared (:data:`WAYS`: the stage's, and :data:`URING_NO_HINTS`).
         threads: threads of the ``threads`` way.
         probe_seconds: seconds of each disk probe.
     """
@@ -87,7 +92,7 @@ class ColdReadOptions:
     batch_sizes: tuple[int, ...] = (64, 1024)
     requests: int = 30
     rounds: int = 2
-    ways: tuple[str, ...] = COLD_READS
+    ways: tuple[str, ...] = WAYS
     threads: int = DEFAULT_COLD_READ_THREADS
     probe_seconds: float = 3.0
 
@@ -96,9 +101,9 @@ class ColdReadOptions:
             raise ConfigError(f"batch sizes must be >= 1, got {list(self.batch_sizes)}")
         if self.requests < 3 or self.rounds < 1:
             raise ConfigError(f"need requests >= 3 and rounds >= 1, got {self.requests} and {self.rounds}")
-        unknown = [way for way in self.ways if way not in COLD_READS]
+        unknown = [way for way in self.ways if way not in WAYS]
         if unknown or not self.ways:
-            raise ConfigError(f"ways must be some of {', '.join(COLD_READS)}; got {list(self.ways)}")
+            raise ConfigError(f"ways must be some of {', '.join(map(repr, WAYS))}; got {list(self.ways)}")
         if self.threads < 1 or self.probe_seconds <= 0:
             raise ConfigError("threads must be >= 1 and probe seconds > 0")
 
@@ -384,13 +389,19 @@ def _requests(options: ColdReadOptions) -> dict[tuple[int, str, int], list[np.nd
     return plan
 
 
+def _reader(store: StoreRows, way: str, threads: int) -> ColdReads:
+    if way == URING_NO_HINTS:
+        return ColdReads.of_store(store, COLD_READ_URING, threads, hint_rows=0)
+    return ColdReads.of_store(store, way, threads)
+
+
 def run_cold_reads(options: ColdReadOptions, command: str, progress: Any = None) -> dict[str, Any]:
     """Measure every way at every batch size, cold and warm, with the disk probe; the report."""
     store_dir, hot_set, sizes = stage_files(options.repository, options.stage)
     store = open_store(store_dir, verify=False)
     _, hot_ids = read_hot_ids(hot_set, len(sizes))
     lookup = HotColdLookup(sizes, hot_ids, store.data)
-    readers = {way: ColdReads.of_store(store, way, options.threads) for way in options.ways}
+    readers = {way: _reader(store, way, options.threads) for way in options.ways}
     plan = _requests(options)
     results = {(way, size): WayResult(way, size) for way in options.ways for size in options.batch_sizes}
     record = RunRecord.begin(command)

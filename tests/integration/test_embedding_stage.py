@@ -53,7 +53,7 @@ from export.tables.ensemble import (
 from export.tables.hot_rows import HotSet
 from export.tables.row_store import RowStoreSpec, write_arrays
 from server import LocalServer
-from server.stages.embedding.hot_cold_lookup import PARAM_COLD_READS
+from server.stages.embedding.hot_cold_lookup import PARAM_COLD_READ_HINT_ROWS, PARAM_COLD_READS
 
 pytestmark = pytest.mark.integration
 
@@ -396,18 +396,29 @@ def test_the_bundle_client_infers_on_the_ensemble(
     np.testing.assert_allclose(got, TIERS.probability(dense, ids), rtol=0, atol=1e-6)
 
 
-def test_an_unknown_way_of_reading_cold_rows_fails_the_stage_in_one_line(
-    start_triton: Any, hot_cold_repository: Path, tmp_path: Path
+@pytest.mark.parametrize(
+    ("parameter", "value", "message"),
+    [
+        (
+            PARAM_COLD_READS,
+            "mmap",
+            "'cold_reads' must be one of io_uring, prefetch, threads, fault, got 'mmap'",
+        ),
+        (PARAM_COLD_READ_HINT_ROWS, "many", "'cold_read_hint_rows' must be an integer >= 0, got 'many'"),
+    ],
+)
+def test_a_bad_way_of_reading_cold_rows_fails_the_stage_in_one_line(
+    start_triton: Any, hot_cold_repository: Path, tmp_path: Path, parameter: str, value: str, message: str
 ) -> None:
     repository = tmp_path / "model_repository"
     shutil.copytree(hot_cold_repository, repository)
     config = read_config(repository / STAGE / "config.pbtxt")
-    config.parameters[PARAM_COLD_READS].string_value = "mmap"
+    config.parameters[parameter].string_value = value
     write_config(repository / STAGE, config)
     server = start_triton(repository, model_control_mode="explicit")
     with pytest.raises(ServerError) as failure:
         server.load_model(STAGE)
-    assert "'cold_reads' must be one of io_uring, prefetch, threads, fault, got 'mmap'" in str(failure.value)
+    assert message in str(failure.value)
     # The server stays up and loads the rest.
     server.load_model(dense_model_name(FAMILY))
     assert server.running and {(m.name, m.state) for m in server.models()} >= {

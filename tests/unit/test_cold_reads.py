@@ -12,6 +12,7 @@ from export.tables.ensemble import write_embedding_stage
 from export.tables.hot_rows import HotSet
 from export.tables.row_store import RowStoreSpec, write_arrays
 from loadtest.benchmarks.cold_reads import (
+    WAYS,
     ColdReadOptions,
     evict,
     resident_bytes,
@@ -131,6 +132,28 @@ def test_every_way_reads_the_bytes_of_a_plain_gather(
         plain.close()
 
 
+def test_io_uring_reads_the_same_bytes_with_and_without_its_read_ahead_hints(
+    store: tuple[Path, Path, list[np.ndarray]],
+) -> None:
+    store_dir, hot_path, _ = store
+    hinted = HotColdLookup.open(store_dir, hot_path, SIZES, cold_reads="io_uring", hint_rows=10**6)
+    bare = HotColdLookup.open(store_dir, hot_path, SIZES, cold_reads="io_uring", hint_rows=0)
+    try:
+        if hinted.reads.fallback:
+            pytest.skip(f"no io_uring here: {hinted.reads.fallback}")
+        for name, ids in _requests().items():
+            with_hints, without = hinted.place(ids), bare.place(ids)
+            assert with_hints.cold_rows.tobytes() == without.cold_rows.tobytes(), name
+            rows = with_hints.cold_distinct_rows
+            runs = page_runs(with_hints.pending.distinct, with_hints.pending.row_bytes)[0].size
+            enters = -(-rows // hinted.reads._ring.entries) if hinted.reads._ring else 0
+            # One hint per run of pages, then the ring's calls; without hints only the ring's.
+            assert with_hints.cold_reads == runs + enters and without.cold_reads == enters, name
+    finally:
+        hinted.close()
+        bare.close()
+
+
 def test_a_repeated_row_is_read_once(store: tuple[Path, Path, list[np.ndarray]]) -> None:
     store_dir, hot_path, _ = store
     lookup = HotColdLookup.open(store_dir, hot_path, SIZES, cold_reads="threads", threads=2)
@@ -185,16 +208,14 @@ def test_the_benchmark_measures_every_way_on_fresh_rows(
     data = tmp_path / "heldout.tsv"
     rng = np.random.default_rng(9)
     with data.open("w") as out:
-        for _ in range(2 * len(COLD_READS) * (4 + 16) * 3):
+        for _ in range(2 * len(WAYS) * (4 + 16) * 3):
             ids = "\t".join(f"{v:x}" for v in rng.integers(0, 10**6, NUM_CATEGORICAL))
             out.write("1\t" + "\t".join(["1"] * 13) + "\t" + ids + "\n")
     options = ColdReadOptions(
         repository, data=data, batch_sizes=(4, 16), requests=3, rounds=2, threads=2, probe_seconds=0.1
     )
     report = run_cold_reads(options, "test")
-    assert [(w["way"], w["batch_size"]) for w in report["ways"]] == [
-        (w, b) for w in COLD_READS for b in (4, 16)
-    ]
+    assert [(w["way"], w["batch_size"]) for w in report["ways"]] == [(w, b) for w in WAYS for b in (4, 16)]
     for way in report["ways"]:
         assert way["requests"] == 6 and way["cold_lookups_p50"] > 0 and way["pages_p50"] > 0
         assert way["cold_cpu_ms_p50"] >= 0 and way["warm_cpu_ms_p50"] >= 0
@@ -202,7 +223,7 @@ def test_the_benchmark_measures_every_way_on_fresh_rows(
     paths = write_cold_reads(report, tmp_path / "out")
     assert all(path.stat().st_size > 0 for path in paths.values())
     assert "CPU ms cold / warm" in paths["markdown"].read_text()
-    with pytest.raises(Exception, match=f"sends {2 * len(COLD_READS) * 20 * (4 + 16)} rows"):
+    with pytest.raises(Exception, match=f"sends {2 * len(WAYS) * 20 * (4 + 16)} rows"):
         run_cold_reads(
             ColdReadOptions(repository, data=data, batch_sizes=(4, 16), requests=20, rounds=2), "test"
         )

@@ -108,6 +108,9 @@ PARAM_ROW_STORE_FINGERPRINT = "row_store_fingerprint"
 PARAM_COLD_READS = "cold_reads"
 #: Threads of the ``threads`` way of reading (optional; default :data:`DEFAULT_COLD_READ_THREADS`).
 PARAM_COLD_READ_THREADS = "cold_read_threads"
+#: The ``io_uring`` way's read-ahead hints: requests with at most this many distinct cold rows
+#: hint each run of pages first (optional; default :data:`DEFAULT_COLD_READ_HINT_ROWS`; 0: never).
+PARAM_COLD_READ_HINT_ROWS = "cold_read_hint_rows"
 #: Config parameter: ids per bag of each table, C1's first (26 comma-separated counts; absent:
 #: one id per table), as the dense models' configs write it.
 PARAM_HOTNESS = "hotness"
@@ -121,6 +124,10 @@ COLD_READS = (COLD_READ_URING, COLD_READ_PREFETCH, COLD_READ_THREADS, COLD_READ_
 #: The stage's way when its config names none.
 DEFAULT_COLD_READS = COLD_READ_URING
 DEFAULT_COLD_READ_THREADS = 8
+#: Measured by ``python -m loadtest cold-reads`` (benchmarks/cold_tier/cold_reads.md): with the
+#: hints, a request of 36 cold rows took 20 % less time; from about 300 rows on, the hints' CPU
+#: (one system call per run of pages) outweighs the time they save.
+DEFAULT_COLD_READ_HINT_ROWS = 256
 #: The kernel's page: the unit a cold row is read from disk in.
 PAGE_BYTES = mmap.PAGESIZE
 
@@ -608,9 +615,9 @@ class PendingRows:
     Attributes:
         distinct: distinct store rows the request reads, ascending.
         row_bytes: bytes per store row.
-        reads: system calls issued: read-ahead hints and ``pread`` calls, ``io_uring_enter``
-            calls (one per :attr:`uring.Ring.entries` reads), or 0 for ``fault``, whose page
-            faults do the reading.
+        reads: system calls issued: read-ahead hints and ``pread`` calls, read-ahead hints and
+            ``io_uring_enter`` calls (one per :attr:`uring.Ring.entries` reads), or 0 for
+            ``fault``, whose page faults do the reading.
     """
 
     distinct: np.ndarray
@@ -644,7 +651,11 @@ class ColdReads:
       of adjacent rows, one read each, and all the reads go to the kernel in one
       ``io_uring_enter`` (:class:`uring.Ring`), which returns when all are done: the cached
       ones copied at once, the others read by the disk in parallel. One system call per
-      request, where ``prefetch`` makes two per row. Where the kernel offers no
+      request, where ``prefetch`` makes two per row. A request with at most ``hint_rows``
+      distinct rows first gives the kernel a read-ahead hint per run of pages, as ``prefetch``
+      does: the ring's reads of uncached pages then find their disk reads already queued
+      together, and a small request's rows come back sooner; for more rows the hints' system
+      calls cost more CPU than they save. Where the kernel offers no
       ``io_uring`` (before Linux 5.6, ``kernel.io_uring_disabled``, or a container's
       seccomp profile, Docker's default among them), it reads the ``prefetch`` way and
       :attr:`fallback` says why.
@@ -675,9 +686,12 @@ class ColdReads:
         decode: gathered rows -> ``N x W`` float32 (default: a cast; :meth:`StoreRows.decode`
             for an int8 store).
         width: values per row ``W`` (default: ``rows.shape[1]``).
+        hint_rows: the ``io_uring`` way hints the pages of requests with at most this many
+            distinct rows (0: never).
 
     Raises:
-        StageError: an unknown way, fewer than one thread, or ``threads`` without the file.
+        StageError: an unknown way, fewer than one thread, a negative ``hint_rows``, or
+            ``threads`` without the file.
     """
 
     def __init__(
@@ -688,15 +702,19 @@ class ColdReads:
         rows_path: Path | None = None,
         decode: Callable[[np.ndarray], np.ndarray] | None = None,
         width: int | None = None,
+        hint_rows: int = DEFAULT_COLD_READ_HINT_ROWS,
     ) -> None:
         if how not in COLD_READS:
             raise StageError(f"cold reads must be one of {', '.join(COLD_READS)}; got {how!r}")
         if threads < 1:
             raise StageError(f"cold read threads must be >= 1, got {threads}")
+        if hint_rows < 0:
+            raise StageError(f"cold read hint rows must be >= 0, got {hint_rows}")
         if how == COLD_READ_THREADS and rows_path is None:
             raise StageError("cold reads 'threads' read the store's file: give its path")
         self.how = how
         self.threads = threads
+        self.hint_rows = hint_rows
         self._rows = rows
         self._row_bytes = int(rows.shape[1]) * rows.dtype.itemsize if rows.ndim == 2 else 0
         self._decode = decode if decode is not None else _as_float32
@@ -725,10 +743,15 @@ class ColdReads:
 
     @classmethod
     def of_store(
-        cls, store: StoreRows, how: str = DEFAULT_COLD_READS, threads: int = DEFAULT_COLD_READ_THREADS
+        cls,
+        store: StoreRows,
+        how: str = DEFAULT_COLD_READS,
+        threads: int = DEFAULT_COLD_READ_THREADS,
+        hint_rows: int = DEFAULT_COLD_READ_HINT_ROWS,
     ) -> ColdReads:
         """The reads of an opened store (:func:`open_store`)."""
-        return cls(store.data, how, threads, store.path / STORE_ROWS_FILE, store.decode, store.width)
+        path = store.path / STORE_ROWS_FILE
+        return cls(store.data, how, threads, path, store.decode, store.width, hint_rows)
 
     def start(self, keys: np.ndarray) -> PendingRows:
         """Start reading the rows ``keys`` (int64 store rows, any order, repeats allowed)."""
@@ -742,17 +765,23 @@ class ColdReads:
             return self._read_threads(distinct, inverse.reshape(-1))
         if self._ring is not None:
             return self._read_ring(distinct, inverse.reshape(-1))
-        fd, willneed = self._fd, os.POSIX_FADV_WILLNEED
-        offsets, lengths = page_runs(distinct, self._row_bytes)
-        for offset, length in zip(offsets.tolist(), lengths.tolist(), strict=True):
-            os.posix_fadvise(fd, offset, length, willneed)
+        hints = self._hint(distinct)
         out, spans = self._spans(distinct)
 
         def finish() -> np.ndarray:
             self._read_spans(out, spans)
             return np.ascontiguousarray(self._decode(out[inverse.reshape(-1)]))
 
-        return PendingRows(distinct, self._row_bytes, offsets.size + len(spans), finish)
+        return PendingRows(distinct, self._row_bytes, hints + len(spans), finish)
+
+    def _hint(self, distinct: np.ndarray) -> int:
+        """A read-ahead hint (``posix_fadvise(WILLNEED)``) for each run of pages of the rows
+        ``distinct`` (ascending), in file order; how many."""
+        fd, willneed = self._fd, os.POSIX_FADV_WILLNEED
+        offsets, lengths = page_runs(distinct, self._row_bytes)
+        for offset, length in zip(offsets.tolist(), lengths.tolist(), strict=True):
+            os.posix_fadvise(fd, offset, length, willneed)
+        return int(offsets.size)
 
     def read(self, keys: np.ndarray) -> np.ndarray:
         """The rows ``keys`` as ``N x W`` float32, read the chosen way."""
@@ -791,6 +820,7 @@ class ColdReads:
         """
         assert self._ring is not None
         ring, fd, row_bytes = self._ring, self._fd, self._row_bytes
+        hints = self._hint(distinct) if distinct.size <= self.hint_rows else 0
         out = np.empty((distinct.size, self._rows.shape[1]), dtype=self._rows.dtype)
         offsets = distinct * row_bytes
         addresses = np.arange(out.ctypes.data, out.ctypes.data + distinct.size * row_bytes, row_bytes)
@@ -799,7 +829,7 @@ class ColdReads:
             ring.read(fd, offsets, addresses, row_bytes)
             return np.ascontiguousarray(self._decode(out[inverse]))
 
-        return PendingRows(distinct, row_bytes, -(-offsets.size // ring.entries), finish)
+        return PendingRows(distinct, row_bytes, hints - (-offsets.size // ring.entries), finish)
 
     def _read_threads(self, distinct: np.ndarray, inverse: np.ndarray) -> PendingRows:
         """``pread`` the distinct rows (ascending) in ``threads`` contiguous shares."""
@@ -957,6 +987,7 @@ class HotColdLookup:
         cold_reads: str = DEFAULT_COLD_READS,
         threads: int = DEFAULT_COLD_READ_THREADS,
         hotness: Sequence[int] | None = None,
+        hint_rows: int = DEFAULT_COLD_READ_HINT_ROWS,
     ) -> HotColdLookup:
         """The lookup over a row store folder and a hot-set file, checked against ``table_sizes``.
 
@@ -971,6 +1002,7 @@ class HotColdLookup:
             cold_reads: how cold rows are read (:class:`ColdReads`).
             threads: threads of the ``threads`` way.
             hotness: ids per bag of each table (None: one id each).
+            hint_rows: the ``io_uring`` way's read-ahead hints (:class:`ColdReads`).
 
         Raises:
             StageError: a file missing, invalid or damaged, table sizes that differ
@@ -994,7 +1026,9 @@ class HotColdLookup:
         hot_sizes, hot_ids = read_hot_ids(hot_set, len(sizes))
         if hot_sizes != sizes:
             raise StageError(f"hot set {hot_set} has table sizes {list(hot_sizes)}, not {list(sizes)}")
-        lookup = cls(sizes, hot_ids, store.data, ColdReads.of_store(store, cold_reads, threads), hotness)
+        lookup = cls(
+            sizes, hot_ids, store.data, ColdReads.of_store(store, cold_reads, threads, hint_rows), hotness
+        )
         lookup.store = store
         return lookup
 

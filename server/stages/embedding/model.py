@@ -64,8 +64,10 @@ import numpy as np
 import triton_python_backend_utils as pb_utils
 from hot_cold_lookup import (
     COLD_READS,
+    DEFAULT_COLD_READ_HINT_ROWS,
     DEFAULT_COLD_READ_THREADS,
     DEFAULT_COLD_READS,
+    PARAM_COLD_READ_HINT_ROWS,
     PARAM_COLD_READ_THREADS,
     PARAM_COLD_READS,
     PARAM_HOT_SET,
@@ -109,8 +111,8 @@ def _table_sizes(raw: str, model: str) -> tuple[int, ...]:
     return sizes
 
 
-def _cold_reads(parameters: dict[str, Any], model: str) -> tuple[str, int]:
-    """The config's way of reading cold rows and its threads (defaults where absent)."""
+def _cold_reads(parameters: dict[str, Any], model: str) -> tuple[str, int, int]:
+    """The config's way of reading cold rows, its threads and its hint rows (defaults where absent)."""
     how = str(parameters.get(PARAM_COLD_READS, {}).get("string_value", "")).strip() or DEFAULT_COLD_READS
     if how not in COLD_READS:
         raise pb_utils.TritonModelException(
@@ -126,7 +128,16 @@ def _cold_reads(parameters: dict[str, Any], model: str) -> tuple[str, int]:
         raise pb_utils.TritonModelException(
             f"model '{model}': parameter '{PARAM_COLD_READ_THREADS}' must be an integer >= 1, got {raw!r}"
         )
-    return how, threads
+    raw = str(parameters.get(PARAM_COLD_READ_HINT_ROWS, {}).get("string_value", "")).strip()
+    try:
+        hint_rows = int(raw) if raw else DEFAULT_COLD_READ_HINT_ROWS
+    except ValueError:
+        hint_rows = -1
+    if hint_rows < 0:
+        raise pb_utils.TritonModelException(
+            f"model '{model}': parameter '{PARAM_COLD_READ_HINT_ROWS}' must be an integer >= 0, got {raw!r}"
+        )
+    return how, threads, hint_rows
 
 
 def _hotness(parameters: dict[str, Any], tables: int, model: str) -> tuple[int, ...] | None:
@@ -249,7 +260,7 @@ class TritonPythonModel:
         hot_set = (version_dir / _parameter(parameters, PARAM_HOT_SET, self._name)).resolve()
         sizes = _table_sizes(_parameter(parameters, PARAM_TABLE_SIZES, self._name), self._name)
         fingerprint = str(parameters.get(PARAM_ROW_STORE_FINGERPRINT, {}).get("string_value", "")).strip()
-        how, threads = _cold_reads(parameters, self._name)
+        how, threads, hint_rows = _cold_reads(parameters, self._name)
         hotness = _hotness(parameters, len(sizes), self._name)
         try:
             self._lookup = HotColdLookup.open(
@@ -260,6 +271,7 @@ class TritonPythonModel:
                 cold_reads=how,
                 threads=threads,
                 hotness=hotness,
+                hint_rows=hint_rows,
             )
         except StageError as exc:
             raise pb_utils.TritonModelException(f"model '{self._name}': {exc}") from exc
