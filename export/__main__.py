@@ -16,6 +16,8 @@ from bundle.admin import ADMIN_KEY_ENV
 from bundle.cli import VerboseOption, new_app, run, set_verbose, shared_options
 from bundle.errors import ConfigError
 from bundle.memory import PeakMemory
+from bundle.ngc import PINNED_RELEASE, check_release
+from bundle.ngc import release as ngc_release
 from bundle.repository import CONFIG_NAME, ORT_TRT_CACHE_DIR, QUEUE_DELAY_US, ServingConfig, trt_model_name
 from criteo.multihot import parse_bags
 from criteo.tables import TABLE_SIZE_PRESETS, parse_table_sizes
@@ -359,6 +361,9 @@ def _print_next_step(options: ExportOptions, family: str) -> None:
             f"python -m export tensorrt --repository {options.repository} "
             "(or `docker compose run --rm trt-build`)"
         )
+        # A gpu-profile repository is for the NGC image: say now what its release cannot read.
+        for problem in check_release(options.repository, ngc_release(PINNED_RELEASE)):
+            log.warning("%s (python -m export check-release)", problem)
 
 
 def _export(exporter: FrameworkExporter, options: ExportOptions) -> None:
@@ -528,6 +533,35 @@ def tensorrt(
         force=force,
     )
     _print_engines(build_engines(options))
+
+
+@app.command("check-release")
+def check_release_command(
+    repository: Annotated[Path, typer.Option(help="Model repository the NGC image will serve.")] = Path(
+        "model_repository_gpu"
+    ),
+    release: Annotated[
+        str, typer.Option(envvar="NGC_RELEASE", help="NGC release of the serving image (YY.MM).")
+    ] = PINNED_RELEASE,
+) -> None:
+    """Check that an NGC release's backends can read every ONNX and TorchScript file of a
+    repository (opset, IR version, TorchScript format, the torch that wrote it); exit 1 with
+    one line per file they cannot."""
+    if not repository.is_dir():
+        raise ConfigError(f"{repository} is not a model repository (no such folder)")
+    try:
+        target = ngc_release(release)
+    except KeyError as exc:
+        raise ConfigError(str(exc.args[0])) from None
+    problems = check_release(repository, target)
+    for problem in problems:
+        print(problem)
+    if problems:
+        raise ConfigError(f"{len(problems)} file(s) of {repository} cannot be served by NGC {target.name}")
+    print(
+        f"every model file of {repository} fits NGC {target.name} (ONNX Runtime {target.onnxruntime}: "
+        f"opset <= {target.onnx_opset}, IR <= {target.onnx_ir}; LibTorch {target.libtorch})"
+    )
 
 
 @app.command("rollout-hot-set")

@@ -47,7 +47,8 @@ for dtype in float16 int8; do
     --profile-data "$WORK/profile" --heldout-data "$WORK/heldout.tsv" --seed 0 2>&1 | tee "$OUT/export-$dtype.log"
 done
 
-python -m loadtest cold-reads --repository "$WORK/repo-float16" --data "$WORK/heldout.tsv" --rounds 6 --out "$OUT"
+python -m loadtest cold-reads --repository "$WORK/repo-float16" --data "$WORK/heldout.tsv" --batch-size 64,256,1024 --rounds 6 \
+  --out "$OUT"
 python -m loadtest cold-tier --repository "$WORK/repo-float16" --repository "$WORK/repo-int8" \
   --data "$WORK/heldout.tsv" --way io_uring --rounds 3 \
   --stage-instances 2 --dense-instances 2 --dense-threads 1 --out "$OUT"

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import copy
 import inspect
+import json
 import logging
 import warnings
 from pathlib import Path
@@ -41,6 +42,7 @@ import torch
 from torch import nn
 
 from bundle.errors import ConfigError, ExportError
+from bundle.ngc import TORCHSCRIPT_PRODUCER_RECORD, read_torchscript_record
 from bundle.schema import INPUTS
 from criteo.tsv import Batch
 from export.framework import TorchServing, example_inputs
@@ -168,9 +170,13 @@ def write_torchscript(serving: TorchServing, dtype_name: str, out: Path) -> dict
         dtype_name: ``float16`` or ``bfloat16`` (:data:`DTYPES`).
         out: the ``model.pt`` to write.
 
+    The file records the torch that wrote it (:data:`bundle.ngc.TORCHSCRIPT_PRODUCER_RECORD`),
+    so ``python -m export check-release`` can tell whether a release's LibTorch serves it.
+
     Returns:
-        Report fields: the precision, the submodules kept in FP32, whether the ids are
-        reduced by the wrapper, and the traced forward's signature.
+        Report fields: the torch version and the archive's file-format version, the
+        precision, the submodules kept in FP32, whether the ids are reduced by the
+        wrapper, and the traced forward's signature.
 
     Raises:
         ConfigError: an unknown ``dtype_name``.
@@ -188,7 +194,8 @@ def write_torchscript(serving: TorchServing, dtype_name: str, out: Path) -> dict
         with torch.no_grad():
             traced = torch.jit.trace(module, inputs, check_trace=False)
             out.parent.mkdir(parents=True, exist_ok=True)
-            torch.jit.save(traced, str(out))
+            producer = json.dumps({"torch": torch.__version__})
+            torch.jit.save(traced, str(out), _extra_files={TORCHSCRIPT_PRODUCER_RECORD: producer})
     except (RuntimeError, TypeError, ValueError, IndexError) as exc:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise ExportError(f"tracing the module in {dtype_name} for TorchScript failed: {first}") from None
@@ -204,6 +211,9 @@ def write_torchscript(serving: TorchServing, dtype_name: str, out: Path) -> dict
         )  # fmt: skip
     return {
         "format": "torchscript",
+        # What a serving release's LibTorch must read (bundle.ngc.check_release).
+        "torch_version": torch.__version__,
+        "archive_format": read_torchscript_record(out).format_version,
         "dtype": dtype_name,
         "fp32_modules": list(serving.fp32_modules),
         "sigmoid": "fp32, appended" if serving.logits else "the module's own",

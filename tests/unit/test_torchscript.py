@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -21,6 +22,7 @@ import torch
 from tritonclient.grpc import model_config_pb2 as mc
 
 from bundle.errors import ConfigError
+from bundle.ngc import PINNED_RELEASE, check_release, read_torchscript_record, release
 from bundle.repository import TORCH_PLATFORM, TORCHSCRIPT_FILE, read_config, torch_model_name, version_dir
 from bundle.schema import INPUTS, OUTPUTS
 from criteo.synth import SynthConfig, write_tsv
@@ -134,6 +136,36 @@ def test_the_report_holds_parity_out_of_range_ids_and_the_skipped_cuda_checks(
         assert "has no CUDAExecutionProvider" in fp16_check["reason"]
         assert "onnxruntime-gpu" in fp16_check["reason"]
     assert "cuda_check" not in _report(repository, "dlrm_onnx"), "the FP32 model is checked on the CPU only"
+
+
+def test_the_file_records_its_torch_and_a_release_with_an_older_libtorch_refuses_it(
+    exported: tuple[Path, list[ExportedModel]], tmp_path: Path
+) -> None:
+    repository, _ = exported
+    path = version_dir(repository, NAME) / TORCHSCRIPT_FILE
+    script = _report(repository)["torchscript"]
+    assert script["torch_version"] == torch.__version__
+    record = read_torchscript_record(path)
+    assert (
+        record.producer_torch == torch.__version__ and record.format_version == script["archive_format"] >= 3
+    )
+    # The file still loads as before: the record is an extra file torch itself keeps.
+    assert torch.jit.load(str(path)).forward.schema is not None
+
+    older = replace(release(PINNED_RELEASE), name="older", libtorch="2.6.0a0+ecf3bae40a")
+    newer = replace(older, name="newer", libtorch=f"{torch.__version__.split('.')[0]}.99.0")
+    (problem,) = check_release(repository, older)
+    assert problem == (
+        f"{path}: written by torch {torch.__version__}, newer than NGC older's LibTorch 2.6.0a0+ecf3bae40a; "
+        "export it with that release's torch (nvcr.io/nvidia/pytorch:older-py3)"
+    )
+    assert check_release(repository, newer) == []
+    # The CLI: one line per file, exit 1; the pinned release (LibTorch 2.6) refuses this torch's file.
+    command = [sys.executable, "-m", "export", "check-release", "--repository", str(repository)]
+    completed = subprocess.run(command, capture_output=True, text=True, check=False)
+    assert completed.returncode == 1
+    assert f"{path}: written by torch {torch.__version__}" in completed.stdout
+    assert completed.stderr.strip().splitlines()[-1].endswith(f"cannot be served by NGC {PINNED_RELEASE}")
 
 
 def test_the_traced_forward_takes_the_schemas_tensor_names(
