@@ -131,6 +131,14 @@ LEGEND_IN_PANEL = 6
 LEGEND_COLUMNS, LEGEND_ROW_IN = 3, 0.2
 
 
+def _leading_digit(value: float) -> int:
+    """The leading digit of a tick at a whole multiple of a power of ten (0 for any other)."""
+    if value <= 0:
+        return 0
+    mantissa = value / 10 ** math.floor(math.log10(value))
+    return round(mantissa) if abs(mantissa - round(mantissa)) < 1e-6 else 0
+
+
 def plot(path: Path, title: str, panels: Sequence[Panel], columns: int | None = None) -> Path:
     """Panels side by side in one PNG; a series keeps its color across panels (by ``color_key``).
 
@@ -144,6 +152,9 @@ def plot(path: Path, title: str, panels: Sequence[Panel], columns: int | None = 
     if not panels:
         raise ConfigError("a chart needs at least one panel")
     plain = FuncFormatter(lambda value, _: f"{value:g}")
+    # Minor ticks of a log axis labelled at 2x and 5x a power of ten only: all eight crowd
+    # into each other and into the decade's label.
+    sparse = FuncFormatter(lambda value, _: f"{value:g}" if _leading_digit(value) in (2, 5) else "")
     colors = matplotlib.rcParams["axes.prop_cycle"].by_key()["color"]
     keys = sorted({s.color_key or s.label for panel in panels for s in panel.series})
     color_of = {key: colors[i % len(colors)] for i, key in enumerate(keys)}
@@ -170,7 +181,7 @@ def plot(path: Path, title: str, panels: Sequence[Panel], columns: int | None = 
             if panel.ylog:
                 ax.set_yscale("log")
                 ax.yaxis.set_major_formatter(plain)
-                ax.yaxis.set_minor_formatter(plain)
+                ax.yaxis.set_minor_formatter(sparse)
                 ax.tick_params(axis="y", which="minor", labelsize=7)
             ax.set_xlabel(panel.xlabel)
             ax.set_ylabel(panel.ylabel)
