@@ -29,7 +29,6 @@ import re
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from bundle.repository import MODEL_FILE, TORCHSCRIPT_FILE
 
@@ -280,15 +279,8 @@ def check_release(repository: Path, target: NgcRelease) -> list[str]:
     Looks at every ``<model>/<version>/model.onnx`` and ``model.pt``; [] when all fit.
     """
     problems: list[str] = []
-    for path in sorted(repository.glob(f"*/*/{MODEL_FILE}")):
-        if path.parent.name.isdigit():
-            problems.append(onnx_problem(path, target))
-    for path in sorted(repository.glob(f"*/*/{TORCHSCRIPT_FILE}")):
-        if path.parent.name.isdigit():
-            problems.append(torchscript_problem(path, target))
+    for file, problem in ((MODEL_FILE, onnx_problem), (TORCHSCRIPT_FILE, torchscript_problem)):
+        for path in sorted(repository.glob(f"*/*/{file}")):
+            if path.parent.name.isdigit():
+                problems.append(problem(path, target))
     return [problem for problem in problems if problem]
-
-
-def release_versions(target: NgcRelease) -> dict[str, Any]:
-    """``target``'s versions as JSON (for reports)."""
-    return {key: value for key, value in target.__dict__.items() if key != "sources"}

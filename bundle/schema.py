@@ -92,17 +92,23 @@ BAG_INPUTS: tuple[TensorSpec, ...] = (
 BAG_OUTPUTS: tuple[TensorSpec, ...] = (TensorSpec(OUTPUT, np.float32, (-1, 1)),)
 
 
+def hotness_counts(text: str) -> tuple[int, ...] | None:
+    """``text`` as 26 comma-separated counts >= 1 (ids per bag of C1..C26); None when it is not."""
+    try:
+        counts = tuple(int(part) for part in text.split(","))
+    except ValueError:
+        return None
+    return counts if len(counts) == NUM_CATEGORICAL and min(counts) >= 1 else None
+
+
 def parse_hotness_parameter(text: str, model: str) -> tuple[int, ...]:
     """The counts of model ``model``'s ``hotness`` config parameter (26 comma-separated counts).
 
     Raises:
         ConfigError: not 26 counts >= 1.
     """
-    try:
-        counts = tuple(int(part) for part in text.split(","))
-    except ValueError:
-        counts = ()
-    if len(counts) != NUM_CATEGORICAL or min(counts) < 1:
+    counts = hotness_counts(text)
+    if counts is None:
         raise ConfigError(f"model {model!r}: parameter {HOTNESS_PARAMETER} is {text!r}, not 26 counts >= 1")
     return counts
 

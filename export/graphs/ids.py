@@ -27,7 +27,7 @@ from onnx import numpy_helper
 
 from bundle.errors import ExportError
 from bundle.onnx_session import FATAL_ONLY
-from bundle.schema import CATEGORICAL_INPUT, DENSE_INPUT, NUM_CATEGORICAL, NUM_DENSE, OUTPUT
+from bundle.schema import CATEGORICAL_INPUT, DENSE_INPUT, NUM_CATEGORICAL, NUM_DENSE, OUTPUT, hotness_counts
 from criteo.schema import CATEGORICAL_COLUMNS
 from criteo.tables import check_table_sizes
 
@@ -147,11 +147,8 @@ def recorded_hotness(metadata: Mapping[str, str]) -> tuple[int, ...] | None:
     text = metadata.get(HOTNESS_METADATA)
     if text is None:
         return None
-    try:
-        counts = tuple(int(part) for part in text.split(","))
-    except ValueError:
-        counts = ()
-    if len(counts) != NUM_CATEGORICAL or min(counts) < 1:
+    counts = hotness_counts(text)
+    if counts is None:
         raise ExportError(f"the graph's {HOTNESS_METADATA} record {text!r} is not 26 counts >= 1")
     return counts
 

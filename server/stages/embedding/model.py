@@ -119,25 +119,23 @@ def _cold_reads(parameters: dict[str, Any], model: str) -> tuple[str, int, int]:
             f"model '{model}': parameter '{PARAM_COLD_READS}' must be one of {', '.join(COLD_READS)}, "
             f"got {how!r}"
         )
-    raw = str(parameters.get(PARAM_COLD_READ_THREADS, {}).get("string_value", "")).strip()
-    try:
-        threads = int(raw) if raw else DEFAULT_COLD_READ_THREADS
-    except ValueError:
-        threads = 0
-    if threads < 1:
-        raise pb_utils.TritonModelException(
-            f"model '{model}': parameter '{PARAM_COLD_READ_THREADS}' must be an integer >= 1, got {raw!r}"
-        )
-    raw = str(parameters.get(PARAM_COLD_READ_HINT_ROWS, {}).get("string_value", "")).strip()
-    try:
-        hint_rows = int(raw) if raw else DEFAULT_COLD_READ_HINT_ROWS
-    except ValueError:
-        hint_rows = -1
-    if hint_rows < 0:
-        raise pb_utils.TritonModelException(
-            f"model '{model}': parameter '{PARAM_COLD_READ_HINT_ROWS}' must be an integer >= 0, got {raw!r}"
-        )
+    threads = _int_parameter(parameters, PARAM_COLD_READ_THREADS, DEFAULT_COLD_READ_THREADS, 1, model)
+    hint_rows = _int_parameter(parameters, PARAM_COLD_READ_HINT_ROWS, DEFAULT_COLD_READ_HINT_ROWS, 0, model)
     return how, threads, hint_rows
+
+
+def _int_parameter(parameters: dict[str, Any], key: str, default: int, minimum: int, model: str) -> int:
+    """The config's integer parameter ``key`` (``default`` where absent), at least ``minimum``."""
+    raw = str(parameters.get(key, {}).get("string_value", "")).strip()
+    try:
+        value = int(raw) if raw else default
+    except ValueError:
+        value = minimum - 1
+    if value < minimum:
+        raise pb_utils.TritonModelException(
+            f"model '{model}': parameter '{key}' must be an integer >= {minimum}, got {raw!r}"
+        )
+    return value
 
 
 def _hotness(parameters: dict[str, Any], tables: int, model: str) -> tuple[int, ...] | None:
