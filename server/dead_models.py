@@ -14,7 +14,9 @@ and exits 1. Later Triton releases mark such a model not ready; none restarts it
 :class:`StubWatch` finds such a stub: it looks at tritonserver's children every
 ``interval_s`` (a ``/proc`` read, about a millisecond), remembers every running stub
 by pid, and reports a stub that became a zombie (tritonserver never reaps one that
-died on its own) while the repository index still says its model version is READY
+died on its own), was not replaced by a new stub of its instance (a reload; one
+that exited without a signal has ``replacement_grace_s`` for it), and whose model
+version the repository index still says is READY
 (a stub that exits because its model unloads does so while the version is
 UNLOADING, and is reaped at once). What happens then is the launcher's
 :class:`DeadModelAction`:
@@ -44,12 +46,15 @@ from dataclasses import dataclass
 
 from bundle.errors import ServerError
 from server.probes import ServerProbe
-from server.processes import StubProcess, stub_processes
+from server.processes import StubProcess, killed_by_signal, stub_processes
 
 logger = logging.getLogger(__name__)
 
 #: How often the watch looks at tritonserver's children.
 WATCH_INTERVAL_S = 0.2
+#: How long an exited stub's instance has to show again under a new pid (a reload)
+#: before the stub counts as dead.
+REPLACEMENT_GRACE_S = 1.0
 
 
 class DeadModelAction(enum.StrEnum):
@@ -67,7 +72,7 @@ class DeadModel:
         model: the model's name.
         version: its version.
         stubs: the stubs that died (pid, instance, shared-memory region).
-        seen_at: ``time.monotonic()`` when the watch saw them dead.
+        seen_at: ``time.monotonic()`` when the watch judged them dead (see :meth:`StubWatch.look`).
     """
 
     model: str
@@ -112,6 +117,7 @@ class StubWatch:
         on_dead: called in the watch's thread with the dead model versions of one look;
             an exception it raises is logged, and the watch goes on.
         interval_s: seconds between looks.
+        replacement_grace_s: seconds an exited stub has to be replaced before it counts as dead.
     """
 
     def __init__(
@@ -120,12 +126,15 @@ class StubWatch:
         probe: ServerProbe,
         on_dead: Callable[[Sequence[DeadModel]], None],
         interval_s: float = WATCH_INTERVAL_S,
+        replacement_grace_s: float = REPLACEMENT_GRACE_S,
     ) -> None:
         self._pid = pid
         self._probe = probe
         self._on_dead = on_dead
         self._interval_s = interval_s
+        self._grace_s = replacement_grace_s
         self._known: dict[int, StubProcess] = {}
+        self._exited: dict[int, tuple[StubProcess, float]] = {}  # pid: (stub, when it is judged)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name=f"stub-watch-{pid}", daemon=True)
 
@@ -142,41 +151,48 @@ class StubWatch:
             self._thread.join()
 
     def look(self) -> list[DeadModel]:
-        """One look: remember the running stubs, return the versions whose stubs died since.
+        """One look: remember the running stubs, return the versions whose stubs died.
 
-        A zombie stub whose version the index no longer calls READY exited because the
-        version unloads; it is forgotten. So is one whose instance runs again under
-        another pid: the version was loaded again (a hot-set rollout does so), and
-        tritonserver starts the new instance before the old one exits, while the
-        version stays READY. When the index cannot be read, the dead stubs are kept
-        for the next look.
+        A stub killed by a signal (SIGKILL, the out-of-memory killer, a crash) is
+        judged at once. One that exited on its own is judged ``replacement_grace_s``
+        later: tritonserver reloads a version (a hot-set rollout does so) by starting
+        new instances and letting the old ones exit, and the new instance's stub may
+        not show yet (forked, not yet exec'd) when the old one is gone. An exited stub
+        whose instance runs again under another pid by then is forgiven; so is one
+        whose version the index no longer calls READY (it exited because the version
+        unloads). When the index cannot be read, the exited stubs wait for the next look.
         """
         running, zombies = stub_processes(self._pid)
+        now = time.monotonic()
+        for pid, status in sorted(zombies.items()):
+            if pid in self._known:
+                judged_at = now if killed_by_signal(status) else now + self._grace_s
+                self._exited[pid] = (self._known.pop(pid), judged_at)
+        alive = {stub.pid for stub in running}
+        self._known = {pid: stub for pid, stub in self._known.items() if pid in alive}  # reaped ones go
         for stub in running:
             self._known.setdefault(stub.pid, stub)
-        died = [self._known.pop(pid) for pid in sorted(zombies) if pid in self._known]
         replaced = {(stub.model, stub.version, stub.instance) for stub in running}
-        for stub in [stub for stub in died if (stub.model, stub.version, stub.instance) in replaced]:
-            logger.debug("stub %s (pid %d) exited: its instance was loaded again", stub.instance, stub.pid)
-            died.remove(stub)
-        if not died:
+        for pid, (stub, _) in list(self._exited.items()):
+            if (stub.model, stub.version, stub.instance) in replaced:
+                logger.debug("stub %s (pid %d) exited: its instance loaded again", stub.instance, stub.pid)
+                del self._exited[pid]
+        due = [pid for pid, (_, due_at) in self._exited.items() if now >= due_at]
+        if not due:
             return []
-        seen_at = time.monotonic()
         try:
             ready = {(m.name, m.version) for m in self._probe.repository_index() if m.state == "READY"}
         except ServerError as exc:
-            logger.debug("repository index unreadable; dead stubs kept for the next look: %s", exc)
-            self._known.update((stub.pid, stub) for stub in died)
+            logger.debug("repository index unreadable; exited stubs kept for the next look: %s", exc)
             return []
         by_version: dict[tuple[str, str], list[StubProcess]] = {}
-        for stub in died:
+        for pid in due:
+            stub, _ = self._exited.pop(pid)
             if (stub.model, stub.version) in ready:
                 by_version.setdefault((stub.model, stub.version), []).append(stub)
             else:
                 logger.debug("stub %s (pid %d) exited with its unloading model", stub.instance, stub.pid)
-        return [
-            DeadModel(model, version, tuple(stubs), seen_at) for (model, version), stubs in by_version.items()
-        ]
+        return [DeadModel(name, version, tuple(stubs), now) for (name, version), stubs in by_version.items()]
 
     def _run(self) -> None:
         while not self._stop.wait(self._interval_s):

@@ -83,31 +83,48 @@ def _stub_from_argv(pid: int, argv: list[str]) -> StubProcess | None:
     return StubProcess(pid, model_file.parent.parent.name, model_file.parent.name, argv[8], argv[2])
 
 
-def stub_processes(pid: int) -> tuple[list[StubProcess], set[int]]:
-    """tritonserver ``pid``'s python stubs: the running ones, and the pids of dead ones.
+def exit_status(pid: int) -> int | None:
+    """A zombie's exit status as ``waitpid`` would report it (``/proc/<pid>/stat``'s last
+    field, Linux 3.5 and later); ``None`` when it cannot be read (reaped meanwhile)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    fields = stat[stat.rindex(")") + 2 :].split()
+    return int(fields[-1]) if len(fields) >= 50 else None
+
+
+def killed_by_signal(status: int | None) -> bool:
+    """Whether an exit status says the process was killed by a signal (``WIFSIGNALED``)."""
+    return status is not None and 0 < status & 0x7F < 0x7F
+
+
+def stub_processes(pid: int) -> tuple[list[StubProcess], dict[int, int | None]]:
+    """tritonserver ``pid``'s python stubs: the running ones, and its dead children.
 
     Args:
         pid: tritonserver's process id.
 
     Returns:
-        The running stubs (argv read), and the pids of its children that are zombies
-        (processes that exited and that tritonserver has not reaped: their argv can no
-        longer be read, so a caller matches them with stubs it saw running). Both
-        empty when tritonserver is gone.
+        The running stubs (argv read), and its children that are zombies (processes
+        that exited and that tritonserver has not reaped: their argv can no longer be
+        read, so a caller matches them with stubs it saw running), by pid, with their
+        :func:`exit_status`. Both empty when tritonserver is gone.
     """
     try:
         children = psutil.Process(pid).children()
     except psutil.Error:
-        return [], set()
-    running, zombies = [], set()
+        return [], {}
+    running: list[StubProcess] = []
+    zombies: dict[int, int | None] = {}
     for child in children:
         try:
             if child.status() == psutil.STATUS_ZOMBIE:
-                zombies.add(child.pid)
+                zombies[child.pid] = exit_status(child.pid)
                 continue
             stub = _stub_from_argv(child.pid, child.cmdline())
         except psutil.ZombieProcess:
-            zombies.add(child.pid)
+            zombies[child.pid] = exit_status(child.pid)
             continue
         except psutil.Error:
             continue  # exited while being read: the next look sees how
