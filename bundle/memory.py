@@ -6,13 +6,15 @@ resident set size"), yet most of it may be the store's file pages: clean page
 cache that the kernel drops under pressure and that other processes share.
 What a machine must have free is the anonymous part. Linux reports the two
 apart (``RssAnon`` and ``RssFile`` in ``/proc/self/status``), but only as they
-are now, so :class:`PeakMemory` samples them in a thread and keeps the peaks.
+are now, so :class:`PeakMemory` samples them from a child process and keeps the peaks.
 """
 
 from __future__ import annotations
 
+import os
 import re
-import threading
+import subprocess
+import sys
 from pathlib import Path
 from types import TracebackType
 from typing import Any
@@ -35,11 +37,32 @@ def resident() -> dict[str, int] | None:
     return {"anon": found["RssAnon"], "file": found["RssFile"], "shmem": found.get("RssShmem", 0)}
 
 
+#: The sampler: a separate process, so that it samples while this one holds the GIL in
+#: native code (torch.onnx's passes, protobuf, ONNX Runtime's session set-up), which a
+#: thread here cannot. Args: pid, interval; it prints the peaks when its stdin closes.
+_SAMPLER = """
+import re, select, sys
+pid, interval = sys.argv[1], float(sys.argv[2])
+field = re.compile(r"^(RssAnon|RssFile|RssShmem):\\s+(\\d+)\\s+kB$", re.MULTILINE)
+anon = file = 0
+while True:
+    try:
+        found = {k: int(v) * 1024 for k, v in field.findall(open(f"/proc/{pid}/status").read())}
+    except OSError:
+        break
+    anon = max(anon, found.get("RssAnon", 0))
+    file = max(file, found.get("RssFile", 0) + found.get("RssShmem", 0))
+    if select.select([sys.stdin], [], [], interval)[0]:
+        break
+print(anon, file, flush=True)
+"""
+
+
 class PeakMemory:
     """The peak anonymous and file-backed resident bytes while the ``with`` block runs.
 
-    Peaks are sampled every ``interval_s`` (and once at each end), so a buffer
-    that lives shorter than that may be missed: the figures are lower bounds.
+    Peaks are sampled every ``interval_s`` by a child process (and once here at each end),
+    so a buffer that lives shorter than that may be missed: the figures are lower bounds.
 
     Attributes:
         anon_bytes: peak anonymous memory (heap, numpy arrays, protobuf): what must fit in RAM.
@@ -53,8 +76,7 @@ class PeakMemory:
         self.anon_bytes = 0
         self.file_bytes = 0
         self.available = resident() is not None
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
+        self._sampler: subprocess.Popen[str] | None = None
 
     def _sample(self) -> None:
         now = resident()
@@ -62,15 +84,15 @@ class PeakMemory:
             self.anon_bytes = max(self.anon_bytes, now["anon"])
             self.file_bytes = max(self.file_bytes, now["file"] + now["shmem"])
 
-    def _run(self) -> None:
-        while not self._stop.wait(self.interval_s):
-            self._sample()
-
     def __enter__(self) -> PeakMemory:
         if self.available:
             self._sample()
-            self._thread = threading.Thread(target=self._run, name="peak-memory", daemon=True)
-            self._thread.start()
+            self._sampler = subprocess.Popen(
+                [sys.executable, "-c", _SAMPLER, str(os.getpid()), str(self.interval_s)],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                text=True,
+            )
         return self
 
     def __exit__(
@@ -79,10 +101,14 @@ class PeakMemory:
         exc: BaseException | None,
         traceback: TracebackType | None,
     ) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join()
-            self._sample()
+        if self._sampler is None:
+            return
+        self._sample()
+        output, _ = self._sampler.communicate(timeout=30)  # closes its stdin: it prints and exits
+        fields = output.split()
+        if len(fields) == 2:
+            self.anon_bytes = max(self.anon_bytes, int(fields[0]))
+            self.file_bytes = max(self.file_bytes, int(fields[1]))
 
     def report(self) -> dict[str, Any]:
         """``{"anon_bytes", "file_bytes"}``, or ``{"available": False}`` where Linux does not report them."""

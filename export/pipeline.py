@@ -18,6 +18,7 @@ CUDA-vs-CPU difference, or why the check was skipped.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import time
@@ -30,6 +31,7 @@ import numpy as np
 import onnx
 
 from bundle.errors import ConfigError, ExportError
+from bundle.memory import PeakMemory
 from bundle.repository import (
     MODEL_FILE,
     TORCHSCRIPT_FILE,
@@ -49,7 +51,7 @@ from criteo.multihot import fixed_bags, read_bags
 from criteo.tsv import Batch, read_batch
 from export.framework import FrameworkExporter, StreamedTables, TorchSource
 from export.graphs.fp16 import convert_to_fp16
-from export.graphs.onnx_io import save_model
+from export.graphs.onnx_io import DataFile, save_model, weights_bytes
 from export.graphs.parity import (
     ParityResult,
     check_rows,
@@ -71,6 +73,9 @@ log = logging.getLogger(__name__)
 CALIBRATION_SEED = 20261123
 #: Rows per ONNX Runtime call in the checks (as :func:`export.graphs.parity.run_onnx` runs them).
 CHECK_CHUNK = 4096
+#: Copies of the FP32 graph's weights that INT8 quantization holds at its peak (measured:
+#: ``benchmarks/in_graph_export``).
+INT8_WEIGHT_COPIES = 3
 #: Batch sizes the INT8 check runs its rows at. Dynamically quantized layers take
 #: their activation scales from the whole batch, so a row's answer depends on the
 #: rows batched with it: the AUC must hold from single rows to large batches, and
@@ -270,10 +275,11 @@ def _export_family(exporter: FrameworkExporter, options: ExportOptions) -> list[
         start = time.perf_counter()
         log.info("exporting %s to %s", fp32_name, fp32_path)
         fp32_path.parent.mkdir(parents=True, exist_ok=True)
-        exporter.to_onnx(fp32_path, options.opset)
-        parity = _check_fp32(exporter, fp32_path, rows, options)
+        with PeakMemory() as peak:
+            exporter.to_onnx(fp32_path, options.opset)
+            parity = _check_fp32(exporter, fp32_path, rows, options)
         fp32 = ExportedModel(fp32_name, fp32_path, "framework", parity, time.perf_counter() - start)
-        report = _report(fp32, options, {"source": exporter.source})
+        report = _report(fp32, options, {"source": exporter.source, "peak_memory": peak.report()})
         add_model(options.repository, fp32_name, options.serving, report=report)
         results.append(fp32)
     except BaseException:
@@ -403,10 +409,12 @@ def _export_variant(
     clear_model(options.repository, name)
     try:
         start = time.perf_counter()
-        extra = build(path)
-        if rows.labels is None:
-            raise ExportError(f"the {label} check needs labeled rows")
-        parity, gate_extra = _gate_parity(path, fp32_path, rows, gate_batches)
+        with PeakMemory() as peak:
+            extra = build(path)
+            if rows.labels is None:
+                raise ExportError(f"the {label} check needs labeled rows")
+            parity, gate_extra = _gate_parity(path, fp32_path, rows, gate_batches)
+        gate_extra["peak_memory"] = peak.report()
         delta = parity.auc_delta if parity.auc_delta is not None else float("nan")
         passes, rule = options.auc_gate(parity.auc, parity.auc_delta, tolerance)
         if not passes:
@@ -448,9 +456,16 @@ def _export_fp16(
 ) -> ExportedModel:
     def build(path: Path) -> dict[str, Any]:
         log.info("converting %s to FP16 at %s", fp32_path, path)
-        model = onnx.load(str(fp32_path))
+        # Weights in a data file stay there: converted or copied in chunks, never loaded whole.
+        model = onnx.load(str(fp32_path), load_external_data=False)
         keep, islands = _fp16_keep(exporter, model, options)
-        save_model(convert_to_fp16(model, keep, source=fp32_path), path)
+        external = any(t.data_location == onnx.TensorProto.EXTERNAL for t in model.graph.initializer)
+        with contextlib.ExitStack() as stack:
+            data = DataFile(path) if external else None
+            if data is not None:
+                stack.callback(data.close)
+            converted = convert_to_fp16(model, keep, source=fp32_path, data=data)
+            save_model(converted, path, source_dir=fp32_path.parent, data=data)
         return {"source": exporter.source, "fp32_nodes": keep, "fp16_islands": islands}
 
     name = f"{exporter.family}_onnx_fp16"
@@ -568,27 +583,29 @@ def _export_torch(
     try:
         start = time.perf_counter()
         log.info("tracing %s as TorchScript (%s) at %s", exporter.family, options.torch_dtype, path)
-        built = write_torchscript(source.torch_serving(), options.torch_dtype, path)
-        if rows.labels is None:
-            raise ExportError("the TorchScript check needs labeled rows")
-        extreme = extreme_id_rows(rows)
-        reference, extreme_reference = exporter.predict(rows), exporter.predict(extreme)
-        parity, on_cpu = _torch_gate(path, "cpu", rows, reference, extreme, extreme_reference, options)
-        why_not = torch_cuda_unavailable()
-        if why_not is not None:
-            cuda = _cuda_skipped(why_not)
-        else:
-            cuda_parity, on_cuda = _torch_gate(
-                path, "cuda", rows, reference, extreme, extreme_reference, options
-            )
-            cuda = {
-                "status": "passed",
-                "device": cuda_device_name(),
-                "parity": asdict(cuda_parity),
-                "max_abs_diff_vs_cpu": float(np.max(np.abs(on_cuda.astype(np.float64) - on_cpu))),
-            }
+        with PeakMemory() as peak:
+            built = write_torchscript(source.torch_serving(), options.torch_dtype, path)
+            if rows.labels is None:
+                raise ExportError("the TorchScript check needs labeled rows")
+            extreme = extreme_id_rows(rows)
+            reference, extreme_reference = exporter.predict(rows), exporter.predict(extreme)
+            parity, on_cpu = _torch_gate(path, "cpu", rows, reference, extreme, extreme_reference, options)
+            why_not = torch_cuda_unavailable()
+            if why_not is not None:
+                cuda = _cuda_skipped(why_not)
+            else:
+                cuda_parity, on_cuda = _torch_gate(
+                    path, "cuda", rows, reference, extreme, extreme_reference, options
+                )
+                cuda = {
+                    "status": "passed",
+                    "device": cuda_device_name(),
+                    "parity": asdict(cuda_parity),
+                    "max_abs_diff_vs_cpu": float(np.max(np.abs(on_cuda.astype(np.float64) - on_cpu))),
+                }
         exported = ExportedModel(name, path, "framework", parity, time.perf_counter() - start)
-        report = _report(exported, options, {"source": exporter.source, "torchscript": built})
+        extra = {"source": exporter.source, "torchscript": built, "peak_memory": peak.report()}
+        report = _report(exported, options, extra)
         del report["opset"]  # no ONNX here
         report.update(
             auc_tolerance=options.fp16_auc_tolerance, max_abs_tolerance=TORCH_MAX_ABS_DIFF, cuda_check=cuda
@@ -629,9 +646,34 @@ def calibration_rows(options: ExportOptions, exporter: FrameworkExporter | None 
     return check_rows(None, wanted, seed=CALIBRATION_SEED), f"synthetic rows (seed {CALIBRATION_SEED})"
 
 
+def _int8_memory_check(fp32_path: Path) -> None:
+    """Refuse INT8 quantization that would not fit in the memory available now.
+
+    ONNX Runtime's quantizer loads the whole graph, the calibrator loads it again and its
+    session reads it a third time: an in-graph DLRM with 4.4 GB of tables peaked at
+    :data:`INT8_WEIGHT_COPIES` times its weights. Better one line now than the
+    out-of-memory killer after the other models were written.
+
+    Raises:
+        ExportError: the weights times :data:`INT8_WEIGHT_COPIES` exceed the available memory.
+    """
+    import psutil
+
+    weights = weights_bytes(onnx.load(str(fp32_path), load_external_data=False))
+    available = int(psutil.virtual_memory().available)
+    if weights * INT8_WEIGHT_COPIES > available:
+        raise ExportError(
+            f"INT8 quantization holds the graph's {weights / 1e9:.1f} GB of weights about "
+            f"{INT8_WEIGHT_COPIES} times (ONNX Runtime's quantizer) and {available / 1e9:.1f} GB of memory "
+            "is available; --embeddings hot-cold quantizes the dense model alone"
+        )
+
+
 def _export_int8(
     exporter: FrameworkExporter, fp32_path: Path, rows: Batch, options: ExportOptions
 ) -> ExportedModel:
+    _int8_memory_check(fp32_path)
+
     def build(path: Path) -> dict[str, Any]:
         calibration: Batch | None = None
         source = ""

@@ -11,16 +11,22 @@ import logging
 import warnings
 from pathlib import Path
 
+import numpy as np
 import onnx
 
 from bundle.errors import ExportError
-from export.graphs.onnx_io import EXTERNAL_DATA_THRESHOLD, weights_bytes
+from export.graphs.onnx_io import EXTERNAL_DATA_THRESHOLD, DataFile, read_external, weights_bytes
 
 log = logging.getLogger(__name__)
 
+#: The converter's clipping of FP32 weights into FP16 (onnxconverter-common's defaults, passed
+#: explicitly so that the tensors converted here in chunks are clipped the same way).
+MIN_POSITIVE = 1e-7
+MAX_FINITE = 1e4
+
 
 def convert_to_fp16(
-    model: onnx.ModelProto, keep_fp32: list[str], source: Path | None = None
+    model: onnx.ModelProto, keep_fp32: list[str], source: Path | None = None, data: DataFile | None = None
 ) -> onnx.ModelProto:
     """Convert ``model`` to FP16 inside, keeping I/O types and ``keep_fp32`` nodes in FP32.
 
@@ -29,10 +35,17 @@ def convert_to_fp16(
     2.2 GB of tables) the shapes are inferred from the file at ``source``
     instead, where the weights are external data.
 
+    A model loaded without its external data (``load_external_data=False``) keeps
+    it out of memory: each external FP32 weight the converter would convert is
+    converted here, 64 MiB at a time, from ``source``'s data file into ``data``
+    (the FP16 model's data file); the rest stay external, for
+    :func:`export.graphs.onnx_io.save_model` to copy.
+
     Args:
-        model: the FP32 graph (weights loaded).
+        model: the FP32 graph (weights loaded, or external in ``source``'s folder).
         keep_fp32: names of nodes that must compute in FP32.
         source: the file ``model`` was loaded from (needed over 2 GB of weights).
+        data: the FP16 model's data file (needed when ``model`` has external weights).
 
     Returns:
         A new model; Cast nodes join the FP16 and FP32 regions.
@@ -50,6 +63,7 @@ def convert_to_fp16(
     large = weights_bytes(model) > EXTERNAL_DATA_THRESHOLD
     if large:
         _infer_shapes_from_file(model, source)
+    streamed = _convert_external(model, set(keep_fp32), source, data)
     _unshare_kept_constants(model, set(keep_fp32))
     # Read before converting: without its own shape inference the converter changes ``model`` in place.
     own_casts = {node.name for node in model.graph.node if node.op_type == "Cast"} - set(keep_fp32)
@@ -61,15 +75,80 @@ def convert_to_fp16(
             # The converter warns for every weight it clips to the FP16 range.
             warnings.simplefilter("ignore", UserWarning)
             converted = float16.convert_float_to_float16(
-                model, keep_io_types=True, node_block_list=list(keep_fp32), disable_shape_infer=large
+                model,
+                min_positive_val=MIN_POSITIVE,
+                max_finite_val=MAX_FINITE,
+                keep_io_types=True,
+                node_block_list=list(keep_fp32),
+                disable_shape_infer=large,
             )
     except Exception as exc:  # the converter raises bare Exceptions and ValueErrors alike
         raise ExportError(f"FP16 conversion failed: {exc}") from exc
+    left = [
+        t.name
+        for t in converted.graph.initializer
+        if t.name in streamed and t.data_type != onnx.TensorProto.FLOAT16
+    ]
+    if left:
+        raise ExportError(f"FP16 conversion left weights converted in chunks typed FP32: {left[:5]}")
     _retype_casts_to_float(converted, own_casts)
     _restore_fp32_outputs(converted, fp32_outputs)
-    if weights_bytes(converted) <= EXTERNAL_DATA_THRESHOLD:
-        onnx.checker.check_model(converted)  # larger: checked by path once saved (ONNX Runtime loads it)
+    if not large and not any(
+        t.data_location == onnx.TensorProto.EXTERNAL for t in converted.graph.initializer
+    ):
+        onnx.checker.check_model(converted)  # else checked by its file once saved (ONNX Runtime loads it)
     return converted
+
+
+def _convert_external(
+    model: onnx.ModelProto, keep: set[str], source: Path | None, data: DataFile | None
+) -> set[str]:
+    """Write the external FP32 weights the converter converts (those that no kept node and no op
+    of its block list reads) to ``data`` in FP16, in chunks, and point them there.
+
+    They stay typed FLOAT: the converter then types them FLOAT16 itself, as it converts a
+    loaded weight, with the same shape inference (an FP16 weight beforehand would change the
+    types it infers, and make it refuse the graph as converted already).
+
+    Returns:
+        The names of the weights converted.
+    """
+    from onnxconverter_common import float16
+
+    external = [
+        tensor
+        for tensor in model.graph.initializer
+        if tensor.data_location == onnx.TensorProto.EXTERNAL and tensor.data_type == onnx.TensorProto.FLOAT
+    ]
+    if not external:
+        return set()
+    if source is None or data is None:
+        raise ExportError("FP16 conversion of weights not loaded needs their file and the FP16 data file")
+    blocked = {
+        name
+        for node in model.graph.node
+        if node.name in keep or node.op_type in float16.DEFAULT_OP_BLOCK_LIST
+        for name in node.input
+    }
+    converted = set()
+    for tensor in external:
+        if tensor.name in blocked:
+            continue
+        log.debug("converting %s (%s) to FP16 in chunks", tensor.name, list(tensor.dims))
+        data.put(tensor, (_to_fp16(chunk) for chunk in read_external(tensor, source.parent)))
+        converted.add(tensor.name)
+    return converted
+
+
+def _to_fp16(chunk: bytes) -> bytes:
+    """FP32 bytes as FP16 bytes, clipped as the converter clips (without its warning per value)."""
+    from onnxconverter_common import float16
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)
+        values = np.frombuffer(chunk, dtype=np.float32)
+        values = float16.convert_np_to_float16(values, MIN_POSITIVE, MAX_FINITE)
+    return bytes(values.tobytes())
 
 
 def _unshare_kept_constants(model: onnx.ModelProto, keep: set[str]) -> None:

@@ -12,9 +12,9 @@ from onnx import TensorProto, helper, numpy_helper
 
 from bundle.errors import ExportError
 from bundle.schema import CATEGORICAL_INPUT, DENSE_INPUT, NUM_CATEGORICAL, NUM_DENSE, OUTPUT
-from export.graphs import fp16
+from export.graphs import fp16, onnx_io
 from export.graphs.fp16 import convert_to_fp16
-from export.graphs.onnx_io import save_model
+from export.graphs.onnx_io import DataFile, save_model
 
 
 def _model() -> onnx.ModelProto:
@@ -76,3 +76,71 @@ def test_a_graph_over_the_protobuf_limit_takes_its_shapes_from_its_file(
     converted = convert_to_fp16(model, ["sigmoid"], source=path)
     assert not list(tmp_path.glob("*.shapes"))
     _check(_model(), converted)
+
+
+def _table_model() -> onnx.ModelProto:
+    """``Sigmoid((Gather(table, ids) @ w) @ kept_w @ w2)``: every weight large enough to go
+    external; ``kept_w`` feeds a node kept in FP32."""
+    rng = np.random.default_rng(2)
+    initializers = [
+        numpy_helper.from_array(rng.normal(size=(3000, 8)).astype(np.float32) * 0.1, "table"),
+        numpy_helper.from_array(rng.normal(size=(8, 300)).astype(np.float32) * 0.3, "w"),
+        numpy_helper.from_array(rng.normal(size=(300, 300)).astype(np.float32) * 0.05, "kept_w"),
+        numpy_helper.from_array(rng.normal(size=(300, 1)).astype(np.float32) * 0.05, "w2"),
+    ]
+    nodes = [
+        helper.make_node("Gather", ["table", "ids"], ["rows"], name="gather", axis=0),
+        helper.make_node("MatMul", ["rows", "w"], ["hidden"], name="matmul"),
+        helper.make_node("MatMul", ["hidden", "kept_w"], ["wide"], name="kept"),
+        helper.make_node("MatMul", ["wide", "w2"], ["logit"], name="last"),
+        helper.make_node("Sigmoid", ["logit"], [OUTPUT], name="sigmoid"),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "g",
+        [helper.make_tensor_value_info("ids", TensorProto.INT64, ["batch"])],
+        [helper.make_tensor_value_info(OUTPUT, TensorProto.FLOAT, ["batch", 1])],
+        initializers,
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    return model
+
+
+def _initializers(path: Path) -> dict[str, np.ndarray]:
+    return {
+        t.name: numpy_helper.to_array(t, base_dir=str(path.parent))
+        for t in onnx.load(str(path)).graph.initializer
+    }
+
+
+def test_weights_left_in_their_data_file_convert_in_chunks_as_the_converter_converts_them(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The FP16 file made from a graph whose weights were never loaded (converted 4 KiB at a time)
+    holds the same tensors as the converter's own in-memory conversion, and answers the same."""
+    fp32_path = tmp_path / "fp32" / "model.onnx"
+    save_model(_table_model(), fp32_path, threshold=0)
+    monkeypatch.setattr(onnx_io, "COPY_CHUNK", 4096)
+    in_memory = tmp_path / "memory" / "model.onnx"
+    save_model(convert_to_fp16(onnx.load(str(fp32_path)), ["kept", "sigmoid"]), in_memory)
+
+    streamed = tmp_path / "streamed" / "model.onnx"
+    graph = onnx.load(str(fp32_path), load_external_data=False)
+    with pytest.raises(ExportError, match="needs their file"):
+        convert_to_fp16(graph, ["kept", "sigmoid"], source=fp32_path)
+    data = DataFile(streamed)
+    converted = convert_to_fp16(graph, ["kept", "sigmoid"], source=fp32_path, data=data)
+    save_model(converted, streamed, source_dir=fp32_path.parent, data=data)
+
+    expected, got = _initializers(in_memory), _initializers(streamed)
+    assert {name: a.dtype for name, a in got.items()} == {name: a.dtype for name, a in expected.items()}
+    assert got["kept_w"].dtype == np.float32 and got["table"].dtype == np.float16
+    for name, array in expected.items():
+        np.testing.assert_array_equal(got[name], array, err_msg=name)
+    feeds = {"ids": np.array([0, 7, 2999, 7])}
+    run = [
+        ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run([OUTPUT], feeds)[0]
+        for path in (in_memory, streamed)
+    ]
+    np.testing.assert_array_equal(run[1], run[0])

@@ -48,3 +48,25 @@ def test_a_process_tree_s_anonymous_memory_leaves_mapped_pages_out(tmp_path: Pat
     me = os.getpid()
     rss, anonymous = tree_rss(me)[me], tree_rss(me, anonymous=True)[me]
     assert 0 < anonymous <= rss - 30 * MB
+
+
+@pytest.mark.skipif(resident() is None, reason="needs Linux /proc/self/status")
+def test_memory_held_while_native_code_keeps_the_gil_is_counted() -> None:
+    """torch.onnx's passes and protobuf hold the GIL for seconds: a sampling thread here would
+    never run then, so a buffer allocated and freed within such a call went unseen."""
+    import ctypes
+    import sys
+
+    before = resident()
+    assert before is not None
+    libc = ctypes.PyDLL(None)  # PyDLL: calls keep the GIL
+    interval = sys.getswitchinterval()
+    with PeakMemory() as peak:
+        sys.setswitchinterval(1000.0)  # nor does this thread hand the GIL over between the calls
+        try:
+            buffer = np.ones(96 * MB // 8)
+            libc.usleep(400_000)
+            del buffer
+        finally:
+            sys.setswitchinterval(interval)
+    assert peak.anon_bytes >= before["anon"] + 90 * MB
