@@ -39,11 +39,12 @@ def resident() -> dict[str, int] | None:
 
 #: The sampler: a separate process, so that it samples while this one holds the GIL in
 #: native code (torch.onnx's passes, protobuf, ONNX Runtime's session set-up), which a
-#: thread here cannot. Args: pid, interval; it prints the peaks when its stdin closes.
+#: thread here cannot. Args: pid, interval, :data:`_FIELD`'s pattern; it prints the peaks
+#: when its stdin closes.
 _SAMPLER = """
 import re, select, sys
 pid, interval = sys.argv[1], float(sys.argv[2])
-field = re.compile(r"^(RssAnon|RssFile|RssShmem):\\s+(\\d+)\\s+kB$", re.MULTILINE)
+field = re.compile(sys.argv[3], re.MULTILINE)
 anon = file = 0
 while True:
     try:
@@ -88,7 +89,7 @@ class PeakMemory:
         if self.available:
             self._sample()
             self._sampler = subprocess.Popen(
-                [sys.executable, "-c", _SAMPLER, str(os.getpid()), str(self.interval_s)],
+                [sys.executable, "-c", _SAMPLER, str(os.getpid()), str(self.interval_s), _FIELD.pattern],
                 stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE,
                 text=True,

@@ -51,7 +51,7 @@ from criteo.multihot import fixed_bags, read_bags
 from criteo.tsv import Batch, read_batch
 from export.framework import FrameworkExporter, StreamedTables, TorchSource
 from export.graphs.fp16 import convert_to_fp16
-from export.graphs.onnx_io import DataFile, save_model, weights_bytes
+from export.graphs.onnx_io import DataFile, external_tensors, save_model, weights_bytes
 from export.graphs.parity import (
     ParityResult,
     check_rows,
@@ -459,11 +459,7 @@ def _export_fp16(
         # Weights in a data file stay there: converted or copied in chunks, never loaded whole.
         model = onnx.load(str(fp32_path), load_external_data=False)
         keep, islands = _fp16_keep(exporter, model, options)
-        external = any(t.data_location == onnx.TensorProto.EXTERNAL for t in model.graph.initializer)
-        with contextlib.ExitStack() as stack:
-            data = DataFile(path) if external else None
-            if data is not None:
-                stack.callback(data.close)
+        with DataFile(path) if external_tensors(model) else contextlib.nullcontext() as data:
             converted = convert_to_fp16(model, keep, source=fp32_path, data=data)
             save_model(converted, path, source_dir=fp32_path.parent, data=data)
         return {"source": exporter.source, "fp32_nodes": keep, "fp16_islands": islands}

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -96,7 +97,7 @@ def exit_status(pid: int) -> int | None:
 
 def killed_by_signal(status: int | None) -> bool:
     """Whether an exit status says the process was killed by a signal (``WIFSIGNALED``)."""
-    return status is not None and 0 < status & 0x7F < 0x7F
+    return status is not None and os.WIFSIGNALED(status)
 
 
 def stub_processes(pid: int) -> tuple[list[StubProcess], dict[int, int | None]]:

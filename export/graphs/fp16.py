@@ -15,7 +15,13 @@ import numpy as np
 import onnx
 
 from bundle.errors import ExportError
-from export.graphs.onnx_io import EXTERNAL_DATA_THRESHOLD, DataFile, read_external, weights_bytes
+from export.graphs.onnx_io import (
+    EXTERNAL_DATA_THRESHOLD,
+    DataFile,
+    external_tensors,
+    read_external,
+    weights_bytes,
+)
 
 log = logging.getLogger(__name__)
 
@@ -93,9 +99,7 @@ def convert_to_fp16(
         raise ExportError(f"FP16 conversion left weights converted in chunks typed FP32: {left[:5]}")
     _retype_casts_to_float(converted, own_casts)
     _restore_fp32_outputs(converted, fp32_outputs)
-    if not large and not any(
-        t.data_location == onnx.TensorProto.EXTERNAL for t in converted.graph.initializer
-    ):
+    if not large and not external_tensors(converted):
         onnx.checker.check_model(converted)  # else checked by its file once saved (ONNX Runtime loads it)
     return converted
 
@@ -115,11 +119,7 @@ def _convert_external(
     """
     from onnxconverter_common import float16
 
-    external = [
-        tensor
-        for tensor in model.graph.initializer
-        if tensor.data_location == onnx.TensorProto.EXTERNAL and tensor.data_type == onnx.TensorProto.FLOAT
-    ]
+    external = [tensor for tensor in external_tensors(model) if tensor.data_type == onnx.TensorProto.FLOAT]
     if not external:
         return set()
     if source is None or data is None:
@@ -146,9 +146,10 @@ def _to_fp16(chunk: bytes) -> bytes:
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", UserWarning)
-        values = np.frombuffer(chunk, dtype=np.float32)
-        values = float16.convert_np_to_float16(values, MIN_POSITIVE, MAX_FINITE)
-    return bytes(values.tobytes())
+        values: np.ndarray = float16.convert_np_to_float16(
+            np.frombuffer(chunk, dtype=np.float32), MIN_POSITIVE, MAX_FINITE
+        )
+    return values.tobytes()
 
 
 def _unshare_kept_constants(model: onnx.ModelProto, keep: set[str]) -> None:

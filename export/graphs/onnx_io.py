@@ -11,7 +11,6 @@ held in memory whole.
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import BinaryIO
@@ -31,6 +30,11 @@ COPY_CHUNK = 64 * 2**20
 def external_info(tensor: onnx.TensorProto) -> dict[str, str]:
     """A tensor's external-data fields (``location``, ``offset``, ``length``)."""
     return {entry.key: entry.value for entry in tensor.external_data}
+
+
+def external_tensors(model: onnx.ModelProto) -> list[onnx.TensorProto]:
+    """The initializers whose data lies in a file (not loaded into the proto)."""
+    return [t for t in model.graph.initializer if t.data_location == onnx.TensorProto.EXTERNAL]
 
 
 def tensor_bytes(tensor: onnx.TensorProto) -> int:
@@ -75,6 +79,12 @@ class DataFile:
         self._file.close()
         self.path.chmod(0o644)
 
+    def __enter__(self) -> DataFile:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
 
 def read_external(tensor: onnx.TensorProto, base_dir: Path, chunk: int | None = None) -> Iterator[bytes]:
     """The bytes of an external tensor whose file lies in ``base_dir``, ``chunk`` at a time
@@ -116,17 +126,14 @@ def save_model(
         The files written (the graph, and the external data file if any).
     """
     path.parent.mkdir(parents=True, exist_ok=True)
-    external = [t for t in model.graph.initializer if t.data_location == onnx.TensorProto.EXTERNAL]
+    external = external_tensors(model)
     if data is None and not external and weights_bytes(model) <= threshold:
         path.with_name(path.name + ".data").unlink(missing_ok=True)
         onnx.save_model(model, str(path))
         return [path]
     if external and source_dir is None and data is None:
         raise ValueError(f"{path}: the model has external tensors; say where their files lie")
-    with contextlib.ExitStack() as stack:
-        if data is None:
-            data = DataFile(path)
-        stack.callback(data.close)
+    with data or DataFile(path) as data:
         for tensor in model.graph.initializer:
             if tensor.name in data.written:
                 continue
