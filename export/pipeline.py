@@ -51,7 +51,7 @@ from criteo.multihot import fixed_bags, read_bags
 from criteo.tsv import Batch, read_batch
 from export.framework import FrameworkExporter, StreamedTables, TorchSource
 from export.graphs.fp16 import convert_to_fp16
-from export.graphs.onnx_io import DataFile, external_tensors, save_model, weights_bytes
+from export.graphs.onnx_io import DataFile, external_tensors, save_model
 from export.graphs.parity import (
     ParityResult,
     check_rows,
@@ -73,9 +73,6 @@ log = logging.getLogger(__name__)
 CALIBRATION_SEED = 20261123
 #: Rows per ONNX Runtime call in the checks (as :func:`export.graphs.parity.run_onnx` runs them).
 CHECK_CHUNK = 4096
-#: Copies of the FP32 graph's weights that INT8 quantization holds at its peak (measured:
-#: ``benchmarks/in_graph_export``).
-INT8_WEIGHT_COPIES = 3
 #: Batch sizes the INT8 check runs its rows at. Dynamically quantized layers take
 #: their activation scales from the whole batch, so a row's answer depends on the
 #: rows batched with it: the AUC must hold from single rows to large batches, and
@@ -642,34 +639,9 @@ def calibration_rows(options: ExportOptions, exporter: FrameworkExporter | None 
     return check_rows(None, wanted, seed=CALIBRATION_SEED), f"synthetic rows (seed {CALIBRATION_SEED})"
 
 
-def _int8_memory_check(fp32_path: Path) -> None:
-    """Refuse INT8 quantization that would not fit in the memory available now.
-
-    ONNX Runtime's quantizer loads the whole graph, the calibrator loads it again and its
-    session reads it a third time: an in-graph DLRM with 4.4 GB of tables peaked at
-    :data:`INT8_WEIGHT_COPIES` times its weights. Better one line now than the
-    out-of-memory killer after the other models were written.
-
-    Raises:
-        ExportError: the weights times :data:`INT8_WEIGHT_COPIES` exceed the available memory.
-    """
-    import psutil
-
-    weights = weights_bytes(onnx.load(str(fp32_path), load_external_data=False))
-    available = int(psutil.virtual_memory().available)
-    if weights * INT8_WEIGHT_COPIES > available:
-        raise ExportError(
-            f"INT8 quantization holds the graph's {weights / 1e9:.1f} GB of weights about "
-            f"{INT8_WEIGHT_COPIES} times (ONNX Runtime's quantizer) and {available / 1e9:.1f} GB of memory "
-            "is available; --embeddings hot-cold quantizes the dense model alone"
-        )
-
-
 def _export_int8(
     exporter: FrameworkExporter, fp32_path: Path, rows: Batch, options: ExportOptions
 ) -> ExportedModel:
-    _int8_memory_check(fp32_path)
-
     def build(path: Path) -> dict[str, Any]:
         calibration: Batch | None = None
         source = ""

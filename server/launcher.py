@@ -531,6 +531,8 @@ class LocalServer:
             return
         for model in dead:
             self._dead_instances += len(model.stubs)
+            # tritonserver never frees a dead stub's shared-memory region: removed once it exits.
+            self._orphan_regions += [stub.region for stub in model.stubs]
         if self._config.dead_model_action is DeadModelAction.STOP:
             described = "; ".join(model.describe() for model in dead)
             mode = self._config.model_control_mode.value

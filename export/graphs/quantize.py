@@ -11,6 +11,12 @@ Wide & Deep's logit sum), the 1-column output layers (no speed to gain, and
 their error lands on the logit unaveraged), and Wide & Deep's 13 x 1 wide
 ``MatMul``.
 
+The quantizer never sees the tables: it gets the graph with each large table's lookup
+cut out (:mod:`export.graphs.lookups`), whose outputs become inputs that the whole
+graph computes for the calibration rows, and the lookups go back into the quantized
+graph. A DLRM with 4.4 GB of tables is quantized in a few hundred MB of memory (the
+quantizer loads the graph it is given more than once).
+
 Two methods, both ONNX Runtime's own quantizer (``onnxruntime.quantization``),
 writing only standard ONNX operators, so Triton's C++ onnxruntime backend in
 the NGC image runs the same file:
@@ -42,15 +48,17 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 import numpy as np
 import onnx
 from onnx import helper, numpy_helper
+from onnx.external_data_helper import load_external_data_for_tensor
 
 from bundle.errors import ConfigError, ExportError
 from criteo.tsv import Batch
-from export.graphs.onnx_io import EXTERNAL_DATA_THRESHOLD, save_model, weights_bytes
+from export.graphs.lookups import cut_lookups, lookup_outputs, put_back_lookups
+from export.graphs.onnx_io import EXTERNAL_DATA_THRESHOLD, external_tensors, save_model, weights_bytes
 
 log = logging.getLogger(__name__)
 
@@ -232,17 +240,29 @@ class BatchCalibrationReader:
         chunk: rows per batch ``B``.
         feeds: a batch's inputs to the graph (default: the schema's tensors, ``Batch.inputs``;
             a hot/cold dense model takes the stage's answer instead).
+        lookups: for a graph without its table lookups (:func:`export.graphs.lookups.cut_lookups`):
+            the whole graph's inputs -> the lookups' outputs, which the cut graph takes as inputs.
     """
 
-    def __init__(self, rows: Batch, chunk: int, feeds: Feeds | None = None) -> None:
+    def __init__(
+        self,
+        rows: Batch,
+        chunk: int,
+        feeds: Feeds | None = None,
+        lookups: Callable[[dict[str, np.ndarray]], dict[str, np.ndarray]] | None = None,
+    ) -> None:
         make = feeds or _inputs
+        self._lookups = lookups
         self._batches: Iterator[dict[str, np.ndarray]] = (
             make(rows.slice(start, start + chunk)) for start in range(0, len(rows), chunk)
         )
 
     def get_next(self) -> dict[str, np.ndarray] | None:
         """The next batch of inputs, or None after the last."""
-        return next(self._batches, None)
+        inputs = next(self._batches, None)
+        if inputs is None or self._lookups is None:
+            return inputs
+        return {**inputs, **self._lookups(inputs)}
 
 
 def quantize_int8(
@@ -280,7 +300,7 @@ def quantize_int8(
         quantize_static,
     )
 
-    model = onnx.load(str(fp32_path))
+    model = onnx.load(str(fp32_path), load_external_data=False)
     nodes, kept = int8_nodes(model, keep_fp32)
     if not nodes:
         raise ExportError(f"{fp32_path}: no MatMul/Gemm layer with a constant weight to quantize")
@@ -291,13 +311,16 @@ def quantize_int8(
         "reduce_range": options.reduce_range,
         "onnxruntime": metadata.version("onnxruntime"),
     }
-    reader: BatchCalibrationReader | None = None
-    if options.method == "static":
-        if calibration is None or len(calibration) == 0:
-            raise ExportError("static INT8 quantization needs calibration rows")
-        reader = BatchCalibrationReader(calibration, options.calibration_chunk, feeds)
-        settings["calibration_rows"] = len(calibration)
-        settings["calibration_data"] = calibration_source or "given rows"
+    if options.method == "static" and (calibration is None or len(calibration) == 0):
+        raise ExportError("static INT8 quantization needs calibration rows")
+    # The quantizer sees the graph without its tables: they are never loaded here.
+    cut = cut_lookups(model)
+    for tensor in external_tensors(model):
+        load_external_data_for_tensor(tensor, str(fp32_path.parent))
+        tensor.data_location = onnx.TensorProto.DEFAULT
+        del tensor.external_data[:]
+    if cut.nodes:
+        log.info("the quantizer sees the graph without its %d table lookups", len(cut.nodes))
     log.info("quantizing %d layers to INT8 (%s): %s", len(nodes), options.method, nodes)
     try:
         with tempfile.TemporaryDirectory(prefix="int8-") as tmp, _quiet_root_logger():
@@ -322,23 +345,32 @@ def quantize_int8(
                     extra_options={"MatMulConstBOnly": True},
                 )
             else:
-                quantize_static(
-                    source,
-                    target,
-                    reader,
-                    quant_format=QuantFormat.QDQ,
-                    op_types_to_quantize=list(MLP_OPS),
-                    nodes_to_quantize=names,
-                    per_channel=options.per_channel,
-                    reduce_range=options.reduce_range,
-                    activation_type=QuantType.QUInt8,
-                    weight_type=QuantType.QInt8,
-                    calibrate_method=CalibrationMethod.MinMax,
-                    use_external_data_format=large,
-                )
+                rows = cast(Batch, calibration)
+                whole = lookup_outputs(fp32_path, cut.output_names) if cut.nodes else contextlib.nullcontext()
+                with whole as lookups:
+                    reader = BatchCalibrationReader(rows, options.calibration_chunk, feeds, lookups)
+                    quantize_static(
+                        source,
+                        target,
+                        reader,
+                        quant_format=QuantFormat.QDQ,
+                        op_types_to_quantize=list(MLP_OPS),
+                        nodes_to_quantize=names,
+                        per_channel=options.per_channel,
+                        reduce_range=options.reduce_range,
+                        activation_type=QuantType.QUInt8,
+                        weight_type=QuantType.QInt8,
+                        calibrate_method=CalibrationMethod.MinMax,
+                        use_external_data_format=large,
+                    )
+                settings["calibration_rows"] = len(rows)
+                settings["calibration_data"] = calibration_source or "given rows"
+            quantized = onnx.load(str(target))
+            put_back_lookups(quantized, cut)
+            files = save_model(quantized, out, source_dir=fp32_path.parent)
+            del quantized
             # The checker takes the path so that graphs over 2 GB are checked too.
-            onnx.checker.check_model(str(target))
-            save_model(onnx.load(str(target)), out)
+            onnx.checker.check_model(str(files[0]))
     except ExportError:
         raise
     except Exception as exc:  # onnxruntime's quantizer raises bare Exceptions, ValueErrors, ...

@@ -33,6 +33,7 @@ from loadtest.benchmarks.soak import Case
 from loadtest.faults.crashes import RECOVERY_BOUND_S, answered_cases, kill_stub, measure_stub_kill
 from server import LocalServer, free_ports
 from server.probes import ServerProbe
+from server.processes import stub_processes
 from tests.cli import run_module
 
 pytestmark = pytest.mark.integration
@@ -90,10 +91,13 @@ def test_stub_killed_under_load_model_is_reloaded_and_never_looks_ready_while_do
     start_triton: StartTriton, repository: Path, rows: Batch
 ) -> None:
     server = start_triton(repository, model_control_mode="explicit", load_models=(MODEL,))
+    regions = _regions(server, MODEL)
     measured = measure_stub_kill(server, _cases(repository, rows), MODEL, rate=100.0)
     stopped = time.monotonic()
     code = server.stop()
     stop_s = time.monotonic() - stopped
+    # tritonserver never frees the killed stub's shared memory; the launcher removes it on exit.
+    assert regions and not [name for name in regions if Path("/dev/shm", name).exists()]
 
     tally = measured.tally
     assert tally.wrong == 0 and tally.errors == 0, (
@@ -124,10 +128,12 @@ def test_hot_cold_stage_stub_killed_under_load_stage_and_ensemble_come_back(
     server = start_triton(hot_cold_repository, model_control_mode="explicit", load_models=(MODEL,))
     # The ensemble's answers before the fault (its stages against numpy: test_embedding_stage.py).
     cases = answered_cases(server, MODEL, [rows.slice(0, BATCH), rows.slice(BATCH, 2 * BATCH)])
+    regions = _regions(server, STAGE)
     measured = measure_stub_kill(server, cases, STAGE, rate=100.0)
     stopped = time.monotonic()
     code = server.stop()
     stop_s = time.monotonic() - stopped
+    assert regions and not [name for name in regions if Path("/dev/shm", name).exists()]
 
     tally = measured.tally
     assert tally.wrong == 0 and tally.errors == 0, (
@@ -143,6 +149,13 @@ def test_hot_cold_stage_stub_killed_under_load_stage_and_ensemble_come_back(
         f"{tally.wrong} wrong; answered again after {measured.recovery_s:.2f} s; not ready "
         f"{measured.not_ready_s():.2f} s; SIGTERM: exit {code} in {stop_s:.1f} s"
     )
+
+
+def _regions(server: LocalServer, model: str) -> list[str]:
+    """The shared-memory regions of ``model``'s python stubs now."""
+    assert server.pid is not None
+    running, _ = stub_processes(server.pid)
+    return [stub.region for stub in running if stub.model == model]
 
 
 def _tritonserver_pid(serve: subprocess.Popen[str]) -> int:
