@@ -76,6 +76,10 @@ INPUTS: tuple[TensorSpec, ...] = (
 OUTPUTS: tuple[TensorSpec, ...] = (TensorSpec(OUTPUT, np.float32, (1,)),)
 #: The config parameter that records a multi-hot model's hotness (26 comma-separated counts).
 HOTNESS_PARAMETER = "hotness"
+#: Metadata key of a multi-hot ONNX graph (``metadata_props``; ONNX Runtime's
+#: ``custom_metadata_map``): ids per bag of C1..C26, 26 comma-separated counts. Its
+#: ``categorical_ids`` are then ``B x H`` (``H`` their sum, C1's bag first). Absent: one id per table.
+HOTNESS_METADATA = "hotness"
 
 
 #: The ``hotness`` parameter of a model with variable-length bags.

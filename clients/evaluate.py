@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from bundle.errors import ConfigError, DataError
-from clients.batching import Rows, file_batches
+from clients.batching import Rows
 from clients.options import ClientOptions
 from clients.predict import PredictOptions, run_file
 from clients.reference import OnnxReference
@@ -97,7 +97,7 @@ def _reference_pass(
 ) -> tuple[_Collector, float]:
     started = time.perf_counter()
     collector = _Collector()
-    for batch in file_batches(path, options.batch_size, options.max_rows):
+    for batch in reference.batches(path, options.batch_size, options.max_rows):
         collector(batch, reference.predict(batch))
     return collector, time.perf_counter() - started
 

@@ -171,7 +171,9 @@ class StubWatch:
         alive = {stub.pid for stub in running}
         self._known = {pid: stub for pid, stub in self._known.items() if pid in alive}  # reaped ones go
         for stub in running:
-            self._known.setdefault(stub.pid, stub)
+            # The stub that completes a loading model's config exits once done: never a death.
+            if not stub.completes_config:
+                self._known.setdefault(stub.pid, stub)
         replaced = {(stub.model, stub.version, stub.instance) for stub in running}
         for pid, (stub, _) in list(self._exited.items()):
             if (stub.model, stub.version, stub.instance) in replaced:

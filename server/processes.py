@@ -65,7 +65,8 @@ class StubProcess:
         pid: the stub's process id.
         model: the model it serves (the model file's grandparent folder).
         version: the model version (the model file's folder).
-        instance: the model instance's name, e.g. ``dlrm_onnx_0_0``.
+        instance: the model instance's name, e.g. ``dlrm_onnx_0_0``; the model's own name for
+            the stub that completes its config while it loads (:attr:`completes_config`).
         region: its shared-memory region's name (in ``/dev/shm``).
     """
 
@@ -74,6 +75,14 @@ class StubProcess:
     version: str
     instance: str
     region: str
+
+    @property
+    def completes_config(self) -> bool:
+        """The stub the python backend starts while the model loads, to complete its config
+        (``auto_complete_config``), which exits once done: it serves no instance. The backend
+        names it after the model, where an instance's stub carries the instance's name, which
+        Triton always suffixes with its index (``<group>_<index>``)."""
+        return self.instance == self.model
 
 
 def _stub_from_argv(pid: int, argv: list[str]) -> StubProcess | None:

@@ -27,7 +27,15 @@ from onnx import numpy_helper
 
 from bundle.errors import ExportError
 from bundle.onnx_session import FATAL_ONLY
-from bundle.schema import CATEGORICAL_INPUT, DENSE_INPUT, NUM_CATEGORICAL, NUM_DENSE, OUTPUT, hotness_counts
+from bundle.schema import (
+    CATEGORICAL_INPUT,
+    DENSE_INPUT,
+    HOTNESS_METADATA,
+    NUM_CATEGORICAL,
+    NUM_DENSE,
+    OUTPUT,
+    hotness_counts,
+)
 from criteo.schema import CATEGORICAL_COLUMNS
 from criteo.tables import check_table_sizes
 
@@ -46,10 +54,6 @@ PROBE_IDS: tuple[int, ...] = (
 REDUCED_IDS = f"{CATEGORICAL_INPUT}_reduced"
 #: Name of the initializer holding the 26 table sizes of the inserted ``Mod``.
 TABLE_SIZES_INITIALIZER = f"{CATEGORICAL_INPUT}_table_sizes"
-#: Metadata key of a multi-hot graph (``metadata_props``): ids per bag of C1..C26, 26
-#: comma-separated counts. Its ``categorical_ids`` are then ``B x H`` (``H`` their sum, C1's
-#: bag first), and the tracer maps each position to its bag's column. Absent: one id per table.
-HOTNESS_METADATA = "hotness"
 #: Ops an id passes through unchanged on its way from the input to a lookup.
 _PASS_THROUGH = frozenset({"Cast", "Identity", "Squeeze", "Unsqueeze", "Reshape", "Flatten", "Expand"})
 

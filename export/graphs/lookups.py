@@ -17,6 +17,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TypeVar
 
 import numpy as np
 import onnx
@@ -25,6 +26,7 @@ from onnx import helper
 from bundle.errors import ExportError
 from export.graphs.onnx_io import tensor_bytes
 
+Message = TypeVar("Message", onnx.NodeProto, onnx.ValueInfoProto)
 #: Tables of at least this many bytes are cut out (smaller constants, shape vectors among them, stay).
 CUT_TABLE_BYTES = 1 << 20
 
@@ -106,18 +108,18 @@ def cut_lookups(model: onnx.ModelProto, min_bytes: int | None = None) -> CutLook
     del model.graph.node[:]
     model.graph.node.extend(kept)
     outputs = set(cut.output_names)
-    values = [value for value in model.graph.value_info if value.name not in outputs]
+    values = _copies([value for value in model.graph.value_info if value.name not in outputs])
     del model.graph.value_info[:]
     model.graph.value_info.extend(values)
     model.graph.input.extend(cut.outputs)
     return cut
 
 
-def _copies(nodes: list[onnx.NodeProto]) -> list[onnx.NodeProto]:
-    """Nodes detached from their graph (a message taken from a repeated field is a view of it)."""
-    copies = [onnx.NodeProto() for _ in nodes]
-    for copy, node in zip(copies, nodes, strict=True):
-        copy.CopyFrom(node)
+def _copies(messages: list[Message]) -> list[Message]:
+    """Messages detached from their graph (one taken from a repeated field is a view of it)."""
+    copies = [type(message)() for message in messages]
+    for copy, message in zip(copies, messages, strict=True):
+        copy.CopyFrom(message)
     return copies
 
 
@@ -178,7 +180,7 @@ def put_back_lookups(model: onnx.ModelProto, cut: CutLookups) -> None:
     if not cut.nodes:
         return
     outputs = set(cut.output_names)
-    inputs = [value for value in model.graph.input if value.name not in outputs]
+    inputs = _copies([value for value in model.graph.input if value.name not in outputs])
     del model.graph.input[:]
     model.graph.input.extend(inputs)
     present = {t.name for t in model.graph.initializer}

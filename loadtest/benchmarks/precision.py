@@ -40,9 +40,10 @@ from bundle.repository import (
     version_dir,
     write_config,
 )
+from bundle.schema import VARIABLE_HOTNESS
 from loadtest.benchmarks.roofline import count_flops, fraction, ort_gemm_probe, sgemm_ceiling
 from loadtest.engine.baseline import BaselineConfig, InProcessModel, measure_interleaved
-from loadtest.engine.payload import MAX_POOL_ROWS, PayloadPool, build_pool
+from loadtest.engine.payload import MAX_POOL_ROWS, Hotness, PayloadPool, build_pool
 from loadtest.engine.served import served_throughput
 from loadtest.engine.timer import TimerConfig
 from loadtest.engine.writer import table, write_json, write_markdown
@@ -252,20 +253,10 @@ def run_precision(options: PrecisionOptions, command: str) -> dict[str, Any]:
         ]
         if present:
             families[family] = present
-    # A multi-hot model takes each row's bags (its config's hotness): one pool per family.
-    for family in families:
-        config_path = options.repository / f"{family}_onnx" / CONFIG_NAME
-        if config_path.is_file() and config_variable_bags(read_config(config_path)):
-            raise ConfigError(
-                f"{family}_onnx takes bags of any size (values and lengths); this benchmark sends "
-                "one id or a fixed bag per table"
-            )
+    # A multi-hot model takes each row's bags (its config's hotness, or bags of any size): one
+    # pool per family.
     pools = {
-        family: pool.multi_hot(
-            config_hotness(read_config(options.repository / f"{family}_onnx" / CONFIG_NAME))
-            if (options.repository / f"{family}_onnx" / CONFIG_NAME).is_file()
-            else None
-        )
+        family: pool.multi_hot(_hotness(options.repository / f"{family}_onnx" / CONFIG_NAME))
         for family in families
     }
     served: dict[str, Any] = {}
@@ -428,3 +419,11 @@ def write_precision(result: dict[str, Any], out: Path) -> dict[str, Path]:
         "json": write_json(out / "precision.json", result),
         "markdown": write_markdown(out / "precision.md", lines),
     }
+
+
+def _hotness(config_path: Path) -> Hotness:
+    """The ids per table the model of ``config_path`` takes (None without a config: one each)."""
+    if not config_path.is_file():
+        return None
+    config = read_config(config_path)
+    return VARIABLE_HOTNESS if config_variable_bags(config) else config_hotness(config)

@@ -12,14 +12,26 @@ process loads.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 
 import numpy as np
 
 from bundle.errors import ConfigError, DataError
-from bundle.schema import CATEGORICAL_INPUT, DENSE_INPUT, INPUTS, RAW_ROWS_INPUT
+from bundle.schema import (
+    CATEGORICAL_INPUT,
+    DENSE_INPUT,
+    INPUTS,
+    LENGTHS_INPUT,
+    NUM_CATEGORICAL,
+    RAW_ROWS_INPUT,
+    VALUES_INPUT,
+    VARIABLE_HOTNESS,
+)
 from clients.verify import sample_rows_with_text
 
+#: Ids per table of a multi-hot model: 26 counts, ``variable`` (bags of any size), or None (one id).
+Hotness = tuple[int, ...] | str | None
 #: Distinct batches a pool holds, at most (fewer when that would exceed MAX_POOL_ROWS).
 DEFAULT_POOL_BATCHES = 64
 #: Rows a pool holds, at most: enough variety, little memory (about 2.6 MB per 10,000 rows).
@@ -34,11 +46,15 @@ class PayloadPool:
 
     Attributes:
         dense: ``(batches * batch_size) x 13`` float32.
-        categorical: ``(batches * batch_size) x 26`` int64 (``x H`` for a multi-hot model: its bags).
+        categorical: ``(batches * batch_size) x 26`` int64 (``x H`` for a multi-hot model: its bags);
+            for a model of bags of any size, every row's ids, ``N`` int64 (:attr:`lengths` says
+            how many each bag takes).
         batch_size: rows per request ``B``.
         source: where the rows came from (a file name, or ``synthetic``).
         text: the same rows as their unlabeled TSV text, 1-D ``bytes``, for a raw-row model;
             None when the pool was made without it (a streamed file's).
+        lengths: for a model of bags of any size, each bag's size, ``(batches * batch_size) x 26``
+            int64 (0: empty); None otherwise.
     """
 
     dense: np.ndarray
@@ -46,20 +62,25 @@ class PayloadPool:
     batch_size: int
     source: str
     text: np.ndarray | None = None
+    lengths: np.ndarray | None = None
 
     def __post_init__(self) -> None:
         if self.batch_size < 1:
             raise ConfigError(f"batch_size must be >= 1, got {self.batch_size}")
         rows = self.dense.shape[0]
-        if rows == 0 or rows % self.batch_size or self.categorical.shape[0] != rows:
+        held = self.categorical.shape[0] if self.lengths is None else self.lengths.shape[0]
+        if rows == 0 or rows % self.batch_size or held != rows:
             raise DataError(
                 f"a payload pool needs a whole number of batches of {self.batch_size} rows, "
-                f"got {rows} dense and {self.categorical.shape[0]} categorical rows"
+                f"got {rows} dense and {held} categorical rows"
             )
         if self.text is not None and (self.text.dtype.kind != "S" or self.text.shape != (rows,)):
             raise DataError(
                 f"payload row text is {self.text.dtype} {list(self.text.shape)}, expected bytes [{rows}]"
             )
+        if self.lengths is not None:
+            self._check_bags(self.lengths)
+            return
         # A multi-hot model's ids are N x H (its bags, C1's first): any width of at least 26.
         width = max(int(self.categorical.shape[1]), INPUTS[1].shape[0]) if self.categorical.ndim == 2 else 0
         for spec, shape, array in zip(
@@ -71,13 +92,52 @@ class PayloadPool:
                     f"expected {np.dtype(spec.dtype)} [N, {', '.join(map(str, spec.shape))}]"
                 )
 
+    def _check_bags(self, lengths: np.ndarray) -> None:
+        values = self.categorical
+        dense = INPUTS[0]
+        if self.dense.dtype != dense.dtype or self.dense.shape[1:] != dense.shape:
+            raise DataError(f"payload input {dense.name!r} is {self.dense.dtype} {list(self.dense.shape)}")
+        if lengths.dtype != np.int64 or lengths.shape[1:] != (NUM_CATEGORICAL,) or (lengths < 0).any():
+            raise DataError(
+                f"payload bag lengths are {lengths.dtype} {list(lengths.shape)}, expected int64 [N, 26] >= 0"
+            )
+        if values.dtype != np.int64 or values.ndim != 1 or values.size != int(lengths.sum()):
+            total = int(lengths.sum())
+            raise DataError(
+                f"payload bag values are {values.dtype} {list(values.shape)}; the lengths add up to {total}"
+            )
+        if self.text is not None:
+            raise DataError("a payload of bags of any size holds no row text")
+
+    @cached_property
+    def _row_starts(self) -> np.ndarray:
+        """Each row's first value, and ``N`` last (bags of any size): a request's values are one slice."""
+        lengths = self.lengths if self.lengths is not None else np.zeros((0, NUM_CATEGORICAL), np.int64)
+        return np.concatenate(([0], np.cumsum(lengths.sum(axis=1)))).astype(np.int64)
+
+    @property
+    def variable_bags(self) -> bool:
+        """The rows are bags of any size (values and lengths)."""
+        return self.lengths is not None
+
     def __len__(self) -> int:
         """The number of batches."""
         return int(self.dense.shape[0]) // self.batch_size
 
+    def rows(self, start: int, stop: int) -> dict[str, np.ndarray]:
+        """Rows ``start:stop`` as the model's inputs, ``{tensor name: array}`` contiguous views."""
+        if self.lengths is None:
+            return {DENSE_INPUT: self.dense[start:stop], CATEGORICAL_INPUT: self.categorical[start:stop]}
+        starts = self._row_starts
+        return {
+            DENSE_INPUT: self.dense[start:stop],
+            VALUES_INPUT: self.categorical[int(starts[start]) : int(starts[min(stop, len(starts) - 1)])],
+            LENGTHS_INPUT: self.lengths[start:stop],
+        }
+
     def batch(self, index: int, raw: bool = False) -> dict[str, np.ndarray]:
-        """Batch ``index`` (modulo the pool's length) as ``{tensor name: B x ...}`` contiguous views,
-        or with ``raw`` as a raw-row model's input, ``{raw_rows: B x 1 bytes objects}``.
+        """Batch ``index`` (modulo the pool's length) as ``{tensor name: B x ...}`` contiguous views
+        (:meth:`rows`), or with ``raw`` as a raw-row model's input, ``{raw_rows: B x 1 bytes objects}``.
 
         Raises:
             DataError: ``raw`` from a pool made without the rows' text.
@@ -88,7 +148,7 @@ class PayloadPool:
             if self.text is None:
                 raise DataError(f"the payload from {self.source} holds no row text for a raw-row model")
             return {RAW_ROWS_INPUT: self.text[start:stop].astype(np.object_).reshape(-1, 1)}
-        return {DENSE_INPUT: self.dense[start:stop], CATEGORICAL_INPUT: self.categorical[start:stop]}
+        return self.rows(start, stop)
 
     def batches(self, raw: bool = False) -> list[dict[str, np.ndarray]]:
         """Every batch, in order (``raw``: see :meth:`batch`)."""
@@ -105,6 +165,7 @@ class PayloadPool:
                 batch_size=np.int64(self.batch_size),
                 source=np.array(self.source),
                 **({} if self.text is None else {"text": self.text}),
+                **({} if self.lengths is None else {"lengths": self.lengths}),
             )
         return path
 
@@ -119,16 +180,30 @@ class PayloadPool:
                     int(data["batch_size"]),
                     str(data["source"]),
                     data["text"] if "text" in data.files else None,
+                    np.ascontiguousarray(data["lengths"]) if "lengths" in data.files else None,
                 )
         except (OSError, KeyError, ValueError) as exc:
             raise DataError(f"cannot read payload pool {path}: {exc}") from None
 
-    def multi_hot(self, hotness: tuple[int, ...] | None) -> PayloadPool:
-        """The same rows for a model of ``hotness`` ids per table (None: as they are): each table's
-        bag made from the row's id (:func:`criteo.multihot.expand`); no row text (a raw-row model
-        takes one id per table)."""
+    def multi_hot(self, hotness: Hotness) -> PayloadPool:
+        """The same rows for a model of ``hotness`` ids per table (None: as they are), each table's
+        bag made from the row's id (:func:`criteo.multihot.expand`), or for ``variable`` of a size
+        drawn for each bag (:func:`criteo.multihot.draw_bags`); no row text (a raw-row model takes
+        one id per table)."""
         if hotness is None:
             return self
+        if self.lengths is not None:
+            raise ConfigError("the payload holds bags already")
+        if hotness == VARIABLE_HOTNESS:
+            from criteo.multihot import draw_bags
+            from criteo.tsv import Batch
+
+            bags = draw_bags(Batch(self.dense, self.categorical, None))
+            return PayloadPool(
+                self.dense, bags.categorical, self.batch_size, self.source, lengths=bags.lengths
+            )
+        if isinstance(hotness, str):
+            raise ConfigError(f"hotness must be 26 counts or {VARIABLE_HOTNESS!r}, got {hotness!r}")
         from criteo.multihot import expand
 
         return PayloadPool(self.dense, expand(self.categorical, hotness), self.batch_size, self.source)
@@ -137,18 +212,22 @@ class PayloadPool:
         """The same rows cut into batches of ``batch_size`` (rows beyond a whole batch are dropped;
         rows repeat when the pool holds fewer than one batch)."""
         rows = self.dense.shape[0]
-        dense, categorical, text = self.dense, self.categorical, self.text
+        dense, categorical, text, lengths = self.dense, self.categorical, self.text, self.lengths
         if rows < batch_size:
             repeat = -(-batch_size // rows)
-            dense, categorical = np.tile(dense, (repeat, 1)), np.tile(categorical, (repeat, 1))
+            dense = np.tile(dense, (repeat, 1))
+            categorical = np.tile(categorical, (repeat,) + (1,) * (categorical.ndim - 1))
             text = None if text is None else np.tile(text, repeat)
+            lengths = None if lengths is None else np.tile(lengths, (repeat, 1))
         keep = (dense.shape[0] // batch_size) * batch_size
+        values = categorical[:keep] if lengths is None else categorical[: int(lengths[:keep].sum())]
         return PayloadPool(
             np.ascontiguousarray(dense[:keep]),
-            np.ascontiguousarray(categorical[:keep]),
+            np.ascontiguousarray(values),
             batch_size,
             self.source,
             None if text is None else np.ascontiguousarray(text[:keep]),
+            None if lengths is None else np.ascontiguousarray(lengths[:keep]),
         )
 
 

@@ -22,7 +22,7 @@ from tritonclient.grpc import service_pb2
 from tritonclient.utils import serialize_byte_tensor
 
 from bundle.errors import ClientError, DataError
-from bundle.schema import OUTPUT, is_raw_model
+from bundle.schema import OUTPUT, VALUES_INPUT, is_raw_model
 from clients.validation import triton_dtype
 from loadtest.engine.payload import PayloadPool
 
@@ -116,18 +116,26 @@ class RawGrpcInfer:
 HEADER_LENGTH = "Inference-Header-Content-Length"
 
 
+def _http_header(tensors: list[tuple[str, list[int], str, int]]) -> bytes:
+    """The JSON header of an HTTP body of ``(name, shape, datatype, bytes)`` tensors."""
+    header = {
+        "inputs": [
+            {"name": name, "shape": shape, "datatype": datatype, "parameters": {"binary_data_size": size}}
+            for name, shape, datatype, size in tensors
+        ],
+        "outputs": [{"name": OUTPUT, "parameters": {"binary_data": True}}],
+    }
+    return json.dumps(header, separators=(",", ":")).encode()
+
+
 def _http_parts(batch: dict[str, np.ndarray]) -> tuple[bytes, list[bytes]]:
     """An HTTP body's JSON header and its tensors' bytes."""
     contents = [tensor_bytes(array) for array in batch.values()]
-    header = {
-        "inputs": [
-            {"name": name, "shape": list(array.shape), "datatype": triton_dtype(array.dtype),
-             "parameters": {"binary_data_size": len(content)}}
-            for (name, array), content in zip(batch.items(), contents, strict=True)
-        ],
-        "outputs": [{"name": OUTPUT, "parameters": {"binary_data": True}}],
-    }  # fmt: skip
-    return json.dumps(header, separators=(",", ":")).encode(), contents
+    tensors = [
+        (name, list(array.shape), triton_dtype(array.dtype), len(content))
+        for (name, array), content in zip(batch.items(), contents, strict=True)
+    ]
+    return _http_header(tensors), contents
 
 
 def http_body(batch: dict[str, np.ndarray], header_length: int | None = None) -> bytes:
@@ -151,9 +159,24 @@ def http_bodies(pool: PayloadPool, raw: bool = False) -> list[bytes]:
 
 def http_header_length(pool: PayloadPool, raw: bool = False) -> int:
     """The length of the JSON header of :func:`http_body` for ``pool``'s batches: one shape for
-    tensors; the longest for rows as text (``raw``), whose sizes vary."""
-    batches = pool.batches(raw) if raw else [pool.batch(0)]
-    return max(len(_http_parts(batch)[0]) for batch in batches)
+    tensors; the longest for rows as text (``raw``), whose sizes vary; for bags of any size, the
+    header of a request holding every id of the pool (any ``B`` rows of it, from any row, hold
+    no more)."""
+    if raw:
+        return max(len(_http_parts(batch)[0]) for batch in pool.batches(raw))
+    batch = pool.batch(0)
+    if not pool.variable_bags:
+        return len(_http_parts(batch)[0])
+    most = pool.categorical
+    return len(
+        _http_header(
+            [
+                (name, list(most.shape if name == VALUES_INPUT else array.shape), triton_dtype(array.dtype),
+                 most.nbytes if name == VALUES_INPUT else array.nbytes)
+                for name, array in batch.items()
+            ]
+        )
+    )  # fmt: skip
 
 
 class RawHttpInfer:

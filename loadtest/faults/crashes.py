@@ -175,7 +175,10 @@ def kill_stub(tritonserver_pid: int, model: str) -> int:
         ServerError: that tritonserver runs no stub for ``model``.
     """
     running, _ = stub_processes(tritonserver_pid)
-    stubs = sorted((stub for stub in running if stub.model == model), key=lambda stub: stub.instance)
+    stubs = sorted(
+        (stub for stub in running if stub.model == model and not stub.completes_config),
+        key=lambda stub: stub.instance,
+    )
     if not stubs:
         raise ServerError(f"tritonserver pid {tritonserver_pid} runs no python stub of model '{model}'")
     os.kill(stubs[0].pid, signal.SIGKILL)

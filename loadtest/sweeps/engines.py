@@ -15,7 +15,7 @@ from typing import Literal
 import numpy as np
 
 from bundle.errors import ConfigError
-from bundle.schema import CATEGORICAL_INPUT, DENSE_INPUT, is_raw_model
+from bundle.schema import is_raw_model
 from clients.retry import RetryPolicy
 from clients.triton import TritonClient
 from loadtest.engine.client_cpu import ClientCpu, process_cpu_s, process_demand, thread_busy_s
@@ -46,9 +46,13 @@ def perf_analyzer_step(
     used: its first windows are its warm-up).
     """
     raw = is_raw_model(model)
-    input_data = payload.with_name("perf_analyzer-input-raw.json" if raw else "perf_analyzer-input.json")
+    pool = PayloadPool.load(payload)
+    # Bags of any size: each entry is a whole request, so the file is one per batch size.
+    name = "raw" if raw else (f"bags-b{config.batch_size}" if pool.variable_bags else "")
+    input_data = payload.with_name(f"perf_analyzer-input{'-' + name if name else ''}.json")
     if not input_data.is_file():
-        perf_analyzer.write_input_data(PayloadPool.load(payload), input_data, raw=raw)
+        perf_analyzer.write_input_data(pool, input_data, raw=raw, batch_size=config.batch_size)
+    requests_of = perf_analyzer.batch_flag(pool, config.batch_size)
     # Its windows until three agree, at most MAX_TRIALS of them.
     window_s = perf_analyzer.window_for(config.duration_s)
     windows_s = (perf_analyzer.MAX_TRIALS + 1) * window_s
@@ -57,7 +61,7 @@ def perf_analyzer_step(
         target.url,
         target.protocol,
         model,
-        config.batch_size,
+        requests_of,
         concurrency,
         window_s,
         input_data,
@@ -67,6 +71,8 @@ def perf_analyzer_step(
     )
     (folder / "perf_analyzer.json").write_text(json.dumps(perf_analyzer.describe(run)))
     figures, served = run.figures, run.figures.server
+    # perf_analyzer counts inferences of its -b: for whole-request entries, requests.
+    samples_per_s = figures.samples_per_s * config.batch_size / requests_of
     server = None
     if served.get("success_count"):
         count = served["success_count"]
@@ -81,7 +87,7 @@ def perf_analyzer_step(
             request_ms=served.get("request", math.nan),
             batch=served.get("inference_count", 0.0) / executions if executions else math.nan,
         )
-    rate = figures.samples_per_s / config.batch_size
+    rate = samples_per_s / config.batch_size
     return StepResult(
         label=target.label,
         model=model,
@@ -93,7 +99,7 @@ def perf_analyzer_step(
         requests=figures.requests,
         errors=0,
         requests_per_s=rate,
-        samples_per_s=figures.samples_per_s,
+        samples_per_s=samples_per_s,
         p50_ms=figures.p50_ms,
         p90_ms=figures.p90_ms,
         p95_ms=figures.p95_ms,
@@ -106,8 +112,8 @@ def perf_analyzer_step(
         client_cores=run.cpu.share,
         client_demand=run.cpu.total_demand,
         client_bound=run.cpu.bound,
-        samples_per_s_min=figures.samples_per_s,
-        samples_per_s_max=figures.samples_per_s,
+        samples_per_s_min=samples_per_s,
+        samples_per_s_max=samples_per_s,
     )
 
 
@@ -133,11 +139,8 @@ def _streamed_requests(
     def message(worker: int, sequence: int) -> bytes:
         row = (start + (worker + sequence * workers) * batch_size) % span
         first_rows.append(row)
-        rows = {
-            DENSE_INPUT: stream.dense[row : row + batch_size],
-            CATEGORICAL_INPUT: stream.categorical[row : row + batch_size],
-        }
-        return serialised_request(model, rows) if protocol == "grpc" else http_body(rows)
+        rows = stream.rows(row, row + batch_size)
+        return serialised_request(model, rows) if protocol == "grpc" else http_body(rows, header_length)
 
     return raw_connection(url, protocol, model, header_length, config.request_timeout_s, batch_size, message)
 

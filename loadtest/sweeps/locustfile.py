@@ -32,7 +32,7 @@ from typing import Any, ClassVar
 import gevent
 from locust import User, constant, task
 
-from bundle.schema import CATEGORICAL_INPUT, DENSE_INPUT, is_raw_model
+from bundle.schema import is_raw_model
 from clients.options import Protocol
 from clients.retry import RetryPolicy
 from clients.triton import TritonClient
@@ -100,7 +100,7 @@ class TritonUser(User):
         pool = payload_pool()
         row = next_stream_row(self.environment, self._batch_size)
         stop = row + self._batch_size
-        return {DENSE_INPUT: pool.dense[row:stop], CATEGORICAL_INPUT: pool.categorical[row:stop]}
+        return pool.rows(row, stop)
 
     def infer_with_client(self) -> None:
         """One request through the bundle's client (tritonclient underneath)."""

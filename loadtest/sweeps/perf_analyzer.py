@@ -57,22 +57,43 @@ def window_for(measured_s: float) -> float:
     return measured_s / REPORTED_WINDOWS
 
 
-def write_input_data(pool: PayloadPool, path: Path, rows: int = INPUT_ROWS, raw: bool = False) -> Path:
+def write_input_data(
+    pool: PayloadPool, path: Path, rows: int = INPUT_ROWS, raw: bool = False, batch_size: int = 1
+) -> Path:
     """The pool's first ``rows`` rows as perf_analyzer's JSON input data, one batch-1 entry per row;
-    with ``raw``, each row's text for a raw-row model (its one BYTES element)."""
+    with ``raw``, each row's text for a raw-row model (its one BYTES element). For bags of any size
+    (a model without Triton's batching, run with ``-b 1``: :func:`batch_flag`), one entry per
+    request of ``batch_size`` rows, each tensor with its shape."""
     count = min(rows, pool.dense.shape[0])
+    path.parent.mkdir(parents=True, exist_ok=True)
     if raw:
         if pool.text is None:
             raise DataError(f"the payload from {pool.source} holds no row text for a raw-row model")
         texts = [row.decode("ascii") for row in pool.text[:count].tolist()]
-        path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps({"data": [{RAW_ROWS_INPUT: [text]} for text in texts]}))
+        return path
+    if pool.variable_bags:
+        batches = pool.rebatched(batch_size)
+        requests = [batches.batch(index) for index in range(max(1, min(len(batches), count // batch_size)))]
+        entries: list[dict[str, Any]] = [
+            {
+                name: {"content": array.reshape(-1).tolist(), "shape": list(array.shape)}
+                for name, array in request.items()
+            }
+            for request in requests
+        ]
+        path.write_text(json.dumps({"data": entries}))
         return path
     dense, categorical = pool.dense[:count].tolist(), pool.categorical[:count].tolist()
     entries = [{DENSE_INPUT: d, CATEGORICAL_INPUT: c} for d, c in zip(dense, categorical, strict=True)]
-    path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps({"data": entries}))
     return path
+
+
+def batch_flag(pool: PayloadPool, batch_size: int) -> int:
+    """perf_analyzer's ``-b`` for requests of ``batch_size`` rows: 1 where each input-data entry is
+    a whole request (bags of any size), else the rows it stacks into one."""
+    return 1 if pool.variable_bags else batch_size
 
 
 def command(

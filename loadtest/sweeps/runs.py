@@ -29,10 +29,10 @@ from rich.console import Console
 from bundle.errors import BundleError, ConfigError
 from bundle.records import RunRecord
 from bundle.repository import CONFIG_NAME, config_hotness, config_variable_bags, read_config
-from bundle.schema import CATEGORICAL_INPUT, LENGTHS_INPUT, VALUES_INPUT, is_raw_model
+from bundle.schema import LENGTHS_INPUT, VALUES_INPUT, VARIABLE_HOTNESS, is_raw_model
 from loadtest.engine.baseline import BaselineConfig, BaselineResult, InProcessModel
 from loadtest.engine.client_cpu import threshold_line
-from loadtest.engine.payload import MAX_POOL_ROWS, PayloadPool
+from loadtest.engine.payload import MAX_POOL_ROWS, Hotness, PayloadPool
 from loadtest.engine.session import serving_settings
 from loadtest.sweeps.peers.process import PeerProcess
 from loadtest.sweeps.perf_analyzer import MAX_TRIALS, STABILITY_PERCENT, window_for
@@ -191,39 +191,31 @@ def model_file(repository: Path, model: str) -> Path:
 
 def models_hotness(
     repository: Path | None, urls: Sequence[str], protocols: Sequence[str], models: Sequence[str]
-) -> tuple[int, ...] | None:
-    """The ids per table the swept models take (None: one each), from their configs in ``repository``
-    or, without one, from the server at ``urls[0]``.
+) -> Hotness:
+    """The ids per table the swept models take (None: one each; ``variable``: bags of any size, as
+    values and lengths), from their configs in ``repository`` or, without one, from the server at
+    ``urls[0]``.
 
     Raises:
         ConfigError: models that take different inputs (sweep them one at a time).
     """
-    found: set[tuple[int, ...] | None] = set()
+    found: set[Hotness] = set()
     for model in models:
         if is_raw_model(model):
             continue
         if repository is not None and (repository / model / CONFIG_NAME).is_file():
             config = read_config(repository / model / CONFIG_NAME)
-            variable = config_variable_bags(config)
-            found.add(config_hotness(config))
+            found.add(VARIABLE_HOTNESS if config_variable_bags(config) else config_hotness(config))
         elif urls:
             from clients.triton import TritonClient
 
             with TritonClient(urls[0], protocols[0]) as client:  # type: ignore[arg-type]
                 spec = client.model_spec(model)
-            variable = spec.variable_bags
-            found.add(spec.hotness)
-        else:
-            variable = False
-        if variable:
-            raise ConfigError(
-                f"model {model} takes bags of any size ({VALUES_INPUT} and {LENGTHS_INPUT}); the load "
-                f"tools send {CATEGORICAL_INPUT} only (one id or a fixed bag per table)"
-            )
+            found.add(VARIABLE_HOTNESS if spec.variable_bags else spec.hotness)
     if len(found) > 1:
         raise ConfigError(
-            f"the models {', '.join(models)} take different categorical_ids (one id per table and bags): "
-            "sweep them one at a time"
+            f"the models {', '.join(models)} take different categorical inputs (one id per table, bags of "
+            f"a fixed size, bags of any size as {VALUES_INPUT} and {LENGTHS_INPUT}): sweep them one at a time"
         )
     return found.pop() if found else None
 

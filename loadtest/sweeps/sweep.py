@@ -39,7 +39,7 @@ import loadtest
 from bundle.errors import BundleError, ConfigError
 from loadtest.engine.client_cpu import ClientCpu
 from loadtest.engine.latency import Tally, merged_tallies
-from loadtest.engine.payload import MAX_POOL_ROWS, build_pool, build_stream
+from loadtest.engine.payload import MAX_POOL_ROWS, Hotness, build_pool, build_stream
 from loadtest.sweeps.engines import driver_step, perf_analyzer_step
 from loadtest.sweeps.stepfiles import (
     CPU_GLOB,
@@ -231,12 +231,11 @@ def _wait_for_group(group: int, timeout_s: float) -> None:
         os.killpg(group, signal.SIGKILL)
 
 
-def make_payload(
-    out: Path, data: Path | None, stream: bool = False, hotness: tuple[int, ...] | None = None
-) -> Path:
+def make_payload(out: Path, data: Path | None, stream: bool = False, hotness: Hotness = None) -> Path:
     """Build the rows every step sends (once) and write them to ``out/payload.npz``: a pool of at
     most :data:`MAX_POOL_ROWS` rows, cycled; or with ``stream``, every row of ``data`` in order.
-    For a multi-hot model (``hotness``), each row's bags are made from its ids."""
+    For a multi-hot model (``hotness``: 26 counts, or ``variable`` for bags of any size), each
+    row's bags are made from its ids (:meth:`PayloadPool.multi_hot`)."""
     if stream and data is None:
         raise ConfigError("--stream sends the rows of a file: give --data FILE")
     if stream and data is not None:

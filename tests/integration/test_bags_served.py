@@ -149,11 +149,14 @@ def test_clients_evaluate_reads_the_multi_hot_text_format(
     assert (bags.lengths == 0).any() and bags.labels is not None
     evaluated = _cli(
         "clients", "evaluate", "--url", server.grpc_url, "--input", str(data), "--model", "dlrm_onnx",
-        "--batch-size", "256", "--json",
+        "--batch-size", "256", "--json", "--reference", str(exported[1] / "dlrm_onnx" / "1" / "model.onnx"),
     )  # fmt: skip
     assert evaluated.returncode == 0, evaluated.stderr
-    scores = json.loads(evaluated.stdout)["scores"]
-    assert scores[0]["name"] == "dlrm_onnx" and scores[0]["rows"] == 700
+    evaluation = json.loads(evaluated.stdout)
+    scores = evaluation["scores"]
+    assert scores[0]["name"] == "dlrm_onnx" and scores[0]["rows"] == evaluation["reference"]["rows"] == 700
+    # The graph run in-process on the same bags (values and lengths) answers as the server does.
+    assert scores[0]["max_abs_diff"] <= 1e-6
     out = tmp_path / "p.csv"
     inferred = _cli(
         "clients", "infer", "--url", server.http_url, "--protocol", "http", "--input", str(data),
@@ -162,3 +165,47 @@ def test_clients_evaluate_reads_the_multi_hot_text_format(
     assert inferred.returncode == 0, inferred.stderr
     served = np.loadtxt(out, delimiter=",", skiprows=1, dtype=np.float32).reshape(-1, 1)
     np.testing.assert_allclose(served, _expected(exported[0], bags), atol=1e-5, rtol=0)
+
+
+def test_a_sweep_sends_bags_of_any_size_with_every_engine(
+    server: LocalServer, exported, tmp_path: Path
+) -> None:  # type: ignore[no-untyped-def]
+    """locust, the driver and (where installed) perf_analyzer send each request's values and
+    lengths over gRPC and HTTP, the in-process baseline runs the graph on the same requests, and a
+    streamed run sends a file's rows once each: every request answered, none refused."""
+    from loadtest.sweeps.perf_analyzer_install import locate
+
+    engines = "locust,driver" + (",perf_analyzer" if locate()[0] is not None else "")
+    data = tmp_path / "rows.tsv"
+    assert _cli("criteo", "synth", "--rows", "3000", "--seed", "9", "--out", str(data)).returncode == 0
+    common = ["loadtest", "sweep", "--model", "dlrm_onnx", "--url", server.grpc_url, "--url", server.http_url,
+              "--protocol", "grpc", "--protocol", "http", "--batch-size", "16", "--concurrency", "1",
+              "--duration", "1", "--warmup", "0.3", "--data", str(data)]  # fmt: skip
+    failed_before = _failed(server)
+    cycled = _cli(
+        *common, "--engine", engines, "--repository", str(exported[1]), "--out", str(tmp_path / "cycled")
+    )
+    assert cycled.returncode == 0, cycled.stdout[-2000:] + cycled.stderr[-3000:]
+    report = json.loads((tmp_path / "cycled" / "report.json").read_text())
+    steps = report["steps"]
+    assert {(s["protocol"], s["engine"]) for s in steps} == {
+        (p, e) for p in ("grpc", "http") for e in engines.split(",")
+    }
+    for step in steps:
+        assert step["requests"] > 0 and step["errors"] == 0 and step["samples_per_s"] > 0, step
+    assert report["baselines"]["dlrm_onnx"][0]["samples_per_s"] > 0
+    streamed = _cli(
+        *common, "--engine", "driver", "--stream", "--no-baseline", "--out", str(tmp_path / "streamed")
+    )
+    assert streamed.returncode == 0, streamed.stdout[-2000:] + streamed.stderr[-3000:]
+    for step in json.loads((tmp_path / "streamed" / "report.json").read_text())["steps"]:
+        assert step["requests"] > 0 and step["errors"] == 0, step
+    assert _failed(server) == failed_before
+
+
+def _failed(server: LocalServer) -> int:
+    import tritonclient.grpc as triton_grpc
+
+    with triton_grpc.InferenceServerClient(server.grpc_url) as client:
+        stats = client.get_inference_statistics("dlrm_onnx", as_json=True)
+    return int(stats["model_stats"][0]["inference_stats"].get("fail", {}).get("count", 0))

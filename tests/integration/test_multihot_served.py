@@ -101,10 +101,11 @@ def test_rows_with_another_number_of_ids_get_one_error_line(server: LocalServer)
 
 
 def test_clients_evaluate_sends_fixed_bags_and_names_a_bag_of_another_size(
-    server: LocalServer, tmp_path: Path
-) -> None:
-    """``criteo synth --hotness mlperf`` rows scored through the server; a file whose bags have
-    other sizes gets one line naming the row and table."""
+    server: LocalServer, exported, tmp_path: Path
+) -> None:  # type: ignore[no-untyped-def]
+    """``criteo synth --hotness mlperf`` rows scored through the server, and in-process by the
+    graph itself (``--reference``, which reads the bags its hotness record names); a file whose
+    bags have other sizes gets one line naming the row and table."""
     cli = [sys.executable, "-m"]
     data, other = tmp_path / "mlperf.tsv", tmp_path / "three.tsv"
     for path, hotness in ((data, "mlperf"), (other, "3")):
@@ -114,9 +115,14 @@ def test_clients_evaluate_sends_fixed_bags_and_names_a_bag_of_another_size(
         )  # fmt: skip
         assert made.returncode == 0, made.stderr
     args = ["clients", "evaluate", "--url", server.grpc_url, "--model", "dlrm_onnx", "--json", "--input"]
-    done = subprocess.run([*cli, *args, str(data)], capture_output=True, text=True, check=False, cwd=ROOT)
+    reference = ["--reference", str(exported[1] / "dlrm_onnx" / "1" / "model.onnx")]
+    done = subprocess.run(
+        [*cli, *args, str(data), *reference], capture_output=True, text=True, check=False, cwd=ROOT
+    )
     assert done.returncode == 0, done.stderr
-    assert json.loads(done.stdout)["scores"][0]["rows"] == 300
+    evaluation = json.loads(done.stdout)
+    assert evaluation["scores"][0]["rows"] == evaluation["reference"]["rows"] == 300
+    assert evaluation["scores"][0]["max_abs_diff"] <= 1e-6
     refused = subprocess.run([*cli, *args, str(other)], capture_output=True, text=True, check=False, cwd=ROOT)
     assert refused.returncode != 0
     assert "row 1, table C1: 3 ids, the model's bags hold 3" not in refused.stderr

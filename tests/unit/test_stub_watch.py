@@ -165,3 +165,25 @@ def test_a_zombie_exit_status_tells_a_kill_from_an_exit() -> None:
         for pid in children.values():
             os.waitpid(pid, 0)
     assert exit_status(children["exit"]) is None  # reaped
+
+
+def test_the_stub_that_completes_a_loading_models_config_is_never_taken_for_a_dead_one(watch: Any) -> None:
+    """The python backend starts a stub named after the model to complete its config while it
+    loads (a rollout loads the stage again); it exits once done, and no instance replaces it."""
+    watcher, state, _, clock = watch
+    completing = _stub(12, instance="dlrm_embedding")
+    assert completing.completes_config and not _stub(10).completes_config
+    state["processes"] = ([_stub(10), _stub(11, "dlrm_embedding_0_1"), completing], {})
+    assert watcher.look() == []
+    state["processes"] = ([_stub(10), _stub(11, "dlrm_embedding_0_1")], {12: EXITED})
+    for _ in range(3):
+        clock.now += GRACE_S
+        assert watcher.look() == []
+    # Nor when it is killed (the backend kills one whose config code raised).
+    state["processes"] = (
+        [_stub(10), _stub(11, "dlrm_embedding_0_1"), _stub(13, instance="dlrm_embedding")],
+        {},
+    )
+    assert watcher.look() == []
+    state["processes"] = ([_stub(10), _stub(11, "dlrm_embedding_0_1")], {13: KILLED})
+    assert watcher.look() == []
