@@ -12,7 +12,7 @@ their error lands on the logit unaveraged), and Wide & Deep's 13 x 1 wide
 ``MatMul``.
 
 The quantizer never sees the tables: it gets the graph with each large table's lookup
-cut out (:mod:`export.graphs.lookups`), whose outputs become inputs that the whole
+cut out (:mod:`export.graphs.lookup_cut`), whose outputs become inputs that the whole
 graph computes for the calibration rows, and the lookups go back into the quantized
 graph. A DLRM with 4.4 GB of tables is quantized in a few hundred MB of memory (the
 quantizer loads the graph it is given more than once).
@@ -57,7 +57,7 @@ from onnx.external_data_helper import load_external_data_for_tensor
 
 from bundle.errors import ConfigError, ExportError
 from criteo.tsv import Batch
-from export.graphs.lookups import cut_lookups, lookup_outputs, put_back_lookups
+from export.graphs.lookup_cut import cut_lookups, lookup_outputs, put_back_lookups
 from export.graphs.onnx_io import EXTERNAL_DATA_THRESHOLD, external_tensors, save_model, weights_bytes
 
 log = logging.getLogger(__name__)
@@ -240,7 +240,7 @@ class BatchCalibrationReader:
         chunk: rows per batch ``B``.
         feeds: a batch's inputs to the graph (default: the schema's tensors, ``Batch.inputs``;
             a hot/cold dense model takes the stage's answer instead).
-        lookups: for a graph without its table lookups (:func:`export.graphs.lookups.cut_lookups`):
+        lookups: for a graph without its table lookups (:func:`export.graphs.lookup_cut.cut_lookups`):
             the whole graph's inputs -> the lookups' outputs, which the cut graph takes as inputs.
     """
 

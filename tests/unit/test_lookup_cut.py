@@ -9,11 +9,11 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-import export.graphs.lookups as lookups
+import export.graphs.lookup_cut as lookup_cut
 from bundle.memory import PeakMemory, resident
 from criteo.synth import SynthConfig, write_tsv
 from criteo.tsv import Batch, read_batch
-from export.graphs.lookups import cut_lookups, put_back_lookups, topological_order
+from export.graphs.lookup_cut import cut_lookups, put_back_lookups, topological_order
 from export.graphs.onnx_io import external_tensors, save_model
 from export.graphs.parity import run_onnx
 from export.graphs.quantize import QuantizeOptions, quantize_int8, quantized_op_counts
@@ -110,7 +110,7 @@ def test_quantizing_without_the_tables_gives_the_whole_graphs_int8(
     keep = exporter.fp32_nodes(onnx.load(str(fp32_file)))
     whole = tmp_path / "whole.onnx"
     quantize_int8(fp32_file, whole, keep, options, calibration)  # tables under the threshold: not cut
-    monkeypatch.setattr(lookups, "CUT_TABLE_BYTES", 0)
+    monkeypatch.setattr(lookup_cut, "CUT_TABLE_BYTES", 0)
     lean = tmp_path / "lean.onnx"
     quantize_int8(fp32_file, lean, keep, options, calibration)
     whole_model, lean_model = onnx.load(str(whole)), onnx.load(str(lean))
@@ -166,7 +166,7 @@ def test_a_table_on_disk_is_never_loaded(data: Path, tmp_path: Path, monkeypatch
     assert "table" in {t.name for t in external_tensors(written)}
     assert quantized_op_counts(written).get("DequantizeLinear", 0) >= 2
     # The same quantizer run with the table inside the graph it sees writes the same answers.
-    monkeypatch.setattr(lookups, "CUT_TABLE_BYTES", 1 << 40)
+    monkeypatch.setattr(lookup_cut, "CUT_TABLE_BYTES", 1 << 40)
     whole = tmp_path / "whole" / "model.onnx"
     quantize_int8(source, whole, [], QuantizeOptions(calibration_rows=2048), rows, feeds=feeds)
     ids = feeds(read_batch(data, 1024))
