@@ -28,8 +28,10 @@ from bundle.errors import ConfigError
 
 #: Libraries whose versions a record keeps.
 PACKAGES = ("numpy", "onnxruntime", "tritonclient", "grpcio", "nvidia-pytriton", "locust")
-#: CPU flags a record keeps (what the ONNX Runtime kernels of the CPU profile can use).
-CPU_FLAGS = ("avx512f", "avx512_vnni", "avx512_bf16", "amx_int8", "amx_bf16")
+#: CPU flags a record keeps (what the ONNX Runtime kernels of the CPU profile can use): the vector
+#: width tells two machines of one model name apart (this project's "AMD EPYC" has been both an
+#: AVX2-only and an AVX-512 part).
+CPU_FLAGS = ("avx2", "avx512f", "avx512_vnni", "avx512_bf16", "amx_int8", "amx_bf16")
 
 
 def cpu_model() -> str:

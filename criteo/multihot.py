@@ -271,6 +271,28 @@ def parse_bag_lines(lines: Sequence[str], path: str = "<rows>", first_line: int 
     return BagBatch(dense, values, labels if labeled else None, lengths)
 
 
+#: Lines :func:`holds_bags` reads.
+SNIFF_LINES = 1000
+
+
+def holds_bags(path: Path | str, lines: int = SNIFF_LINES) -> bool:
+    """Whether the file's first ``lines`` rows hold a bag of more than one id (a comma in a
+    categorical field): a file of the multi-hot text format, not a Criteo file.
+
+    Raises:
+        DataError: the file is missing.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise DataError(f"{path}: no such file")
+    with open_text(path) as handle:
+        for line in itertools.islice(handle, lines):
+            fields = line.rstrip("\r\n").split("\t")
+            if any(BAG_SEPARATOR in field for field in fields[-NUM_CATEGORICAL:]):
+                return True
+    return False
+
+
 def _is_hex(text: str) -> bool:
     try:
         return 0 <= int(text, 16) < 2**64

@@ -15,7 +15,11 @@ import typer
 
 # ------------------------------------------------------------------ the request rows
 Data = Annotated[
-    Path | None, typer.Option(help="Criteo TSV file for the request rows (default: synthetic rows).")
+    Path | None,
+    typer.Option(
+        help="Criteo TSV file for the request rows (default: synthetic rows); for a multi-hot model, "
+        "a file of the multi-hot text format is sent with its own bags."
+    ),
 ]
 Stream = Annotated[
     bool,

@@ -279,3 +279,23 @@ def build_stream(data: Path) -> PayloadPool:
         1,
         str(data),
     )
+
+
+def build_bag_pool(data: Path, hotness: Hotness, rows: int) -> PayloadPool:
+    """The first ``rows`` rows of a file of the multi-hot text format (:mod:`criteo.multihot`), in
+    its order, as one-row batches for a model of ``hotness``: values and lengths for ``variable``,
+    ``B x H`` ids for 26 counts.
+
+    Raises:
+        DataError: a malformed row, or a bag of another size than ``hotness`` says (its row and
+            table).
+    """
+    from criteo.multihot import fixed_bags, read_bags
+
+    bags = read_bags(data, rows)
+    dense = np.ascontiguousarray(bags.dense, dtype=np.float32)
+    if hotness == VARIABLE_HOTNESS:
+        return PayloadPool(dense, np.ascontiguousarray(bags.values), 1, str(data), lengths=bags.lengths)
+    if hotness is None or isinstance(hotness, str):
+        raise ConfigError(f"{data} holds bags; the model takes one id per table")
+    return PayloadPool(dense, np.ascontiguousarray(fixed_bags(bags, hotness).categorical), 1, str(data))

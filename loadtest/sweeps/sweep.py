@@ -37,9 +37,17 @@ import numpy as np
 
 import loadtest
 from bundle.errors import BundleError, ConfigError
+from criteo.multihot import holds_bags
 from loadtest.engine.client_cpu import ClientCpu
 from loadtest.engine.latency import Tally, merged_tallies
-from loadtest.engine.payload import MAX_POOL_ROWS, Hotness, build_pool, build_stream
+from loadtest.engine.payload import (
+    MAX_POOL_ROWS,
+    STREAM_MAX_ROWS,
+    Hotness,
+    build_bag_pool,
+    build_pool,
+    build_stream,
+)
 from loadtest.sweeps.engines import driver_step, perf_analyzer_step
 from loadtest.sweeps.stepfiles import (
     CPU_GLOB,
@@ -234,10 +242,14 @@ def _wait_for_group(group: int, timeout_s: float) -> None:
 def make_payload(out: Path, data: Path | None, stream: bool = False, hotness: Hotness = None) -> Path:
     """Build the rows every step sends (once) and write them to ``out/payload.npz``: a pool of at
     most :data:`MAX_POOL_ROWS` rows, cycled; or with ``stream``, every row of ``data`` in order.
-    For a multi-hot model (``hotness``: 26 counts, or ``variable`` for bags of any size), each
-    row's bags are made from its ids (:meth:`PayloadPool.multi_hot`)."""
+    For a multi-hot model (``hotness``: 26 counts, or ``variable`` for bags of any size), a file
+    of the multi-hot text format gives its own bags (:func:`build_bag_pool`); a Criteo file's rows,
+    or synthetic ones, get bags made from their ids (:meth:`PayloadPool.multi_hot`)."""
     if stream and data is None:
         raise ConfigError("--stream sends the rows of a file: give --data FILE")
+    if hotness is not None and data is not None and holds_bags(data):
+        pool = build_bag_pool(data, hotness, STREAM_MAX_ROWS if stream else MAX_POOL_ROWS)
+        return pool.save(out / "payload.npz")
     if stream and data is not None:
         return build_stream(data).multi_hot(hotness).save(out / "payload.npz")
     return build_pool(1, data=data, batches=MAX_POOL_ROWS).multi_hot(hotness).save(out / "payload.npz")

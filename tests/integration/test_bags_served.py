@@ -171,8 +171,9 @@ def test_a_sweep_sends_bags_of_any_size_with_every_engine(
     server: LocalServer, exported, tmp_path: Path
 ) -> None:  # type: ignore[no-untyped-def]
     """locust, the driver and (where installed) perf_analyzer send each request's values and
-    lengths over gRPC and HTTP, the in-process baseline runs the graph on the same requests, and a
-    streamed run sends a file's rows once each: every request answered, none refused."""
+    lengths over gRPC and HTTP (bags drawn from a Criteo file's ids), the in-process baseline runs
+    the graph on the same requests, and a streamed run sends the rows of a file of the multi-hot
+    text format once each, with their own bags: every request answered, none refused."""
     from loadtest.sweeps.perf_analyzer_install import locate
 
     engines = "locust,driver" + (",perf_analyzer" if locate()[0] is not None else "")
@@ -194,8 +195,19 @@ def test_a_sweep_sends_bags_of_any_size_with_every_engine(
     for step in steps:
         assert step["requests"] > 0 and step["errors"] == 0 and step["samples_per_s"] > 0, step
     assert report["baselines"]["dlrm_onnx"][0]["samples_per_s"] > 0
+    bags = tmp_path / "bags.tsv"
+    assert (
+        _cli("criteo", "synth", "--rows", "2000", "--hotness", "variable", "--out", str(bags)).returncode == 0
+    )
     streamed = _cli(
-        *common, "--engine", "driver", "--stream", "--no-baseline", "--out", str(tmp_path / "streamed")
+        *common[:-1],
+        str(bags),
+        "--engine",
+        "driver",
+        "--stream",
+        "--no-baseline",
+        "--out",
+        str(tmp_path / "streamed"),
     )
     assert streamed.returncode == 0, streamed.stdout[-2000:] + streamed.stderr[-3000:]
     for step in json.loads((tmp_path / "streamed" / "report.json").read_text())["steps"]:

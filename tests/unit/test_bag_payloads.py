@@ -112,3 +112,35 @@ def test_perf_analyzer_gets_whole_requests_with_their_shapes(bags: PayloadPool, 
         np.testing.assert_allclose(entries[2][name]["content"], array.reshape(-1))
     assert perf_analyzer.batch_flag(bags, 50) == 1
     assert perf_analyzer.batch_flag(build_pool(8, batches=2), 50) == 50
+
+
+def test_a_file_of_bags_gives_its_own_bags(tmp_path: Path) -> None:
+    """A sweep's --data file of the multi-hot text format is sent as it is (its rows' own bags); a
+    Criteo file's rows get bags drawn from their ids."""
+    from criteo.multihot import holds_bags, read_bags
+    from criteo.synth import SynthConfig, write_tsv
+    from loadtest.sweeps.sweep import make_payload
+
+    variable, fixed, criteo = tmp_path / "variable.tsv", tmp_path / "fixed.tsv", tmp_path / "criteo.tsv"
+    write_tsv(SynthConfig(rows=500, seed=4, max_vocabulary=1000, bags=VARIABLE_HOTNESS), variable)
+    write_tsv(SynthConfig(rows=500, seed=4, max_vocabulary=1000, bags=HOTNESS), fixed)
+    write_tsv(SynthConfig(rows=500, seed=4, max_vocabulary=1000), criteo)
+    assert holds_bags(variable) and holds_bags(fixed) and not holds_bags(criteo)
+
+    pool = PayloadPool.load(make_payload(tmp_path / "v", variable, hotness=VARIABLE_HOTNESS))
+    expected = read_bags(variable)
+    np.testing.assert_array_equal(pool.lengths, expected.lengths)  # type: ignore[arg-type]
+    np.testing.assert_array_equal(pool.categorical, expected.values)
+    streamed = PayloadPool.load(make_payload(tmp_path / "s", variable, stream=True, hotness=VARIABLE_HOTNESS))
+    np.testing.assert_array_equal(streamed.rows(10, 20)[LENGTHS_INPUT], expected.lengths[10:20])
+
+    pool = PayloadPool.load(make_payload(tmp_path / "f", fixed, hotness=HOTNESS))
+    assert pool.categorical.shape == (500, sum(HOTNESS)) and not pool.variable_bags
+    # Bags of other sizes than the model's: one line naming the row and table.
+    with pytest.raises(DataError, match="row 1, table C1: 2 ids, the model's bags hold 3"):
+        make_payload(tmp_path / "x", fixed, hotness=(3,) * NUM_CATEGORICAL)
+    drawn = PayloadPool.load(make_payload(tmp_path / "c", criteo, hotness=VARIABLE_HOTNESS))
+    assert drawn.variable_bags and drawn.dense.shape[0] == 500  # bags drawn for the Criteo file's rows
+
+
+HOTNESS = (2,) * 13 + (1,) * 13
