@@ -474,6 +474,12 @@ def config_variable_bags(config: mc.ModelConfig) -> bool:
     )
 
 
+def config_bags(config: mc.ModelConfig) -> tuple[int, ...] | str | None:
+    """The ids per table a model takes: its hotness (26 counts), ``variable`` for bags of any size
+    (:func:`config_variable_bags`), or None for one id each (:func:`config_hotness`)."""
+    return VARIABLE_HOTNESS if config_variable_bags(config) else config_hotness(config)
+
+
 def version_dir(repository: Path, name: str, version: int = 1) -> Path:
     """The folder that holds version ``version`` of model ``name``."""
     return repository / name / str(version)

@@ -53,12 +53,12 @@ from typing import Any, Literal, cast
 import numpy as np
 import onnx
 from onnx import helper, numpy_helper
-from onnx.external_data_helper import load_external_data_for_tensor
+from onnx.external_data_helper import load_external_data_for_model
 
 from bundle.errors import ConfigError, ExportError
 from criteo.tsv import Batch
 from export.graphs.lookup_cut import cut_lookups, lookup_outputs, put_back_lookups
-from export.graphs.onnx_io import EXTERNAL_DATA_THRESHOLD, external_tensors, save_model, weights_bytes
+from export.graphs.onnx_io import EXTERNAL_DATA_THRESHOLD, save_model, weights_bytes
 
 log = logging.getLogger(__name__)
 
@@ -315,10 +315,7 @@ def quantize_int8(
         raise ExportError("static INT8 quantization needs calibration rows")
     # The quantizer sees the graph without its tables: they are never loaded here.
     cut = cut_lookups(model)
-    for tensor in external_tensors(model):
-        load_external_data_for_tensor(tensor, str(fp32_path.parent))
-        tensor.data_location = onnx.TensorProto.DEFAULT
-        del tensor.external_data[:]
+    load_external_data_for_model(model, str(fp32_path.parent))
     if cut.nodes:
         log.info("the quantizer sees the graph without its %d table lookups", len(cut.nodes))
     log.info("quantizing %d layers to INT8 (%s): %s", len(nodes), options.method, nodes)

@@ -33,14 +33,12 @@ from bundle.repository import (
     CONFIG_NAME,
     MODEL_FILE,
     ORT_SPINNING_KEY,
-    config_hotness,
-    config_variable_bags,
+    config_bags,
     read_config,
     read_report,
     version_dir,
     write_config,
 )
-from bundle.schema import VARIABLE_HOTNESS
 from loadtest.benchmarks.roofline import count_flops, fraction, ort_gemm_probe, sgemm_ceiling
 from loadtest.engine.baseline import BaselineConfig, InProcessModel, measure_interleaved
 from loadtest.engine.payload import MAX_POOL_ROWS, Hotness, PayloadPool, build_pool
@@ -425,5 +423,4 @@ def _hotness(config_path: Path) -> Hotness:
     """The ids per table the model of ``config_path`` takes (None without a config: one each)."""
     if not config_path.is_file():
         return None
-    config = read_config(config_path)
-    return VARIABLE_HOTNESS if config_variable_bags(config) else config_hotness(config)
+    return config_bags(read_config(config_path))

@@ -231,6 +231,16 @@ class PayloadPool:
         )
 
 
+def saved_bags(path: Path) -> bool:
+    """Whether the pool saved at ``path`` (:meth:`PayloadPool.save`) holds bags of any size, read
+    without loading it."""
+    try:
+        with np.load(path, allow_pickle=False) as data:
+            return "lengths" in data.files
+    except (OSError, ValueError) as exc:
+        raise DataError(f"cannot read payload pool {path}: {exc}") from None
+
+
 def pool_rows(batch_size: int, batches: int = DEFAULT_POOL_BATCHES) -> int:
     """Rows of a pool of ``batches`` batches, capped at :data:`MAX_POOL_ROWS` (never below one batch)."""
     if batch_size < 1 or batches < 1:

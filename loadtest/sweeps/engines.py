@@ -20,7 +20,7 @@ from clients.retry import RetryPolicy
 from clients.triton import TritonClient
 from loadtest.engine.client_cpu import ClientCpu, process_cpu_s, process_demand, thread_busy_s
 from loadtest.engine.driver import Connect, Driver
-from loadtest.engine.payload import PayloadPool
+from loadtest.engine.payload import PayloadPool, saved_bags
 from loadtest.engine.served import raw_connection, triton_requests
 from loadtest.engine.wire import http_body, http_header_length, serialised_request
 from loadtest.sweeps import perf_analyzer
@@ -46,13 +46,15 @@ def perf_analyzer_step(
     used: its first windows are its warm-up).
     """
     raw = is_raw_model(model)
-    pool = PayloadPool.load(payload)
+    variable = saved_bags(payload)
     # Bags of any size: each entry is a whole request, so the file is one per batch size.
-    name = "raw" if raw else (f"bags-b{config.batch_size}" if pool.variable_bags else "")
+    name = "raw" if raw else (f"bags-b{config.batch_size}" if variable else "")
     input_data = payload.with_name(f"perf_analyzer-input{'-' + name if name else ''}.json")
     if not input_data.is_file():
-        perf_analyzer.write_input_data(pool, input_data, raw=raw, batch_size=config.batch_size)
-    requests_of = perf_analyzer.batch_flag(pool, config.batch_size)
+        perf_analyzer.write_input_data(
+            PayloadPool.load(payload), input_data, raw=raw, batch_size=config.batch_size
+        )
+    requests_of = perf_analyzer.batch_flag(variable, config.batch_size)
     # Its windows until three agree, at most MAX_TRIALS of them.
     window_s = perf_analyzer.window_for(config.duration_s)
     windows_s = (perf_analyzer.MAX_TRIALS + 1) * window_s

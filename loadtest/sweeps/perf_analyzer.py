@@ -90,10 +90,10 @@ def write_input_data(
     return path
 
 
-def batch_flag(pool: PayloadPool, batch_size: int) -> int:
+def batch_flag(variable_bags: bool, batch_size: int) -> int:
     """perf_analyzer's ``-b`` for requests of ``batch_size`` rows: 1 where each input-data entry is
-    a whole request (bags of any size), else the rows it stacks into one."""
-    return 1 if pool.variable_bags else batch_size
+    a whole request (a pool of bags of any size), else the rows it stacks into one."""
+    return 1 if variable_bags else batch_size
 
 
 def command(

@@ -28,7 +28,7 @@ from rich.console import Console
 
 from bundle.errors import BundleError, ConfigError
 from bundle.records import RunRecord
-from bundle.repository import CONFIG_NAME, config_hotness, config_variable_bags, read_config
+from bundle.repository import CONFIG_NAME, config_bags, read_config
 from bundle.schema import LENGTHS_INPUT, VALUES_INPUT, VARIABLE_HOTNESS, is_raw_model
 from loadtest.engine.baseline import BaselineConfig, BaselineResult, InProcessModel
 from loadtest.engine.client_cpu import threshold_line
@@ -205,7 +205,7 @@ def models_hotness(
             continue
         if repository is not None and (repository / model / CONFIG_NAME).is_file():
             config = read_config(repository / model / CONFIG_NAME)
-            found.add(VARIABLE_HOTNESS if config_variable_bags(config) else config_hotness(config))
+            found.add(config_bags(config))
         elif urls:
             from clients.triton import TritonClient
 

@@ -110,8 +110,8 @@ def test_perf_analyzer_gets_whole_requests_with_their_shapes(bags: PayloadPool, 
     for name, array in request.items():
         assert entries[2][name]["shape"] == list(array.shape)
         np.testing.assert_allclose(entries[2][name]["content"], array.reshape(-1))
-    assert perf_analyzer.batch_flag(bags, 50) == 1
-    assert perf_analyzer.batch_flag(build_pool(8, batches=2), 50) == 50
+    assert perf_analyzer.batch_flag(bags.variable_bags, 50) == 1
+    assert perf_analyzer.batch_flag(build_pool(8, batches=2).variable_bags, 50) == 50
 
 
 def test_a_file_of_bags_gives_its_own_bags(tmp_path: Path) -> None:
