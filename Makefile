@@ -48,7 +48,7 @@ $(PA_STAMP): $(STAMP) requirements-perf-analyzer.txt
 setup: $(STAMP) $(TR_STAMP) $(PA_STAMP) $(if $(filter 1,$(GPU)),$(GPU_STAMP))
 
 demo: setup
-	$(PYTHON) -m loadtest demo
+	$(VENV)/bin/triton-recsys demo
 
 # Everything the tests need comes from requirements.txt: no root, no system packages (the compose
 # file is checked against the Compose Specification's schema, the Kubernetes manifests rendered
@@ -62,7 +62,7 @@ test-all: setup
 lint: setup
 	$(PYTHON) -m ruff check .
 	$(PYTHON) -m ruff format --check .
-	$(PYTHON) -m mypy bundle criteo models export server clients loadtest triton_recsys
+	$(PYTHON) -m mypy bundle criteo models export server clients loadtest lab triton_recsys
 
 # The documentation site (mkdocs.yml, docs/) into site/; --strict turns a broken link, a missing
 # benchmark file behind a snippet or a module the API reference names into a failed build.

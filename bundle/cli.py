@@ -35,21 +35,34 @@ def is_verbose() -> bool:
     return _state["verbose"]
 
 
+def set_up_logging(verbose: bool) -> None:
+    """The bundle's log format at INFO, and ``--verbose``'s debug logging and tracebacks."""
+    logging.basicConfig(
+        level=logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        datefmt="%H:%M:%S",
+    )
+    set_verbose(verbose)
+
+
 def new_app(help_text: str) -> typer.Typer:
-    """A typer app with the shared ``--verbose`` option and logging set-up."""
+    """A typer app of subcommands with the shared ``--verbose`` option and logging set-up."""
     app = typer.Typer(
         help=help_text, no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False
     )
 
     @app.callback()
     def _main(verbose: VerboseOption = False) -> None:
-        logging.basicConfig(
-            level=logging.INFO,
-            format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-            datefmt="%H:%M:%S",
-        )
-        set_verbose(verbose)
+        set_up_logging(verbose)
 
+    return app
+
+
+def single_command_app(command: Callable[..., Any]) -> typer.Typer:
+    """A typer app that is one command (``PROG [OPTIONS]``, no subcommand name); ``command`` takes
+    ``verbose: VerboseOption`` and calls :func:`set_up_logging` itself."""
+    app = typer.Typer(add_completion=False, pretty_exceptions_enable=False)
+    app.command()(command)
     return app
 
 

@@ -19,8 +19,8 @@ Modules, one concern each:
 - :mod:`clients.reference`   ONNX Runtime in-process, the reference for served predictions.
 - :mod:`clients.verify`      served vs in-process for every model of a repository (demo).
 
-The client-side cost per request is measured by ``python -m loadtest client-cost``
-(:mod:`loadtest.benchmarks.client_cost`): it starts a server, and clients know nothing of the server.
+The client-side cost per request is measured by ``python -m lab client-cost``
+(:mod:`lab.client_cost`): it starts a server, and clients know nothing of the server.
 
 ``python -m clients --help`` lists the commands. Nothing here imports
 TensorFlow or PyTorch; tritonclient's protocol modules load on first use.

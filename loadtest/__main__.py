@@ -9,11 +9,11 @@ Commands:
 - ``report``: rewrite the CSV, PNGs and report.md of a report.json.
 - ``roofline``: this machine's sgemm ceiling, a model's FLOPs per sample, and its in-process and
   served throughput as fractions of that ceiling, in one run.
-- ``soak``, ``client-cost``, ``precision``, ``serving-defaults``, ``faults``: the benchmarks whose committed
-  results live under ``benchmarks/`` (see :mod:`loadtest.commands`).
 - ``tune``: search serving configs and client loads within a p99 budget (:mod:`loadtest.tune`).
 - ``perf-analyzer install|where``: the reference load tool, fetched into the venv.
-- ``demo``: the whole path on this machine, data to load test (``make demo``).
+
+The commands that reproduce the committed benchmarks are ``python -m lab``'s; the demo is
+``triton-recsys demo``.
 """
 
 from __future__ import annotations
@@ -30,7 +30,6 @@ from rich.table import Table
 from bundle.cli import new_app, run, shared_options
 from bundle.errors import ConfigError
 from bundle.records import command_line
-from loadtest import commands
 from loadtest.engine.writer import write_json
 from loadtest.options import (
     BaselineFlag,
@@ -49,6 +48,7 @@ from loadtest.options import (
     Protocol,
     Raw,
     RepeatSeconds,
+    Repository,
     RowsPerCall,
     StepRounds,
     Stream,
@@ -60,8 +60,8 @@ from loadtest.sweeps.runs import PEERS, RunOptions, compare_run, sweep_run
 from loadtest.sweeps.steps import ENGINES, parse_cpus, parse_ints
 
 app = new_app(
-    "Load tests and benchmarks of the served models: sweeps, latency curves, baselines, peer comparison, "
-    "roofline, soak, client cost, CPU precision and serving defaults; and the demo."
+    "Load tests of the served models: sweeps and latency curves, in-process baselines, peer comparison, "
+    "the roofline, and the search for the fastest serving config within a p99 budget."
 )
 
 
@@ -275,7 +275,7 @@ def roofline(
 ) -> None:
     """FP32 sgemm ceiling, the model's FLOPs per sample, and its in-process (and served)
     samples/s as fractions of the ceiling, measured in one run."""
-    from loadtest.benchmarks.roofline import RooflineOptions, report_lines, run_roofline
+    from loadtest.roofline import RooflineOptions, report_lines, run_roofline
 
     _check_protocols([protocol])
     options = RooflineOptions(
@@ -335,19 +335,111 @@ def perf_analyzer_where() -> None:
     print(require())
 
 
-app.command()(commands.soak)
-app.command("client-cost")(commands.client_cost)
-app.command()(commands.precision)
-app.command("serving-defaults")(commands.serving_defaults)
-app.command()(commands.gpu)
-app.command()(commands.kernels)
-app.command("cold-reads")(commands.cold_reads)
-app.command("cold-tier")(commands.cold_tier)
-app.command()(commands.tune)
-app.command("model-analyzer")(commands.model_analyzer)
-app.command("raw-rows")(commands.raw_rows)
-app.command()(commands.faults)
-app.command()(commands.demo)
+@app.command()
+def tune(
+    repository: Repository,
+    model: Annotated[str, typer.Option(help="Model family: dlrm or wide_deep.")],
+    p99_budget_ms: Annotated[float, typer.Option(help="The p99 latency budget in ms.")],
+    batch_sizes: Annotated[str, typer.Option(help="Client batch sizes, comma-separated.")] = "64,256,1024",
+    concurrency: Annotated[
+        str, typer.Option(help="Requests in flight (a ladder), comma-separated.")
+    ] = "1,2,4,8",
+    variants: Annotated[str, typer.Option(help="Variants to try: fp32, fp16, int8 (comma-separated).")] = (
+        "fp32,fp16,int8"
+    ),
+    instances: Annotated[str, typer.Option(help="Model instances, comma-separated.")] = "1,2",
+    threads: Annotated[str, typer.Option(help="ONNX Runtime threads per instance (0: its default).")] = "0,1",
+    queue_delay_us: Annotated[
+        str, typer.Option(help="Max queue delays in us, comma-separated.")
+    ] = "100,2000",
+    preferred: Annotated[
+        str, typer.Option(help="Preferred batch size sets, ';'-separated, 'none' for none: e.g. 'none;2048'.")
+    ] = "none",
+    window: Annotated[float, typer.Option(help="Seconds per measurement window.")] = 0.5,
+    warmup: Warmup = 0.5,
+    min_windows: Annotated[int, typer.Option(help="Windows before a step may stop early.")] = 3,
+    max_windows: Annotated[
+        int, typer.Option(help="Windows of an undecided step (every step of --brute-force).")
+    ] = 8,
+    precision_: Annotated[
+        float,
+        typer.Option("--precision", help="A step is decided once its samples/s CI is this tight (relative)."),
+    ] = 0.10,
+    confirm_rounds: Annotated[int, typer.Option(help="Rounds of finalists vs default, side by side.")] = 3,
+    finalists: Annotated[int, typer.Option(help="Best configs re-measured beside the default.")] = 3,
+    top: Annotated[int, typer.Option(help="Configurations listed with their config.pbtxt diffs.")] = 5,
+    brute_force: Annotated[
+        bool, typer.Option("--brute-force", help="Measure every grid point for max-windows (no pruning).")
+    ] = False,
+    apply: Annotated[
+        bool, typer.Option("--apply", help="Write the winner's config into --repository.")
+    ] = False,
+    data: Data = None,
+    raw: Annotated[
+        bool,
+        typer.Option(
+            "--raw",
+            help="Send the rows as text to each variant's raw-row model (<model>_raw, parsed in the "
+            "server); the config searched is the variant's.",
+        ),
+    ] = False,
+    out: Annotated[Path, typer.Option(help="Folder for report.md, report.json and frontier.png.")] = Path(
+        "reports/tune"
+    ),
+) -> None:
+    """Search serving configs and client loads for the most samples/s within a p99 budget."""
+    from dataclasses import replace as with_changes
+
+    from loadtest.tune.report import write_tune
+    from loadtest.tune.search import Policy, TuneOptions, apply_winner, run_tune
+    from loadtest.tune.space import Space, parse_preferred
+
+    space = Space(
+        family=model,
+        variants=tuple(v.strip() for v in variants.split(",") if v.strip()),
+        instances=parse_ints(instances, "--instances"),
+        threads=tuple(int(t) for t in threads.split(",") if t.strip()),
+        queue_delays_us=tuple(int(d) for d in queue_delay_us.split(",") if d.strip()),
+        preferred=parse_preferred(preferred),
+        batch_sizes=parse_ints(batch_sizes, "--batch-sizes"),
+        concurrency=parse_ints(concurrency, "--concurrency"),
+    )
+    policy = Policy(
+        budget_ms=p99_budget_ms,
+        window_s=window,
+        warmup_s=warmup,
+        min_windows=min_windows,
+        max_windows=max_windows,
+        precision=precision_,
+        confirm_rounds=confirm_rounds,
+        finalists=finalists,
+    )
+    if brute_force:
+        policy = with_changes(policy, adaptive=False)
+    options = TuneOptions(repository, space, policy, data, top, raw=raw)
+    document = run_tune(options, command_line("loadtest"))
+    paths = write_tune(document, out)
+    winner = document["winner"]
+    if winner is None:
+        print(
+            f"no configuration kept p99 within {p99_budget_ms:g} ms side by side; report: {paths['markdown']}"
+        )
+    else:
+        confirmed = winner.get("confirmed") or winner
+        print(
+            f"winner: {winner['model']} {winner['server_label']} at B={winner['client']['batch_size']} "
+            f"c={winner['client']['concurrency']}: {confirmed['samples_per_s']:,.0f} samples/s, "
+            f"p99 {confirmed['p99_ms']:.2f} ms; report: {paths['markdown']}"
+        )
+        if confirmed.get("client_bound") or winner.get("client_bound"):
+            print(
+                "client-bound: the load generator limited every step that held the budget; the server "
+                "can do more than this (larger batches, or --client-cpus to keep the client off its cores)"
+            )
+    if apply:
+        path, diff = apply_winner(repository, document)
+        print(f"applied: {path}")
+        print(diff or "(no change)", end="" if diff else "\n")
 
 
 if __name__ == "__main__":

@@ -4,6 +4,9 @@ Each subcommand is a stage's own CLI, run as ``python -m <stage>`` would run it:
 stage is looked up by name and run as its ``__main__`` module, so ``triton-recsys
 --help`` starts without importing any stage (nor TensorFlow or PyTorch), and each
 stage's options and help stay declared once, in the stage.
+
+``triton-recsys demo`` is the console script's own command (:mod:`triton_recsys.demo`): the
+whole path on this machine, every stage in turn, which ``make demo`` runs.
 """
 
 from __future__ import annotations
@@ -21,18 +24,28 @@ STAGES: dict[str, str] = {
     "export": "a trained model -> ONNX / TorchScript / TensorRT, checked, into a Triton model repository",
     "server": "the local tritonserver (no Docker) on a model repository",
     "clients": "requests and accuracy (AUC, logloss) through the server",
-    "loadtest": "load tests, sweeps, tuning, benchmarks, the fault table and the demo",
+    "loadtest": "load tests: sweeps and latency curves, baselines, peer comparison, tuning",
+    "lab": "the commands that reproduce the committed benchmarks (benchmarks/)",
+}
+
+#: Commands of the console script itself, above the stages.
+COMMANDS: dict[str, str] = {
+    "demo": "the whole path on this machine: data, training, export, serving, a load test",
 }
 
 
 def usage() -> str:
     """The console script's help text."""
-    width = max(map(len, STAGES))
+    width = max(map(len, [*STAGES, *COMMANDS]))
     lines = [
         f"Usage: {PROG} STAGE [OPTIONS] COMMAND [ARGS]...",
+        f"       {PROG} demo [OPTIONS]",
         "",
         "Recommender inference on NVIDIA Triton: each stage's commands, as `python -m STAGE` runs them.",
         f"`{PROG} STAGE --help` lists a stage's commands.",
+        "",
+        "Commands:",
+        *(f"  {name:<{width}}  {text}" for name, text in COMMANDS.items()),
         "",
         "Stages:",
         *(f"  {name:<{width}}  {text}" for name, text in STAGES.items()),
@@ -47,8 +60,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(usage())
         return 0
     stage, rest = args[0], args[1:]
+    if stage == "demo":
+        from bundle.cli import run
+        from triton_recsys.demo import app
+
+        sys.argv = [f"{PROG} demo", *rest]
+        run(app)
+        return 0
     if stage not in STAGES:
-        print(f"error: unknown stage {stage!r}; choose one of {', '.join(STAGES)}", file=sys.stderr)
+        names = ", ".join([*COMMANDS, *STAGES])
+        print(f"error: unknown stage or command {stage!r}; choose one of {names}", file=sys.stderr)
         return 2
     sys.argv = [f"{PROG} {stage}", *rest]
     runpy.run_module(stage, run_name="__main__", alter_sys=True)

@@ -5,8 +5,8 @@
 #
 #   bash benchmarks/clients/run.sh     # from the repository root, after `make setup`
 #
-# About 3 minutes on a 2-core machine. The code is loadtest/benchmarks/client_cost.py
-# (`python -m loadtest client-cost`); each case runs on the bundle's closed-loop driver
+# About 3 minutes on a 2-core machine. The code is lab/client_cost.py
+# (`python -m lab client-cost`); each case runs on the bundle's closed-loop driver
 # (loadtest/engine/driver.py) with one worker. Data and the model go to artifacts/client-cost.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -18,4 +18,4 @@ if [[ ! -f $WORK/repo/dlrm_onnx/1/model.onnx ]]; then
   python -m models train dlrm --data "$WORK/rows.tsv" --out "$WORK/dlrm" --preset tiny
   python -m export dlrm --checkpoint "$WORK/dlrm" --repository "$WORK/repo" --no-fp16 --no-int8
 fi
-python -m loadtest client-cost --repository "$WORK/repo" --out benchmarks/clients
+python -m lab client-cost --repository "$WORK/repo" --out benchmarks/clients

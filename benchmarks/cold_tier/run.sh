@@ -10,10 +10,10 @@
 #   1. python -m criteo synth (train and held-out), python -m criteo profile,
 #      python -m export synthetic-hot-cold twice, --store-dtype float16 and int8 (a store is reused
 #      when WORK already holds it);
-#   2. python -m loadtest cold-reads: the stage's ways of reading cold rows, in one process, six
+#   2. python -m lab cold-reads: the stage's ways of reading cold rows, in one process, six
 #      rounds, on the FP16 store evicted from the page cache, beside the disk's own random-read rate
 #      (cold_reads.md);
-#   3. python -m loadtest cold-tier: both models served by the local tritonserver, reading cold rows
+#   3. python -m lab cold-tier: both models served by the local tritonserver, reading cold rows
 #      the default way (io_uring), at batch 64 and 1024, concurrency 1 and 4, with the store evicted
 #      (cold) and in memory (warm), the held-out rows sent in order, each once per step, three rounds
 #      (cold_tier.md). The stage runs two instances, so one request's reads overlap another's
@@ -47,8 +47,8 @@ for dtype in float16 int8; do
     --profile-data "$WORK/profile" --heldout-data "$WORK/heldout.tsv" --seed 0 2>&1 | tee "$OUT/export-$dtype.log"
 done
 
-python -m loadtest cold-reads --repository "$WORK/repo-float16" --data "$WORK/heldout.tsv" --batch-size 64,256,1024 --rounds 6 \
+python -m lab cold-reads --repository "$WORK/repo-float16" --data "$WORK/heldout.tsv" --batch-size 64,256,1024 --rounds 6 \
   --out "$OUT"
-python -m loadtest cold-tier --repository "$WORK/repo-float16" --repository "$WORK/repo-int8" \
+python -m lab cold-tier --repository "$WORK/repo-float16" --repository "$WORK/repo-int8" \
   --data "$WORK/heldout.tsv" --way io_uring --rounds 3 \
   --stage-instances 2 --dense-instances 2 --dense-threads 1 --out "$OUT"

@@ -2,12 +2,12 @@
 # Reproduces benchmarks/cpu: reference-size DLRM and Wide & Deep (table 100000) trained on
 # 200,000 synthetic rows, exported FP32 + FP16 + INT8 (static, calibrated on training rows: the
 # default) and INT8 dynamic, then
-#   1. serving_defaults.{json,md} (python -m loadtest serving-defaults): candidate serving settings
+#   1. serving_defaults.{json,md} (python -m lab serving-defaults): candidate serving settings
 #      through the local tritonserver;
-#   2. concurrency.{json,md} (python -m loadtest serving-defaults --name concurrency): why served
+#   2. concurrency.{json,md} (python -m lab serving-defaults --name concurrency): why served
 #      INT8 DLRM at batch 1024 lost throughput from concurrency 1 to 2 and 4, each
 #      hypothesis (ONNX Runtime spinning, the batcher merging requests, thread counts) side by side;
-#   3. precision.{json,md} (python -m loadtest precision): served and in-process samples/s of every
+#   3. precision.{json,md} (python -m lab precision): served and in-process samples/s of every
 #      precision at batch 1024 as fractions of the FP32 sgemm ceiling measured in the same run, with
 #      each AUC delta.
 # All measure with the bundle's one load driver and one in-process timer (loadtest/engine/driver.py,
@@ -51,7 +51,7 @@ if [[ ! -f $WORK/repo/dlrm_onnx_int8/1/model.onnx || ! -f $WORK/repo/wide_deep_o
   python -m export wide-deep --saved-model "$WORK/wide_deep" --repository "$WORK/repo_dynamic" "${dynamic[@]}"
 fi
 
-quiet python -m loadtest serving-defaults --repository "$WORK/repo" --model dlrm_onnx_int8 \
+quiet python -m lab serving-defaults --repository "$WORK/repo" --model dlrm_onnx_int8 \
   --model wide_deep_onnx_int8 --data "$WORK/data/check.tsv" --out "$OUT"
 concurrency=(
   --candidate "1 inst x default threads, spin on, delay 100"
@@ -62,8 +62,8 @@ concurrency=(
   --candidate "1 inst x 1 thread, spin off, delay 100"
   --candidate "2 inst x 1 thread, spin off, delay 100"
 )
-quiet python -m loadtest serving-defaults --repository "$WORK/repo" --model dlrm_onnx_int8 \
+quiet python -m lab serving-defaults --repository "$WORK/repo" --model dlrm_onnx_int8 \
   --data "$WORK/data/check.tsv" --out "$OUT" --name concurrency --step 1024x1 --step 1024x2 --step 1024x4 \
   --step 1x1 --step 1x16 --rounds 3 "${concurrency[@]}"
-quiet python -m loadtest precision --repository "$WORK/repo" --dynamic-repository "$WORK/repo_dynamic" \
+quiet python -m lab precision --repository "$WORK/repo" --dynamic-repository "$WORK/repo_dynamic" \
   --data "$WORK/data/check.tsv" --out "$OUT"

@@ -7,7 +7,7 @@
 #      sizes capped at 200,000 rows (1.72M rows, 0.88 GB of FP32 tables), untrained;
 #   2. python -m export dlrm --checkpoint ... --hotness mlperf: FP32, FP16 and static INT8 (the cross
 #      net stays FP32), each checked against TorchRec's forward and its AUC gate;
-#   3. python -m loadtest precision: every variant served over gRPC at batch 1024 (pairs per request),
+#   3. python -m lab precision: every variant served over gRPC at batch 1024 (pairs per request),
 #      concurrency 1, 2 and 4, and in-process, as samples/s (one sample = one user-item pair) and as
 #      fractions of this machine's FP32 GEMM ceiling, with ONNX Runtime's INT8 GEMM rate measured in
 #      the same run (precision.md);
@@ -29,7 +29,7 @@ python -m models torchrec-dcn --out "$WORK/dlrm_dcn.pt" --max-rows 200000
 rm -rf "$WORK/repo"
 python -m export dlrm --checkpoint "$WORK/dlrm_dcn.pt" --hotness mlperf --repository "$WORK/repo" \
   --check-rows 4096 --no-raw-rows 2>&1 | tee "$OUT/export.log"
-python -m loadtest precision --repository "$WORK/repo" --batch-size 1024 --concurrency 1,2,4 --rounds 3 \
+python -m lab precision --repository "$WORK/repo" --batch-size 1024 --concurrency 1,2,4 --rounds 3 \
   --out "$OUT"
 python -m loadtest sweep --repository "$WORK/repo" --model dlrm_onnx --model dlrm_onnx_int8 --protocol grpc \
   --engine driver --batch-size 1024 --concurrency 1,2,4 --duration 10 --warmup 2 --rounds 2 --no-baseline \

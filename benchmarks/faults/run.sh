@@ -8,9 +8,9 @@
 #
 #   bash benchmarks/faults/run.sh        # from the repository root, after `make setup`
 #
-# About 10 minutes on 2 cores. The code is loadtest/faults/ (`python -m loadtest faults`).
+# About 10 minutes on 2 cores. The code is lab/faults/ (`python -m lab faults`).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 export PYTHONPATH="$PWD" PATH="$PWD/.venv/bin:$PATH"
 
-python -m loadtest faults --out benchmarks/faults
+python -m lab faults --out benchmarks/faults

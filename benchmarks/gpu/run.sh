@@ -7,7 +7,7 @@
 #   2. Wide & Deep's gpu variants beside them: trained and exported here when TensorFlow is
 #      installed, else taken from WIDE_DEEP_REPO (a gpu-profile repository exported elsewhere);
 #   3. copies of dlrm_torch and dlrm_onnx with two instances on the GPU (<model>_x2; COPIES);
-#   4. python -m loadtest gpu: served (local tritonserver, gRPC, system shared memory, up to 8
+#   4. python -m lab gpu: served (local tritonserver, gRPC, system shared memory, up to 8
 #      client processes) and in-process samples/s of every model at batch 1024 and 8192,
 #      concurrency 1, 4 and 16 -> result.{json,md,png}.
 #
@@ -22,7 +22,7 @@
 #   ROWS=20000 COPIES="" MODELS="dlrm_onnx dlrm_onnx_fp16" LOADTEST_ARGS="--step 8192x4 --step 8192x16" \
 #   OUT=benchmarks/gpu/fp16 bash benchmarks/gpu/run.sh
 #   # each kernel's GPU time in one call (benchmarks/gpu/kernels.txt; that run's FP16 DLRM kept its FP32 island):
-#   python -m loadtest kernels --repository artifacts/gpu-bench/repo --model dlrm_onnx --model dlrm_onnx_fp16 \
+#   python -m lab kernels --repository artifacts/gpu-bench/repo --model dlrm_onnx --model dlrm_onnx_fp16 \
 #     --model wide_deep_onnx --model wide_deep_onnx_fp16 --model dlrm_torch --out benchmarks/gpu
 #
 # PYTHON picks the interpreter (default: python); it needs onnxruntime-gpu in place of onnxruntime and a
@@ -84,5 +84,5 @@ for model in ${MODELS:-dlrm_onnx dlrm_onnx_fp16 dlrm_torch wide_deep_onnx wide_d
   models+=(--model "$model")
 done
 # shellcheck disable=SC2086  # LOADTEST_ARGS: extra options, split on purpose
-"$PYTHON" -m loadtest gpu --repository "$WORK/repo" --data "$WORK/data/check.tsv" --out "$OUT" "${models[@]}" \
+"$PYTHON" -m lab gpu --repository "$WORK/repo" --data "$WORK/data/check.tsv" --out "$OUT" "${models[@]}" \
   ${LOADTEST_ARGS:-}

@@ -15,7 +15,7 @@
 #      of the same hidden model (another seed), whose rows are the requests;
 #   2. python -m criteo profile for each model's table sizes; python -m export synthetic-hot-cold
 #      (a store already in WORK with the same sizes, dtype and seed is reused);
-#   3. python -m loadtest cold-tier --warm cycled: both models served by the local tritonserver,
+#   3. python -m lab cold-tier --warm cycled: both models served by the local tritonserver,
 #      batch 64 and 1024, concurrency 1 and 4: cold steps with the store evicted and the held-out rows
 #      sent in order, each once (fresh traffic); warm steps cycling a pool of 32,768 rows sent once
 #      before (their pages cached: what a load test that cycles a pool measures). It reports the
@@ -62,6 +62,6 @@ export_model() {  # dtype sizes
 export_model float16 "$SCALED"
 export_model int8 "$FULL"
 
-python -m loadtest cold-tier --repository "$WORK/repo-float16" --repository "$WORK/repo-int8" \
+python -m lab cold-tier --repository "$WORK/repo-float16" --repository "$WORK/repo-int8" \
   --data "$WORK/heldout.tsv" --warm cycled --way prefetch --batch-size 64,1024 --concurrency 1,4 \
   --rounds "$ROUNDS" --out "$OUT"

@@ -36,7 +36,7 @@ if [[ ! -f $REPO/dlrm_onnx/1/model.onnx || ! -f $REPO/wide_deep_onnx/1/model.onn
     --check-data "$WORK/data/valid.tsv" --check-rows 1024
 fi
 
-python -m loadtest model-analyzer --repository "$REPO" --model-analyzer "$MA" \
+python -m lab model-analyzer --repository "$REPO" --model-analyzer "$MA" \
   --model dlrm --model wide_deep --p99-budget-ms 10 --p99-budget-ms 50 \
   --batch-sizes 64,1024 --concurrency 1,2,4,8 --instances 1,2 --queue-delay-us 100,2000 \
   --work "$WORK/work" --out benchmarks/model_analyzer

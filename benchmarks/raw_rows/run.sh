@@ -28,6 +28,6 @@ if [[ ! -f $REPO/dlrm_onnx_int8/1/model.onnx || ! -f $REPO/dlrm_onnx_int8_raw/co
     --int8 --int8-auc-tolerance 0.01
 fi
 
-python -m loadtest raw-rows --repository "$REPO" --model dlrm_onnx_int8 --batch-size 1,1024 \
+python -m lab raw-rows --repository "$REPO" --model dlrm_onnx_int8 --batch-size 1,1024 \
   --concurrency 1,2,4 --rounds 3 --seconds 3 --warmup 1 --protocol grpc --data "$WORK/data/valid.tsv" \
   --client-cpus "$CLIENT_CPUS" --out benchmarks/raw_rows

@@ -6,11 +6,11 @@
 #
 #   bash benchmarks/soak/run.sh        # from the repository root, after `make demo`
 #
-# About 11 minutes. The code is loadtest/benchmarks/soak.py (`python -m loadtest soak`); the load is the
+# About 11 minutes. The code is lab/soak.py (`python -m lab soak`); the load is the
 # bundle's closed-loop driver (loadtest/engine/driver.py), paced to the rate.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 export PYTHONPATH="$PWD" PATH="$PWD/.venv/bin:$PATH"
 
-python -m loadtest soak --repository "${REPOSITORY:-model_repository}" --duration "${DURATION:-600}" \
+python -m lab soak --repository "${REPOSITORY:-model_repository}" --duration "${DURATION:-600}" \
   --warmup "${WARMUP:-60}" --out benchmarks/soak

@@ -2,8 +2,8 @@
 
 Every in-process load of the bundle runs on it: the served throughput of the
 roofline and the CPU benchmarks (:mod:`loadtest.engine.served`), the soak and the
-fault tests (:mod:`loadtest.benchmarks.soak`), and the client-cost bench
-(:mod:`loadtest.benchmarks.client_cost`). locust remains the user-facing sweep
+fault tests (:mod:`lab.soak`), and the client-cost bench
+(:mod:`lab.client_cost`). locust remains the user-facing sweep
 (:mod:`loadtest.sweeps.sweep`); both keep their counts in one
 :class:`~loadtest.engine.latency.Tally` per window.
 

@@ -2,7 +2,7 @@
 
 Every in-process number of the bundle comes from here: the ONNX Runtime
 baseline that served numbers are divided by (:mod:`loadtest.engine.baseline`), the
-roofline's sgemm ceiling and GEMM probes (:mod:`loadtest.benchmarks.roofline`), the
+roofline's sgemm ceiling and GEMM probes (:mod:`loadtest.roofline`), the
 precision variants and the graph optimization levels of the CPU benchmarks.
 
 A repeat calls one candidate until ``seconds`` have passed and at least

@@ -8,8 +8,8 @@ The repository is built here without training, small enough to start in seconds:
 - ``wide_deep_onnx`` and ``dlrm_small``: plain ONNX models of the schema;
 - ``dlrm_torch``: a TorchScript model of the schema.
 
-Each fault of :data:`loadtest.faults.damaged.DAMAGES` is made in a copy of it
-(:func:`loadtest.faults.damaged.run_damage`); the damaged model must be refused with
+Each fault of :data:`lab.faults.damaged.DAMAGES` is made in a copy of it
+(:func:`lab.faults.damaged.run_damage`); the damaged model must be refused with
 the launcher's one start-up line naming the file, and every other model must load and
 answer what it answers undamaged (ONNX Runtime in this process for the ONNX models;
 the ensemble and the TorchScript model checked here against numpy/ONNX Runtime and
@@ -57,8 +57,8 @@ from export.tables.ensemble import (
 )
 from export.tables.hot_rows import HotSet
 from export.tables.row_store import RowStoreSpec, write_arrays
-from loadtest.faults import FaultResult
-from loadtest.faults.damaged import DAMAGES, ROWS, Damage, healthy_answers, run_damage
+from lab.faults import FaultResult
+from lab.faults.damaged import DAMAGES, ROWS, Damage, healthy_answers, run_damage
 from server import TritonInstallation
 from server.stages.embedding.hot_cold_lookup import PARAM_ROW_STORE_FINGERPRINT, HotColdLookup
 

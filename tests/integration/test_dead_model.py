@@ -12,7 +12,7 @@ fails every request to it for good. The bundle's local server watches the stubs
 - ``none`` model control: ``python -m server serve`` stops the server and exits 1 with
   one line naming the model.
 
-The load is :func:`loadtest.faults.crashes.measure_stub_kill` (checked load, readiness
+The load is :func:`lab.faults.crashes.measure_stub_kill` (checked load, readiness
 polled every 50 ms), the engine of the ``crashes`` fault runners.
 """
 
@@ -29,8 +29,8 @@ import pytest
 
 from clients.reference import OnnxReference
 from criteo.tsv import Batch, read_batch
-from loadtest.benchmarks.soak import Case
-from loadtest.faults.crashes import RECOVERY_BOUND_S, answered_cases, kill_stub, measure_stub_kill
+from lab.faults.crashes import RECOVERY_BOUND_S, answered_cases, kill_stub, measure_stub_kill
+from lab.soak import Case
 from server import LocalServer, free_ports
 from server.probes import ServerProbe
 from server.processes import stub_processes

@@ -430,11 +430,11 @@ def test_a_bad_way_of_reading_cold_rows_fails_the_stage_in_one_line(
 def test_the_cold_tier_benchmark_serves_both_conditions(
     hot_cold_repository: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """``python -m loadtest cold-tier`` on this repository: every step answered, the stage's way
+    """``python -m lab cold-tier`` on this repository: every step answered, the stage's way
     set by the load's config override, the cold step started with the store evicted, and a
     step that hangs once run again on a new server."""
-    from loadtest.benchmarks import cold_tier
-    from loadtest.benchmarks.cold_tier import ColdTierOptions, run_cold_tier, write_cold_tier
+    from lab import cold_tier
+    from lab.cold_tier import ColdTierOptions, run_cold_tier, write_cold_tier
 
     data = tmp_path / "heldout.tsv"
     rng = np.random.default_rng(11)

@@ -44,7 +44,7 @@ from export.tables.ensemble import (
 from export.tables.hot_rows import HotSet
 from export.tables.placement import run_hot_cold
 from export.tables.row_store import RowStore
-from loadtest.benchmarks.soak import Case, Endpoint, checked_load
+from lab.soak import Case, Endpoint, checked_load
 from server import LocalServer
 from server.security import generate_admin_key
 from tests.cli import run_module as _run

@@ -9,7 +9,7 @@
 After each kill the local tritonserver starts on the repository (its start finishes or
 discards the interrupted write), every model that was there loads, and each answers
 exactly as before or exactly as the uninterrupted command made it, all of a family the
-same (:mod:`loadtest.faults.writes`). A rollout does not move an answer, so there both
+same (:mod:`lab.faults.writes`). A rollout does not move an answer, so there both
 agree; there the point is that every ensemble, stage and dense model still loads.
 """
 
@@ -29,9 +29,8 @@ from clients.reference import OnnxReference
 from clients.retry import RetryPolicy
 from criteo.synth import SynthConfig, write_tsv
 from criteo.tsv import read_batch
-from loadtest.benchmarks.soak import Case, Endpoint, checked_load
-from loadtest.faults import FaultResult
-from loadtest.faults.writes import (
+from lab.faults import FaultResult
+from lab.faults.writes import (
     EXPORT_POINTS,
     REPOSITORY,
     ROLLOUT_POINTS,
@@ -42,6 +41,7 @@ from loadtest.faults.writes import (
     python_module,
     served_answers,
 )
+from lab.soak import Case, Endpoint, checked_load
 from server import LocalServer
 from server.security import generate_admin_key
 from tests.cli import run_module as _run

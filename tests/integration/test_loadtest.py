@@ -176,8 +176,8 @@ def test_served_throughput_on_the_driver_counts_windows_of_answered_requests(
 def test_client_cost_times_each_transport_phase_by_phase(
     exported_server: LocalServer, tmp_path: Path
 ) -> None:
-    """``python -m loadtest client-cost``'s library on the driver (one worker), briefly."""
-    from loadtest.benchmarks.client_cost import TRANSPORTS, CostOptions, run_client_cost, write_report
+    """``python -m lab client-cost``'s library on the driver (one worker), briefly."""
+    from lab.client_cost import TRANSPORTS, CostOptions, run_client_cost, write_report
 
     options = CostOptions(MODEL, batch_sizes=(1, BATCH), requests=10, warmup=1, rounds=2)
     report = run_client_cost(exported_server.http_url, exported_server.grpc_url, options, "pytest")

@@ -288,10 +288,10 @@ def test_a_sweep_drives_a_raw_row_model_with_every_engine(
 def test_the_raw_rows_benchmark_measures_both_paths_and_splits_the_server_time(
     exported_repository: Path, tmp_path: Path
 ) -> None:
-    """``python -m loadtest raw-rows`` at a tiny size: both paths answered, the raw path's server
+    """``python -m lab raw-rows`` at a tiny size: both paths answered, the raw path's server
     time split into its parts, the input forms timed, the report written."""
     out = tmp_path / "raw_rows"
-    argv = [sys.executable, "-m", "loadtest", "raw-rows", "--repository", str(exported_repository),
+    argv = [sys.executable, "-m", "lab", "raw-rows", "--repository", str(exported_repository),
             "--model", "dlrm_onnx_int8", "--batch-size", "1,64", "--concurrency", "1", "--rounds", "1",
             "--seconds", "0.5", "--warmup", "0.2", "--out", str(out)]  # fmt: skip
     done = subprocess.run(argv, capture_output=True, text=True, timeout=300, cwd=ROOT)

@@ -7,9 +7,9 @@
 - A model reloaded to a new version under load (explicit model control, an
   authenticated load call): no request fails, and the new version serves.
 - The soak command, briefly (the 10-minute soak itself is the ``slow`` test
-  at the end, and ``python -m loadtest soak``).
+  at the end, and ``python -m lab soak``).
 
-The load is :func:`loadtest.benchmarks.soak.checked_load`: the closed-loop driver's
+The load is :func:`lab.soak.checked_load`: the closed-loop driver's
 client threads of :class:`clients.triton.TritonClient` over gRPC and HTTP,
 paced to a steady rate, every answer compared with ONNX Runtime in this process.
 """
@@ -31,7 +31,7 @@ from clients.reference import OnnxReference
 from clients.retry import RetryPolicy
 from clients.triton import TritonClient
 from criteo.tsv import Batch, read_batch
-from loadtest.benchmarks.soak import (
+from lab.soak import (
     Case,
     Endpoint,
     SoakConfig,

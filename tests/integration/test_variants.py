@@ -21,7 +21,7 @@ from export.graphs.quantize import QuantizeOptions, quantized_op_counts
 from export.importers.onnx_dlrm import DLRMExporter
 from export.options import ExportOptions
 from export.pipeline import export_family
-from loadtest.benchmarks.roofline import RooflineOptions, count_flops, report_lines, run_roofline
+from loadtest.roofline import RooflineOptions, count_flops, report_lines, run_roofline
 from models.config import DLRMConfig, TrainConfig
 from models.train_dlrm import train_dlrm
 from server import LocalServer

@@ -25,7 +25,7 @@ from export.graphs.quantize import (
 from export.importers.onnx_dlrm import DLRMExporter
 from export.options import ExportOptions
 from export.pipeline import calibration_rows, export_family
-from loadtest.benchmarks.roofline import count_flops
+from loadtest.roofline import count_flops
 from models.config import DLRMConfig, TrainConfig
 from models.train_dlrm import train_dlrm
 

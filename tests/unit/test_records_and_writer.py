@@ -15,7 +15,7 @@ from loadtest.engine.writer import Panel, Series, fmt, plot, table, write_json
 
 
 def test_a_record_samples_the_load_across_the_run_and_reads_back() -> None:
-    with RunRecord.begin("python -m loadtest soak", sample_every_s=0.05) as record:
+    with RunRecord.begin("python -m lab soak", sample_every_s=0.05) as record:
         time.sleep(0.3)
     assert record.finished >= record.started and record.load_end is not None
     # At the start, every 50 ms, and at the end.
@@ -31,7 +31,7 @@ def test_a_record_samples_the_load_across_the_run_and_reads_back() -> None:
     again = RunRecord.from_json(document)
     assert json.loads(json.dumps(again.to_json())) == document
     lines = "\n".join(again.lines())
-    assert "- **Command**: `python -m loadtest soak`" in lines and "during the run" in lines
+    assert "- **Command**: `python -m lab soak`" in lines and "during the run" in lines
 
 
 def test_a_report_written_before_records_still_reads() -> None:
@@ -50,7 +50,7 @@ def test_a_report_written_before_records_still_reads() -> None:
 
 
 def test_command_line_quotes_its_arguments() -> None:
-    assert command_line("loadtest", ["soak", "--out", "a b"]) == "python -m loadtest soak --out 'a b'"
+    assert command_line("lab", ["soak", "--out", "a b"]) == "python -m lab soak --out 'a b'"
     with pytest.raises(ConfigError):
         RunRecord.begin("x", sample_every_s=0)
 

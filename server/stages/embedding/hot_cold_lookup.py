@@ -124,7 +124,7 @@ COLD_READS = (COLD_READ_URING, COLD_READ_PREFETCH, COLD_READ_THREADS, COLD_READ_
 #: The stage's way when its config names none.
 DEFAULT_COLD_READS = COLD_READ_URING
 DEFAULT_COLD_READ_THREADS = 8
-#: Measured by ``python -m loadtest cold-reads`` (benchmarks/cold_tier/cold_reads.md): with the
+#: Measured by ``python -m lab cold-reads`` (benchmarks/cold_tier/cold_reads.md): with the
 #: hints, a request of 36 cold rows took 20 % less time; from about 300 rows on, the hints' CPU
 #: (one system call per run of pages) outweighs the time they save.
 DEFAULT_COLD_READ_HINT_ROWS = 256
@@ -645,7 +645,7 @@ class ColdReads:
     """Reads the store rows of a request's cold lookups, the only bytes that come from disk.
 
     Four ways, named by the stage's config parameter ``cold_reads``; measured by
-    ``python -m loadtest cold-reads`` (docs: "Tables larger than memory"):
+    ``python -m lab cold-reads`` (docs: "Tables larger than memory"):
 
     - ``io_uring`` (the default): the request's distinct rows, in file order, become spans
       of adjacent rows, one read each, and all the reads go to the kernel in one

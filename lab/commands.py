@@ -1,21 +1,20 @@
-"""The benchmark and demo commands of ``python -m loadtest`` (registered by :mod:`loadtest.__main__`).
+"""The commands of ``python -m lab`` (registered by :mod:`lab.__main__`): each reproduces a committed
+result under ``benchmarks/``.
 
 - ``soak``: the local tritonserver under steady, checked load; requests, errors, RSS growth.
 - ``client-cost``: the client-side cost per request of HTTP, gRPC and shared memory.
 - ``precision``: served and in-process samples/s of FP32, FP16 and INT8 against the sgemm ceiling.
 - ``serving-defaults``: candidate serving settings (threads, instances, batcher) through the server.
-- ``kernels``: each CUDA kernel's GPU time in one call of a model (:mod:`loadtest.benchmarks.kernels`).
+- ``gpu``: served and in-process samples/s of every variant on the served device (:mod:`lab.gpu`).
+- ``kernels``: each CUDA kernel's GPU time in one call of a model (:mod:`lab.kernels`).
 - ``cold-reads``: the embedding stage's ways of reading cold rows, on a store evicted from memory,
-  beside the disk's own random-read rate (:mod:`loadtest.benchmarks.cold_reads`).
+  beside the disk's own random-read rate (:mod:`lab.cold_reads`).
 - ``cold-tier``: a hot/cold model served with its store evicted and in memory, side by side
-  (:mod:`loadtest.benchmarks.cold_tier`).
-- ``gpu``: served and in-process samples/s of every variant on the served device
-  (:mod:`loadtest.benchmarks.gpu`).
-- ``tune``: the fastest serving config and client load within a p99 budget (:mod:`loadtest.tune`).
-- ``model-analyzer``: tune beside Triton Model Analyzer, same model, space and budgets
-  (:mod:`loadtest.benchmarks.model_analyzer`).
-- ``faults``: crashes, damaged files, interrupted writes, a full disk (:mod:`loadtest.faults`).
-- ``demo``: the whole path on this machine (what ``make demo`` runs).
+  (:mod:`lab.cold_tier`).
+- ``model-analyzer``: ``loadtest tune`` beside Triton Model Analyzer, same model, space and budgets
+  (:mod:`lab.model_analyzer`).
+- ``raw-rows``: raw rows against tensors through the server (:mod:`lab.raw_rows`).
+- ``faults``: crashes, damaged files, interrupted writes, a full disk (:mod:`lab.faults`).
 
 Each builds its options object and calls the library function of its module;
 the committed results under ``benchmarks/`` come from the ``run.sh`` beside them.
@@ -67,7 +66,7 @@ def soak(
     ),
 ) -> None:
     """Serve the repository, keep it under checked load, print the summary, write the result files."""
-    from loadtest.benchmarks.soak import MAX_RSS_GROWTH, SoakConfig, SoakFailed, run_soak, write_result
+    from lab.soak import MAX_RSS_GROWTH, SoakConfig, SoakFailed, run_soak, write_result
 
     config = SoakConfig(
         repository=repository,
@@ -81,7 +80,7 @@ def soak(
         data=data,
         log_file=log_file,
     )
-    result = run_soak(config, command_line("loadtest"))
+    result = run_soak(config, command_line("lab"))
     paths = write_result(result, out)
     summary = result.as_dict()["summary"]
     print(
@@ -116,10 +115,10 @@ def client_cost(
     ),
 ) -> None:
     """Measure the client-side cost per request of HTTP, gRPC and shared memory (a benchmark)."""
-    from loadtest.benchmarks.client_cost import CostOptions, local_server, run_client_cost, write_report
+    from lab.client_cost import CostOptions, local_server, run_client_cost, write_report
 
     options = CostOptions(model, tuple(batch_size or (1, 1024)), requests, warmup, rounds)
-    command = command_line("loadtest")
+    command = command_line("lab")
     if repository is not None:
         if http_url or grpc_url:
             raise ConfigError("give either --repository or --http-url/--grpc-url, not both")
@@ -158,7 +157,7 @@ def precision(
     seconds: Seconds = 2.0,
 ) -> None:
     """Served and in-process samples/s of FP32, FP16 and INT8 as fractions of the sgemm ceiling."""
-    from loadtest.benchmarks.precision import PrecisionOptions, run_precision, write_precision
+    from lab.precision import PrecisionOptions, run_precision, write_precision
 
     options = PrecisionOptions(
         repository=repository,
@@ -170,7 +169,7 @@ def precision(
         rounds=rounds,
         seconds=seconds,
     )
-    paths = write_precision(run_precision(options, command_line("loadtest")), out)
+    paths = write_precision(run_precision(options, command_line("lab")), out)
     print(f"report: {paths['markdown']}")
 
 
@@ -204,8 +203,8 @@ def gpu(
     ] = 20,
 ) -> None:
     """Served and in-process samples/s of every variant, side by side, on the served device."""
-    from loadtest.benchmarks.gpu import DEFAULT_STEPS, GpuOptions, run_gpu_bench, write_gpu_report
-    from loadtest.benchmarks.serving_defaults import parse_step
+    from lab.gpu import DEFAULT_STEPS, GpuOptions, run_gpu_bench, write_gpu_report
+    from lab.serving_defaults import parse_step
 
     options = GpuOptions(
         repository=repository,
@@ -220,7 +219,7 @@ def gpu(
         repeats=repeats,
         profile_calls=profile_calls,
     )
-    paths = write_gpu_report(run_gpu_bench(options, command_line("loadtest")), out)
+    paths = write_gpu_report(run_gpu_bench(options, command_line("lab")), out)
     print(f"report: {paths['markdown']}")
 
 
@@ -233,8 +232,8 @@ def kernels(
     calls: Annotated[int, typer.Option(help="Profiled calls per model.")] = 10,
 ) -> None:
     """Each CUDA kernel's GPU time in one call of each model (CUPTI through torch.profiler)."""
-    from loadtest.benchmarks.gpu import model_file
-    from loadtest.benchmarks.kernels import run_kernels
+    from lab.gpu import model_file
+    from lab.kernels import run_kernels
 
     files = {}
     for name in model:
@@ -268,7 +267,7 @@ def cold_reads(
     """The embedding stage's ways of reading cold rows, on a store evicted from memory (a benchmark)."""
     from rich.progress import Progress
 
-    from loadtest.benchmarks.cold_reads import WAYS, ColdReadOptions, run_cold_reads, write_cold_reads
+    from lab.cold_reads import WAYS, ColdReadOptions, run_cold_reads, write_cold_reads
 
     options = ColdReadOptions(
         repository=repository,
@@ -285,7 +284,7 @@ def cold_reads(
         task = progress.add_task(
             "cold reads", total=options.rounds * len(options.ways) * len(options.batch_sizes)
         )
-        report = run_cold_reads(options, command_line("loadtest"), lambda: progress.advance(task))
+        report = run_cold_reads(options, command_line("lab"), lambda: progress.advance(task))
     paths = write_cold_reads(report, out)
     print(f"report: {paths['markdown']}")
 
@@ -332,7 +331,7 @@ def cold_tier(
     """A hot/cold model served with its store evicted (cold) and in memory (warm), side by side."""
     from rich.progress import Progress
 
-    from loadtest.benchmarks.cold_tier import ColdTierOptions, run_cold_tier, write_cold_tier
+    from lab.cold_tier import ColdTierOptions, run_cold_tier, write_cold_tier
 
     options = ColdTierOptions(
         repositories=tuple(repository),
@@ -362,7 +361,7 @@ def cold_tier(
     )
     with Progress(transient=True) as progress:
         task = progress.add_task("cold tier", total=steps)
-        report = run_cold_tier(options, command_line("loadtest"), lambda: progress.advance(task))
+        report = run_cold_tier(options, command_line("lab"), lambda: progress.advance(task))
     paths = write_cold_tier(report, out)
     print(f"report: {paths['markdown']}")
 
@@ -390,7 +389,7 @@ def serving_defaults(
     name: Annotated[str, typer.Option(help="File stem of the results in --out.")] = "serving_defaults",
 ) -> None:
     """Throughput and latency of candidate serving settings (threads, instances, batcher)."""
-    from loadtest.benchmarks.serving_defaults import (
+    from lab.serving_defaults import (
         STEPS,
         ServingOptions,
         parse_step,
@@ -408,114 +407,8 @@ def serving_defaults(
         rounds=rounds,
         seconds=seconds,
     )
-    paths = write_serving(run_serving(options, command_line("loadtest")), out, name)
+    paths = write_serving(run_serving(options, command_line("lab")), out, name)
     print(f"report: {paths['markdown']}")
-
-
-def tune(
-    repository: Repository,
-    model: Annotated[str, typer.Option(help="Model family: dlrm or wide_deep.")],
-    p99_budget_ms: Annotated[float, typer.Option(help="The p99 latency budget in ms.")],
-    batch_sizes: Annotated[str, typer.Option(help="Client batch sizes, comma-separated.")] = "64,256,1024",
-    concurrency: Annotated[
-        str, typer.Option(help="Requests in flight (a ladder), comma-separated.")
-    ] = "1,2,4,8",
-    variants: Annotated[str, typer.Option(help="Variants to try: fp32, fp16, int8 (comma-separated).")] = (
-        "fp32,fp16,int8"
-    ),
-    instances: Annotated[str, typer.Option(help="Model instances, comma-separated.")] = "1,2",
-    threads: Annotated[str, typer.Option(help="ONNX Runtime threads per instance (0: its default).")] = "0,1",
-    queue_delay_us: Annotated[
-        str, typer.Option(help="Max queue delays in us, comma-separated.")
-    ] = "100,2000",
-    preferred: Annotated[
-        str, typer.Option(help="Preferred batch size sets, ';'-separated, 'none' for none: e.g. 'none;2048'.")
-    ] = "none",
-    window: Annotated[float, typer.Option(help="Seconds per measurement window.")] = 0.5,
-    warmup: Warmup = 0.5,
-    min_windows: Annotated[int, typer.Option(help="Windows before a step may stop early.")] = 3,
-    max_windows: Annotated[
-        int, typer.Option(help="Windows of an undecided step (every step of --brute-force).")
-    ] = 8,
-    precision_: Annotated[
-        float,
-        typer.Option("--precision", help="A step is decided once its samples/s CI is this tight (relative)."),
-    ] = 0.10,
-    confirm_rounds: Annotated[int, typer.Option(help="Rounds of finalists vs default, side by side.")] = 3,
-    finalists: Annotated[int, typer.Option(help="Best configs re-measured beside the default.")] = 3,
-    top: Annotated[int, typer.Option(help="Configurations listed with their config.pbtxt diffs.")] = 5,
-    brute_force: Annotated[
-        bool, typer.Option("--brute-force", help="Measure every grid point for max-windows (no pruning).")
-    ] = False,
-    apply: Annotated[
-        bool, typer.Option("--apply", help="Write the winner's config into --repository.")
-    ] = False,
-    data: Data = None,
-    raw: Annotated[
-        bool,
-        typer.Option(
-            "--raw",
-            help="Send the rows as text to each variant's raw-row model (<model>_raw, parsed in the "
-            "server); the config searched is the variant's.",
-        ),
-    ] = False,
-    out: Annotated[Path, typer.Option(help="Folder for report.md, report.json and frontier.png.")] = Path(
-        "reports/tune"
-    ),
-) -> None:
-    """Search serving configs and client loads for the most samples/s within a p99 budget."""
-    from dataclasses import replace as with_changes
-
-    from loadtest.tune.report import write_tune
-    from loadtest.tune.search import Policy, TuneOptions, apply_winner, run_tune
-    from loadtest.tune.space import Space, parse_preferred
-
-    space = Space(
-        family=model,
-        variants=tuple(v.strip() for v in variants.split(",") if v.strip()),
-        instances=parse_ints(instances, "--instances"),
-        threads=tuple(int(t) for t in threads.split(",") if t.strip()),
-        queue_delays_us=tuple(int(d) for d in queue_delay_us.split(",") if d.strip()),
-        preferred=parse_preferred(preferred),
-        batch_sizes=parse_ints(batch_sizes, "--batch-sizes"),
-        concurrency=parse_ints(concurrency, "--concurrency"),
-    )
-    policy = Policy(
-        budget_ms=p99_budget_ms,
-        window_s=window,
-        warmup_s=warmup,
-        min_windows=min_windows,
-        max_windows=max_windows,
-        precision=precision_,
-        confirm_rounds=confirm_rounds,
-        finalists=finalists,
-    )
-    if brute_force:
-        policy = with_changes(policy, adaptive=False)
-    options = TuneOptions(repository, space, policy, data, top, raw=raw)
-    document = run_tune(options, command_line("loadtest"))
-    paths = write_tune(document, out)
-    winner = document["winner"]
-    if winner is None:
-        print(
-            f"no configuration kept p99 within {p99_budget_ms:g} ms side by side; report: {paths['markdown']}"
-        )
-    else:
-        confirmed = winner.get("confirmed") or winner
-        print(
-            f"winner: {winner['model']} {winner['server_label']} at B={winner['client']['batch_size']} "
-            f"c={winner['client']['concurrency']}: {confirmed['samples_per_s']:,.0f} samples/s, "
-            f"p99 {confirmed['p99_ms']:.2f} ms; report: {paths['markdown']}"
-        )
-        if confirmed.get("client_bound") or winner.get("client_bound"):
-            print(
-                "client-bound: the load generator limited every step that held the budget; the server "
-                "can do more than this (larger batches, or --client-cpus to keep the client off its cores)"
-            )
-    if apply:
-        path, diff = apply_winner(repository, document)
-        print(f"applied: {path}")
-        print(diff or "(no change)", end="" if diff else "\n")
 
 
 def model_analyzer(
@@ -545,7 +438,7 @@ def model_analyzer(
 ) -> None:
     """Run tune and Triton Model Analyzer over the same model, space and p99 budgets, and measure
     both answers side by side with perf_analyzer (a benchmark)."""
-    from loadtest.benchmarks.model_analyzer import CompareOptions, run_compare, write_report
+    from lab.model_analyzer import CompareOptions, run_compare, write_report
 
     options = CompareOptions(
         repository=repository,
@@ -559,26 +452,8 @@ def model_analyzer(
         queue_delays_us=tuple(int(d) for d in queue_delay_us.split(",") if d.strip()),
         rounds=rounds,
     )
-    paths = write_report(run_compare(options, command_line("loadtest")), out)
+    paths = write_report(run_compare(options, command_line("lab")), out)
     print(f"report: {paths['markdown']}")
-
-
-def demo(
-    workdir: Annotated[Path, typer.Option(help="Where data and checkpoints go.")] = Path("artifacts/demo"),
-    repository: Annotated[Path, typer.Option(help="Model repository to write and serve.")] = Path(
-        "model_repository"
-    ),
-    rows: Annotated[int, typer.Option(help="Synthetic training rows.")] = 200_000,
-    preset: Annotated[str, typer.Option(help="Model preset: tiny, small, reference.")] = "small",
-    table_size: Annotated[int, typer.Option(help="Rows per embedding table.")] = 20_000,
-    tolerance: Annotated[float, typer.Option(help="Max served vs in-process difference.")] = 1e-6,
-    report: Annotated[Path, typer.Option(help="Folder of the load-test report.")] = Path("reports/demo"),
-    sweep_seconds: Annotated[float, typer.Option(help="Seconds per load-test step (0: no load test).")] = 3.0,
-) -> None:
-    """Run every stage of the bundle on this machine (no Docker, no GPU); `make demo` runs this."""
-    from loadtest.demo import DemoOptions, run_demo
-
-    run_demo(DemoOptions(workdir, repository, rows, preset, table_size, tolerance, report, sweep_seconds))
 
 
 def faults(
@@ -598,9 +473,9 @@ def faults(
     rollout killed at six points each, and an export out of space. Exits 1 if any fault
     gave a wrong answer, lost a model or did not recover in time.
     """
-    from loadtest.faults.table import measure
+    from lab.faults.table import measure
 
-    table = measure(command_line("loadtest"), out, work, keep)
+    table = measure(command_line("lab"), out, work, keep)
     print(f"{len(table.results)} faults, every target met: {out / 'result.md'}")
 
 
@@ -621,13 +496,13 @@ def raw_rows(
 ) -> None:
     """Raw rows against tensors: samples/s and latency of <model>_raw beside <model>, where a raw
     request's time goes in the server, and the input forms timed in-process."""
-    from loadtest.benchmarks.raw_rows import RawRowsOptions, run_raw_rows, verdict, write_raw_rows
+    from lab.raw_rows import RawRowsOptions, run_raw_rows, verdict, write_raw_rows
 
     options = RawRowsOptions(
         repository, model, parse_ints(batch_size, "--batch-size"), parse_ints(concurrency, "--concurrency"),
         rounds, seconds, warmup, protocol, data, None if client_cpus is None else parse_cpus(client_cpus),
     )  # fmt: skip
-    document = run_raw_rows(options, command_line("loadtest"))
+    document = run_raw_rows(options, command_line("lab"))
     paths = write_raw_rows(document, out)
     print(verdict(document))
     print(f"report: {paths['markdown']}")

@@ -1,4 +1,4 @@
-"""``python -m loadtest faults``: every fault of the fault table, tried on tiny models made for it.
+"""``python -m lab faults``: every fault of the fault table, tried on tiny models made for it.
 
 The workspace (a folder of its own, removed at the end unless kept) holds what the
 faults need, each made through the bundle's own CLIs, as a user makes it:
@@ -9,10 +9,10 @@ faults need, each made through the bundle's own CLIs, as a user makes it:
   with FP16 and INT8 variants).
 
 Then, in order: a stub SIGKILL under load of a plain model and of the hot/cold stage, a
-tritonserver SIGKILL under load (:mod:`loadtest.faults.crashes`); each damaged file
-(:mod:`loadtest.faults.damaged`); the second checkpoint's export into ``plain`` and a rollout
+tritonserver SIGKILL under load (:mod:`lab.faults.crashes`); each damaged file
+(:mod:`lab.faults.damaged`); the second checkpoint's export into ``plain`` and a rollout
 of a new hot set into ``hot_cold``, each killed at six points, and the export out of space
-(:mod:`loadtest.faults.writes`). :func:`write_table` writes ``result.json`` and ``result.md``.
+(:mod:`lab.faults.writes`). :func:`write_table` writes ``result.json`` and ``result.md``.
 """
 
 from __future__ import annotations
@@ -32,8 +32,8 @@ from bundle.records import RunRecord, machine_summary
 from bundle.schema import NUM_CATEGORICAL
 from criteo.synth import SynthConfig, write_tsv
 from criteo.tsv import read_batch
+from lab.faults import FaultResult
 from loadtest.engine.writer import table, write_json, write_markdown
-from loadtest.faults import FaultResult
 
 log = logging.getLogger(__name__)
 
@@ -101,7 +101,7 @@ def run_faults(work: Path | None = None, keep: bool = False) -> list[FaultResult
         work: where the workspace goes (a temporary folder by default).
         keep: keep the workspace (its server logs) afterwards.
     """
-    from loadtest.faults import crashes, damaged, writes
+    from lab.faults import crashes, damaged, writes
 
     root = Path(tempfile.mkdtemp(prefix="faults-", dir=work))
     try:

@@ -1,4 +1,4 @@
-"""``python -m loadtest demo`` (what ``make demo`` runs): the whole path, locally.
+"""``triton-recsys demo`` (what ``make demo`` runs): the whole path, locally.
 
 synthetic Criteo data -> train DLRM (PyTorch) and Wide & Deep (Keras) ->
 export both to ONNX FP32 + FP16 + INT8 with parity and accuracy checks ->
@@ -8,9 +8,9 @@ sweep of both families over gRPC and HTTP (reports/demo/report.md, PNG
 curves, served / in-process ratios).
 
 Each stage runs as its own ``python -m`` process, so TensorFlow and PyTorch
-never load into one process. The demo lives in ``loadtest``, the top stage:
-it drives every stage below it, starts the local server and checks the
-answers with the clients, and ends with a load test.
+never load into one process. The demo belongs to the console script, above
+every stage: it drives each stage as a user would, starts the local server,
+checks the answers with the clients, and ends with a load test.
 """
 
 from __future__ import annotations
@@ -22,10 +22,13 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Annotated
 
+import typer
 from rich.console import Console
 from rich.table import Table
 
+from bundle.cli import VerboseOption, set_up_logging, single_command_app
 from bundle.errors import BundleError, ConfigError
 
 console = Console()
@@ -44,7 +47,7 @@ def _step(title: str, *args: str) -> None:
 
 @dataclass(frozen=True)
 class DemoOptions:
-    """What the demo builds and serves (the defaults are those of ``python -m loadtest demo``).
+    """What the demo builds and serves (the defaults are those of ``triton-recsys demo``).
 
     Args:
         workdir: where data and checkpoints go.
@@ -166,3 +169,25 @@ def _served_variant(models: list[str], family: str) -> str:
     INT8 variant when the export wrote it (it passed the accuracy gate), else FP32."""
     int8 = f"{family}_onnx_int8"
     return int8 if int8 in models else f"{family}_onnx"
+
+
+def demo(
+    workdir: Annotated[Path, typer.Option(help="Where data and checkpoints go.")] = Path("artifacts/demo"),
+    repository: Annotated[Path, typer.Option(help="Model repository to write and serve.")] = Path(
+        "model_repository"
+    ),
+    rows: Annotated[int, typer.Option(help="Synthetic training rows.")] = 200_000,
+    preset: Annotated[str, typer.Option(help="Model preset: tiny, small, reference.")] = "small",
+    table_size: Annotated[int, typer.Option(help="Rows per embedding table.")] = 20_000,
+    tolerance: Annotated[float, typer.Option(help="Max served vs in-process difference.")] = 1e-6,
+    report: Annotated[Path, typer.Option(help="Folder of the load-test report.")] = Path("reports/demo"),
+    sweep_seconds: Annotated[float, typer.Option(help="Seconds per load-test step (0: no load test).")] = 3.0,
+    verbose: VerboseOption = False,
+) -> None:
+    """Run every stage of the bundle on this machine (no Docker, no GPU): synthetic data, training,
+    export, the local tritonserver, served answers checked, a load test. `make demo` runs this."""
+    set_up_logging(verbose)
+    run_demo(DemoOptions(workdir, repository, rows, preset, table_size, tolerance, report, sweep_seconds))
+
+
+app = single_command_app(demo)

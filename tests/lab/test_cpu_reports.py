@@ -7,12 +7,12 @@ from pathlib import Path
 from typing import Any
 
 from bundle.records import RunRecord
-from loadtest.benchmarks.precision import write_precision
-from loadtest.benchmarks.serving_defaults import CURRENT_DEFAULT, write_serving
+from lab.precision import write_precision
+from lab.serving_defaults import CURRENT_DEFAULT, write_serving
 
 
 def _record() -> dict[str, Any]:
-    return RunRecord.begin("python -m loadtest precision --repository r").finish().to_json()
+    return RunRecord.begin("python -m lab precision --repository r").finish().to_json()
 
 
 def _row(
@@ -61,7 +61,7 @@ def test_the_precision_report_names_the_fastest_variant_that_passes_the_gate(tmp
     paths = write_precision(result, tmp_path)
     text = paths["markdown"].read_text()
 
-    assert "- **Command**: `python -m loadtest precision --repository r`" in text
+    assert "- **Command**: `python -m lab precision --repository r`" in text
     # x INT8 GEMM: 48,239 samples/s x 4.92 MFLOP / 1000 GOP/s = 0.24.
     assert "| INT8 static (`dlrm_onnx_int8`) | 48,239 | **1.39** | 0.24 | 4 | 45,463 |" in text
     # FP16 is the fastest here but misses the AUC gate; dynamic INT8 passes but moves rows with the batch.

@@ -15,7 +15,7 @@ In-process, on the same rows, the work the stage does is timed against its alter
   and ``B x 39`` BYTES (a field per element), each decoded from Triton's wire format into the
   text the parser takes.
 
-``python -m loadtest raw-rows`` writes ``raw_rows.json``, ``raw_rows.md`` and
+``python -m lab raw-rows`` writes ``raw_rows.json``, ``raw_rows.md`` and
 ``raw_rows.png``; ``benchmarks/raw_rows/run.sh`` makes the committed ones.
 """
 
@@ -57,7 +57,7 @@ IN_PROCESS_TIMER = TimerConfig(repeats=7, seconds=0.2, warmup_calls=1, min_calls
 
 @dataclass(frozen=True)
 class RawRowsOptions:
-    """What ``python -m loadtest raw-rows`` measures.
+    """What ``python -m lab raw-rows`` measures.
 
     Args:
         repository: an exported repository holding ``model`` and its raw-row model.

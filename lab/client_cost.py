@@ -1,6 +1,6 @@
 """Client-side cost per request: HTTP, gRPC and system shared memory, batch 1 and 1024.
 
-A benchmark, not a test: ``python -m loadtest client-cost`` writes
+A benchmark, not a test: ``python -m lab client-cost`` writes
 ``benchmarks/clients/client_cost.json`` and ``client_cost.md``.
 
 Each case is one transport at one batch size, driven by the closed-loop

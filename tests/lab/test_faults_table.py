@@ -1,4 +1,4 @@
-"""The fault table's files (loadtest.faults.table): a missed target is marked and raised, every row shown."""
+"""The fault table's files (lab.faults.table): a missed target is marked and raised, every row shown."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from bundle.records import RunRecord
-from loadtest.faults import FaultResult
-from loadtest.faults import table as fault_table
+from lab.faults import FaultResult
+from lab.faults import table as fault_table
 
 
 def _results() -> list[FaultResult]:
@@ -23,7 +23,7 @@ def _results() -> list[FaultResult]:
 
 
 def test_the_table_marks_a_missed_target_and_escapes_pipes(tmp_path: Path) -> None:
-    with RunRecord.begin("python -m loadtest faults") as record:
+    with RunRecord.begin("python -m lab faults") as record:
         pass
     faults = fault_table.FaultTable(_results(), record)
     paths = fault_table.write_table(faults, tmp_path)
@@ -34,11 +34,11 @@ def test_the_table_marks_a_missed_target_and_escapes_pipes(tmp_path: Path) -> No
     assert "'m' \\| config" in text and "| **no** |" in text and "| 1.8 |" in text and "| - |" in text
     document = json.loads(paths["json"].read_text())
     assert [f["ok"] for f in document["faults"]] == [True, True, False]
-    assert document["record"]["command"] == "python -m loadtest faults"
+    assert document["record"]["command"] == "python -m lab faults"
 
 
 def test_a_missed_target_fails_the_command(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(fault_table, "run_faults", lambda work, keep: _results())
     with pytest.raises(fault_table.FaultsFailed, match="1 of 3 faults missed their target"):
-        fault_table.measure("python -m loadtest faults", tmp_path)
+        fault_table.measure("python -m lab faults", tmp_path)
     assert (tmp_path / "result.md").is_file()  # written before the failure is raised

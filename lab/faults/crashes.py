@@ -1,7 +1,7 @@
 """Crashes under checked load: a python-backend stub, or tritonserver itself, killed with SIGKILL.
 
 Each runner starts the bundle's local tritonserver (:class:`server.LocalServer`) on a
-repository, puts it under checked load (:func:`loadtest.benchmarks.soak.checked_load`: gRPC
+repository, puts it under checked load (:func:`lab.soak.checked_load`: gRPC
 clients of :class:`clients.triton.TritonClient` with their retry policy, one batch size,
 every answer compared with the answer the healthy server gave for the same rows before
 the fault), waits for a steady stream of answers, kills something with SIGKILL, and
@@ -43,10 +43,10 @@ from clients.retry import RetryPolicy
 from clients.triton import TritonClient
 from criteo.synth import SynthConfig, write_tsv
 from criteo.tsv import Batch, read_batch
-from loadtest.benchmarks.soak import Case, Endpoint, checked_load
+from lab.faults import FaultResult
+from lab.soak import Case, Endpoint, checked_load
 from loadtest.engine.driver import Driver
 from loadtest.engine.latency import Tally
-from loadtest.faults import FaultResult
 from server import LocalServer, ServerConfig
 from server.dead_models import Recovery
 from server.probes import ServerProbe

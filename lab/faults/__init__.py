@@ -2,17 +2,17 @@
 
 Every fault runner returns one :class:`FaultResult` per fault (or per kill point): what
 the user saw, the requests that failed, the wrong answers (the target is 0), and the
-time until the models answered correctly again. ``python -m loadtest faults`` runs them
+time until the models answered correctly again. ``python -m lab faults`` runs them
 and writes ``result.json`` and ``result.md`` (the committed table under
 ``benchmarks/faults/``).
 
 Runners by concern:
 
-- :mod:`loadtest.faults.crashes`: a python-backend stub (plain model, hot/cold stage) and
+- :mod:`lab.faults.crashes`: a python-backend stub (plain model, hot/cold stage) and
   tritonserver itself killed with SIGKILL under checked load;
-- :mod:`loadtest.faults.damaged`: damaged files in a repository (row store, model files,
+- :mod:`lab.faults.damaged`: damaged files in a repository (row store, model files,
   config.pbtxt);
-- :mod:`loadtest.faults.writes`: an export and a rollout killed at several points, and a
+- :mod:`lab.faults.writes`: an export and a rollout killed at several points, and a
   write that runs out of disk space.
 """
 

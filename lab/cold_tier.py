@@ -1,6 +1,6 @@
 """A hot/cold model served with its cold tier really on disk: cold against warm, side by side.
 
-``python -m loadtest cold-tier --repository DIR --data HELDOUT.tsv`` starts the local
+``python -m lab cold-tier --repository DIR --data HELDOUT.tsv`` starts the local
 tritonserver on a repository holding a hot/cold model (an ensemble of the
 embedding stage and the dense model) and, for each way of reading cold rows
 (:class:`~server.stages.embedding.hot_cold_lookup.ColdReads`, loaded into the stage
@@ -20,7 +20,7 @@ of the stage), its cold lookups per request (the stage's
 ``ctr_embedding_lookups_total`` counter), and the pages of the store read from disk
 per request (the store's resident bytes after the step, minus before, by
 ``mincore``). The disk's own random-read rate is probed in the same run
-(:func:`~loadtest.benchmarks.cold_reads.disk_iops`); a cold step's *disk-bound
+(:func:`~lab.cold_reads.disk_iops`); a cold step's *disk-bound
 time* per request is its pages read / the best probed rate.
 
 Writes ``cold_tier.json``, ``cold_tier.md`` and ``cold_tier.png``.
@@ -44,7 +44,7 @@ from bundle.errors import ConfigError
 from bundle.records import RunRecord
 from bundle.schema import CATEGORICAL_INPUT, DENSE_INPUT
 from criteo.tsv import iter_batches
-from loadtest.benchmarks.cold_reads import disk_table, evict, probe_disk, resident_bytes, stage_files
+from lab.cold_reads import disk_table, evict, probe_disk, resident_bytes, stage_files
 from loadtest.engine.driver import Driver
 from loadtest.engine.served import raw_connection
 from loadtest.engine.session import THREADS_PARAMETER

@@ -39,7 +39,7 @@ import numpy as np
 from bundle.staging import JOURNAL, staging_root
 from clients.triton import TritonClient
 from criteo.tsv import Batch
-from loadtest.faults import FaultResult
+from lab.faults import FaultResult
 from server import LocalServer
 from server.config import ServerConfig
 

@@ -1,6 +1,6 @@
 """``tune`` beside Triton Model Analyzer: the same model, search space and p99 budget.
 
-A benchmark, not a test: ``python -m loadtest model-analyzer`` (``bash
+A benchmark, not a test: ``python -m lab model-analyzer`` (``bash
 benchmarks/model_analyzer/run.sh`` reproduces the committed report) runs, for
 each model family:
 
@@ -57,7 +57,7 @@ MA_RESULTS = Path("results") / "metrics-model-inference.csv"
 #: Seconds one Model Analyzer search may take before it is stopped.
 MA_TIMEOUT_S = 3600.0
 #: The repository root (``python -m server`` and ``python -m loadtest`` run from it).
-REPO_ROOT = Path(__file__).resolve().parents[2]
+REPO_ROOT = Path(__file__).resolve().parents[1]
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,4 @@
-"""``python -m loadtest gpu`` end to end through the real local tritonserver (on the CPU here):
+"""``python -m lab gpu`` end to end through the real local tritonserver (on the CPU here):
 served steps from several client processes over system shared memory, the in-process figures,
 the report files; and one clear error for a batch larger than the models take."""
 
@@ -18,7 +18,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def _loadtest(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "loadtest", "gpu", *args],
+        [sys.executable, "-m", "lab", "gpu", *args],
         cwd=ROOT,
         capture_output=True,
         text=True,

@@ -12,7 +12,7 @@ Graph optimization levels are compared in-process (both the local backend
 and Triton's C++ onnxruntime backend default to all optimizations), with the
 in-process timer (:mod:`loadtest.engine.timer`); served steps run on the closed-loop
 driver (:func:`loadtest.engine.served.served_throughput`).
-``python -m loadtest serving-defaults`` writes ``serving_defaults.json`` and
+``python -m lab serving-defaults`` writes ``serving_defaults.json`` and
 ``.md``; ``benchmarks/cpu/run.sh`` reproduces the committed ones.
 """
 
@@ -100,7 +100,7 @@ CANDIDATES.update(
         for name, changes in CONCURRENCY_CANDIDATES.items()
     }
 )
-#: The candidates ``python -m loadtest serving-defaults`` tries when none is named.
+#: The candidates ``python -m lab serving-defaults`` tries when none is named.
 DEFAULT_CANDIDATES: tuple[str, ...] = tuple(name for name in CANDIDATES if name not in CONCURRENCY_CANDIDATES)
 #: (batch size, concurrency) steps measured per candidate.
 STEPS: tuple[tuple[int, int], ...] = ((1024, 1), (1024, 4), (1, 1), (1, 16))

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from bundle.errors import ConfigError
-from loadtest.benchmarks import model_analyzer
-from loadtest.benchmarks.model_analyzer import Answer, CompareOptions, ma_answers, ma_config
+from lab import model_analyzer
+from lab.model_analyzer import Answer, CompareOptions, ma_answers, ma_config
 
 HEADER = [
     "Model", "Batch", "Concurrency", "Model Config Path", "Instance Group", "Max Batch Size",
@@ -117,7 +117,7 @@ def test_a_missing_model_analyzer_says_how_to_install_it(tmp_path: Path) -> None
 
 def test_the_report_sets_both_answers_side_by_side_and_says_when_they_are_one(tmp_path: Path) -> None:
     from bundle.records import RunRecord
-    from loadtest.benchmarks.model_analyzer import write_report
+    from lab.model_analyzer import write_report
 
     answer = {"instances": 1, "queue_delay_us": 100, "batch_size": 1024, "concurrency": 1,
               "samples_per_s": 216000.0, "p99_ms": 8.8, "config": "", "tool": "Model Analyzer"}  # fmt: skip
@@ -128,7 +128,7 @@ def test_the_report_sets_both_answers_side_by_side_and_says_when_they_are_one(tm
             "side_by_side": measured, "model_analyzer_s": 360.0, "tune_s": 60.0, "ratio": 1.2}  # fmt: skip
     same = {**case, "budget_ms": 50.0, "tune": {**answer, "tool": "tune"}, "ratio": 1.0}
     document = {
-        **RunRecord.begin("python -m loadtest model-analyzer").finish().to_json(),
+        **RunRecord.begin("python -m lab model-analyzer").finish().to_json(),
         "space": {"variant": "fp32", "instances": [1, 2], "queue_delays_us": [100, 2000],
                   "batch_sizes": [64, 1024], "concurrency": [1, 2, 4, 8]},
         "rounds": 3, "window_s": 2.0, "cases": [case, same],
@@ -144,7 +144,7 @@ def test_the_report_sets_both_answers_side_by_side_and_says_when_they_are_one(tm
 
 
 def test_an_answer_over_the_budget_side_by_side_is_no_answer() -> None:
-    from loadtest.benchmarks.model_analyzer import verdict
+    from lab.model_analyzer import verdict
 
     measured = {"Model Analyzer": {"samples_per_s": 290000.0, "p99_ms": 11.5},
                 "tune": {"samples_per_s": 250000.0, "p99_ms": 7.5}}  # fmt: skip

@@ -13,7 +13,7 @@ Each variant's AUC delta and max abs difference against FP32 come from its
 ``export_report.json`` (the export's accuracy gate). Served numbers come from
 the closed-loop driver (:func:`loadtest.engine.served.served_throughput`), in-process
 ones and the ceiling from the in-process timer (:mod:`loadtest.engine.timer`).
-``python -m loadtest precision`` writes ``precision.json`` and ``precision.md``;
+``python -m lab precision`` writes ``precision.json`` and ``precision.md``;
 ``benchmarks/cpu/run.sh`` reproduces the committed ones.
 """
 
@@ -39,12 +39,12 @@ from bundle.repository import (
     version_dir,
     write_config,
 )
-from loadtest.benchmarks.roofline import count_flops, fraction, ort_gemm_probe, sgemm_ceiling
 from loadtest.engine.baseline import BaselineConfig, InProcessModel, measure_interleaved
 from loadtest.engine.payload import MAX_POOL_ROWS, Hotness, PayloadPool, build_pool
 from loadtest.engine.served import served_throughput
 from loadtest.engine.timer import TimerConfig
 from loadtest.engine.writer import table, write_json, write_markdown
+from loadtest.roofline import count_flops, fraction, ort_gemm_probe, sgemm_ceiling
 
 logger = logging.getLogger(__name__)
 

@@ -11,7 +11,7 @@ from bundle.schema import NUM_CATEGORICAL
 from export.tables.ensemble import write_embedding_stage
 from export.tables.hot_rows import HotSet
 from export.tables.row_store import RowStoreSpec, write_arrays
-from loadtest.benchmarks.cold_reads import (
+from lab.cold_reads import (
     WAYS,
     ColdReadOptions,
     evict,

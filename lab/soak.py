@@ -10,7 +10,7 @@ the new version of a model during a reload): the label of the first that
 matches is counted; no match is a *wrong* answer, an exception that survived
 the retries an *error*.
 
-The soak (:func:`run_soak`, ``python -m loadtest soak``) starts the bundle's
+The soak (:func:`run_soak`, ``python -m lab soak``) starts the bundle's
 local tritonserver on a repository, keeps it under checked load (batch sizes
 mixed, every answer compared with ONNX Runtime in this process), samples the
 resident memory (RSS) of tritonserver and of its python stub processes every

@@ -1,6 +1,6 @@
 """Cold rows at the disk's speed: the embedding stage's ways of reading them, on a store not in memory.
 
-``python -m loadtest cold-reads --repository DIR --data HELDOUT.tsv`` opens the row
+``python -m lab cold-reads --repository DIR --data HELDOUT.tsv`` opens the row
 store and hot set of a hot/cold model's embedding stage (its ``config.pbtxt``
 names them) and, in this process, places requests of held-out rows the way the
 stage does (:meth:`~server.stages.embedding.hot_cold_lookup.HotColdLookup.place`),

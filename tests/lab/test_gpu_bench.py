@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 
 from bundle.errors import ConfigError
-from loadtest.benchmarks.gpu import DLRM_TARGET, GpuOptions, best_served, gate, verdicts, write_gpu_report
-from loadtest.benchmarks.kernels import KernelTime, describe
+from lab.gpu import DLRM_TARGET, GpuOptions, best_served, gate, verdicts, write_gpu_report
+from lab.kernels import KernelTime, describe
 from loadtest.engine.served import spread
 
 
@@ -83,7 +83,7 @@ def test_report_files(tmp_path: Path) -> None:
     results = [_result("dlrm_onnx", "FP32", {1024: {1: 1e6}, 8192: {1: 3e6}}, {1024: 2e6, 8192: 8e6})]
     options = GpuOptions(repository=tmp_path, out=tmp_path, steps=((1024, 1), (8192, 1)))
     document = {
-        "command": "python -m loadtest gpu",
+        "command": "python -m lab gpu",
         "started": "2026-11-22T00:00:00Z",
         "finished": "2026-11-22T00:01:00Z",
         "machine": {"cpu": "x", "cores": 16, "memory_gib": 128},

@@ -1,6 +1,6 @@
 """Served and in-process samples/s of every variant of a (gpu-profile) repository, side by side.
 
-What a GPU run measures, in one command (``python -m loadtest gpu``),
+What a GPU run measures, in one command (``python -m lab gpu``),
 and what ``benchmarks/gpu/run.sh`` commits:
 
 1. per model (every model with a ``model.onnx`` or ``model.pt``, or those
@@ -64,7 +64,7 @@ DLRM_TARGET = 10_000_000.0
 
 @dataclass(frozen=True)
 class GpuOptions:
-    """What ``python -m loadtest gpu`` measures.
+    """What ``python -m lab gpu`` measures.
 
     Args:
         repository: the exported repository (gpu profile; a cpu one runs too, on the CPU).

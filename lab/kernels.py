@@ -1,6 +1,6 @@
 """Where one call's GPU time goes: each CUDA kernel's share of a model call, by name.
 
-``python -m loadtest kernels --repository DIR --model NAME ...`` runs each model
+``python -m lab kernels --repository DIR --model NAME ...`` runs each model
 (ONNX through ONNX Runtime's CUDA provider with IOBinding, TorchScript on
 ``cuda:0``) on one batch already on the device, and records the kernels of
 ``calls`` calls with CUPTI through ``torch.profiler``, which sees every kernel
@@ -64,7 +64,7 @@ def kernel_times(path: Path, batch: dict[str, Any], calls: int = 10) -> list[Ker
     from torch.profiler import ProfilerActivity, profile
 
     if not torch.cuda.is_available():
-        raise ConfigError(f"loadtest kernels needs a CUDA GPU; torch {torch.__version__} sees none")
+        raise ConfigError(f"lab kernels needs a CUDA GPU; torch {torch.__version__} sees none")
     run = _runner(path, batch)
     for _ in range(5):
         run()
