@@ -16,7 +16,7 @@ from pathlib import Path
 from bundle.errors import ConfigError
 from bundle.repository import ServingConfig
 from export.graphs.quantize import QuantizeOptions
-from export.tables.row_store import DTYPES
+from server.stages.embedding.hot_cold_lookup import STORE_DTYPES
 
 #: How the export places embedding tables (``--embeddings``).
 PLACEMENTS: tuple[str, ...] = ("auto", "in-graph", "hot-cold")
@@ -85,8 +85,8 @@ class PlacementOptions:
     def __post_init__(self) -> None:
         if self.mode not in PLACEMENTS:
             raise ConfigError(f"--embeddings must be {', '.join(PLACEMENTS)}; got {self.mode!r}")
-        if self.store_dtype not in DTYPES:
-            raise ConfigError(f"--store-dtype must be {' or '.join(DTYPES)}; got {self.store_dtype!r}")
+        if self.store_dtype not in STORE_DTYPES:
+            raise ConfigError(f"--store-dtype must be {' or '.join(STORE_DTYPES)}; got {self.store_dtype!r}")
         budget = self.hot_budget
         if budget is not None and (isinstance(budget, bool) or not isinstance(budget, int) or budget < 0):
             raise ConfigError(f"--hot-budget must be a byte count >= 0, got {budget!r}")

@@ -1,5 +1,7 @@
-"""The stages import each other in one direction only (ARCHITECTURE.md), no module imports another in a
-circle, and nothing imports benchmarks/.
+"""The packages import each other in one direction only, as the architecture page states it
+(docs/architecture.md, the table this test reads); inside a package, its modules and subpackages
+import each other in one direction only; no module imports another in a circle; nothing imports
+benchmarks/.
 
 Every ``import`` of every module is read with :mod:`ast`, those inside
 functions and ``TYPE_CHECKING`` blocks included, so a lazy import breaks a
@@ -9,31 +11,62 @@ layer as surely as a top-level one.
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 
-#: Which stages each stage may import. bundle is the base and imports no stage (it holds the tensor
-#: schema and the model-repository contract); criteo is the data contract; clients know nothing of
-#: the server; the server knows nothing of the stages above bundle; export runs the served ensemble
-#: stages (server.stages) to check an export; loadtest measures the clients against a server it may
-#: start and drives the demo, and reads a repository through bundle's contract, never export.
-ALLOWED: dict[str, frozenset[str]] = {
-    "bundle": frozenset(),
-    "criteo": frozenset({"bundle"}),
-    "models": frozenset({"bundle", "criteo"}),
-    "export": frozenset({"bundle", "criteo", "models", "server"}),
-    "server": frozenset({"bundle"}),
-    "clients": frozenset({"bundle", "criteo"}),
-    "loadtest": frozenset({"bundle", "criteo", "server", "clients"}),
-    "lab": frozenset({"bundle", "criteo", "models", "export", "server", "clients", "loadtest"}),
-    # The console script runs each stage by name (runpy); its demo drives them as processes and
-    # checks the served answers with the clients.
-    "triton_recsys": frozenset({"bundle", "server", "clients"}),
-}
+#: The page that states the layering rule; the test reads its table, so the two cannot disagree.
+ARCHITECTURE_PAGE = ROOT / "docs" / "architecture.md"
+
+
+def layers(page: Path = ARCHITECTURE_PAGE) -> dict[str, frozenset[str]]:
+    """The table between ``<!-- layers: start -->`` and ``<!-- layers: end -->`` of ``page``: each
+    package and the packages it may import."""
+    text = page.read_text()
+    match = re.search(r"<!-- layers: start -->(.*?)<!-- layers: end -->", text, re.S)
+    if match is None:
+        raise AssertionError(f"{page.relative_to(ROOT)} has no layers table between its markers")
+    found: dict[str, frozenset[str]] = {}
+    for line in match.group(1).strip().splitlines()[2:]:  # after the header and its rule
+        cells = [cell.strip() for cell in line.strip().strip("|").split("|")]
+        if len(cells) != 2:
+            raise AssertionError(f"not a row of two cells in the layers table: {line!r}")
+        package, may_import = (re.findall(r"`([a-z_]+)`", cell) for cell in cells)
+        if len(package) != 1:
+            raise AssertionError(f"a row names one package in its first cell: {line!r}")
+        found[package[0]] = frozenset(may_import)
+    return found
+
+
+#: Which packages each package may import, as the architecture page states it.
+ALLOWED: dict[str, frozenset[str]] = layers()
 STAGES = frozenset(ALLOWED) | {"benchmarks"}
+
+
+def test_the_page_names_every_package_of_the_repository_and_only_those() -> None:
+    packages = {p.parent.name for p in ROOT.glob("*/__init__.py")} - {"tests"}
+    assert set(ALLOWED) == packages, (
+        f"docs/architecture.md's layers table lists {sorted(ALLOWED)}; the repository's packages are "
+        f"{sorted(packages)}"
+    )
+    unknown = {other for allowed in ALLOWED.values() for other in allowed} - set(ALLOWED)
+    assert not unknown, f"the layers table names packages that do not exist: {sorted(unknown)}"
+
+
+def test_nothing_imports_the_lab() -> None:
+    assert all("lab" not in allowed for allowed in ALLOWED.values())
+
+
+def test_the_layers_table_is_read_row_by_row(tmp_path: Path) -> None:
+    page = tmp_path / "architecture.md"
+    page.write_text(
+        "# x\n\n<!-- layers: start -->\n| package | may import |\n|---|---|\n"
+        "| `base` | (nothing) |\n| `top` | `base` |\n<!-- layers: end -->\n"
+    )
+    assert layers(page) == {"base": frozenset(), "top": frozenset({"base"})}
 
 
 def imported_stages(path: Path) -> dict[str, int]:
@@ -224,6 +257,69 @@ def test_no_module_imports_another_in_a_circle() -> None:
     assert not found, "modules that import each other in a circle (lazy imports count):\n" + "\n".join(
         " -> ".join(cycle) for cycle in found
     )
+
+
+def layer_graph(graph: dict[str, set[str]], package: str) -> dict[str, set[str]]:
+    """The layers of ``package`` and which import which: each module at its top and each
+    subpackage is one layer (``__init__`` is the package's own); an import between two modules of
+    ``package`` is an arrow between the layers that hold them."""
+
+    def layer(module: str) -> str | None:
+        if module == package:
+            return "__init__"
+        if module.startswith(package + "."):
+            return module[len(package) + 1 :].split(".")[0]
+        return None
+
+    arrows: dict[str, set[str]] = {}
+    for module, imported in graph.items():
+        source = layer(module)
+        if source is None:
+            continue
+        arrows.setdefault(source, set())
+        for target in imported:
+            into = layer(target)
+            if into is not None and into != source:
+                arrows[source].add(into)
+                arrows.setdefault(into, set())
+    return arrows
+
+
+def packages_of(graph: dict[str, set[str]]) -> list[str]:
+    """Every package and subpackage among ``graph``'s modules (each holds an ``__init__``)."""
+    return sorted(
+        module
+        for module in graph
+        if any(other.startswith(module + ".") for other in graph) or module in ALLOWED
+    )
+
+
+def test_inside_a_package_no_layer_imports_back_up() -> None:
+    graph = import_graph()
+    found = [
+        f"{package}: " + " <-> ".join(cycle)
+        for package in packages_of(graph)
+        for cycle in cycles(layer_graph(graph, package))
+    ]
+    assert not found, (
+        "inside a package, modules and subpackages that import each other (an import running back up a "
+        "layer; move the shared name below both):\n" + "\n".join(found)
+    )
+
+
+def test_the_layer_graph_sees_a_module_reaching_back_into_a_subpackage() -> None:
+    graph = {
+        "pkg": set(),
+        "pkg.options": {"pkg.tables.store"},
+        "pkg.tables": set(),
+        "pkg.tables.store": set(),
+        "pkg.tables.placement": {"pkg.options"},
+        "pkg.cli": {"pkg.options", "pkg.tables.placement"},
+    }
+    assert cycles(layer_graph(graph, "pkg")) == [("options", "tables")]
+    assert cycles(layer_graph(graph, "pkg.tables")) == []
+    graph["pkg.options"] = set()
+    assert cycles(layer_graph(graph, "pkg")) == []
 
 
 def test_the_cycle_finder_sees_a_lazy_circle_and_a_self_import() -> None:
