@@ -6,6 +6,10 @@ This machine may be shared, so a record does not stop at the load average at
 the start and the end: a thread samples the 1-minute load average every few
 seconds while the run lasts, and the record keeps its minimum, median and
 maximum.
+
+``python -m bundle.records`` prints the machine it runs on in the words of a
+record's machine line (:func:`this_machine`), for the benchmark scripts that
+write their summaries by hand.
 """
 
 from __future__ import annotations
@@ -127,6 +131,25 @@ def machine_summary(machine: dict[str, Any]) -> str:
         machine.get("memory_gib", "?"),
     )
     return f"{cpu}, {cores} cores, {memory} GiB"
+
+
+def machine_with_flags(machine: dict[str, Any]) -> str:
+    """:func:`machine_summary` and the CPU flags the record shows present, as ``(avx2, avx512f)``.
+
+    Only the flags the record looked for are named: a record that predates a flag in
+    :data:`CPU_FLAGS` neither claims nor denies it. A record without flags gets none.
+    """
+    flags = machine.get("cpu_flags")
+    if flags is None:
+        return machine_summary(machine)
+    on = [flag for flag, present in flags.items() if present]
+    return f"{machine_summary(machine)} ({', '.join(on) or 'none of ' + ', '.join(flags)})"
+
+
+def this_machine() -> str:
+    """The machine this runs on, as a record's machine line names it: :func:`machine_with_flags`
+    of :func:`describe` (CPU model, cores, memory and the CPU flags present)."""
+    return machine_with_flags(describe())
 
 
 def command_line(stage: str, argv: Sequence[str] | None = None) -> str:
@@ -253,19 +276,19 @@ class RunRecord:
     def lines(self) -> list[str]:
         """The markdown bullets every result file starts with: date, machine, software, load, command."""
         machine = self.machine
-        flags = ""
-        if "cpu_flags" in machine:
-            on = [flag for flag, present in machine["cpu_flags"].items() if present]
-            flags = f" ({', '.join(on) or 'none of ' + ', '.join(CPU_FLAGS)})"
         software = ", ".join(f"{p} {machine[p]}" for p in PACKAGES if p in machine)
         during = self.load_during()
         end = "-" if self.load_end is None else ", ".join(map(str, self.load_end))
         return [
             f"- **Date (UTC)**: {self.started} to {self.finished or '-'}",
-            f"- **Machine**: {machine_summary(machine)}{flags}; {machine.get('platform', '')}",
+            f"- **Machine**: {machine_with_flags(machine)}; {machine.get('platform', '')}",
             f"- **Software**: Python {machine.get('python')}, {software}",
             f"- **Load average** (1/5/15 min) at start: {', '.join(map(str, self.load_start))}; "
             f"at end: {end}; 1-min during the run: {during['min']}-{during['max']} "
             f"(median {during['median']}, {during['samples']} samples). The machine may be shared.",
             f"- **Command**: `{self.command}`",
         ]
+
+
+if __name__ == "__main__":
+    print(this_machine())

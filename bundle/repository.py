@@ -69,10 +69,10 @@ PROFILES: tuple[str, ...] = ("cpu", "gpu")
 #: the cpu profile keeps the 100 us the local server was tuned with.
 QUEUE_DELAY_US: dict[str, int] = {"cpu": 100, "gpu": 0}
 #: Default instances per model: one on the CPU (ONNX Runtime's threads use the cores); four per
-#: GPU, where one instance leaves the GPU idle while its Python stub copies and batches: at batch
-#: 8192 on an H100, served/in-process went 0.52 -> 0.99 -> 1.31 and samples/s 4.2M -> 8.0M -> 9.9M
-#: (dlrm_onnx; dlrm_torch 10.7M at 4) for 1, 2 and 4 instances (benchmarks/gpu/result.md and
-#: benchmarks/gpu/instances/result.md).
+#: GPU, where one instance leaves the GPU idle while its Python stub copies and batches: on an
+#: H100 at batch 8192, dlrm_onnx's served samples/s and served/in-process rose from 1 to 2 to 4
+#: instances, and only with 4 did the fastest DLRM meet the GPU run's served target
+#: (benchmarks/gpu/result.md for 1 and 2 instances, benchmarks/gpu/instances/result.md for 4).
 INSTANCES: dict[str, int] = {"cpu": 1, "gpu": 4}
 
 #: Default preferred batch sizes per profile (capped: none above ``max_batch_size``); none in

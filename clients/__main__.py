@@ -11,15 +11,16 @@ import enum
 import json
 import logging
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated
+from typing import TYPE_CHECKING, Annotated, TypeVar
 
 import typer
 
-from bundle.admin import ADMIN_KEY_ENV
 from bundle.cli import new_app, run
 from bundle.errors import ClientError
+from bundle.options import AdminKey, RawRequests, RowsPerRequest, SharedMemory
 from clients.options import ClientOptions, default_url
 from clients.retry import RetryPolicy
+from criteo.options import MaxRows
 
 if TYPE_CHECKING:
     from clients.predict import PredictOptions
@@ -48,6 +49,8 @@ class ModeName(enum.StrEnum):
     ASYNC = "async"
 
 
+_T = TypeVar("_T")
+
 ProtocolOption = Annotated[ProtocolName, typer.Option("--protocol", "-p", help="Wire protocol.")]
 UrlOption = Annotated[
     str | None,
@@ -61,37 +64,13 @@ TimeoutOption = Annotated[float, typer.Option("--timeout", help="Seconds per cal
 TriesOption = Annotated[
     int, typer.Option("--tries", help="Attempts per call when the server is UNAVAILABLE (1 = no retry).")
 ]
-SharedMemoryOption = Annotated[
-    SharedMemoryName,
-    typer.Option("--shared-memory", help="Tensors through system shared memory (same host) or CUDA (gpu)."),
-]
-AdminKeyOption = Annotated[
-    str | None,
-    typer.Option(
-        "--admin-key",
-        envvar=ADMIN_KEY_ENV,
-        show_envvar=True,
-        help="The server's admin key, for --shared-memory on a server that restricts registration "
-        "(docker compose does).",
-    ),
-]
-ModelOption = Annotated[str, typer.Option("--model", "-m", help="Model name in the repository.")]
+ModelOption = Annotated[_T, typer.Option("--model", "-m", help="Model name in the repository.")]
 InputOption = Annotated[
     Path, typer.Option("--input", "-i", help="Criteo TSV file (labeled or not; .gz too).", dir_okay=False)
 ]
-BatchOption = Annotated[int, typer.Option("--batch-size", "-b", help="Rows per request.")]
 ModeOption = Annotated[ModeName, typer.Option("--mode", help="sync: one request in flight; async: asyncio.")]
 InFlightOption = Annotated[int, typer.Option("--max-in-flight", help="Requests pending at once (async).")]
-MaxRowsOption = Annotated[int | None, typer.Option("--max-rows", help="Only the first N rows.")]
 JsonOption = Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")]
-RawOption = Annotated[
-    bool,
-    typer.Option(
-        "--raw",
-        help="Send each row's text as it is (a labeled file's label cut off) to a raw-row model, "
-        "e.g. dlrm_onnx_int8_raw, which parses it in the server.",
-    ),
-]
 
 
 def _options(
@@ -133,14 +112,12 @@ def _table(header: list[str], rows: list[list[str]]) -> str:
 def health(
     protocol: ProtocolOption = ProtocolName.GRPC,
     url: UrlOption = None,
-    model: Annotated[
-        list[str] | None,
-        typer.Option("--model", "-m", help="Also require this model to be ready (repeatable)."),
-    ] = None,
+    model: ModelOption[list[str] | None] = None,
     timeout: TimeoutOption = 10.0,
     tries: TriesOption = 4,
 ) -> None:
-    """Is the server live and ready, and which models are ready? Exit 1 when not."""
+    """Is the server live and ready, and which models are ready? Exit 1 when not, or when a model
+    that --model names is not ready."""
     from clients.triton import TritonClient
 
     options = _options(protocol, url, timeout, tries)
@@ -173,11 +150,12 @@ def health(
 def metadata(
     protocol: ProtocolOption = ProtocolName.GRPC,
     url: UrlOption = None,
-    model: Annotated[str | None, typer.Option("--model", "-m", help="A model's inputs and outputs.")] = None,
+    model: ModelOption[str | None] = None,
     timeout: TimeoutOption = 10.0,
     tries: TriesOption = 4,
 ) -> None:
-    """The server's name, version and extensions, or a model's tensors and max batch size (JSON)."""
+    """The server's name, version and extensions, or (with --model) a model's tensors and max batch
+    size (JSON)."""
     from clients.triton import TritonClient
 
     with TritonClient.from_options(_options(protocol, url, timeout, tries)) as client:
@@ -189,12 +167,13 @@ def metadata(
 def stats(
     protocol: ProtocolOption = ProtocolName.GRPC,
     url: UrlOption = None,
-    model: Annotated[str | None, typer.Option("--model", "-m", help="Only this model.")] = None,
+    model: ModelOption[str | None] = None,
     as_json: JsonOption = False,
     timeout: TimeoutOption = 10.0,
     tries: TriesOption = 4,
 ) -> None:
-    """Inference statistics per model: requests, rows, executions and mean times inside the server."""
+    """Inference statistics per model (or only --model's): requests, rows, executions and mean times
+    inside the server."""
     from clients.triton import TritonClient
 
     with TritonClient.from_options(_options(protocol, url, timeout, tries)) as client:
@@ -232,21 +211,21 @@ def stats(
 
 @app.command()
 def infer(
-    model: ModelOption,
+    model: ModelOption[str],
     input_file: InputOption,
     protocol: ProtocolOption = ProtocolName.GRPC,
     url: UrlOption = None,
-    batch_size: BatchOption = 1024,
+    batch_size: RowsPerRequest[int] = 1024,
     output: Annotated[
         Path | None,
         typer.Option("--output", "-o", help="CSV file (default: standard output).", dir_okay=False),
     ] = None,
     mode: ModeOption = ModeName.SYNC,
     max_in_flight: InFlightOption = 4,
-    shared_memory: SharedMemoryOption = SharedMemoryName.NONE,
-    admin_key: AdminKeyOption = None,
-    max_rows: MaxRowsOption = None,
-    raw: RawOption = False,
+    shared_memory: SharedMemory[SharedMemoryName] = SharedMemoryName.NONE,
+    admin_key: AdminKey = None,
+    max_rows: MaxRows = None,
+    raw: RawRequests = False,
     timeout: TimeoutOption = 30.0,
     tries: TriesOption = 4,
 ) -> None:
@@ -265,7 +244,7 @@ def infer(
 
 @app.command()
 def evaluate(
-    model: Annotated[list[str], typer.Option("--model", "-m", help="Model to score (repeatable).")],
+    model: ModelOption[list[str]],
     input_file: InputOption,
     protocol: ProtocolOption = ProtocolName.GRPC,
     url: UrlOption = None,
@@ -275,13 +254,13 @@ def evaluate(
             "--reference", help="ONNX file to run in-process (ONNX Runtime) on the same rows.", dir_okay=False
         ),
     ] = None,
-    batch_size: BatchOption = 1024,
+    batch_size: RowsPerRequest[int] = 1024,
     mode: ModeOption = ModeName.SYNC,
     max_in_flight: InFlightOption = 4,
-    shared_memory: SharedMemoryOption = SharedMemoryName.NONE,
-    admin_key: AdminKeyOption = None,
-    max_rows: MaxRowsOption = None,
-    raw: RawOption = False,
+    shared_memory: SharedMemory[SharedMemoryName] = SharedMemoryName.NONE,
+    admin_key: AdminKey = None,
+    max_rows: MaxRows = None,
+    raw: RawRequests = False,
     as_json: JsonOption = False,
     timeout: TimeoutOption = 30.0,
     tries: TriesOption = 4,

@@ -12,6 +12,7 @@ from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeEl
 
 from bundle.cli import new_app, run
 from bundle.errors import ConfigError
+from bundle.options import ReportOut, Seed, SyntheticRows
 from criteo.coverage import (
     DEFAULT_FRACTIONS,
     CoverageConfig,
@@ -21,20 +22,30 @@ from criteo.coverage import (
     write_coverage,
 )
 from criteo.multihot import is_single_hot, parse_bags
+from criteo.options import CriteoFile, Hotness, MaxRows, TableSizes
 from criteo.profile import AccessProfile, profile_file
 from criteo.synth import SynthConfig, write_tsv
 from criteo.tables import TABLE_SIZE_PRESETS, parse_table_sizes
 
 app = new_app("Criteo-format data: synthetic generator, access-skew profiling.")
 
-_SIZES_HELP = f"{' or '.join(TABLE_SIZE_PRESETS)}, one size for all tables, or 26 comma-separated sizes"
+# ``--out`` means another thing in each command (others take it too: see bundle.options).
+TsvOut = Annotated[Path, typer.Option("--out", help="The Criteo TSV file to write.")]
+ProfileOut = Annotated[
+    Path,
+    typer.Option("--out", help="Folder for counts.npz (read by --profile), profile.json and coverage.png."),
+]
+# ``--profile`` of python -m export is the serving profile.
+AccessProfileDir = Annotated[
+    Path, typer.Option("--profile", help="Folder that `python -m criteo profile` wrote.")
+]
 
 
 @app.command()
 def synth(
-    rows: Annotated[int, typer.Option(help="Rows to write.")],
-    out: Annotated[Path, typer.Option(help="Output TSV file.")],
-    seed: Annotated[int, typer.Option(help="Seed of the row sampling.")] = 0,
+    rows: SyntheticRows,
+    out: TsvOut,
+    seed: Seed = 0,
     model_seed: Annotated[int, typer.Option(help="Seed of the hidden labeling model.")] = 2026,
     exponent: Annotated[float, typer.Option(help="Power-law exponent of id frequencies.")] = 1.05,
     vocabulary: Annotated[
@@ -46,16 +57,10 @@ def synth(
         ),
     ] = None,
     max_vocabulary: Annotated[int, typer.Option(help="Cap on any table's distinct ids.")] = 200_000,
-    hotness: Annotated[
-        str,
-        typer.Option(
-            help="Ids per table and row: 1 (Criteo's format), or bags in the multi-hot format (each "
-            "field's hex ids comma-separated): mlperf (MLPerf dlrm-v2's 214 per row), one count for all "
-            "26, 26 comma-separated counts, or variable (bags of any size, empty ones included)."
-        ),
-    ] = "1",
+    hotness: Hotness = "1",
 ) -> None:
-    """Write skewed synthetic click logs in the Criteo TSV format (or its multi-hot form)."""
+    """Write skewed synthetic click logs in the Criteo TSV format (or its multi-hot form); --seed
+    draws the rows, --model-seed the hidden model that labels them."""
     bags = parse_bags(hotness)
     config = SynthConfig(
         rows=rows,
@@ -86,13 +91,10 @@ def _row_progress() -> Progress:
 
 @app.command("profile")
 def profile_command(
-    data: Annotated[Path, typer.Option(help="Criteo TSV file to profile (optionally .gz).")],
-    out: Annotated[Path, typer.Option(help="Folder for counts.npz, profile.json and coverage.png.")],
-    table_sizes: Annotated[
-        str | None,
-        typer.Option(help=f"Reduce ids into these tables (id mod size) before counting: {_SIZES_HELP}."),
-    ] = None,
-    max_rows: Annotated[int | None, typer.Option(help="Profile only the first rows.")] = None,
+    data: CriteoFile,
+    out: ProfileOut,
+    table_sizes: TableSizes[str | None] = None,
+    max_rows: MaxRows = None,
     bags: Annotated[
         bool,
         typer.Option(
@@ -102,7 +104,8 @@ def profile_command(
         ),
     ] = False,
 ) -> None:
-    """Measure each table's access skew: lookups per id, and the share its hottest rows serve."""
+    """Measure each table's access skew: lookups per id, and the share its hottest rows serve (ids
+    counted raw unless --table-sizes reduces them into tables first)."""
     sizes = None if table_sizes is None else parse_table_sizes(table_sizes)
     with _row_progress() as progress:
         task = progress.add_task(f"profiling {data}", total=max_rows)
@@ -119,22 +122,20 @@ def profile_command(
 
 @app.command("coverage")
 def coverage_command(
-    profile: Annotated[Path, typer.Option(help="Folder that `python -m criteo profile` wrote.")],
-    data: Annotated[Path, typer.Option(help="Held-out Criteo TSV file to score.")],
-    out: Annotated[Path, typer.Option(help="Folder for result.json, result.md and hit_rate.png.")],
-    table_sizes: Annotated[
-        str | None,
-        typer.Option(help=f"Table sizes: {_SIZES_HELP} (default: the profile's)."),
-    ] = None,
+    profile: AccessProfileDir,
+    data: CriteoFile,
+    out: ReportOut[Path],
+    table_sizes: TableSizes[str | None] = None,
     row_bytes: Annotated[
         str, typer.Option(help="Bytes of one row: one value or 26 (DLRM dimension 16, FP32: 64).")
     ] = "64",
     fractions: Annotated[
         str, typer.Option(help="Hot budgets as fractions of the table bytes, comma-separated (0.1 or 10%).")
     ] = ",".join(f"{f:g}" for f in DEFAULT_FRACTIONS),
-    max_rows: Annotated[int | None, typer.Option(help="Score only the first held-out rows.")] = None,
+    max_rows: MaxRows = None,
 ) -> None:
-    """Choose hot rows from a profile at several byte budgets and measure their hit rate on held-out data."""
+    """Choose hot rows from a profile at several byte budgets and measure their hit rate on held-out
+    data (--data; the profile's table sizes unless --table-sizes)."""
     measured = AccessProfile.load(profile)
     if table_sizes is not None:
         sizes = parse_table_sizes(table_sizes)

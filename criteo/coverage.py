@@ -24,6 +24,7 @@ import numpy as np
 from bundle.errors import ConfigError, DataError
 from bundle.plots import TITLE_SIZE, figure
 from bundle.schema import NUM_CATEGORICAL
+from bundle.snippets import section_end, section_start
 from criteo.preprocess import hash_ids
 from criteo.profile import AccessProfile, rows_at
 from criteo.schema import CATEGORICAL_COLUMNS
@@ -36,8 +37,12 @@ log = logging.getLogger(__name__)
 RESULT_JSON = "result.json"
 RESULT_MD = "result.md"
 HIT_RATE_PNG = "hit_rate.png"
-#: Hot fractions that ``python -m criteo coverage`` measures by default (the issue's curve).
+#: Hot budgets (fractions of the table bytes) that ``python -m criteo coverage`` measures by
+#: default: the points of its hit-rate curve.
 DEFAULT_FRACTIONS: tuple[float, ...] = (0.01, 0.02, 0.05, 0.1, 0.2, 0.5)
+#: The report's named section (:mod:`bundle.snippets`) that the documentation includes: all of it
+#: below the title but the chart.
+SECTION_RESULTS = "results"
 
 
 class HotRanking:
@@ -301,6 +306,7 @@ class CoverageResult:
         lines = [
             "# Hot-row coverage on held-out lookups",
             "",
+            section_start(SECTION_RESULTS),
             f"Created {self.created}. Command: `{self.command}`",
             "",
             f"- Profiled: {self.profile_rows:,} rows of `{self.profile_source}`; scored: "
@@ -341,7 +347,8 @@ class CoverageResult:
                         f"{r.expected_hit_rate:.2%} | {r.heldout_hit_rate:.2%} |"
                     )
             lines.append("")
-        lines += [f"![held-out hit rate]({HIT_RATE_PNG})", ""]
+        lines[-1] = section_end(SECTION_RESULTS)  # in place of the blank line after the last table
+        lines += ["", f"![held-out hit rate]({HIT_RATE_PNG})", ""]
         return "\n".join(lines)
 
 

@@ -6,21 +6,23 @@ from __future__ import annotations
 import logging
 from dataclasses import replace
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, TypeVar
 
 import typer
 from rich.console import Console
 from rich.table import Table
 
-from bundle.admin import ADMIN_KEY_ENV
 from bundle.cli import VerboseOption, new_app, run, set_verbose, shared_options
 from bundle.errors import ConfigError
 from bundle.memory import PeakMemory
 from bundle.ngc import PINNED_RELEASE, check_release
 from bundle.ngc import release as ngc_release
+from bundle.options import AdminKey, MaxBatchSize, MaxQueueDelay, Model, OrtThreads, Repository, RepositoryOut
 from bundle.repository import CONFIG_NAME, ORT_TRT_CACHE_DIR, QUEUE_DELAY_US, ServingConfig, trt_model_name
 from criteo.multihot import parse_bags
-from criteo.tables import TABLE_SIZE_PRESETS, parse_table_sizes
+from criteo.options import Hotness, TableSizes
+from criteo.tables import parse_table_sizes
+from export.cli_options import HotBudget, Instances, Opset, ProfileData, StageInstances, StoreDtype
 from export.engines.trt_build import EngineResult, TensorRTOptions, build_engines
 from export.framework import FrameworkExporter
 from export.graphs.quantize import DEFAULT_METHOD, INT8_METHODS, QuantizeOptions
@@ -37,7 +39,7 @@ from export.options import (
 from export.pipeline import ExportedModel, export_family
 from export.publish_cli import fetch, publish
 from export.tables.hot_rows import parse_size
-from export.tables.row_store import DTYPES, format_bytes
+from export.tables.row_store import format_bytes
 from export.tables.row_store_cli import app as row_store_app
 from export.tables.synthetic_model_cli import synthetic_hot_cold
 
@@ -49,11 +51,17 @@ app.command("synthetic-hot-cold")(synthetic_hot_cold)
 app.command()(publish)
 app.command()(fetch)
 
-Repository = Annotated[Path, typer.Option(help="Triton model repository to write into.")]
+_T = TypeVar("_T")
+
 ProfileOpt = Annotated[
-    str, typer.Option(help="Serving profile: cpu, or gpu (KIND_GPU instances plus a <family>_trt model).")
+    str,
+    typer.Option(
+        help="Serving profile: cpu, or gpu (KIND_GPU instances plus a <family>_trt model); it gives the "
+        "dynamic batcher's max queue delay unless --max-queue-delay-us does: "
+        + ", ".join(f"{delay} us ({profile})" for profile, delay in QUEUE_DELAY_US.items())
+        + "."
+    ),
 ]
-Opset = Annotated[int, typer.Option(help="ONNX opset.")]
 Fp16 = Annotated[bool, typer.Option("--fp16/--no-fp16", help="Also write the FP16 variant.")]
 Fp16Islands = Annotated[
     bool | None,
@@ -66,9 +74,24 @@ Fp16Islands = Annotated[
     ),
 ]
 CheckData = Annotated[
-    Path | None, typer.Option(help="Labeled Criteo TSV for the checks (default: synthetic rows).")
+    _T,
+    typer.Option(
+        "--check-data",
+        help="Labeled Criteo TSV whose rows check the written models (where optional: synthetic rows).",
+    ),
 ]
-CheckRows = Annotated[int, typer.Option(help="Rows compared against the framework (>= 1024).")]
+CheckRows = Annotated[
+    int, typer.Option("--check-rows", help="Rows of the check data compared with the reference.")
+]
+# ``--url`` of the load tests and clients is the endpoint they send requests to.
+RolloutUrl = Annotated[
+    str | None,
+    typer.Option(
+        "--url",
+        help="HTTP endpoint of a server in --model-control-mode explicit: it switches to the new "
+        "version under load, with no failed request. Without it only the files are written.",
+    ),
+]
 AucTolerance = Annotated[float, typer.Option(help="Max |AUC(FP16) - AUC(FP32)|.")]
 Int8 = Annotated[
     bool | None,
@@ -121,19 +144,6 @@ AucTarget = Annotated[
         "MLPerf's two targets)."
     ),
 ]
-MaxBatch = Annotated[int, typer.Option(help="max_batch_size in config.pbtxt.")]
-Instances = Annotated[
-    int, typer.Option(help="Model instances per model (per GPU in the gpu profile); 0: 1 on CPU, 4 per GPU.")
-]
-QueueDelay = Annotated[
-    int | None,
-    typer.Option(
-        help="Dynamic batcher max queue delay (us); default "
-        + ", ".join(f"{delay} ({profile})" for profile, delay in QUEUE_DELAY_US.items())
-        + "."
-    ),
-]
-Threads = Annotated[int, typer.Option(help="ONNX Runtime intra-op threads per instance (0: default).")]
 OrtTrt = Annotated[
     bool,
     typer.Option(
@@ -157,14 +167,6 @@ GraphSizes = Annotated[
 ]
 
 
-TableSizes = Annotated[
-    str | None,
-    typer.Option(
-        help="Rows of the tables behind C1..C26: "
-        f"{' or '.join(TABLE_SIZE_PRESETS)}, one size for all, or 26 comma-separated sizes. Needed only "
-        "when your model does not reduce ids into its tables itself and its graph does not show the sizes."
-    ),
-]
 Logits = Annotated[
     bool, typer.Option("--logits", help="Your model returns logits: the export appends the sigmoid.")
 ]
@@ -176,24 +178,6 @@ Embeddings = Annotated[
         "keeps the hottest rows within --hot-budget; auto: hot-cold when the tables take more than "
         "--hot-budget, else in-graph."
     ),
-]
-HotBudget = Annotated[
-    str | None,
-    typer.Option(
-        help="Bytes of hot embedding rows the dense model keeps (512M, 2G; binary units). Exports "
-        "a hot/cold model when the tables are larger (or with --embeddings hot-cold)."
-    ),
-]
-ProfileData = Annotated[
-    Path | None,
-    typer.Option(
-        help="Criteo TSV whose lookups per row choose the hot rows, or a folder `python -m criteo "
-        "profile` wrote (default: --calibration-data, else --check-data)."
-    ),
-]
-StoreDtype = Annotated[str, typer.Option(help=f"Values of the hot/cold row store: {' or '.join(DTYPES)}.")]
-StageInstances = Annotated[
-    int, typer.Option(help="Instances of the hot/cold embedding stage (each a stub mapping the same store).")
 ]
 StreamTables = Annotated[
     bool,
@@ -243,18 +227,18 @@ def _graph_sizes(text: str | None) -> tuple[int, ...] | None:
 
 
 def _export_options(
-    repository: Repository = Path("model_repository"),
+    repository: RepositoryOut = Path("model_repository"),
     profile: ProfileOpt = "cpu",
     opset: Opset = 17,
     fp16: Fp16 = True,
-    check_data: CheckData = None,
+    check_data: CheckData[Path | None] = None,
     check_rows: CheckRows = 4096,
     fp16_auc_tolerance: AucTolerance = 1e-3,
     fp16_islands: Fp16Islands = None,
-    max_batch_size: MaxBatch = 4096,
+    max_batch_size: MaxBatchSize = 4096,
     instances: Instances = 0,
-    max_queue_delay_us: QueueDelay = None,
-    threads: Threads = 0,
+    max_queue_delay_us: MaxQueueDelay[int | None] = None,
+    threads: OrtThreads = 0,
     ort_trt: OrtTrt = False,
     trt_cache_dir: TrtCache = ORT_TRT_CACHE_DIR,
     opt_batch_size: OptBatchSize = 0,
@@ -267,11 +251,11 @@ def _export_options(
     calibration_rows: CalibrationRows = 2048,
     int8_auc_tolerance: Int8AucTolerance = 1e-3,
     auc_target: AucTarget = None,
-    table_sizes: TableSizes = None,
+    table_sizes: TableSizes[str | None] = None,
     logits: Logits = False,
     embeddings: Embeddings = "auto",
-    hot_budget: HotBudget = None,
-    profile_data: ProfileData = None,
+    hot_budget: HotBudget[str | None] = None,
+    profile_data: ProfileData[Path | None] = None,
     store_dtype: StoreDtype = "float32",
     stage_instances: StageInstances = 1,
     stream_tables: StreamTables = False,
@@ -406,19 +390,14 @@ def dlrm(
             "(t_cat_0..t_cat_25); default: the state dict's order."
         ),
     ] = None,
-    hotness: Annotated[
-        str,
-        typer.Option(
-            help="Ids per table of a multi-hot model (TorchRec or facebookresearch state dicts): mlperf "
-            "(MLPerf dlrm-v2's 214 per sample), one count for all 26, or 26 comma-separated counts. "
-            "categorical_ids is then B x (their sum), C1's ids first; each table sums its bag. "
-            "variable: bags of any size, empty ones included, sent as categorical_values (every id, "
-            "row after row, C1's bag first) and categorical_lengths (B x 26 bag sizes)."
-        ),
-    ] = "1",
+    hotness: Hotness = "1",
 ) -> None:
     """Export a PyTorch DLRM (torch.onnx) as dlrm_onnx, dlrm_onnx_fp16 and, in the cpu profile,
-    dlrm_onnx_int8 (in the gpu profile: dlrm_torch, TorchScript FP16, and the config of dlrm_trt instead)."""
+    dlrm_onnx_int8 (in the gpu profile: dlrm_torch, TorchScript FP16, and the config of dlrm_trt instead).
+
+    --hotness is that of a multi-hot model (TorchRec or facebookresearch state dicts); --table-sizes
+    is needed only when the model does not reduce ids into its tables itself and its graph does not
+    show the sizes."""
     options, source = shared
     if checkpoint is None and factory is None:
         raise ConfigError(
@@ -497,28 +476,23 @@ def _print_engines(results: list[EngineResult]) -> None:
 
 @app.command()
 def tensorrt(
-    repository: Annotated[Path, typer.Option(help="Model repository written with --profile gpu.")] = Path(
-        "model_repository_gpu"
-    ),
-    model: Annotated[
-        list[str] | None, typer.Option(help="A *_trt model to build (repeatable; default: all).")
-    ] = None,
+    repository: Repository[Path] = Path("model_repository_gpu"),
+    model: Model[list[str] | None] = None,
     min_batch: Annotated[int, typer.Option(help="Smallest batch of the engine's profile.")] = 1,
     opt_batch: Annotated[int, typer.Option(help="Batch TensorRT tunes for (0: min(1024, max)).")] = 0,
     max_batch: Annotated[int, typer.Option(help="Largest batch (0: the config's max_batch_size).")] = 0,
     workspace_mib: Annotated[int, typer.Option(help="Builder workspace limit in MiB (0: TensorRT's).")] = 0,
-    check_data: CheckData = None,
-    check_rows: Annotated[
-        int, typer.Option(help="Rows compared against ONNX Runtime FP32 (>= 1024).")
-    ] = 4096,
+    check_data: CheckData[Path | None] = None,
+    check_rows: CheckRows = 4096,
     auc_tolerance: Annotated[float, typer.Option(help="Max |AUC(engine) - AUC(ONNX FP32)|.")] = 1e-3,
     max_abs_tolerance: Annotated[
         float, typer.Option(help="Max |engine - ONNX FP32| per probability (out-of-range ids included).")
     ] = 0.02,
     force: Annotated[bool, typer.Option("--force", help="Rebuild plans that are current.")] = False,
 ) -> None:
-    """Build FP16 TensorRT plans for the *_trt models from their FP16 ONNX and check them
-    against ONNX Runtime FP32 (needs TensorRT >= 10 and a GPU: run it in the trt-build service)."""
+    """Build FP16 TensorRT plans for the *_trt models (all of a repository written with --profile gpu,
+    or those --model names) from their FP16 ONNX and check them against ONNX Runtime FP32 (needs
+    TensorRT >= 10 and a GPU: run it in the trt-build service)."""
     options = TensorRTOptions(
         repository=repository,
         models=tuple(model or ()),
@@ -537,9 +511,7 @@ def tensorrt(
 
 @app.command("check-release")
 def check_release_command(
-    repository: Annotated[Path, typer.Option(help="Model repository the NGC image will serve.")] = Path(
-        "model_repository_gpu"
-    ),
+    repository: Repository[Path] = Path("model_repository_gpu"),
     release: Annotated[
         str, typer.Option(envvar="NGC_RELEASE", help="NGC release of the serving image (YY.MM).")
     ] = PINNED_RELEASE,
@@ -566,41 +538,18 @@ def check_release_command(
 
 @app.command("rollout-hot-set")
 def rollout_hot_set(
-    profile_data: Annotated[
-        Path,
-        typer.Option(
-            help="Fresh lookups that choose the new hot rows: a Criteo TSV, or a folder "
-            "`python -m criteo profile` wrote."
-        ),
-    ],
-    check_data: Annotated[
-        Path,
-        typer.Option(help="Labeled Criteo TSV: the new version must answer what the serving one does."),
-    ],
-    repository: Annotated[Path, typer.Option(help="Model repository holding the hot/cold model.")] = Path(
-        "model_repository"
-    ),
+    profile_data: ProfileData[Path],
+    check_data: CheckData[Path],
+    repository: Repository[Path] = Path("model_repository"),
     family: Annotated[str, typer.Option(help="Model family: the served model is <family>_onnx.")] = "dlrm",
-    hot_budget: Annotated[
-        str | None,
-        typer.Option(help="Bytes of hot rows, e.g. 512M (default: the serving version's budget)."),
-    ] = None,
-    check_rows: Annotated[int, typer.Option(help="Rows of --check-data compared.")] = 2048,
+    hot_budget: HotBudget[str | None] = None,
+    check_rows: CheckRows = 2048,
     row_store: Annotated[
         Path | None,
         typer.Option(help="The row store's folder here, when the stage's config names a container path."),
     ] = None,
-    url: Annotated[
-        str | None,
-        typer.Option(
-            help="HTTP endpoint of a server in --model-control-mode explicit: it switches to the new "
-            "version under load, with no failed request. Without it only the files are written."
-        ),
-    ] = None,
-    admin_key: Annotated[
-        str | None,
-        typer.Option(envvar=ADMIN_KEY_ENV, show_default=False, help="The server's admin key."),
-    ] = None,
+    url: RolloutUrl = None,
+    admin_key: AdminKey = None,
 ) -> None:
     """Roll out a new hot set of a hot/cold model as its next version (stage and dense model
     together), checked against the serving version first."""

@@ -154,10 +154,9 @@ class ExportOptions:
             variant; False: only the node that makes the output (the sigmoid) stays FP32, so
             no activation is cast between precisions inside the graph; None: islands in the
             cpu profile, none in the gpu profile. On an H100 the islands' casts and FP32
-            concat cost more than the FP16 matrix products save: a reference DLRM's call at
-            batch 8192 took 0.80 ms of GPU time with them and 0.56 ms without, against 0.77 ms
-            in FP32 (benchmarks/gpu/kernels.txt, benchmarks/gpu/fp16/result.md); the AUC
-            gate still applies.
+            concat cost more than the FP16 matrix products save, so FP16 with them was no
+            faster than FP32 (measured in benchmarks/gpu/kernels.txt and
+            benchmarks/gpu/fp16/result.md); the AUC gate still applies.
         int8: write the INT8 variant ``<family>_onnx_int8`` (cpu profile only): True
             (a failed check is an error), False, or None: the profile's default
             (:data:`INT8_BY_DEFAULT`), where a variant that fails its check is

@@ -79,9 +79,10 @@ CHECK_CHUNK = 4096
 #: the worst counts. (Statically quantized answers are the same at every size.)
 INT8_GATE_BATCHES = (1, 64, CHECK_CHUNK)
 #: Max |TorchScript - framework| per probability, out-of-range ids included: the TensorRT
-#: engines' default bound (``python -m export tensorrt --max-abs-tolerance``). Measured on the
-#: ``small`` preset (108k synthetic training rows, 4096 held-out rows, CPU): FP16 8.0e-4,
-#: BF16 6.3e-3 (its 8-bit mantissa), AUC change +1e-5 and +2e-5.
+#: engines' default bound (``python -m export tensorrt --max-abs-tolerance``). It leaves room
+#: above what the FP16 and BF16 variants differ by on the ``small`` preset (BF16 the more, with
+#: its 8-bit mantissa), whose AUC stays well inside the gate; each export's report records the
+#: difference its own model reached (``parity.max_abs_diff``).
 TORCH_MAX_ABS_DIFF = 0.02
 
 

@@ -10,6 +10,7 @@ from typing import Annotated
 
 import typer
 
+from bundle.options import Repository, RepositoryOut
 from bundle.s3 import S3Url
 from export.publish import TransferResult, fetch_repository, publish_repository
 
@@ -25,7 +26,7 @@ def _print(action: str, result: TransferResult) -> None:
 
 
 def publish(
-    repository: Annotated[Path, typer.Option(help="Model repository folder to upload.")],
+    repository: Repository[Path],
     to: Annotated[str, typer.Option("--to", help=f"Where to: {_URL_HELP}")],
     delete: Annotated[
         bool,
@@ -43,8 +44,8 @@ def publish(
 
 def fetch(
     source: Annotated[str, typer.Option("--from", help=f"Where from: {_URL_HELP}")],
-    repository: Annotated[Path, typer.Option(help="Folder to download the repository into.")],
+    repository: RepositoryOut,
 ) -> None:
-    """Download a model repository from S3-compatible storage into a folder."""
+    """Download a model repository from S3-compatible storage into a folder (--repository)."""
     result = fetch_repository(S3Url.parse(source), repository)
     _print("fetched", result)

@@ -33,6 +33,7 @@ import numpy as np
 
 from bundle.errors import ClientError, ConfigError
 from bundle.records import RunRecord
+from bundle.snippets import section_end, section_start
 from clients.options import ClientOptions, Protocol, SharedMemory
 from clients.triton import TritonClient
 from clients.verify import sample_rows
@@ -276,12 +277,18 @@ def _transport(case: CaseResult) -> str:
     )
 
 
+#: The report's named section (:mod:`bundle.snippets`) that the documentation includes: all of it
+#: below the title.
+SECTION_RESULTS = "results"
+
+
 def markdown(report: CostReport, reproduce: Sequence[str]) -> list[str]:
     """The report as a Markdown page, with how to reproduce it."""
     options = report.options
     lines = [
         "# Client-side cost per request",
         "",
+        section_start(SECTION_RESULTS),
         f"Model `{options.model}` on the bundle's local tritonserver {report.tritonserver} "
         f"(Python-based onnxruntime backend), client and server on the same machine.",
         "",
@@ -308,7 +315,7 @@ def markdown(report: CostReport, reproduce: Sequence[str]) -> list[str]:
             for c in report.cases
         ],
     )  # fmt: skip
-    lines += ["", "## Reproduce", "", "```bash", *reproduce, "```"]
+    lines += ["", "## Reproduce", "", "```bash", *reproduce, "```", section_end(SECTION_RESULTS)]
     return lines
 
 

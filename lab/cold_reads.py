@@ -36,8 +36,9 @@ from typing import Any
 import numpy as np
 
 from bundle.errors import ConfigError
-from bundle.records import RunRecord
+from bundle.records import RunRecord, machine_with_flags
 from bundle.repository import read_config
+from bundle.snippets import section_end, section_start
 from criteo.tsv import iter_batches
 from loadtest.engine.client_cpu import process_cpu_s
 from loadtest.engine.writer import Panel, Series, plot, table, write_json, write_markdown
@@ -464,6 +465,12 @@ def disk_table(probes: list[dict[str, Any]]) -> list[str]:
     )
 
 
+#: The report's named sections (:mod:`bundle.snippets`), which the documentation includes:
+#: everything below the title but the chart, and the disk with the stage's ways of reading.
+SECTION_RESULTS = "results"
+SECTION_WAYS = "ways"
+
+
 def write_cold_reads(report: dict[str, Any], out: Path) -> dict[str, Path]:
     """``cold_reads.json``, ``cold_reads.md`` and ``cold_reads.png`` in ``out``."""
     out.mkdir(parents=True, exist_ok=True)
@@ -471,7 +478,9 @@ def write_cold_reads(report: dict[str, Any], out: Path) -> dict[str, Path]:
     lines = [
         "# Cold rows: the embedding stage's ways of reading them",
         "",
+        section_start(SECTION_RESULTS),
         f"- command: `{record['command']}`; started {record['started']}",
+        *([f"- machine: {machine_with_flags(record['machine'])}"] if "machine" in record else []),
         f"- store: {store['rows']:,} rows of {store['row_bytes']} bytes ({store['dtype']}), "
         f"{store['bytes'] / 1e9:.2f} GB; {store['hot_rows']:,} hot rows in the dense model",
         "- cold: the store evicted from the page cache before each way's requests, each request of held-out "
@@ -481,7 +490,7 @@ def write_cold_reads(report: dict[str, Any], out: Path) -> dict[str, Path]:
         "",
         "## The disk (4 KiB O_DIRECT reads at random pages of rows.bin)",
         "",
-        "<!-- --8<-- [start:ways] -->",
+        section_start(SECTION_WAYS),
         *disk_table(report["disk"]),
         "",
         "## The stage's time per request (medians)",
@@ -522,7 +531,8 @@ def write_cold_reads(report: dict[str, Any], out: Path) -> dict[str, Path]:
         "CPU ms: this process's CPU time per request (user and system, every thread: the system calls "
         "and page faults the reads make).",
         "",
-        "<!-- --8<-- [end:ways] -->",
+        section_end(SECTION_WAYS),
+        section_end(SECTION_RESULTS),
         "",
         "![cold reads](cold_reads.png)",
         "",

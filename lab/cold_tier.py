@@ -41,8 +41,9 @@ import numpy as np
 import psutil
 
 from bundle.errors import ConfigError
-from bundle.records import RunRecord
+from bundle.records import RunRecord, machine_with_flags
 from bundle.schema import CATEGORICAL_INPUT, DENSE_INPUT
+from bundle.snippets import section_end, section_start
 from criteo.tsv import iter_batches
 from lab.cold_reads import disk_table, evict, probe_disk, resident_bytes, stage_files
 from loadtest.engine.driver import Driver
@@ -600,6 +601,14 @@ def summarise(
     return rows
 
 
+#: The report's named sections (:mod:`bundle.snippets`), which the documentation includes:
+#: everything below the title but the chart; the served steps with the tables that follow them;
+#: the steps table alone.
+SECTION_RESULTS = "results"
+SECTION_STEPS = "steps"
+SECTION_STEPS_TABLE = "steps-table"
+
+
 def write_cold_tier(report: dict[str, Any], out: Path) -> dict[str, Path]:
     """``cold_tier.json``, ``cold_tier.md`` and ``cold_tier.png`` in ``out``."""
     out.mkdir(parents=True, exist_ok=True)
@@ -609,7 +618,9 @@ def write_cold_tier(report: dict[str, Any], out: Path) -> dict[str, Path]:
     lines = [
         "# A hot/cold model with its cold tier on disk: cold against warm",
         "",
+        section_start(SECTION_RESULTS),
         f"- command: `{record['command']}`; started {record['started']}",
+        *([f"- machine: {machine_with_flags(record['machine'])}"] if "machine" in record else []),
         "- stores: "
         + "; ".join(
             f"{s['label']}, {s['bytes'] / 1e9:.2f} GB ({s['row_bytes']} bytes a row)"
@@ -654,7 +665,8 @@ def write_cold_tier(report: dict[str, Any], out: Path) -> dict[str, Path]:
         "",
         *disk_table(report["disk"]),
         "",
-        "<!-- --8<-- [start:steps] -->",
+        section_start(SECTION_STEPS),
+        section_start(SECTION_STEPS_TABLE),
         *table(
             [
                 "store",
@@ -697,6 +709,7 @@ def write_cold_tier(report: dict[str, Any], out: Path) -> dict[str, Path]:
             ],
             "llrrrrrrrrrrrrrr",
         ),
+        section_end(SECTION_STEPS_TABLE),
         "",
     ]
     if len(stores) > 1:
@@ -751,7 +764,13 @@ def write_cold_tier(report: dict[str, Any], out: Path) -> dict[str, Path]:
             ),
             "",
         ]
-    lines += ["<!-- --8<-- [end:steps] -->", "", "![cold against warm](cold_tier.png)", ""]
+    lines += [
+        section_end(SECTION_STEPS),
+        section_end(SECTION_RESULTS),
+        "",
+        "![cold against warm](cold_tier.png)",
+        "",
+    ]
     panels = []
     for size in options["batch_sizes"]:
         series = []

@@ -23,49 +23,97 @@ the committed results under ``benchmarks/`` come from the ``run.sh`` beside them
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, TypeVar
 
 import typer
 
 from bundle.errors import ConfigError
+from bundle.options import Model, ReportOut, Repository, RowsPerRequest, SharedMemory, TritonLog
 from bundle.records import command_line
+from lab.faults.table import FAULTS
 from loadtest.options import (
+    BatchSizes,
+    ClientBatchSizes,
     ClientCpus,
     Concurrency,
-    CpuOut,
     Data,
+    Family,
+    GemmSize,
+    InstanceCounts,
+    P99Budget,
+    Processes,
     Protocol,
-    Repository,
+    QueueDelays,
     Rounds,
     RowsPerCall,
     Seconds,
+    TimedRepeats,
     Warmup,
 )
 from loadtest.sweeps.steps import parse_cpus, parse_ints
 
+_T = TypeVar("_T")
+
+# The options that several lab commands take, each declared once (the load tests' come from
+# loadtest.options, the stages' from bundle.options); each command gives its own default.
+ServedRepository = Annotated[
+    _T,
+    typer.Option(
+        "--repository",
+        "-r",
+        help="Model repository to serve: the local tritonserver starts on it.",
+        file_okay=False,
+    ),
+]
+HeldOutData = Annotated[
+    Path,
+    typer.Option(
+        "--data", help="Held-out Criteo TSV: the requests send its rows in order, none twice in a step."
+    ),
+]
+Stage = Annotated[str, typer.Option("--stage", help="The hot/cold embedding stage's model name.")]
+Ways = Annotated[list[str] | None, typer.Option("--way", help="A way of reading cold rows (repeatable).")]
+WayThreads = Annotated[int, typer.Option("--threads", help="Threads of the 'threads' way.")]
+Requests = Annotated[int, typer.Option("--requests", help="Measured requests per compared case.")]
+Steps = Annotated[
+    list[str] | None,
+    typer.Option("--step", help="A measured step BATCHxCONCURRENCY, e.g. 1024x4 (repeatable)."),
+]
+Work = Annotated[
+    _T,
+    typer.Option(
+        "--work",
+        help="Scratch folder of the run's models, copies and logs (where optional: a temporary one).",
+        file_okay=False,
+    ),
+]
+# Flags that other commands take with another meaning.
+SoakDuration = Annotated[float, typer.Option("--duration", help="Seconds of load, warm-up included.")]
+ClientThreads = Annotated[int, typer.Option("--threads", help="Client threads (alternating gRPC and HTTP).")]
+WarmupRequests = Annotated[int, typer.Option("--warmup", help="Warm-up requests per case.")]
+RunStageInstances = Annotated[
+    int,
+    typer.Option("--stage-instances", help="Instances of the embedding stage for the run (0: as exported)."),
+]
+
 
 def soak(
-    repository: Annotated[Path, typer.Option("--repository", "-r", help="Model repository to serve.")] = Path(
-        "model_repository"
-    ),
-    model: Annotated[
-        list[str] | None, typer.Option(help="Model to load and load-test (repeatable); default: all.")
-    ] = None,
-    duration: Annotated[float, typer.Option(help="Seconds of load, warm-up included.")] = 600.0,
-    warmup: Annotated[float, typer.Option(help="Seconds before the RSS baseline is taken.")] = 60.0,
+    repository: ServedRepository[Path] = Path("model_repository"),
+    model: Model[list[str] | None] = None,
+    duration: SoakDuration = 600.0,
+    warmup: Warmup = 60.0,
     rate: Annotated[float, typer.Option(help="Requests per second over all client threads.")] = 100.0,
-    threads: Annotated[int, typer.Option(help="Client threads (alternating gRPC and HTTP).")] = 2,
-    batch_size: Annotated[
-        list[int] | None, typer.Option(help="Request batch size (repeatable); default 1, 8, 64, 256.")
-    ] = None,
+    threads: ClientThreads = 2,
+    batch_size: RowsPerCall[list[int] | None] = None,
     data: Data = None,
     sample_interval: Annotated[float, typer.Option(help="Seconds between RSS samples.")] = 5.0,
-    log_file: Annotated[Path, typer.Option(help="tritonserver's log.")] = Path("logs/soak-tritonserver.log"),
-    out: Annotated[Path, typer.Option(help="Folder for result.json, result.md and rss.png.")] = Path(
-        "reports/soak"
-    ),
+    log_file: TritonLog = Path("logs/soak-tritonserver.log"),
+    out: ReportOut[Path] = Path("reports/soak"),
 ) -> None:
-    """Serve the repository, keep it under checked load, print the summary, write the result files."""
+    """Serve the repository, keep it under checked load, print the summary, write the result files
+    (result.json, result.md, rss.png). Every model is loaded and load-tested unless --model names some;
+    the requests take 1, 8, 64 and 256 rows unless --batch-size says otherwise; the RSS baseline is
+    taken after --warmup."""
     from lab.soak import MAX_RSS_GROWTH, SoakConfig, SoakFailed, run_soak, write_result
 
     config = SoakConfig(
@@ -95,24 +143,15 @@ def soak(
 
 
 def client_cost(
-    repository: Annotated[
-        Path | None,
-        typer.Option(
-            "--repository", "-r", help="Start the local tritonserver on this repository.", file_okay=False
-        ),
-    ] = None,
+    repository: ServedRepository[Path | None] = None,
     http_url: Annotated[str | None, typer.Option(help="HTTP host:port of a running server.")] = None,
     grpc_url: Annotated[str | None, typer.Option(help="gRPC host:port of a running server.")] = None,
-    model: Annotated[str, typer.Option(help="Served model to call.")] = "dlrm_onnx",
-    batch_size: Annotated[list[int] | None, typer.Option("--batch-size", "-b", help="Repeatable.")] = None,
-    requests: Annotated[int, typer.Option(help="Measured requests per case.")] = 1000,
-    warmup: Annotated[int, typer.Option(help="Warm-up requests per case.")] = 50,
-    rounds: Annotated[
-        int, typer.Option(help="Turns the cases take, each with a share of the requests.")
-    ] = 10,
-    out: Annotated[Path, typer.Option(help="Folder for client_cost.json and .md.", file_okay=False)] = Path(
-        "reports/client_cost"
-    ),
+    model: Model[str] = "dlrm_onnx",
+    batch_size: RowsPerRequest[list[int] | None] = None,
+    requests: Requests = 1000,
+    warmup: WarmupRequests = 50,
+    rounds: Rounds = 10,
+    out: ReportOut[Path] = Path("reports/client_cost"),
 ) -> None:
     """Measure the client-side cost per request of HTTP, gRPC and shared memory (a benchmark)."""
     from lab.client_cost import CostOptions, local_server, run_client_cost, write_report
@@ -142,19 +181,20 @@ def client_cost(
 
 
 def precision(
-    repository: Repository,
+    repository: Repository[Path],
     dynamic_repository: Annotated[
         Path | None,
         typer.Option(
             help="Repository exported with --int8-method dynamic (served as <family>_onnx_int8_dynamic)."
         ),
     ] = None,
-    out: CpuOut = Path("reports/cpu"),
+    out: ReportOut[Path] = Path("reports/cpu"),
     data: Data = None,
-    batch_size: Annotated[int, typer.Option(help="Rows per request.")] = 1024,
+    batch_size: RowsPerCall[int] = 1024,
     concurrency: Concurrency = "1,2,4",
     rounds: Rounds = 5,
     seconds: Seconds = 2.0,
+    gemm_size: GemmSize = 4096,
 ) -> None:
     """Served and in-process samples/s of FP32, FP16 and INT8 as fractions of the sgemm ceiling."""
     from lab.precision import PrecisionOptions, run_precision, write_precision
@@ -168,41 +208,31 @@ def precision(
         concurrency=parse_ints(concurrency, "--concurrency"),
         rounds=rounds,
         seconds=seconds,
+        gemm_size=gemm_size,
     )
     paths = write_precision(run_precision(options, command_line("lab")), out)
     print(f"report: {paths['markdown']}")
 
 
 def gpu(
-    repository: Annotated[
-        Path, typer.Option(help="Exported repository (gpu profile; a cpu one runs on the CPU).")
-    ],
-    out: CpuOut = Path("reports/gpu"),
-    model: Annotated[
-        list[str] | None,
-        typer.Option(help="Model to measure (repeatable); default: every model with a file."),
-    ] = None,
+    repository: Repository[Path],
+    out: ReportOut[Path] = Path("reports/gpu"),
+    model: Model[list[str] | None] = None,
     data: Data = None,
-    step: Annotated[
-        list[str] | None,
-        typer.Option(
-            help="A measured step BATCHxCONCURRENCY (repeatable; default: 1024 and 8192 rows at 1, 4 and 16 "
-            "requests in flight)."
-        ),
-    ] = None,
-    shared_memory: Annotated[
-        str,
-        typer.Option(help="Where request tensors travel: system (POSIX shared memory) or none (in gRPC)."),
-    ] = "system",
-    protocol: Protocol = "grpc",
-    processes: Annotated[int, typer.Option(help="Client processes per step, at most.")] = 8,
+    step: Steps = None,
+    shared_memory: SharedMemory[str] = "system",
+    protocol: Protocol[str] = "grpc",
+    processes: Processes = 8,
     seconds: Seconds = 2.0,
-    repeats: Annotated[int, typer.Option(help="Windows per step (the median is reported).")] = 3,
+    repeats: TimedRepeats = 3,
     profile_calls: Annotated[
         int, typer.Option(help="Profiled ONNX Runtime calls per ONNX model (0: no profile).")
     ] = 20,
 ) -> None:
-    """Served and in-process samples/s of every variant, side by side, on the served device."""
+    """Served and in-process samples/s of every variant, side by side, on the served device.
+
+    A gpu-profile repository (a cpu one runs on the CPU); every model with a file unless --model
+    names some; steps of 1024 and 8192 rows at 1, 4 and 16 requests in flight unless --step."""
     from lab.gpu import DEFAULT_STEPS, GpuOptions, run_gpu_bench, write_gpu_report
     from lab.serving_defaults import parse_step
 
@@ -224,14 +254,21 @@ def gpu(
 
 
 def kernels(
-    repository: Annotated[Path, typer.Option(help="Exported repository.")],
-    model: Annotated[list[str], typer.Option(help="Model to profile (repeatable).")],
-    out: CpuOut = Path("reports/gpu"),
+    repository: Repository[Path],
+    model: Model[list[str]],
+    out: ReportOut[Path] = Path("reports/gpu"),
     data: Data = None,
-    batch_size: RowsPerCall = 8192,
+    batch_size: RowsPerCall[int] = 8192,
     calls: Annotated[int, typer.Option(help="Profiled calls per model.")] = 10,
+    device: Annotated[
+        str,
+        typer.Option(
+            help="gpu: each CUDA kernel's GPU time (CUPTI through torch.profiler); cpu: each operator's "
+            "CPU time (ONNX Runtime's profiler, or torch.profiler for TorchScript)."
+        ),
+    ] = "gpu",
 ) -> None:
-    """Each CUDA kernel's GPU time in one call of each model (CUPTI through torch.profiler)."""
+    """Each kernel's time in one call of each model: CUDA kernels on the GPU, operators on the CPU."""
     from lab.gpu import model_file
     from lab.kernels import run_kernels
 
@@ -241,30 +278,25 @@ def kernels(
         if path is None:
             raise ConfigError(f"model {name} has no model.onnx or model.pt in {repository}")
         files[name] = path
-    paths = run_kernels(files, data, batch_size, calls, out)
+    paths = run_kernels(files, data, batch_size, calls, out, device)
     print(f"report: {paths['text']}")
 
 
 def cold_reads(
-    repository: Repository,
-    data: Annotated[Path, typer.Option(help="Held-out Criteo TSV: the requests' rows, each sent once.")],
-    stage: Annotated[str, typer.Option(help="The embedding stage's model name.")] = "dlrm_embedding",
-    batch_size: Annotated[str, typer.Option(help="Rows per request, comma-separated.")] = "64,1024",
-    requests: Annotated[int, typer.Option(help="Requests per way, batch size and round.")] = 30,
-    rounds: Annotated[int, typer.Option(help="Turns the ways take.")] = 2,
-    way: Annotated[
-        list[str] | None,
-        typer.Option(
-            help="A way of reading to compare (repeatable; default all: the stage's and io_uring-no-hints)."
-        ),
-    ] = None,
-    threads: Annotated[int, typer.Option(help="Threads of the 'threads' way.")] = 8,
+    repository: Repository[Path],
+    data: HeldOutData,
+    stage: Stage = "dlrm_embedding",
+    batch_size: BatchSizes = "64,1024",
+    requests: Requests = 30,
+    rounds: Rounds = 2,
+    way: Ways = None,
+    threads: WayThreads = 8,
     probe_seconds: Annotated[float, typer.Option(help="Seconds of each disk probe.")] = 3.0,
-    out: Annotated[Path, typer.Option(help="Folder for the report.", file_okay=False)] = Path(
-        "reports/cold_reads"
-    ),
+    out: ReportOut[Path] = Path("reports/cold_reads"),
 ) -> None:
-    """The embedding stage's ways of reading cold rows, on a store evicted from memory (a benchmark)."""
+    """The embedding stage's ways of reading cold rows, on a store evicted from memory (a benchmark):
+    every way (the stage's and io_uring-no-hints) unless --way names some; --requests per way,
+    batch size and round."""
     from rich.progress import Progress
 
     from lab.cold_reads import WAYS, ColdReadOptions, run_cold_reads, write_cold_reads
@@ -290,22 +322,16 @@ def cold_reads(
 
 
 def cold_tier(
-    repository: Annotated[
-        list[Path],
-        typer.Option(help="Repository holding the hot/cold model (repeatable: stores side by side)."),
-    ],
-    data: Annotated[Path, typer.Option(help="Held-out Criteo TSV, sent in order, each row once per step.")],
-    model: Annotated[str, typer.Option(help="The hot/cold ensemble clients call.")] = "dlrm_onnx",
-    stage: Annotated[str, typer.Option(help="Its embedding stage.")] = "dlrm_embedding",
-    way: Annotated[
-        list[str] | None,
-        typer.Option(help="A way of reading cold rows (repeatable; default io_uring, fault)."),
-    ] = None,
-    batch_size: Annotated[str, typer.Option(help="Rows per request, comma-separated.")] = "64,1024",
+    repository: Repository[list[Path]],
+    data: HeldOutData,
+    model: Model[str] = "dlrm_onnx",
+    stage: Stage = "dlrm_embedding",
+    way: Ways = None,
+    batch_size: BatchSizes = "64,1024",
     concurrency: Concurrency = "1,4",
-    rounds: Annotated[int, typer.Option(help="Turns the steps take (medians reported).")] = 2,
-    seconds: Annotated[float, typer.Option(help="Measured seconds per step.")] = 20.0,
-    threads: Annotated[int, typer.Option(help="Threads of the 'threads' way.")] = 8,
+    rounds: Rounds = 2,
+    seconds: Seconds = 20.0,
+    threads: WayThreads = 8,
     stream_rows: Annotated[int, typer.Option(help="Held-out rows read for the steps.")] = 1_500_000,
     warm: Annotated[
         str,
@@ -315,20 +341,18 @@ def cold_tier(
         ),
     ] = "resident",
     pool_rows: Annotated[int, typer.Option(help="Rows of the cycled pool.")] = 32_768,
-    stage_instances: Annotated[
-        int, typer.Option(help="Instances of the embedding stage for the run (0: as exported).")
-    ] = 0,
+    stage_instances: RunStageInstances = 0,
     dense_instances: Annotated[
         int, typer.Option(help="Instances of the ensemble's dense model for the run (0: as exported).")
     ] = 0,
     dense_threads: Annotated[
         int, typer.Option(help="ONNX Runtime intra-op threads of each dense instance (0: as exported).")
     ] = 0,
-    out: Annotated[Path, typer.Option(help="Folder for the report.", file_okay=False)] = Path(
-        "reports/cold_tier"
-    ),
+    out: ReportOut[Path] = Path("reports/cold_tier"),
 ) -> None:
-    """A hot/cold model served with its store evicted (cold) and in memory (warm), side by side."""
+    """A hot/cold model served with its store evicted (cold) and in memory (warm), side by side:
+    each --repository (stores side by side) through its ensemble --model, with the ways io_uring
+    and fault unless --way names others."""
     from rich.progress import Progress
 
     from lab.cold_tier import ColdTierOptions, run_cold_tier, write_cold_tier
@@ -367,9 +391,9 @@ def cold_tier(
 
 
 def serving_defaults(
-    repository: Repository,
-    model: Annotated[list[str], typer.Option(help="Model whose settings are tried (repeatable).")],
-    out: CpuOut = Path("reports/cpu"),
+    repository: Repository[Path],
+    model: Model[list[str]],
+    out: ReportOut[Path] = Path("reports/cpu"),
     data: Data = None,
     candidate: Annotated[
         list[str] | None,
@@ -377,18 +401,13 @@ def serving_defaults(
             help="Candidate settings by name (repeatable; default: all but the concurrency study's)."
         ),
     ] = None,
-    step: Annotated[
-        list[str] | None,
-        typer.Option(
-            help="A measured step BATCHxCONCURRENCY, e.g. 1024x4 (repeatable; default: "
-            "1024x1, 1024x4, 1x1, 1x16)."
-        ),
-    ] = None,
+    step: Steps = None,
     rounds: Rounds = 2,
     seconds: Seconds = 3.0,
     name: Annotated[str, typer.Option(help="File stem of the results in --out.")] = "serving_defaults",
 ) -> None:
-    """Throughput and latency of candidate serving settings (threads, instances, batcher)."""
+    """Throughput and latency of candidate serving settings (threads, instances, batcher), at the
+    steps 1024x1, 1024x4, 1x1 and 1x16 unless --step names others."""
     from lab.serving_defaults import (
         STEPS,
         ServingOptions,
@@ -412,29 +431,19 @@ def serving_defaults(
 
 
 def model_analyzer(
-    repository: Repository,
+    repository: Repository[Path],
     model_analyzer_path: Annotated[
         Path, typer.Option("--model-analyzer", help="The model-analyzer executable (its own venv).")
     ] = Path("artifacts/model_analyzer/venv/bin/model-analyzer"),
-    family: Annotated[
-        list[str] | None, typer.Option("--model", help="Model family: dlrm or wide_deep (repeatable).")
-    ] = None,
-    p99_budget_ms: Annotated[
-        list[float] | None, typer.Option("--p99-budget-ms", help="p99 budget in ms (repeatable).")
-    ] = None,
-    batch_sizes: Annotated[str, typer.Option(help="Client batch sizes, comma-separated.")] = "64,1024",
-    concurrency: Annotated[str, typer.Option(help="Requests in flight, comma-separated.")] = "1,2,4,8",
-    instances: Annotated[str, typer.Option(help="Model instances, comma-separated.")] = "1,2",
-    queue_delay_us: Annotated[
-        str, typer.Option(help="Max queue delays in us, comma-separated.")
-    ] = "100,2000",
-    rounds: Annotated[int, typer.Option(help="Side-by-side rounds of the two answers.")] = 3,
-    work: Annotated[Path, typer.Option(help="Scratch folder.", file_okay=False)] = Path(
-        "artifacts/model_analyzer/work"
-    ),
-    out: Annotated[Path, typer.Option(help="Folder for report.md and report.json.", file_okay=False)] = Path(
-        "reports/model_analyzer"
-    ),
+    family: Family[list[str] | None] = None,
+    p99_budget_ms: P99Budget[list[float] | None] = None,
+    batch_sizes: ClientBatchSizes = "64,1024",
+    concurrency: Concurrency = "1,2,4,8",
+    instances: InstanceCounts = "1,2",
+    queue_delay_us: QueueDelays = "100,2000",
+    rounds: Rounds = 3,
+    work: Work[Path] = Path("artifacts/model_analyzer/work"),
+    out: ReportOut[Path] = Path("reports/model_analyzer"),
 ) -> None:
     """Run tune and Triton Model Analyzer over the same model, space and p99 budgets, and measure
     both answers side by side with perf_analyzer (a benchmark)."""
@@ -457,14 +466,15 @@ def model_analyzer(
 
 
 def faults(
-    out: Annotated[Path, typer.Option(help="Folder for result.json and result.md.")] = Path("reports/faults"),
-    work: Annotated[
-        Path | None,
-        typer.Option(help="Where the workspace of models and copies goes (default: a temporary folder)."),
-    ] = None,
+    out: ReportOut[Path] = Path("reports/faults"),
+    work: Work[Path | None] = None,
     keep: Annotated[
         bool, typer.Option("--keep/--no-keep", help="Keep the workspace (server logs) afterwards.")
     ] = False,
+    fault: Annotated[
+        list[str] | None,
+        typer.Option(help=f"A fault to try (repeatable; default all): {', '.join(FAULTS)}."),
+    ] = None,
 ) -> None:
     """Try every fault of the fault table on tiny models made for it; write the table.
 
@@ -475,24 +485,22 @@ def faults(
     """
     from lab.faults.table import measure
 
-    table = measure(command_line("lab"), out, work, keep)
+    table = measure(command_line("lab"), out, work, keep, tuple(fault or ()))
     print(f"{len(table.results)} faults, every target met: {out / 'result.md'}")
 
 
 def raw_rows(
-    repository: Repository = Path("model_repository"),
-    model: Annotated[str, typer.Option(help="The served model; its raw-row model is <model>_raw.")] = (
-        "dlrm_onnx_int8"
-    ),
-    batch_size: Annotated[str, typer.Option(help="Rows per request, comma-separated.")] = "1,1024",
+    repository: Repository[Path] = Path("model_repository"),
+    model: Model[str] = "dlrm_onnx_int8",
+    batch_size: BatchSizes = "1,1024",
     concurrency: Concurrency = "1,2,4",
     rounds: Rounds = 3,
     seconds: Seconds = 3.0,
     warmup: Warmup = 1.0,
-    protocol: Protocol = "grpc",
+    protocol: Protocol[str] = "grpc",
     data: Data = None,
     client_cpus: ClientCpus = None,
-    out: CpuOut = Path("reports/raw_rows"),
+    out: ReportOut[Path] = Path("reports/raw_rows"),
 ) -> None:
     """Raw rows against tensors: samples/s and latency of <model>_raw beside <model>, where a raw
     request's time goes in the server, and the input forms timed in-process."""

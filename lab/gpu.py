@@ -10,9 +10,9 @@ and what ``benchmarks/gpu/run.sh`` commits:
 2. then the same model loaded alone in the local tritonserver and driven at
    each step ``B x C`` (rows per request x requests in flight) from several
    client processes (:func:`loadtest.engine.served.served_throughput_processes`),
-   with the inputs in system shared memory by default: past about a million
-   samples/s the payload must not travel inside gRPC messages
-   (../shared/GPU.md measured the server's own ceiling both ways);
+   with the inputs in system shared memory by default: at the rates a GPU
+   serves, the payload must not travel inside gRPC messages, whose copies would
+   then set the server's own ceiling;
 3. the server's own split of each step's time (queue, compute) from its
    statistics;
 4. per ONNX model, what its graph is made of (casts, the dtypes of the
@@ -21,9 +21,9 @@ and what ``benchmarks/gpu/run.sh`` commits:
    one precision is or is not faster than another.
 
 Each model's accuracy comes from its ``export_report.json`` (the export's
-gate). The report names the GPU and the verdicts the issue's done-means ask
-for: served/in-process at the largest batch, the fastest served DLRM that
-passes the AUC gate, and FP16 against FP32.
+gate). The report names the GPU and the verdicts a GPU run is judged by:
+served/in-process at the largest batch, the fastest served DLRM that passes
+the AUC gate, and FP16 against FP32.
 """
 
 from __future__ import annotations
@@ -43,6 +43,7 @@ from bundle.errors import ConfigError
 from bundle.onnx_session import inference_session
 from bundle.records import RunRecord
 from bundle.repository import CONFIG_NAME, MODEL_FILE, TORCHSCRIPT_FILE, read_config, read_report, version_dir
+from bundle.snippets import section_end, section_start
 from loadtest.engine.baseline import BaselineConfig, in_process_model, load_torchscript
 from loadtest.engine.payload import MAX_POOL_ROWS, PayloadPool, build_pool
 from loadtest.engine.served import served_throughput_processes
@@ -502,7 +503,13 @@ def best_served(result: dict[str, Any], batch_size: int) -> dict[str, Any] | Non
 
 
 def verdicts(results: list[dict[str, Any]], batch_size: int) -> dict[str, Any]:
-    """Issue 13's questions, answered from ``results`` at the largest batch ``batch_size``."""
+    """The GPU run's verdicts, from ``results`` at the largest batch ``batch_size``.
+
+    Three questions: does each model's best served samples/s reach :data:`RATIO_TARGET` of its
+    in-process samples/s; which is the fastest served DLRM that passes its AUC gate, and does
+    it reach :data:`DLRM_TARGET`; and how much faster each FP16 (or BF16) variant serves and
+    runs in process than its FP32 model.
+    """
     ratios = {}
     for r in results:
         best = best_served(r, batch_size)
@@ -568,6 +575,12 @@ def _m(value: float) -> str:
     return f"{value / 1e6:.2f}M" if value >= 1e5 else f"{value:,.0f}"
 
 
+#: The report's named sections (:mod:`bundle.snippets`), which the documentation includes:
+#: everything below the title but the chart, and the served / in-process table with its setting.
+SECTION_RESULTS = "results"
+SECTION_SERVED = "served"
+
+
 def write_gpu_report(result: dict[str, Any], out: Path) -> dict[str, Path]:
     """Write ``result.json``, ``result.md`` and ``result.png`` into ``out``."""
     options = result["options"]
@@ -578,9 +591,11 @@ def write_gpu_report(result: dict[str, Any], out: Path) -> dict[str, Path]:
     lines = [
         f"# Served and in-process samples/s on {gpu.get('name') or 'no GPU (CPU run)'}",
         "",
+        section_start(SECTION_RESULTS),
         *RunRecord.from_json(result).lines(),
         f"- GPU: {', '.join(f'{k} {v}' for k, v in gpu.items())}",
         "",
+        section_start(SECTION_SERVED),
         f"Served: the local tritonserver, {options['protocol']}, inputs and outputs in "
         f"{'system shared memory' if options['shared_memory'] == 'system' else 'the messages'}, "
         f"from up to {options['max_processes']} client processes; each step the median of "
@@ -627,6 +642,7 @@ def write_gpu_report(result: dict[str, Any], out: Path) -> dict[str, Path]:
                 ]
             )
     lines += table(header, cells)
+    lines.append(section_end(SECTION_SERVED))
     v = result["verdicts"]
     lines += ["", f"## Verdicts at batch {v['batch_size']}", ""]
     for name, ratio in v["served_over_in_process"].items():
@@ -733,7 +749,7 @@ def write_gpu_report(result: dict[str, Any], out: Path) -> dict[str, Path]:
         )
         for b in batches
     ]
-    lines += ["", f"![served samples/s against requests in flight]({png.name})"]
+    lines += [section_end(SECTION_RESULTS), "", f"![served samples/s against requests in flight]({png.name})"]
     return {
         "json": write_json(out / "result.json", result),
         "markdown": write_markdown(out / "result.md", lines),

@@ -45,6 +45,7 @@ from tritonclient.grpc import model_config_pb2 as mc
 from bundle.errors import BundleError, ConfigError
 from bundle.records import RunRecord, machine_summary
 from bundle.repository import CONFIG_NAME, read_config
+from bundle.snippets import section_end, section_start
 from loadtest.engine.payload import build_pool
 from loadtest.engine.writer import table, write_json, write_markdown
 from loadtest.sweeps import perf_analyzer as pa
@@ -70,7 +71,10 @@ class CompareOptions:
         budgets_ms: p99 budgets.
         model_analyzer: the ``model-analyzer`` executable.
         work: scratch folder (repositories, logs, Model Analyzer's output).
-        batch_sizes, concurrency, instances, queue_delays_us: the space, for both tools.
+        batch_sizes: the batch sizes tried, by both tools.
+        concurrency: the client concurrencies tried, by both tools.
+        instances: the instance counts tried, by both tools.
+        queue_delays_us: the dynamic batcher's queue delays tried, by both tools.
         rounds: side-by-side rounds of the re-measurement.
         window_s: perf_analyzer's measurement window in the re-measurement.
         ma_candidates: Model Analyzer's best answers within a budget tried side by side, best
@@ -505,7 +509,7 @@ def write_report(document: dict[str, Any], out: Path) -> dict[str, Path]:
         f"own client load, {document['rounds']} rounds in alternating order, windows of "
         f"{document['window_s']:g} s; medians.",
         "",
-        "<!-- --8<-- [start:summary] -->",
+        section_start("summary"),
     ]
     rows = []
     for case in document["cases"]:
@@ -538,7 +542,7 @@ def write_report(document: dict[str, Any], out: Path) -> dict[str, Path]:
     )  # fmt: skip
     lines += ["", *(f"- {verdict(case)}" for case in document["cases"])]
     lines += [
-        "<!-- --8<-- [end:summary] -->",
+        section_end("summary"),
         "",
         "*Holds the budget*: the median p99 of the side-by-side rounds is within it. An answer that does "
         "not hold it is no answer at that budget, whatever its samples/s: Model Analyzer's next best "

@@ -39,6 +39,7 @@ from bundle.repository import (
     version_dir,
     write_config,
 )
+from bundle.snippets import name_for, section_end, section_start
 from loadtest.engine.baseline import BaselineConfig, InProcessModel, measure_interleaved
 from loadtest.engine.payload import MAX_POOL_ROWS, Hotness, PayloadPool, build_pool
 from loadtest.engine.served import served_throughput
@@ -334,13 +335,23 @@ def _fmt(value: float | None, spec: str) -> str:
     return format(value, spec)
 
 
+#: The report's named sections (:mod:`bundle.snippets`), which the documentation includes:
+#: everything below the title; the GEMM ceilings; each family's table and verdicts (the section
+#: is named after the family, ``dlrm``, ``wide_deep``); the notes under the tables.
+SECTION_RESULTS = "results"
+SECTION_CEILINGS = "ceilings"
+SECTION_NOTES = "notes"
+
+
 def write_precision(result: dict[str, Any], out: Path) -> dict[str, Path]:
     """Write ``precision.json`` and ``precision.md`` into ``out``."""
     lines = [
-        "# CPU serving by precision, against this machine's GEMM ceilings",
+        "# CPU serving by precision, against the GEMM ceilings measured in the same run",
         "",
+        section_start(SECTION_RESULTS),
         *RunRecord.from_json(result).lines(),
         "",
+        section_start(SECTION_CEILINGS),
         f"FP32 ceiling: numpy sgemm {result['ceiling_start']['size']}^3 on all cores "
         f"({result['ceiling_start']['what']}), median of the 18 products at the start and the end "
         f"of the run: **{result['ceiling_gflops']:.1f} GFLOP/s** "
@@ -355,7 +366,7 @@ def write_precision(result: dict[str, Any], out: Path) -> dict[str, Path]:
             )
         else:
             lines.append(f"- {probe['what']}: {probe['note']}")
-    lines.append("")
+    lines += [section_end(SECTION_CEILINGS), ""]
     options = result["options"]
     for family in FAMILIES:
         rows = [r for r in result["results"] if r["family"] == family]
@@ -365,6 +376,7 @@ def write_precision(result: dict[str, Any], out: Path) -> dict[str, Path]:
         lines += [
             f"## {family}",
             "",
+            section_start(name_for(family)),
             f"{first['flops_per_sample'] / 1e6:.2f} MFLOP per sample (matrix products of the graph), so the "
             f"FP32 ceiling is **{first['ceiling_samples_per_s']:,.0f} samples/s**. Served: gRPC, "
             f"{options['batch_size']} rows per request, the best of concurrency "
@@ -398,25 +410,67 @@ def write_precision(result: dict[str, Any], out: Path) -> dict[str, Path]:
             )
         cells.append(["BF16", "-", "-", "-", "-", "-", "-", "-", "-", "-", "-"])
         lines += table(HEADER, cells)
-        lines += ["", *_verdict(rows), ""]
+        lines += ["", *_verdict(rows), section_end(name_for(family)), ""]
     lines += [
+        section_start(SECTION_NOTES),
         "- AUC delta and max abs diff: the export's accuracy gate against the FP32 ONNX on the labeled "
-        "check rows (INT8: the worst over batch sizes 1, 64 and 4096; gate |AUC delta| <= 1e-3). "
+        f"check rows (INT8: the worst over batch sizes 1, 64 and 4096{_tolerances(result)}). "
         "*row moves with batch*: the largest change of one row's probability between those batch sizes "
         "(dynamic INT8 takes its activation scales from the whole batch).",
-        "- BF16: not run. ONNX Runtime's CPU execution provider has no bfloat16 MatMul or Gemm kernel "
-        "(the probe above fails with NOT_IMPLEMENTED), so a BF16 graph cannot even load, although the "
-        "CPU has AVX512-BF16 and AMX-BF16.",
+        _bf16_note(result),
         "- x INT8 GEMM: the served samples/s times the graph's FLOPs per sample (every matrix product, "
         "whatever precision it runs in) over ONNX Runtime's INT8 GEMM rate above: how near the model "
-        "comes to what this machine's INT8 kernels could do if all of it ran on them.",
+        "comes to the rate of the INT8 kernels measured in the same run, as if all of it ran on them.",
         "- Served and in-process numbers are medians over the rounds; each round gives every variant one "
         f"{options['seconds']:g} s window per concurrency.",
+        section_end(SECTION_NOTES),
+        section_end(SECTION_RESULTS),
     ]
     return {
         "json": write_json(out / "precision.json", result),
         "markdown": write_markdown(out / "precision.md", lines),
     }
+
+
+def _tolerances(result: dict[str, Any]) -> str:
+    """The AUC gates the variants' export reports record, as ``; gate |AUC delta| <= ...``."""
+    found = sorted({r["gate"]["auc_tolerance"] for r in result["results"] if r["gate"].get("auc_tolerance")})
+    spelled = " or ".join(f"{t:.0e}".replace("e-0", "e-") for t in found)
+    return f"; gate |AUC delta| <= {spelled}" if found else ""
+
+
+#: The CPU flags a BF16 kernel could use (as a run record names them) and how the report spells them.
+BF16_FLAGS = {"avx512_bf16": "AVX512-BF16", "amx_bf16": "AMX-BF16"}
+
+
+def _bf16_note(result: dict[str, Any]) -> str:
+    """Why the report has no BF16 row, from what the run recorded: its bfloat16 GEMM probe and the
+    CPU flags of its machine record (a CPU feature is named only where the record shows it)."""
+    probe = next((p for p in result["probes"] if "bfloat16" in p["what"]), None)
+    if probe is None:
+        why = "the run did not probe ONNX Runtime's bfloat16 GEMM."
+    elif probe["size"]:
+        why = (
+            f"the bundle exports no BF16 graph (the bfloat16 MatMul probe above ran at "
+            f"{probe['gflops']:.0f} GOP/s)."
+        )
+    elif "NOT_IMPLEMENTED" in probe["note"]:
+        why = (
+            "the bfloat16 MatMul probe above found no kernel in ONNX Runtime's CPU execution provider "
+            "(NOT_IMPLEMENTED), so a BF16 graph cannot load."
+        )
+    else:
+        why = "the bfloat16 MatMul probe above failed, so a BF16 graph was not tried."
+    flags = result.get("machine", {}).get("cpu_flags") or {}
+    has = [name for flag, name in BF16_FLAGS.items() if flags.get(flag)]
+    lacks = [name for flag, name in BF16_FLAGS.items() if flag in flags and not flags[flag]]
+    if not flags:
+        cpu = "The run's record names no CPU flags."
+    elif has:
+        cpu = f"The run's CPU has {' and '.join(has)}" + (f", not {' or '.join(lacks)}." if lacks else ".")
+    else:
+        cpu = f"The run's CPU has neither {' nor '.join(BF16_FLAGS.values())}."
+    return f"- BF16: not run: {why} {cpu}"
 
 
 def _hotness(config_path: Path) -> Hotness:

@@ -36,6 +36,7 @@ from tritonclient.utils import deserialize_bytes_tensor, serialize_byte_tensor
 from bundle.errors import BundleError, ConfigError
 from bundle.records import RunRecord
 from bundle.schema import raw_model_name
+from bundle.snippets import section_end, section_start
 from clients.triton import TritonClient
 from criteo.rows import model_inputs, parse_rows
 from criteo.tsv import parse_lines, to_batch
@@ -349,7 +350,7 @@ def report_lines(document: dict[str, Any]) -> list[str]:
         "medians of the rounds",
         f"- **Load generator cores**: {document['client_cpus'] or 'any'} (the server on the others)",
         "",
-        "<!-- --8<-- [start:ratio] -->",
+        section_start("ratio"),
         verdict(document),
         "",
     ]
@@ -369,7 +370,7 @@ def report_lines(document: dict[str, Any]) -> list[str]:
          "raw p50 ms", "tensors p99 ms", "raw p99 ms", "errors"],
         rows,
     )  # fmt: skip
-    lines += ["<!-- --8<-- [end:ratio] -->", "", "![raw rows against tensors](raw_rows.png)", ""]
+    lines += [section_end("ratio"), "", "![raw rows against tensors](raw_rows.png)", ""]
     lines += [
         "## Where a raw request's time goes in the server",
         "",
@@ -377,7 +378,7 @@ def report_lines(document: dict[str, Any]) -> list[str]:
         "parse, the model's queue and compute, and the rest of the request (the ensemble's hand-offs: "
         "tensors passed from the stage to the model, the answer back). The tensors' path for comparison.",
         "",
-        "<!-- --8<-- [start:parts] -->",
+        section_start("parts"),
     ]
     parts = ["request", "stage queue", "stage parse", "model queue", "model compute", "hand-offs"]
     rows = []
@@ -390,7 +391,7 @@ def report_lines(document: dict[str, Any]) -> list[str]:
             )
     lines += table(["batch", "concurrency", "path", *(f"{p} ms" for p in parts)], rows, align="rrl" + "r" * 6)
     lines += [
-        "<!-- --8<-- [end:parts] -->",
+        section_end("parts"),
         "",
         "## The input's form, and the parse, in-process",
         "",
@@ -399,7 +400,7 @@ def report_lines(document: dict[str, Any]) -> list[str]:
         "Triton's BYTES wire format into the text the parser takes: `B x 1` (a row per element, the form "
         "the raw-row models take) or `B x 39` (a field per element).",
         "",
-        "<!-- --8<-- [start:forms] -->",
+        section_start("forms"),
     ]
     keys = ["stage parse ms", "client-side reader ms", "decode B x 1 ms", "decode B x 39 ms"]
     lines += table(
@@ -413,7 +414,7 @@ def report_lines(document: dict[str, Any]) -> list[str]:
             for t in document["in_process"]
         ],
     )
-    lines += ["<!-- --8<-- [end:forms] -->"]
+    lines += [section_end("forms")]
     return lines
 
 

@@ -30,6 +30,7 @@ from bundle.onnx_session import inference_session
 from bundle.records import RunRecord
 from bundle.repository import MODEL_FILE, ServingConfig, build_config, version_dir, write_config
 from bundle.schema import OUTPUT
+from bundle.snippets import name_for, section_end, section_start
 from loadtest.engine.payload import MAX_POOL_ROWS, PayloadPool, build_pool
 from loadtest.engine.served import served_throughput
 from loadtest.engine.timer import TimerConfig, time_calls
@@ -291,6 +292,16 @@ def _ranking(results: dict[str, dict[str, dict[str, Any]]]) -> list[str]:
     return lines
 
 
+#: The report's named sections (:mod:`bundle.snippets`), which the documentation includes:
+#: everything below the title, and per model its concurrency scaling (``scaling-<model>``).
+SECTION_RESULTS = "results"
+
+
+def scaling_section(model: str) -> str:
+    """The name of ``model``'s concurrency-scaling section."""
+    return name_for(f"scaling-{model}")
+
+
 def _scaling(results: dict[str, dict[str, dict[str, Any]]]) -> list[str]:
     """Per model, each candidate's samples/s at every concurrency of a batch size as a ratio of
     its samples/s at the lowest concurrency measured for that batch size (same run, same turns)."""
@@ -320,10 +331,12 @@ def _scaling(results: dict[str, dict[str, dict[str, Any]]]) -> list[str]:
         lines += [
             f"## {model}: concurrency scaling",
             "",
+            section_start(scaling_section(model)),
             "samples/s at the higher concurrency / samples/s at the lowest, same batch size "
             "(medians of the turns), and the p50 latency at both:",
             "",
             *table(["candidate", *headers], rows),
+            section_end(scaling_section(model)),
             "",
         ]
     return lines
@@ -335,10 +348,12 @@ def write_serving(result: dict[str, Any], out: Path, name: str = "serving_defaul
     lines = [
         "# CPU serving defaults, measured through the local tritonserver",
         "",
+        section_start(SECTION_RESULTS),
         *RunRecord.from_json(result).lines(),
         f"- each candidate's config loaded in turn into one tritonserver (explicit model control); "
         f"gRPC, {options['seconds']:g} s per step after 1 s of warm-up, {options['rounds']} turns over the "
-        "candidates in alternating order; medians of the turns. Client and server share the 2 cores.",
+        "candidates in alternating order; medians of the turns. Client and server share the "
+        f"{result['machine'].get('cores', '?')} cores.",
         "",
     ]
     for model, candidates in result["results"].items():
@@ -362,6 +377,9 @@ def write_serving(result: dict[str, Any], out: Path, name: str = "serving_defaul
         ]
         lines += table(["model", *GRAPH_LEVELS], rows)
         lines.append("")
+    while lines[-1] == "":
+        lines.pop()
+    lines += [section_end(SECTION_RESULTS), ""]
     return {
         "json": write_json(out / f"{name}.json", result),
         "markdown": write_markdown(out / f"{name}.md", lines),

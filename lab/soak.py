@@ -41,6 +41,7 @@ import numpy as np
 from bundle.errors import BundleError, ConfigError
 from bundle.records import RunRecord
 from bundle.repository import MODEL_FILE, version_dir
+from bundle.snippets import section, section_end, section_start
 from clients.options import Protocol
 from clients.reference import OnnxReference
 from clients.retry import RetryPolicy
@@ -435,6 +436,12 @@ def _mib(value: int) -> str:
 RSS_PNG = "rss.png"
 
 
+#: The report's named sections (:mod:`bundle.snippets`), which the documentation includes: the
+#: targets and figures below the title, and the line under the chart that says where the samples are.
+SECTION_RESULTS = "results"
+SECTION_SAMPLES = "samples"
+
+
 def markdown(result: SoakResult) -> list[str]:
     """A short human-readable report of ``result``."""
     load, config = result.load, result.config
@@ -443,6 +450,7 @@ def markdown(result: SoakResult) -> list[str]:
     lines = [
         "# Soak: the local tritonserver under steady load",
         "",
+        section_start(SECTION_RESULTS),
         f"Targets: 0 failed requests, RSS growth < {MAX_RSS_GROWTH:.0%} (tritonserver + its python stubs, "
         f"from the end of the {config['warmup_s']:.0f} s warm-up to the end). Result: **{verdict}**.",
         "",
@@ -450,8 +458,8 @@ def markdown(result: SoakResult) -> list[str]:
         f"- **Server**: tritonserver {result.tritonserver} (nvidia-pytriton wheel), Python-based onnxruntime "
         f"backend; models: {', '.join(result.models)}",
         f"- **Load**: {config['rate']:.0f} requests/s over {config['threads']} client threads "
-        f"(gRPC and HTTP), batch sizes {config['batch_sizes']}, every answer compared with ONNX Runtime "
-        "in process",
+        f"({'gRPC and HTTP' if config['threads'] > 1 else 'gRPC'}), batch sizes {config['batch_sizes']}, "
+        "every answer compared with ONNX Runtime in process",
         "",
         *table(
             ["", "value"],
@@ -480,7 +488,10 @@ def markdown(result: SoakResult) -> list[str]:
     ]
     if load["error_kinds"]:
         lines += ["Errors:", "", *(f"- {count} x {kind}" for kind, count in load["error_kinds"].items()), ""]
-    lines += [f"![RSS over the run]({RSS_PNG})", "", "RSS samples are in `result.json`."]
+    while lines[-1] == "":
+        lines.pop()
+    lines += [section_end(SECTION_RESULTS), "", f"![RSS over the run]({RSS_PNG})", ""]
+    lines += section(SECTION_SAMPLES, ["RSS samples are in `result.json`."])
     return lines
 
 

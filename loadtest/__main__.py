@@ -29,6 +29,7 @@ from rich.table import Table
 
 from bundle.cli import new_app, run, shared_options
 from bundle.errors import ConfigError
+from bundle.options import Model, RawRequests, ReportOut, Repository
 from bundle.records import command_line
 from loadtest.engine.writer import write_json
 from loadtest.options import (
@@ -36,24 +37,31 @@ from loadtest.options import (
     BaselineRepeats,
     BaselineSeconds,
     BatchSizes,
+    ClientBatchSizes,
     ClientCpus,
     Concurrency,
     Data,
     Duration,
+    Family,
+    GemmSize,
     InProcessThreads,
+    InstanceCounts,
     JsonOut,
     MaxRows,
-    Out,
+    ModelFile,
+    P99Budget,
     Processes,
     Protocol,
+    QueueDelays,
     Raw,
     RepeatSeconds,
-    Repository,
+    Rounds,
     RowsPerCall,
-    StepRounds,
     Stream,
+    ThreadCounts,
     TimedRepeats,
     Title,
+    Url,
     Warmup,
 )
 from loadtest.sweeps.runs import PEERS, RunOptions, compare_run, sweep_run
@@ -107,13 +115,13 @@ def _sweep_options(default_batch_sizes: str, default_out: Path) -> Callable[...,
         processes: Processes = 0,
         max_rows_in_flight: MaxRows = 0,
         data: Data = None,
-        out: Out = default_out,
+        out: ReportOut[Path] = default_out,
         raw: Raw = None,
         baseline: BaselineFlag = True,
         baseline_seconds: BaselineSeconds = 1.0,
         baseline_repeats: BaselineRepeats = 5,
         title: Title = None,
-        rounds: StepRounds = 1,
+        rounds: Rounds = 1,
         client_cpus: ClientCpus = None,
         stream: Stream = False,
     ) -> SweepSettings:
@@ -141,21 +149,10 @@ def _sweep_options(default_batch_sizes: str, default_out: Path) -> Callable[...,
 @shared_options(settings=_sweep_options("1", Path("reports/loadtest")))
 def sweep(
     settings: SweepSettings,
-    model: Annotated[list[str], typer.Option(help="Model to load (repeatable).")],
-    protocol: Annotated[
-        list[str] | None, typer.Option(help="grpc or http (repeatable; default grpc).")
-    ] = None,
-    url: Annotated[
-        list[str] | None,
-        typer.Option(help="host:port of a running server's endpoint, one per --protocol in the same order."),
-    ] = None,
-    repository: Annotated[
-        Path | None,
-        typer.Option(
-            help="Model repository: model files for the baseline; served by a local tritonserver "
-            "when no --url is given."
-        ),
-    ] = None,
+    model: Model[list[str]],
+    protocol: Protocol[list[str] | None] = None,
+    url: Url[list[str] | None] = None,
+    repository: Repository[Path | None] = None,
     engine: Annotated[
         str,
         typer.Option(
@@ -165,7 +162,10 @@ def sweep(
         ),
     ] = "locust",
 ) -> None:
-    """Sweep concurrency with locust or perf_analyzer, step by step: CSV, JSON, PNG curves, report.md."""
+    """Sweep concurrency with locust or perf_analyzer, step by step: CSV, JSON, PNG curves, report.md.
+
+    Without --url, a local tritonserver serves --repository; its model files also give the
+    in-process baseline."""
     protocols = _check_protocols(protocol or ["grpc"])
     engines = tuple(name.strip() for name in engine.split(",") if name.strip())
     _, paths = sweep_run(
@@ -186,14 +186,15 @@ def sweep(
 @shared_options(settings=_sweep_options("1,64,1024", Path("reports/peers")))
 def compare(
     settings: SweepSettings,
-    repository: Annotated[Path, typer.Option(help="Model repository holding <model>/1/model.onnx.")],
-    model: Annotated[str, typer.Option(help="Model to serve by all three.")] = "dlrm_onnx",
-    protocol: Annotated[str, typer.Option(help="grpc or http for Triton and PyTriton.")] = "grpc",
+    repository: Repository[Path],
+    model: Model[str] = "dlrm_onnx",
+    protocol: Protocol[str] = "grpc",
     peer: Annotated[
         list[str] | None, typer.Option(help="pytriton and/or fastapi (repeatable; default both).")
     ] = None,
 ) -> None:
-    """The same model and sweep against the local Triton, PyTriton + ONNX Runtime, FastAPI + ONNX Runtime."""
+    """The same model and sweep against the local Triton, PyTriton + ONNX Runtime, FastAPI + ONNX Runtime
+    (--protocol is Triton's and PyTriton's; FastAPI speaks HTTP)."""
     _check_protocols([protocol])
     _, paths = compare_run(
         repository=repository,
@@ -211,7 +212,7 @@ def compare(
 
 @app.command("baseline")
 def baseline_command(
-    model_file: Annotated[Path, typer.Option(help="The model.onnx to time.")],
+    model_file: ModelFile,
     batch_size: BatchSizes = "1,64,1024",
     repeats: TimedRepeats = 5,
     seconds: RepeatSeconds = 1.0,
@@ -245,9 +246,9 @@ def baseline_command(
 @app.command()
 def report(
     json_file: Annotated[Path, typer.Argument(help="A report.json written by sweep or compare.")],
-    out: Annotated[Path | None, typer.Option(help="Folder to write into (default: beside the JSON).")] = None,
+    out: ReportOut[Path | None] = None,
 ) -> None:
-    """Rewrite steps.csv, the PNG curves and report.md from a report.json."""
+    """Rewrite steps.csv, the PNG curves and report.md from a report.json (beside it, unless --out)."""
     from loadtest.sweeps.report import Report, write_report
 
     paths = write_report(Report.load(json_file), out or json_file.parent)
@@ -256,25 +257,21 @@ def report(
 
 @app.command()
 def roofline(
-    model_file: Annotated[Path, typer.Option(help="The model.onnx to count and time in-process.")],
-    model: Annotated[str | None, typer.Option(help="Served model name (with --url).")] = None,
-    url: Annotated[
-        str | None, typer.Option(help="HOST:PORT of the server (gRPC or HTTP, see --protocol).")
-    ] = None,
-    protocol: Protocol = "grpc",
-    batch_size: RowsPerCall = 1024,
+    model_file: ModelFile,
+    model: Model[str | None] = None,
+    url: Url[str | None] = None,
+    protocol: Protocol[str] = "grpc",
+    batch_size: RowsPerCall[int] = 1024,
     concurrency: Concurrency = "1,2,4",
     seconds: RepeatSeconds = 3.0,
     repeats: TimedRepeats = 5,
     threads: InProcessThreads = None,
-    gemm_size: Annotated[
-        int, typer.Option(help="N of the N x N x N sgemm that measures the ceiling.")
-    ] = 4096,
+    gemm_size: GemmSize = 4096,
     data: Data = None,
     out: JsonOut = None,
 ) -> None:
-    """FP32 sgemm ceiling, the model's FLOPs per sample, and its in-process (and served)
-    samples/s as fractions of the ceiling, measured in one run."""
+    """FP32 sgemm ceiling, the model's FLOPs per sample, and its in-process (and, with --url and
+    --model, served) samples/s as fractions of the ceiling, measured in one run."""
     from loadtest.roofline import RooflineOptions, report_lines, run_roofline
 
     _check_protocols([protocol])
@@ -337,21 +334,17 @@ def perf_analyzer_where() -> None:
 
 @app.command()
 def tune(
-    repository: Repository,
-    model: Annotated[str, typer.Option(help="Model family: dlrm or wide_deep.")],
-    p99_budget_ms: Annotated[float, typer.Option(help="The p99 latency budget in ms.")],
-    batch_sizes: Annotated[str, typer.Option(help="Client batch sizes, comma-separated.")] = "64,256,1024",
-    concurrency: Annotated[
-        str, typer.Option(help="Requests in flight (a ladder), comma-separated.")
-    ] = "1,2,4,8",
+    repository: Repository[Path],
+    model: Family[str],
+    p99_budget_ms: P99Budget[float],
+    batch_sizes: ClientBatchSizes = "64,256,1024",
+    concurrency: Concurrency = "1,2,4,8",
     variants: Annotated[str, typer.Option(help="Variants to try: fp32, fp16, int8 (comma-separated).")] = (
         "fp32,fp16,int8"
     ),
-    instances: Annotated[str, typer.Option(help="Model instances, comma-separated.")] = "1,2",
-    threads: Annotated[str, typer.Option(help="ONNX Runtime threads per instance (0: its default).")] = "0,1",
-    queue_delay_us: Annotated[
-        str, typer.Option(help="Max queue delays in us, comma-separated.")
-    ] = "100,2000",
+    instances: InstanceCounts = "1,2",
+    threads: ThreadCounts = "0,1",
+    queue_delay_us: QueueDelays = "100,2000",
     preferred: Annotated[
         str, typer.Option(help="Preferred batch size sets, ';'-separated, 'none' for none: e.g. 'none;2048'.")
     ] = "none",
@@ -375,19 +368,11 @@ def tune(
         bool, typer.Option("--apply", help="Write the winner's config into --repository.")
     ] = False,
     data: Data = None,
-    raw: Annotated[
-        bool,
-        typer.Option(
-            "--raw",
-            help="Send the rows as text to each variant's raw-row model (<model>_raw, parsed in the "
-            "server); the config searched is the variant's.",
-        ),
-    ] = False,
-    out: Annotated[Path, typer.Option(help="Folder for report.md, report.json and frontier.png.")] = Path(
-        "reports/tune"
-    ),
+    raw: RawRequests = False,
+    out: ReportOut[Path] = Path("reports/tune"),
 ) -> None:
-    """Search serving configs and client loads for the most samples/s within a p99 budget."""
+    """Search serving configs and client loads for the most samples/s within a p99 budget
+    (with --raw, of each variant's raw-row model; the config searched is the variant's)."""
     from dataclasses import replace as with_changes
 
     from loadtest.tune.report import write_tune

@@ -1,17 +1,22 @@
-"""The options that several ``python -m loadtest`` commands take, each declared once.
+"""The options that several ``python -m loadtest`` commands take, each declared once; the
+``python -m lab`` commands that measure load take them from here too.
 
 An alias here holds an option's flag, type and help; each command gives its own default
-where the commands differ in it (``--out``, ``--batch-size``, ``--seconds``, ...). The
-options that ``sweep`` and ``compare`` share all come with their defaults from one builder
-(``loadtest.__main__``'s ``_sweep_options``).
+where the commands differ in it (``--batch-size``, ``--seconds``, ...). An alias with a type
+parameter (``Protocol[str]``) leaves the type to the command as well, as in
+:mod:`bundle.options`, which holds the options of several stages (``--repository``,
+``--model``, ``--out``). The options that ``sweep`` and ``compare`` share all come with their
+defaults from one builder (``loadtest.__main__``'s ``_sweep_options``).
 """
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, TypeVar
 
 import typer
+
+_T = TypeVar("_T")
 
 # ------------------------------------------------------------------ the request rows
 Data = Annotated[
@@ -32,29 +37,31 @@ Stream = Annotated[
 BatchSizes = Annotated[
     str, typer.Option("--batch-size", help="Rows per request; comma-separated for several.")
 ]
-RowsPerCall = Annotated[int, typer.Option("--batch-size", help="Rows per call.")]
+RowsPerCall = Annotated[
+    _T, typer.Option("--batch-size", help="Rows per call: one request, or one in-process run.")
+]
 
 # ------------------------------------------------------------------ the load
-Protocol = Annotated[str, typer.Option(help="grpc or http.")]
+Protocol = Annotated[_T, typer.Option("--protocol", help="Wire protocol: grpc or http (default grpc).")]
+Url = Annotated[
+    _T,
+    typer.Option("--url", help="host:port of a running server's endpoint (one per --protocol, in order)."),
+]
 Concurrency = Annotated[str, typer.Option(help="Requests in flight per step, comma-separated.")]
 Duration = Annotated[float, typer.Option(help="Seconds measured per step.")]
-Warmup = Annotated[float, typer.Option(help="Seconds run before each step's measurement.")]
+Warmup = Annotated[float, typer.Option(help="Seconds of load before each measurement starts.")]
 Processes = Annotated[
-    int, typer.Option(help="locust processes per step (0: one per 8 users, at most one per core).")
+    int,
+    typer.Option(
+        help="Client processes per step, at most: the requests in flight are spread over them (0, for "
+        "locust: one per 8 users, at most one per core)."
+    ),
 ]
 ClientCpus = Annotated[
     str | None,
     typer.Option(
         help="Cores the load generator may run on, e.g. 1 or 2-3 (default: any); keep it off the "
         "server's cores to measure the server, not their contest."
-    ),
-]
-StepRounds = Annotated[
-    int,
-    typer.Option(
-        "--rounds",
-        help="Times each step runs (its targets interleaved); a step's figures are the median of its "
-        "rounds and the report shows their spread.",
     ),
 ]
 MaxRows = Annotated[
@@ -69,7 +76,10 @@ BaselineFlag = Annotated[
 BaselineSeconds = Annotated[float, typer.Option(help="Seconds per timed repeat of the in-process baseline.")]
 BaselineRepeats = Annotated[int, typer.Option(help="Timed repeats per batch size of the baseline (median).")]
 RepeatSeconds = Annotated[float, typer.Option("--seconds", help="Seconds per timed repeat.")]
-TimedRepeats = Annotated[int, typer.Option("--repeats", help="Timed repeats (medians reported).")]
+TimedRepeats = Annotated[
+    int, typer.Option("--repeats", help="Timed repeats of each measurement (the median is reported).")
+]
+GemmSize = Annotated[int, typer.Option(help="N of the N x N x N sgemm that measures the compute ceiling.")]
 InProcessThreads = Annotated[
     int | None,
     typer.Option(
@@ -78,14 +88,35 @@ InProcessThreads = Annotated[
     ),
 ]
 
+ModelFile = Annotated[
+    Path, typer.Option("--model-file", help="The model.onnx, run in-process by ONNX Runtime.")
+]
+
 # ------------------------------------------------------------------ the benchmarks
-Repository = Annotated[Path, typer.Option(help="Exported cpu-profile model repository.")]
-Rounds = Annotated[int, typer.Option(help="Turns over the variants or candidates (medians reported).")]
+Rounds = Annotated[
+    int,
+    typer.Option(
+        "--rounds",
+        help="Turns each measured case takes (a step, a variant, a way of reading), the cases "
+        "interleaved; a case's figures are the median of its turns.",
+    ),
+]
 Seconds = Annotated[float, typer.Option(help="Seconds per measured window.")]
 
+# ------------------------------------------------------------------ the search space of tune
+Family = Annotated[_T, typer.Option("--model", help="Model family: dlrm or wide_deep.")]
+P99Budget = Annotated[_T, typer.Option("--p99-budget-ms", help="p99 latency budget in ms.")]
+ClientBatchSizes = Annotated[str, typer.Option("--batch-sizes", help="Client batch sizes, comma-separated.")]
+InstanceCounts = Annotated[str, typer.Option("--instances", help="Model instances, comma-separated.")]
+ThreadCounts = Annotated[
+    str,
+    typer.Option("--threads", help="ONNX Runtime threads per instance, comma-separated (0: its default)."),
+]
+QueueDelays = Annotated[
+    str, typer.Option("--queue-delay-us", help="Max queue delays in us, comma-separated.")
+]
+
 # ------------------------------------------------------------------ where results go
-Out = Annotated[Path, typer.Option(help="Report folder.")]
-CpuOut = Annotated[Path, typer.Option(help="Folder for the result files.")]
 JsonOut = Annotated[Path | None, typer.Option("--out", help="Also write the results as JSON here.")]
 Raw = Annotated[
     Path | None,

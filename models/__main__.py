@@ -12,25 +12,26 @@ import typer
 
 from bundle.cli import new_app, run
 from bundle.errors import ConfigError
+from bundle.options import Seed, TableSize
 from criteo.multihot import parse_hotness
-from criteo.tables import TABLE_SIZE_PRESETS, parse_table_sizes
-from models.config import DCN_PRESETS, PRESETS, DLRMConfig, TrainConfig, WideDeepConfig
+from criteo.options import CriteoFile, Hotness, MaxRows, TableSizes
+from criteo.tables import parse_table_sizes
+from models.config import DLRMConfig, TrainConfig, WideDeepConfig
+from models.options import Preset
 
 app = new_app("Train DLRM (PyTorch) or Wide & Deep (Keras) on Criteo-format data.")
 
-
-Preset = Annotated[
-    str,
+# ``--out``, ``--batch-size`` and ``--max-rows`` mean other things in other commands.
+ModelOut = Annotated[
+    Path,
     typer.Option(
-        help=f"Architecture preset: {', '.join(PRESETS)}; DLRM-DCNv2 (dlrm only): {', '.join(DCN_PRESETS)}."
+        "--out", help="Output directory: the model (a PyTorch checkpoint or a SavedModel), its config.json."
     ),
 ]
-TableSize = Annotated[int | None, typer.Option(help="Rows of every one of the 26 tables.")]
-TableSizes = Annotated[
-    str | None,
-    typer.Option(
-        help=f"Rows per table: {' or '.join(TABLE_SIZE_PRESETS)}, or 26 comma-separated sizes (C1..C26)."
-    ),
+StateDictOut = Annotated[Path, typer.Option("--out", help="The state dict file to write.")]
+StepRows = Annotated[int, typer.Option("--batch-size", help="Rows per training step.")]
+MaxTableRows = Annotated[
+    int, typer.Option("--max-rows", help="Rows of each table at most (MLPerf's sizes capped).")
 ]
 
 
@@ -42,30 +43,24 @@ class Architecture(StrEnum):
 @app.command()
 def train(
     architecture: Annotated[Architecture, typer.Argument(help="dlrm or wide-deep.")],
-    data: Annotated[Path, typer.Option(help="Labeled Criteo TSV file.")],
-    out: Annotated[Path, typer.Option(help="Output directory (checkpoint or SavedModel + config.json).")],
+    data: CriteoFile,
+    out: ModelOut,
     preset: Preset = "small",
-    table_size: TableSize = None,
-    table_sizes: TableSizes = None,
+    table_size: TableSize[int | None] = None,
+    table_sizes: TableSizes[str | None] = None,
     epochs: Annotated[int, typer.Option(help="Passes over the training rows.")] = 1,
-    batch_size: Annotated[int, typer.Option(help="Rows per step.")] = 1024,
+    batch_size: StepRows = 1024,
     learning_rate: Annotated[float, typer.Option(help="Learning rate.")] = 1e-3,
     valid: Annotated[
         Path | None, typer.Option(help="Validation file (default: hold out the last rows).")
     ] = None,
     valid_fraction: Annotated[float, typer.Option(help="Share of rows held out when no --valid.")] = 0.1,
-    max_rows: Annotated[int | None, typer.Option(help="Read at most this many rows.")] = None,
-    seed: Annotated[int, typer.Option(help="Seed of initialisation and shuffling.")] = 0,
-    hotness: Annotated[
-        str,
-        typer.Option(
-            help="dlrm: ids per table of a multi-hot model, each table summing its bag: mlperf (MLPerf "
-            "dlrm-v2's 214 per row), one count for all 26, or 26 comma-separated counts; the data is "
-            "then in the multi-hot text format (python -m criteo synth --hotness)."
-        ),
-    ] = "1",
+    max_rows: MaxRows = None,
+    seed: Seed = 0,
+    hotness: Hotness = "1",
 ) -> None:
-    """Train a model; print its validation AUC and logloss."""
+    """Train a model on a labeled Criteo TSV (--data); print its validation AUC and logloss. --seed
+    draws the initial weights and the shuffling; --hotness is for dlrm (a multi-hot model)."""
     options = TrainConfig(
         epochs=epochs,
         batch_size=batch_size,
@@ -95,11 +90,11 @@ def train(
 
 @app.command("random-dlrm")
 def random_dlrm(
-    out: Annotated[Path, typer.Option(help="Output directory (config.json + model.pt).")],
+    out: ModelOut,
     preset: Preset = "small",
-    table_size: TableSize = None,
-    table_sizes: TableSizes = None,
-    seed: Annotated[int, typer.Option(help="Seed of the tables and the layers.")] = 0,
+    table_size: TableSize[int | None] = None,
+    table_sizes: TableSizes[str | None] = None,
+    seed: Seed = 0,
 ) -> None:
     """An untrained DLRM checkpoint of the preset's size, as `train dlrm` writes one, written without
     holding its tables in memory (for trying tables larger than memory; twice their bytes of disk)."""
@@ -118,11 +113,9 @@ def random_dlrm(
 
 @app.command("torchrec-dcn")
 def torchrec_dcn(
-    out: Annotated[Path, typer.Option(help="The state dict file to write.")],
-    max_rows: Annotated[
-        int, typer.Option(help="Rows of each table at most (MLPerf's sizes capped).")
-    ] = 200_000,
-    seed: Annotated[int, typer.Option(help="Seed of TorchRec's initialisation.")] = 0,
+    out: StateDictOut,
+    max_rows: MaxTableRows = 200_000,
+    seed: Seed = 0,
 ) -> None:
     """MLPerf's DLRM-DCNv2 built with TorchRec (DLRMTrain(DLRM_DCN)), untrained, as a TorchRec user's
     state dict: MLPerf's layers, its table sizes capped at --max-rows (needs torchrec)."""

@@ -13,12 +13,11 @@ Two choices are made for export and serving:
   features is then one ``Mod``, one ``Add`` and one ``Gather`` in ONNX instead
   of 26 column-``Gather``/table-``Gather``/``Unsqueeze`` chains and a
   ``Concat`` (``nn.EmbeddingBag``
-  is avoided altogether: it exports to a slow ``Loop``). Measured with ONNX
-  Runtime 1.31 on this 2-core CPU, reference preset, batch 1024, both
-  graphs in one process and run in turn (intra-op spinning off): the fused
-  table was faster in all 6 runs, by 5-10 % (median 42.8-52.1 ms per batch
-  vs 45.5-57.3 ms with 26 tables), and its whole graph has 30 nodes against
-  158. The weights are the 26 tables stacked, each initialised as the
+  is avoided altogether: it exports to a slow ``Loop``). Run side by side under
+  ONNX Runtime on the CPU (reference preset, batch 1024, both graphs in one
+  process, in turn, intra-op spinning off), the fused table was faster in every
+  run, and its whole graph has 30 nodes against 158. The weights are the 26
+  tables stacked, each initialised as the
   reference initialises a table of its own size.
 """
 

@@ -76,9 +76,9 @@ def _dataset(rows: Batch, batch_size: int, seed: int) -> Any:
     """A ``tf.data`` pipeline of shuffled (reshuffled every epoch) batches of ``rows``.
 
     Built here rather than by Keras from numpy arrays: the iterator of Keras'
-    autotuned pipeline took 20-40 s to shut down at the end of every epoch on a
-    2-core machine (measured, ``small`` preset, 270k rows; the epoch itself took
-    35-60 s). This one shuts down at once.
+    autotuned pipeline was slow to shut down at the end of every epoch on a
+    2-core machine, for a good part of the epoch's own time (``small`` preset).
+    This one shuts down at once.
     """
     from bundle.native import import_tensorflow
 

@@ -18,6 +18,7 @@ import typer
 
 from bundle.cli import new_app, run
 from bundle.errors import ServerError
+from bundle.options import GrpcPort, HttpPort, MetricsPort, TritonLog
 from server.config import DEFAULT_LOG_FILE, ModelControlMode, ServerConfig
 from server.dead_models import DeadModelAction
 from server.launcher import LocalServer, run_tritonserver
@@ -31,6 +32,19 @@ app = new_app(
     "The real tritonserver (from the nvidia-pytriton wheel) on a model repository, "
     "without Docker, with a CPU onnxruntime backend."
 )
+
+
+# The only ``--repository`` that takes an S3 URL; the other commands' take a folder (bundle.options).
+RepositoryOrUrl = Annotated[
+    str,
+    typer.Option(
+        "--repository",
+        "-r",
+        help="Triton model repository to serve: a directory, or s3://bucket/prefix (s3://host:port/bucket/"
+        "prefix for another S3-compatible endpoint), downloaded by tritonserver with the credentials in "
+        "AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY and AWS_DEFAULT_REGION.",
+    ),
+]
 
 
 class _StopRequested(BaseException):
@@ -125,25 +139,14 @@ def serve_forever(config: ServerConfig) -> int:
 
 @app.command()
 def serve(
-    repository: Annotated[
-        str,
-        typer.Option(
-            "--repository",
-            "-r",
-            help="Triton model repository to serve: a directory, or s3://bucket/prefix (s3://host:port/bucket/"
-            "prefix for another S3-compatible endpoint), downloaded by tritonserver with the credentials in "
-            "AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY and AWS_DEFAULT_REGION.",
-        ),
-    ],
-    http_port: Annotated[int, typer.Option(help="HTTP/REST port.")] = 8000,
-    grpc_port: Annotated[int, typer.Option(help="gRPC port.")] = 8001,
-    metrics_port: Annotated[int, typer.Option(help="Prometheus metrics port.")] = 8002,
+    repository: RepositoryOrUrl,
+    http_port: HttpPort = 8000,
+    grpc_port: GrpcPort = 8001,
+    metrics_port: MetricsPort = 8002,
     address: Annotated[
         str, typer.Option(help="Interface to bind; 0.0.0.0 to serve other machines.")
     ] = "127.0.0.1",
-    log_file: Annotated[
-        Path, typer.Option(help="tritonserver's log (truncated at start).")
-    ] = DEFAULT_LOG_FILE,
+    log_file: TritonLog = DEFAULT_LOG_FILE,
     model_control_mode: Annotated[
         ModelControlMode,
         typer.Option(

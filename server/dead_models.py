@@ -12,7 +12,7 @@ either, so tritonserver then waits out its whole ``--exit-timeout-secs`` on SIGT
 and exits 1. Later Triton releases mark such a model not ready; none restarts it.
 
 :class:`StubWatch` finds such a stub: it looks at tritonserver's children every
-``interval_s`` (a ``/proc`` read, about a millisecond), remembers every running stub
+``interval_s`` (a cheap ``/proc`` read), remembers every running stub
 by pid, and reports a stub that became a zombie (tritonserver never reaps one that
 died on its own), was not replaced by a new stub of its instance (a reload; one
 that exited without a signal has ``replacement_grace_s`` for it), and whose model
@@ -23,7 +23,8 @@ UNLOADING, and is reaped at once). What happens then is the launcher's
 
 - ``reload`` (the default with explicit model control): unload the model, so that
   readiness (the server's and the model's) turns non-200 at once, then load it
-  again; about 1.5 s for a tiny model. Requests meanwhile get ``NOT_FOUND: ... has
+  again (the stub kills of benchmarks/faults/result.md measure how long that
+  takes). Requests meanwhile get ``NOT_FOUND: ... has
   no available versions`` (tritonserver 2.51's answer for a model without a ready
   version). The dead instance stays behind, unreleased, until the server stops;
   the launcher then kills tritonserver once only such instances are left, instead

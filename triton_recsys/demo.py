@@ -30,8 +30,13 @@ from rich.table import Table
 
 from bundle.cli import VerboseOption, set_up_logging, single_command_app
 from bundle.errors import BundleError, ConfigError
+from bundle.options import RepositoryOut, SyntheticRows, TableSize
 
 console = Console()
+
+# The demo trains both families, so it takes only the presets both have (python -m models' --preset
+# offers more).
+DemoPreset = Annotated[str, typer.Option("--preset", help="Model preset: tiny, small, reference.")]
 
 
 def _step(title: str, *args: str) -> None:
@@ -173,12 +178,10 @@ def _served_variant(models: list[str], family: str) -> str:
 
 def demo(
     workdir: Annotated[Path, typer.Option(help="Where data and checkpoints go.")] = Path("artifacts/demo"),
-    repository: Annotated[Path, typer.Option(help="Model repository to write and serve.")] = Path(
-        "model_repository"
-    ),
-    rows: Annotated[int, typer.Option(help="Synthetic training rows.")] = 200_000,
-    preset: Annotated[str, typer.Option(help="Model preset: tiny, small, reference.")] = "small",
-    table_size: Annotated[int, typer.Option(help="Rows per embedding table.")] = 20_000,
+    repository: RepositoryOut = Path("model_repository"),
+    rows: SyntheticRows = 200_000,
+    preset: DemoPreset = "small",
+    table_size: TableSize[int] = 20_000,
     tolerance: Annotated[float, typer.Option(help="Max served vs in-process difference.")] = 1e-6,
     report: Annotated[Path, typer.Option(help="Folder of the load-test report.")] = Path("reports/demo"),
     sweep_seconds: Annotated[float, typer.Option(help="Seconds per load-test step (0: no load test).")] = 3.0,

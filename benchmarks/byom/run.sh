@@ -69,6 +69,7 @@ import re
 import sys
 from pathlib import Path
 
+from bundle.snippets import section_end, section_start
 from loadtest.sweeps.runs import SERVER_RSS
 
 out = Path(sys.argv[1])
@@ -87,6 +88,7 @@ files = (out / "model_files.txt").read_text().split("\n")
 lines = [
     "# Criteo Kaggle-size DLRM, brought as a facebookresearch/dlrm checkpoint",
     "",
+    section_start("results"),  # what the documentation includes
     f"- command: `bash benchmarks/byom/run.sh`; date {report['started']}",
     f"- detected format: {export['source']['format']}; table sizes from: {export['source'].get('table_sizes_from')}",
     f"- export (FP32 + FP16, checks included): wall {wall}, peak RSS {peak / 2**20:.1f} GiB",
@@ -97,6 +99,7 @@ lines = [
     "- model files: " + "; ".join(f.replace("\t", " bytes: ") for f in files if f),
     "",
     *rows,
+    section_end("results"),
     "",
 ]
 (out / "summary.md").write_text("\n".join(lines))

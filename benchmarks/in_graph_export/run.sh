@@ -23,6 +23,7 @@ WORK=${WORK:-artifacts/in-graph-export}
 OUT=${OUT:-benchmarks/in_graph_export}
 ROWS=${ROWS:-330000}
 COMMAND="${COMMAND_LINE:-bash benchmarks/in_graph_export/run.sh}"
+MACHINE=$(python -m bundle.records)  # CPU, cores, memory and CPU flags, as the load-test reports name them
 mkdir -p "$WORK" "$OUT"
 
 [[ -f $WORK/dlrm/model.pt ]] || python -m models random-dlrm --preset reference --table-size "$ROWS" --out "$WORK/dlrm"
@@ -45,14 +46,16 @@ PY
   rm -rf "$WORK/repo-$profile"
 done
 
-python - "$WORK/dlrm/config.json" "$OUT" "$COMMAND" <<'PY'
+python - "$WORK/dlrm/config.json" "$OUT" "$COMMAND" "$MACHINE" <<'PY'
 import json
 import re
 import sys
 from datetime import datetime, timezone
 from pathlib import Path
 
-config_path, out, command = Path(sys.argv[1]), Path(sys.argv[2]), sys.argv[3]
+from bundle.snippets import section_end, section_start
+
+config_path, out, command, machine = Path(sys.argv[1]), Path(sys.argv[2]), sys.argv[3], sys.argv[4]
 model = json.loads(config_path.read_text())["model"]
 sizes, dim = model["table_sizes"], model["embedding_dim"]
 tables = sum(sizes) * dim * 4
@@ -60,7 +63,9 @@ GB = 1e9
 lines = [
     "# In-graph export of a DLRM with more than 4 GB of tables: peak memory and time",
     "",
+    section_start("results"),  # what the documentation includes
     f"- command: `{command}`; date {datetime.now(timezone.utc).strftime('%Y-%m-%dT%H:%M:%SZ')}",
+    f"- machine: {machine}",
     f"- checkpoint: untrained DLRM (`python -m models random-dlrm --preset reference`), 26 tables of "
     f"{sizes[0]:,} rows x D {dim}: **{tables / GB:.2f} GB of FP32 tables**, "
     "loaded memory-mapped (their pages count as mapped files, not anonymous memory)",
@@ -69,7 +74,7 @@ lines = [
     "`peak_memory` of its export_report.json (written and checked); whole run: the figure "
     "`python -m export` prints (to 0.1 GiB) and /usr/bin/time's wall clock",
     "",
-    "<!-- --8<-- [start:runs] -->",
+    section_start("runs"),
     "| profile | model | seconds | peak anonymous GB | / table bytes | peak mapped files GB |",
     "|---|---|---:|---:|---:|---:|",
 ]
@@ -92,10 +97,11 @@ for profile in ("cpu", "gpu"):
     lines.append(f"| {profile} | **whole run** | {wall} | {whole / GB:.2f} | **{whole / tables:.2f}x** | |")
     skipped = [line.split(": ", 1)[1] for line in log.splitlines() if "not written" in line]
     notes += [f"- {profile}: {line}" for line in skipped]
-lines += ["<!-- --8<-- [end:runs] -->", ""]
+lines += [section_end("runs"), ""]
 if notes:
     lines += ["Models the export attempted and left out:", "", *notes, ""]
 lines.append("Files: cpu-/gpu-export.log, -time.txt (/usr/bin/time -v), -reports.json (each model's export_report.json).")
+lines.append(section_end("results"))
 (out / "summary.md").write_text("\n".join(lines) + "\n")
 print("\n".join(lines))
 PY

@@ -17,7 +17,7 @@ export PYTHONPATH="$PWD" PATH="$PWD/.venv/bin:$PATH"
 
 WORK=${WORK:-artifacts/bench}
 REPO=$WORK/model_repository
-# Serving settings of the benchmarked repository (see benchmarks/loadtest/README.md).
+# Serving settings of the benchmarked repository: 1 instance, ONNX Runtime's default threads, 100 us queue delay.
 SERVING=${SERVING:-"--instances 1 --threads 0 --max-queue-delay-us 100"}
 DURATION=${DURATION:-8}
 # The peer comparison runs each level in 3 interleaved rounds and reports each server's median:

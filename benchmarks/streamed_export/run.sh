@@ -29,6 +29,7 @@ TRAIN_ROWS=${TRAIN_ROWS:-1000000}
 HELDOUT_ROWS=${HELDOUT_ROWS:-100000}
 DURATION=${DURATION:-20}
 COMMAND="${COMMAND_LINE:-bash benchmarks/streamed_export/run.sh}"
+MACHINE=$(python -m bundle.records)  # CPU, cores, memory and CPU flags, as the load-test reports name them
 mkdir -p "$WORK" "$OUT"
 SIZES=$(python -c "from criteo.tables import CRITEO_TERABYTE as T; print(','.join(str(min(s, $CAP)) for s in T))")
 
@@ -52,15 +53,16 @@ python -m loadtest sweep --repository "$WORK/repo" --model dlrm_onnx --model dlr
   --out "$OUT/sweep" --raw "$WORK/sweep-raw" \
   --title "DLRM from a 27.7 GB checkpoint (tables larger than memory), exported with --stream-tables"
 
-python - "$OUT" "$COMMAND" "$HOT_BUDGET" "$CAP" <<'PY'
+python - "$OUT" "$COMMAND" "$HOT_BUDGET" "$CAP" "$MACHINE" <<'PY'
 import json
 import re
 import sys
 from pathlib import Path
 
+from bundle.snippets import section_end, section_start
 from loadtest.sweeps.runs import SERVER_ANON, SERVER_RSS
 
-out, command, budget, cap = Path(sys.argv[1]), sys.argv[2], sys.argv[3], int(sys.argv[4])
+out, command, budget, cap, machine = Path(sys.argv[1]), sys.argv[2], sys.argv[3], int(sys.argv[4]), sys.argv[5]
 timing = (out / "export_time.txt").read_text()
 wall = re.search(r"Elapsed \(wall clock\) time.*: (.*)", timing).group(1)
 max_rss = int(re.search(r"Maximum resident set size \(kbytes\): (\d+)", timing).group(1)) * 1024
@@ -78,11 +80,12 @@ store = made["row_store"]
 lines = [
     "# A DLRM checkpoint larger than memory, exported with --stream-tables",
     "",
+    section_start("results"),  # what the documentation includes
     f"- command: `{command}`; date {report['started']}",
+    f"- machine: {machine}",
     f"- checkpoint: untrained DLRM (`python -m models random-dlrm`), Criteo Terabyte layers, table sizes capped "
     f"at {cap:,} rows: {made['table_rows']:,} rows x D 128, model.pt {checkpoint / 1e9:.1f} GB "
-    f"({checkpoint / 2**30:.1f} GiB) on a machine with {report['machine']['memory_gib']} GiB of RAM "
-    f"({report['machine']['cpu']}, {report['machine']['cores']} cores)",
+    f"({checkpoint / 2**30:.1f} GiB) on a machine with {report['machine']['memory_gib']} GiB of RAM",
     f"- **export peak memory: {peak[1]} anonymous** (what the machine must hold; hot rows {made['hot_bytes'] / 1e9:.2f} GB "
     f"of the {budget} budget), plus {peak[2]} of mapped files (the checkpoint's and the store's pages: page cache); "
     f"/usr/bin/time's maximum resident set, which counts both: {max_rss / 2**30:.1f} GiB; wall {wall}",
@@ -98,6 +101,7 @@ lines = [
     *rows,
     "",
     "Files: export.log, export_time.txt, export_report.json, files.txt, checkpoint_time.txt, sweep/.",
+    section_end("results"),
 ]
 (out / "summary.md").write_text("\n".join(lines) + "\n")
 print("\n".join(lines))

@@ -14,8 +14,9 @@ their error lands on the logit unaveraged), and Wide & Deep's 13 x 1 wide
 The quantizer never sees the tables: it gets the graph with each large table's lookup
 cut out (:mod:`export.graphs.lookup_cut`), whose outputs become inputs that the whole
 graph computes for the calibration rows, and the lookups go back into the quantized
-graph. A DLRM with 4.4 GB of tables is quantized in a few hundred MB of memory (the
-quantizer loads the graph it is given more than once).
+graph. A DLRM with 4.4 GB of tables is thus quantized in a small fraction of that
+memory (the quantizer loads the graph it is given more than once; the peak is measured
+in benchmarks/in_graph_export/summary.md).
 
 Two methods, both ONNX Runtime's own quantizer (``onnxruntime.quantization``),
 writing only standard ONNX operators, so Triton's C++ onnxruntime backend in
@@ -68,10 +69,10 @@ Feeds = Callable[[Batch], dict[str, np.ndarray]]
 INT8_METHODS: tuple[str, ...] = ("static", "dynamic")
 #: The method the export uses unless told otherwise: static. Measured on the reference DLRM and
 #: Wide & Deep (benchmarks/cpu/precision.md), both methods pass the accuracy gate and both beat
-#: the FP32 ceiling served; dynamic is 8-19 % faster, but its answer for a row moves by up to
-#: 0.05 (DLRM) or 0.12 (Wide & Deep) with the rows the dynamic batcher happens to group it
-#: with. A served CTR model must give one row one answer, so static is the default and dynamic
-#: is opt-in (``--int8-method dynamic``).
+#: the FP32 ceiling served; dynamic is faster, but its answer for a row moves with the rows the
+#: dynamic batcher happens to group it with (the report's *row moves with batch* column). A
+#: served CTR model must give one row one answer, so static is the default and dynamic is
+#: opt-in (``--int8-method dynamic``).
 DEFAULT_METHOD: Int8Method = "static"
 #: Operators whose constant-weight instances are the MLP layers.
 MLP_OPS = ("MatMul", "Gemm")

@@ -12,11 +12,11 @@ How the graph is converted, and why:
   the values of the SavedModel's variables. Converting the SavedModel signature
   directly freezes the weights into constants, and tf2onnx rewrites every
   constant's protobuf once per optimizer pass; with the upb protobuf runtime
-  each rewrite leaves a copy in the message's arena (measured: 5 GB peak for
-  the 70 MB ``small`` preset, 22.7 GB for the 700 MB ``reference`` preset, which
-  was OOM-killed on a 24 GB machine). With weights as inputs the conversion
-  needs a few MB whatever the model's size, and models over 2 GB work: their
-  weights go to ``model.onnx.data``.
+  each rewrite leaves a copy in the message's arena: the peak grows to many
+  times the weights' size (the ``reference`` preset was OOM-killed on a machine
+  whose memory held its weights many times over). With weights as inputs the
+  conversion's memory does not grow with the model's size, and models over 2 GB
+  work: their weights go to ``model.onnx.data``.
 - tf2onnx converts an integer ``FloorMod`` into ``x - (x / y) * y`` with ONNX's
   truncating integer ``Div``, which gives a negative remainder for a negative id
   (a different row than TensorFlow's). ``FloorMod`` is mapped onto ONNX ``Mod``

@@ -1,20 +1,20 @@
-"""A ``tf.function`` -> ONNX with its weights as initializers, in a few hundred MB whatever their size.
+"""A ``tf.function`` -> ONNX with its weights as initializers, in memory that does not grow with their size.
 
 tf2onnx's ``from_function`` freezes the function's variables into ``Const`` nodes,
 runs grappler over them, and then rewrites every constant's protobuf once per
 optimizer pass; with the upb protobuf runtime each rewrite leaves a copy in the
-message's arena. Measured here (tensorflow-cpu 2.21, tf2onnx 1.17, a SavedModel
-of 26 tables holding 48.7 MB): ``from_function`` peaks 2.1 GB above the loaded
-model and takes 12 s; with ``large_model=True`` still 1.4 GB (the constants go
-back into the ONNX graph before the optimizers run).
+message's arena. On a SavedModel of 26 small tables, ``from_function`` peaked
+at many times the tables' own size above the loaded model, and with
+``large_model=True`` still well above it (the constants go back into the ONNX
+graph before the optimizers run).
 
 :func:`convert_function` keeps the weights out of the conversion instead: it
 freezes the function without grappler (tf2onnx's large-model freeze), turns
 every constant over :data:`LIFT_BYTES` into a ``Placeholder``, converts that
 graph (the weights are graph inputs, as :mod:`export.importers.onnx_wide_deep` converts
 the bundle's own model), and puts the values back as initializers, written in
-place. The same model converts with a peak 0.2 GB above the loaded model, in
-1.6 s. Large constants become initializers either way, so ONNX
+place. The same model converts with a small fraction of that peak, and
+faster. Large constants become initializers either way, so ONNX
 Runtime, the FP16 conversion and INT8 quantization see the same graph.
 """
 

@@ -8,10 +8,11 @@ have), the bundle's tensor names, a dynamic batch dimension, ``onnx.checker``,
 and a logged command that reproduces a failure.
 
 ``nn.EmbeddingBag`` (``aten::embedding_bag``) exports to an ONNX ``Loop`` over
-the bags: slow in ONNX Runtime (26 of them made batch 1024 about 14x slower)
-and rejected by TensorRT. Criteo DLRMs look up one id per bag (``offsets =
-arange(B)``), where a bag is a plain row lookup: :func:`single_id_bags` runs the
-module once and records every embedding-bag call; when each has one id per bag,
+the bags: slow in ONNX Runtime (26 of them made a large batch many times slower
+than the same lookups as ``Gather``) and rejected by TensorRT. Criteo DLRMs look
+up one id per bag (``offsets = arange(B)``), where a bag is a plain row lookup:
+:func:`single_id_bags` runs the module once and records every embedding-bag call;
+when each has one id per bag,
 :func:`gather_embedding_bags` makes the export write each as one ``Gather``
 (scaled by ``per_sample_weights`` where given). This covers TorchScript files
 and ``torch.export`` programs too, whose submodules cannot be swapped. The
@@ -63,10 +64,11 @@ def lean_shape_inference() -> Iterator[None]:
     The TorchScript exporter runs ONNX shape inference over the whole graph twice
     (``_jit_pass_onnx_graph_shape_type_inference``), and hands it every weight's value:
     each pass serialises them all into a temporary ONNX model, two copies of every table
-    at once. Exporting a DLRM with 4.4 GB of tables peaked at 8.8 GB of anonymous memory
-    that way, and at 4.5 GB without the tables' values. No table's value sets a shape
-    (its type and shape, which the pass keeps, do), so weights of
-    :data:`SHAPE_INFERENCE_MAX_BYTES` or more are left out; the graph written is the same.
+    at once: an export's anonymous memory peaked at twice its tables' bytes that way. No
+    table's value sets a shape (its type and shape, which the pass keeps, do), so weights of
+    :data:`SHAPE_INFERENCE_MAX_BYTES` or more are left out; the graph written is the same,
+    and the peak comes down to about the tables' bytes (measured in
+    benchmarks/in_graph_export/summary.md).
     """
     import torch
 

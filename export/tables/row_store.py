@@ -25,9 +25,9 @@ On disk a store is one folder:
   ``fingerprint`` (a SHA-256 of the spec and those CRCs).
   :meth:`RowStore.open` checks the size and the sample (a truncated or swapped
   ``rows.bin`` fails there, in one line); :func:`verify_checksums` reads
-  everything and checks each chunk (6.7 GB/s on two cores here: what the serving
-  stage runs at every load, see ``server/stages/embedding/hot_cold_lookup.py``);
-  :meth:`RowStore.verify` checks the full SHA-256 (1.2 GB/s, one thread).
+  everything and checks each chunk, in parallel threads (what the serving stage
+  runs at every load, see ``server/stages/embedding/hot_cold_lookup.py``);
+  :meth:`RowStore.verify` checks the full SHA-256, slower, on one thread.
 
 The checksums and the fingerprint are computed by the serving stage's own
 functions (:class:`~server.stages.embedding.hot_cold_lookup.ChunkChecksums`,
@@ -320,10 +320,10 @@ def verify_checksums(
 ) -> float:
     """Read all of the store at ``path`` and check each chunk against ``store.json``'s checksums.
 
-    The check the serving stage runs at every load (same code), in threads: about
-    6.7 GB/s on this machine's two cores from the page cache (see
-    ``server/stages/embedding/hot_cold_lookup.py``), against 1.2 GB/s for
-    :meth:`RowStore.verify`'s SHA-256.
+    The check the serving stage runs at every load (same code), in threads: from the
+    page cache it runs at the rate of all the cores together, faster than
+    :meth:`RowStore.verify`'s SHA-256 on one thread (see
+    ``server/stages/embedding/hot_cold_lookup.py``).
 
     Args:
         path: the store's folder.

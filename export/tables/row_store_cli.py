@@ -13,27 +13,26 @@ from typing import Annotated
 import typer
 
 from bundle.cli import new_app, run
+from bundle.options import Seed
 from bundle.staging import RepositoryWrite
+from criteo.options import TableSizes
 from criteo.schema import CATEGORICAL_COLUMNS
-from criteo.tables import TABLE_SIZE_PRESETS, parse_table_sizes
+from criteo.tables import parse_table_sizes
 from export.tables.row_store import DTYPES, INITS, RowStore, RowStoreSpec, format_bytes, random_store
 
 app = new_app("Row stores: every embedding row in one memory-mapped file (for hot/cold models).")
 
 StorePath = Annotated[Path, typer.Argument(help="The store's folder.")]
+# ``--out`` of other commands is another kind of output.
+StoreOut = Annotated[
+    Path, typer.Option("--out", help="Folder of the store to write (replaced, once the new one is complete).")
+]
 
 
 @app.command("random")
 def random_command(
-    out: Annotated[
-        Path, typer.Option(help="Folder of the store to write (replaced, once the new one is complete).")
-    ],
-    table_sizes: Annotated[
-        str,
-        typer.Option(
-            help=f"{' or '.join(TABLE_SIZE_PRESETS)}, one size for all 26, or 26 comma-separated sizes."
-        ),
-    ] = "criteo-terabyte",
+    out: StoreOut,
+    table_sizes: TableSizes[str] = "criteo-terabyte",
     dim: Annotated[int, typer.Option(help="Embedding dimension.")] = 128,
     dtype: Annotated[str, typer.Option(help=f"Value type: {' or '.join(DTYPES)}.")] = "float16",
     wide: Annotated[
@@ -42,9 +41,10 @@ def random_command(
     init: Annotated[
         str, typer.Option(help=f"{' or '.join(INITS)}: uniform(+-sqrt(1/rows)) or uniform(+-0.05).")
     ] = "dlrm",
-    seed: Annotated[int, typer.Option(help="Random seed (values depend on seed, table and row only).")] = 0,
+    seed: Seed = 0,
 ) -> None:
-    """Write a store of random tables of a model's size, without training (for benchmarks)."""
+    """Write a store of random tables of a model's size, without training (for benchmarks); its
+    values depend on --seed, the table and the row only."""
     from rich.progress import (
         BarColumn,
         MofNCompleteColumn,

@@ -19,13 +19,16 @@ import typer
 from rich.console import Console
 
 from bundle.cli import new_app, run
+from bundle.options import RepositoryOut, Seed
 from bundle.repository import ServingConfig
 from criteo.multihot import is_single_hot, parse_hotness
+from criteo.options import Hotness, TableSizes
 from criteo.profile import COUNTS_FILE, AccessProfile, read_profile
-from criteo.tables import TABLE_SIZE_PRESETS, parse_table_sizes
+from criteo.tables import parse_table_sizes
+from export.cli_options import HotBudget, Instances, Opset, ProfileData, StageInstances, StoreDtype
 from export.framework import SMALL_ROWS
 from export.tables.hot_rows import parse_size
-from export.tables.row_store import DTYPES, format_bytes
+from export.tables.row_store import format_bytes
 from export.tables.synthetic_model import (
     DEFAULT_OPSET,
     SMALL_MODEL,
@@ -33,7 +36,8 @@ from export.tables.synthetic_model import (
     make_random_hot_cold_dlrm,
     random_store_spec,
 )
-from models.config import DCN_PRESETS, PRESETS, DLRMConfig
+from models.config import DLRMConfig
+from models.options import Preset
 
 app = new_app("An untrained DLRM of any preset's size, served hot/cold (random tables), for benchmarks.")
 
@@ -63,9 +67,7 @@ def load_profile(path: Path, table_sizes: tuple[int, ...], bags: bool = False) -
 
 
 def synthetic_hot_cold(
-    repository: Annotated[
-        Path, typer.Option(help="Model repository to write dlrm_onnx and dlrm_small into.")
-    ],
+    repository: RepositoryOut,
     store_dir: Annotated[
         Path,
         typer.Option(
@@ -73,36 +75,13 @@ def synthetic_hot_cold(
             "store (same sizes, dtype and seed), else written. Outside the repository's model folders."
         ),
     ],
-    hot_budget: Annotated[
-        str, typer.Option(help="Bytes of hot rows the dense model keeps (FP32 rows; 512M, 2G: binary units).")
-    ],
-    profile_data: Annotated[
-        Path,
-        typer.Option(
-            help="Measured lookups that choose the hot rows: a folder `python -m criteo profile` wrote, "
-            "or a Criteo TSV (profiled here)."
-        ),
-    ],
-    preset: Annotated[
-        str, typer.Option(help=f"DLRM layers and table sizes: {', '.join(PRESETS + DCN_PRESETS)}.")
-    ] = "criteo-terabyte",
-    table_sizes: Annotated[
-        str | None,
-        typer.Option(
-            help=f"Other table sizes for the preset's layers: {' or '.join(TABLE_SIZE_PRESETS)}, one size "
-            "for all 26, or 26 comma-separated sizes."
-        ),
-    ] = None,
-    store_dtype: Annotated[str, typer.Option(help=f"Row store values: {' or '.join(DTYPES)}.")] = "float16",
-    hotness: Annotated[
-        str,
-        typer.Option(
-            help="Ids per bag of each table: mlperf, one count for all 26, or 26 comma-separated counts "
-            "(1: one id per table). With bags, --profile-data and --heldout-data are files of the "
-            "multi-hot text format (python -m criteo synth --hotness)."
-        ),
-    ] = "1",
-    seed: Annotated[int, typer.Option(help="Seed of the table values and the layers.")] = 0,
+    hot_budget: HotBudget[str],
+    profile_data: ProfileData[Path],
+    preset: Preset = "criteo-terabyte",
+    table_sizes: TableSizes[str | None] = None,
+    store_dtype: StoreDtype = "float16",
+    hotness: Hotness = "1",
+    seed: Seed = 0,
     heldout_data: Annotated[
         Path | None,
         typer.Option(help="Held-out Criteo TSV: report the hot rows' hit rate on its lookups."),
@@ -114,16 +93,17 @@ def synthetic_hot_cold(
         str | None,
         typer.Option(help="The store's path as the server sees it (e.g. inside a container)."),
     ] = None,
-    stage_instances: Annotated[int, typer.Option(help="Embedding stage instances.")] = 1,
-    instances: Annotated[int, typer.Option(help="Instances of the dense model and of dlrm_small.")] = 1,
+    stage_instances: StageInstances = 1,
+    instances: Instances = 1,
     intra_op_threads: Annotated[
         int, typer.Option(help="ONNX Runtime threads per instance (0: its default).")
     ] = 0,
-    opset: Annotated[int, typer.Option(help="ONNX opset.")] = DEFAULT_OPSET,
+    opset: Opset = DEFAULT_OPSET,
 ) -> None:
-    """Write an untrained DLRM of a preset's size: random tables straight to a row store (streamed, never
-    all in memory), the dense model with the hot rows (dlrm_onnx, an ensemble) and the same layers with
-    small in-graph tables (dlrm_small); checked against the store."""
+    """Write an untrained DLRM of a preset's size (or of the preset's layers and --table-sizes) into
+    --repository: random tables straight to a row store (streamed, never all in memory), the dense
+    model with the hot rows (dlrm_onnx, an ensemble) and the same layers with small in-graph tables
+    (dlrm_small); checked against the store. --seed draws the table values and the layers."""
     from rich.progress import (
         BarColumn,
         MofNCompleteColumn,

@@ -27,9 +27,10 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from bundle.errors import BundleError
+from bundle.errors import BundleError, ConfigError
 from bundle.records import RunRecord, machine_summary
 from bundle.schema import NUM_CATEGORICAL
+from bundle.snippets import section
 from criteo.synth import SynthConfig, write_tsv
 from criteo.tsv import read_batch
 from lab.faults import FaultResult
@@ -94,40 +95,57 @@ def make_workspace(root: Path) -> Workspace:
     return Workspace(root, rows, checkpoints["first"], checkpoints["second"], plain, hot_cold, fresh)
 
 
-def run_faults(work: Path | None = None, keep: bool = False) -> list[FaultResult]:
-    """Every fault of the table, in the order of the module docstring.
+#: The faults of the table, in its order: the name ``--fault`` takes, and what it tries.
+FAULTS: dict[str, str] = {
+    "stub-kill": "stub SIGKILL (plain)",
+    "stage-stub-kill": "stub SIGKILL (hot/cold stage)",
+    "server-kill": "tritonserver SIGKILL",
+    "damaged-files": "damaged files",
+    "export-killed": "export killed",
+    "rollout-killed": "rollout killed",
+    "disk-full": "disk full",
+}
+
+
+def run_faults(work: Path | None = None, keep: bool = False, only: Sequence[str] = ()) -> list[FaultResult]:
+    """Every fault of the table (or those ``only`` names), in the order of the module docstring.
 
     Args:
         work: where the workspace goes (a temporary folder by default).
         keep: keep the workspace (its server logs) afterwards.
+        only: names of :data:`FAULTS` to try (empty: all of them).
+
+    Raises:
+        ConfigError: ``only`` names a fault the table does not have.
     """
     from lab.faults import crashes, damaged, writes
 
+    unknown = [name for name in only if name not in FAULTS]
+    if unknown:
+        raise ConfigError(f"unknown fault {', '.join(unknown)}; choose among {', '.join(FAULTS)}")
     root = Path(tempfile.mkdtemp(prefix="faults-", dir=work))
     try:
         space = make_workspace(root)
         logs = root / "logs"
         logs.mkdir()
-        steps: list[tuple[str, Callable[[], Sequence[FaultResult]]]] = [
-            ("stub SIGKILL (plain)", lambda: [crashes.stub_killed(space.plain, "dlrm_onnx", log_dir=logs)]),
-            (
-                "stub SIGKILL (hot/cold stage)",
-                lambda: [
-                    crashes.stage_stub_killed(space.hot_cold, "dlrm_onnx", "dlrm_embedding", log_dir=logs)
-                ],
+        steps: dict[str, Callable[[], Sequence[FaultResult]]] = {
+            "stub-kill": lambda: [crashes.stub_killed(space.plain, "dlrm_onnx", log_dir=logs)],
+            "stage-stub-kill": lambda: [
+                crashes.stage_stub_killed(space.hot_cold, "dlrm_onnx", "dlrm_embedding", log_dir=logs)
+            ],
+            "server-kill": lambda: [crashes.server_killed(space.plain, "dlrm_onnx", log_dir=logs)],
+            "damaged-files": lambda: _damaged(space, damaged),
+            "export-killed": lambda: writes.interrupted_writes(
+                _export_faults(space, writes), writes.EXPORT_POINTS
             ),
-            ("tritonserver SIGKILL", lambda: [crashes.server_killed(space.plain, "dlrm_onnx", log_dir=logs)]),
-            ("damaged files", lambda: _damaged(space, damaged)),
-            (
-                "export killed",
-                lambda: writes.interrupted_writes(_export_faults(space, writes), writes.EXPORT_POINTS),
-            ),
-            ("rollout killed", lambda: _rollout_faults(space, writes)),
-            ("disk full", lambda: [writes.disk_full(_export_faults(space, writes))]),
-        ]
+            "rollout-killed": lambda: _rollout_faults(space, writes),
+            "disk-full": lambda: [writes.disk_full(_export_faults(space, writes))],
+        }
         results: list[FaultResult] = []
-        for name, step in steps:
-            log.info("faults: %s", name)
+        for name, step in steps.items():
+            if only and name not in only:
+                continue
+            log.info("faults: %s", FAULTS[name])
             results.extend(step())
         return results
     finally:
@@ -183,6 +201,11 @@ class FaultTable:
         return {"record": self.record.to_json(), "faults": [asdict(r) for r in self.results]}
 
 
+#: The report's named section (:mod:`bundle.snippets`) that the documentation includes: all of it
+#: below the title.
+SECTION_RESULTS = "results"
+
+
 def markdown(faults: FaultTable) -> list[str]:
     record = faults.record
     rows = [
@@ -202,24 +225,39 @@ def markdown(faults: FaultTable) -> list[str]:
     return [
         "# Fault table: what breaks, what the user sees, and how the bundle recovers",
         "",
-        f"Command: `{record.command}` (`bash benchmarks/faults/run.sh`); {record.started}.",
-        f"Machine: {machine_summary(record.machine)}; CPU only, the local tritonserver (Triton 2.51).",
-        "",
-        f"{len(faults.results)} faults, {wrong} wrong answers; "
-        + ("every outcome met its target." if not missed else f"missed: {'; '.join(missed)}."),
-        "",
-        "- *requests*: sent while the fault was measured (under load: the load's requests; "
-        "a kill: the models asked after the server started on the repository);",
-        "- *failed*: requests that failed after the clients' retries; *wrong*: answers that matched "
-        "no allowed answer (target 0);",
-        "- *recovery*: seconds from the fault until every model answered correctly again "
-        "(a write: the server's start on the repository, the interrupted write finished or discarded);",
-        "- `COPY`: the temporary copy of the repository that the fault was tried on.",
-        "",
-        *table(
-            ["fault", "what the user sees", "requests", "failed", "wrong", "recovery (s)", "target met"],
-            rows,
-            align="llrrrrl",
+        *section(
+            SECTION_RESULTS,
+            [
+                f"Command: `{record.command}` (`bash benchmarks/faults/run.sh`); {record.started}.",
+                f"Machine: {machine_summary(record.machine)}; CPU only, the local tritonserver "
+                "(Triton 2.51).",
+                "",
+                f"{len(faults.results)} faults, {wrong} wrong answers; "
+                + ("every outcome met its target." if not missed else f"missed: {'; '.join(missed)}."),
+                "",
+                "- *requests*: sent while the fault was measured (under load: the load's requests; "
+                "a kill: the models asked after the server started on the repository);",
+                "- *failed*: requests that failed after the clients' retries; *wrong*: answers that matched "
+                "no allowed answer (target 0);",
+                "- *recovery*: seconds from the fault until every model answered correctly again "
+                "(a write: the server's start on the repository, the interrupted write finished or "
+                "discarded);",
+                "- `COPY`: the temporary copy of the repository that the fault was tried on.",
+                "",
+                *table(
+                    [
+                        "fault",
+                        "what the user sees",
+                        "requests",
+                        "failed",
+                        "wrong",
+                        "recovery (s)",
+                        "target met",
+                    ],
+                    rows,
+                    align="llrrrrl",
+                ),
+            ],
         ),
     ]
 
@@ -232,11 +270,14 @@ def write_table(faults: FaultTable, out: Path) -> dict[str, Path]:
     }
 
 
-def measure(command: str, out: Path, work: Path | None = None, keep: bool = False) -> FaultTable:
-    """Run every fault, write the table, and raise :class:`FaultsFailed` if a target was missed."""
+def measure(
+    command: str, out: Path, work: Path | None = None, keep: bool = False, only: Sequence[str] = ()
+) -> FaultTable:
+    """Run every fault (or those ``only`` names), write the table, and raise :class:`FaultsFailed`
+    if a target was missed."""
     record = RunRecord.begin(command)
     with record:
-        results = run_faults(work, keep)
+        results = run_faults(work, keep, only)
     faults = FaultTable(results, record)
     write_table(faults, out)
     missed = [r for r in results if not r.ok]

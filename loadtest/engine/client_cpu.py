@@ -95,7 +95,7 @@ def threshold_line(cores: int | None = None) -> str:
     """The client-bound rule in words, as every report states it."""
     cores = cores or machine_cores()
     return (
-        f"client-bound: over the measurement window, one load-generator process running or waiting "
+        f"over the measurement window, one load-generator process running or waiting "
         f"for a CPU more than {CORE_SHARE:g} of a core (its threads together), or all of them more than "
         f"{CORE_SHARE:g} of each core they may use, or all of them using more than {MACHINE_SHARE:.0%} "
         f"of this machine's {cores} cores, or more than {USER_SHARE:.0%} of each closed-loop user's "

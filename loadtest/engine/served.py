@@ -296,7 +296,8 @@ def served_throughput_processes(
     warmup_s: float = 2.0,
 ) -> ServedResult:
     """:func:`served_throughput` from several client processes, for loads one Python process
-    cannot send (a GPU serves millions of samples/s; one process's gRPC tops out near 1M).
+    cannot send (a GPU serves more samples/s than one process's gRPC client sends; the
+    figures: benchmarks/gpu/result.md).
 
     ``concurrency`` requests in flight are spread over at most ``max_processes``
     processes (:func:`spread`), each running the bundle's :class:`Driver` on its

@@ -29,8 +29,8 @@ from loadtest.engine.payload import PayloadPool
 #: Triton's gRPC inference method.
 MODEL_INFER = "/inference.GRPCInferenceService/ModelInfer"
 #: The load generator's channel: no message size limit, and no retry machinery (a load test never
-#: retries; gRPC's retry filter keeps a copy of every request and cost 10 to 15 us of client CPU
-#: per batch-1 call, measured with grpcio 1.85 at 1 to 4 calls in flight).
+#: retries; gRPC's retry filter keeps a copy of every request, client CPU that every call pays
+#: and that a batch-1 step notices).
 CHANNEL_OPTIONS = [
     ("grpc.max_receive_message_length", -1),
     ("grpc.max_send_message_length", -1),
@@ -185,7 +185,8 @@ class RawHttpInfer:
 
     The request's head is built once per body length, head and body go out in one
     ``sendmsg``, and the answer is read by its ``Content-Length``: at batch 1 a request costs
-    the client 23 to 36 us of CPU (geventhttpclient on gevent's loop: 100 to 130). The socket
+    the client a fraction of the CPU that geventhttpclient on gevent's loop takes (the load
+    generators' CPU per request is measured in benchmarks/load_engines/dlrm/report.md). The socket
     is the C one (``_socket``), which gevent never patches: call this from a native thread,
     never from gevent's loop, where it would block every greenlet. A connection that failed
     or that the server closes is opened again by the next request.

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from bundle.errors import ConfigError
-from bundle.plots import PANEL_SIZE, figure
+from bundle.plots import PANEL_SIZE, figure, legends
 
 
 # ------------------------------------------------------------------ JSON
@@ -127,8 +127,6 @@ class Panel:
 
 #: Series a panel's own legend holds at most; more, and one legend for all panels goes below them.
 LEGEND_IN_PANEL = 6
-#: Columns and the height (inches) of one row of that shared legend.
-LEGEND_COLUMNS, LEGEND_ROW_IN = 3, 0.2
 
 
 def _leading_digit(value: float) -> int:
@@ -142,9 +140,10 @@ def _leading_digit(value: float) -> int:
 def plot(path: Path, title: str, panels: Sequence[Panel], columns: int | None = None) -> Path:
     """Panels side by side in one PNG; a series keeps its color across panels (by ``color_key``).
 
-    With more than :data:`LEGEND_IN_PANEL` series, one legend below the panels names them all
-    (the figure grows to hold it), so no legend covers a curve. ``columns``: panels per row
-    (None: all in one row).
+    With more than :data:`LEGEND_IN_PANEL` series, or names too long for a panel's own legend,
+    one legend below the panels names them all (:func:`bundle.plots.legends`: in as many columns
+    as the figure's width holds, the figure grown to hold it), so no legend covers a curve.
+    ``columns``: panels per row (None: all in one row).
     """
     import matplotlib
     from matplotlib.ticker import FuncFormatter
@@ -158,11 +157,7 @@ def plot(path: Path, title: str, panels: Sequence[Panel], columns: int | None = 
     colors = matplotlib.rcParams["axes.prop_cycle"].by_key()["color"]
     keys = sorted({s.color_key or s.label for panel in panels for s in panel.series})
     color_of = {key: colors[i % len(colors)] for i, key in enumerate(keys)}
-    labels = list(dict.fromkeys(s.label for panel in panels for s in panel.series))
-    shared = len(labels) > LEGEND_IN_PANEL
-    rows = -(-len(labels) // LEGEND_COLUMNS) if shared else 0
-    size = (PANEL_SIZE[0], PANEL_SIZE[1] + rows * LEGEND_ROW_IN)
-    with figure(path, len(panels), size, title, columns) as axes:
+    with figure(path, len(panels), PANEL_SIZE, title, columns) as axes:
         for ax, panel in zip(axes, panels, strict=True):
             for series in panel.series:
                 color = color_of[series.color_key or series.label]
@@ -186,15 +181,5 @@ def plot(path: Path, title: str, panels: Sequence[Panel], columns: int | None = 
             ax.set_xlabel(panel.xlabel)
             ax.set_ylabel(panel.ylabel)
             ax.set_title(panel.title)
-            if panel.series and not shared:
-                ax.legend(fontsize=7)
-        if shared:
-            handles: dict[str, Any] = {}
-            for ax in axes:
-                for handle, label in zip(*ax.get_legend_handles_labels(), strict=True):
-                    handles.setdefault(label, handle)
-            axes[0].figure.legend(
-                handles=list(handles.values()), labels=list(handles), loc="outside lower center",
-                ncol=LEGEND_COLUMNS, fontsize=7, frameon=False,
-            )  # fmt: skip
+        legends(axes, LEGEND_IN_PANEL)
     return path

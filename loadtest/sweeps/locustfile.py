@@ -41,13 +41,13 @@ from loadtest.sweeps.recorder import fire_failures, next_stream_row, options, pa
 
 #: Seconds a raw user sends requests back to back before its task returns to locust. A return
 #: per request costs the client more than the request's own Python: a yield to gevent's loop, and
-#: for gRPC users a hand-over to and from their native thread (measured at batch 1: 190 us of
-#: client CPU per request with 5 ms slices, 160 with 50 ms, 135 to 155 with 0.5 s). A stopping
-#: step waits for the slice under way (``--stop-timeout``).
+#: for gRPC users a hand-over to and from their native thread (at batch 1, the client CPU per
+#: request fell as the slices grew to the length set here). A stopping step waits for the slice
+#: under way (``--stop-timeout``).
 TASK_SLICE_S = 0.5
 #: The pool's requests serialised, once per process and protocol: the users of a process share
-#: them (serialising a batch-1 pool takes a quarter of a second, which each user's start would
-#: otherwise take from the others in its process).
+#: them (serialising a pool is slow enough that each user's start would otherwise take a
+#: noticeable time from the others in its process).
 _MESSAGES: dict[str, list[bytes]] = {}
 #: Users of this process that send from native threads (the thread pool grows to fit them).
 _THREADED_USERS = [0]
@@ -193,8 +193,8 @@ class GrpcTritonUser(RawTritonUser):
 
     With ``--grpc-blocking`` each user sends its requests from a native thread of gevent's
     thread pool, a slice at a time, with gRPC's blocking calls: they release the GIL, so the
-    users of one process overlap, and a batch-1 call costs the client about half the CPU of
-    one on gevent's loop. Else the calls run on gevent's loop (``grpc.experimental.gevent``).
+    users of one process overlap, and a batch-1 call costs the client less CPU than one on
+    gevent's loop. Else the calls run on gevent's loop (``grpc.experimental.gevent``).
     """
 
     protocol = "grpc"

@@ -18,7 +18,7 @@ listeners, once per process:
   ``--skip-locust-stats`` (what the sweep runs) an answered request skips
   locust's event and its statistics: its latency is appended to a list, counted
   when the test stops (a locust event and a histogram update cost the client
-  about 40 us per request, a third of a batch-1 gRPC call); failures still go
+  a sizeable share of what a batch-1 gRPC call costs it); failures still go
   through the event;
 - ``test_stop``: writes ``latency-<pid>.json`` into ``--results-dir``, and
   ``client-cpu-<pid>.json``: this process's CPU seconds over the window (every

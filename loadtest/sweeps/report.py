@@ -29,6 +29,7 @@ from typing import Any
 
 from bundle.errors import DataError
 from bundle.records import RunRecord
+from bundle.snippets import section_end, section_start
 from loadtest.engine.baseline import BaselineResult, ratio
 from loadtest.engine.client_cpu import threshold_line
 from loadtest.engine.writer import Panel, Series, plot, table, write_json, write_markdown
@@ -41,8 +42,18 @@ THROUGHPUT_PNG = "latency_vs_throughput.png"
 P99_PNG = "p99_vs_concurrency.png"
 #: With several engines: each engine's samples/s against concurrency, beside perf_analyzer's.
 ENGINES_PNG = "engines.png"
+#: The report's named sections (:mod:`bundle.snippets`), which the documentation includes:
+#: everything below the title down to the curves (the engines' chart, beside its table, is in
+#: it); the served / in-process tables; the peers against the primary server; the engines
+#: against perf_analyzer; the steps table with its note.
+SECTION_RESULTS = "results"
+SECTION_SERVED_VS_IN_PROCESS = "served-vs-in-process"
+SECTION_PEERS = "peers"
+SECTION_ENGINES = "engines"
+SECTION_STEPS = "steps"
 
-#: Targets the issue sets for the ratios (reports show them beside the measured values).
+#: The served / in-process throughput that a step at batch 1024 or more should reach, where a
+#: batch's compute dwarfs the serving overhead (reports show it beside the measured ratios).
 THROUGHPUT_RATIO_TARGET = 0.95
 
 CSV_COLUMNS = (
@@ -399,7 +410,7 @@ def _engine_panels(report: Report) -> list[Panel]:
 
 def markdown(report: Report) -> str:
     """The report as markdown (charts referenced by file name, beside it)."""
-    lines = [f"# {report.title}", "", *report.record.lines()]
+    lines = [f"# {report.title}", "", section_start(SECTION_RESULTS), *report.record.lines()]
     for key, value in report.settings.items():
         lines.append(f"- **{key}**: {value}")
     lines += [f"- {note}" for note in report.notes]
@@ -408,8 +419,10 @@ def markdown(report: Report) -> str:
     lines.append("")
 
     throughput = throughput_ratios(report)
+    served_vs_in_process = False
     if any(not math.isnan(row["ratio"]) for row in throughput):
-        lines += ["## Served / in-process throughput", ""]
+        lines += ["## Served / in-process throughput", "", section_start(SECTION_SERVED_VS_IN_PROCESS)]
+        served_vs_in_process = True
         lines += table(
             ["model", "protocol", "engine", "batch", "served samples/s (best not client-bound)",
              "at concurrency", "in-process samples/s", "served / in-process",
@@ -423,9 +436,13 @@ def markdown(report: Report) -> str:
                 for r in throughput
             ],
         )  # fmt: skip
-        lines.append("")
     latency = [r for r in latency_ratios(report) if r["batch_size"] == 1 and not math.isnan(r["ratio"])]
     if latency:
+        if not served_vs_in_process:
+            lines.append(section_start(SECTION_SERVED_VS_IN_PROCESS))
+            served_vs_in_process = True
+        else:
+            lines.append("")
         lines += ["## Batch-1 latency, served / in-process", ""]
         lines += table(
             [
@@ -450,10 +467,11 @@ def markdown(report: Report) -> str:
                 for r in latency
             ],
         )
-        lines.append("")
+    if served_vs_in_process:
+        lines += [section_end(SECTION_SERVED_VS_IN_PROCESS), ""]
     peers = peer_comparison(report)
     if peers:
-        lines += [f"## {report.primary} against its peers", ""]
+        lines += [f"## {report.primary} against its peers", "", section_start(SECTION_PEERS)]
         lines += table(
             ["model", "batch", "peer", f"{report.primary} best samples/s", "peer best samples/s",
              "throughput ratio", "p99 lower than peer at", "errors (ours / peer)"],
@@ -464,12 +482,11 @@ def markdown(report: Report) -> str:
                 for r in peers
             ],
         )  # fmt: skip
-        lines.append("")
+        lines += [section_end(SECTION_PEERS), ""]
     engines = engine_comparison(report)
     if engines:
         lines += ["## The engines against perf_analyzer (same server, steps interleaved)", ""]
-        # Markers the documentation includes this table by (pymdownx.snippets sections).
-        lines += ["<!-- --8<-- [start:engines] -->"]
+        lines += [section_start(SECTION_ENGINES)]
         lines += table(
             ["model", "protocol", "batch", "concurrency", "engine", "samples/s", "perf_analyzer samples/s",
              "ratio", "p50 ms", "perf_analyzer p50 ms", "client CPU us/request", "perf_analyzer us/request",
@@ -488,7 +505,7 @@ def markdown(report: Report) -> str:
             "",
             "Agrees: samples/s within 10 % of perf_analyzer's and p50 within 10 % or 0.2 ms, judged only "
             "where neither engine was client-bound. " + _agreement_counts(engines),
-            "<!-- --8<-- [end:engines] -->",
+            section_end(SECTION_ENGINES),
             "",
             f"![each engine beside perf_analyzer]({ENGINES_PNG})",
             "",
@@ -504,7 +521,7 @@ def markdown(report: Report) -> str:
             ],
         )
         lines.append("")
-    lines += ["## Steps", ""]
+    lines += ["## Steps", "", section_start(SECTION_STEPS)]
     lines += table(
         ["server", "model", "protocol", "engine", "batch", "concurrency", "procs", "requests/s", "samples/s",
          "spread", "p50 ms", "p90 ms", "p95 ms", "p99 ms", "errors", "client CPU us/request", "client cores",
@@ -525,6 +542,8 @@ def markdown(report: Report) -> str:
         "time; server queue/compute are Triton's statistics over the same window, per request. "
         "Client CPU is the load generator's own (user + system, all its processes) over the window, "
         "per request; spread is (max - min) / median of samples/s over the step's rounds.",
+        section_end(SECTION_STEPS),
+        section_end(SECTION_RESULTS),
         "",
         "## Curves",
         "",

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from bundle.records import RunRecord
+from bundle.snippets import section_end, section_start
 from loadtest.engine.writer import Panel, Series, plot, table, write_json, write_markdown
 
 
@@ -23,6 +24,11 @@ def _step(trial: dict[str, Any]) -> list[Any]:
         trial["stop"] + (", client-bound" if trial.get("client_bound") else ""),
     ]
 
+
+#: The report's named sections (:mod:`bundle.snippets`), which the documentation includes: the run
+#: down to the space searched, and the winner against the default, side by side.
+SECTION_SUMMARY = "summary"
+SECTION_WINNER = "winner"
 
 STEP_HEADER = ["server config", "client", "samples/s [95 % CI]", "p99 ms", "p50 ms", "step ended"]
 
@@ -47,6 +53,7 @@ def side_by_side_lines(document: dict[str, Any]) -> list[str]:
     lines = [
         "## Winner vs the cpu profile's default, measured side by side",
         "",
+        section_start(SECTION_WINNER),
         f"The default's best step and the best step of the {others} fastest other configs, re-measured "
         f"in {rounds} in alternating order, each of {policy['confirm_windows']} windows of "
         f"{policy['window_s']:g} s, after the search; medians of the rounds. A config whose "
@@ -89,6 +96,7 @@ def side_by_side_lines(document: dict[str, Any]) -> list[str]:
         )
     elif not winner:
         lines.append(f"No finalist held p99 within {budget:g} ms side by side, at any load tried: no winner.")
+    lines.append(section_end(SECTION_WINNER))
     if finalists:
         lines += ["", "### Loads tried side by side", ""]
         steps = []
@@ -114,6 +122,7 @@ def report_lines(document: dict[str, Any], command_note: str = "") -> list[str]:
     lines = [
         f"# Tune: {document['family']}, p99 budget {budget:g} ms",
         "",
+        section_start(SECTION_SUMMARY),
         *RunRecord.from_json(document).lines(),
         *([command_note] if command_note else []),
         *(
@@ -158,6 +167,7 @@ def report_lines(document: dict[str, Any], command_note: str = "") -> list[str]:
         + "; preferred " + ", ".join(",".join(map(str, p)) or "none" for p in space["preferred"])
         + "; batch " + ", ".join(map(str, space["batch_sizes"]))
         + "; concurrency " + ", ".join(map(str, space["concurrency"])) + ".",
+        section_end(SECTION_SUMMARY),
         "",
         "## Throughput vs p99 frontier",
         "",

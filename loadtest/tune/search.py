@@ -35,8 +35,9 @@ The search, and why it beats the grid:
    margin of the budget ends as ``near budget``. The margin is there because
    the interval only covers the noise inside the step's own seconds, not the
    drift of a shared machine between the search and the side-by-side rounds:
-   in benchmarks/tune/dlrm-50ms, steps decided on 3 windows of 0.5 s at p99
-   31-41 ms (upper bounds 41-45 ms) went to 52-63 ms side by side. Steps far
+   steps decided well under the budget in the search came near it or crossed it
+   side by side (the search's p99 of each finalist beside its side-by-side p99:
+   benchmarks/tune/dlrm-50ms/report.md). Steps far
    from the budget still stop after ``min_windows``, where the saving is.
 4. The best feasible step (its p99 within the budget; its interval may reach
    over it) of each of the ``finalists`` fastest configs and of the default
@@ -738,10 +739,9 @@ def finalists_of(result: SearchResult, default: ServerPoint, policy: Policy) -> 
     those of the ``policy.finalists`` fastest configs, one step per config.
 
     Feasible, not certified: a step whose p99 interval reaches over the budget is often the one
-    that holds it (measured: a small Wide & Deep at 10 ms, B=1024 c=1 at p99 8.7 ms, interval
-    up to 10.1 ms, held it under perf_analyzer side by side, p99 9.0-9.3 ms, at 2.9x the
-    samples/s of the best certified step); the side-by-side rounds decide, and a step that
-    crosses the budget there steps its load down.
+    that holds it (a small Wide & Deep's best such step held its budget under perf_analyzer side
+    by side, with far more samples/s than the best certified step); the side-by-side
+    rounds decide, and a step that crosses the budget there steps its load down.
     """
     candidates = [result.best(default), *top_configs(result, policy.finalists)]
     return [t for t in dict.fromkeys(candidates) if t is not None]

@@ -173,27 +173,6 @@ def test_served_throughput_on_the_driver_counts_windows_of_answered_requests(
         assert 0 < result.p50_ms <= result.p99_ms and result.batch_size == BATCH
 
 
-def test_client_cost_times_each_transport_phase_by_phase(
-    exported_server: LocalServer, tmp_path: Path
-) -> None:
-    """``python -m lab client-cost``'s library on the driver (one worker), briefly."""
-    from lab.client_cost import TRANSPORTS, CostOptions, run_client_cost, write_report
-
-    options = CostOptions(MODEL, batch_sizes=(1, BATCH), requests=10, warmup=1, rounds=2)
-    report = run_client_cost(exported_server.http_url, exported_server.grpc_url, options, "pytest")
-    assert [(c.protocol, c.shared_memory, c.batch_size) for c in report.cases] == [
-        (protocol, memory, batch) for batch in (1, BATCH) for protocol, memory in TRANSPORTS
-    ]
-    for case in report.cases:
-        assert case.requests == 10 and 0 < case.server_us < case.total_us
-        assert 0 < case.client_us <= case.client_p90_us
-        assert case.build_us > 0 and case.call_us > 0 and case.decode_us > 0
-    paths = write_report(report, tmp_path, ["pytest"])
-    document = json.loads(paths["json"].read_text())
-    assert document["command"] == "pytest" and len(document["cases"]) == 8
-    assert "client-side" in paths["markdown"].read_text()
-
-
 def test_the_raw_http_client_checks_answers_and_fails_bad_ones_in_one_line(
     exported_server: LocalServer,
 ) -> None:

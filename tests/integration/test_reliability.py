@@ -6,8 +6,8 @@
   flight at the kill; every answer before and after is exact.
 - A model reloaded to a new version under load (explicit model control, an
   authenticated load call): no request fails, and the new version serves.
-- The soak command, briefly (the 10-minute soak itself is the ``slow`` test
-  at the end, and ``python -m lab soak``).
+- The 10-minute soak (``python -m lab soak``), a ``slow`` test at the end; the
+  command itself runs briefly in ``tests/lab/test_lab_commands.py``.
 
 The load is :func:`lab.soak.checked_load`: the closed-loop driver's
 client threads of :class:`clients.triton.TritonClient` over gRPC and HTTP,
@@ -16,7 +16,6 @@ paced to a steady rate, every answer compared with ONNX Runtime in this process.
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import threading
@@ -241,34 +240,6 @@ def test_unload_returns_once_the_model_is_released_and_load_once_it_serves(
 
 
 # ------------------------------------------------------------------------------ soak
-@pytest.mark.integration
-def test_soak_command_reports_requests_errors_and_memory(exported_repository: Path, tmp_path: Path) -> None:
-    config = SoakConfig(
-        exported_repository,
-        models=(MODEL,),
-        duration_s=5.0,
-        warmup_s=2.0,
-        rate=60.0,
-        batch_sizes=(1, 16),
-        sample_interval_s=1.0,
-        log_file=tmp_path / "soak-tritonserver.log",
-    )
-    result = run_soak(config, command="pytest")
-    paths = write_result(result, tmp_path)
-    assert result.completed and result.load["requests"] >= 100
-    assert result.load["errors"] == 0 and result.load["wrong"] == 0
-    assert len(result.memory) >= 4 and result.memory[result.baseline_index].t_s >= 2.0
-    assert all(s.server_rss > 0 and s.stubs_rss > 0 for s in result.memory)
-    document = json.loads(paths["json"].read_text())
-    summary = document["summary"]
-    assert summary["requests"] == result.load["requests"] and "rss_growth" in summary
-    # The run record: command, machine, and the load average sampled across the run.
-    assert document["command"] == "pytest" and document["machine"]["cores"] >= 1
-    assert document["load_during"]["samples"] >= 2
-    assert "RSS growth after warm-up" in paths["markdown"].read_text()
-    assert paths["png"].read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-
-
 @pytest.mark.slow
 @pytest.mark.integration
 @pytest.mark.timeout(1200)

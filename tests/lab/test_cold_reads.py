@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -17,7 +20,6 @@ from lab.cold_reads import (
     evict,
     resident_bytes,
     run_cold_reads,
-    write_cold_reads,
 )
 from server.stages.embedding import hot_cold_lookup
 from server.stages.embedding.hot_cold_lookup import (
@@ -211,18 +213,23 @@ def test_the_benchmark_measures_every_way_on_fresh_rows(
         for _ in range(2 * len(WAYS) * (4 + 16) * 3):
             ids = "\t".join(f"{v:x}" for v in rng.integers(0, 10**6, NUM_CATEGORICAL))
             out.write("1\t" + "\t".join(["1"] * 13) + "\t" + ids + "\n")
-    options = ColdReadOptions(
-        repository, data=data, batch_sizes=(4, 16), requests=3, rounds=2, threads=2, probe_seconds=0.1
-    )
-    report = run_cold_reads(options, "test")
+    out = tmp_path / "out"
+    run = subprocess.run(
+        [sys.executable, "-m", "lab", "cold-reads", "--repository", str(repository), "--data", str(data),
+         "--batch-size", "4,16", "--requests", "3", "--rounds", "2", "--threads", "2",
+         "--probe-seconds", "0.1", "--out", str(out)],
+        capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert run.returncode == 0, run.stderr[-2000:]
+    report = json.loads((out / "cold_reads.json").read_text())
     assert [(w["way"], w["batch_size"]) for w in report["ways"]] == [(w, b) for w in WAYS for b in (4, 16)]
     for way in report["ways"]:
         assert way["requests"] == 6 and way["cold_lookups_p50"] > 0 and way["pages_p50"] > 0
         assert way["cold_cpu_ms_p50"] >= 0 and way["warm_cpu_ms_p50"] >= 0
     assert [d["queue_depth"] for d in report["disk"]] == [1, 8, 32] and report["best_iops"] > 0
-    paths = write_cold_reads(report, tmp_path / "out")
-    assert all(path.stat().st_size > 0 for path in paths.values())
-    assert "CPU ms cold / warm" in paths["markdown"].read_text()
+    assert report["record"]["command"].startswith("python -m lab cold-reads")
+    assert all((out / name).stat().st_size > 0 for name in ("cold_reads.md", "cold_reads.png"))
+    assert "CPU ms cold / warm" in (out / "cold_reads.md").read_text()
     with pytest.raises(Exception, match=f"sends {2 * len(WAYS) * 20 * (4 + 16)} rows"):
         run_cold_reads(
             ColdReadOptions(repository, data=data, batch_sizes=(4, 16), requests=20, rounds=2), "test"

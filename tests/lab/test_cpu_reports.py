@@ -121,3 +121,53 @@ def test_the_serving_report_gives_each_candidates_concurrency_scaling(tmp_path: 
     assert "| candidate | B=1024 c=2 / c=1 | B=1024 c=4 / c=1 |" in scaling
     assert "| spin on | 0.40 (p50 16 -> 89 ms) | 0.55 (p50 16 -> 120 ms) |" in scaling
     assert "| spin off | 1.00 (p50 16 -> 89 ms) | 1.10 (p50 16 -> 120 ms) |" in scaling
+
+
+def _precision_result(cpu_flags: dict[str, bool] | None, bf16_probe: dict[str, Any]) -> dict[str, Any]:
+    record = _record()
+    if cpu_flags is None:
+        record["machine"].pop("cpu_flags", None)
+    else:
+        record["machine"]["cpu_flags"] = cpu_flags
+    ceiling = {"size": 4096, "what": "numpy sgemm", "gflops": 170.3, "repeats": [170.3], "note": ""}
+    return {
+        **record,
+        "options": {"batch_size": 1024, "concurrency": [1, 2, 4], "seconds": 2.0},
+        "ceiling_gflops": 170.3,
+        "ceiling_start": ceiling,
+        "ceiling_end": ceiling,
+        "probes": [bf16_probe],
+        "results": [_row("FP32", "dlrm_onnx", 22_475.0, 21_069.0, {})],
+    }
+
+
+NO_BF16_KERNEL = {
+    "size": 0,
+    "what": "onnxruntime MatMul bfloat16",
+    "gflops": None,
+    "note": "not available: [ONNXRuntimeError] : 9 : NOT_IMPLEMENTED : Could not find an implementation",
+}
+
+
+def test_the_precision_report_names_only_the_bf16_features_its_own_record_shows(tmp_path: Path) -> None:
+    def bf16_line(flags: dict[str, bool] | None) -> str:
+        text = write_precision(_precision_result(flags, NO_BF16_KERNEL), tmp_path)["markdown"].read_text()
+        return next(line for line in text.splitlines() if line.startswith("- BF16"))
+
+    amd = {"avx512f": True, "avx512_bf16": True, "amx_int8": False, "amx_bf16": False}
+    xeon = {"avx512f": True, "avx512_bf16": True, "amx_int8": True, "amx_bf16": True}
+    avx2 = {"avx2": True, "avx512f": False, "avx512_bf16": False, "amx_bf16": False}
+
+    assert "found no kernel" in bf16_line(amd)
+    assert bf16_line(amd).endswith("The run's CPU has AVX512-BF16, not AMX-BF16.")
+    assert bf16_line(xeon).endswith("The run's CPU has AVX512-BF16 and AMX-BF16.")
+    assert bf16_line(avx2).endswith("The run's CPU has neither AVX512-BF16 nor AMX-BF16.")
+    assert bf16_line(None).endswith("The run's record names no CPU flags.")
+
+
+def test_the_precision_report_says_a_bf16_probe_that_ran(tmp_path: Path) -> None:
+    probe = {"size": 2048, "what": "onnxruntime MatMul bfloat16", "gflops": 900.0, "note": ""}
+    text = write_precision(_precision_result(None, probe), tmp_path)["markdown"].read_text()
+
+    assert "the bundle exports no BF16 graph (the bfloat16 MatMul probe above ran at 900 GOP/s)" in text
+    assert "found no kernel" not in text

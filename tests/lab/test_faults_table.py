@@ -38,7 +38,7 @@ def test_the_table_marks_a_missed_target_and_escapes_pipes(tmp_path: Path) -> No
 
 
 def test_a_missed_target_fails_the_command(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(fault_table, "run_faults", lambda work, keep: _results())
+    monkeypatch.setattr(fault_table, "run_faults", lambda work, keep, only: _results())
     with pytest.raises(fault_table.FaultsFailed, match="1 of 3 faults missed their target"):
         fault_table.measure("python -m lab faults", tmp_path)
     assert (tmp_path / "result.md").is_file()  # written before the failure is raised

@@ -19,7 +19,8 @@ request failed, and that must not pass as a working example.
 
 The whole run takes about a minute on 2 cores (training and export at the tiny preset, two
 sweeps of 1 s steps, each starting its own tritonserver on free ports), hence ``integration``.
-The other tests here check that README.md stays short and that no page names an issue number.
+The other tests here check that README.md stays short, that no page names an issue number, and
+that pages include parts of result files by named section, not by line numbers.
 """
 
 from __future__ import annotations
@@ -56,6 +57,8 @@ TINY: dict[Path, list[tuple[str, str]]] = {
 
 #: "issue 14", "issues 3", "#21": issue numbers say nothing to a reader; say what and why.
 ISSUE_NUMBER = re.compile(r"\bissues?\s+#?\d+|(?<![\w&/])#\d+\b", re.IGNORECASE)
+#: A pymdownx.snippets include by line numbers (``--8<-- "file.md:14:29"``, ``"file.md:2:"``).
+LINE_NUMBER_INCLUDE = re.compile(r'--8<--\s+"[^"]*?:-?\d*(?::-?\d*)?(?:,-?\d*(?::-?\d*)?)*"')
 
 
 def runnable_blocks(page: Path) -> list[str]:
@@ -144,3 +147,23 @@ def test_no_issue_numbers_in_docs() -> None:
         for match in ISSUE_NUMBER.finditer(line)
     ]
     assert not found, "issue numbers in the documentation:\n" + "\n".join(found)
+
+
+def test_includes_name_their_section() -> None:
+    """A page includes part of a result file by a named section (the file carries
+    ``<!-- --8<-- [start:name] -->`` ... ``[end:name]``, see :mod:`bundle.snippets`), never by line
+    numbers, which show the wrong lines without a word once the file is written again."""
+    found = [
+        f"{page.relative_to(ROOT)}:{number}: {match.group(0)}"
+        for page in sorted((ROOT / "docs").rglob("*.md"))
+        for number, line in enumerate(page.read_text().splitlines(), 1)
+        for match in LINE_NUMBER_INCLUDE.finditer(line)
+    ]
+    assert not found, "includes by line numbers (name a section instead):\n" + "\n".join(found)
+
+
+def test_line_number_includes_are_recognised() -> None:
+    for include in ('"a.md:14:29"', '"a.md:2:"', '"a.md:2:27,29:30"', '"a/b.md:5"'):
+        assert LINE_NUMBER_INCLUDE.search(f"--8<-- {include}"), include
+    for include in ('"a.md:steps"', '"a.md"', '"a/b_2.md:served-vs-in-process"', '"a.md:scaling-x_2"'):
+        assert not LINE_NUMBER_INCLUDE.search(f"--8<-- {include}"), include

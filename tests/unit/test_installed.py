@@ -39,8 +39,15 @@ def test_the_console_script_lists_the_stages_and_runs_one(tmp_path: Path) -> Non
 def test_an_unknown_stage_is_one_line(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["nope"]) == 2
     assert capsys.readouterr().err.strip() == (
-        "error: unknown stage 'nope'; choose one of criteo, models, export, server, clients, loadtest"
+        "error: unknown stage or command 'nope'; choose one of demo, criteo, models, export, server, "
+        "clients, loadtest, lab"
     )
+
+
+def test_the_demo_is_the_console_scripts_own_command(tmp_path: Path) -> None:
+    done = _run([str(CONSOLE_SCRIPT), "demo", "--help"], tmp_path)
+    assert done.returncode == 0 and "--sweep-seconds" in done.stdout, done.stderr
+    assert "demo" in _run([str(CONSOLE_SCRIPT), "--help"], tmp_path).stdout
 
 
 def test_the_help_imports_no_stage() -> None:

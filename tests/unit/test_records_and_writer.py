@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from bundle.errors import ConfigError
-from bundle.records import RunRecord, command_line
+from bundle.records import RunRecord, command_line, machine_with_flags
 from loadtest.engine.writer import Panel, Series, fmt, plot, table, write_json
 
 
@@ -47,6 +47,16 @@ def test_a_report_written_before_records_still_reads() -> None:
     during = record.load_during()
     assert (during["min"], during["max"], during["samples"]) == (1.31, 2.26, 2)
     assert during["median"] == pytest.approx(1.785, abs=0.006)
+
+
+def test_a_machine_is_named_with_only_the_flags_its_record_looked_for() -> None:
+    base = {"cpu": "AMD EPYC", "cores": 2, "memory_gib": 23.5}
+    # A record from before avx2 was kept neither claims nor denies it.
+    old_avx2_only = {**base, "cpu_flags": {"avx512f": False, "amx_bf16": False}}
+    assert machine_with_flags(old_avx2_only) == "AMD EPYC, 2 cores, 23.5 GiB (none of avx512f, amx_bf16)"
+    avx512 = {**base, "cpu_flags": {"avx2": True, "avx512f": True, "amx_bf16": False}}
+    assert machine_with_flags(avx512) == "AMD EPYC, 2 cores, 23.5 GiB (avx2, avx512f)"
+    assert machine_with_flags(base) == "AMD EPYC, 2 cores, 23.5 GiB"
 
 
 def test_command_line_quotes_its_arguments() -> None:

@@ -11,7 +11,6 @@ while one computes. Run::
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Annotated, Any
 
 import typer
@@ -20,8 +19,10 @@ from starlette.concurrency import run_in_threadpool
 
 from bundle.cli import new_app, run
 from bundle.errors import DataError
+from bundle.options import Model, OrtThreads
 from bundle.schema import OUTPUT
 from loadtest.engine.session import ort_session
+from loadtest.options import ModelFile
 from loadtest.sweeps.peers import wire
 
 app = new_app("A minimal FastAPI + ONNX Runtime inference server (benchmark peer).")
@@ -51,10 +52,10 @@ def build_app(session: Any, model: str) -> FastAPI:
 
 @app.command()
 def serve(
-    model_file: Annotated[Path, typer.Option(help="The model.onnx to serve.")],
-    model: Annotated[str, typer.Option(help="Model name in the URL.")] = "dlrm_onnx",
+    model_file: ModelFile,
+    model: Model[str] = "dlrm_onnx",
     port: Annotated[int, typer.Option(help="Port on 127.0.0.1.")] = 8100,
-    threads: Annotated[int, typer.Option(help="ONNX Runtime intra-op threads (0: default).")] = 0,
+    threads: OrtThreads = 0,
 ) -> None:
     """Serve ``model_file`` on 127.0.0.1:PORT until SIGINT or SIGTERM."""
     import uvicorn

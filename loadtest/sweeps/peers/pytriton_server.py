@@ -13,15 +13,15 @@ up like the bundle backend's (:mod:`loadtest.engine.session`), with the same
 
 from __future__ import annotations
 
-from pathlib import Path
-from typing import Annotated, Any
+from typing import Any
 
 import numpy as np
-import typer
 
 from bundle.cli import new_app, run
+from bundle.options import GrpcPort, HttpPort, MaxBatchSize, MaxQueueDelay, MetricsPort, Model, OrtThreads
 from bundle.schema import INPUTS, OUTPUT, OUTPUTS
 from loadtest.engine.session import ort_session
+from loadtest.options import ModelFile
 
 app = new_app("PyTriton binding an ONNX Runtime session (benchmark peer).")
 
@@ -39,14 +39,14 @@ def infer_function(session: Any) -> Any:
 
 @app.command()
 def serve(
-    model_file: Annotated[Path, typer.Option(help="The model.onnx to serve.")],
-    model: Annotated[str, typer.Option(help="Model name.")] = "dlrm_onnx",
-    http_port: Annotated[int, typer.Option(help="HTTP port on 127.0.0.1.")] = 8200,
-    grpc_port: Annotated[int, typer.Option(help="gRPC port on 127.0.0.1.")] = 8201,
-    metrics_port: Annotated[int, typer.Option(help="Metrics port on 127.0.0.1.")] = 8202,
-    max_batch_size: Annotated[int, typer.Option(help="Largest batch Triton forms or accepts.")] = 4096,
-    max_queue_delay_us: Annotated[int, typer.Option(help="Dynamic batcher max queue delay (us).")] = 100,
-    threads: Annotated[int, typer.Option(help="ONNX Runtime intra-op threads (0: default).")] = 0,
+    model_file: ModelFile,
+    model: Model[str] = "dlrm_onnx",
+    http_port: HttpPort = 8200,
+    grpc_port: GrpcPort = 8201,
+    metrics_port: MetricsPort = 8202,
+    max_batch_size: MaxBatchSize = 4096,
+    max_queue_delay_us: MaxQueueDelay[int] = 100,
+    threads: OrtThreads = 0,
 ) -> None:
     """Serve ``model_file`` through PyTriton on 127.0.0.1 until SIGINT or SIGTERM."""
     from pytriton.model_config import DynamicBatcher, ModelConfig, Tensor

@@ -31,16 +31,15 @@ wrote one.
 
 Why CRC-32 per chunk: it catches every single-bit flip and every burst up to
 32 bits, ``zlib`` is in every Python (the NGC image's too) and releases the GIL,
-so chunks verify in parallel threads. Measured on this machine (AMD EPYC, 2
-cores) on a 2.0 GB store in the page cache, written by ``python -m export
-row-store random --table-sizes 300000 --dim 128 --dtype float16 --out
-/tmp/bench-store`` and checked by ``python -c "from pathlib import Path; from
-export.tables.row_store import verify_checksums as v; print(v(Path('/tmp/bench-store'),
-threads=2))"``: 3.5 GB/s on one thread, 6.7 GB/s on two (the whole-file
-SHA-256 of :meth:`export.tables.row_store.RowStore.verify`: 1.2 GB/s). A 48 GB store
-in the page cache thus verifies in about 7 s on two cores; read from disk, the
-disk's rate bounds it instead (about 24 s at 2 GB/s). Each stage instance
-verifies at its own load.
+so chunks verify in parallel threads, each one faster than the whole-file SHA-256
+of :meth:`export.tables.row_store.RowStore.verify`, which runs on one thread. A
+store in the page cache thus verifies at the rate of all the cores together; read
+from disk, the disk's rate bounds it instead. The rate of a machine is measured
+on a store written by ``python -m export row-store random --table-sizes 300000
+--dim 128 --dtype float16 --out /tmp/bench-store`` and checked by ``python -c
+"from pathlib import Path; from export.tables.row_store import verify_checksums
+as v; print(v(Path('/tmp/bench-store'), threads=2))"`` (seconds). Each stage
+instance verifies at its own load.
 """
 
 from __future__ import annotations
@@ -124,9 +123,10 @@ COLD_READS = (COLD_READ_URING, COLD_READ_PREFETCH, COLD_READ_THREADS, COLD_READ_
 #: The stage's way when its config names none.
 DEFAULT_COLD_READS = COLD_READ_URING
 DEFAULT_COLD_READ_THREADS = 8
-#: Measured by ``python -m lab cold-reads`` (benchmarks/cold_tier/cold_reads.md): with the
-#: hints, a request of 36 cold rows took 20 % less time; from about 300 rows on, the hints' CPU
-#: (one system call per run of pages) outweighs the time they save.
+#: Measured by ``python -m lab cold-reads`` (benchmarks/cold_tier/cold_reads.md, io_uring
+#: against io_uring-no-hints): with the hints, a request of a few dozen cold rows takes less
+#: time; from a few hundred rows on, the hints' CPU (one system call per run of pages)
+#: outweighs the time they save.
 DEFAULT_COLD_READ_HINT_ROWS = 256
 #: The kernel's page: the unit a cold row is read from disk in.
 PAGE_BYTES = mmap.PAGESIZE
@@ -561,8 +561,8 @@ def read_hot_ids(path: Path, num_tables: int) -> tuple[tuple[int, ...], tuple[np
 
 
 #: Every float16 bit pattern's float32 value (256 KiB, built on first use): a gather from
-#: it casts a float16 row 1.5x faster than ``astype`` (numpy 1.26 converts one value at a
-#: time), bit for bit the same, NaN payloads included.
+#: it casts a float16 row faster than ``astype`` (numpy 1.26 converts one value at a time),
+#: bit for bit the same, NaN payloads included.
 _HALF_VALUES: np.ndarray | None = None
 
 
@@ -906,9 +906,9 @@ class HotColdLookup:
     Every table's hot ids are keyed by their global row (table offset + id). When a
     slot map of all rows fits in :data:`SLOT_MAP_MAX_BYTES` (4 bytes a row: 751 MB
     for Criteo Terabyte's 188M rows), a request is placed with one index into it;
-    else with one ``searchsorted`` over the sorted keys of all tables (measured on
-    the Terabyte-size benchmark's 3.8M hot rows: 7.8 ms per 1,024-row request
-    against 0.65 ms for the map). A key found is hot, its slot is 1 + the id's
+    else with one ``searchsorted`` over the sorted keys of all tables (a binary search
+    per lookup instead of one index: far slower with the millions of hot rows of the
+    Terabyte-size benchmark). A key found is hot, its slot is 1 + the id's
     index in its table's hot rows; anything else is cold and its row is gathered
     from the store.
 

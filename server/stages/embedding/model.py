@@ -30,7 +30,7 @@ model's ids per bag of each table, 26 comma-separated counts: its ids are then
 is placed in its bag's table).
 
 At load every byte of the store is checked against the checksums in its
-``store.json`` (see :mod:`hot_cold_lookup`: 6.7 GB/s on two cores here); a damaged
+``store.json`` (in parallel threads, see :mod:`hot_cold_lookup`); a damaged
 or truncated ``rows.bin`` fails this model's load with one line naming the file,
 and the repository's other models load as usual. A store written before the
 checksums is checked against its SHA-256, or, written without one, loaded with a

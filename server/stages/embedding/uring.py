@@ -1,9 +1,10 @@
 """Batched file reads through Linux's ``io_uring``, with ctypes and numpy alone.
 
 The embedding stage reads a request's cold rows as hundreds of small reads at
-scattered offsets of its row store. One system call per read costs about 3 µs on
-this machine's VM, a cached row or not, so at batch 1024 the calls alone took
-longer than the disk needed for the uncached ones. An ``io_uring`` takes every
+scattered offsets of its row store. One system call per read costs the same CPU
+time whether the row is cached or not, so at large batches the calls alone took
+longer than the disk needed for the uncached ones (the ways of reading, side by
+side: benchmarks/cold_tier/cold_reads.md). An ``io_uring`` takes every
 read of a request in one ``io_uring_enter``: the kernel copies the cached ones at
 once and sends the others to the disk together, and the call returns when all
 are done.

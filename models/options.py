@@ -1,0 +1,20 @@
+"""The command-line option of a model's preset, which ``python -m models`` and ``python -m export
+synthetic-hot-cold`` share, declared once (as :mod:`bundle.options` declares the others): here
+because its help names the presets of :mod:`models.config`."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+from models.config import DCN_PRESETS, PRESETS
+
+Preset = Annotated[
+    str,
+    typer.Option(
+        "--preset",
+        help=f"Architecture preset (layers and table sizes): {', '.join(PRESETS)}; DLRM-DCNv2 (dlrm "
+        f"only): {', '.join(DCN_PRESETS)}.",
+    ),
+]
