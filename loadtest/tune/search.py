@@ -909,8 +909,9 @@ def run_tune(options: TuneOptions, command: str) -> dict[str, Any]:
     variants = tuple(v for v in space.variants if v in model_name_variants(options.repository, space.family))
     if not variants:
         raise ConfigError(f"{options.repository} holds no variant of {space.family} among {space.variants}")
-    bases = base_configs(options.repository, space.family, variants)
     default = default_point(tuple(model_name_variants(options.repository, space.family)))
+    # The shipped default is measured beside the search whatever variants it asks for.
+    bases = base_configs(options.repository, space.family, tuple(dict.fromkeys((*variants, default.variant))))
     space = replace(space, variants=variants, extra=(default,))
     limit = min(config.max_batch_size for config in bases.values())
     if space.batch_sizes[-1] > limit:

@@ -100,3 +100,28 @@ def test_tune_raw_sends_the_rows_as_text_to_the_raw_row_models(
     assert trials and all(t["errors"] == 0 and t["requests"] > 0 for t in trials)
     assert document["winner"]["model"] == "dlrm_onnx_int8"  # the config tuned is the variant's
     assert "each row's text to the variant's raw-row model" in (out / "report.md").read_text()
+
+
+def test_tune_of_one_variant_still_measures_the_shipped_default_beside_it(
+    exported_repository: Path, tmp_path: Path
+) -> None:
+    """``--variants fp32`` on a repository whose shipped default is the INT8 variant: the default is
+    measured beside the search all the same (its config read too), as Model Analyzer's comparison
+    asks of tune."""
+    out = tmp_path / "report"
+    command = [
+        sys.executable, "-m", "loadtest", "tune", "--repository", str(exported_repository), "--model", "dlrm",
+        "--p99-budget-ms", "500", "--variants", "fp32", "--instances", "1", "--threads", "0",
+        "--queue-delay-us", "100", "--batch-sizes", "16", "--concurrency", "1", "--window", "0.25",
+        "--warmup", "0.1", "--min-windows", "2", "--max-windows", "2", "--confirm-rounds", "1",
+        "--finalists", "1", "--out", str(out),
+    ]  # fmt: skip
+    completed = subprocess.run(command, capture_output=True, text=True, timeout=300, check=False)
+    assert completed.returncode == 0, completed.stderr[-3000:]
+    document = json.loads((out / "report.json").read_text())
+    trials = document["trials"]
+    assert {t["server"]["variant"] for t in trials} == {"fp32", "int8"}
+    assert trials[0]["server"] == document["default"]["server"] and document["default"]["server"][
+        "variant"
+    ] == ("int8")
+    assert all(t["errors"] == 0 and t["requests"] > 0 for t in trials)
