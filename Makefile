@@ -17,7 +17,7 @@ PA_STAMP := $(VENV)/.installed-perf-analyzer-$(shell cat requirements.txt requir
 export PYTHONPATH := $(CURDIR)
 export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 
-.PHONY: setup demo test test-all lint docs clean
+.PHONY: setup demo test test-all lint docs clean stages stages-sanitize
 
 $(STAMP): requirements.txt pyproject.toml
 	@$(PY) -c 'import sys; sys.exit(0 if sys.version_info[:2] == (3, 11) else "Python 3.11 is required")'
@@ -45,7 +45,38 @@ $(PA_STAMP): $(STAMP) requirements-perf-analyzer.txt
 	$(PYTHON) -m loadtest perf-analyzer install --optional
 	test -x $(VENV)/bin/perf_analyzer && touch $@ || true
 
-setup: $(STAMP) $(TR_STAMP) $(PA_STAMP) $(if $(filter 1,$(GPU)),$(GPU_STAMP))
+# The compiled stages (server/stages/CMakeLists.txt): Triton C++ backends built with the machine's
+# C++ compiler and cmake into build/stages, which git ignores; the launcher puts each backend
+# beside the python backend. A missing tool or a failed build says in one line what to install.
+# CXX picks the compiler (make's default: g++; e.g. `make stages CXX=clang++`).
+STAGES_SOURCE := server/stages
+STAGES_BUILD := build/stages
+STAGES_SANITIZE_BUILD := build/stages-asan
+# $(call build_stages,<build folder>,<cmake options>): configure and build, the output in <folder>.log.
+define build_stages
+	@command -v cmake >/dev/null 2>&1 || { echo "error: cmake not found: install cmake (Debian: apt-get install cmake; or pip install cmake)" >&2; exit 1; }
+	@command -v $(CXX) >/dev/null 2>&1 || { echo "error: no C++ compiler ($(CXX)) found: install one (Debian: apt-get install build-essential)" >&2; exit 1; }
+	@mkdir -p $(dir $(1))
+	@{ cmake -S $(STAGES_SOURCE) -B $(1) -DCMAKE_CXX_COMPILER=$$(command -v $(CXX)) $(2) && cmake --build $(1) --parallel 2; } >$(1).log 2>&1 || { echo "error: building the compiled stages failed (see $(1).log): they need a C++17 compiler and cmake >= 3.18 (Debian: build-essential cmake)" >&2; exit 1; }
+	@echo "compiled stages built in $(1)"
+endef
+
+stages:
+	$(call build_stages,$(STAGES_BUILD),-DCMAKE_BUILD_TYPE=Release -DSTAGES_SANITIZE=OFF)
+
+# ASan + UBSan: the stages' tests against that build, the parse through its driver and the backend
+# inside the real local tritonserver (which preloads the sanitizer runtime); any report aborts the
+# process and fails the run. Leak checks run in the driver, not in the server (not instrumented).
+stages-sanitize: $(STAMP)
+	$(call build_stages,$(STAGES_SANITIZE_BUILD),-DCMAKE_BUILD_TYPE=Debug -DSTAGES_SANITIZE=ON)
+	RAW_ROWS_DRIVER=$(STAGES_SANITIZE_BUILD)/raw_rows/raw_rows_driver STAGES_JSON_DRIVER=$(STAGES_SANITIZE_BUILD)/common/json_driver \
+	UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
+		$(PYTHON) -m pytest -q -p no:cacheprovider tests/unit/test_raw_rows_native_parse.py tests/unit/test_compiled_stages.py
+	BUNDLE_STAGES_BUILD=$(CURDIR)/$(STAGES_SANITIZE_BUILD) BUNDLE_STAGES_PRELOAD=$$($(CXX) -print-file-name=libasan.so) \
+	ASAN_OPTIONS=detect_leaks=0:abort_on_error=1 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
+		$(PYTHON) -m pytest -q -p no:cacheprovider tests/integration/test_raw_rows_native.py
+
+setup: $(STAMP) $(TR_STAMP) $(PA_STAMP) stages $(if $(filter 1,$(GPU)),$(GPU_STAMP))
 
 demo: setup
 	$(VENV)/bin/triton-recsys demo

@@ -6,6 +6,8 @@ result under ``benchmarks/``.
 - ``precision``: served and in-process samples/s of FP32, FP16 and INT8 against the sgemm ceiling.
 - ``serving-defaults``: candidate serving settings (threads, instances, batcher) through the server.
 - ``gpu``: served and in-process samples/s of every variant on the served device (:mod:`lab.gpu`).
+- ``gpu-vs-cpu``: GPU served against CPU served on one host, from two ``gpu`` results
+  (:mod:`lab.devices`).
 - ``kernels``: each CUDA kernel's GPU time in one call of a model (:mod:`lab.kernels`).
 - ``cold-reads``: the embedding stage's ways of reading cold rows, on a store evicted from memory,
   beside the disk's own random-read rate (:mod:`lab.cold_reads`).
@@ -32,6 +34,8 @@ from bundle.options import Model, ReportOut, Repository, RowsPerRequest, SharedM
 from bundle.records import command_line
 from lab.faults.table import FAULTS
 from loadtest.options import (
+    BaselineRepeats,
+    BaselineSeconds,
     BatchSizes,
     ClientBatchSizes,
     ClientCpus,
@@ -86,6 +90,12 @@ Work = Annotated[
         help="Scratch folder of the run's models, copies and logs (where optional: a temporary one).",
         file_okay=False,
     ),
+]
+GpuResult = Annotated[
+    Path, typer.Option("--gpu", help="The lab gpu result (result.json or its folder) of the gpu profile.")
+]
+CpuResult = Annotated[
+    Path, typer.Option("--cpu", help="The lab gpu result (result.json or its folder) of the cpu profile.")
 ]
 # Flags that other commands take with another meaning.
 SoakDuration = Annotated[float, typer.Option("--duration", help="Seconds of load, warm-up included.")]
@@ -225,6 +235,9 @@ def gpu(
     processes: Processes = 8,
     seconds: Seconds = 2.0,
     repeats: TimedRepeats = 3,
+    warmup: Warmup = 1.5,
+    baseline_seconds: BaselineSeconds = 1.0,
+    baseline_repeats: BaselineRepeats = 3,
     profile_calls: Annotated[
         int, typer.Option(help="Profiled ONNX Runtime calls per ONNX model (0: no profile).")
     ] = 20,
@@ -247,9 +260,33 @@ def gpu(
         max_processes=processes,
         seconds=seconds,
         repeats=repeats,
+        warmup_s=warmup,
+        in_process_seconds=baseline_seconds,
+        in_process_repeats=baseline_repeats,
         profile_calls=profile_calls,
     )
     paths = write_gpu_report(run_gpu_bench(options, command_line("lab")), out)
+    print(f"report: {paths['markdown']}")
+
+
+def gpu_vs_cpu(
+    gpu: GpuResult,
+    cpu: CpuResult,
+    out: ReportOut[Path] = Path("reports/gpu"),
+) -> None:
+    """GPU served against CPU served on the same host, per family: batch-1 p50 latency and best
+    throughput, from two `lab gpu` results (the gpu-profile repository's and the cpu-profile one's,
+    INT8 being the CPU default)."""
+    from lab.devices import compare_devices, read_result, write_devices_report
+
+    document = compare_devices(read_result(gpu), read_result(cpu), command_line("lab"))
+    paths = write_devices_report(document, out)
+    for family, found in document["families"].items():
+        latency, throughput = found["latency_cpu_over_gpu"], found["throughput_gpu_over_cpu"]
+        print(
+            f"{family}: latency CPU/GPU {'-' if latency is None else f'{latency:.1f}x'}, "
+            f"throughput GPU/CPU {'-' if throughput is None else f'{throughput:.1f}x'}"
+        )
     print(f"report: {paths['markdown']}")
 
 

@@ -1,12 +1,14 @@
 """Served and in-process samples/s of every variant of a (gpu-profile) repository, side by side.
 
 What a GPU run measures, in one command (``python -m lab gpu``),
-and what ``benchmarks/gpu/run.sh`` commits:
+and what ``benchmarks/gpu/run.sh`` runs three times (the gpu profile, the cpu
+profile's INT8 on the same host, the hot/cold model):
 
 1. per model (every model with a ``model.onnx`` or ``model.pt``, or those
-   named): its in-process samples/s at each batch size, on the device its
-   config serves it on (ONNX Runtime CUDA for an ONNX KIND_GPU model, torch on
-   ``cuda:0`` for a TorchScript one), numpy in and out as the backend runs it;
+   named, an ensemble among them: a hot/cold model, served only): its in-process
+   samples/s at each batch size, on the device its config serves it on (ONNX
+   Runtime CUDA for an ONNX KIND_GPU model, torch on ``cuda:0`` for a TorchScript
+   one), numpy in and out as the backend runs it;
 2. then the same model loaded alone in the local tritonserver and driven at
    each step ``B x C`` (rows per request x requests in flight) from several
    client processes (:func:`loadtest.engine.served.served_throughput_processes`),
@@ -22,8 +24,9 @@ and what ``benchmarks/gpu/run.sh`` commits:
 
 Each model's accuracy comes from its ``export_report.json`` (the export's
 gate). The report names the GPU and the verdicts a GPU run is judged by:
-served/in-process at the largest batch, the fastest served DLRM that passes
-the AUC gate, and FP16 against FP32.
+served/in-process at the largest batch, the fastest served DLRM and the fastest
+served model of any family that pass the AUC gate (with the p99 of that step), FP16
+against FP32, and each model's batch-1 p50 where a step of batch 1 was measured.
 """
 
 from __future__ import annotations
@@ -61,6 +64,9 @@ RATIO_TARGET = 0.9
 AUC_GATE = 1e-3
 #: Served samples/s of the fastest DLRM passing the AUC gate: the target on one H100.
 DLRM_TARGET = 10_000_000.0
+#: Served samples/s of the fastest model of any family passing the AUC gate, in the gpu profile as
+#: shipped: the target on one H100.
+SERVED_TARGET = 15_000_000.0
 
 
 @dataclass(frozen=True)
@@ -125,6 +131,12 @@ def model_file(repository: Path, name: str) -> Path | None:
         if path.is_file():
             return path
     return None
+
+
+def is_ensemble(repository: Path, name: str) -> bool:
+    """Whether ``name`` is an ensemble in ``repository`` (a hot/cold model: stage + dense model)."""
+    path = repository / name / CONFIG_NAME
+    return path.is_file() and read_config(path).platform == "ensemble"
 
 
 def discover(repository: Path) -> tuple[str, ...]:
@@ -406,19 +418,25 @@ def _measure_model(
     from loadtest.engine.session import serving_device
 
     path = model_file(options.repository, name)
-    if path is None:
-        raise ConfigError(f"model {name} has no {MODEL_FILE} or {TORCHSCRIPT_FILE} in {options.repository}")
-    logger.info("%s: in-process", name)
-    in_process = _measure_in_process(options, path, rows)
+    in_process: dict[str, Any] = {}
     profile: dict[str, Any] = {}
-    device = serving_device(path)
-    batch = rows.rebatched(max(options.batch_sizes)).batch(0)
-    if options.profile_calls:
-        profile["device_resident"] = device_resident_ms(path, device, batch, options.profile_calls)
-    if path.suffix == ".onnx":
-        profile["graph"] = graph_summary(path)
+    if path is None:
+        # An ensemble (a hot/cold model): its stage and dense model run only inside the server.
+        if not is_ensemble(options.repository, name):
+            raise ConfigError(
+                f"model {name} has no {MODEL_FILE} or {TORCHSCRIPT_FILE} in {options.repository}"
+            )
+    else:
+        logger.info("%s: in-process", name)
+        in_process = _measure_in_process(options, path, rows)
+        device = serving_device(path)
+        batch = rows.rebatched(max(options.batch_sizes)).batch(0)
         if options.profile_calls:
-            profile["ort"] = ort_profile(path, device, batch, options.profile_calls)
+            profile["device_resident"] = device_resident_ms(path, device, batch, options.profile_calls)
+        if path.suffix == ".onnx":
+            profile["graph"] = graph_summary(path)
+            if options.profile_calls:
+                profile["ort"] = ort_profile(path, device, batch, options.profile_calls)
     url = server.grpc_url if options.protocol == "grpc" else server.http_url
     server.load_model(name, timeout=900)
     served = []
@@ -447,7 +465,7 @@ def _measure_model(
     return {
         "model": name,
         "family": "wide_deep" if name.startswith("wide_deep") else name.split("_")[0],
-        "file": path.name,
+        "file": path.name if path is not None else "ensemble",
         "precision": _precision(options.repository, name),
         "serving": serving(options.repository, name),
         "gate": gate(options.repository, name),
@@ -464,11 +482,16 @@ def run_gpu_bench(options: GpuOptions, command: str) -> dict[str, Any]:
     names = options.models or discover(options.repository)
     if not names:
         raise ConfigError(f"{options.repository} has no model with a {MODEL_FILE} or {TORCHSCRIPT_FILE}")
-    missing = [name for name in names if model_file(options.repository, name) is None]
+    missing = [
+        name
+        for name in names
+        if model_file(options.repository, name) is None and not is_ensemble(options.repository, name)
+    ]
     if missing:
-        raise ConfigError(f"no model file for {', '.join(missing)} in {options.repository}")
+        raise ConfigError(f"no model file (and no ensemble) for {', '.join(missing)} in {options.repository}")
     max_batch = {name: serving(options.repository, name)["max_batch_size"] for name in names}
-    too_large = {name: size for name, size in max_batch.items() if size < max(options.batch_sizes)}
+    # An ensemble's max_batch_size is 0: its tensors carry the batch dimension, its models check it.
+    too_large = {name: size for name, size in max_batch.items() if 0 < size < max(options.batch_sizes)}
     if too_large:
         raise ConfigError(
             f"batch {max(options.batch_sizes)} exceeds max_batch_size of {too_large}: export with "
@@ -505,10 +528,12 @@ def best_served(result: dict[str, Any], batch_size: int) -> dict[str, Any] | Non
 def verdicts(results: list[dict[str, Any]], batch_size: int) -> dict[str, Any]:
     """The GPU run's verdicts, from ``results`` at the largest batch ``batch_size``.
 
-    Three questions: does each model's best served samples/s reach :data:`RATIO_TARGET` of its
+    The questions: does each model's best served samples/s reach :data:`RATIO_TARGET` of its
     in-process samples/s; which is the fastest served DLRM that passes its AUC gate, and does
-    it reach :data:`DLRM_TARGET`; and how much faster each FP16 (or BF16) variant serves and
-    runs in process than its FP32 model.
+    it reach :data:`DLRM_TARGET`; which is the fastest served model of any family that passes,
+    and does it reach :data:`SERVED_TARGET` (with that step's p99); how much faster each FP16
+    (or BF16) variant serves and runs in process than its FP32 model; and each model's p50 at
+    batch 1 and concurrency 1, where that step was measured.
     """
     ratios = {}
     for r in results:
@@ -522,6 +547,18 @@ def verdicts(results: list[dict[str, Any]], batch_size: int) -> dict[str, Any]:
         if r["family"] == "dlrm" and r["gate"]["passes"] and (best := best_served(r, batch_size))
     ]
     fastest = max(passing) if passing else None
+    overall = [
+        (best["samples_per_s"], r["model"], best["p99_ms"])
+        for r in results
+        if r["gate"]["passes"] and (best := best_served(r, batch_size))
+    ]
+    fastest_any = max(overall) if overall else None
+    batch1_p50 = {
+        r["model"]: step["p50_ms"]
+        for r in results
+        for step in r["served"]
+        if step["batch_size"] == 1 and step["concurrency"] == 1 and "p50_ms" in step
+    }
     fp16_vs_fp32: dict[str, Any] = {}
     by_name = {r["model"]: r for r in results}
     for r in results:
@@ -531,7 +568,7 @@ def verdicts(results: list[dict[str, Any]], batch_size: int) -> dict[str, Any]:
         if reference is None:
             continue
         fast, slow = best_served(r, batch_size), best_served(reference, batch_size)
-        if fast and slow:
+        if fast and slow and reference["in_process"] and r["in_process"]:
             fp16_vs_fp32[r["model"]] = {
                 "against": reference["model"],
                 "served": fast["samples_per_s"] / slow["samples_per_s"],
@@ -553,7 +590,19 @@ def verdicts(results: list[dict[str, Any]], batch_size: int) -> dict[str, Any]:
             if fastest
             else None
         ),
+        "fastest_passing_gate": (
+            {
+                "model": fastest_any[1],
+                "samples_per_s": fastest_any[0],
+                "p99_ms": fastest_any[2],
+                "target": SERVED_TARGET,
+                "met": fastest_any[0] >= SERVED_TARGET,
+            }
+            if fastest_any
+            else None
+        ),
         "fp16_over_fp32": fp16_vs_fp32,
+        "batch1_p50_ms": batch1_p50,
     }
 
 
@@ -623,7 +672,7 @@ def write_gpu_report(result: dict[str, Any], out: Path) -> dict[str, Path]:
         for b in batches:
             by_c = {s["concurrency"]: s for s in r["served"] if s["batch_size"] == b}
             best = best_served(r, b)
-            local = r["in_process"][str(b)]["samples_per_s"]
+            local = (r["in_process"].get(str(b)) or {}).get("samples_per_s")
             g = r["gate"]
             cells.append(
                 [
@@ -632,8 +681,8 @@ def write_gpu_report(result: dict[str, Any], out: Path) -> dict[str, Path]:
                     str(r["serving"]["instances"]),
                     str(b),
                     *[_m(by_c[c]["samples_per_s"]) if c in by_c else "-" for c in concurrencies],
-                    _m(local),
-                    f"{best['samples_per_s'] / local:.2f}" if best else "-",
+                    _m(local) if local else "- (ensemble)",
+                    f"{best['samples_per_s'] / local:.2f}" if best and local else "-",
                     f"{best['p99_ms']:.1f}" if best else "-",
                     f"{best['server']['queue_ms']:.2f} / {best['server']['compute_ms']:.2f}" if best else "-",
                     "-"
@@ -657,10 +706,22 @@ def write_gpu_report(result: dict[str, Any], out: Path) -> dict[str, Path]:
             f"**{_m(fastest['samples_per_s'])} samples/s** (target {_m(fastest['target'])}: "
             f"{'met' if fastest['met'] else 'not met'})"
         )
+    fastest_any = v.get("fastest_passing_gate")
+    if fastest_any:
+        lines.append(
+            f"- fastest served model of any family that passes the AUC gate: `{fastest_any['model']}`, "
+            f"**{_m(fastest_any['samples_per_s'])} samples/s**, p99 {fastest_any['p99_ms']:.1f} ms "
+            f"(target {_m(fastest_any['target'])}: {'met' if fastest_any['met'] else 'not met'})"
+        )
     for name, ratios in v["fp16_over_fp32"].items():
         lines.append(
             f"- `{name}` over `{ratios['against']}`: served **{ratios['served']:.2f}x**, "
             f"in-process {ratios['in_process']:.2f}x"
+        )
+    if v.get("batch1_p50_ms"):
+        lines.append(
+            "- p50 at batch 1, one request in flight: "
+            + ", ".join(f"`{name}` {ms:.2f} ms" for name, ms in v["batch1_p50_ms"].items())
         )
     resident = [r for r in result["results"] if r["profile"].get("device_resident")]
     if resident:
@@ -728,23 +789,26 @@ def write_gpu_report(result: dict[str, Any], out: Path) -> dict[str, Path]:
             xlog2=True,
             xticks=concurrencies,
             series=[
-                series
-                for r in result["results"]
-                for series in (
+                *[
                     Series(
                         r["model"],
                         [s["concurrency"] for s in r["served"] if s["batch_size"] == b],
                         [s["samples_per_s"] for s in r["served"] if s["batch_size"] == b],
                         color_key=r["model"],
-                    ),
+                    )
+                    for r in result["results"]
+                ],
+                *[
                     Series(
                         f"{r['model']} in-process",
                         [min(concurrencies), max(concurrencies)],
                         [r["in_process"][str(b)]["samples_per_s"]] * 2,
                         style="--",
                         color_key=r["model"],
-                    ),
-                )
+                    )
+                    for r in result["results"]
+                    if str(b) in r["in_process"]  # an ensemble is served only
+                ],
             ],
         )
         for b in batches

@@ -20,6 +20,12 @@ config says ``backend: "<name>"`` (or a platform Triton maps to it, e.g.
 model. The modules they share (``server/backends/*.py``, e.g.
 ``batched_model.py``) are copied beside each ``model.py``: the python backend
 puts that folder on ``sys.path``.
+
+The bundle's compiled stages (Triton C++ backends, ``server/stages/CMakeLists.txt``,
+built by ``make stages`` into ``build/stages``) are copied in too where they are built:
+``build/stages/<stage>/libtriton_<stage>.so`` becomes ``<stage>/libtriton_<stage>.so``, so a
+config that says ``backend: "<stage>"`` loads it. They link no Triton library: the server
+resolves their ``TRITON*`` symbols when it opens them.
 """
 
 from __future__ import annotations
@@ -40,6 +46,14 @@ logger = logging.getLogger(__name__)
 
 # Our Python-based backends: one folder per backend name, each with a model.py.
 BACKENDS_SOURCE = Path(__file__).resolve().parent / "backends"
+# Where `make stages` builds the compiled stages: <stage>/libtriton_<stage>.so each.
+# STAGES_BUILD_ENV names another build (`make stages-sanitize` points it at the ASan + UBSan one,
+# and STAGES_PRELOAD_ENV at the sanitizer runtime tritonserver must load first).
+STAGES_BUILD_ENV = "BUNDLE_STAGES_BUILD"
+STAGES_PRELOAD_ENV = "BUNDLE_STAGES_PRELOAD"
+COMPILED_STAGES = Path(
+    os.environ.get(STAGES_BUILD_ENV) or Path(__file__).resolve().parents[1] / "build" / "stages"
+)
 
 _PYTHON_BACKEND_FILES = ("libtriton_python.so", "triton_python_backend_utils.py")
 _STUB_NAME = "triton_python_backend_stub"
@@ -124,23 +138,31 @@ class TritonInstallation:
             base: the environment to extend; ``os.environ`` by default.
 
         Returns:
-            A copy of ``base`` with ``LD_LIBRARY_PATH`` and ``PATH`` prefixed.
+            A copy of ``base`` with ``LD_LIBRARY_PATH`` and ``PATH`` prefixed, and
+            ``LD_PRELOAD`` set to ``BUNDLE_STAGES_PRELOAD`` where that is set.
         """
         env = dict(os.environ if base is None else base)
         env["LD_LIBRARY_PATH"] = _prepend(env.get("LD_LIBRARY_PATH", ""), self.python_libdir, self.libraries)
         env["PATH"] = _prepend(env.get("PATH", ""), self.python_bin)
+        if env.get(STAGES_PRELOAD_ENV):
+            env["LD_PRELOAD"] = env[STAGES_PRELOAD_ENV]
         return env
 
-    def build_backend_directory(self, target: Path, sources: Path = BACKENDS_SOURCE) -> Path:
+    def build_backend_directory(
+        self, target: Path, sources: Path = BACKENDS_SOURCE, compiled: Path = COMPILED_STAGES
+    ) -> Path:
         """Assemble a ``--backend-directory`` for tritonserver in ``target``.
 
         Args:
             target: an empty or missing folder; created.
             sources: folder of Python-based backends, ``<name>/model.py`` each.
+            compiled: the build folder of the compiled stages, ``<stage>/libtriton_<stage>.so``
+                each; stages not built there are left out.
 
         Returns:
-            ``target``, holding ``python/`` and one ``<name>/model.py`` per backend,
-            each with the shared modules of ``sources`` beside it.
+            ``target``, holding ``python/``, one ``<name>/model.py`` per backend, each with
+            the shared modules of ``sources`` beside it, and one
+            ``<stage>/libtriton_<stage>.so`` per compiled stage.
         """
         python_dir = target / "python"
         python_dir.mkdir(parents=True, exist_ok=True)
@@ -153,7 +175,17 @@ class TritonInstallation:
             (target / backend.name).mkdir(exist_ok=True)
             for module in (backend / "model.py", *shared):
                 shutil.copy2(module, target / backend.name / module.name)
-        logger.debug("backend directory %s: python + %s", target, ", ".join(b.name for b in backends))
+        libraries = sorted(
+            library
+            for library in compiled.glob("*/libtriton_*.so")
+            if library.name == f"libtriton_{library.parent.name}.so"
+        )
+        stages = [library.parent for library in libraries]
+        for library in libraries:
+            (target / library.parent.name).mkdir(exist_ok=True)
+            shutil.copy2(library, target / library.parent.name / library.name)
+        names = [b.name for b in backends] + [f"{s.name} (compiled)" for s in stages]
+        logger.debug("backend directory %s: python + %s", target, ", ".join(names))
         return target
 
 

@@ -1,5 +1,6 @@
 """The GPU benchmark's pieces that need no GPU: spreading load over client processes, the
-accuracy gate read from export reports, the verdicts, the report files, the kernel listing."""
+accuracy gate read from export reports, the verdicts, the report files, the kernel listing,
+GPU against CPU from two results."""
 
 from __future__ import annotations
 
@@ -10,7 +11,8 @@ from typing import Any
 import pytest
 
 from bundle.errors import ConfigError
-from lab.gpu import DLRM_TARGET, GpuOptions, best_served, gate, verdicts, write_gpu_report
+from lab.devices import compare_devices, read_result, write_devices_report
+from lab.gpu import DLRM_TARGET, SERVED_TARGET, GpuOptions, best_served, gate, verdicts, write_gpu_report
 from lab.kernels import KernelTime, describe
 from loadtest.engine.served import spread
 
@@ -52,6 +54,7 @@ def _result(model: str, precision: str, served: dict[int, dict[int, float]], loc
                 "batch_size": b,
                 "concurrency": c,
                 "samples_per_s": v,
+                "p50_ms": 1.0 if b == 1 else 3.0,
                 "p99_ms": 5.0,
                 "server": {"queue_ms": 1.0, "compute_ms": 2.0, "rows_per_execution": float(b)},
             }
@@ -110,3 +113,64 @@ def test_kernel_listing() -> None:
     lines = describe("m", [KernelTime("gemm", 0.3, 2), KernelTime("cast", 0.1, 4)])
     assert lines[0] == "== m: 0.400 ms of kernels per call"
     assert "75.0%" in lines[1] and "x2" in lines[1] and "gemm" in lines[1]
+
+
+def test_the_fastest_model_of_any_family_is_judged_against_the_served_target_with_its_p99() -> None:
+    results = [
+        _result("dlrm_onnx", "FP32", {1: {1: 900.0}, 8192: {16: 4e6}}, {1: 1e3, 8192: 8e6}),
+        _result("wide_deep_onnx_fp16", "FP16", {8192: {16: 16e6}}, {8192: 20e6}),
+        _result("dlrm_onnx", "FP32", {8192: {16: 4e6}}, {}),  # an ensemble: served only
+    ]
+    results[2]["model"] = "dlrm_hot_cold"
+    found = verdicts(results, 8192)
+    fastest = found["fastest_passing_gate"]
+    assert fastest == {"model": "wide_deep_onnx_fp16", "samples_per_s": 16e6, "p99_ms": 5.0,
+                       "target": SERVED_TARGET, "met": True}  # fmt: skip
+    assert found["batch1_p50_ms"] == {"dlrm_onnx": 1.0}
+    assert "dlrm_hot_cold" not in found["served_over_in_process"]
+
+
+def _document(results: list[dict], name: str | None) -> dict:
+    return {
+        "command": f"python -m lab gpu ({name or 'cpu'})",
+        "started": "2026-11-22T00:00:00Z",
+        "machine": {"cpu": "x", "cores": 16, "memory_gib": 128},
+        "gpu": {"name": name},
+        "results": results,
+    }
+
+
+def test_gpu_against_cpu_per_family(tmp_path: Path) -> None:
+    gpu = _document(
+        [
+            _result("dlrm_onnx", "FP32", {1: {1: 900.0}, 8192: {16: 8e6}}, {}),
+            _result("dlrm_onnx_fp16", "FP16", {1: {1: 800.0}, 8192: {16: 12e6}}, {}),
+            _result("wide_deep_onnx_fp16", "FP16", {8192: {16: 10e6}}, {}),
+        ],
+        "NVIDIA H100 80GB HBM3",
+    )
+    gpu["results"][1]["gate"]["passes"] = False  # the fastest DLRM fails its gate: not the answer
+    gpu["results"][0]["served"][0]["p50_ms"] = 0.5
+    cpu = _document(
+        [
+            _result("dlrm_onnx_int8", "INT8", {1: {1: 500.0}, 1024: {4: 4e5, 16: 5e5}}, {}),
+            _result("wide_deep_onnx_int8", "INT8", {1024: {16: 2.5e5}}, {}),
+        ],
+        None,
+    )
+    (tmp_path / "cpu").mkdir()
+    (tmp_path / "cpu" / "result.json").write_text(json.dumps(cpu))
+    found = compare_devices(gpu, read_result(tmp_path / "cpu"), "python -m lab gpu-vs-cpu")
+    dlrm = found["families"]["dlrm"]
+    assert dlrm["gpu"]["latency"]["model"] == "dlrm_onnx"
+    assert dlrm["latency_cpu_over_gpu"] == pytest.approx(2.0)
+    assert dlrm["gpu"]["throughput"]["model"] == "dlrm_onnx"
+    assert dlrm["throughput_gpu_over_cpu"] == pytest.approx(16.0)
+    wide_deep = found["families"]["wide_deep"]
+    assert wide_deep["latency_cpu_over_gpu"] is None  # no 1x1 step on either side
+    assert wide_deep["throughput_gpu_over_cpu"] == pytest.approx(40.0)
+    paths = write_devices_report(found, tmp_path)
+    text = paths["markdown"].read_text()
+    assert "NVIDIA H100 80GB HBM3" in text and "**16.0x**" in text and "- (no 1x1 step)" in text
+    with pytest.raises(ConfigError, match="no lab gpu result"):
+        read_result(tmp_path / "absent")

@@ -2,11 +2,12 @@
 local tritonserver where it serves: the files it writes are read back and checked.
 
 ``gpu`` and ``raw-rows`` run through their command line in ``test_gpu_bench_served.py`` and
-``tests/integration/test_raw_rows.py``, ``cold-reads`` in ``test_cold_reads.py``; ``cold-tier``
-runs its library at a tiny size in ``tests/integration/test_embedding_stage.py`` (a step that
-hangs is planted there). ``model-analyzer`` runs at a tiny size below as a ``slow`` test (Model
-Analyzer's install and search take minutes); its own logic is tested in
-``test_model_analyzer_compare.py``.
+``tests/integration/test_raw_rows.py``, ``gpu`` and ``gpu-vs-cpu`` once more in
+``test_gpu_run_script.py`` (``benchmarks/gpu/run.sh --cpu``), ``cold-reads`` in
+``test_cold_reads.py``; ``cold-tier`` runs its library at a tiny size in
+``tests/integration/test_embedding_stage.py`` (a step that hangs is planted there).
+``model-analyzer`` runs at a tiny size below as a ``slow`` test (Model Analyzer's install and
+search take minutes); its own logic is tested in ``test_model_analyzer_compare.py``.
 """
 
 from __future__ import annotations
@@ -25,8 +26,8 @@ ROOT = Path(__file__).resolve().parents[2]
 
 #: The benchmark commands ``python -m lab`` offers.
 LAB_COMMANDS = {
-    "soak", "client-cost", "precision", "serving-defaults", "gpu", "kernels", "cold-reads", "cold-tier",
-    "model-analyzer", "raw-rows", "faults",
+    "soak", "client-cost", "precision", "serving-defaults", "gpu", "gpu-vs-cpu", "kernels", "cold-reads",
+    "cold-tier", "model-analyzer", "raw-rows", "faults",
 }  # fmt: skip
 #: What a user load-tests with: the only commands ``python -m loadtest`` offers.
 LOADTEST_COMMANDS = {"sweep", "compare", "baseline", "report", "roofline", "tune", "perf-analyzer"}
