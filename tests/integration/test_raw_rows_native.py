@@ -10,8 +10,6 @@ compiled stages are not built.
 
 from __future__ import annotations
 
-import ctypes
-import ctypes.util
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -29,6 +27,7 @@ from export.raw_rows import STAGE_MODEL, build_stage_config, write_stage
 from server import LocalServer
 from server.config import ModelControlMode
 from server.installation import COMPILED_STAGES
+from tests.native_stages import LOG1P_IS_LIBMS
 
 pytestmark = [
     pytest.mark.integration,
@@ -37,20 +36,6 @@ pytestmark = [
         reason=f"the compiled stages are not built ({COMPILED_STAGES} has no raw_rows): run `make stages`",
     ),
 ]
-
-
-def _log1p_is_libms() -> bool:
-    """Whether numpy's float32 log1p answers as the C library's log1pf (the compiled stage's)."""
-    libm = ctypes.CDLL(ctypes.util.find_library("m"))
-    libm.log1pf.restype, libm.log1pf.argtypes = ctypes.c_float, [ctypes.c_float]
-    probe = np.concatenate(
-        [np.arange(20000, dtype=np.float32), np.float32(10) ** np.arange(19, dtype=np.float32)]
-    )
-    theirs = np.array([libm.log1pf(float(value)) for value in probe], dtype=np.float32)
-    return bool(np.array_equal(np.log1p(probe).view(np.int32), theirs.view(np.int32)))
-
-
-LOG1P_IS_LIBMS = _log1p_is_libms()
 
 
 def _assert_same(answered: dict[str, np.ndarray], expected: dict[str, np.ndarray]) -> None:

@@ -16,8 +16,6 @@ ASan + UBSan build).
 
 from __future__ import annotations
 
-import ctypes
-import ctypes.util
 import importlib.util
 import os
 import struct
@@ -33,6 +31,7 @@ import pytest
 
 from criteo import rows as rules
 from server.stages.raw_rows import SOURCE_DIR
+from tests.native_stages import LOG1P_IS_LIBMS
 
 ROOT = Path(__file__).resolve().parents[2]
 DRIVER = Path(os.environ.get("RAW_ROWS_DRIVER", ROOT / "build" / "stages" / "raw_rows" / "raw_rows_driver"))
@@ -42,20 +41,6 @@ pytestmark = pytest.mark.skipif(
 )
 
 HEX = "0123456789abcdefABCDEF"
-
-
-def _log1p_is_libms() -> bool:
-    """Whether numpy's float32 log1p answers as the C library's log1pf, bit for bit."""
-    libm = ctypes.CDLL(ctypes.util.find_library("m"))
-    libm.log1pf.restype, libm.log1pf.argtypes = ctypes.c_float, [ctypes.c_float]
-    probe = np.concatenate(
-        [np.arange(20000, dtype=np.float32), np.float32(10) ** np.arange(19, dtype=np.float32)]
-    )
-    theirs = np.array([libm.log1pf(float(value)) for value in probe], dtype=np.float32)
-    return bool(np.array_equal(np.log1p(probe).view(np.int32), theirs.view(np.int32)))
-
-
-LOG1P_IS_LIBMS = _log1p_is_libms()
 
 
 @dataclass(frozen=True)
