@@ -8,6 +8,7 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -79,22 +80,28 @@ def test_tune_searches_reports_and_applies_through_the_server(
     server.stop()
 
 
-def test_tune_raw_sends_the_rows_as_text_to_the_raw_row_models(
-    exported_repository: Path, tmp_path: Path
-) -> None:
-    """``--raw``: every request goes to the variant's raw-row model, and the config searched is the
-    variant's; the user's repository is only read."""
-    out = tmp_path / "report"
+def _tiny_tune(repository: Path, out: Path, *options: str) -> dict[str, Any]:
+    """``python -m loadtest tune`` of dlrm on one instance and one client load, a few short
+    windows, with ``options`` (the variants, ``--raw``); its report.json."""
     command = [
-        sys.executable, "-m", "loadtest", "tune", "--repository", str(exported_repository), "--model", "dlrm",
-        "--raw", "--p99-budget-ms", "500", "--variants", "int8", "--instances", "1", "--threads", "0",
+        sys.executable, "-m", "loadtest", "tune", "--repository", str(repository), "--model", "dlrm",
+        *options, "--p99-budget-ms", "500", "--instances", "1", "--threads", "0",
         "--queue-delay-us", "100", "--batch-sizes", "16", "--concurrency", "1", "--window", "0.25",
         "--warmup", "0.1", "--min-windows", "2", "--max-windows", "2", "--confirm-rounds", "1",
         "--finalists", "1", "--out", str(out),
     ]  # fmt: skip
     completed = subprocess.run(command, capture_output=True, text=True, timeout=300, check=False)
     assert completed.returncode == 0, completed.stderr[-3000:]
-    document = json.loads((out / "report.json").read_text())
+    return json.loads((out / "report.json").read_text())
+
+
+def test_tune_raw_sends_the_rows_as_text_to_the_raw_row_models(
+    exported_repository: Path, tmp_path: Path
+) -> None:
+    """``--raw``: every request goes to the variant's raw-row model, and the config searched is the
+    variant's; the user's repository is only read."""
+    out = tmp_path / "report"
+    document = _tiny_tune(exported_repository, out, "--raw", "--variants", "int8")
     assert document["raw"] is True and document["request_models"] == ["dlrm_onnx_int8_raw"]
     trials = document["trials"]
     assert trials and all(t["errors"] == 0 and t["requests"] > 0 for t in trials)
@@ -108,17 +115,7 @@ def test_tune_of_one_variant_still_measures_the_shipped_default_beside_it(
     """``--variants fp32`` on a repository whose shipped default is the INT8 variant: the default is
     measured beside the search all the same (its config read too), as Model Analyzer's comparison
     asks of tune."""
-    out = tmp_path / "report"
-    command = [
-        sys.executable, "-m", "loadtest", "tune", "--repository", str(exported_repository), "--model", "dlrm",
-        "--p99-budget-ms", "500", "--variants", "fp32", "--instances", "1", "--threads", "0",
-        "--queue-delay-us", "100", "--batch-sizes", "16", "--concurrency", "1", "--window", "0.25",
-        "--warmup", "0.1", "--min-windows", "2", "--max-windows", "2", "--confirm-rounds", "1",
-        "--finalists", "1", "--out", str(out),
-    ]  # fmt: skip
-    completed = subprocess.run(command, capture_output=True, text=True, timeout=300, check=False)
-    assert completed.returncode == 0, completed.stderr[-3000:]
-    document = json.loads((out / "report.json").read_text())
+    document = _tiny_tune(exported_repository, tmp_path / "report", "--variants", "fp32")
     trials = document["trials"]
     assert {t["server"]["variant"] for t in trials} == {"fp32", "int8"}
     assert trials[0]["server"] == document["default"]["server"] and document["default"]["server"][
