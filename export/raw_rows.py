@@ -4,11 +4,12 @@ For each model an export serves (``dlrm_onnx``, ``dlrm_onnx_int8``, a hot/cold
 ensemble, ``dlrm_torch``, ...), :func:`write_raw_models` writes ``<model>_raw``:
 a Triton ensemble of two steps,
 
-1. ``criteo_rows``: the raw-row stage (``server/stages/raw_rows``, a python-backend
-   model with numpy alone), which parses ``raw_rows`` (``B x 1`` BYTES, one
-   unlabeled TSV row per element) into ``dense_features`` and ``categorical_ids``
-   by the rules of :mod:`criteo.rows`, copied beside it as ``criteo_rows.py``, so
-   the stage and the bundle's own reader parse with one module;
+1. ``criteo_rows``: the raw-row stage (``server/stages/raw_rows``), which parses
+   ``raw_rows`` (``B x 1`` BYTES, one unlabeled TSV row per element) into
+   ``dense_features`` and ``categorical_ids`` by the rules of :mod:`criteo.rows`. It is
+   the compiled stage, the Triton C++ backend ``raw_rows`` (``backend.cc``, built by
+   ``make stages``; in compose, by the image's build stage), whose parse a differential
+   test holds to :mod:`criteo.rows`; its version folder holds no file;
 2. the model itself, whose ``click_probability`` is the ensemble's output.
 
 A client picks the precision by the name, as it does without raw rows:
@@ -27,7 +28,14 @@ from pathlib import Path
 from tritonclient.grpc import model_config_pb2 as mc
 
 from bundle.errors import ConfigError
-from bundle.repository import CONFIG_NAME, make_ensemble_version, read_config, version_dir, write_config
+from bundle.repository import (
+    CONFIG_NAME,
+    make_compiled_stage_version,
+    make_ensemble_version,
+    read_config,
+    version_dir,
+    write_config,
+)
 from bundle.schema import (
     CATEGORICAL_INPUT,
     DENSE_INPUT,
@@ -44,14 +52,19 @@ from server.stages.raw_rows import RULES_FILE, SOURCE_DIR, SOURCE_FILES
 STAGE_MODEL = "criteo_rows"
 #: Rows the stage takes in one execution at most (a served model's max batch size may not exceed it).
 STAGE_MAX_BATCH = 65536
-#: Instances of the stage (each is one python stub process).
+#: Instances of the stage.
 STAGE_INSTANCES = 1
+#: The compiled stage's backend name: tritonserver opens ``<backends>/raw_rows/libtriton_raw_rows.so``.
+STAGE_BACKEND = "raw_rows"
+#: The python stage's backend (``server/stages/raw_rows/model.py``), kept to measure beside the
+#: compiled one (``python -m lab stage-times``).
+PYTHON_BACKEND = "python"
 
 
-def build_stage_config() -> mc.ModelConfig:
+def build_stage_config(backend: str = STAGE_BACKEND) -> mc.ModelConfig:
     """The stage's config: ``raw_rows`` BYTES ``[1]`` in, the schema's two input tensors out, a
     dynamic batcher that gathers concurrent requests (no delay added)."""
-    config = mc.ModelConfig(name=STAGE_MODEL, backend="python", max_batch_size=STAGE_MAX_BATCH)
+    config = mc.ModelConfig(name=STAGE_MODEL, backend=backend, max_batch_size=STAGE_MAX_BATCH)
     config.input.add(name=RAW_ROWS_INPUT, data_type=mc.TYPE_STRING, dims=[1])
     config.output.add(name=DENSE_INPUT, data_type=mc.TYPE_FP32, dims=[NUM_DENSE])
     config.output.add(name=CATEGORICAL_INPUT, data_type=mc.TYPE_INT64, dims=[NUM_CATEGORICAL])
@@ -62,14 +75,22 @@ def build_stage_config() -> mc.ModelConfig:
     return config
 
 
-def write_stage(repository: Path) -> Path:
-    """Write ``criteo_rows`` (its config, ``model.py`` and the rules module); the config's path."""
-    folder = version_dir(repository, STAGE_MODEL, 1)
-    folder.mkdir(parents=True, exist_ok=True)
-    for filename in SOURCE_FILES:
-        shutil.copyfile(SOURCE_DIR / filename, folder / filename)
-    shutil.copyfile(Path(rules.__file__), folder / RULES_FILE)
-    return write_config(repository / STAGE_MODEL, build_stage_config())
+def write_stage(repository: Path, backend: str = STAGE_BACKEND, name: str = STAGE_MODEL) -> Path:
+    """Write the stage ``name`` (``criteo_rows``): its config and its version folder, which holds
+    ``model.py`` and the rules module for the python stage, and for the compiled one a file that
+    keeps the folder in object storage; the config's path."""
+    folder = version_dir(repository, name, 1)
+    shutil.rmtree(folder, ignore_errors=True)
+    if backend == PYTHON_BACKEND:
+        folder.mkdir(parents=True)
+        for filename in SOURCE_FILES:
+            shutil.copyfile(SOURCE_DIR / filename, folder / filename)
+        shutil.copyfile(Path(rules.__file__), folder / RULES_FILE)
+    else:
+        make_compiled_stage_version(repository, name, backend)
+    config = build_stage_config(backend)
+    config.name = name
+    return write_config(repository / name, config)
 
 
 def build_raw_config(model: str, served: mc.ModelConfig, name: str = "") -> mc.ModelConfig:

@@ -520,7 +520,8 @@ def _step(
         "cold_lookups_per_request": (after_lookups - before_lookups) / stage_requests,
         "pages_read_per_request": max(0, after_pages - before_pages) / PAGE_BYTES / stage_requests,
         "server_cpu_ms_per_request": server_s / stage_requests * 1e3,
-        "stage_cpu_ms_per_request": stage_s / stage_requests * 1e3,
+        # A compiled stage has no process of its own: its CPU is inside tritonserver's.
+        "stage_cpu_ms_per_request": stage_s / stage_requests * 1e3 if before_cpu.stubs else float("nan"),
         "interrupt_cpu_ms_per_request": interrupts_s / stage_requests * 1e3,
         "steal_cpu_ms_per_request": steal_s / stage_requests * 1e3,
     }

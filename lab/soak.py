@@ -48,7 +48,7 @@ from clients.retry import RetryPolicy
 from clients.triton import TritonClient
 from clients.verify import repository_models
 from criteo.synth import SynthConfig, write_tsv
-from criteo.tsv import Batch, read_batch
+from criteo.tsv import Batch, RowText, read_batch
 from loadtest.engine.driver import Answer, Connect, Driver, Request
 from loadtest.engine.writer import Panel, Series, plot, table, write_json, write_markdown
 
@@ -70,13 +70,13 @@ class Case:
 
     Args:
         model: model name.
-        batch: the inputs (``B x 13`` dense, ``B x 26`` ids).
+        batch: the inputs (``B x 13`` dense, ``B x 26`` ids; or, for a raw-row model, the rows' text).
         answers: accepted ``B x 1`` outputs by label (e.g. ``{"v1": ..., "v2": ...}``).
         atol: largest absolute difference that still matches.
     """
 
     model: str
-    batch: Batch
+    batch: Batch | RowText
     answers: Mapping[str, np.ndarray]
     atol: float = 1e-6
 

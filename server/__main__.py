@@ -1,17 +1,16 @@
 """``python -m server serve --repository DIR|s3://...``: the local tritonserver, in the foreground.
 
-A model whose python stub dies is reloaded (``--model-control-mode explicit``) or the
-command stops the server and exits 1 with one line naming the model (``none``), for a
-supervisor to restart it; ``--on-dead-model`` chooses (see :mod:`server.dead_models`).
+When tritonserver dies (killed, crashed, or taken out of service because a model lost its
+python stub), the command starts it again on the same ports, a bounded number of times
+(:mod:`server.supervisor`); ``--no-restart`` makes it exit 1 instead, for a supervisor of
+its own. A model whose python stub dies is reloaded in place (``--model-control-mode
+explicit``) or takes the server down (``none``); ``--on-dead-model`` chooses (see
+:mod:`server.dead_models`).
 """
 
 from __future__ import annotations
 
-import logging
-import signal
-import time
 from pathlib import Path
-from types import FrameType
 from typing import Annotated
 
 import typer
@@ -23,10 +22,13 @@ from server.config import DEFAULT_LOG_FILE, ModelControlMode, ServerConfig
 from server.dead_models import DeadModelAction
 from server.launcher import LocalServer, run_tritonserver
 from server.security import ADMIN_HEADER, ADMIN_KEY_ENV, GRPC_ADMIN_HEADER, read_admin_key
-
-logger = logging.getLogger(__name__)
-
-_STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+from server.supervisor import (
+    DEFAULT_MAX_RESTARTS,
+    DEFAULT_RESTART_BACKOFF_S,
+    DEFAULT_RESTART_WINDOW_S,
+    RestartPolicy,
+    supervise,
+)
 
 app = new_app(
     "The real tritonserver (from the nvidia-pytriton wheel) on a model repository, "
@@ -45,22 +47,6 @@ RepositoryOrUrl = Annotated[
         "AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY and AWS_DEFAULT_REGION.",
     ),
 ]
-
-
-class _StopRequested(BaseException):
-    """Raised by the signal handler in the main thread; carries the signal.
-
-    A BaseException, like KeyboardInterrupt, so no ``except Exception`` on the
-    way up swallows it.
-    """
-
-    def __init__(self, signum: int) -> None:
-        super().__init__(signal.Signals(signum).name)
-        self.signum = signum
-
-
-def _request_stop(signum: int, frame: FrameType | None) -> None:
-    raise _StopRequested(signum)
 
 
 def _print_summary(server: LocalServer) -> None:
@@ -88,53 +74,6 @@ def _print_summary(server: LocalServer) -> None:
         state = model.state or "not loaded"
         print(f"  {model.name:<{width}}  version {version_text:<3} {state}{reason}")
     print("stop with Ctrl-C or SIGTERM", flush=True)
-
-
-def serve_forever(config: ServerConfig) -> int:
-    """Start the server, print its endpoints, and run until SIGINT or SIGTERM.
-
-    The signal is forwarded to tritonserver, which drains and unloads; a
-    second signal while it does kills it.
-
-    Args:
-        config: the server to run.
-
-    Returns:
-        tritonserver's exit code; 0 after a requested stop.
-
-    Raises:
-        ServerError: it could not start, it exited without being asked to, or it
-            was taken out of service because a model lost its python stub.
-    """
-    server = LocalServer(config)
-    previous = {sig: signal.signal(sig, _request_stop) for sig in _STOP_SIGNALS}
-    received: int = signal.SIGTERM
-    try:
-        try:
-            server.start()
-            _print_summary(server)
-            while server.running and server.failure is None:
-                time.sleep(0.2)
-            if server.failure is not None:
-                raise ServerError(server.failure)
-            raise ServerError(
-                f"tritonserver exited on its own with code {server.returncode} (log: {server.log_file})"
-            )
-        except _StopRequested as stop:
-            received = stop.signum
-            logger.info("received %s; stopping tritonserver", signal.Signals(received).name)
-        finally:
-            for sig in _STOP_SIGNALS:
-                signal.signal(sig, lambda signum, frame: server.kill())
-            code = server.stop(received)
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
-    if code is None or code == -received:
-        # Killed by the very signal we forwarded: tritonserver had not yet set up
-        # its handlers (a stop during start-up). Stopping was what was asked.
-        return 0
-    return code
 
 
 @app.command()
@@ -179,7 +118,8 @@ def serve(
         DeadModelAction | None,
         typer.Option(
             help="When a model's backend process dies: reload the model (explicit model control only), or "
-            "stop the server and exit 1 naming it. Default: reload with explicit model control, else stop."
+            "stop the server, which is then restarted (--restart) or exits 1 naming the model "
+            "(--no-restart). Default: reload with explicit model control, else stop."
         ),
     ] = None,
     allow_failed_models: Annotated[
@@ -190,8 +130,30 @@ def serve(
             "parse): each failed one is named in one line; the server's readiness stays non-200.",
         ),
     ] = False,
+    restart: Annotated[
+        bool,
+        typer.Option(
+            "--restart/--no-restart",
+            help="Start tritonserver again, on the same ports, when it dies (killed, crashed, or stopped "
+            "because a model lost its backend process); --no-restart: exit 1 with one line instead.",
+        ),
+    ] = True,
+    max_restarts: Annotated[
+        int,
+        typer.Option(help="Restarts allowed within --restart-window; the next death exits 1 with one line."),
+    ] = DEFAULT_MAX_RESTARTS,
+    restart_window: Annotated[
+        float, typer.Option(help="Seconds over which --max-restarts counts restarts.")
+    ] = DEFAULT_RESTART_WINDOW_S,
+    restart_backoff: Annotated[
+        float,
+        typer.Option(
+            help="Seconds to wait before the first restart in the window; doubled for each further one."
+        ),
+    ] = DEFAULT_RESTART_BACKOFF_S,
 ) -> None:
-    """Start tritonserver, wait until its models are ready, run until Ctrl-C or SIGTERM.
+    """Start tritonserver, wait until its models are ready, run until Ctrl-C or SIGTERM, and start
+    it again when it dies.
 
     The admin key is read from --admin-key-file or the environment, never from
     an option, so it stays out of this command's argv.
@@ -212,7 +174,10 @@ def serve(
         on_dead_model=on_dead_model,
         allow_failed_models=allow_failed_models,
     )
-    code = serve_forever(config)
+    policy = RestartPolicy(
+        enabled=restart, max_restarts=max_restarts, window_s=restart_window, backoff_s=restart_backoff
+    )
+    code = supervise(config, policy, on_ready=_print_summary)
     if code != 0:
         raise ServerError(f"tritonserver exited with code {code} (log: {log_file})")
 

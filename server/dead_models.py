@@ -32,8 +32,9 @@ UNLOADING, and is reaped at once). What happens then is the launcher's
 - ``stop`` (the default with ``none`` model control, where tritonserver refuses
   the repository API): take the server out of service. tritonserver is stopped
   (readiness turns non-200 at once, in-flight requests to the other models finish),
-  and ``python -m server serve`` exits 1 with one line naming the model, for a
-  supervisor (systemd, a container's restart policy) to start it again.
+  and ``python -m server serve`` starts it again (:mod:`server.supervisor`), or, with
+  ``--no-restart``, exits 1 with one line naming the model, for a supervisor (systemd,
+  a container's restart policy) to start it again.
 """
 
 from __future__ import annotations

@@ -113,6 +113,7 @@ class LocalServer:
         self._dead_instances = 0
         self._killed_after_drain = False
         self._failure: str | None = None
+        self._failure_cause: str | None = None
         self._recoveries: list[Recovery] = []
         self._stop_lock = threading.RLock()
         headers = admin_headers(config.admin_key, "http") if config.admin_key else None
@@ -132,23 +133,31 @@ class LocalServer:
     @property
     def running(self) -> bool:
         """Whether the tritonserver process is alive."""
-        return self._process is not None and self._process.poll() is None
+        return self._process is not None and _exit_status(self._process) is None
 
     @property
     def returncode(self) -> int | None:
-        """tritonserver's exit code once it has exited, else None.
+        """tritonserver's exit code once it has exited (negative: the signal that killed it), else None.
 
         0 too when ``stop()`` killed it once only instances whose stub had died were left.
+        Asking does not reap the process: ``stop()`` still ends the python stubs that a
+        tritonserver which died left behind, by its process group.
         """
         if self._process is None:
             return None
-        code = self._process.poll()
+        code = _exit_status(self._process)
         return 0 if code is not None and self._killed_after_drain else code
 
     @property
     def failure(self) -> str | None:
         """Why the server took itself out of service (a model lost its stub), in one line; else None."""
         return self._failure
+
+    @property
+    def failure_cause(self) -> str | None:
+        """What took the server out of service, without what was done about it, e.g. ``model 'm'
+        version 1 lost its backend process (stub m_0_0, pid 12)``; else None."""
+        return self._failure_cause
 
     @property
     def recoveries(self) -> list[Recovery]:
@@ -318,7 +327,7 @@ class LocalServer:
         started = time.monotonic()
         deadline = started + timeout_s
         while True:
-            code = process.poll()
+            code = _exit_status(process)
             if code is not None:
                 raise self._exit_error(code)
             if self._probe.is_ready():
@@ -444,6 +453,10 @@ class LocalServer:
             if process is None:
                 return None
             self._stopping = True  # from here the watch reacts to nothing
+            if process.returncode is None and _exit_status(process) is not None:
+                # It died on its own (killed, crashed): its python stubs outlive it, orphans in
+                # its process group that still hold memory and shared-memory regions.
+                self._kill_group(process)
             if process.poll() is None:
                 wait_s = self._config.exit_timeout_s + _KILL_GRACE_S if timeout is None else timeout
                 logger.info("stopping tritonserver pid %d (%s)", process.pid, signal.Signals(sig).name)
@@ -537,8 +550,9 @@ class LocalServer:
             described = "; ".join(model.describe() for model in dead)
             mode = self._config.model_control_mode.value
             self._take_out_of_service(
+                described,
                 f"{described}: stopped the server, since {mode} model control cannot reload a model "
-                f"(log: {self.log_file})"
+                f"(log: {self.log_file})",
             )
             return
         for model in dead:
@@ -552,7 +566,8 @@ class LocalServer:
             except ServerError as exc:
                 if not self._stopping:
                     self._take_out_of_service(
-                        f"{model.describe()} and could not be reloaded: {exc}; stopped the server"
+                        model.describe(),
+                        f"{model.describe()} and could not be reloaded: {exc}; stopped the server",
                     )
                 return
             recovery = Recovery(model.model, model.version, model.seen_at, time.monotonic())
@@ -561,12 +576,14 @@ class LocalServer:
                 "model '%s' reloaded, ready again %.1f s after its stub died", model.model, recovery.seconds
             )
 
-    def _take_out_of_service(self, line: str) -> None:
-        """Record ``line`` as the failure and ask tritonserver to stop: readiness turns non-200 at once."""
+    def _take_out_of_service(self, cause: str, line: str) -> None:
+        """Record the failure (``cause``; ``line``: it and what was done about it) and ask
+        tritonserver to stop: readiness turns non-200 at once."""
+        self._failure_cause = cause
         self._failure = line
         logger.error("%s", line)
         process = self._process
-        if process is not None and process.poll() is None and not self._stopping:
+        if process is not None and _exit_status(process) is None and not self._stopping:
             process.send_signal(signal.SIGTERM)
 
     def _kill_group(self, process: subprocess.Popen[bytes]) -> None:
@@ -622,6 +639,24 @@ class LocalServer:
             return ServerError(f"model(s) failed to load: {described} {where}")
         detail = last_error(text) or "no error in its log"
         return ServerError(f"tritonserver exited with code {code} before it was ready: {detail} {where}")
+
+
+def _exit_status(process: subprocess.Popen[bytes]) -> int | None:
+    """``process``'s exit code as ``Popen.returncode`` gives it (negative: killed by that signal),
+    without reaping it; None while it runs.
+
+    Until it is reaped its pid, which is also its process group's id, cannot be taken by
+    another process, so the group can still be killed safely.
+    """
+    if process.returncode is not None:
+        return process.returncode
+    try:
+        info = os.waitid(os.P_PID, process.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+    except ChildProcessError:  # reaped meanwhile (another thread's wait)
+        return process.poll()
+    if info is None:
+        return None
+    return -info.si_status if info.si_code in (os.CLD_KILLED, os.CLD_DUMPED) else info.si_status
 
 
 def _check_endpoint(url: str) -> None:

@@ -38,18 +38,26 @@ _REGION_NAME = re.compile(r"triton_[A-Za-z0-9_]+_shm_region_[0-9a-f-]+")
 def stub_regions(pid: int) -> list[str]:
     """Names of the shared-memory regions of tritonserver ``pid``'s python stubs.
 
+    The stubs are looked for among its descendants and in its process group (the launcher
+    starts it as the leader of a session of its own), so the stubs of a tritonserver that
+    died, orphans by then, are found too.
+
     Args:
         pid: tritonserver's process id.
 
     Returns:
-        Region names (files in ``/dev/shm``); empty when the process is gone.
+        Region names (files in ``/dev/shm``); empty when no stub of it is left.
     """
     try:
-        children = psutil.Process(pid).children(recursive=True)
+        candidates = {child.pid: child for child in psutil.Process(pid).children(recursive=True)}
     except psutil.Error:
-        return []
+        candidates = {}
+    for process in psutil.process_iter():
+        with contextlib.suppress(OSError):
+            if process.pid != pid and os.getpgid(process.pid) == pid:
+                candidates.setdefault(process.pid, process)
     names = []
-    for child in children:
+    for child in candidates.values():
         with contextlib.suppress(psutil.Error):
             argv = child.cmdline()
             if len(argv) > 2 and Path(argv[0]).name == _STUB_NAME and _REGION_NAME.fullmatch(argv[2]):

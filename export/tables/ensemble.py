@@ -3,8 +3,9 @@
 A model whose embedding tables are larger than memory keeps its family's name,
 ``<family>_onnx``, as a Triton ensemble of two steps:
 
-1. ``<family>_embedding``: a python-backend model (``server/stages/embedding``,
-   numpy only, KIND_CPU) that maps the row store read-only and, for the request's
+1. ``<family>_embedding``: the embedding stage, the compiled Triton backend ``embedding``
+   (``server/stages/embedding/backend.cc``, built by ``make stages``; in compose by the image's
+   build stage; KIND_CPU), that maps the row store read-only and, for the request's
    ``categorical_ids`` (``B x 26`` int64, any value), answers ``hot_slots``
    (``B x 26``), ``cold_positions`` (``N``) and ``cold_rows`` (``N x W`` float32);
 2. ``<family>_dense``: the ONNX model (``backend: "onnxruntime"``) that holds the
@@ -16,12 +17,11 @@ tensor has a batch dimension Triton could split or merge: every model here has
 ``max_batch_size: 0`` and dims with a leading ``-1`` (no dynamic batching; each
 client request runs as its own batch).
 
-The stage's version folder holds ``model.py`` and ``hot_cold_lookup.py`` (copied
-from ``server/stages/embedding``) and the hot set (``hot_set.npz``); the row
-store stays where it is, named by the config parameter ``row_store``: relative
-to the version folder when the store lies inside the repository (so the
-repository moves, or is mounted at ``/models``, with it), else absolute, or
-whatever ``store_path`` says (the store's path inside the serving container).
+The stage's version folder holds the hot set (``hot_set.npz``); the row store stays where
+it is, named by the config parameter ``row_store``: relative to the version folder when the
+store lies inside the repository (so the repository moves, or is mounted at ``/models``,
+with it), else absolute, or whatever ``store_path`` says (the store's path inside the
+serving container).
 
 Every config is a ``model_config_pb2.ModelConfig`` written with ``text_format``
 (:func:`bundle.repository.write_config`); :func:`bundle.repository.read_config`
@@ -102,6 +102,11 @@ HOT_SET_FILE = "hot_set.npz"
 #: (:func:`export.tables.hot_cold_graph.lookup_graph`): a new hot set's dense model is built from it.
 LOOKUP_GRAPH_FILE = "lookup_graph.onnx"
 PYTHON_BACKEND = "python"
+#: The compiled embedding stage's backend name: tritonserver opens
+#: ``<backends>/embedding/libtriton_embedding.so`` (``server/stages/embedding/backend.cc``).
+STAGE_BACKEND = "embedding"
+#: The stage's backends: the compiled one, and the python one (``server/stages/embedding/model.py``).
+STAGE_BACKENDS: tuple[str, ...] = (STAGE_BACKEND, PYTHON_BACKEND)
 ENSEMBLE_PLATFORM = "ensemble"
 
 #: Versions of the stage and of the dense model that may be loaded at once: the serving
@@ -194,8 +199,9 @@ def build_embedding_config(
     cold_reads: str = DEFAULT_COLD_READS,
     cold_read_threads: int = DEFAULT_COLD_READ_THREADS,
     hotness: Sequence[int] | None = None,
+    backend: str = STAGE_BACKEND,
 ) -> mc.ModelConfig:
-    """The ModelConfig of an embedding stage (python backend, KIND_CPU, ``max_batch_size: 0``).
+    """The ModelConfig of an embedding stage (KIND_CPU, ``max_batch_size: 0``).
 
     Args:
         name: the model name (``dlrm_embedding``).
@@ -211,11 +217,17 @@ def build_embedding_config(
         cold_read_threads: threads of the ``threads`` way (written only for it).
         hotness: a multi-hot model's ids per bag of each table (None: one id each): the
             ids and ``hot_slots`` are then ``-1 x H``, ``H`` their sum.
+        backend: one of :data:`STAGE_BACKENDS`: both read the same parameters.
 
     Raises:
         ConfigError: not 26 sizes >= 1, a width below 1, fewer than 1 instance, an
-            empty path, an unknown way of reading cold rows, or not 26 counts >= 1.
+            empty path, an unknown way of reading cold rows, not 26 counts >= 1, or
+            an unknown backend.
     """
+    if backend not in STAGE_BACKENDS:
+        raise ConfigError(
+            f"the embedding stage's backend is one of {', '.join(STAGE_BACKENDS)}, got {backend!r}"
+        )
     sizes = tuple(int(size) for size in table_sizes)
     if len(sizes) != NUM_CATEGORICAL or min(sizes) < 1:
         raise ConfigError(f"an embedding stage needs {NUM_CATEGORICAL} table sizes >= 1, got {list(sizes)}")
@@ -233,7 +245,7 @@ def build_embedding_config(
     if counts is not None and (len(counts) != NUM_CATEGORICAL or min(counts) < 1):
         raise ConfigError(f"hotness must be {NUM_CATEGORICAL} counts >= 1, got {list(counts)}")
     positions = NUM_CATEGORICAL if counts is None else sum(counts)
-    config = mc.ModelConfig(name=name, backend=PYTHON_BACKEND, max_batch_size=0)
+    config = mc.ModelConfig(name=name, backend=backend, max_batch_size=0)
     _add(config.input, (CATEGORICAL_INPUT, mc.TYPE_INT64, (ANY_ROWS, positions)))
     for tensor in (_hot_slots(positions), _cold_positions(), _cold_rows(width)):
         _add(config.output, tensor)
@@ -372,8 +384,11 @@ def write_embedding_stage(
     cold_reads: str = DEFAULT_COLD_READS,
     cold_read_threads: int = DEFAULT_COLD_READ_THREADS,
     hotness: Sequence[int] | None = None,
+    backend: str = STAGE_BACKEND,
+    name: str = "",
 ) -> Path:
-    """Write ``<family>_embedding``: its version folder (the stage's files, the hot set) and config.
+    """Write ``<family>_embedding``: its version folder (the hot set, and the python stage's
+    files where ``backend`` is python) and config.
 
     The store and the hot set are opened here (the store's size and sampled rows
     checked, see :meth:`export.tables.row_store.RowStore.open`), so a mismatch fails at
@@ -393,6 +408,8 @@ def write_embedding_stage(
         cold_reads: how the stage reads cold rows (see :func:`build_embedding_config`).
         cold_read_threads: threads of the ``threads`` way.
         hotness: a multi-hot model's ids per bag of each table (None: one id each).
+        backend: the stage's backend (:data:`STAGE_BACKENDS`).
+        name: the model's name (default: ``<family>_embedding``).
 
     Returns:
         The config path.
@@ -415,11 +432,12 @@ def write_embedding_stage(
         )
     if width is not None and width != store.spec.width:
         raise ConfigError(f"row store {store_dir} has rows of width {store.spec.width}, not {width}")
-    name = embedding_model_name(family)
+    name = name or embedding_model_name(family)
     folder = version_dir(repository, name, version)
     folder.mkdir(parents=True, exist_ok=True)
-    for filename in SOURCE_FILES:
-        shutil.copyfile(SOURCE_DIR / filename, folder / filename)
+    if backend == PYTHON_BACKEND:
+        for filename in SOURCE_FILES:
+            shutil.copyfile(SOURCE_DIR / filename, folder / filename)
     target = folder / HOT_SET_FILE
     if Path(hot_set_path).resolve() != target.resolve():
         shutil.copyfile(hot_set_path, target)
@@ -436,6 +454,7 @@ def write_embedding_stage(
         cold_reads,
         cold_read_threads,
         hotness,
+        backend,
     )
     return write_config(repository / name, config)
 

@@ -10,6 +10,9 @@ Runners by concern:
 
 - :mod:`lab.faults.crashes`: a python-backend stub (plain model, hot/cold stage) and
   tritonserver itself killed with SIGKILL under checked load;
+- :mod:`lab.faults.server_crashes`: tritonserver crashing under ``python -m server serve``,
+  which restarts it: killed with SIGKILL, and sent SIGSEGV while the compiled raw-row stage
+  (which runs inside it) serves;
 - :mod:`lab.faults.damaged`: damaged files in a repository (row store, model files,
   config.pbtxt);
 - :mod:`lab.faults.writes`: an export and a rollout killed at several points, and a

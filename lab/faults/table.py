@@ -9,7 +9,9 @@ faults need, each made through the bundle's own CLIs, as a user makes it:
   with FP16 and INT8 variants).
 
 Then, in order: a stub SIGKILL under load of a plain model and of the hot/cold stage, a
-tritonserver SIGKILL under load (:mod:`lab.faults.crashes`); each damaged file
+tritonserver SIGKILL under load (:mod:`lab.faults.crashes`); tritonserver SIGKILLed, and sent
+SIGSEGV while the compiled raw-row stage serves, under ``python -m server serve``, which
+restarts it (:mod:`lab.faults.server_crashes`); each damaged file
 (:mod:`lab.faults.damaged`); the second checkpoint's export into ``plain`` and a rollout
 of a new hot set into ``hot_cold``, each killed at six points, and the export out of space
 (:mod:`lab.faults.writes`). :func:`write_table` writes ``result.json`` and ``result.md``.
@@ -100,6 +102,8 @@ FAULTS: dict[str, str] = {
     "stub-kill": "stub SIGKILL (plain)",
     "stage-stub-kill": "stub SIGKILL (hot/cold stage)",
     "server-kill": "tritonserver SIGKILL",
+    "server-crash": "tritonserver crash under python -m server serve",
+    "stage-crash": "compiled stage crash under python -m server serve",
     "damaged-files": "damaged files",
     "export-killed": "export killed",
     "rollout-killed": "rollout killed",
@@ -118,7 +122,7 @@ def run_faults(work: Path | None = None, keep: bool = False, only: Sequence[str]
     Raises:
         ConfigError: ``only`` names a fault the table does not have.
     """
-    from lab.faults import crashes, damaged, writes
+    from lab.faults import crashes, damaged, server_crashes, writes
 
     unknown = [name for name in only if name not in FAULTS]
     if unknown:
@@ -134,6 +138,8 @@ def run_faults(work: Path | None = None, keep: bool = False, only: Sequence[str]
                 crashes.stage_stub_killed(space.hot_cold, "dlrm_onnx", "dlrm_embedding", log_dir=logs)
             ],
             "server-kill": lambda: [crashes.server_killed(space.plain, "dlrm_onnx", log_dir=logs)],
+            "server-crash": lambda: [server_crashes.server_crash(space.plain, root, log_dir=logs)],
+            "stage-crash": lambda: [server_crashes.stage_crash(space.plain, root, log_dir=logs)],
             "damaged-files": lambda: _damaged(space, damaged),
             "export-killed": lambda: writes.interrupted_writes(
                 _export_faults(space, writes), writes.EXPORT_POINTS

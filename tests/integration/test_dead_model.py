@@ -9,8 +9,9 @@ fails every request to it for good. The bundle's local server watches the stubs
   SIGTERM afterwards stops the server at once with exit code 0;
 - the same for the hot/cold embedding stage (a python-backend model too) under its
   ensemble: the stage and the ensemble that calls it come back together;
-- ``none`` model control: ``python -m server serve`` stops the server and exits 1 with
-  one line naming the model.
+- ``none`` model control with ``--no-restart``: ``python -m server serve`` stops the server
+  and exits 1 with one line naming the model (by default it restarts the server instead:
+  ``test_serve_restarts.py``).
 
 The load is :func:`lab.faults.crashes.measure_stub_kill` (checked load, readiness
 polled every 50 ms), the engine of the ``crashes`` fault runners.
@@ -41,7 +42,10 @@ pytestmark = pytest.mark.integration
 StartTriton = Callable[..., LocalServer]
 
 MODEL = "dlrm_onnx"
-STAGE = "dlrm_embedding"  # the embedding stage of a DLRM exported hot/cold
+# The dense step of a DLRM exported hot/cold: a python stub locally (the onnxruntime backend). The
+# ensemble's other step, the embedding stage, is compiled and runs inside tritonserver: its crash
+# is a server crash, which `python -m server serve` restarts (test_serve_restarts.py).
+DENSE_STEP = "dlrm_dense"
 BATCH = 64
 #: A SIGTERM after the crash: drain and unload, not tritonserver's whole exit timeout (10 s).
 STOP_BOUND_S = 5.0
@@ -122,14 +126,14 @@ def test_stub_killed_under_load_model_is_reloaded_and_never_looks_ready_while_do
     )
 
 
-def test_hot_cold_stage_stub_killed_under_load_stage_and_ensemble_come_back(
+def test_hot_cold_dense_step_stub_killed_under_load_step_and_ensemble_come_back(
     start_triton: StartTriton, hot_cold_repository: Path, rows: Batch
 ) -> None:
     server = start_triton(hot_cold_repository, model_control_mode="explicit", load_models=(MODEL,))
     # The ensemble's answers before the fault (its stages against numpy: test_embedding_stage.py).
     cases = answered_cases(server, MODEL, [rows.slice(0, BATCH), rows.slice(BATCH, 2 * BATCH)])
-    regions = _regions(server, STAGE)
-    measured = measure_stub_kill(server, cases, STAGE, rate=100.0)
+    regions = _regions(server, DENSE_STEP)
+    measured = measure_stub_kill(server, cases, DENSE_STEP, rate=100.0)
     stopped = time.monotonic()
     code = server.stop()
     stop_s = time.monotonic() - stopped
@@ -139,13 +143,13 @@ def test_hot_cold_stage_stub_killed_under_load_stage_and_ensemble_come_back(
     assert tally.wrong == 0 and tally.errors == 0, (
         tally.summary()
     )  # the clients' retries ride over the reload
-    assert [r.model for r in measured.recoveries] == [STAGE]
+    assert [r.model for r in measured.recoveries] == [DENSE_STEP]
     assert measured.recovery_s is not None and measured.recovery_s < RECOVERY_BOUND_S, tally.summary()
-    # Unloading the stage unloads the ensemble that calls it: neither says ready until both are back.
+    # Unloading the step unloads the ensemble that calls it: neither says ready until both are back.
     assert not measured.ready_while_down(margin_s=0.1)
     assert code == 0 and stop_s < STOP_BOUND_S, (code, stop_s)
     print(
-        f"stage stub kill: {tally.requests} requests, {tally.errors} failed {dict(tally.error_kinds)}, "
+        f"dense step stub kill: {tally.requests} requests, {tally.errors} failed {dict(tally.error_kinds)}, "
         f"{tally.wrong} wrong; answered again after {measured.recovery_s:.2f} s; not ready "
         f"{measured.not_ready_s():.2f} s; SIGTERM: exit {code} in {stop_s:.1f} s"
     )
@@ -165,7 +169,7 @@ def _tritonserver_pid(serve: subprocess.Popen[str]) -> int:
     return children[0].pid
 
 
-def test_serve_in_none_mode_exits_1_naming_the_model_when_its_stub_dies(
+def test_serve_in_none_mode_without_restarts_exits_1_naming_the_model_when_its_stub_dies(
     repository: Path, tmp_path: Path
 ) -> None:
     http_port, grpc_port, metrics_port = free_ports(3)
@@ -178,7 +182,7 @@ def test_serve_in_none_mode_exits_1_naming_the_model_when_its_stub_dies(
         str(metrics_port),
     ]
     command = [sys.executable, "-m", "server", "serve", "--repository", str(repository), *ports,
-               "--log-file", str(tmp_path / "tritonserver.log")]  # fmt: skip
+               "--log-file", str(tmp_path / "tritonserver.log"), "--no-restart"]  # fmt: skip
     serve = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     probe = ServerProbe("127.0.0.1", http_port)
     try:

@@ -1,7 +1,8 @@
 """The compiled raw-row stage loaded by the real local tritonserver, beside the python stage.
 
-One repository serves the python stage (``criteo_rows``, as the export writes it) and the same
-config with ``backend: "raw_rows"`` (the C++ backend ``make stages`` builds). On the same rows,
+One repository serves the python stage (``criteo_rows``, ``backend: "python"``) and the same
+config with ``backend: "raw_rows"`` (the C++ backend ``make stages`` builds, which the export
+writes). On the same rows,
 over HTTP and gRPC, both answer the same tensors bit for bit (the dense features within 4 ULP
 where numpy's float32 ``log1p`` is not the C library's); a bad row gets the same error
 text and code from both, fails only its own request, and the server stays up. Skips when the
@@ -23,7 +24,7 @@ from tritonclient.utils import InferenceServerException
 
 from bundle.repository import version_dir, write_config
 from bundle.schema import CATEGORICAL_INPUT, DENSE_INPUT, RAW_ROWS_INPUT
-from export.raw_rows import STAGE_MODEL, build_stage_config, write_stage
+from export.raw_rows import PYTHON_BACKEND, STAGE_MODEL, build_stage_config, write_stage
 from server import LocalServer
 from server.config import ModelControlMode
 from server.installation import COMPILED_STAGES
@@ -62,7 +63,7 @@ def _write_native(repository: Path, name: str, change: Callable[[Any], None] | N
 @pytest.fixture(scope="module")
 def server(start_triton: Callable[..., LocalServer], tmp_path_factory: pytest.TempPathFactory) -> LocalServer:
     repository = tmp_path_factory.mktemp("native-raw-rows")
-    write_stage(repository)
+    write_stage(repository, PYTHON_BACKEND)
     _write_native(repository, NATIVE)
     return start_triton(repository)
 

@@ -27,7 +27,7 @@ ROOT = Path(__file__).resolve().parents[2]
 #: The benchmark commands ``python -m lab`` offers.
 LAB_COMMANDS = {
     "soak", "client-cost", "precision", "serving-defaults", "gpu", "gpu-vs-cpu", "kernels", "cold-reads",
-    "cold-tier", "model-analyzer", "raw-rows", "faults",
+    "cold-tier", "model-analyzer", "raw-rows", "stage-times", "faults",
 }  # fmt: skip
 #: What a user load-tests with: the only commands ``python -m loadtest`` offers.
 LOADTEST_COMMANDS = {"sweep", "compare", "baseline", "report", "roofline", "tune", "perf-analyzer"}
@@ -185,6 +185,25 @@ def test_faults_tries_the_faults_it_is_given(tmp_path: Path) -> None:
     assert "out of space" in result["fault"] and result["ok"] and result["wrong"] == 0
     assert "no space left" in result["seen"]
     assert (tmp_path / "result.md").is_file()
+
+
+@pytest.mark.integration
+def test_faults_server_and_stage_crash_are_restarted_by_serve(tmp_path: Path) -> None:
+    from lab.faults.server_crashes import STAGE_LIBRARY
+
+    faults = ["server-crash", *(["stage-crash"] if STAGE_LIBRARY.is_file() else [])]
+    chosen = [arg for name in faults for arg in ("--fault", name)]
+    run = lab("faults", *chosen, "--out", str(tmp_path), "--work", str(tmp_path), timeout=900)
+    assert run.returncode == 0, run.stderr[-2000:]
+    results = json.loads((tmp_path / "result.json").read_text())["faults"]
+    assert [r["fault"].split(":")[0] for r in results] == [name.replace("-", " ") for name in faults]
+    for result in results:
+        assert result["ok"] and result["wrong"] == 0 and result["requests"] > 0, result
+        assert result["recovery_s"] is not None and result["recovery_s"] <= 15
+        assert "restart 1, ready again in" in result["seen"] and "exit 0" in result["seen"]
+    assert "killed by SIGKILL" in results[0]["seen"]
+    if len(results) > 1:
+        assert "killed by SIGSEGV" in results[1]["seen"] and "compiled raw-row stage" in results[1]["fault"]
 
 
 @pytest.fixture(scope="session")

@@ -11,7 +11,11 @@ No Docker and no root: the file is read the way Compose reads it, then checked.
   file's own defaults and its required admin key;
 - the Compose Specification's JSON schema, as check-jsonschema ships it
   (``--builtin-schema vendor.compose-spec``): its CLI on the file as written,
-  and the same schema in-process on the interpolated file.
+  and the same schema in-process on the interpolated file;
+- ``docker-compose config`` (Compose 1.29, Debian's package) where it is installed;
+- the servers' image, built by ``deploy/tritonserver/Dockerfile``, read instruction by
+  instruction: the stages built (and their C API declarations checked) against the NGC image's
+  own headers, each backend where a config's ``backend`` name makes tritonserver look.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ import importlib.resources
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import threading
@@ -33,11 +38,19 @@ import jsonschema
 import pytest
 import yaml
 
+from bundle.ngc import PINNED_RELEASE
+from export.raw_rows import STAGE_BACKEND as RAW_ROWS_BACKEND
 from server.ports import free_ports
 
 ROOT = Path(__file__).resolve().parents[2]
 COMPOSE_FILE = ROOT / "docker-compose.yml"
 DASHBOARD = ROOT / "deploy" / "grafana" / "dashboards" / "triton.json"
+SERVER_DOCKERFILE = ROOT / "deploy" / "tritonserver" / "Dockerfile"
+STAGES_SOURCE = ROOT / "server" / "stages"
+#: The compiled stages, by the backend name a config.pbtxt gives (``backend: "raw_rows"``).
+COMPILED_STAGES = {RAW_ROWS_BACKEND, "embedding"}
+#: Where the NGC image's tritonserver looks for the backend ``<name>``.
+NGC_BACKENDS = "/opt/tritonserver/backends"
 GPU_SERVICES = {"tritonserver", "trt-build"}
 SERVERS = {"tritonserver", "tritonserver-cpu"}
 #: A clean environment: the defaults in the file are what is checked, not this shell's settings.
@@ -234,7 +247,11 @@ def test_images_are_pinned_and_nvidia_images_share_one_release(services: dict[st
         assert re.fullmatch(r"[\w./-]+:[\w.-]+", image), f"{name}: {image} has no tag"
         assert not image.endswith((":latest", ":main", ":nightly")), f"{name}: {image} is not pinned"
     release = re.compile(r"nvcr\.io/nvidia/(tritonserver|tensorrt):(\d{2}\.\d{2})-py3")
-    found = {name: release.fullmatch(services[name]["image"]) for name in (*SERVERS, "trt-build")}
+    # The servers run an image built from NGC's tritonserver image: its release is the FROM's.
+    images = {name: _base_images(services[name]) for name in SERVERS}
+    assert all(len(set(froms)) == 1 for froms in images.values()), images
+    found = {name: release.fullmatch(images[name][0]) for name in SERVERS}
+    found["trt-build"] = release.fullmatch(services["trt-build"]["image"])
     assert all(found.values()), found
     # A plan runs only under the TensorRT that built it: one NGC release for all three; and
     # perf_analyzer comes from the SDK image of the same release as the server it measures.
@@ -243,6 +260,119 @@ def test_images_are_pinned_and_nvidia_images_share_one_release(services: dict[st
     (release_tag,) = releases
     assert services["perf-analyzer"]["image"] == f"nvcr.io/nvidia/tritonserver:{release_tag}-py3-sdk"
     assert services["trt-build"]["image"].startswith("nvcr.io/nvidia/tensorrt:")
+
+
+def _dockerfile(path: Path) -> list[tuple[str, str]]:
+    """``(INSTRUCTION, arguments)`` of each instruction, continuation lines joined, comments dropped."""
+    instructions: list[tuple[str, str]] = []
+    pending = ""
+    for line in path.read_text().splitlines():
+        if not pending and (not line.strip() or line.lstrip().startswith("#")):
+            continue
+        pending += line.strip()
+        if pending.endswith("\\"):
+            pending = pending[:-1].rstrip() + " "
+            continue
+        keyword, _, arguments = pending.partition(" ")
+        instructions.append((keyword.upper(), arguments.strip()))
+        pending = ""
+    return instructions
+
+
+def _build_files(service: dict[str, Any]) -> tuple[Path, Path]:
+    """The build context and the Dockerfile of a service, as Compose resolves them (the
+    Dockerfile's path is relative to the context)."""
+    context = Path(_source(str(service["build"]["context"])))
+    return context, Path(os.path.normpath(context / service["build"]["dockerfile"]))
+
+
+def _base_images(service: dict[str, Any]) -> list[str]:
+    """The image of each ``FROM`` of the service's Dockerfile, its ``ARG``s resolved with the
+    service's build args (``ARG NAME=default`` where compose gives none)."""
+    _, dockerfile = _build_files(service)
+    args = {**_dockerfile_args(dockerfile), **service["build"].get("args", {})}
+    images = []
+    for keyword, arguments in _dockerfile(dockerfile):
+        if keyword == "FROM":
+            images.append(_substitute(arguments.split()[0], args))
+    return images
+
+
+def _dockerfile_args(dockerfile: Path) -> dict[str, str]:
+    defaults = (a.partition("=") for keyword, a in _dockerfile(dockerfile) if keyword == "ARG")
+    return {name: value for name, _, value in defaults}
+
+
+def test_servers_run_the_ngc_image_with_the_compiled_stages_built_in(services: dict[str, Any]) -> None:
+    """Both servers: one image, built (never pulled) from server/stages by the Dockerfile, of the
+    NGC release of every other NVIDIA image of the file."""
+    for name in SERVERS:
+        server = services[name]
+        context, dockerfile = _build_files(server)
+        assert context == STAGES_SOURCE, f"{name}: the build context is the stages' sources alone"
+        assert dockerfile == SERVER_DOCKERFILE, name
+        assert server["build"]["args"] == {"NGC_RELEASE": PINNED_RELEASE}, name
+        assert server["image"] == f"ctr-bundle/tritonserver:{PINNED_RELEASE}-py3", name
+        # A local name: pulling it would fetch whatever a registry holds under it.
+        assert server["pull_policy"] == "build", name
+        assert _base_images(server) == [f"nvcr.io/nvidia/tritonserver:{PINNED_RELEASE}-py3"] * 2, name
+    assert _dockerfile_args(SERVER_DOCKERFILE) == {"NGC_RELEASE": PINNED_RELEASE}, "docker build's default"
+
+
+def test_the_build_stage_builds_and_checks_the_stages_against_the_images_headers() -> None:
+    instructions = _dockerfile(SERVER_DOCKERFILE)
+    stages = [i for i, (keyword, _) in enumerate(instructions) if keyword == "FROM"]
+    assert len(stages) == 2, "a build stage, then the serving stage"
+    build, serve = instructions[stages[0] : stages[1]], instructions[stages[1] :]
+    build_from = build[0][1].split()
+    assert build_from[0] == serve[0][1] == "nvcr.io/nvidia/tritonserver:${NGC_RELEASE}-py3"
+    assert build_from[1:] == ["AS", "stages"]
+    runs = " && ".join(arguments for keyword, arguments in build if keyword == "RUN")
+    assert ("COPY", ". /src/stages") in build, "the context (server/stages) is the CMake project"
+    assert "apt-get install -y --no-install-recommends cmake g++ make" in runs
+    configure = re.search(r"cmake -S /src/stages -B /build/stages (.*?) &&", runs)
+    assert configure, runs
+    # TRITON_INCLUDE_DIR turns on common/api_check.cc: the bundle's declarations against the
+    # image's tritonbackend.h and tritonserver.h.
+    assert "-DTRITON_INCLUDE_DIR=/opt/tritonserver/include" in configure.group(1).split()
+    assert "-DCMAKE_BUILD_TYPE=Release" in configure.group(1).split()
+    assert "cmake --build /build/stages" in runs
+    assert not [keyword for keyword, _ in serve if keyword == "RUN"], "no compiler in the served image"
+
+
+def test_each_compiled_stage_lands_where_its_backend_name_points() -> None:
+    """``backend: "<stage>"`` makes tritonserver open ``backends/<stage>/libtriton_<stage>.so``;
+    CMake builds that library as ``<build>/<stage>/libtriton_<stage>.so`` (target
+    ``triton_<stage>`` of ``server/stages/<stage>/CMakeLists.txt``)."""
+    copied: dict[str, str] = {}
+    for keyword, arguments in _dockerfile(SERVER_DOCKERFILE):
+        if keyword == "COPY" and arguments.startswith("--from=stages "):
+            _, source, target = arguments.split()
+            copied[target] = source
+    assert copied == {
+        f"{NGC_BACKENDS}/{stage}/": f"/build/stages/{stage}/libtriton_{stage}.so" for stage in COMPILED_STAGES
+    }
+    built = set()
+    for cmake in STAGES_SOURCE.glob("*/CMakeLists.txt"):
+        stage = cmake.parent.name
+        if re.search(rf"add_library\(triton_{stage}\s+SHARED\b", cmake.read_text()):
+            built.add(stage)
+    assert built == COMPILED_STAGES, "each backend library the stages' CMake project builds is served"
+
+
+@pytest.mark.skipif(shutil.which("docker-compose") is None, reason="docker-compose (1.29) is not installed")
+def test_docker_compose_resolves_the_file() -> None:
+    """Compose's own reading (no daemon needed): every profile, the build contexts present."""
+    env = {**CLEAN_ENV, "TRITON_ADMIN_KEY": TEST_ADMIN_KEY}
+    command = ["docker-compose", "--profile", "gpu", "--profile", "cpu", "--profile", "sdk", "config"]
+    done = subprocess.run(
+        command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=120, check=False
+    )
+    assert done.returncode == 0, done.stderr
+    resolved = yaml.safe_load(done.stdout)
+    for name in SERVERS:
+        assert resolved["services"][name]["build"]["context"] == str(STAGES_SOURCE), name
+        assert resolved["services"][name]["image"] == f"ctr-bundle/tritonserver:{PINNED_RELEASE}-py3"
 
 
 def test_gpu_reservation(services: dict[str, Any]) -> None:

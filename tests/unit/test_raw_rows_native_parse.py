@@ -281,3 +281,23 @@ def test_every_single_byte_in_a_field_is_judged_alike() -> None:
     for case, got in zip(cases, _run_driver(cases), strict=True):
         want = _expected(case, join)
         assert _same(got, want), f"{case!r}\n  C++:    {_describe(got)}\n  python: {_describe(want)}"
+
+
+def test_a_long_bad_field_is_quoted_by_its_head_and_length_alike() -> None:
+    """A bad field longer than QUOTED_BYTES is quoted by its first bytes and its length, in a count,
+    an id and a label, so an error never carries a whole row back (gRPC refuses long messages)."""
+    base = [b"1"] * 13 + [b"a"] * 26
+    cases = []
+    for length in (rules.QUOTED_BYTES - 1, rules.QUOTED_BYTES, rules.QUOTED_BYTES + 1, 70_000):
+        field = b"z'" + b"\xe9" * (length - 2)
+        for index in (0, 20):
+            fields = list(base)
+            fields[index] = field
+            cases.append(Case(b"\t".join(fields), False, 1))
+        cases.append(Case(field + b"\t" + b"\t".join(base), True, None))
+    join = _stage_join()
+    for case, got in zip(cases, _run_driver(cases), strict=True):
+        want = _expected(case, join)
+        assert _same(got, want), f"{case!r}\n  C++:    {_describe(got)}\n  python: {_describe(want)}"
+    with pytest.raises(rules.RowError, match=r"""C8: categorical id "z'é+"\.\.\. \(70000 bytes\) is not"""):
+        rules.parse_rows(b"\t".join([*base[:20], b"z'" + b"\xe9" * 69_998, *base[21:]]), labeled=False)

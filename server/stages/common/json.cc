@@ -1,7 +1,10 @@
 #include "json.h"
 
 #include <cerrno>
+#include <cmath>
+#include <cstdio>
 #include <cstdlib>
+#include <map>
 
 namespace stages {
 
@@ -264,6 +267,251 @@ const Json* Json::member(const std::string& name) const {
     if (entry->first == name) return &entry->second;
   }
   return nullptr;
+}
+
+}  // namespace stages
+
+namespace stages {
+
+namespace {
+
+// The code point of the UTF-8 sequence at `text[*at]`, advancing past it; a byte that starts no
+// valid sequence stands for itself (its value). Surrogates encoded as three bytes are taken as
+// they are (the reader writes a lone \uD8XX so).
+uint32_t NextPoint(std::string_view text, size_t* at) {
+  const auto byte = [&](size_t index) { return static_cast<unsigned char>(text[index]); };
+  const unsigned char lead = byte(*at);
+  int length = 0;
+  uint32_t point = 0;
+  uint32_t smallest = 0;
+  if (lead < 0x80) {
+    ++*at;
+    return lead;
+  } else if (lead >= 0xC2 && lead <= 0xDF) {
+    length = 2, point = lead & 0x1Fu, smallest = 0x80;
+  } else if (lead >= 0xE0 && lead <= 0xEF) {
+    length = 3, point = lead & 0x0Fu, smallest = 0x800;
+  } else if (lead >= 0xF0 && lead <= 0xF4) {
+    length = 4, point = lead & 0x07u, smallest = 0x10000;
+  }
+  if (length == 0 || text.size() - *at < static_cast<size_t>(length)) {
+    ++*at;
+    return lead;
+  }
+  for (int index = 1; index < length; ++index) {
+    const unsigned char next = byte(*at + index);
+    if ((next & 0xC0u) != 0x80u) {
+      ++*at;
+      return lead;
+    }
+    point = (point << 6) | (next & 0x3Fu);
+  }
+  if (point < smallest || point > 0x10FFFF) {
+    ++*at;
+    return lead;
+  }
+  *at += length;
+  return point;
+}
+
+void AppendEscape(uint32_t unit, std::string* out) {
+  static constexpr char kDigits[] = "0123456789abcdef";
+  *out += "\\u";
+  for (int shift = 12; shift >= 0; shift -= 4) *out += kDigits[(unit >> shift) & 0xFu];
+}
+
+void AppendString(std::string_view text, std::string* out) {
+  *out += '"';
+  for (size_t at = 0; at < text.size();) {
+    const uint32_t point = NextPoint(text, &at);
+    switch (point) {
+      case '"': *out += "\\\""; break;
+      case '\\': *out += "\\\\"; break;
+      case '\b': *out += "\\b"; break;
+      case '\f': *out += "\\f"; break;
+      case '\n': *out += "\\n"; break;
+      case '\r': *out += "\\r"; break;
+      case '\t': *out += "\\t"; break;
+      default:
+        if (point >= 0x20 && point <= 0x7E) {
+          *out += static_cast<char>(point);
+        } else if (point < 0x10000) {
+          AppendEscape(point, out);
+        } else {
+          AppendEscape(0xD800 + ((point - 0x10000) >> 10), out);
+          AppendEscape(0xDC00 + ((point - 0x10000) & 0x3FFu), out);
+        }
+    }
+  }
+  *out += '"';
+}
+
+// A number token as json.dumps writes the value json.loads made of it.
+void AppendNumber(const std::string& token, std::string* out) {
+  if (token.find_first_of(".eE") == std::string::npos) {
+    // An int: its digits (JSON allows no leading zeros), "-0" being 0.
+    *out += token.find_first_not_of("-0") == std::string::npos ? "0" : token;
+    return;
+  }
+  const double value = std::strtod(token.c_str(), nullptr);
+  if (value == HUGE_VAL) {
+    *out += "Infinity";
+  } else if (value == -HUGE_VAL) {
+    *out += "-Infinity";
+  } else {
+    *out += PythonFloatRepr(value);
+  }
+}
+
+void AppendCanonical(const Json& value, std::string* out) {
+  switch (value.kind()) {
+    case Json::Kind::kNull: *out += "null"; return;
+    case Json::Kind::kBool: *out += value.truth() ? "true" : "false"; return;
+    case Json::Kind::kNumber: AppendNumber(value.text(), out); return;
+    case Json::Kind::kString: AppendString(value.text(), out); return;
+    case Json::Kind::kArray: {
+      *out += '[';
+      for (size_t index = 0; index < value.items().size(); ++index) {
+        if (index) *out += ',';
+        AppendCanonical(value.items()[index], out);
+      }
+      *out += ']';
+      return;
+    }
+    case Json::Kind::kObject: {
+      // Of a repeated name the last value, as json.loads keeps it; byte order of UTF-8 is the
+      // code points' order, as Python sorts the names.
+      std::map<std::string_view, const Json*> members;
+      for (const auto& [name, member] : value.members()) members[name] = &member;
+      *out += '{';
+      bool first = true;
+      for (const auto& [name, member] : members) {
+        if (!first) *out += ',';
+        first = false;
+        AppendString(name, out);
+        *out += ':';
+        AppendCanonical(*member, out);
+      }
+      *out += '}';
+      return;
+    }
+  }
+}
+
+// The decimal digits (no trailing zeros) and exponent of `value` (> 0, finite) written with
+// `precision` significant digits, correctly rounded: value ~ d.ddd x 10^exponent.
+void Digits(double value, int precision, std::string* digits, int* exponent) {
+  char text[64];
+  std::snprintf(text, sizeof(text), "%.*e", precision - 1, value);
+  digits->clear();
+  const char* at = text;
+  for (; *at != 'e'; ++at) {
+    if (*at != '.') *digits += *at;
+  }
+  *exponent = std::atoi(at + 1);
+}
+
+double ReadBack(const std::string& digits, int exponent) {
+  const std::string text = digits.substr(0, 1) + "." + digits.substr(1) + "e" + std::to_string(exponent);
+  return std::strtod(text.c_str(), nullptr);
+}
+
+// `digits` (of one length) plus `step` (+1 or -1) in the last place, carrying; the exponent moves
+// where the length would change. Empty where it leaves that length downward (1000 - 1).
+bool Step(std::string* digits, int* exponent, int step) {
+  std::string next = *digits;
+  size_t index = next.size();
+  while (index > 0) {
+    --index;
+    if (step > 0) {
+      if (next[index] != '9') {
+        ++next[index];
+        *digits = next;
+        return true;
+      }
+      next[index] = '0';
+    } else {
+      if (next[index] != '0') {
+        --next[index];
+        if (next[0] == '0') return false;
+        *digits = next;
+        return true;
+      }
+      next[index] = '9';
+    }
+  }
+  if (step < 0) return false;
+  // 999 + 1: 1000, one place up.
+  *digits = "1" + std::string(next.size() - 1, '0');
+  ++*exponent;
+  return true;
+}
+
+}  // namespace
+
+std::string CanonicalJson(const Json& value) {
+  std::string out;
+  AppendCanonical(value, &out);
+  return out;
+}
+
+std::string JsonString(std::string_view text) {
+  std::string out;
+  AppendString(text, &out);
+  return out;
+}
+
+std::string PythonFloatRepr(double value) {
+  if (std::isnan(value)) return "nan";
+  if (std::isinf(value)) return value > 0 ? "inf" : "-inf";
+  const bool negative = std::signbit(value);
+  if (value == 0) return negative ? "-0.0" : "0.0";
+  const double magnitude = std::fabs(value);
+  std::string digits;
+  int exponent = 0;
+  for (int precision = 1; precision <= 17; ++precision) {
+    Digits(magnitude, precision, &digits, &exponent);
+    if (ReadBack(digits, exponent) == magnitude) break;
+    // Next to a power of two the values that read back as `magnitude` lie closer on one side
+    // than on the other: the nearest digits of this length may miss while the next ones above
+    // or below still hit. Python's repr takes those (shorter wins over nearer).
+    std::string above = digits, below = digits;
+    int above_exponent = exponent, below_exponent = exponent;
+    const bool up = Step(&above, &above_exponent, +1) && ReadBack(above, above_exponent) == magnitude;
+    const bool down = Step(&below, &below_exponent, -1) && ReadBack(below, below_exponent) == magnitude;
+    if (up || down) {
+      const long double a = std::strtold((above.substr(0, 1) + "." + above.substr(1) + "e" +
+                                          std::to_string(above_exponent)).c_str(), nullptr);
+      const long double b = std::strtold((below.substr(0, 1) + "." + below.substr(1) + "e" +
+                                          std::to_string(below_exponent)).c_str(), nullptr);
+      const long double target = magnitude;
+      if (up && (!down || std::fabs(a - target) <= std::fabs(b - target))) {
+        digits = above, exponent = above_exponent;
+      } else {
+        digits = below, exponent = below_exponent;
+      }
+      break;
+    }
+  }
+  while (digits.size() > 1 && digits.back() == '0') digits.pop_back();
+  // The decimal point's place in the digits: value = 0.ddd x 10^point.
+  const int point = exponent + 1;
+  std::string out = negative ? "-" : "";
+  if (point <= -4 || point > 16) {
+    out += digits.substr(0, 1);
+    if (digits.size() > 1) out += "." + digits.substr(1);
+    const int shown = point - 1;
+    char tail[16];
+    std::snprintf(tail, sizeof(tail), "e%c%02d", shown < 0 ? '-' : '+', shown < 0 ? -shown : shown);
+    out += tail;
+  } else if (point <= 0) {
+    out += "0." + std::string(static_cast<size_t>(-point), '0') + digits;
+  } else if (static_cast<size_t>(point) >= digits.size()) {
+    out += digits + std::string(static_cast<size_t>(point) - digits.size(), '0') + ".0";
+  } else {
+    out += digits.substr(0, static_cast<size_t>(point)) + "." + digits.substr(static_cast<size_t>(point));
+  }
+  return out;
 }
 
 }  // namespace stages

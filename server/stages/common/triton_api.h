@@ -5,6 +5,11 @@
 // and links no Triton library. The symbols stay undefined in the stage's shared library and
 // resolve when tritonserver opens it (the nvidia-pytriton wheel renames its core library, so a
 // link against it would not load).
+//
+// Where Triton's own headers are at hand (the compose image's build stage), api_check.cc includes
+// them first and this file after them with STAGES_WITH_TRITON_HEADERS defined: each function below
+// then redeclares Triton's, so any other signature fails to compile, and the enumerations go into
+// namespace stages_declared, where api_check.cc compares each value with Triton's.
 #pragma once
 
 #include <cstddef>
@@ -22,10 +27,16 @@ extern "C" {
 // version differs from its own, or whose minor version is newer.
 inline constexpr uint32_t kBackendApiMajor = 1;
 inline constexpr uint32_t kBackendApiMinor = 19;
+// The server API of the TRITONSERVER_* functions below (api_check.cc holds an image to it alike).
+inline constexpr uint32_t kServerApiMajor = 1;
+inline constexpr uint32_t kServerApiMinor = 34;
 
 // Opaque handles, owned by tritonserver.
 struct TRITONSERVER_Error;
 struct TRITONSERVER_Message;
+struct TRITONSERVER_Parameter;
+struct TRITONSERVER_Metric;
+struct TRITONSERVER_MetricFamily;
 struct TRITONBACKEND_Backend;
 struct TRITONBACKEND_Model;
 struct TRITONBACKEND_ModelInstance;
@@ -33,6 +44,10 @@ struct TRITONBACKEND_Request;
 struct TRITONBACKEND_Response;
 struct TRITONBACKEND_Input;
 struct TRITONBACKEND_Output;
+
+#ifdef STAGES_WITH_TRITON_HEADERS
+namespace stages_declared {  // Triton's headers define these: the bundle's copies, to compare.
+#endif
 
 typedef enum TRITONSERVER_errorcode_enum {
   TRITONSERVER_ERROR_UNKNOWN = 0,
@@ -84,6 +99,28 @@ typedef enum TRITONSERVER_requestreleaseflag_enum {
   TRITONSERVER_REQUEST_RELEASE_ALL = 1
 } TRITONSERVER_RequestReleaseFlag;
 
+typedef enum TRITONSERVER_parametertype_enum {
+  TRITONSERVER_PARAMETER_STRING = 0,
+  TRITONSERVER_PARAMETER_INT = 1,
+  TRITONSERVER_PARAMETER_BOOL = 2,
+  TRITONSERVER_PARAMETER_DOUBLE = 3,
+  TRITONSERVER_PARAMETER_BYTES = 4
+} TRITONSERVER_ParameterType;
+
+typedef enum TRITONSERVER_metrickind_enum {
+  TRITONSERVER_METRIC_KIND_COUNTER = 0,
+  TRITONSERVER_METRIC_KIND_GAUGE = 1,
+  TRITONSERVER_METRIC_KIND_HISTOGRAM = 2
+} TRITONSERVER_MetricKind;
+
+typedef enum TRITONBACKEND_artifacttype_enum {
+  TRITONBACKEND_ARTIFACT_FILESYSTEM = 0
+} TRITONBACKEND_ArtifactType;
+
+#ifdef STAGES_WITH_TRITON_HEADERS
+}  // namespace stages_declared
+#endif
+
 // Errors and messages (tritonserver.h).
 TRITONSERVER_Error* TRITONSERVER_ErrorNew(TRITONSERVER_Error_Code code, const char* msg);
 void TRITONSERVER_ErrorDelete(TRITONSERVER_Error* error);
@@ -96,8 +133,30 @@ bool TRITONSERVER_LogIsEnabled(TRITONSERVER_LogLevel level);
 TRITONSERVER_Error* TRITONSERVER_LogMessage(
     TRITONSERVER_LogLevel level, const char* filename, const int line, const char* msg);
 
+// Parameters (a metric's labels) and custom metrics (tritonserver.h). A family is deleted after
+// its metrics; each label may be deleted once the metric that took it exists.
+TRITONSERVER_Parameter* TRITONSERVER_ParameterNew(
+    const char* name, const TRITONSERVER_ParameterType type, const void* value);
+void TRITONSERVER_ParameterDelete(TRITONSERVER_Parameter* parameter);
+TRITONSERVER_Error* TRITONSERVER_MetricFamilyNew(
+    TRITONSERVER_MetricFamily** family, const TRITONSERVER_MetricKind kind, const char* name,
+    const char* description);
+TRITONSERVER_Error* TRITONSERVER_MetricFamilyDelete(TRITONSERVER_MetricFamily* family);
+TRITONSERVER_Error* TRITONSERVER_MetricNew(
+    TRITONSERVER_Metric** metric, TRITONSERVER_MetricFamily* family,
+    const TRITONSERVER_Parameter** labels, const uint64_t label_count);
+TRITONSERVER_Error* TRITONSERVER_MetricDelete(TRITONSERVER_Metric* metric);
+TRITONSERVER_Error* TRITONSERVER_MetricIncrement(TRITONSERVER_Metric* metric, double value);
+
 // The backend API (tritonbackend.h): what the stage calls.
 TRITONSERVER_Error* TRITONBACKEND_ApiVersion(uint32_t* major, uint32_t* minor);
+TRITONSERVER_Error* TRITONBACKEND_BackendState(TRITONBACKEND_Backend* backend, void** state);
+TRITONSERVER_Error* TRITONBACKEND_BackendSetState(TRITONBACKEND_Backend* backend, void* state);
+TRITONSERVER_Error* TRITONBACKEND_ModelBackend(
+    TRITONBACKEND_Model* model, TRITONBACKEND_Backend** backend);
+TRITONSERVER_Error* TRITONBACKEND_ModelVersion(TRITONBACKEND_Model* model, uint64_t* version);
+TRITONSERVER_Error* TRITONBACKEND_ModelRepository(
+    TRITONBACKEND_Model* model, TRITONBACKEND_ArtifactType* artifact_type, const char** location);
 TRITONSERVER_Error* TRITONBACKEND_ModelName(TRITONBACKEND_Model* model, const char** name);
 TRITONSERVER_Error* TRITONBACKEND_ModelConfig(
     TRITONBACKEND_Model* model, const uint32_t config_version, TRITONSERVER_Message** model_config);
@@ -105,6 +164,8 @@ TRITONSERVER_Error* TRITONBACKEND_ModelSetState(TRITONBACKEND_Model* model, void
 TRITONSERVER_Error* TRITONBACKEND_ModelState(TRITONBACKEND_Model* model, void** state);
 TRITONSERVER_Error* TRITONBACKEND_ModelInstanceModel(
     TRITONBACKEND_ModelInstance* instance, TRITONBACKEND_Model** model);
+TRITONSERVER_Error* TRITONBACKEND_ModelInstanceName(
+    TRITONBACKEND_ModelInstance* instance, const char** name);
 TRITONSERVER_Error* TRITONBACKEND_ModelInstanceSetState(
     TRITONBACKEND_ModelInstance* instance, void* state);
 TRITONSERVER_Error* TRITONBACKEND_ModelInstanceState(
@@ -143,6 +204,7 @@ TRITONSERVER_Error* TRITONBACKEND_ResponseSend(
 
 // What a backend defines and tritonserver calls.
 STAGE_EXPORT TRITONSERVER_Error* TRITONBACKEND_Initialize(TRITONBACKEND_Backend* backend);
+STAGE_EXPORT TRITONSERVER_Error* TRITONBACKEND_Finalize(TRITONBACKEND_Backend* backend);
 STAGE_EXPORT TRITONSERVER_Error* TRITONBACKEND_ModelInitialize(TRITONBACKEND_Model* model);
 STAGE_EXPORT TRITONSERVER_Error* TRITONBACKEND_ModelFinalize(TRITONBACKEND_Model* model);
 STAGE_EXPORT TRITONSERVER_Error* TRITONBACKEND_ModelInstanceInitialize(

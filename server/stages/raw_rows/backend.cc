@@ -227,6 +227,8 @@ class InstanceState {
   }
 
   // The request's rows, one view per element, into rows_ (views into Triton's buffers or gathered_).
+  // The python backend checks a BYTES input's framing before its stage sees the input, so that
+  // comes first here too, then the python stage's own checks of shape and type.
   void ReadRows(TRITONBACKEND_Request* request) {
     const std::string& name = model_.input();
     TRITONBACKEND_Input* input = nullptr;
@@ -239,13 +241,6 @@ class InstanceState {
     uint32_t buffers = 0;
     Check(TRITONBACKEND_InputProperties(input, nullptr, &type, &shape, &dims, &byte_size, &buffers),
           "reading the input");
-    if (dims != 2 || shape[1] != 1 || shape[0] < 1) {
-      throw Refused("input '" + name + "' must be B x 1 (one row per element, B >= 1), got " +
-                    PythonList(std::vector<int64_t>(shape, shape + dims)));
-    }
-    if (type != TRITONSERVER_TYPE_BYTES) {
-      throw Refused("input '" + name + "' must be BYTES, got " + NumpyName(type));
-    }
     std::string_view data;
     gathered_.clear();
     for (uint32_t index = 0; index < buffers; ++index) {
@@ -264,23 +259,56 @@ class InstanceState {
       }
     }
     if (buffers != 1) data = gathered_;
-    // BYTES: each element a 4-byte little-endian length, then its bytes.
-    const auto count = static_cast<uint64_t>(shape[0]);
-    if (count > data.size() / 4) throw Refused("input '" + name + "' holds malformed BYTES data");
     rows_.clear();
-    rows_.reserve(count);
+    if (type == TRITONSERVER_TYPE_BYTES) SplitElements(name, ElementCount(shape, dims), data);
+    if (dims != 2 || shape[1] != 1 || shape[0] < 1) {
+      throw Refused("input '" + name + "' must be B x 1 (one row per element, B >= 1), got " +
+                    PythonList(std::vector<int64_t>(shape, shape + dims)));
+    }
+    if (type != TRITONSERVER_TYPE_BYTES) {
+      throw Refused("input '" + name + "' must be BYTES, got " + NumpyName(type));
+    }
+  }
+
+  // The elements a shape holds, as the python backend counts them: the product of the dims,
+  // wrapping as its int64 product does (Triton's own checks leave the dims far below that).
+  static uint64_t ElementCount(const int64_t* shape, uint32_t dims) {
+    uint64_t count = 1;
+    for (uint32_t index = 0; index < dims; ++index) count *= static_cast<uint64_t>(shape[index]);
+    return count;
+  }
+
+  // BYTES: each element a 4-byte little-endian length, then its bytes; one view per element into
+  // rows_. Checked as the python backend checks them (Triton's backend_common ValidateStringBuffer),
+  // in its order and words: Triton's own check lets a last element longer than the data through.
+  void SplitElements(const std::string& name, uint64_t expected, std::string_view data) {
+    // Every element takes 4 bytes at least: `data` bounds the reservation, not the shape.
+    rows_.reserve(static_cast<size_t>(std::min<uint64_t>(expected, data.size() / 4)));
     size_t position = 0;
-    for (uint64_t row = 0; row < count; ++row) {
-      if (data.size() - position < 4) throw Refused("input '" + name + "' holds malformed BYTES data");
+    while (data.size() - position >= 4) {
+      if (rows_.size() >= expected) {
+        throw Refused("unexpected number of string elements " + std::to_string(rows_.size() + 1) +
+                      " for inference input '" + name + "', expecting " + std::to_string(expected));
+      }
       const auto* bytes = reinterpret_cast<const unsigned char*>(data.data() + position);
       const size_t length = static_cast<size_t>(bytes[0]) | (static_cast<size_t>(bytes[1]) << 8) |
                             (static_cast<size_t>(bytes[2]) << 16) | (static_cast<size_t>(bytes[3]) << 24);
       position += 4;
-      if (data.size() - position < length) throw Refused("input '" + name + "' holds malformed BYTES data");
+      const size_t remaining = data.size() - position;
+      if (remaining < length) {
+        throw Refused("incomplete string data for inference input '" + name +
+                      "', expecting string of length " + std::to_string(length) + " but only " +
+                      std::to_string(remaining) + " bytes available");
+      }
       rows_.push_back(data.substr(position, length));
       position += length;
     }
-    if (position != data.size()) throw Refused("input '" + name + "' holds malformed BYTES data");
+    if (rows_.size() != expected) {
+      // INTERNAL, as the python backend answers it.
+      throw StageError(TRITONSERVER_ERROR_INTERNAL, "expected " + std::to_string(expected) +
+                                                        " strings for inference input '" + name +
+                                                        "', got " + std::to_string(rows_.size()));
+    }
   }
 
   // A requested output's buffer, `width` values of `T` per row, in CPU memory.
@@ -291,7 +319,8 @@ class InstanceState {
     TRITONBACKEND_Output* output = nullptr;
     Check(
         TRITONBACKEND_ResponseOutput(response, &output, name.c_str(), type, shape, 2), "creating an output");
-    // rows <= the input's bytes / 4 and width <= 26: the product cannot overflow.
+    // rows <= the input's bytes / 4 (each element takes 4 at least) and width <= 26: the
+    // product cannot overflow.
     const uint64_t size = static_cast<uint64_t>(rows) * width * sizeof(T);
     void* buffer = nullptr;
     TRITONSERVER_MemoryType memory = TRITONSERVER_MEMORY_CPU;

@@ -139,6 +139,12 @@ size_t FieldCount(std::string_view data, const Line& line) {
 
 std::string RowError::message() const { return "row " + std::to_string(row) + ": " + detail; }
 
+std::string QuotedField(std::string_view field) {
+  std::string text = PythonRepr(field.substr(0, kQuotedBytes));
+  if (field.size() > kQuotedBytes) text += "... (" + std::to_string(field.size()) + " bytes)";
+  return text;
+}
+
 std::string PythonRepr(std::string_view bytes) {
   const bool single = bytes.find('\'') == std::string_view::npos;
   const bool double_quote = bytes.find('"') == std::string_view::npos;
@@ -213,7 +219,7 @@ std::optional<RowError> Parse(std::string_view data, const Layout& layout, const
     for (size_t row = 0; lines.Next(&line); ++row) {
       const std::string_view label = Fields(data, line).Next();
       if (label != "0" && label != "1") {
-        return Error(row, "label", "label must be 0 or 1, got " + PythonRepr(label));
+        return Error(row, "label", "label must be 0 or 1, got " + QuotedField(label));
       }
       if (out.labels != nullptr) out.labels[row] = label == "1" ? 1.0f : 0.0f;
     }
@@ -228,7 +234,7 @@ std::optional<RowError> Parse(std::string_view data, const Layout& layout, const
       bool missing = false;
       if (!ParseCount(field, &value, &missing)) {
         std::string column = Column('I', index);
-        std::string detail = column + ": count " + PythonRepr(field) + " is not an integer of 1 to " +
+        std::string detail = column + ": count " + QuotedField(field) + " is not an integer of 1 to " +
                              std::to_string(kMaxCountDigits) + " digits";
         return Error(row, std::move(column), std::move(detail));
       }
@@ -244,7 +250,7 @@ std::optional<RowError> Parse(std::string_view data, const Layout& layout, const
       int64_t value = 0;
       if (!ParseId(field, &value)) {
         std::string column = Column('C', index);
-        std::string detail = column + ": categorical id " + PythonRepr(field) + " is not 1 to " +
+        std::string detail = column + ": categorical id " + QuotedField(field) + " is not 1 to " +
                              std::to_string(kMaxIdDigits) + " hex digits";
         return Error(row, std::move(column), std::move(detail));
       }

@@ -72,4 +72,11 @@ void JoinRows(const std::vector<std::string_view>& rows, std::string* joined);
 // Python's repr() of bytes decoded as latin-1, encoded as UTF-8: how an error quotes a field.
 std::string PythonRepr(std::string_view bytes);
 
+// Bytes of a bad field an error quotes at most (criteo/rows.py's QUOTED_BYTES).
+inline constexpr size_t kQuotedBytes = 64;
+
+// A bad field as an error quotes it (criteo/rows.py's quoted): PythonRepr of its first
+// kQuotedBytes bytes, then "... (N bytes)" where it is longer.
+std::string QuotedField(std::string_view field);
+
 }  // namespace raw_rows

@@ -1,0 +1,130 @@
+// How the embedding stage reads a request's cold rows from the row store, and turns them into
+// float32 values: the C++ side of hot_cold_lookup.ColdReads, with its four ways and its bytes.
+//
+// - io_uring (the default): the request's distinct rows, ascending, one read each, all given to
+//   the kernel by io_uring_enter (uring.h); a request of at most `hint_rows` distinct rows first
+//   hints each run of pages (posix_fadvise WILLNEED). Where the kernel refuses a ring, the
+//   prefetch way, and fallback() says why.
+// - prefetch: a hint per run of pages, then one pread per span of adjacent rows, in file order.
+// - threads: the spans of adjacent rows read by a fixed pool of `threads` threads, each a
+//   contiguous share.
+// - fault: a gather from the mapping in request order (page faults do the reading).
+//
+// All give the same values: the rows of the keys, in the keys' order, as float32; a row asked for
+// twice in one request is read once. A read that fails or comes back short throws ReadError (an
+// INTERNAL error of that request), never anything worse.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include "store.h"
+#include "uring.h"
+
+namespace stages::embedding {
+
+enum class ColdReadWay { kUring, kPrefetch, kThreads, kFault };
+
+// The config's names of the ways, in hot_cold_lookup.COLD_READS's order.
+inline constexpr ColdReadWay kColdReadWays[] = {ColdReadWay::kUring, ColdReadWay::kPrefetch,
+                                                ColdReadWay::kThreads, ColdReadWay::kFault};
+const char* ColdReadName(ColdReadWay way);
+std::optional<ColdReadWay> ParseColdReadWay(std::string_view name);
+
+inline constexpr int64_t kDefaultColdReadThreads = 8;
+// Measured by `python -m lab cold-reads` (hot_cold_lookup.DEFAULT_COLD_READ_HINT_ROWS).
+inline constexpr int64_t kDefaultColdReadHintRows = 256;
+
+// The float32 bits of a float16 value as numpy's astype gives them: exact, subnormals included,
+// infinities kept, and a NaN's sign and payload kept (a signaling NaN stays signaling).
+uint32_t HalfToFloatBits(uint16_t half);
+
+// Store rows (float32, float16 or int8 bytes) as float32 values, bit for bit as
+// hot_cold_lookup.StoreRows.decode: a copy, numpy's float16 cast, or dequantize_rows's
+// `code * scale + bias` per column (a float32 product rounded, then a float32 sum rounded).
+class RowDecoder {
+ public:
+  explicit RowDecoder(const Store& store);
+  size_t width() const { return width_; }
+  // One row of store bytes into `width()` values.
+  void Decode(const uint8_t* raw, float* out) const;
+
+ private:
+  StoreDtype dtype_;
+  size_t width_;
+  std::vector<std::pair<size_t, size_t>> columns_;
+  const uint32_t* half_ = nullptr;  // every float16 pattern's float32 bits
+};
+
+class ReadPool;
+
+class ColdReads {
+ public:
+  // Opens rows.bin of `store` (with POSIX_FADV_RANDOM) for every way but fault, the ring for
+  // io_uring (or the fallback), the threads for threads. Throws LoadError: the file cannot be
+  // opened, fewer than one thread, a negative hint_rows, or threads that cannot start.
+  // `ring_entries`: the ring's size (tests take a small ring through its turns, or one the kernel
+  // refuses, to see the fallback).
+  ColdReads(const Store& store, ColdReadWay way, int64_t threads = kDefaultColdReadThreads,
+            int64_t hint_rows = kDefaultColdReadHintRows, unsigned ring_entries = Ring::kDefaultEntries);
+  ~ColdReads();
+  ColdReads(const ColdReads&) = delete;
+  ColdReads& operator=(const ColdReads&) = delete;
+
+  // Why io_uring reads the prefetch way here ("" : it does not).
+  const std::string& fallback() const { return fallback_; }
+  size_t width() const { return decoder_.width(); }
+
+  // The rows `keys[0..count)` (store rows, any order, repeats allowed) as `count x width()`
+  // float32 into `out`, in the keys' order. Not thread-safe: one instance's thread calls it.
+  // Throws ReadError.
+  void Read(const int64_t* keys, size_t count, float* out);
+
+  // What the last Read did, as hot_cold_lookup.PendingRows counts it: distinct rows read, and
+  // system calls issued (hints and preads, hints and io_uring_enter calls, 0 for fault).
+  size_t last_rows() const { return last_rows_; }
+  size_t last_reads() const { return last_reads_; }
+
+ private:
+  // One read of `count` adjacent rows at byte `offset`, into the distinct rows from `index`.
+  struct Span {
+    size_t index;
+    uint64_t offset;
+    size_t count;
+  };
+  size_t Hint();
+  void MakeSpans();
+  void ReadSpans(size_t first, size_t last);
+  void Distinct(const int64_t* keys, size_t count);
+
+  const Store& store_;
+  ColdReadWay way_;
+  int64_t threads_;
+  int64_t hint_rows_;
+  RowDecoder decoder_;
+  size_t page_bytes_;
+  int fd_ = -1;
+  std::unique_ptr<Ring> ring_;
+  std::unique_ptr<ReadPool> pool_;
+  std::string fallback_;
+  size_t last_rows_ = 0;
+  size_t last_reads_ = 0;
+  // Scratch reused by every request.
+  std::vector<int64_t> table_keys_;
+  std::vector<size_t> table_slots_;
+  std::vector<std::pair<int64_t, size_t>> order_;
+  std::vector<size_t> renumber_;
+  std::vector<int64_t> distinct_;
+  std::vector<size_t> inverse_;
+  std::vector<uint8_t> raw_;
+  std::vector<Span> spans_;
+  std::vector<size_t> bounds_;
+};
+
+}  // namespace stages::embedding

@@ -1,0 +1,179 @@
+// The embedding stage's lookup outside Triton, for differential tests against the python stage
+// (tests/unit/test_embedding_native_lookup.py): opens a store and a hot set as the backend does,
+// then answers each request of the case with the bytes of its outputs.
+//
+// The case, on stdin, one `key value` a line (values without spaces but ids):
+//   store <dir>                      the row store's folder
+//   hot_set <path>                   the hot set (.npz)
+//   table_sizes <n,n,...>            as the config's parameter
+//   hotness <n,n,...>                optional: ids per bag of each table
+//   fingerprint <hex>                optional: the store's expected fingerprint
+//   way <io_uring|prefetch|threads|fault>
+//   threads <n>                      optional (8)
+//   hint_rows <n>                    optional (256)
+//   slot_map_max_bytes <n>           optional (1 GiB; 0 forces the binary search)
+//   ring_entries <n>                 optional (1024; one the kernel refuses: the fallback)
+//   ids <B> <H> <B*H decimal int64s> a request; any number of them, answered in order
+// The lookup is opened at the first `ids` line. The answer, on stdout, one line each:
+//   fallback <why>                   where io_uring reads the prefetch way
+//   slot_map <0|1>                   whether the lookup indexes a slot map
+//   hot_slots <B> <H> <hex>          then, per request: the outputs' bytes (little-endian), as hex
+//   cold_positions <N> <hex>
+//   cold_rows <N> <W> <hex>
+//   reads <distinct rows> <system calls>
+// or `error load <text>` (and exit 1) where the lookup cannot be opened, or `error request <text>`
+// for a request whose reads failed (the next requests are answered). A malformed case: exit 2.
+#include <cerrno>
+#include <cstdio>
+#include <cstdlib>
+#include <iostream>
+#include <memory>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "cold_reads.h"
+#include "lookup.h"
+#include "store.h"
+
+namespace {
+
+using stages::embedding::ColdReads;
+using stages::embedding::ColdReadWay;
+using stages::embedding::HotColdLookup;
+using stages::embedding::LoadError;
+using stages::embedding::OpenedLookup;
+
+struct Case {
+  std::string store;
+  std::string hot_set;
+  std::vector<int64_t> table_sizes;
+  std::vector<int64_t> hotness;
+  std::string fingerprint;
+  ColdReadWay way = ColdReadWay::kUring;
+  int64_t threads = stages::embedding::kDefaultColdReadThreads;
+  int64_t hint_rows = stages::embedding::kDefaultColdReadHintRows;
+  uint64_t slot_map_max_bytes = stages::embedding::kSlotMapMaxBytes;
+  unsigned ring_entries = stages::embedding::Ring::kDefaultEntries;
+};
+
+[[noreturn]] void Malformed(const std::string& why) {
+  std::cerr << "malformed case: " << why << "\n";
+  std::exit(2);
+}
+
+int64_t Integer(const std::string& text) {
+  char* end = nullptr;
+  errno = 0;
+  const long long value = std::strtoll(text.c_str(), &end, 10);
+  if (text.empty() || errno != 0 || *end != '\0') Malformed("not an int64: " + text);
+  return value;
+}
+
+std::vector<int64_t> Integers(const std::string& text) {
+  std::vector<int64_t> values;
+  std::stringstream stream(text);
+  for (std::string part; std::getline(stream, part, ',');) values.push_back(Integer(part));
+  return values;
+}
+
+void Hex(const void* data, size_t bytes) {
+  static const char kDigits[] = "0123456789abcdef";
+  const auto* byte = static_cast<const unsigned char*>(data);
+  std::string out(2 * bytes, '0');
+  for (size_t index = 0; index < bytes; ++index) {
+    out[2 * index] = kDigits[byte[index] >> 4];
+    out[2 * index + 1] = kDigits[byte[index] & 15];
+  }
+  std::cout << (bytes ? " " : " -") << out;
+}
+
+}  // namespace
+
+int main() {
+  std::ios::sync_with_stdio(false);
+  Case spec;
+  OpenedLookup opened;
+  std::unique_ptr<HotColdLookup> lookup;
+  std::unique_ptr<ColdReads> reads;
+  std::vector<int64_t> ids, slots, positions, keys;
+  std::vector<float> rows;
+  for (std::string line; std::getline(std::cin, line);) {
+    std::stringstream stream(line);
+    std::string key;
+    if (!(stream >> key)) continue;
+    if (key != "ids") {
+      std::string value;
+      std::getline(stream >> std::ws, value);
+      if (key == "store") {
+        spec.store = value;
+      } else if (key == "hot_set") {
+        spec.hot_set = value;
+      } else if (key == "table_sizes") {
+        spec.table_sizes = Integers(value);
+      } else if (key == "hotness") {
+        spec.hotness = Integers(value);
+      } else if (key == "fingerprint") {
+        spec.fingerprint = value;
+      } else if (key == "threads") {
+        spec.threads = Integer(value);
+      } else if (key == "hint_rows") {
+        spec.hint_rows = Integer(value);
+      } else if (key == "ring_entries") {
+        spec.ring_entries = static_cast<unsigned>(Integer(value));
+      } else if (key == "slot_map_max_bytes") {
+        spec.slot_map_max_bytes = static_cast<uint64_t>(Integer(value));
+      } else if (key == "way") {
+        const auto way = stages::embedding::ParseColdReadWay(value);
+        if (!way) Malformed("no such way: " + value);
+        spec.way = *way;
+      } else {
+        Malformed("unknown key: " + key);
+      }
+      continue;
+    }
+    if (!lookup) {
+      try {
+        opened = stages::embedding::OpenLookup(spec.store, spec.hot_set, spec.table_sizes, spec.fingerprint,
+                                               spec.hotness);
+        // The same lookup again where the case asks for another slot map limit.
+        lookup = std::make_unique<HotColdLookup>(
+            spec.table_sizes, stages::embedding::ReadHotSet(spec.hot_set, spec.table_sizes.size()).ids,
+            opened.store->rows, spec.hotness, spec.slot_map_max_bytes);
+        reads = std::make_unique<ColdReads>(*opened.store, spec.way, spec.threads, spec.hint_rows,
+                                            spec.ring_entries);
+      } catch (const LoadError& error) {
+        std::cout << "error load " << error.what() << "\n";
+        return 1;
+      }
+      if (!reads->fallback().empty()) std::cout << "fallback " << reads->fallback() << "\n";
+      std::cout << "slot_map " << (lookup->uses_slot_map() ? 1 : 0) << "\n";
+    }
+    std::string batch_text, width_text;
+    if (!(stream >> batch_text >> width_text)) Malformed("ids needs B and H");
+    const int64_t batch = Integer(batch_text);
+    const int64_t width = Integer(width_text);
+    if (batch < 0 || width != static_cast<int64_t>(lookup->positions())) Malformed("ids of another shape");
+    ids.clear();
+    for (std::string value; stream >> value;) ids.push_back(Integer(value));
+    if (ids.size() != static_cast<size_t>(batch * width)) Malformed("ids: not B x H values");
+    slots.resize(ids.size());
+    lookup->Place(ids.data(), static_cast<size_t>(batch), slots.data(), &positions, &keys);
+    rows.resize(keys.size() * reads->width());
+    try {
+      reads->Read(keys.data(), keys.size(), rows.data());
+    } catch (const stages::embedding::ReadError& error) {
+      std::cout << "error request " << error.what() << std::endl;
+      continue;
+    }
+    std::cout << "hot_slots " << batch << " " << width;
+    Hex(slots.data(), slots.size() * sizeof(int64_t));
+    std::cout << "\ncold_positions " << positions.size();
+    Hex(positions.data(), positions.size() * sizeof(int64_t));
+    std::cout << "\ncold_rows " << keys.size() << " " << reads->width();
+    Hex(rows.data(), rows.size() * sizeof(float));
+    // Flushed: a test may answer the next request only after reading this one's.
+    std::cout << "\nreads " << reads->last_rows() << " " << reads->last_reads() << std::endl;
+  }
+  return 0;
+}

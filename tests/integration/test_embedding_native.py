@@ -1,0 +1,463 @@
+"""The compiled embedding stage loaded by the real local tritonserver, beside the python stage.
+
+Two stages are written by :func:`export.tables.ensemble.write_embedding_stage` as python stages:
+``dlrm_embedding`` (a float32 store, one id per table, two instances reading cold rows by
+``io_uring``) and ``wide_deep_embedding`` (an int8 store of two columns, bags of 1 to 3 ids per
+table, read the ``prefetch`` way). Each stage's folder is served twice: as written (``backend:
+"python"``) and as a copy whose config says ``backend: "embedding"`` (the C++ backend ``make
+stages`` builds, which the export writes). Over HTTP and gRPC, for real rows and wild ids (negative,
+huge, the int64 extremes), all-hot and all-cold requests at batch 1, 64 and 1024, both answer the
+same tensors bit for bit; a bad request (wrong dtype, wrong shape, empty batch, missing input) gets
+the same error text and code from both; a bad parameter or a damaged store fails only that model's
+load, saying what the python stage says, the file named; an unverified store and an absent
+fingerprint load with the python stage's warnings; each instance logs its load line; and the
+counters appear on the metrics page with the python stage's labels. Skips when the compiled stages
+are not built.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import urllib.request
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import tritonclient.grpc as grpcclient
+import tritonclient.http as httpclient
+from tritonclient.utils import InferenceServerException
+
+from bundle.repository import CONFIG_NAME, read_config, write_config
+from bundle.schema import CATEGORICAL_INPUT, COLD_POSITIONS, COLD_ROWS, HOT_SLOTS, NUM_CATEGORICAL
+from export.tables.ensemble import STAGE_BACKEND, embedding_model_name, write_embedding_stage
+from export.tables.hot_rows import HotSet
+from export.tables.row_store import RowStoreSpec, write_arrays
+from server import LocalServer
+from server.config import ModelControlMode
+from server.installation import COMPILED_STAGES
+from server.stages.embedding.hot_cold_lookup import (
+    PARAM_COLD_READ_HINT_ROWS,
+    PARAM_COLD_READS,
+    PARAM_HOT_SET,
+    PARAM_HOTNESS,
+    PARAM_ROW_STORE_FINGERPRINT,
+    PARAM_TABLE_SIZES,
+    STORE_CHECKSUMS_KEY,
+    STORE_FINGERPRINT_KEY,
+    STORE_META_FILE,
+    STORE_ROWS_FILE,
+    HotColdLookup,
+    StageError,
+)
+
+pytestmark = [
+    pytest.mark.integration,
+    pytest.mark.skipif(
+        not (COMPILED_STAGES / "embedding" / "libtriton_embedding.so").is_file(),
+        reason=f"the compiled stages are not built ({COMPILED_STAGES} has no embedding): run `make stages`",
+    ),
+]
+
+PROTOCOLS = ("http", "grpc")
+OUTPUTS = (HOT_SLOTS, COLD_POSITIONS, COLD_ROWS)
+INT64 = np.iinfo(np.int64)
+METRIC = re.compile(r"^ctr_embedding_lookups_total\{(?P<labels>[^}]*)\}\s+(?P<value>\S+)$", re.MULTILINE)
+
+
+@dataclass(frozen=True)
+class Stage:
+    """One exported stage: its python model, its compiled copy, and what the ids must fit."""
+
+    python: str
+    native: str
+    sizes: tuple[int, ...]
+    hotness: tuple[int, ...]
+    hot_ids: tuple[np.ndarray, ...]
+
+    @property
+    def positions(self) -> int:
+        return sum(self.hotness)
+
+
+def _native_name(name: str) -> str:
+    return f"{name}_native"
+
+
+def _write_stage(
+    repository: Path,
+    root: Path,
+    family: str,
+    dtype: str,
+    hotness: tuple[int, ...] | None,
+    cold_reads: str,
+    seed: int,
+) -> Stage:
+    rng = np.random.default_rng(seed)
+    sizes = tuple(int(size) for size in rng.integers(1, 120, NUM_CATEGORICAL))
+    if family == "wide_deep":
+        spec = RowStoreSpec.for_wide_deep(sizes, 5, dtype)
+    else:
+        spec = RowStoreSpec.for_dlrm(sizes, 4, dtype)
+    tables = [rng.normal(0, 1, (size, spec.width)).astype(np.float32) for size in sizes]
+    name = embedding_model_name(family)
+    # Inside the stage's model folder (written as a relative path): the copy takes its own.
+    store = repository / name / "rows"
+    write_arrays(store, spec, tables)
+    # At least one hot row a table: an all-hot request reads no cold row at all (N = 0).
+    hot_ids = tuple(rng.permutation(size)[: max(1, size // 3)].astype(np.int64) for size in sizes)
+    hot = HotSet(
+        table_sizes=sizes,
+        row_bytes=(spec.row_bytes,) * NUM_CATEGORICAL,
+        budget_bytes=10**9,
+        ids=hot_ids,
+        counts=tuple(np.ones(ids.size, dtype=np.int64) for ids in hot_ids),
+        profiled_lookups=1,
+    )
+    write_embedding_stage(
+        repository, family, store, hot.save(root / f"hot-{family}.npz"), sizes, spec.width,
+        instances=2, cold_reads=cold_reads, hotness=hotness, backend="python",
+    )  # fmt: skip
+    _copy_native(repository, name, _native_name(name))
+    counts = hotness if hotness is not None else (1,) * NUM_CATEGORICAL
+    return Stage(name, _native_name(name), sizes, counts, hot_ids)
+
+
+def _copy_native(
+    repository: Path, name: str, native: str, change: Callable[[Any], None] | None = None
+) -> None:
+    """The stage's folder as ``native``, its config saying ``backend: "embedding"``."""
+    shutil.copytree(repository / name, repository / native)
+    config = read_config(repository / native / CONFIG_NAME)
+    config.name, config.backend = native, STAGE_BACKEND
+    if change is not None:
+        change(config)
+    write_config(repository / native, config)
+
+
+@pytest.fixture(scope="module")
+def stages(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[Stage]]:
+    root = tmp_path_factory.mktemp("native-embedding")
+    repository = root / "model_repository"
+    hotness = tuple(int(count) for count in np.random.default_rng(3).integers(1, 4, NUM_CATEGORICAL))
+    return repository, [
+        _write_stage(repository, root, "dlrm", "float32", None, "io_uring", seed=1),
+        _write_stage(repository, root, "wide_deep", "int8", hotness, "prefetch", seed=2),
+    ]
+
+
+@pytest.fixture(scope="module")
+def server(start_triton: Callable[..., LocalServer], stages: tuple[Path, list[Stage]]) -> LocalServer:
+    return start_triton(stages[0])
+
+
+def _url(server: LocalServer, protocol: str) -> str:
+    return server.grpc_url if protocol == "grpc" else server.http_url
+
+
+def _infer(
+    server: LocalServer, protocol: str, model: str, ids: np.ndarray, datatype: str = "INT64"
+) -> dict[str, np.ndarray] | tuple[str, str]:
+    """The three outputs, or the error's status and text with the model's name taken out."""
+    module: Any = grpcclient if protocol == "grpc" else httpclient
+    with module.InferenceServerClient(_url(server, protocol)) as client:
+        tensor = module.InferInput(CATEGORICAL_INPUT, list(ids.shape), datatype)
+        tensor.set_data_from_numpy(ids)
+        outputs = [module.InferRequestedOutput(name) for name in OUTPUTS]
+        try:
+            result = client.infer(model, [tensor], outputs=outputs)
+        except InferenceServerException as exc:
+            return str(exc.status()), str(exc.message()).replace(f"'{model}'", "'MODEL'")
+        return {name: np.asarray(result.as_numpy(name)) for name in OUTPUTS}
+
+
+def _ids(stage: Stage, rng: np.random.Generator, batch: int, case: str) -> np.ndarray:
+    """``batch x H`` raw ids: in range, wild (any int64), or reducing to hot (cold) rows only."""
+    columns = np.repeat(np.arange(NUM_CATEGORICAL), stage.hotness)
+    sizes = np.asarray(stage.sizes, dtype=np.int64)[columns]
+    ids = rng.integers(0, sizes, (batch, columns.size))
+    if case == "wild":
+        wild = rng.random(ids.shape) < 0.5
+        ids[wild] = rng.integers(INT64.min, INT64.max, int(wild.sum()), dtype=np.int64, endpoint=True)
+        ids[:1, :4] = [INT64.min, INT64.max, -1, -int(sizes[3])]
+    elif case in ("hot", "cold"):
+        for position, table in enumerate(columns):
+            hot = stage.hot_ids[table]
+            pool = hot if case == "hot" else np.setdiff1d(np.arange(stage.sizes[table]), hot)
+            if pool.size == 0:  # a table without hot (or without cold) rows: its other tier
+                pool = np.arange(stage.sizes[table])
+            ids[:, position] = rng.choice(pool, batch) + stage.sizes[table] * rng.integers(-2, 3, batch)
+    return ids
+
+
+def _assert_same(answered: Any, expected: Any) -> None:
+    assert isinstance(expected, dict), expected
+    assert isinstance(answered, dict), answered
+    for name in OUTPUTS:
+        assert answered[name].dtype == expected[name].dtype, name
+        assert answered[name].shape == expected[name].shape, name
+        assert answered[name].tobytes() == expected[name].tobytes(), name
+
+
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+@pytest.mark.parametrize("batch", [1, 64, 1024])
+@pytest.mark.parametrize("case", ["real", "wild", "hot", "cold"])
+def test_the_compiled_stage_answers_as_the_python_stage(
+    server: LocalServer, stages: tuple[Path, list[Stage]], protocol: str, batch: int, case: str
+) -> None:
+    for index, stage in enumerate(stages[1]):
+        ids = _ids(stage, np.random.default_rng([batch, index, len(case)]), batch, case)
+        expected = _infer(server, protocol, stage.python, ids)
+        answered = _infer(server, protocol, stage.native, ids)
+        _assert_same(answered, expected)
+        assert isinstance(answered, dict)
+        cold = answered[COLD_POSITIONS].size
+        assert answered[COLD_ROWS].shape[0] == cold
+        if case == "hot":
+            assert cold == 0
+        if case == "cold":
+            assert cold > 0
+
+
+def _bad_requests(stage: Stage) -> list[tuple[np.ndarray, str]]:
+    good = np.zeros((2, stage.positions), dtype=np.int64)
+    return [
+        (good.astype(np.int32), "INT32"),
+        (good.astype(np.float32), "FP32"),
+        (good[:, :-1], "INT64"),
+        (np.zeros((2, stage.positions + 1), dtype=np.int64), "INT64"),
+        (good.reshape(-1), "INT64"),
+        (good.reshape(1, 2, -1), "INT64"),
+        (good[:0], "INT64"),
+    ]
+
+
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+def test_a_bad_request_gets_the_python_stages_error(
+    server: LocalServer, stages: tuple[Path, list[Stage]], protocol: str
+) -> None:
+    for stage in stages[1]:
+        for ids, datatype in _bad_requests(stage):
+            errors = [
+                _infer(server, protocol, model, ids, datatype) for model in (stage.python, stage.native)
+            ]
+            assert isinstance(errors[0], tuple), (ids.shape, datatype)
+            assert errors[1] == errors[0], (ids.shape, datatype)
+        # An empty batch passes Triton's own checks: the stage refuses it, naming the input.
+        empty = _infer(server, protocol, stage.native, np.zeros((0, stage.positions), dtype=np.int64))
+        assert empty == (
+            "StatusCode.INVALID_ARGUMENT" if protocol == "grpc" else "400",
+            f"input '{CATEGORICAL_INPUT}' is an empty batch (shape [0, {stage.positions}])",
+        )
+
+
+def test_a_missing_input_gets_the_python_stages_error(
+    server: LocalServer, stages: tuple[Path, list[Stage]]
+) -> None:
+    stage = stages[1][0]
+    errors = []
+    for model in (stage.python, stage.native):
+        with grpcclient.InferenceServerClient(server.grpc_url) as client:
+            tensor = grpcclient.InferInput("not_" + CATEGORICAL_INPUT, [1, stage.positions], "INT64")
+            tensor.set_data_from_numpy(np.zeros((1, stage.positions), dtype=np.int64))
+            with pytest.raises(InferenceServerException) as caught:
+                client.infer(model, [tensor])
+            with pytest.raises(InferenceServerException) as nothing:
+                client.infer(model, [])
+        errors.append(
+            [str(error.value.message()).replace(f"'{model}'", "'MODEL'") for error in (caught, nothing)]
+        )
+    assert errors[1] == errors[0]
+
+
+def test_bad_requests_in_flight_cost_the_others_nothing(
+    server: LocalServer, stages: tuple[Path, list[Stage]]
+) -> None:
+    """Good and empty requests at once, over both instances: each good one answered as the python
+    stage answers it, each empty one refused."""
+    stage = stages[1][0]
+    rng = np.random.default_rng(6)
+    requests = [_ids(stage, rng, 0 if index % 3 == 0 else 16, "wild") for index in range(24)]
+
+    def send(ids: np.ndarray) -> Any:
+        return _infer(server, "grpc", stage.native, ids)
+
+    with ThreadPoolExecutor(max_workers=6) as pool:
+        answers = list(pool.map(send, requests))
+    for ids, answer in zip(requests, answers, strict=True):
+        if ids.shape[0] == 0:
+            assert isinstance(answer, tuple) and "empty batch" in answer[1], answer
+        else:
+            _assert_same(answer, _infer(server, "grpc", stage.python, ids))
+    with grpcclient.InferenceServerClient(server.grpc_url) as client:
+        assert client.is_server_ready() and client.is_model_ready(stage.native)
+
+
+def _counters(server: LocalServer) -> dict[tuple[str, ...], float]:
+    """``{(model, version, tier, stub): value}`` of the stage counters on the metrics page."""
+    with urllib.request.urlopen(server.metrics_url, timeout=10) as response:
+        text = response.read().decode()
+    counters: dict[tuple[str, ...], float] = {}
+    for match in METRIC.finditer(text):
+        labels = dict(re.findall(r'(\w+)="([^"]*)"', match.group("labels")))
+        assert set(labels) == {"model", "version", "tier", "stub"}, labels
+        key = (labels["model"], labels["version"], labels["tier"], labels["stub"])
+        counters[key] = float(match.group("value"))
+    return counters
+
+
+def _by_tier(counters: dict[tuple[str, ...], float], model: str) -> dict[str, float]:
+    tiers: dict[str, float] = {}
+    for (name, _, tier, _), value in counters.items():
+        if name == model:
+            tiers[tier] = tiers.get(tier, 0.0) + value
+    return tiers
+
+
+def test_the_counters_appear_with_the_python_stages_labels(
+    server: LocalServer, stages: tuple[Path, list[Stage]]
+) -> None:
+    stage = stages[1][0]
+    before = _counters(server)
+    native = [key for key in before if key[0] == stage.native]
+    # Two instances, two tiers: one counter each, labelled as the python stage's are.
+    assert {(key[1], key[2]) for key in native} == {("1", "hot"), ("1", "cold")}, before
+    assert len({key[3] for key in native}) == 2 and all(re.fullmatch(r".+_\d+/\d+", key[3]) for key in native)
+    ids = _ids(stage, np.random.default_rng(8), 64, "real")
+    answer = _infer(server, "http", stage.native, ids)
+    assert isinstance(answer, dict)
+    cold = answer[COLD_POSITIONS].size
+    after_native = _by_tier(_counters(server), stage.native)
+    before_native = _by_tier(before, stage.native)
+    assert after_native["hot"] - before_native["hot"] == ids.size - cold
+    assert after_native["cold"] - before_native["cold"] == cold
+
+
+def _bad_parameter(key: str, value: str | None) -> Callable[[Any], None]:
+    def change(config: Any) -> None:
+        if value is None:
+            del config.parameters[key]
+        else:
+            config.parameters[key].string_value = value
+
+    return change
+
+
+def _bad_dims(config: Any) -> None:
+    config.output[2].dims[:] = [-1, 5]
+
+
+def _bad_batch(config: Any) -> None:
+    config.max_batch_size = 4
+
+
+#: A broken config of the dlrm stage, and the words both stages refuse it with.
+BAD_CONFIGS: list[tuple[str, Callable[[Any], None], str]] = [
+    ("cold_reads", _bad_parameter(PARAM_COLD_READS, "mmap"),
+     "parameter 'cold_reads' must be one of io_uring, prefetch, threads, fault, got 'mmap'"),
+    ("hint_rows", _bad_parameter(PARAM_COLD_READ_HINT_ROWS, "many"),
+     "parameter 'cold_read_hint_rows' must be an integer >= 0, got 'many'"),
+    ("no_hot_set", _bad_parameter(PARAM_HOT_SET, None), "config parameter 'hot_set' is missing"),
+    ("sizes", _bad_parameter(PARAM_TABLE_SIZES, "1,x"),
+     "parameter 'table_sizes' must be comma-separated integers, got '1,x'"),
+    ("zero_size", _bad_parameter(PARAM_TABLE_SIZES, "0,'1"),
+     "parameter 'table_sizes' must be comma-separated integers, got \"0,'1\""),
+    ("hotness", _bad_parameter(PARAM_HOTNESS, "1,2"),
+     "parameter 'hotness' must be 26 comma-separated counts >= 1, got '1,2'"),
+    ("dims", _bad_dims,
+     f"config.pbtxt does not match the stage: '{COLD_ROWS}' is TYPE_FP32 [-1, 5], "
+     "the stage answers TYPE_FP32 [-1, 4]"),
+    ("batch", _bad_batch, "the embedding stage needs max_batch_size 0 (its outputs have no batch dimension)"),
+]  # fmt: skip
+
+
+def _load_error(server: LocalServer, model: str) -> str:
+    with grpcclient.InferenceServerClient(server.grpc_url) as client:
+        with pytest.raises(InferenceServerException) as caught:
+            client.load_model(model)
+        assert client.is_server_live()
+    return str(caught.value.message())
+
+
+def test_a_bad_config_or_a_damaged_store_fails_only_that_models_load(
+    start_triton: Callable[..., LocalServer], stages: tuple[Path, list[Stage]], tmp_path: Path
+) -> None:
+    source, [stage, _] = stages
+    repository = tmp_path / "model_repository"
+    repository.mkdir()
+    shutil.copytree(source / stage.python, repository / stage.python)
+    for label, change, _ in BAD_CONFIGS:
+        for backend, name in (("python", f"py_{label}"), (STAGE_BACKEND, f"native_{label}")):
+            _copy_native(repository, stage.python, name, change)
+            if backend == "python":
+                config = read_config(repository / name / CONFIG_NAME)
+                config.backend = "python"
+                write_config(repository / name, config)
+    # A store with one bit flipped, under both backends.
+    for name in ("py_damaged", "native_damaged"):
+        _copy_native(repository, stage.python, name)
+        if name.startswith("py_"):
+            config = read_config(repository / name / CONFIG_NAME)
+            config.backend = "python"
+            write_config(repository / name, config)
+        rows = repository / name / "rows" / STORE_ROWS_FILE
+        data = bytearray(rows.read_bytes())
+        data[len(data) // 2] ^= 0x10
+        rows.write_bytes(bytes(data))
+    # A store written before the checksums, and a config without the store's fingerprint: both
+    # load, with the python stage's warnings.
+    for name in ("py_unverified", "native_unverified"):
+        _copy_native(repository, stage.python, name, _bad_parameter(PARAM_ROW_STORE_FINGERPRINT, None))
+        if name.startswith("py_"):
+            config = read_config(repository / name / CONFIG_NAME)
+            config.backend = "python"
+            write_config(repository / name, config)
+        meta_path = repository / name / "rows" / STORE_META_FILE
+        meta = json.loads(meta_path.read_text())
+        for key in (STORE_CHECKSUMS_KEY, STORE_FINGERPRINT_KEY, "sha256"):
+            meta.pop(key, None)
+        meta_path.write_text(json.dumps(meta))
+    server = start_triton(repository, model_control_mode=ModelControlMode.EXPLICIT)
+    for label, _, says in BAD_CONFIGS:
+        for name in (f"py_{label}", f"native_{label}"):
+            message = _load_error(server, name)
+            assert f"model '{name}': {says}" in message, (name, message)
+    damaged = repository / "native_damaged" / "rows"
+    with pytest.raises(StageError) as caught:
+        HotColdLookup.open(
+            damaged.resolve(), repository / "native_damaged" / "1" / "hot_set.npz", stage.sizes
+        )
+    expected = str(caught.value)
+    assert str(damaged.resolve() / STORE_ROWS_FILE) in expected and "is damaged" in expected
+    for name in ("py_damaged", "native_damaged"):
+        message = _load_error(server, name)
+        assert f"model '{name}': {expected.replace('native_damaged', name)}" in message, message
+    # The healthy stage loads and answers beside them; so do the unverified ones, warned about.
+    ids = _ids(stage, np.random.default_rng(1), 4, "wild")
+    for name in (stage.python, "py_unverified", "native_unverified"):
+        server.load_model(name)
+        assert isinstance(_infer(server, "grpc", name, ids), dict)
+    server.stop()
+    log = server.log_file.read_text(errors="replace")
+    for name in ("py_unverified", "native_unverified"):
+        store = (repository / name / "rows").resolve()
+        for warning in (
+            f"model '{name}': config parameter '{PARAM_ROW_STORE_FINGERPRINT}' is absent: "
+            "a different store under the same path would not be noticed",
+            f"model '{name}': row store {store}: UNVERIFIED: {STORE_META_FILE} has no checksums",
+        ):
+            assert warning in log, warning
+
+
+def test_warnings_and_the_load_line_are_logged(server: LocalServer, stages: tuple[Path, list[Stage]]) -> None:
+    """The load line of each instance names the store, the hot set and the way of reading."""
+    log = server.log_file.read_text(errors="replace")
+    for stage in stages[1]:
+        lines = [line for line in log.splitlines() if f"{stage.native}_0_" in line and ": row store " in line]
+        assert len(lines) == 2, lines
+        assert "hot rows from " in lines[0] and "; cold reads: " in lines[0], lines[0]
