@@ -75,7 +75,8 @@ stages-sanitize: $(STAMP)
 		$(PYTHON) -m pytest -q -p no:cacheprovider tests/unit/test_raw_rows_native_parse.py tests/unit/test_compiled_stages.py tests/unit/test_embedding_native_lookup.py
 	BUNDLE_STAGES_BUILD=$(CURDIR)/$(STAGES_SANITIZE_BUILD) BUNDLE_STAGES_PRELOAD=$$($(CXX) -print-file-name=libasan.so) \
 	ASAN_OPTIONS=detect_leaks=0:abort_on_error=1 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
-		$(PYTHON) -m pytest -q -p no:cacheprovider tests/integration/test_raw_rows_native.py tests/integration/test_embedding_native.py tests/unit/test_embedding_native_store.py
+		$(PYTHON) -m pytest -q -p no:cacheprovider tests/integration/test_raw_rows_native.py tests/integration/test_embedding_native.py tests/integration/test_stage_fuzz.py \
+			tests/unit/test_embedding_native_store.py
 
 setup: $(STAMP) $(TR_STAMP) $(PA_STAMP) stages $(if $(filter 1,$(GPU)),$(GPU_STAMP))
 

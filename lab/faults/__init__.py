@@ -8,7 +8,7 @@ and writes ``result.json`` and ``result.md`` (the committed table under
 
 Runners by concern:
 
-- :mod:`lab.faults.crashes`: a python-backend stub (plain model, hot/cold stage) and
+- :mod:`lab.faults.crashes`: a python-backend stub (plain model, hot/cold dense step) and
   tritonserver itself killed with SIGKILL under checked load;
 - :mod:`lab.faults.server_crashes`: tritonserver crashing under ``python -m server serve``,
   which restarts it: killed with SIGKILL, and sent SIGSEGV while the compiled raw-row stage

@@ -9,7 +9,8 @@ measures what the users saw:
 
 - :func:`stub_killed`: the stub of a plain model (e.g. ``dlrm_onnx``); the server,
   in explicit model control, reloads the model (:mod:`server.dead_models`);
-- :func:`stage_stub_killed`: the stub of the hot/cold embedding stage
+- :func:`step_stub_killed`: the stub of a hot/cold ensemble's dense step (the embedding stage is
+  compiled and has no stub: its crash is a server crash, :mod:`lab.faults.server_crashes`)
   (``<family>_embedding``) that the ensemble (``<family>_onnx``) calls; the stage is
   reloaded, and the load goes to the ensemble;
 - :func:`server_killed`: tritonserver and its stubs, then a new tritonserver started
@@ -302,28 +303,28 @@ def stub_killed(
     return _stub_fault(fault, repository, model, model, batch_size, rate, log_dir)
 
 
-def stage_stub_killed(
+def step_stub_killed(
     repository: Path,
     model: str = "dlrm_onnx",
-    stage: str = "dlrm_embedding",
+    step: str = "dlrm_dense",
     batch_size: int = 64,
     rate: float = 100.0,
     log_dir: Path | None = None,
 ) -> FaultResult:
-    """Stub SIGKILL under load (hot/cold stage): the embedding stage's stub killed while the
-    ensemble ``model`` that calls it serves.
+    """Stub SIGKILL under load (hot/cold dense step): the stub of the ensemble's dense step (the
+    onnxruntime backend, a python stub locally) killed while the ensemble ``model`` serves.
 
     Args:
-        repository: a repository with ``model`` exported hot/cold (ensemble of ``stage`` and
-            the dense model).
+        repository: a repository with ``model`` exported hot/cold (ensemble of the embedding
+            stage and ``step``).
         model: the ensemble the load goes to.
-        stage: the embedding stage (``<family>_embedding``) whose stub is killed.
+        step: the dense step (``<family>_dense``) whose stub is killed.
         batch_size: rows per request.
         rate: requests per second over the two gRPC clients.
         log_dir: where tritonserver's log goes (a temporary folder when None).
     """
-    fault = f"stub SIGKILL under load (hot/cold stage {stage} of {model})"
-    return _stub_fault(fault, repository, model, stage, batch_size, rate, log_dir)
+    fault = f"stub SIGKILL under load (hot/cold dense step {step} of {model})"
+    return _stub_fault(fault, repository, model, step, batch_size, rate, log_dir)
 
 
 def server_killed(

@@ -8,7 +8,7 @@ faults need, each made through the bundle's own CLIs, as a user makes it:
 - ``hot_cold``: the first exported hot/cold (a row store, an embedding stage, ensembles
   with FP16 and INT8 variants).
 
-Then, in order: a stub SIGKILL under load of a plain model and of the hot/cold stage, a
+Then, in order: a stub SIGKILL under load of a plain model and of a hot/cold dense step, a
 tritonserver SIGKILL under load (:mod:`lab.faults.crashes`); tritonserver SIGKILLed, and sent
 SIGSEGV while the compiled raw-row stage serves, under ``python -m server serve``, which
 restarts it (:mod:`lab.faults.server_crashes`); each damaged file
@@ -100,7 +100,7 @@ def make_workspace(root: Path) -> Workspace:
 #: The faults of the table, in its order: the name ``--fault`` takes, and what it tries.
 FAULTS: dict[str, str] = {
     "stub-kill": "stub SIGKILL (plain)",
-    "stage-stub-kill": "stub SIGKILL (hot/cold stage)",
+    "step-stub-kill": "stub SIGKILL (hot/cold dense step)",
     "server-kill": "tritonserver SIGKILL",
     "server-crash": "tritonserver crash under python -m server serve",
     "stage-crash": "compiled stage crash under python -m server serve",
@@ -134,8 +134,8 @@ def run_faults(work: Path | None = None, keep: bool = False, only: Sequence[str]
         logs.mkdir()
         steps: dict[str, Callable[[], Sequence[FaultResult]]] = {
             "stub-kill": lambda: [crashes.stub_killed(space.plain, "dlrm_onnx", log_dir=logs)],
-            "stage-stub-kill": lambda: [
-                crashes.stage_stub_killed(space.hot_cold, "dlrm_onnx", "dlrm_embedding", log_dir=logs)
+            "step-stub-kill": lambda: [
+                crashes.step_stub_killed(space.hot_cold, "dlrm_onnx", "dlrm_dense", log_dir=logs)
             ],
             "server-kill": lambda: [crashes.server_killed(space.plain, "dlrm_onnx", log_dir=logs)],
             "server-crash": lambda: [server_crashes.server_crash(space.plain, root, log_dir=logs)],
