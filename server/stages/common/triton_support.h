@@ -63,6 +63,79 @@ inline TRITONSERVER_Error* ToError(const std::exception_ptr& thrown) noexcept {
   }
 }
 
+
+// A stage's state kept on a Triton handle (its model or its instance), read back.
+template <typename State, typename Handle>
+State* StateOf(Handle* handle, TRITONSERVER_Error* (*get)(Handle*, void**)) {
+  void* state = nullptr;
+  Check(get(handle, &state), "reading a stage's state");
+  if (state == nullptr) throw StageError(TRITONSERVER_ERROR_INTERNAL, "the stage has no state");
+  return static_cast<State*>(state);
+}
+
+// The lifecycle entry points every compiled stage shares, for its ModelState (made by
+// `ModelState::Create(model)`) and its InstanceState (made from the model's state and the
+// instance, with `Execute(requests, count)`). None throws: a failure becomes the error returned.
+template <typename ModelState>
+TRITONSERVER_Error* InitializeModel(TRITONBACKEND_Model* model) noexcept {
+  try {
+    std::unique_ptr<ModelState> state = ModelState::Create(model);
+    Check(TRITONBACKEND_ModelSetState(model, state.get()), "keeping the model's state");
+    state.release();  // owned by the model now; FinalizeModel deletes it
+    return nullptr;
+  } catch (...) {
+    return ToError(std::current_exception());
+  }
+}
+
+template <typename ModelState>
+TRITONSERVER_Error* FinalizeModel(TRITONBACKEND_Model* model) noexcept {
+  try {
+    std::unique_ptr<ModelState> state(StateOf<ModelState>(model, TRITONBACKEND_ModelState));
+    return nullptr;
+  } catch (...) {
+    return ToError(std::current_exception());
+  }
+}
+
+template <typename ModelState, typename InstanceState>
+TRITONSERVER_Error* InitializeInstance(TRITONBACKEND_ModelInstance* instance) noexcept {
+  try {
+    TRITONBACKEND_Model* model = nullptr;
+    Check(TRITONBACKEND_ModelInstanceModel(instance, &model), "reading the instance's model");
+    const auto* model_state = StateOf<ModelState>(model, TRITONBACKEND_ModelState);
+    auto state = std::make_unique<InstanceState>(*model_state, instance);
+    Check(TRITONBACKEND_ModelInstanceSetState(instance, state.get()), "keeping the instance's state");
+    state.release();  // owned by the instance now; FinalizeInstance deletes it
+    return nullptr;
+  } catch (...) {
+    return ToError(std::current_exception());
+  }
+}
+
+template <typename InstanceState>
+TRITONSERVER_Error* FinalizeInstance(TRITONBACKEND_ModelInstance* instance) noexcept {
+  try {
+    std::unique_ptr<InstanceState> state(StateOf<InstanceState>(instance, TRITONBACKEND_ModelInstanceState));
+    return nullptr;
+  } catch (...) {
+    return ToError(std::current_exception());
+  }
+}
+
+// Every request is answered and released inside Execute, whatever happens to another; an error
+// returned here would tell Triton that none of them was.
+template <typename InstanceState>
+TRITONSERVER_Error* ExecuteInstance(
+    TRITONBACKEND_ModelInstance* instance, TRITONBACKEND_Request** requests, uint32_t count) noexcept {
+  try {
+    StateOf<InstanceState>(instance, TRITONBACKEND_ModelInstanceState)->Execute(requests, count);
+    return nullptr;
+  } catch (...) {
+    return ToError(std::current_exception());
+  }
+}
+
 }  // namespace stages
 
 // Logs `message` (an expression building the text); a failure to build or log it is dropped, so

@@ -773,14 +773,6 @@ class InstanceState {
   std::vector<float> cold_rows_;
 };
 
-template <typename State, typename Handle>
-State* StateOf(Handle* handle, TRITONSERVER_Error* (*get)(Handle*, void**)) {
-  void* state = nullptr;
-  Check(get(handle, &state), "reading a stage's state");
-  if (state == nullptr) throw StageError(TRITONSERVER_ERROR_INTERNAL, "the stage has no state");
-  return static_cast<State*>(state);
-}
-
 }  // namespace
 }  // namespace stages::embedding
 
@@ -813,7 +805,7 @@ TRITONSERVER_Error* TRITONBACKEND_Initialize(TRITONBACKEND_Backend* backend) {
 TRITONSERVER_Error* TRITONBACKEND_Finalize(TRITONBACKEND_Backend* backend) {
   try {
     std::unique_ptr<embedding::BackendState> state(
-        embedding::StateOf<embedding::BackendState>(backend, TRITONBACKEND_BackendState));
+        stages::StateOf<embedding::BackendState>(backend, TRITONBACKEND_BackendState));
     return nullptr;
   } catch (...) {
     return stages::ToError(std::current_exception());
@@ -821,62 +813,24 @@ TRITONSERVER_Error* TRITONBACKEND_Finalize(TRITONBACKEND_Backend* backend) {
 }
 
 TRITONSERVER_Error* TRITONBACKEND_ModelInitialize(TRITONBACKEND_Model* model) {
-  try {
-    std::unique_ptr<embedding::ModelState> state = embedding::ModelState::Create(model);
-    stages::Check(TRITONBACKEND_ModelSetState(model, state.get()), "keeping the model's state");
-    state.release();  // owned by the model now; ModelFinalize deletes it
-    return nullptr;
-  } catch (...) {
-    return stages::ToError(std::current_exception());
-  }
+  return stages::InitializeModel<embedding::ModelState>(model);
 }
 
 TRITONSERVER_Error* TRITONBACKEND_ModelFinalize(TRITONBACKEND_Model* model) {
-  try {
-    std::unique_ptr<embedding::ModelState> state(
-        embedding::StateOf<embedding::ModelState>(model, TRITONBACKEND_ModelState));
-    return nullptr;
-  } catch (...) {
-    return stages::ToError(std::current_exception());
-  }
+  return stages::FinalizeModel<embedding::ModelState>(model);
 }
 
 TRITONSERVER_Error* TRITONBACKEND_ModelInstanceInitialize(TRITONBACKEND_ModelInstance* instance) {
-  try {
-    TRITONBACKEND_Model* model = nullptr;
-    stages::Check(TRITONBACKEND_ModelInstanceModel(instance, &model), "reading the instance's model");
-    const auto* model_state = embedding::StateOf<embedding::ModelState>(model, TRITONBACKEND_ModelState);
-    auto state = std::make_unique<embedding::InstanceState>(*model_state, instance);
-    stages::Check(TRITONBACKEND_ModelInstanceSetState(instance, state.get()), "keeping the instance's state");
-    state.release();  // owned by the instance now; ModelInstanceFinalize deletes it
-    return nullptr;
-  } catch (...) {
-    return stages::ToError(std::current_exception());
-  }
+  return stages::InitializeInstance<embedding::ModelState, embedding::InstanceState>(instance);
 }
 
 TRITONSERVER_Error* TRITONBACKEND_ModelInstanceFinalize(TRITONBACKEND_ModelInstance* instance) {
-  try {
-    std::unique_ptr<embedding::InstanceState> state(
-        embedding::StateOf<embedding::InstanceState>(instance, TRITONBACKEND_ModelInstanceState));
-    return nullptr;
-  } catch (...) {
-    return stages::ToError(std::current_exception());
-  }
+  return stages::FinalizeInstance<embedding::InstanceState>(instance);
 }
 
-TRITONSERVER_Error* TRITONBACKEND_ModelInstanceExecute(TRITONBACKEND_ModelInstance* instance,
-                                                       TRITONBACKEND_Request** requests,
-                                                       const uint32_t request_count) {
-  // Every request is answered and released inside Execute, whatever happens to another; an error
-  // returned here would tell Triton that none of them was.
-  try {
-    embedding::StateOf<embedding::InstanceState>(instance, TRITONBACKEND_ModelInstanceState)
-        ->Execute(requests, request_count);
-    return nullptr;
-  } catch (...) {
-    return stages::ToError(std::current_exception());
-  }
+TRITONSERVER_Error* TRITONBACKEND_ModelInstanceExecute(
+    TRITONBACKEND_ModelInstance* instance, TRITONBACKEND_Request** requests, const uint32_t request_count) {
+  return stages::ExecuteInstance<embedding::InstanceState>(instance, requests, request_count);
 }
 
 }  // extern "C"
