@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import statistics
 import tempfile
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -47,6 +48,8 @@ HOT_ROWS_SHARE = 0.1
 IMPLEMENTATIONS = ("python", "compiled")
 #: The stages measured, in the order reports list them.
 STAGES = ("raw rows", "embedding")
+#: How long the server may take to count a round's last request after answering it.
+COUNTED_WAIT_S = 5.0
 
 
 @dataclass(frozen=True)
@@ -182,6 +185,27 @@ def _counters(client: Any, model: str) -> dict[str, int]:
     return found
 
 
+def _counters_after(client: Any, model: str, before: dict[str, int], sent: int) -> dict[str, int]:
+    """The counters once the server has counted all ``sent`` requests since ``before``.
+
+    A backend may record a request's statistics just after its response reaches the client
+    (Triton's python backend does), so the last request of a round can be missing from a read
+    made at once: read again, for at most :data:`COUNTED_WAIT_S`.
+    """
+    deadline = time.monotonic() + COUNTED_WAIT_S
+    while True:
+        after = _counters(client, model)
+        counted = after["success_count"] - before["success_count"]
+        if counted >= sent:
+            return after
+        if time.monotonic() > deadline:
+            raise BundleError(
+                f"the server counted {counted} of the {sent} requests sent to {model} "
+                f"after {COUNTED_WAIT_S:g} s"
+            )
+        time.sleep(0.01)
+
+
 def run_stage_times(options: StageTimesOptions, command: str) -> dict[str, Any]:
     """Time both implementations of each stage (see the module); the JSON-ready result.
 
@@ -232,7 +256,8 @@ def run_stage_times(options: StageTimesOptions, command: str) -> dict[str, Any]:
                                 model = pair.models[implementation]
                                 before = _counters(stats, model)
                                 _send(client, model, pair.input_name, pair.datatype, array, options.requests)
-                                rounds[implementation].append(_times(before, _counters(stats, model)))
+                                after = _counters_after(stats, model, before, options.requests)
+                                rounds[implementation].append(_times(before, after))
                                 progress.update(
                                     task,
                                     advance=1,
