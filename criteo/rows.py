@@ -11,14 +11,16 @@ categorical ids ``C1..C26`` in hex, separated by tabs. The rules:
 - a label is ``0`` or ``1``.
 
 A row that breaks a rule is refused with a :class:`RowError` naming the row
-and the field; nothing is guessed. The file reader (:mod:`criteo.tsv`), the
-clients and the server's raw-row stage all parse with :func:`parse_rows`, so
-the paths cannot drift apart. This module imports numpy only: the export copies
-it beside the raw-row stage, which also runs in the NGC tritonserver image.
+and the field; nothing is guessed. The file reader (:mod:`criteo.tsv`) and the
+clients parse with :func:`parse_rows`; the server's raw-row stage, compiled
+(``server/stages/raw_rows/parse.cc``), applies the same rules, and a differential
+test holds it to this module on a fuzz corpus, answers and errors alike
+(:func:`request_inputs` is what the stage answers for a request's rows).
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -250,3 +252,26 @@ def _ids(windows: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> tuple[np.
 def model_inputs(rows: Rows) -> tuple[np.ndarray, np.ndarray]:
     """The model's inputs of parsed rows: ``B x 13`` float32 dense features, ``B x 26`` int64 ids."""
     return preprocess_counts(rows.counts, rows.missing), np.ascontiguousarray(rows.ids, dtype=np.int64)
+
+
+def join_rows(rows: Sequence[bytes]) -> bytes:
+    """A request's rows (one per element of the raw-row stage's ``B x 1`` input) one per line.
+
+    A row may come with its own line end: where any row holds a line break, each loses a
+    trailing ``\\r\\n``, or its trailing ``\\n`` s, first, so that a line break left inside a row
+    splits it (and :func:`parse_rows` refuses it, counting rows). The compiled stage joins them
+    the same way (``server/stages/raw_rows/parse.cc``).
+    """
+    data = b"\n".join(rows)
+    if data.count(b"\n") != len(rows) - 1:
+        data = b"\n".join(row[:-2] if row.endswith(b"\r\n") else row.rstrip(b"\n") for row in rows)
+    return data
+
+
+def request_inputs(rows: Sequence[bytes]) -> tuple[np.ndarray, np.ndarray]:
+    """What the raw-row stage answers for a request's rows: :func:`model_inputs` of the joined rows.
+
+    Raises:
+        RowError: a row breaks a rule (the request's error, naming the row and the field).
+    """
+    return model_inputs(parse_rows(join_rows(rows), labeled=False, rows=len(rows)))

@@ -9,7 +9,8 @@ a Triton ensemble of two steps,
    ``dense_features`` and ``categorical_ids`` by the rules of :mod:`criteo.rows`. It is
    the compiled stage, the Triton C++ backend ``raw_rows`` (``backend.cc``, built by
    ``make stages``; in compose, by the image's build stage), whose parse a differential
-   test holds to :mod:`criteo.rows`; its version folder holds no file;
+   test holds to :mod:`criteo.rows`; its version folder holds only a note that keeps it
+   in object storage;
 2. the model itself, whose ``click_probability`` is the ensemble's output.
 
 A client picks the precision by the name, as it does without raw rows:
@@ -45,8 +46,6 @@ from bundle.schema import (
     RAW_ROWS_INPUT,
     raw_model_name,
 )
-from criteo import rows as rules
-from server.stages.raw_rows import RULES_FILE, SOURCE_DIR, SOURCE_FILES
 
 #: The raw-row stage's model name (one for every family).
 STAGE_MODEL = "criteo_rows"
@@ -54,17 +53,14 @@ STAGE_MODEL = "criteo_rows"
 STAGE_MAX_BATCH = 65536
 #: Instances of the stage.
 STAGE_INSTANCES = 1
-#: The compiled stage's backend name: tritonserver opens ``<backends>/raw_rows/libtriton_raw_rows.so``.
+#: The stage's backend: tritonserver opens ``<backends>/raw_rows/libtriton_raw_rows.so``.
 STAGE_BACKEND = "raw_rows"
-#: The python stage's backend (``server/stages/raw_rows/model.py``), kept to measure beside the
-#: compiled one (``python -m lab stage-times``).
-PYTHON_BACKEND = "python"
 
 
-def build_stage_config(backend: str = STAGE_BACKEND) -> mc.ModelConfig:
+def build_stage_config() -> mc.ModelConfig:
     """The stage's config: ``raw_rows`` BYTES ``[1]`` in, the schema's two input tensors out, a
     dynamic batcher that gathers concurrent requests (no delay added)."""
-    config = mc.ModelConfig(name=STAGE_MODEL, backend=backend, max_batch_size=STAGE_MAX_BATCH)
+    config = mc.ModelConfig(name=STAGE_MODEL, backend=STAGE_BACKEND, max_batch_size=STAGE_MAX_BATCH)
     config.input.add(name=RAW_ROWS_INPUT, data_type=mc.TYPE_STRING, dims=[1])
     config.output.add(name=DENSE_INPUT, data_type=mc.TYPE_FP32, dims=[NUM_DENSE])
     config.output.add(name=CATEGORICAL_INPUT, data_type=mc.TYPE_INT64, dims=[NUM_CATEGORICAL])
@@ -75,22 +71,13 @@ def build_stage_config(backend: str = STAGE_BACKEND) -> mc.ModelConfig:
     return config
 
 
-def write_stage(repository: Path, backend: str = STAGE_BACKEND, name: str = STAGE_MODEL) -> Path:
-    """Write the stage ``name`` (``criteo_rows``): its config and its version folder, which holds
-    ``model.py`` and the rules module for the python stage, and for the compiled one a file that
-    keeps the folder in object storage; the config's path."""
-    folder = version_dir(repository, name, 1)
-    shutil.rmtree(folder, ignore_errors=True)
-    if backend == PYTHON_BACKEND:
-        folder.mkdir(parents=True)
-        for filename in SOURCE_FILES:
-            shutil.copyfile(SOURCE_DIR / filename, folder / filename)
-        shutil.copyfile(Path(rules.__file__), folder / RULES_FILE)
-    else:
-        make_compiled_stage_version(repository, name, backend)
-    config = build_stage_config(backend)
-    config.name = name
-    return write_config(repository / name, config)
+def write_stage(repository: Path) -> Path:
+    """Write the stage ``criteo_rows``: its config and its version folder, which holds a file
+    that keeps the folder in object storage (the code is the backend's library); the config's
+    path."""
+    shutil.rmtree(version_dir(repository, STAGE_MODEL, 1), ignore_errors=True)
+    make_compiled_stage_version(repository, STAGE_MODEL, STAGE_BACKEND)
+    return write_config(repository / STAGE_MODEL, build_stage_config())
 
 
 def build_raw_config(model: str, served: mc.ModelConfig, name: str = "") -> mc.ModelConfig:

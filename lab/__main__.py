@@ -21,7 +21,6 @@ app.command("cold-reads")(commands.cold_reads)
 app.command("cold-tier")(commands.cold_tier)
 app.command("model-analyzer")(commands.model_analyzer)
 app.command("raw-rows")(commands.raw_rows)
-app.command("stage-times")(commands.stage_times)
 app.command()(commands.faults)
 
 

@@ -53,7 +53,7 @@ from loadtest.engine.wire import serialised_request
 from loadtest.engine.writer import Panel, Series, plot, table, write_json, write_markdown
 from server.config import ServerConfig
 from server.launcher import LocalServer
-from server.processes import stub_processes, tree_cpu_s
+from server.processes import tree_cpu_s
 from server.stages.embedding.hot_cold_lookup import (
     COLD_READS,
     PAGE_BYTES,
@@ -220,37 +220,33 @@ def _cold_lookups(metrics_url: str, stage: str) -> float:
 
 @dataclass(frozen=True)
 class _Cpu:
-    """CPU seconds so far: each process of the server's tree (tritonserver and its stubs), which of
-    them are the stage's stubs, the machine's interrupt handling (I/O completions run there, charged
-    to no process), and the time the hypervisor took from this machine's CPUs (steal; 0 on bare
-    metal)."""
+    """CPU seconds so far: each process of the server's tree (tritonserver, whose threads run the
+    compiled stage, and the stubs of its python-backend models), the machine's interrupt handling
+    (I/O completions run there, charged to no process), and the time the hypervisor took from this
+    machine's CPUs (steal; 0 on bare metal)."""
 
     processes: dict[int, float]
-    stubs: frozenset[int]
     interrupts: float
     steal: float
 
     @classmethod
-    def now(cls, server: LocalServer, stage: str) -> _Cpu:
+    def now(cls, server: LocalServer) -> _Cpu:
         pid = server.pid
         seconds = tree_cpu_s(pid) if pid is not None else {}
-        stubs = {stub.pid for stub in stub_processes(pid)[0] if stub.model == stage} if pid else set()
         machine = psutil.cpu_times()
         return cls(
             dict(seconds),
-            frozenset(stubs),
             float(machine.irq + machine.softirq),
             float(getattr(machine, "steal", 0.0)),
         )
 
-    def since(self, before: _Cpu) -> tuple[float, float, float, float]:
-        """Seconds spent from ``before`` to this reading: the server's, the stage's stubs', the
-        interrupts' and the steal. A process gone in between (a stub of a version just unloaded,
-        still exiting when ``before`` was read) counts nothing; one started in between, all of its time."""
+    def since(self, before: _Cpu) -> tuple[float, float, float]:
+        """Seconds spent from ``before`` to this reading: the server's, the interrupts' and the
+        steal. A process gone in between (a stub of a version just unloaded, still exiting when
+        ``before`` was read) counts nothing; one started in between, all of its time."""
         spent = {pid: max(0.0, cpu - before.processes.get(pid, 0.0)) for pid, cpu in self.processes.items()}
         return (
             sum(spent.values()),
-            sum(spent[pid] for pid in self.stubs if pid in spent),
             self.interrupts - before.interrupts,
             self.steal - before.steal,
         )
@@ -495,9 +491,9 @@ def _step(
             before_pages = resident_bytes(store)
             before_lookups = _cold_lookups(server.metrics_url, options.stage)
             before_count, before_ns = _stage_compute_ns(client, options.stage)
-            before_cpu = _Cpu.now(server, options.stage)
+            before_cpu = _Cpu.now(server)
             window = driver.measure(options.seconds)
-            after_cpu = _Cpu.now(server, options.stage)
+            after_cpu = _Cpu.now(server)
             after_pages = resident_bytes(store)
             after_lookups = _cold_lookups(server.metrics_url, options.stage)
             after_count, after_ns = _stage_compute_ns(client, options.stage)
@@ -506,7 +502,7 @@ def _step(
             raise ConfigError(str(exc.__cause__)) from None
         raise
     stage_requests = max(1, after_count - before_count)
-    server_s, stage_s, interrupts_s, steal_s = after_cpu.since(before_cpu)
+    server_s, interrupts_s, steal_s = after_cpu.since(before_cpu)
     return {
         **asdict(at),
         "resident_at_start_bytes": resident,
@@ -520,8 +516,6 @@ def _step(
         "cold_lookups_per_request": (after_lookups - before_lookups) / stage_requests,
         "pages_read_per_request": max(0, after_pages - before_pages) / PAGE_BYTES / stage_requests,
         "server_cpu_ms_per_request": server_s / stage_requests * 1e3,
-        # A compiled stage has no process of its own: its CPU is inside tritonserver's.
-        "stage_cpu_ms_per_request": stage_s / stage_requests * 1e3 if before_cpu.stubs else float("nan"),
         "interrupt_cpu_ms_per_request": interrupts_s / stage_requests * 1e3,
         "steal_cpu_ms_per_request": steal_s / stage_requests * 1e3,
     }
@@ -533,11 +527,9 @@ def _median(steps: list[dict[str, Any]], key: str, **match: Any) -> float:
     return float(np.median(values)) if values else float("nan")
 
 
-#: A step's CPU per request: the server's, the stage's share of it, the machine's interrupts
-#: and the hypervisor's steal.
+#: A step's CPU per request: the server's, the machine's interrupts and the hypervisor's steal.
 _CPU_KEYS = (
     "server_cpu_ms_per_request",
-    "stage_cpu_ms_per_request",
     "interrupt_cpu_ms_per_request",
     "steal_cpu_ms_per_request",
 )
@@ -744,13 +736,13 @@ def write_cold_tier(report: dict[str, Any], out: Path) -> dict[str, Path]:
         ]
     if all(f"cold_{key}" in r for r in report["summary"] for key in _CPU_KEYS):
         lines += [
-            "CPU per request, cold / warm, in ms: the server's (tritonserver and its stubs, every "
-            "model of the ensemble), the stage's stubs' part of it, the machine's interrupt "
+            "CPU per request, cold / warm, in ms: the server's (tritonserver, the compiled stage "
+            "inside it, and the dense model; every model of the ensemble), the machine's interrupt "
             "handling (disk completions are charged to no process) and the time the hypervisor "
             "took from the machine's CPUs (steal):",
             "",
             *table(
-                ["store", "cold reads", "batch", "concurrency", "server", "stage", "interrupts", "steal"],
+                ["store", "cold reads", "batch", "concurrency", "server", "interrupts", "steal"],
                 [
                     [
                         r["store"],
@@ -761,7 +753,7 @@ def write_cold_tier(report: dict[str, Any], out: Path) -> dict[str, Path]:
                     ]
                     for r in report["summary"]
                 ],
-                "llrrrrrr",
+                "llrrrrr",
             ),
             "",
         ]

@@ -16,8 +16,6 @@ result under ``benchmarks/``.
 - ``model-analyzer``: ``loadtest tune`` beside Triton Model Analyzer, same model, space and budgets
   (:mod:`lab.model_analyzer`).
 - ``raw-rows``: raw rows against tensors through the server (:mod:`lab.raw_rows`).
-- ``stage-times``: each server-side stage, python and compiled, timed by the server side by side
-  (:mod:`lab.stage_times`).
 - ``faults``: crashes, damaged files, interrupted writes, a full disk (:mod:`lab.faults`).
 
 Each builds its options object and calls the library function of its module;
@@ -553,42 +551,4 @@ def raw_rows(
     document = run_raw_rows(options, command_line("lab"))
     paths = write_raw_rows(document, out)
     print(verdict(document))
-    print(f"report: {paths['markdown']}")
-
-
-StageNames = Annotated[
-    list[str] | None,
-    typer.Option("--stage", help="A stage to time: 'raw rows' or 'embedding' (repeatable; default both)."),
-]
-RowsPerTable = Annotated[
-    int, typer.Option("--rows-per-table", help="Rows of each of the embedding stage's 26 tables.")
-]
-StoreWidth = Annotated[int, typer.Option("--width", help="Values per row of the embedding stage's store.")]
-
-
-def stage_times(
-    batch_size: BatchSizes = "1,64,1024",
-    requests: Requests = 200,
-    rounds: Rounds = 5,
-    stage: StageNames = None,
-    rows_per_table: RowsPerTable = 20_000,
-    width: StoreWidth = 32,
-    log_file: TritonLog = Path("reports/stage_times/tritonserver.log"),
-    out: ReportOut[Path] = Path("reports/stage_times"),
-) -> None:
-    """Each server-side stage, python and compiled, side by side in one server: the server's time
-    per request (Triton's statistics) at each batch size."""
-    from lab.stage_times import STAGES, StageTimesOptions, run_stage_times, write_stage_times
-
-    options = StageTimesOptions(
-        parse_ints(batch_size, "--batch-size"), requests, rounds, rows_per_table, width,
-        tuple(stage) if stage else STAGES, log_file,
-    )  # fmt: skip
-    document = run_stage_times(options, command_line("lab"))
-    paths = write_stage_times(document, out)
-    for step in document["steps"]:
-        print(
-            f"{step['stage']:>9} B={step['batch_size']:<5} python {step['python']['request_ms']:.3f} ms, "
-            f"compiled {step['compiled']['request_ms']:.3f} ms ({step['ratio']:.1f}x)"
-        )
     print(f"report: {paths['markdown']}")

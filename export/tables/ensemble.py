@@ -68,7 +68,6 @@ from export.graphs.onnx_io import save_model
 from export.tables.hot_cold_graph import lookup_graph
 from export.tables.hot_rows import HotSet
 from export.tables.row_store import RowStore
-from server.stages.embedding import SOURCE_DIR, SOURCE_FILES
 from server.stages.embedding.hot_cold_lookup import (
     COLD_READ_THREADS,
     COLD_READS,
@@ -101,12 +100,9 @@ HOT_SET_FILE = "hot_set.npz"
 #: The dense model's graph with its tables' values dropped, in its model folder
 #: (:func:`export.tables.hot_cold_graph.lookup_graph`): a new hot set's dense model is built from it.
 LOOKUP_GRAPH_FILE = "lookup_graph.onnx"
-PYTHON_BACKEND = "python"
-#: The compiled embedding stage's backend name: tritonserver opens
+#: The embedding stage's backend: tritonserver opens
 #: ``<backends>/embedding/libtriton_embedding.so`` (``server/stages/embedding/backend.cc``).
 STAGE_BACKEND = "embedding"
-#: The stage's backends: the compiled one, and the python one (``server/stages/embedding/model.py``).
-STAGE_BACKENDS: tuple[str, ...] = (STAGE_BACKEND, PYTHON_BACKEND)
 ENSEMBLE_PLATFORM = "ensemble"
 
 #: Versions of the stage and of the dense model that may be loaded at once: the serving
@@ -199,7 +195,6 @@ def build_embedding_config(
     cold_reads: str = DEFAULT_COLD_READS,
     cold_read_threads: int = DEFAULT_COLD_READ_THREADS,
     hotness: Sequence[int] | None = None,
-    backend: str = STAGE_BACKEND,
 ) -> mc.ModelConfig:
     """The ModelConfig of an embedding stage (KIND_CPU, ``max_batch_size: 0``).
 
@@ -209,7 +204,7 @@ def build_embedding_config(
         width: values per store row ``W`` (``cold_rows`` is ``N x W``).
         row_store: the store's folder, absolute or relative to the version folder.
         hot_set: the hot-set file, absolute or relative to the version folder.
-        instances: stage instances (each a python stub mapping the same store).
+        instances: stage instances (each maps the same store; the store is verified once).
         store_fingerprint: the store's fingerprint (its ``store.json``): the stage refuses
             another store found under the same path ("" for none, e.g. an older store).
         cold_reads: how the stage reads cold rows from the store (``io_uring``, ``prefetch``,
@@ -217,17 +212,11 @@ def build_embedding_config(
         cold_read_threads: threads of the ``threads`` way (written only for it).
         hotness: a multi-hot model's ids per bag of each table (None: one id each): the
             ids and ``hot_slots`` are then ``-1 x H``, ``H`` their sum.
-        backend: one of :data:`STAGE_BACKENDS`: both read the same parameters.
 
     Raises:
         ConfigError: not 26 sizes >= 1, a width below 1, fewer than 1 instance, an
-            empty path, an unknown way of reading cold rows, not 26 counts >= 1, or
-            an unknown backend.
+            empty path, an unknown way of reading cold rows, or not 26 counts >= 1.
     """
-    if backend not in STAGE_BACKENDS:
-        raise ConfigError(
-            f"the embedding stage's backend is one of {', '.join(STAGE_BACKENDS)}, got {backend!r}"
-        )
     sizes = tuple(int(size) for size in table_sizes)
     if len(sizes) != NUM_CATEGORICAL or min(sizes) < 1:
         raise ConfigError(f"an embedding stage needs {NUM_CATEGORICAL} table sizes >= 1, got {list(sizes)}")
@@ -245,7 +234,7 @@ def build_embedding_config(
     if counts is not None and (len(counts) != NUM_CATEGORICAL or min(counts) < 1):
         raise ConfigError(f"hotness must be {NUM_CATEGORICAL} counts >= 1, got {list(counts)}")
     positions = NUM_CATEGORICAL if counts is None else sum(counts)
-    config = mc.ModelConfig(name=name, backend=backend, max_batch_size=0)
+    config = mc.ModelConfig(name=name, backend=STAGE_BACKEND, max_batch_size=0)
     _add(config.input, (CATEGORICAL_INPUT, mc.TYPE_INT64, (ANY_ROWS, positions)))
     for tensor in (_hot_slots(positions), _cold_positions(), _cold_rows(width)):
         _add(config.output, tensor)
@@ -384,11 +373,9 @@ def write_embedding_stage(
     cold_reads: str = DEFAULT_COLD_READS,
     cold_read_threads: int = DEFAULT_COLD_READ_THREADS,
     hotness: Sequence[int] | None = None,
-    backend: str = STAGE_BACKEND,
     name: str = "",
 ) -> Path:
-    """Write ``<family>_embedding``: its version folder (the hot set, and the python stage's
-    files where ``backend`` is python) and config.
+    """Write ``<family>_embedding``: its version folder (the hot set) and config.
 
     The store and the hot set are opened here (the store's size and sampled rows
     checked, see :meth:`export.tables.row_store.RowStore.open`), so a mismatch fails at
@@ -408,7 +395,6 @@ def write_embedding_stage(
         cold_reads: how the stage reads cold rows (see :func:`build_embedding_config`).
         cold_read_threads: threads of the ``threads`` way.
         hotness: a multi-hot model's ids per bag of each table (None: one id each).
-        backend: the stage's backend (:data:`STAGE_BACKENDS`).
         name: the model's name (default: ``<family>_embedding``).
 
     Returns:
@@ -435,9 +421,6 @@ def write_embedding_stage(
     name = name or embedding_model_name(family)
     folder = version_dir(repository, name, version)
     folder.mkdir(parents=True, exist_ok=True)
-    if backend == PYTHON_BACKEND:
-        for filename in SOURCE_FILES:
-            shutil.copyfile(SOURCE_DIR / filename, folder / filename)
     target = folder / HOT_SET_FILE
     if Path(hot_set_path).resolve() != target.resolve():
         shutil.copyfile(hot_set_path, target)
@@ -454,7 +437,6 @@ def write_embedding_stage(
         cold_reads,
         cold_read_threads,
         hotness,
-        backend,
     )
     return write_config(repository / name, config)
 

@@ -193,9 +193,9 @@ def stage_reference(
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """The embedding stage in-process: raw ids -> ``hot_slots``, ``cold_positions``, ``cold_rows``.
 
-    Runs the served stage's own code (``server/stages/embedding/hot_cold_lookup.py``,
-    what ``<family>_embedding`` runs in Triton), so the export's checks verify the
-    split that will serve: each id reduced into its table (``np.mod``, the
+    Runs the stage's definition in Python (``server/stages/embedding/hot_cold_lookup.py``,
+    to which the differential tests hold the compiled ``<family>_embedding``), so the
+    export's checks verify the split that will serve: each id reduced into its table (``np.mod``, the
     divisor's sign as ONNX ``Mod(fmod=0)``), looked up among its table's hot ids,
     and each cold lookup's row read from the store.
 

@@ -42,7 +42,6 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import shutil
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -93,7 +92,6 @@ from export.tables.hot_cold_variants import (
 from export.tables.hot_rows import HotSet, choose_hot_rows
 from export.tables.placement import FP32_STORE_TOLERANCE, run_hot_cold
 from export.tables.row_store import RowStore, format_bytes
-from server.stages.embedding import SOURCE_DIR, SOURCE_FILES
 from server.stages.embedding.hot_cold_lookup import PARAM_HOTNESS
 
 log = logging.getLogger(__name__)
@@ -382,8 +380,6 @@ def _write_version(repository: Path, serving: Serving, hot: HotSet, version: int
     shaped like the repository); the dense model's path."""
     stage_dir = version_dir(staged, serving.stage, version)
     stage_dir.mkdir(parents=True)
-    for filename in SOURCE_FILES:
-        shutil.copyfile(SOURCE_DIR / filename, stage_dir / filename)
     hot.save(stage_dir / HOT_SET_FILE)
     graph = repository / serving.dense / LOOKUP_GRAPH_FILE
     dense = split_lookups(graph, hot, serving.store.spec.table_sizes, rows=serving.store)

@@ -1,18 +1,19 @@
-"""The compiled embedding stage loaded by the real local tritonserver, beside the python stage.
+"""The embedding stage (the C++ backend ``embedding`` that ``make stages`` builds), as the export
+writes it, loaded by the real local tritonserver and held to its reference in Python.
 
-Two stages are written by :func:`export.tables.ensemble.write_embedding_stage` as python stages:
-``dlrm_embedding`` (a float32 store, one id per table, two instances reading cold rows by
-``io_uring``) and ``wide_deep_embedding`` (an int8 store of two columns, bags of 1 to 3 ids per
-table, read the ``prefetch`` way). Each stage's folder is served twice: as written (``backend:
-"python"``) and as a copy whose config says ``backend: "embedding"`` (the C++ backend ``make
-stages`` builds, which the export writes). Over HTTP and gRPC, for real rows and wild ids (negative,
-huge, the int64 extremes), all-hot and all-cold requests at batch 1, 64 and 1024, both answer the
-same tensors bit for bit; a bad request (wrong dtype, wrong shape, empty batch, missing input) gets
-the same error text and code from both; a bad parameter or a damaged store fails only that model's
-load, saying what the python stage says, the file named; an unverified store and an absent
-fingerprint load with the python stage's warnings; each instance logs its load line; and the
-counters appear on the metrics page with the python stage's labels. Skips when the compiled stages
-are not built.
+Two stages are written by :func:`export.tables.ensemble.write_embedding_stage`: ``dlrm_embedding``
+(a float32 store, one id per table, two instances reading cold rows by ``io_uring``) and
+``wide_deep_embedding`` (an int8 store of two columns, bags of 1 to 3 ids per table, read the
+``prefetch`` way). Over HTTP and gRPC, for real rows and wild ids (negative, huge, the int64
+extremes), all-hot and all-cold requests at batch 1, 64 and 1024, each answers the tensors of
+:class:`~server.stages.embedding.hot_cold_lookup.HotColdLookup` over the same files, bit for bit; a
+request the stage refuses (an empty batch) gets the reference's error text, and one of another
+type or shape Triton's own error naming the input; a bad parameter or a damaged store fails only
+that model's load, in the words the tests pin and the file named; an unverified store and an
+absent fingerprint load with a warning; each instance logs its load line; and the counters
+appear on the metrics page under their family and labels. Until the python stage was removed,
+the same tests held the compiled stage to it, bit for bit and word for word. Skips when the
+compiled stages are not built.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ import json
 import re
 import shutil
 import urllib.request
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,13 +36,14 @@ from tritonclient.utils import InferenceServerException
 
 from bundle.repository import CONFIG_NAME, read_config, write_config
 from bundle.schema import CATEGORICAL_INPUT, COLD_POSITIONS, COLD_ROWS, HOT_SLOTS, NUM_CATEGORICAL
-from export.tables.ensemble import STAGE_BACKEND, embedding_model_name, write_embedding_stage
+from export.tables.ensemble import HOT_SET_FILE, embedding_model_name, write_embedding_stage
 from export.tables.hot_rows import HotSet
 from export.tables.row_store import RowStoreSpec, write_arrays
 from server import LocalServer
 from server.config import ModelControlMode
 from server.installation import COMPILED_STAGES
 from server.stages.embedding.hot_cold_lookup import (
+    COLD_READ_FAULT,
     PARAM_COLD_READ_HINT_ROWS,
     PARAM_COLD_READS,
     PARAM_HOT_SET,
@@ -55,6 +57,7 @@ from server.stages.embedding.hot_cold_lookup import (
     HotColdLookup,
     StageError,
 )
+from tests.native_stages import ids_reference
 
 pytestmark = [
     pytest.mark.integration,
@@ -72,21 +75,17 @@ METRIC = re.compile(r"^ctr_embedding_lookups_total\{(?P<labels>[^}]*)\}\s+(?P<va
 
 @dataclass(frozen=True)
 class Stage:
-    """One exported stage: its python model, its compiled copy, and what the ids must fit."""
+    """One exported stage: its model, what the ids must fit, and its reference in process."""
 
-    python: str
-    native: str
+    model: str
     sizes: tuple[int, ...]
     hotness: tuple[int, ...]
     hot_ids: tuple[np.ndarray, ...]
+    lookup: HotColdLookup
 
     @property
     def positions(self) -> int:
         return sum(self.hotness)
-
-
-def _native_name(name: str) -> str:
-    return f"{name}_native"
 
 
 def _write_stage(
@@ -121,34 +120,38 @@ def _write_stage(
     )
     write_embedding_stage(
         repository, family, store, hot.save(root / f"hot-{family}.npz"), sizes, spec.width,
-        instances=2, cold_reads=cold_reads, hotness=hotness, backend="python",
+        instances=2, cold_reads=cold_reads, hotness=hotness,
     )  # fmt: skip
-    _copy_native(repository, name, _native_name(name))
     counts = hotness if hotness is not None else (1,) * NUM_CATEGORICAL
-    return Stage(name, _native_name(name), sizes, counts, hot_ids)
+    hot_set = repository / name / "1" / HOT_SET_FILE
+    lookup = HotColdLookup.open(store, hot_set, sizes, cold_reads=COLD_READ_FAULT, hotness=hotness)
+    return Stage(name, sizes, counts, hot_ids, lookup)
 
 
-def _copy_native(
-    repository: Path, name: str, native: str, change: Callable[[Any], None] | None = None
+def _copy_changed(
+    repository: Path, name: str, copy: str, change: Callable[[Any], None] | None = None
 ) -> None:
-    """The stage's folder as ``native``, its config saying ``backend: "embedding"``."""
-    shutil.copytree(repository / name, repository / native)
-    config = read_config(repository / native / CONFIG_NAME)
-    config.name, config.backend = native, STAGE_BACKEND
+    """The stage's folder as ``copy``, its config changed by ``change``."""
+    shutil.copytree(repository / name, repository / copy)
+    config = read_config(repository / copy / CONFIG_NAME)
+    config.name = copy
     if change is not None:
         change(config)
-    write_config(repository / native, config)
+    write_config(repository / copy, config)
 
 
 @pytest.fixture(scope="module")
-def stages(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[Stage]]:
+def stages(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, list[Stage]]]:
     root = tmp_path_factory.mktemp("native-embedding")
     repository = root / "model_repository"
     hotness = tuple(int(count) for count in np.random.default_rng(3).integers(1, 4, NUM_CATEGORICAL))
-    return repository, [
+    written = [
         _write_stage(repository, root, "dlrm", "float32", None, "io_uring", seed=1),
         _write_stage(repository, root, "wide_deep", "int8", hotness, "prefetch", seed=2),
     ]
+    yield repository, written
+    for stage in written:
+        stage.lookup.close()
 
 
 @pytest.fixture(scope="module")
@@ -207,13 +210,13 @@ def _assert_same(answered: Any, expected: Any) -> None:
 @pytest.mark.parametrize("protocol", PROTOCOLS)
 @pytest.mark.parametrize("batch", [1, 64, 1024])
 @pytest.mark.parametrize("case", ["real", "wild", "hot", "cold"])
-def test_the_compiled_stage_answers_as_the_python_stage(
+def test_the_stage_answers_as_its_reference(
     server: LocalServer, stages: tuple[Path, list[Stage]], protocol: str, batch: int, case: str
 ) -> None:
     for index, stage in enumerate(stages[1]):
         ids = _ids(stage, np.random.default_rng([batch, index, len(case)]), batch, case)
-        expected = _infer(server, protocol, stage.python, ids)
-        answered = _infer(server, protocol, stage.native, ids)
+        expected = ids_reference(stage.lookup, ids)
+        answered = _infer(server, protocol, stage.model, ids)
         _assert_same(answered, expected)
         assert isinstance(answered, dict)
         cold = answered[COLD_POSITIONS].size
@@ -224,7 +227,12 @@ def test_the_compiled_stage_answers_as_the_python_stage(
             assert cold > 0
 
 
+#: The status of a refused request, by protocol.
+INVALID = {"grpc": "StatusCode.INVALID_ARGUMENT", "http": "400"}
+
+
 def _bad_requests(stage: Stage) -> list[tuple[np.ndarray, str]]:
+    """Ids of another type or shape: Triton's own checks refuse them before the stage."""
     good = np.zeros((2, stage.positions), dtype=np.int64)
     return [
         (good.astype(np.int32), "INT32"),
@@ -233,59 +241,51 @@ def _bad_requests(stage: Stage) -> list[tuple[np.ndarray, str]]:
         (np.zeros((2, stage.positions + 1), dtype=np.int64), "INT64"),
         (good.reshape(-1), "INT64"),
         (good.reshape(1, 2, -1), "INT64"),
-        (good[:0], "INT64"),
     ]
 
 
 @pytest.mark.parametrize("protocol", PROTOCOLS)
-def test_a_bad_request_gets_the_python_stages_error(
+def test_a_bad_request_gets_its_own_error(
     server: LocalServer, stages: tuple[Path, list[Stage]], protocol: str
 ) -> None:
     for stage in stages[1]:
         for ids, datatype in _bad_requests(stage):
-            errors = [
-                _infer(server, protocol, model, ids, datatype) for model in (stage.python, stage.native)
-            ]
-            assert isinstance(errors[0], tuple), (ids.shape, datatype)
-            assert errors[1] == errors[0], (ids.shape, datatype)
-        # An empty batch passes Triton's own checks: the stage refuses it, naming the input.
-        empty = _infer(server, protocol, stage.native, np.zeros((0, stage.positions), dtype=np.int64))
-        assert empty == (
-            "StatusCode.INVALID_ARGUMENT" if protocol == "grpc" else "400",
-            f"input '{CATEGORICAL_INPUT}' is an empty batch (shape [0, {stage.positions}])",
-        )
+            error = _infer(server, protocol, stage.model, ids, datatype)
+            assert isinstance(error, tuple), (ids.shape, datatype)
+            assert error[0] == INVALID[protocol] and f"'{CATEGORICAL_INPUT}'" in error[1], error
+        # An empty batch passes Triton's own checks: the stage refuses it as its reference does.
+        empty = np.zeros((0, stage.positions), dtype=np.int64)
+        expected = ids_reference(stage.lookup, empty)
+        assert expected == f"input '{CATEGORICAL_INPUT}' is an empty batch (shape [0, {stage.positions}])"
+        assert _infer(server, protocol, stage.model, empty) == (INVALID[protocol], expected)
 
 
-def test_a_missing_input_gets_the_python_stages_error(
-    server: LocalServer, stages: tuple[Path, list[Stage]]
-) -> None:
+def test_a_missing_input_is_refused_naming_it(server: LocalServer, stages: tuple[Path, list[Stage]]) -> None:
     stage = stages[1][0]
-    errors = []
-    for model in (stage.python, stage.native):
-        with grpcclient.InferenceServerClient(server.grpc_url) as client:
-            tensor = grpcclient.InferInput("not_" + CATEGORICAL_INPUT, [1, stage.positions], "INT64")
-            tensor.set_data_from_numpy(np.zeros((1, stage.positions), dtype=np.int64))
-            with pytest.raises(InferenceServerException) as caught:
-                client.infer(model, [tensor])
-            with pytest.raises(InferenceServerException) as nothing:
-                client.infer(model, [])
-        errors.append(
-            [str(error.value.message()).replace(f"'{model}'", "'MODEL'") for error in (caught, nothing)]
-        )
-    assert errors[1] == errors[0]
+    with grpcclient.InferenceServerClient(server.grpc_url) as client:
+        tensor = grpcclient.InferInput("not_" + CATEGORICAL_INPUT, [1, stage.positions], "INT64")
+        tensor.set_data_from_numpy(np.zeros((1, stage.positions), dtype=np.int64))
+        with pytest.raises(InferenceServerException) as caught:
+            client.infer(stage.model, [tensor])
+        with pytest.raises(InferenceServerException) as nothing:
+            client.infer(stage.model, [])
+        assert client.is_model_ready(stage.model)
+    for error in (caught, nothing):
+        assert error.value.status() == INVALID["grpc"] and stage.model in str(error.value.message())
+    assert f"'not_{CATEGORICAL_INPUT}'" in str(caught.value.message())
 
 
 def test_bad_requests_in_flight_cost_the_others_nothing(
     server: LocalServer, stages: tuple[Path, list[Stage]]
 ) -> None:
-    """Good and empty requests at once, over both instances: each good one answered as the python
-    stage answers it, each empty one refused."""
+    """Good and empty requests at once, over both instances: each good one answered as the
+    reference answers it, each empty one refused."""
     stage = stages[1][0]
     rng = np.random.default_rng(6)
     requests = [_ids(stage, rng, 0 if index % 3 == 0 else 16, "wild") for index in range(24)]
 
     def send(ids: np.ndarray) -> Any:
-        return _infer(server, "grpc", stage.native, ids)
+        return _infer(server, "grpc", stage.model, ids)
 
     with ThreadPoolExecutor(max_workers=6) as pool:
         answers = list(pool.map(send, requests))
@@ -293,9 +293,9 @@ def test_bad_requests_in_flight_cost_the_others_nothing(
         if ids.shape[0] == 0:
             assert isinstance(answer, tuple) and "empty batch" in answer[1], answer
         else:
-            _assert_same(answer, _infer(server, "grpc", stage.python, ids))
+            _assert_same(answer, ids_reference(stage.lookup, ids))
     with grpcclient.InferenceServerClient(server.grpc_url) as client:
-        assert client.is_server_ready() and client.is_model_ready(stage.native)
+        assert client.is_server_ready() and client.is_model_ready(stage.model)
 
 
 def _counters(server: LocalServer) -> dict[tuple[str, ...], float]:
@@ -319,21 +319,21 @@ def _by_tier(counters: dict[tuple[str, ...], float], model: str) -> dict[str, fl
     return tiers
 
 
-def test_the_counters_appear_with_the_python_stages_labels(
+def test_the_counters_appear_under_their_family_and_labels(
     server: LocalServer, stages: tuple[Path, list[Stage]]
 ) -> None:
     stage = stages[1][0]
     before = _counters(server)
-    native = [key for key in before if key[0] == stage.native]
-    # Two instances, two tiers: one counter each, labelled as the python stage's are.
+    native = [key for key in before if key[0] == stage.model]
+    # Two instances, two tiers: one counter each.
     assert {(key[1], key[2]) for key in native} == {("1", "hot"), ("1", "cold")}, before
     assert len({key[3] for key in native}) == 2 and all(re.fullmatch(r".+_\d+/\d+", key[3]) for key in native)
     ids = _ids(stage, np.random.default_rng(8), 64, "real")
-    answer = _infer(server, "http", stage.native, ids)
+    answer = _infer(server, "http", stage.model, ids)
     assert isinstance(answer, dict)
     cold = answer[COLD_POSITIONS].size
-    after_native = _by_tier(_counters(server), stage.native)
-    before_native = _by_tier(before, stage.native)
+    after_native = _by_tier(_counters(server), stage.model)
+    before_native = _by_tier(before, stage.model)
     assert after_native["hot"] - before_native["hot"] == ids.size - cold
     assert after_native["cold"] - before_native["cold"] == cold
 
@@ -356,7 +356,7 @@ def _bad_batch(config: Any) -> None:
     config.max_batch_size = 4
 
 
-#: A broken config of the dlrm stage, and the words both stages refuse it with.
+#: A broken config of the dlrm stage, and the words the stage refuses it with.
 BAD_CONFIGS: list[tuple[str, Callable[[Any], None], str]] = [
     ("cold_reads", _bad_parameter(PARAM_COLD_READS, "mmap"),
      "parameter 'cold_reads' must be one of io_uring, prefetch, threads, fault, got 'mmap'"),
@@ -390,74 +390,54 @@ def test_a_bad_config_or_a_damaged_store_fails_only_that_models_load(
     source, [stage, _] = stages
     repository = tmp_path / "model_repository"
     repository.mkdir()
-    shutil.copytree(source / stage.python, repository / stage.python)
+    shutil.copytree(source / stage.model, repository / stage.model)
     for label, change, _ in BAD_CONFIGS:
-        for backend, name in (("python", f"py_{label}"), (STAGE_BACKEND, f"native_{label}")):
-            _copy_native(repository, stage.python, name, change)
-            if backend == "python":
-                config = read_config(repository / name / CONFIG_NAME)
-                config.backend = "python"
-                write_config(repository / name, config)
-    # A store with one bit flipped, under both backends.
-    for name in ("py_damaged", "native_damaged"):
-        _copy_native(repository, stage.python, name)
-        if name.startswith("py_"):
-            config = read_config(repository / name / CONFIG_NAME)
-            config.backend = "python"
-            write_config(repository / name, config)
-        rows = repository / name / "rows" / STORE_ROWS_FILE
-        data = bytearray(rows.read_bytes())
-        data[len(data) // 2] ^= 0x10
-        rows.write_bytes(bytes(data))
-    # A store written before the checksums, and a config without the store's fingerprint: both
-    # load, with the python stage's warnings.
-    for name in ("py_unverified", "native_unverified"):
-        _copy_native(repository, stage.python, name, _bad_parameter(PARAM_ROW_STORE_FINGERPRINT, None))
-        if name.startswith("py_"):
-            config = read_config(repository / name / CONFIG_NAME)
-            config.backend = "python"
-            write_config(repository / name, config)
-        meta_path = repository / name / "rows" / STORE_META_FILE
-        meta = json.loads(meta_path.read_text())
-        for key in (STORE_CHECKSUMS_KEY, STORE_FINGERPRINT_KEY, "sha256"):
-            meta.pop(key, None)
-        meta_path.write_text(json.dumps(meta))
+        _copy_changed(repository, stage.model, label, change)
+    # A store with one bit flipped.
+    _copy_changed(repository, stage.model, "damaged")
+    rows = repository / "damaged" / "rows" / STORE_ROWS_FILE
+    data = bytearray(rows.read_bytes())
+    data[len(data) // 2] ^= 0x10
+    rows.write_bytes(bytes(data))
+    # A store written before the checksums, and a config without the store's fingerprint: it
+    # loads, warned about.
+    _copy_changed(repository, stage.model, "unverified", _bad_parameter(PARAM_ROW_STORE_FINGERPRINT, None))
+    meta_path = repository / "unverified" / "rows" / STORE_META_FILE
+    meta = json.loads(meta_path.read_text())
+    for key in (STORE_CHECKSUMS_KEY, STORE_FINGERPRINT_KEY, "sha256"):
+        meta.pop(key, None)
+    meta_path.write_text(json.dumps(meta))
     server = start_triton(repository, model_control_mode=ModelControlMode.EXPLICIT)
     for label, _, says in BAD_CONFIGS:
-        for name in (f"py_{label}", f"native_{label}"):
-            message = _load_error(server, name)
-            assert f"model '{name}': {says}" in message, (name, message)
-    damaged = repository / "native_damaged" / "rows"
+        message = _load_error(server, label)
+        assert f"model '{label}': {says}" in message, (label, message)
+    damaged = repository / "damaged" / "rows"
     with pytest.raises(StageError) as caught:
-        HotColdLookup.open(
-            damaged.resolve(), repository / "native_damaged" / "1" / "hot_set.npz", stage.sizes
-        )
+        HotColdLookup.open(damaged.resolve(), repository / "damaged" / "1" / "hot_set.npz", stage.sizes)
     expected = str(caught.value)
     assert str(damaged.resolve() / STORE_ROWS_FILE) in expected and "is damaged" in expected
-    for name in ("py_damaged", "native_damaged"):
-        message = _load_error(server, name)
-        assert f"model '{name}': {expected.replace('native_damaged', name)}" in message, message
-    # The healthy stage loads and answers beside them; so do the unverified ones, warned about.
+    message = _load_error(server, "damaged")
+    assert f"model 'damaged': {expected}" in message, message
+    # The healthy stage loads and answers beside them; so does the unverified one.
     ids = _ids(stage, np.random.default_rng(1), 4, "wild")
-    for name in (stage.python, "py_unverified", "native_unverified"):
+    for name in (stage.model, "unverified"):
         server.load_model(name)
         assert isinstance(_infer(server, "grpc", name, ids), dict)
     server.stop()
     log = server.log_file.read_text(errors="replace")
-    for name in ("py_unverified", "native_unverified"):
-        store = (repository / name / "rows").resolve()
-        for warning in (
-            f"model '{name}': config parameter '{PARAM_ROW_STORE_FINGERPRINT}' is absent: "
-            "a different store under the same path would not be noticed",
-            f"model '{name}': row store {store}: UNVERIFIED: {STORE_META_FILE} has no checksums",
-        ):
-            assert warning in log, warning
+    store = (repository / "unverified" / "rows").resolve()
+    for warning in (
+        f"model 'unverified': config parameter '{PARAM_ROW_STORE_FINGERPRINT}' is absent: "
+        "a different store under the same path would not be noticed",
+        f"model 'unverified': row store {store}: UNVERIFIED: {STORE_META_FILE} has no checksums",
+    ):
+        assert warning in log, warning
 
 
 def test_warnings_and_the_load_line_are_logged(server: LocalServer, stages: tuple[Path, list[Stage]]) -> None:
     """The load line of each instance names the store, the hot set and the way of reading."""
     log = server.log_file.read_text(errors="replace")
     for stage in stages[1]:
-        lines = [line for line in log.splitlines() if f"{stage.native}_0_" in line and ": row store " in line]
+        lines = [line for line in log.splitlines() if f"{stage.model}_0_" in line and ": row store " in line]
         assert len(lines) == 2, lines
         assert "hot rows from " in lines[0] and "; cold reads: " in lines[0], lines[0]

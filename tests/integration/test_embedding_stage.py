@@ -11,7 +11,6 @@ with the stage's code).
 
 from __future__ import annotations
 
-import math
 import re
 import shutil
 import urllib.request
@@ -474,9 +473,8 @@ def test_the_cold_tier_benchmark_serves_both_conditions(
         # The dense model kept the run's config through every reload of the stage and ensemble.
         assert (step["stage_instances"], step["dense_instances"], step["dense_threads"]) == (2, 2, 1), step
         assert step["cold_lookups_per_request"] > 0 and step["stage_ms_per_request"] > 0, step
-        # The compiled stage runs in tritonserver's own threads: its CPU is the server's, not
-        # told apart (no stub process to count).
-        assert step["server_cpu_ms_per_request"] > 0 and math.isnan(step["stage_cpu_ms_per_request"]), step
+        # The compiled stage runs in tritonserver's own threads: its CPU is the server's.
+        assert step["server_cpu_ms_per_request"] > 0 and "stage_cpu_ms_per_request" not in step, step
         assert step["interrupt_cpu_ms_per_request"] >= 0 and step["steal_cpu_ms_per_request"] >= 0, step
     assert all(s["resident_at_start_bytes"] == 0 for s in steps if s["condition"] == "cold")
     assert report["stores"][0]["dtype"] == "float32" and report["best_iops"] > 0

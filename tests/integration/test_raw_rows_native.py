@@ -1,12 +1,13 @@
-"""The compiled raw-row stage loaded by the real local tritonserver, beside the python stage.
+"""The raw-row stage (``criteo_rows``, the C++ backend ``raw_rows`` that ``make stages`` builds),
+as the export writes it, loaded by the real local tritonserver.
 
-One repository serves the python stage (``criteo_rows``, ``backend: "python"``) and the same
-config with ``backend: "raw_rows"`` (the C++ backend ``make stages`` builds, which the export
-writes). On the same rows,
-over HTTP and gRPC, both answer the same tensors bit for bit (the dense features within 4 ULP
-where numpy's float32 ``log1p`` is not the C library's); a bad row gets the same error
-text and code from both, fails only its own request, and the server stays up. Skips when the
-compiled stages are not built.
+Over HTTP and gRPC, each request is answered as the rules answer it in process
+(:func:`criteo.rows.request_inputs`): the same tensors bit for bit (the dense features within 4
+ULP where numpy's float32 ``log1p`` is not the C library's), or, for a row that breaks a rule, the
+rules' error text with INVALID_ARGUMENT; a bad row fails only its own request, a tensor of
+another shape or type gets its own error, and the server stays up. Until the python stage was
+removed, the same tests held the compiled stage to it, bit for bit and word for word. Skips when
+the compiled stages are not built.
 """
 
 from __future__ import annotations
@@ -24,11 +25,11 @@ from tritonclient.utils import InferenceServerException
 
 from bundle.repository import version_dir, write_config
 from bundle.schema import CATEGORICAL_INPUT, DENSE_INPUT, RAW_ROWS_INPUT
-from export.raw_rows import PYTHON_BACKEND, STAGE_MODEL, build_stage_config, write_stage
+from export.raw_rows import STAGE_MODEL, build_stage_config, write_stage
 from server import LocalServer
 from server.config import ModelControlMode
 from server.installation import COMPILED_STAGES
-from tests.native_stages import LOG1P_IS_LIBMS
+from tests.native_stages import assert_rows_equal, rows_reference
 
 pytestmark = [
     pytest.mark.integration,
@@ -39,23 +40,14 @@ pytestmark = [
 ]
 
 
-def _assert_same(answered: dict[str, np.ndarray], expected: dict[str, np.ndarray]) -> None:
-    assert answered[CATEGORICAL_INPUT].tobytes() == expected[CATEGORICAL_INPUT].tobytes()
-    if LOG1P_IS_LIBMS:
-        assert answered[DENSE_INPUT].tobytes() == expected[DENSE_INPUT].tobytes()
-    else:
-        np.testing.assert_array_max_ulp(answered[DENSE_INPUT], expected[DENSE_INPUT], maxulp=4)
+#: The status of a refused request, by protocol.
+INVALID = {"grpc": "StatusCode.INVALID_ARGUMENT", "http": "400"}
 
 
-NATIVE = "criteo_rows_native"
-BACKEND = "raw_rows"
-
-
-def _write_native(repository: Path, name: str, change: Callable[[Any], None] | None = None) -> None:
+def _write_changed(repository: Path, name: str, change: Callable[[Any], None]) -> None:
     config = build_stage_config()
-    config.name, config.backend = name, BACKEND
-    if change is not None:
-        change(config)
+    config.name = name
+    change(config)
     version_dir(repository, name, 1).mkdir(parents=True, exist_ok=True)
     write_config(repository / name, config)
 
@@ -63,8 +55,7 @@ def _write_native(repository: Path, name: str, change: Callable[[Any], None] | N
 @pytest.fixture(scope="module")
 def server(start_triton: Callable[..., LocalServer], tmp_path_factory: pytest.TempPathFactory) -> LocalServer:
     repository = tmp_path_factory.mktemp("native-raw-rows")
-    write_stage(repository, PYTHON_BACKEND)
-    _write_native(repository, NATIVE)
+    write_stage(repository)
     return start_triton(repository)
 
 
@@ -101,16 +92,15 @@ def _url(server: LocalServer, protocol: str) -> str:
 
 @pytest.mark.parametrize("protocol", ["http", "grpc"])
 @pytest.mark.parametrize("count", [1, 64, 1024])
-def test_the_compiled_stage_answers_as_the_python_stage(
-    server: LocalServer, protocol: str, count: int
-) -> None:
+def test_the_stage_answers_as_the_rules(server: LocalServer, protocol: str, count: int) -> None:
     rows = _rows(count, seed=count)
-    expected = _infer(protocol, _url(server, protocol), STAGE_MODEL, rows)
-    answered = _infer(protocol, _url(server, protocol), NATIVE, rows)
+    expected = rows_reference(rows)
+    assert isinstance(expected, dict), expected
+    answered = _infer(protocol, _url(server, protocol), STAGE_MODEL, rows)
     dense, ids = answered[DENSE_INPUT], answered[CATEGORICAL_INPUT]
     assert (dense.dtype, dense.shape) == (np.float32, (len(rows), 13))
     assert (ids.dtype, ids.shape) == (np.int64, (len(rows), 26))
-    _assert_same(answered, expected)
+    assert_rows_equal(answered, expected)
 
 
 def _bad(rows: list[bytes]) -> list[list[bytes]]:
@@ -129,15 +119,13 @@ def _bad(rows: list[bytes]) -> list[list[bytes]]:
 
 
 @pytest.mark.parametrize("protocol", ["http", "grpc"])
-def test_a_bad_row_gets_the_python_stages_error(server: LocalServer, protocol: str) -> None:
+def test_a_bad_row_gets_the_rules_error(server: LocalServer, protocol: str) -> None:
     for request in _bad(_rows(4, seed=7)):
-        errors = []
-        for model in (STAGE_MODEL, NATIVE):
-            with pytest.raises(InferenceServerException) as caught:
-                _infer(protocol, _url(server, protocol), model, request)
-            errors.append((caught.value.status(), caught.value.message()))
-        assert errors[1] == errors[0], request
-        assert errors[1][1].startswith("row "), errors[1]
+        expected = rows_reference(request)
+        assert isinstance(expected, str) and expected.startswith("row "), (request, expected)
+        with pytest.raises(InferenceServerException) as caught:
+            _infer(protocol, _url(server, protocol), STAGE_MODEL, request)
+        assert (caught.value.status(), caught.value.message()) == (INVALID[protocol], expected), request
 
 
 def _mutated(rng: np.random.Generator, row: bytes) -> bytes:
@@ -151,25 +139,25 @@ def _mutated(rng: np.random.Generator, row: bytes) -> bytes:
     return row
 
 
-def test_random_requests_get_the_same_answer_or_error_from_both(server: LocalServer) -> None:
-    """Requests of 1 to 8 randomly damaged rows, over gRPC: the same tensors or the same error."""
+def test_random_requests_get_the_rules_answer_or_error(server: LocalServer) -> None:
+    """Requests of 1 to 8 randomly damaged rows, over gRPC: the rules' tensors or the rules' error."""
     rng = np.random.default_rng(5)
     rows = _rows(64, seed=5)
     outcomes = {"answered": 0, "refused": 0}
     for _ in range(150):
         picked = [rows[int(rng.integers(0, len(rows)))] for _ in range(int(rng.integers(1, 9)))]
         request = [_mutated(rng, row) if rng.random() < 0.1 else row for row in picked]
-        answers: list[Any] = []
-        for model in (STAGE_MODEL, NATIVE):
-            try:
-                answers.append(_infer("grpc", server.grpc_url, model, request))
-            except InferenceServerException as exc:
-                answers.append((exc.status(), exc.message()))
-        if isinstance(answers[0], dict) and isinstance(answers[1], dict):
-            _assert_same(answers[1], answers[0])
+        expected = rows_reference(request)
+        try:
+            answered: Any = _infer("grpc", server.grpc_url, STAGE_MODEL, request)
+        except InferenceServerException as exc:
+            answered = (exc.status(), exc.message())
+        if isinstance(expected, dict):
+            assert isinstance(answered, dict), (request, answered)
+            assert_rows_equal(answered, expected)
         else:
-            assert answers[1] == answers[0], request
-        outcomes["refused" if isinstance(answers[0], tuple) else "answered"] += 1
+            assert answered == (INVALID["grpc"], expected), request
+        outcomes["refused" if isinstance(expected, str) else "answered"] += 1
     assert min(outcomes.values()) > 20, outcomes
     with grpcclient.InferenceServerClient(server.grpc_url) as client:
         assert client.is_server_ready()
@@ -188,14 +176,12 @@ def _send(url: str, model: str, array: np.ndarray, datatype: str) -> dict[str, n
         return {name: np.asarray(result.as_numpy(name)) for name in (DENSE_INPUT, CATEGORICAL_INPUT)}
 
 
-def test_wrong_shapes_dtypes_and_bytes_are_refused_as_the_python_stage_refuses_them(
-    server: LocalServer,
-) -> None:
-    """Whatever reaches the stage over the wire gets the same answer from both, and neither the
-    server nor the stage goes down."""
+def test_wrong_shapes_dtypes_and_random_bytes_get_their_own_error(server: LocalServer) -> None:
+    """A tensor of another type or shape is refused, naming the input; random bytes as rows get the
+    rules' answer or error; neither the server nor the stage goes down."""
     rng = np.random.default_rng(11)
     good = _rows(4, seed=11)[:4]
-    cases: list[tuple[np.ndarray, str]] = [
+    wrong: list[tuple[np.ndarray, str]] = [
         (np.zeros((2, 1), dtype=np.int64), "INT64"),
         (np.zeros((2, 1), dtype=np.float32), "FP32"),
         (np.array(good, dtype=np.object_).reshape(2, 2), "BYTES"),
@@ -203,20 +189,21 @@ def test_wrong_shapes_dtypes_and_bytes_are_refused_as_the_python_stage_refuses_t
         (np.array(good, dtype=np.object_).reshape(1, 4, 1), "BYTES"),
         (np.zeros((0, 1), dtype=np.object_), "BYTES"),
     ]
+    for array, datatype in wrong:
+        answer = _send(server.grpc_url, STAGE_MODEL, array, datatype)
+        assert isinstance(answer, str), (array.shape, datatype, answer)
+        assert answer.startswith(f"{INVALID['grpc']}: ") and f"'{RAW_ROWS_INPUT}'" in answer, answer
     for _ in range(20):
-        count = int(rng.integers(1, 6))
-        rows = [rng.bytes(int(rng.integers(0, 400))) for _ in range(count)]
-        cases.append((np.array(rows, dtype=np.object_).reshape(-1, 1), "BYTES"))
-    for array, datatype in cases:
-        answers = [_send(server.grpc_url, model, array, datatype) for model in (STAGE_MODEL, NATIVE)]
-        if isinstance(answers[0], dict) and isinstance(answers[1], dict):
-            _assert_same(answers[1], answers[0])
+        rows = [rng.bytes(int(rng.integers(0, 400))) for _ in range(int(rng.integers(1, 6)))]
+        expected = rows_reference(rows)
+        answer = _send(server.grpc_url, STAGE_MODEL, np.array(rows, dtype=np.object_).reshape(-1, 1), "BYTES")
+        if isinstance(expected, dict):
+            assert isinstance(answer, dict), (rows, answer)
+            assert_rows_equal(answer, expected)
         else:
-            assert answers[1] == answers[0], (array.shape, datatype)
+            assert answer == f"{INVALID['grpc']}: {expected}", rows
     with grpcclient.InferenceServerClient(server.grpc_url) as client:
-        assert (
-            client.is_server_ready() and client.is_model_ready(NATIVE) and client.is_model_ready(STAGE_MODEL)
-        )
+        assert client.is_server_ready() and client.is_model_ready(STAGE_MODEL)
 
 
 def test_one_bad_request_fails_alone_and_the_server_stays_up(server: LocalServer) -> None:
@@ -226,11 +213,12 @@ def test_one_bad_request_fails_alone_and_the_server_stays_up(server: LocalServer
     fields = bad[3].split(b"\t")
     fields[13 + 6] = b"zz"  # C7
     bad[3] = b"\t".join(fields)
-    expected = _infer("grpc", server.grpc_url, STAGE_MODEL, good)
+    expected = rows_reference(good)
+    assert isinstance(expected, dict)
 
     def send(rows: list[bytes]) -> dict[str, np.ndarray] | str:
         try:
-            return _infer("grpc", server.grpc_url, NATIVE, rows)
+            return _infer("grpc", server.grpc_url, STAGE_MODEL, rows)
         except InferenceServerException as exc:
             return str(exc.message())
 
@@ -241,19 +229,19 @@ def test_one_bad_request_fails_alone_and_the_server_stays_up(server: LocalServer
             assert answer == "row 3: C7: categorical id 'zz' is not 1 to 16 hex digits", answer
         else:
             assert isinstance(answer, dict), answer
-            _assert_same(answer, expected)
+            assert_rows_equal(answer, expected)
     with grpcclient.InferenceServerClient(server.grpc_url) as client:
-        assert client.is_server_ready() and client.is_model_ready(NATIVE)
+        assert client.is_server_ready() and client.is_model_ready(STAGE_MODEL)
 
 
-def test_a_config_that_does_not_match_fails_the_load_as_the_python_stage_says(
+def test_a_config_that_does_not_match_fails_the_load_saying_how(
     start_triton: Callable[..., LocalServer], tmp_path: Path
 ) -> None:
     def wrong(config: Any) -> None:
         del config.output[1]
         config.output[0].dims[:] = [12]
 
-    _write_native(tmp_path, "mismatched", wrong)
+    _write_changed(tmp_path, "mismatched", wrong)
     server = start_triton(tmp_path, model_control_mode=ModelControlMode.EXPLICIT)
     with grpcclient.InferenceServerClient(server.grpc_url) as client:
         with pytest.raises(InferenceServerException) as caught:

@@ -27,7 +27,7 @@ ROOT = Path(__file__).resolve().parents[2]
 #: The benchmark commands ``python -m lab`` offers.
 LAB_COMMANDS = {
     "soak", "client-cost", "precision", "serving-defaults", "gpu", "gpu-vs-cpu", "kernels", "cold-reads",
-    "cold-tier", "model-analyzer", "raw-rows", "stage-times", "faults",
+    "cold-tier", "model-analyzer", "raw-rows", "faults",
 }  # fmt: skip
 #: What a user load-tests with: the only commands ``python -m loadtest`` offers.
 LOADTEST_COMMANDS = {"sweep", "compare", "baseline", "report", "roofline", "tune", "perf-analyzer"}
@@ -204,29 +204,6 @@ def test_faults_server_and_stage_crash_are_restarted_by_serve(tmp_path: Path) ->
     assert "killed by SIGKILL" in results[0]["seen"]
     if len(results) > 1:
         assert "killed by SIGSEGV" in results[1]["seen"] and "compiled raw-row stage" in results[1]["fault"]
-
-
-@pytest.mark.integration
-def test_stage_times_times_both_implementations_of_each_stage(tmp_path: Path) -> None:
-    run = lab(
-        "stage-times", "--batch-size", "1,8", "--requests", "3", "--rounds", "2", "--rows-per-table", "50",
-        "--width", "4", "--log-file", str(tmp_path / "triton.log"), "--out", str(tmp_path), timeout=600,
-    )  # fmt: skip
-    assert run.returncode == 0, run.stderr[-2000:]
-    document = json.loads((tmp_path / "stage_times.json").read_text())
-    assert [(s["stage"], s["batch_size"]) for s in document["steps"]] == [
-        ("raw rows", 1), ("raw rows", 8), ("embedding", 1), ("embedding", 8),
-    ]  # fmt: skip
-    for step in document["steps"]:
-        for implementation in ("python", "compiled"):
-            measured = step[implementation]
-            # Every request of every round was counted by the server, and took time in it.
-            assert measured["requests"] == 3 * 2 and measured["request_ms"] >= measured["compute_ms"] > 0, (
-                step
-            )
-        assert step["ratio"] == step["python"]["request_ms"] / step["compiled"]["request_ms"]
-    assert "| embedding | 8 |" in (tmp_path / "stage_times.md").read_text()
-    assert (tmp_path / "stage_times.png").stat().st_size > 0
 
 
 @pytest.fixture(scope="session")

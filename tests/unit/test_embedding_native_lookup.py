@@ -1,4 +1,4 @@
-"""The compiled embedding lookup against the python stage's, on random stores: the same bytes.
+"""The compiled embedding lookup against its Python definition, on random stores: the same bytes.
 
 The C++ stage (``server/stages/embedding``: ``lookup.cc``, ``cold_reads.cc``, ``uring.cc``) places
 a request's lookups and reads its cold rows in a second language. Its test driver (built by
@@ -9,8 +9,8 @@ positions and the cold rows (float32 copied, float16 cast, int8 dequantized per 
 of the four ways of reading, with ids of any int64 value (negative, huge, ``INT64_MIN``,
 ``INT64_MAX``, repeated), bags, all-hot and all-cold requests and an empty hot set; so must the
 distinct rows each request reads and the system calls it makes (a row asked for twice is read
-once; the read-ahead hints as the python stage gives them). Every float16 bit pattern is cast as
-numpy casts it. A load that fails says what the python stage says, and a store truncated under a
+once; the read-ahead hints as the Python definition gives them). Every float16 bit pattern is cast as
+numpy casts it. A load that fails says what the Python definition says, and a store truncated under a
 running lookup fails the requests that read past its end, not the process.
 
 ``EMBEDDING_LOOKUP_DRIVER`` names another driver (``make stages-sanitize`` runs this test against
@@ -318,7 +318,7 @@ def test_a_small_ring_takes_the_reads_in_turns(stores: dict[str, Tables]) -> Non
     requests = _requests(tables, seed=12)
     header, got = _drive(_case(tables, "some", "io_uring", requests, extra=["ring_entries 16"]))
     assert "fallback" not in header, header
-    # The python stage's ring has 1024 entries: the same hints, more turns here.
+    # The Python definition's ring has 1024 entries: the same hints, more turns here.
     expected = [
         replace(want, calls=want.calls - (-(-want.rows_read // 1024)) + -(-want.rows_read // 16))
         for want in _expected(tables, "some", "io_uring", requests)

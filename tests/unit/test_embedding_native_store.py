@@ -1,4 +1,4 @@
-"""The compiled embedding stage's load against the python stage's, on the same files.
+"""The compiled embedding stage's load against its Python definition's, on the same files.
 
 The C++ stage (``server/stages/embedding/store.cc``, ``hot_set.cc``) opens the row store and reads
 the hot set as :func:`~server.stages.embedding.hot_cold_lookup.open_store` and
@@ -10,7 +10,7 @@ verified flag, check and bytes, or the same error text, word for word.
 Stores come from :mod:`export.tables.row_store`'s writer (float32, float16, int8 with columns,
 column names beyond ASCII), then are damaged or edited as a user or a disk would; hot sets from
 :meth:`export.tables.hot_rows.HotSet.save` and from hand-made archives (ZIP64 records, a comment,
-bytes before the archive, other dtypes, broken headers). Where the python stage fails with an
+bytes before the archive, other dtypes, broken headers). Where the Python definition fails with an
 exception of Python's own instead of its StageError (a broken ZIP archive), the compiled stage
 says that exception's text in the StageError's frame. A seeded fuzz of hot-set files checks that
 the driver never dies of a signal, whatever the bytes.
@@ -84,7 +84,7 @@ def _python_store(path: Path, verify: bool = True) -> dict[str, Any]:
         store = open_store(path, verify=verify)
     except StageError as exc:
         return {"error": str(exc)}
-    except Exception as exc:  # the python stage's load fails with this exception as it is
+    except Exception as exc:  # the Python definition's load fails with this exception as it is
         return {"error": str(exc), "uncaught": type(exc).__name__}
     rows = (path / ROWS_FILE).read_bytes()
     return {
@@ -126,14 +126,14 @@ def _python_hot_set(path: Path, tables: int) -> dict[str, Any]:
 
     Where it fails with an exception of Python's own (zipfile's BadZipFile, an EOFError, ...)
     rather than the stage's StageError, the compiled stage says that exception's text in the
-    StageError's frame; ids of more than one dimension are refused by the python stage when it
+    StageError's frame; ids of more than one dimension are refused by the Python definition when it
     builds its lookup, with the text given here.
     """
     try:
         sizes, ids = read_hot_ids(path, tables)
     except StageError as exc:
         return {"error": str(exc)}
-    except Exception as exc:  # the python stage's load fails with this exception as it is
+    except Exception as exc:  # the Python definition's load fails with this exception as it is
         return {"error": f"{path}: not a hot-set file ({exc})", "uncaught": type(exc).__name__}
     for table, array in enumerate(ids):
         if array.ndim != 1:
@@ -706,7 +706,7 @@ def test_random_hot_set_files_never_crash_the_driver(driver: Path, tmp_path: Pat
     """Hundreds of files: real archives damaged byte by byte, cut, spliced, and random bytes.
 
     The driver answers each with one line and exit code 0 or 1, never a signal, and with the
-    python stage's answer: the same ids, or the same error text.
+    Python definition's answer: the same ids, or the same error text.
     """
     rng = np.random.default_rng(2024)
     saved = _hot_set().save(tmp_path / "hot.npz").read_bytes()

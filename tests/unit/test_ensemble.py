@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import ast
 import json
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -38,7 +36,6 @@ from export.tables.ensemble import (
 )
 from export.tables.hot_rows import HotSet
 from export.tables.row_store import RowStore, RowStoreSpec, write_arrays
-from server.stages.embedding import SOURCE_DIR, SOURCE_FILES
 from server.stages.embedding import hot_cold_lookup as stage
 from server.stages.embedding.hot_cold_lookup import HotColdLookup, RequestError, StageError
 
@@ -190,11 +187,6 @@ def test_the_stage_version_folder(tmp_path: Path, store_and_hot_set: tuple[Path,
     folder = version_dir(repository, "dlrm_embedding")
     # The compiled stage: its code is the backend's library, the folder holds the hot set alone.
     assert [p.name for p in folder.iterdir()] == [HOT_SET_FILE]
-    write_embedding_stage(repository, "dlrm", store_dir, hot_path, backend="python", name="python_stage")
-    folder = version_dir(repository, "python_stage")
-    assert sorted(p.name for p in folder.iterdir()) == sorted((*SOURCE_FILES, HOT_SET_FILE))
-    for name in SOURCE_FILES:
-        assert (folder / name).read_bytes() == (SOURCE_DIR / name).read_bytes()
     copied = HotSet.load(folder / HOT_SET_FILE)
     for ours, theirs in zip(copied.ids, _hot_set().ids, strict=True):
         np.testing.assert_array_equal(ours, theirs)
@@ -361,23 +353,6 @@ def test_the_stage_refuses_bad_files(tmp_path: Path, store_and_hot_set: tuple[Pa
     rows.write_bytes(rows.read_bytes()[:-1])
     with pytest.raises(StageError, match="truncated"):
         stage.open_store(store_dir)
-
-
-def test_the_stage_files_run_in_a_bare_python_stub() -> None:
-    """Only numpy, the standard library and the stub's own module, in Python 3.10 syntax (the NGC image's)."""
-    allowed = {"numpy", "triton_python_backend_utils", "hot_cold_lookup", "uring", "__future__"}
-    for name in SOURCE_FILES:
-        tree = ast.parse((SOURCE_DIR / name).read_text(), feature_version=(3, 10))
-        for node in ast.walk(tree):
-            if isinstance(node, ast.Import):
-                modules = [alias.name for alias in node.names]
-            elif isinstance(node, ast.ImportFrom):
-                modules = [node.module or ""]
-            else:
-                continue
-            for module in modules:
-                top = module.split(".")[0]
-                assert top in allowed or top in sys.stdlib_module_names, f"{name} imports {module}"
 
 
 def test_the_slot_map_and_the_sorted_search_place_alike(

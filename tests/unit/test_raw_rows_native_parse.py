@@ -8,7 +8,7 @@ counts, the missing flags, the ids and the labels bit for bit, and an error's ro
 text. The dense features too, bit for bit, where numpy's float32 ``log1p`` is the C library's
 ``log1pf`` (the compiled stage calls that one); where numpy takes a SIMD version of its own
 (some builds do on AVX-512 machines), within 4 ULP. The stage's own step, rows of a request joined into one
-text, is checked against the python stage's ``_joined`` the same way.
+text, is checked against :func:`criteo.rows.join_rows` the same way.
 
 ``RAW_ROWS_DRIVER`` names another driver (``make stages-sanitize`` runs this test against the
 ASan + UBSan build).
@@ -16,13 +16,10 @@ ASan + UBSan build).
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import struct
 import subprocess
-import sys
-import types
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -30,7 +27,6 @@ import numpy as np
 import pytest
 
 from criteo import rows as rules
-from server.stages.raw_rows import SOURCE_DIR
 from tests.native_stages import LOG1P_IS_LIBMS
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -169,30 +165,10 @@ def corpus(seed: int, size: int) -> Iterator[Case]:
     yield Case(stage_rows=(b"\t" * 38 + b"\n", b"\t" * 38 + b"\n"))
 
 
-def _stage_join() -> Callable[[list[bytes]], bytes]:
-    """The python stage's own ``_joined``, loaded beside stand-ins for what the stub provides."""
-    stub = types.ModuleType("triton_python_backend_utils")
-    saved = {name: sys.modules.get(name) for name in ("triton_python_backend_utils", "criteo_rows")}
-    sys.modules["triton_python_backend_utils"] = stub
-    sys.modules["criteo_rows"] = rules
-    try:
-        spec = importlib.util.spec_from_file_location("raw_rows_stage_model", SOURCE_DIR / "model.py")
-        assert spec is not None and spec.loader is not None
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-    finally:
-        for name, previous in saved.items():
-            if previous is None:
-                sys.modules.pop(name, None)
-            else:
-                sys.modules[name] = previous
-    return module._joined  # type: ignore[no-any-return]
-
-
-def _expected(case: Case, join: Callable[[list[bytes]], bytes]) -> str:
+def _expected(case: Case) -> str:
     """The driver's answer line, computed by the python rules."""
     if case.stage_rows is not None:
-        text, labeled, rows = join(list(case.stage_rows)), False, len(case.stage_rows)
+        text, labeled, rows = rules.join_rows(case.stage_rows), False, len(case.stage_rows)
     else:
         text, labeled, rows = case.text, case.labeled, case.rows
     try:
@@ -254,12 +230,11 @@ def _describe(line: str) -> str:
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_the_compiled_parse_answers_as_the_python_rules(seed: int) -> None:
     cases = list(corpus(seed, 1000))
-    join = _stage_join()
     answered = _run_driver(cases)
     assert len(answered) == len(cases)
     kinds = {"E": 0, "K": 0}
     for case, got in zip(cases, answered, strict=True):
-        want = _expected(case, join)
+        want = _expected(case)
         kinds[want[0]] += 1
         assert _same(got, want), f"{case!r}\n  C++:    {_describe(got)}\n  python: {_describe(want)}"
     # The corpus exercises both outcomes in earnest.
@@ -277,9 +252,8 @@ def test_every_single_byte_in_a_field_is_judged_alike() -> None:
             fields[index] = b"7" + byte + b"'"
             cases.append(Case(b"\t".join(fields), False, 1))
         cases.append(Case(byte + b"\t" + b"\t".join(field.encode() for field in base), True, None))
-    join = _stage_join()
     for case, got in zip(cases, _run_driver(cases), strict=True):
-        want = _expected(case, join)
+        want = _expected(case)
         assert _same(got, want), f"{case!r}\n  C++:    {_describe(got)}\n  python: {_describe(want)}"
 
 
@@ -295,9 +269,8 @@ def test_a_long_bad_field_is_quoted_by_its_head_and_length_alike() -> None:
             fields[index] = field
             cases.append(Case(b"\t".join(fields), False, 1))
         cases.append(Case(field + b"\t" + b"\t".join(base), True, None))
-    join = _stage_join()
     for case, got in zip(cases, _run_driver(cases), strict=True):
-        want = _expected(case, join)
+        want = _expected(case)
         assert _same(got, want), f"{case!r}\n  C++:    {_describe(got)}\n  python: {_describe(want)}"
     with pytest.raises(rules.RowError, match=r"""C8: categorical id "z'é+"\.\.\. \(70000 bytes\) is not"""):
         rules.parse_rows(b"\t".join([*base[:20], b"z'" + b"\xe9" * 69_998, *base[21:]]), labeled=False)

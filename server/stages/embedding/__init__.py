@@ -1,9 +1,3 @@
-"""The embedding stage of hot/cold models; ``export.tables.ensemble`` copies its files."""
-
-from pathlib import Path
-
-#: The folder holding the stage's files.
-SOURCE_DIR = Path(__file__).resolve().parent
-#: The files a ``<family>_embedding`` version folder gets: the python-backend model, its numpy
-#: core, and the core's ``io_uring`` reads.
-SOURCE_FILES: tuple[str, ...] = ("model.py", "hot_cold_lookup.py", "uring.py")
+"""The embedding stage of hot/cold models: the Triton C++ backend ``embedding`` (``backend.cc`` and
+the files beside it), built by ``make stages``; its definition in Python, run in process, is
+:mod:`server.stages.embedding.hot_cold_lookup`."""

@@ -52,12 +52,12 @@ constexpr const char* kParamColdReads = "cold_reads";
 constexpr const char* kParamColdReadThreads = "cold_read_threads";
 constexpr const char* kParamHintRows = "cold_read_hint_rows";
 constexpr const char* kParamHotness = "hotness";
-// The most threads the `threads` way starts (the python stage's pool starts them lazily; this one
+// The most threads the `threads` way starts (the Python definition's pool starts them lazily; this one
 // starts all at load, so an absurd count fails the load instead of the machine).
 constexpr int64_t kMaxColdReadThreads = 1024;
 
-// The counter family of lookups by tier (model.METRIC_FAMILY), with the python stage's help text:
-// both stages' counters are one family on the metrics page.
+// The counter family of lookups by tier, with the help text the python stage it replaced gave it:
+// dashboards built on that stage's counters keep working.
 constexpr const char* kMetricFamily = "ctr_embedding_lookups_total";
 constexpr const char* kMetricHelp =
     "Embedding lookups of hot/cold models, by tier: hot rows in the dense model, cold rows read from the row "
@@ -70,7 +70,8 @@ uint64_t NowNs() {
 }
 
 // ---------------------------------------------------------------------------------------------
-// Python's texts: the python stage's errors quote values with str(), repr() and list().
+// Python's texts: the stage's error texts (those of the python stage it replaced, word for word)
+// quote values as Python's str(), repr() and list() do.
 
 // How str() shows a config value the check quotes: a string as itself, anything else (absent) as None.
 std::string PythonText(const Json* value) {
@@ -135,7 +136,8 @@ const char* NumpyName(TRITONSERVER_DataType type) {
 }
 
 // ---------------------------------------------------------------------------------------------
-// Paths: the python stage resolves its parameters against the version folder with Path.resolve().
+// Paths: parameters are resolved against the version folder as Python's Path.resolve() does (the
+// python stage this replaced did, and a load error names the file as it did).
 
 // os.path.realpath(path, strict=False): absolute, symbolic links resolved where they exist, `.`
 // and `..` taken out, and the part that does not exist kept as written.
@@ -226,8 +228,8 @@ struct MetricDeleter {
 };
 using MetricPtr = std::unique_ptr<TRITONSERVER_Metric, MetricDeleter>;
 
-// One instance's hot and cold counters (model._LookupCounters), labelled model, version, tier and
-// stub (the instance's name and the server's pid, as the python stage's stub labels it). Two
+// One instance's hot and cold counters, labelled model, version, tier and stub (the instance's
+// name and the server's pid, as the python stage this replaced labelled its stubs). Two
 // instances of the same labels (a version loaded again while it serves) share one counter: the
 // family counts its holders, so the first to go does not free the other's.
 class LookupCounters {

@@ -1,4 +1,4 @@
-// The embedding stage's lookup outside Triton, for differential tests against the python stage
+// The embedding stage's lookup outside Triton, for differential tests against the Python definition
 // (tests/unit/test_embedding_native_lookup.py): opens a store and a hot set as the backend does,
 // then answers each request of the case with the bytes of its outputs.
 //

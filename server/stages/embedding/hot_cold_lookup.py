@@ -13,12 +13,14 @@ dense ONNX model and the rest in a memory-mapped row store. For a request's
 Only the cold rows leave the stage: an ensemble that passes whole ``B x 26 x D``
 blocks between its steps loses most of its throughput to the copies.
 
-This file runs inside tritonserver's python stub, beside the stage's
-``model.py`` in the model's version folder, in the local server and in the NGC
-image (whose Python is 3.10). It imports only numpy and the standard library;
-``export.tables.row_store`` and ``export.tables.hot_rows`` import the bundle's other packages,
-which the serving image does not have, so the two file formats are read here
-on their own (``tests/unit/test_ensemble.py`` checks that both readers agree).
+The served stage is compiled (the Triton C++ backend ``embedding``: ``lookup.cc``,
+``store.cc``, ``cold_reads.cc`` beside this file) and does the same; this module is its
+definition in Python, run in process: the export checks a hot/cold model with it
+(:func:`export.tables.hot_cold_graph.stage_reference`), ``python -m lab cold-reads`` times its
+ways of reading cold rows, and the differential tests hold the compiled stage to it, answers
+and errors alike. It imports only numpy and the standard library, and reads the two file
+formats on its own (``tests/unit/test_ensemble.py`` checks that its readers and
+:mod:`export.tables.row_store`'s agree).
 
 The store's checksums are defined here, once: :mod:`export.tables.row_store` writes them
 with these functions and the stage verifies them when it loads
@@ -60,10 +62,7 @@ from typing import Any
 
 import numpy as np
 
-try:  # In the bundle, a package; in the stub's version folder, a module beside this one.
-    from .uring import Ring, RingUnavailable
-except ImportError:
-    from uring import Ring, RingUnavailable  # type: ignore[no-redef]
+from .uring import Ring, RingUnavailable
 
 #: The row store's files and format, as :mod:`export.tables.row_store` writes them.
 STORE_ROWS_FILE = "rows.bin"

@@ -122,7 +122,7 @@ HotSet ReadHotSet(const std::string& path, size_t num_tables) {
     throw LoadError(shown + ": a hot set of " + std::to_string(hot_set.table_sizes.size()) +
                     " tables, the stage has " + std::to_string(num_tables));
   }
-  // The python stage refuses these when it builds its lookup (HotColdLookup), with this text.
+  // The Python definition refuses these when it builds its lookup (HotColdLookup), with this text.
   for (size_t table = 0; table < num_tables; ++table) {
     if (shapes[table].size() != 1) {
       throw LoadError("table " + std::to_string(table) + ": hot ids must be 1-D, got shape " +

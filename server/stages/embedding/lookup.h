@@ -25,7 +25,7 @@ namespace stages::embedding {
 // over the sorted hot keys (hot_cold_lookup.SLOT_MAP_MAX_BYTES).
 inline constexpr uint64_t kSlotMapMaxBytes = uint64_t{1} << 30;
 
-// "[3, 5, 7]": a list as Python prints it, for the texts shared with the python stage.
+// "[3, 5, 7]": a list as Python prints it, for the texts shared with the Python definition.
 std::string PythonList(const std::vector<int64_t>& values);
 
 class HotColdLookup {

@@ -1,10 +1,10 @@
 // Python's view of the values in the embedding stage's files, so that the compiled stage's load
-// errors read as the python stage's (server/stages/embedding/hot_cold_lookup.py), word for word.
+// errors read as the stage's Python definition's (server/stages/embedding/hot_cold_lookup.py), word for word.
 //
 // store.json is read there with json.loads and its fields taken with int(), str(), dict() and
 // iteration; a hot set's .npy headers with ast.literal_eval. Where that fails, the message embeds
 // Python's exception (`invalid row store spec (KeyError: 'spec')`) or a repr() of a value. This
-// file holds those values (Value), their repr() and str(), the operations the python stage applies
+// file holds those values (Value), their repr() and str(), the operations the Python definition applies
 // to them and the exceptions each raises (py::Exception, with CPython 3.11's texts).
 //
 // Python's ints are unbounded; here an int is 128 bits, and one beyond that raises OverflowError

@@ -1,6 +1,6 @@
 // The row store, opened as hot_cold_lookup.open_store opens it: store.json's description, the
 // size of rows.bin, its content (chunk CRC-32s in threads and the fingerprint, or an older store's
-// SHA-256), then a read-only mapping. Each failure says what the python stage says.
+// SHA-256), then a read-only mapping. Each failure says what the Python definition says.
 #include "store.h"
 
 #include <fcntl.h>
@@ -60,7 +60,7 @@ class Descriptor {
   int fd_;
 };
 
-// A store.json field the python stage found unusable inside store_columns (its StageError).
+// A store.json field the Python definition found unusable inside store_columns (its StageError).
 class ColumnsError : public std::runtime_error {
  public:
   using std::runtime_error::runtime_error;
@@ -238,7 +238,7 @@ double SecondsSince(std::chrono::steady_clock::time_point started) {
 // How a chunk's check ended.
 struct ChunkResult {
   bool failed = false;
-  int64_t crc = 0;  // its CRC-32; -1: the file ended before it (as the python stage counts it)
+  int64_t crc = 0;  // its CRC-32; -1: the file ended before it (as the Python definition counts it)
   int error = 0;    // a read's errno, where one failed
 };
 
@@ -273,7 +273,7 @@ double VerifyChecksums(int fd, const std::string& rows_path, const Value& checks
   if (threads <= 0) threads = std::min(kMaxCheckThreads, UsableCpus());
   std::vector<ChunkResult> results(count);
   std::atomic<size_t> next{0};
-  // The first chunk that failed: chunks after it are not started (the python stage drops them too).
+  // The first chunk that failed: chunks after it are not started (the Python definition drops them too).
   std::atomic<size_t> first_failure{count};
   const size_t wanted = std::min(static_cast<size_t>(threads), count);
   // Each thread's read buffer, allocated here: a failure to allocate one fails this call, not a thread.
@@ -486,7 +486,7 @@ std::unique_ptr<Store> OpenStore(const std::string& dir, bool verify, int thread
     store->check = std::move(content.check);
   }
   if (size == 0) throw LoadError("cannot mmap an empty file");
-  // The python stage reshapes the mapping into rows of row_items: negative counts that multiplied
+  // The Python definition reshapes the mapping into rows of row_items: negative counts that multiplied
   // to the file's size fail there.
   if (rows < 0 || row_items < 0) {
     throw LoadError("cannot reshape " + std::to_string(size) + " bytes into " + py::FormatInt(rows) +

@@ -14,7 +14,7 @@
 namespace stages::embedding {
 
 // The stage cannot load: a missing or inconsistent store, hot-set file or parameter (the
-// python stage's StageError). Its text is the load failure's line.
+// Python definition's StageError). Its text is the load failure's line.
 class LoadError : public std::runtime_error {
  public:
   explicit LoadError(const std::string& message) : std::runtime_error(message) {}

@@ -9,9 +9,9 @@ read of a request in one ``io_uring_enter``: the kernel copies the cached ones a
 once and sends the others to the disk together, and the call returns when all
 are done.
 
-The stdlib has no ``io_uring`` and the stage imports only numpy and the standard
-library (it runs in tritonserver's python stub, in the NGC image's too), so this
-module makes the two system calls itself (``io_uring_setup``, ``io_uring_enter``:
+The stdlib has no ``io_uring`` and the stage's Python definition
+(:mod:`server.stages.embedding.hot_cold_lookup`) imports only numpy and the standard
+library, so this module makes the two system calls itself (``io_uring_setup``, ``io_uring_enter``:
 425 and 426 on every architecture since Linux 5.1), maps the rings with
 :mod:`mmap`, and writes the submission entries as one numpy structured array.
 Only what the stage needs is here: ``IORING_OP_READ`` (Linux 5.6) of a file into

@@ -1,7 +1,7 @@
 // The raw-row stage as a Triton backend: `raw_rows` (B x 1 BYTES, one unlabeled Criteo TSV row
 // per element) in, `dense_features` (B x 13 float32) and `categorical_ids` (B x 26 int64) out,
-// by the rules of parse.h. It keeps the python stage's contract (server/stages/raw_rows/model.py):
-// the same config check at load, the same error texts, and a row that breaks a rule fails its own
+// by the rules of parse.h (criteo/rows.py's, in C++). It keeps the contract of the python stage it
+// replaced: the same config check at load, the same error texts, and a row that breaks a rule fails its own
 // request with INVALID_ARGUMENT while the other requests of the batch are answered.
 //
 // Three lifetimes, as the C API defines them: the backend (nothing of its own), the model (its
@@ -59,7 +59,7 @@ std::string PythonList(const std::vector<int64_t>& values) {
   return out + "]";
 }
 
-// numpy's name of a tensor's data type, as the python stage's error quotes it.
+// numpy's name of a tensor's data type, as the replaced python stage's error quoted it.
 const char* NumpyName(TRITONSERVER_DataType type) {
   switch (type) {
     case TRITONSERVER_TYPE_BOOL: return "bool";
@@ -117,7 +117,7 @@ class ModelState {
     return found != nullptr && found->is_array() ? found->items() : kNone;
   }
 
-  // The python stage's check, problem by problem, in its words.
+  // The config check, problem by problem, in the replaced python stage's words.
   void ReadConfig(const Json& config) {
     const std::vector<Json>& inputs = Items(config, "input");
     const std::vector<Json>& outputs = Items(config, "output");
@@ -228,7 +228,7 @@ class InstanceState {
 
   // The request's rows, one view per element, into rows_ (views into Triton's buffers or gathered_).
   // The python backend checks a BYTES input's framing before its stage sees the input, so that
-  // comes first here too, then the python stage's own checks of shape and type.
+  // comes first here too (in its words), then the checks of shape and type.
   void ReadRows(TRITONBACKEND_Request* request) {
     const std::string& name = model_.input();
     TRITONBACKEND_Input* input = nullptr;
