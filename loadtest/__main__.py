@@ -3,7 +3,8 @@
 Commands:
 
 - ``sweep``: locust headless or perf_analyzer, step by step, against Triton; CSV, JSON, PNG
-  curves, report.md.
+  curves, report.md; with ``--request-rate``, open-loop steps at given rates
+  (:mod:`loadtest.sweeps.rates`).
 - ``baseline``: in-process ONNX Runtime throughput and latency of a model file.
 - ``compare``: the same sweep against the local Triton, PyTriton and a FastAPI server.
 - ``report``: rewrite the CSV, PNGs and report.md of a report.json.
@@ -33,6 +34,7 @@ from bundle.options import Model, RawRequests, ReportOut, Repository
 from bundle.records import command_line
 from loadtest.engine.writer import write_json
 from loadtest.options import (
+    Arrival,
     BaselineFlag,
     BaselineRepeats,
     BaselineSeconds,
@@ -40,6 +42,7 @@ from loadtest.options import (
     ClientBatchSizes,
     ClientCpus,
     Concurrency,
+    Connections,
     Data,
     Duration,
     Family,
@@ -55,6 +58,7 @@ from loadtest.options import (
     QueueDelays,
     Raw,
     RepeatSeconds,
+    RequestRates,
     Rounds,
     RowsPerCall,
     Stream,
@@ -154,20 +158,30 @@ def sweep(
     url: Url[list[str] | None] = None,
     repository: Repository[Path | None] = None,
     engine: Annotated[
-        str,
+        str | None,
         typer.Option(
             help=f"What generates the load: {' or '.join(ENGINES)}, or both comma-separated (their steps "
             "interleaved on the same server, and compared in the report). perf_analyzer is Triton's own "
-            "load tool, the reference (installed by make setup)."
+            "load tool, the reference (installed by make setup). Default: locust; with --request-rate, "
+            "driver (the open loop)."
         ),
-    ] = "locust",
+    ] = None,
+    request_rate: RequestRates = None,
+    arrival: Arrival = "poisson",
+    connections: Connections = 64,
+    p99_budget: P99Budget[float | None] = None,
 ) -> None:
-    """Sweep concurrency with locust or perf_analyzer, step by step: CSV, JSON, PNG curves, report.md.
+    """Sweep concurrency with locust or perf_analyzer, step by step: CSV, JSON, PNG curves, report.md;
+    or, with --request-rate, open-loop steps at those rates: rates.md, rates.json, rates.png.
 
     Without --url, a local tritonserver serves --repository; its model files also give the
-    in-process baseline."""
+    in-process baseline (of the concurrency steps)."""
     protocols = _check_protocols(protocol or ["grpc"])
-    engines = tuple(name.strip() for name in engine.split(",") if name.strip())
+    if request_rate is not None:
+        _rate_sweep(settings, model, protocols, url or [], repository, engine, request_rate, arrival,
+                    connections, p99_budget)  # fmt: skip
+        return
+    engines = tuple(name.strip() for name in (engine or "locust").split(",") if name.strip())
     _, paths = sweep_run(
         models=model,
         protocols=protocols,
@@ -179,6 +193,39 @@ def sweep(
         command=command_line("loadtest"),
         raw=settings.raw,
     )
+    print(f"report: {paths['markdown']}")
+
+
+def _rate_sweep(
+    settings: SweepSettings,
+    models: list[str],
+    protocols: list[str],
+    urls: list[str],
+    repository: Path | None,
+    engine: str | None,
+    request_rate: str,
+    arrival: str,
+    connections: int,
+    budget_ms: float | None,
+) -> None:
+    """The open-loop steps of ``sweep --request-rate``."""
+    from loadtest.sweeps.rates import parse_rates, rate_run
+
+    if engine not in (None, "driver"):
+        raise ConfigError(
+            f"--request-rate runs the bundle's open-loop driver (--engine driver), not {engine!r}: "
+            "locust runs closed loops"
+        )
+    options = settings.run
+    if options.stream:
+        raise ConfigError("--request-rate cycles a pool of rows: drop --stream")
+    _, paths = rate_run(
+        models, protocols, urls, repository, options.batch_sizes, parse_rates(request_rate), settings.out,
+        settings.title or f"Open-loop load: {', '.join(models)} over {', '.join(protocols)}",
+        command_line("loadtest"), arrival=arrival, connections=connections, duration_s=options.duration_s,
+        warmup_s=options.warmup_s, data=options.data, request_timeout_s=options.request_timeout_s,
+        client_cpus=options.client_cpus, budget_ms=budget_ms, raw=settings.raw,
+    )  # fmt: skip
     print(f"report: {paths['markdown']}")
 
 

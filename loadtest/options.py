@@ -106,6 +106,24 @@ Seconds = Annotated[float, typer.Option(help="Seconds per measured window.")]
 # ------------------------------------------------------------------ the search space of tune
 Family = Annotated[_T, typer.Option("--model", help="Model family: dlrm or wide_deep.")]
 P99Budget = Annotated[_T, typer.Option("--p99-budget-ms", help="p99 latency budget in ms.")]
+RequestRates = Annotated[
+    str | None,
+    typer.Option(
+        "--request-rate",
+        help="Requests per second, comma-separated: one open-loop step per rate (sent on schedule "
+        "whatever the answers do, latency from each request's scheduled time) instead of the "
+        "concurrency steps.",
+    ),
+]
+Arrival = Annotated[
+    str, typer.Option(help="With --request-rate: poisson (exponential gaps) or constant arrivals.")
+]
+Connections = Annotated[
+    int,
+    typer.Option(
+        help="With --request-rate: connections, so requests in flight at most (one waits for a free one)."
+    ),
+]
 ClientBatchSizes = Annotated[str, typer.Option("--batch-sizes", help="Client batch sizes, comma-separated.")]
 InstanceCounts = Annotated[str, typer.Option("--instances", help="Model instances, comma-separated.")]
 ThreadCounts = Annotated[

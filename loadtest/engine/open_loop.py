@@ -1,0 +1,359 @@
+"""The open-loop load driver: requests sent at a rate set in advance, whatever the answers do.
+
+A closed loop (:mod:`loadtest.engine.driver`) sends a user's next request when its last one
+is answered, so a server that stalls stops the load, and the stall counts as one slow request
+instead of every request it held up (coordinated omission). Here the arrival times are drawn
+first, as a schedule (:func:`schedule`): Poisson arrivals (exponential gaps, MLPerf's Server
+scenario and perf_analyzer's ``--request-distribution poisson``) or constant ones, at ``rate``
+requests per second. A scheduler thread hands each request to a pool of ``connections``
+sender threads at its scheduled time; each sender sends it on its own connection and waits
+for the answer. A request's latency is measured from its *scheduled* time, so the time it
+waited (for the scheduler, or for a free connection while the server was behind) counts, as
+wrk2 and perf_analyzer's request-rate mode count it.
+
+What a window records (:class:`OpenLoopWindow`), for the requests *scheduled* inside it,
+each followed to its answer: the latency from the schedule and from the send, the send lag
+(sent minus scheduled), late requests (sent more than :data:`LATE_MS` after their time),
+requests in flight as each one arrived (mean and maximum), and whether the generator kept
+its schedule (:meth:`OpenLoopWindow.flag`).
+
+What a request is stays outside, as for the closed loop: ``connect(sender)`` (a
+:data:`~loadtest.engine.driver.Connect`) opens one sender's connection and yields the callable
+that sends one request.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import queue
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from bundle.errors import BundleError, ConfigError
+from loadtest.engine.client_cpu import ClientCpu, process_cpu_s, process_demand, thread_busy_s
+from loadtest.engine.driver import Connect, Request
+from loadtest.engine.latency import LatencyHistogram, Tally
+
+logger = logging.getLogger(__name__)
+
+#: How arrivals are spaced: exponential gaps (a Poisson process) or equal ones.
+ARRIVALS = ("poisson", "constant")
+#: A request sent later than this after its scheduled time is late (ms).
+LATE_MS = 1.0
+#: A window whose sends fell below this share of its schedule is flagged.
+MIN_SENT_SHARE = 0.98
+#: A window with more than this share of late requests is flagged.
+MAX_LATE_SHARE = 0.01
+#: Connections (sender threads) by default: requests in flight at most.
+CONNECTIONS = 64
+#: Arrivals drawn at a time.
+_CHUNK = 4096
+
+
+def schedule(rate: float, arrival: str, rng: np.random.Generator, count: int = _CHUNK) -> np.ndarray:
+    """``count`` gaps (seconds) between successive arrivals at ``rate`` per second.
+
+    Raises:
+        ConfigError: a rate that is not > 0, or an unknown arrival.
+    """
+    if not rate > 0 or not math.isfinite(rate):
+        raise ConfigError(f"a request rate must be > 0 per second, got {rate!r}")
+    if arrival not in ARRIVALS:
+        raise ConfigError(f"arrival must be one of {', '.join(ARRIVALS)}, got {arrival!r}")
+    if arrival == "constant":
+        return np.full(count, 1.0 / rate)
+    return rng.exponential(1.0 / rate, count)
+
+
+@dataclass
+class OpenLoopWindow:
+    """The requests scheduled inside one window, each followed to its answer (or failure).
+
+    Attributes:
+        tally: answers and errors; its latency from each request's scheduled time, its
+            ``seconds`` the window's length.
+        service: the same answers' latency from their actual send (what a closed loop measures).
+        lag: send lag (ms): sent minus scheduled, of every request sent.
+        rate: the rate asked (per second).
+        scheduled: requests scheduled inside the window.
+        sent: those of them sent before the window closed.
+        late: those sent more than :data:`LATE_MS` after their scheduled time.
+        unfinished: those without an answer or an error when the window was closed (still
+            queued or in flight after the drain).
+        in_flight_sum, in_flight_max: requests in flight (sent, not answered) as each of them
+            arrived, added up and at most.
+        connections: the pool's size: requests in flight at most.
+    """
+
+    rate: float
+    connections: int
+    tally: Tally = field(default_factory=Tally)
+    service: LatencyHistogram = field(default_factory=LatencyHistogram)
+    lag: LatencyHistogram = field(default_factory=LatencyHistogram)
+    scheduled: int = 0
+    sent: int = 0
+    late: int = 0
+    unfinished: int = 0
+    in_flight_sum: int = 0
+    in_flight_max: int = 0
+    closed_at: float = math.inf
+
+    @property
+    def seconds(self) -> float:
+        return self.tally.seconds
+
+    @property
+    def achieved_rate(self) -> float:
+        """Requests sent per second of the window (of those scheduled in it)."""
+        return self.sent / self.seconds if self.seconds > 0 else math.nan
+
+    @property
+    def scheduled_rate(self) -> float:
+        """What the schedule asked inside the window, per second (a Poisson schedule's own count
+        varies around ``rate``)."""
+        return self.scheduled / self.seconds if self.seconds > 0 else math.nan
+
+    @property
+    def in_flight_mean(self) -> float:
+        """Requests in flight as an arrival saw them, on average."""
+        return self.in_flight_sum / self.scheduled if self.scheduled else math.nan
+
+    def flag(self) -> str:
+        """Why the generator did not keep its schedule ("" when it did): sends below
+        :data:`MIN_SENT_SHARE` of the schedule, or more than :data:`MAX_LATE_SHARE` of the
+        requests late; with every connection busy, the server was behind the rate."""
+        if not self.scheduled:
+            return "no request was scheduled in the window"
+        reasons = []
+        if self.sent < MIN_SENT_SHARE * self.scheduled:
+            reasons.append(f"sent {self.sent} of the {self.scheduled} requests scheduled")
+        if self.late > MAX_LATE_SHARE * self.scheduled:
+            reasons.append(
+                f"{self.late / self.scheduled:.1%} of the requests sent more than {LATE_MS:g} ms late "
+                f"(p99 send lag {self.lag.percentile(99):.2f} ms)"
+            )
+        if not reasons:
+            return ""
+        if self.in_flight_max >= self.connections:
+            reasons.append(
+                f"all {self.connections} connections were busy: the server answered slower than "
+                "requests arrived"
+            )
+        else:
+            reasons.append("the load generator fell behind its schedule")
+        return "; ".join(reasons)
+
+    def summary(self) -> dict[str, Any]:
+        """Counts, rates, latency and send lag, JSON-ready."""
+        return {
+            **self.tally.summary(),
+            "request_rate": self.rate,
+            "scheduled_rate": self.scheduled_rate,
+            "achieved_rate": self.achieved_rate,
+            "scheduled": self.scheduled,
+            "sent": self.sent,
+            "late": self.late,
+            "unfinished": self.unfinished,
+            "in_flight_mean": self.in_flight_mean,
+            "in_flight_max": self.in_flight_max,
+            "connections": self.connections,
+            "send_lag_ms": {
+                "p50": self.lag.percentile(50),
+                "p99": self.lag.percentile(99),
+                "max": self.lag.max_ms if self.lag.count else math.nan,
+            },
+            "service_latency_ms": {f"p{q:g}": v for q, v in self.service.percentiles().items()},
+            "flag": self.flag(),
+        }
+
+
+@dataclass
+class _Job:
+    sequence: int
+    scheduled: float
+    window: OpenLoopWindow | None
+
+
+class OpenLoop:
+    """Requests at ``rate`` per second on a schedule drawn in advance (see the module).
+
+    Args:
+        connect: opens sender ``i``'s connection; yields its request callable.
+        rate: requests per second.
+        arrival: ``poisson`` or ``constant`` (:data:`ARRIVALS`).
+        connections: sender threads, each with its own connection: requests in flight at most.
+            A request that finds all of them busy waits for one, its wait counted in its latency.
+        seed: of the Poisson gaps and the first arrival's phase.
+
+    Use as a context manager (:meth:`start` on entry, :meth:`stop` on exit); :meth:`measure`
+    opens one window at a time. A request that raises :class:`BundleError` is an error of the
+    window; any other exception ends its sender and :meth:`stop` raises it.
+    """
+
+    def __init__(
+        self,
+        connect: Connect,
+        rate: float,
+        arrival: str = "poisson",
+        connections: int = CONNECTIONS,
+        seed: int = 0,
+    ) -> None:
+        if connections < 1:
+            raise ConfigError(f"the open loop needs at least one connection, got {connections}")
+        self._rng = np.random.default_rng(seed)
+        schedule(rate, arrival, self._rng, 1)  # checks both
+        self._connect = connect
+        self._rate = rate
+        self._arrival = arrival
+        self._connections = connections
+        self._jobs: queue.SimpleQueue[_Job | None] = queue.SimpleQueue()
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._threads: list[threading.Thread] = []
+        self._failures: list[BaseException] = []
+        self._window: OpenLoopWindow | None = None
+        self._pending: dict[int, int] = {}  # id(window) -> its requests not yet finished
+        self._drained = threading.Condition(self._lock)
+        self._in_flight = 0
+        self._started = 0.0
+
+    def __enter__(self) -> OpenLoop:
+        return self.start()
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.stop()
+
+    def start(self) -> OpenLoop:
+        """Open every connection and start the schedule; returns at once."""
+        if self._threads:
+            raise ConfigError("an open loop starts once")
+        self._started = time.perf_counter()
+        for index in range(self._connections):
+            thread = threading.Thread(
+                target=self._send, args=(index,), name=f"open-loop-{index}", daemon=True
+            )
+            self._threads.append(thread)
+            thread.start()
+        scheduler = threading.Thread(target=self._schedule, name="open-loop-schedule", daemon=True)
+        self._threads.append(scheduler)
+        scheduler.start()
+        return self
+
+    def measure(self, seconds: float, drain_s: float = 60.0) -> OpenLoopWindow:
+        """The requests scheduled in the next ``seconds``, each followed to its answer: returns
+        once all of them have finished, or ``drain_s`` after the window closed (those still
+        unfinished then are counted as such). ``client`` of its tally is this process's CPU
+        over the window."""
+        if not seconds > 0:
+            raise ConfigError(f"a window needs seconds > 0, got {seconds}")
+        window = OpenLoopWindow(self._rate, self._connections)
+        cpu, busy = process_cpu_s(), thread_busy_s()
+        with self._lock:
+            if self._window is not None:
+                raise ConfigError("one window at a time")
+            self._pending[id(window)] = 0
+            self._window = window
+            opened = time.perf_counter()
+        self._stop.wait(seconds)
+        with self._lock:
+            self._window = None
+            window.closed_at = time.perf_counter()
+            window.tally.seconds = window.closed_at - opened
+        demand = process_demand(busy, thread_busy_s(), window.tally.seconds)
+        spent = process_cpu_s() - cpu
+        with self._drained:
+            self._drained.wait_for(lambda: self._pending[id(window)] == 0 or bool(self._failures), drain_s)
+            window.unfinished = self._pending.pop(id(window))
+        window.tally.client = ClientCpu.of_processes(
+            [(spent, window.tally.seconds, demand)], window.tally.requests, users=self._connections
+        )
+        return window
+
+    def stop(self, timeout_s: float = 60.0) -> None:
+        """Stop the schedule, let each sender finish what it holds; raises a sender's failure.
+
+        Raises:
+            RuntimeError: a sender died of something other than a failed request (a bug), or
+                did not finish within ``timeout_s``.
+        """
+        self._stop.set()
+        for _ in range(self._connections):
+            self._jobs.put(None)
+        deadline = time.perf_counter() + timeout_s
+        for thread in self._threads:
+            thread.join(max(0.0, deadline - time.perf_counter()))
+        alive = [thread.name for thread in self._threads if thread.is_alive()]
+        if alive:
+            raise RuntimeError(f"open-loop senders {alive} did not stop within {timeout_s} s")
+        if self._failures:
+            raise RuntimeError(f"an open-loop sender failed: {self._failures[0]!r}") from self._failures[0]
+
+    # ------------------------------------------------------------ threads
+    def _schedule(self) -> None:
+        """Hand each request to the senders at its time; one that is due is handed over at once
+        (a late scheduler shows as send lag, never as a lower rate)."""
+        due = self._started + float(self._rng.uniform(0, 1.0 / self._rate))
+        sequence = 0
+        while not self._stop.is_set():
+            for gap in schedule(self._rate, self._arrival, self._rng):
+                wait = due - time.perf_counter()
+                if wait > 0 and self._stop.wait(wait):
+                    return
+                with self._lock:
+                    window = self._window
+                    if window is not None:
+                        window.scheduled += 1
+                        window.in_flight_sum += self._in_flight
+                        window.in_flight_max = max(window.in_flight_max, self._in_flight)
+                        self._pending[id(window)] += 1
+                self._jobs.put(_Job(sequence, due, window))
+                sequence += 1
+                due += float(gap)
+
+    def _send(self, index: int) -> None:
+        try:
+            with self._connect(index) as request:
+                # Once stopped, what is still queued is not sent.
+                while (job := self._jobs.get()) is not None and not self._stop.is_set():
+                    self._one(request, job)
+        except BaseException as exc:  # reported by stop(), never lost with the thread
+            self._failures.append(exc)
+            with self._drained:
+                self._drained.notify_all()
+
+    def _one(self, request: Request, job: _Job) -> None:
+        with self._lock:
+            self._in_flight += 1
+        sent = time.perf_counter()
+        error: BundleError | None = None
+        try:
+            answer = request(job.sequence)
+        except BundleError as exc:
+            error = exc
+        done = time.perf_counter()
+        with self._drained:
+            self._in_flight -= 1
+            window = job.window
+            if window is None:
+                return
+            lag_ms = (sent - job.scheduled) * 1000.0
+            window.sent += int(sent < window.closed_at)
+            window.lag.record(max(lag_ms, 0.0))
+            if lag_ms > LATE_MS:
+                window.late += 1
+            if error is not None:
+                window.tally.error(error, done - self._started)
+                logger.debug("open loop: %s", error)
+            else:
+                window.tally.answer((done - job.scheduled) * 1000.0, answer.rows, answer.label)
+                window.service.record((done - sent) * 1000.0)
+            key = id(window)
+            if key in self._pending:
+                self._pending[key] -= 1
+                if self._pending[key] == 0:
+                    self._drained.notify_all()

@@ -1,0 +1,356 @@
+"""Request-rate steps: the load at a rate set in advance, whatever the answers do (open loop).
+
+``python -m loadtest sweep --request-rate 500,1000,2000`` runs one step per rate, per model,
+protocol and batch size, with the bundle's open-loop driver (:mod:`loadtest.engine.open_loop`):
+Poisson arrivals by default (``--arrival constant`` for equal gaps), each request's latency
+measured from its *scheduled* time, so a stall counts in every request it holds up. A step
+records the rate asked and the rate achieved, the requests in flight (mean and maximum), the
+late and the unfinished requests, the send lag, the latency from the send beside the latency
+from the schedule, and Triton's own view (queue and compute) over the window; a step whose
+generator could not keep its schedule is flagged, with the reason
+(:meth:`loadtest.engine.open_loop.OpenLoopWindow.flag`), and its figures describe an
+overloaded server or client, not the server at that rate.
+
+The report (``rates.json``, ``rates.md``, ``rates.png``) plots latency percentiles against the
+offered rate, one panel per batch size, with ``--p99-budget-ms`` as a line where given.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import math
+import os
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+from bundle.errors import BundleError, ConfigError
+from bundle.records import RunRecord
+from clients.retry import RetryPolicy
+from clients.triton import TritonClient
+from loadtest.engine.open_loop import ARRIVALS, CONNECTIONS, LATE_MS, MAX_LATE_SHARE, MIN_SENT_SHARE, OpenLoop
+from loadtest.engine.payload import PayloadPool
+from loadtest.engine.served import triton_requests
+from loadtest.engine.writer import Panel, Series, plot, table, write_json, write_markdown
+from loadtest.sweeps.stepfiles import SERVER_COUNTERS, SERVER_STATS_FILE, server_counters
+from loadtest.sweeps.steps import ServerTimes, Target
+
+logger = logging.getLogger(__name__)
+
+#: The latency percentiles a rate step reports (from the schedule).
+RATE_PERCENTILES = (50.0, 90.0, 99.0, 99.9)
+
+
+def parse_rates(text: str) -> tuple[float, ...]:
+    """``"500,1000,2000"`` -> the rates, ascending; each > 0 per second.
+
+    Raises:
+        ConfigError: not numbers > 0.
+    """
+    try:
+        rates = [float(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        raise ConfigError(
+            f"--request-rate must be comma-separated requests per second, got {text!r}"
+        ) from None
+    if not rates or not all(math.isfinite(rate) and rate > 0 for rate in rates):
+        raise ConfigError(f"--request-rate must be requests per second > 0, got {text!r}")
+    return tuple(sorted(set(rates)))
+
+
+@dataclass(frozen=True)
+class RateStep:
+    """One request-rate step's measurements (latency in ms, from each request's scheduled time
+    unless said otherwise).
+
+    Attributes:
+        label, model, protocol, batch_size: what was loaded.
+        arrival: ``poisson`` or ``constant``.
+        request_rate: the rate asked (requests per second).
+        scheduled_rate: what the schedule asked inside the window (a Poisson schedule varies).
+        achieved_rate: requests sent per second of the window.
+        answered_per_s, samples_per_s: accepted answers (and their rows) per second.
+        connections: requests in flight at most.
+        seconds: the window's length.
+        requests, errors: answered and failed requests of the window.
+        late: requests sent more than :data:`~loadtest.engine.open_loop.LATE_MS` late.
+        unfinished: requests without an answer when the step ended.
+        in_flight_mean, in_flight_max: requests in flight as each arrived.
+        p50_ms, p90_ms, p99_ms, p999_ms, max_ms: latency from the schedule.
+        service_p99_ms: p99 latency from the send (what a closed loop measures).
+        send_lag_p99_ms: p99 of sent minus scheduled.
+        flag: why the generator did not keep its schedule ("" when it did).
+        server: Triton's statistics over the window (None where unread).
+        client_cpu_us: the load generator's CPU per request.
+        engine: ``driver`` (the bundle's open loop).
+    """
+
+    label: str
+    model: str
+    protocol: str
+    batch_size: int
+    arrival: str
+    request_rate: float
+    scheduled_rate: float
+    achieved_rate: float
+    answered_per_s: float
+    samples_per_s: float
+    connections: int
+    seconds: float
+    requests: int
+    errors: int
+    late: int
+    unfinished: int
+    in_flight_mean: float
+    in_flight_max: int
+    p50_ms: float
+    p90_ms: float
+    p99_ms: float
+    p999_ms: float
+    max_ms: float
+    service_p99_ms: float
+    send_lag_p99_ms: float
+    flag: str
+    server: ServerTimes | None = None
+    client_cpu_us: float = math.nan
+    engine: str = "driver"
+
+    @property
+    def series(self) -> str:
+        return f"{self.label} {self.model} {self.protocol} B={self.batch_size}"
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> RateStep:
+        values = dict(data)
+        server = values.pop("server", None)
+        return cls(server=ServerTimes(**server) if server else None, **values)
+
+
+def rate_step(
+    target: Target,
+    model: str,
+    batch_size: int,
+    rate: float,
+    payload: Path,
+    folder: Path,
+    *,
+    arrival: str = "poisson",
+    connections: int = CONNECTIONS,
+    duration_s: float = 10.0,
+    warmup_s: float = 2.0,
+    request_timeout_s: float = 60.0,
+    client_cpus: frozenset[int] | None = None,
+    seed: int = 0,
+) -> RateStep:
+    """One step at ``rate`` requests per second of ``batch_size`` rows: ``warmup_s`` of load, then
+    one window of ``duration_s`` whose requests are each followed to their answer (at most
+    ``request_timeout_s`` after it closes)."""
+    wire: Literal["grpc", "http"] = "grpc" if target.protocol == "grpc" else "http"
+    pool = PayloadPool.load(payload).rebatched(batch_size)
+    connect = triton_requests(target.url, wire, model, pool, connections, timeout_s=request_timeout_s)
+    stats = TritonClient(target.url, wire, timeout_s=10.0, retry=RetryPolicy(max_tries=2))
+    affinity = os.sched_getaffinity(0)
+    try:
+        if client_cpus is not None:
+            os.sched_setaffinity(0, client_cpus)  # the sender threads inherit it
+        with OpenLoop(connect, rate, arrival, connections, seed) as load:
+            if warmup_s > 0:
+                load.measure(warmup_s, drain_s=request_timeout_s)
+            before = server_counters(stats, model) if target.server_stats else None
+            window = load.measure(duration_s, drain_s=request_timeout_s)
+            after = server_counters(stats, model) if target.server_stats else None
+    finally:
+        os.sched_setaffinity(0, affinity)
+        stats.close()
+    server = None
+    if before is not None and after is not None:
+        delta = {key: after[key] - before[key] for key in SERVER_COUNTERS}
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / SERVER_STATS_FILE).write_text(json.dumps({"model": model, "delta": delta}))
+        server = ServerTimes.from_delta(delta)
+    tally, histogram = window.tally, window.tally.histogram
+    p50, p90, p99, p999 = (histogram.percentile(q) for q in RATE_PERCENTILES)
+    client = tally.client
+    return RateStep(
+        label=target.label, model=model, protocol=target.protocol, batch_size=batch_size, arrival=arrival,
+        request_rate=rate, scheduled_rate=window.scheduled_rate, achieved_rate=window.achieved_rate,
+        answered_per_s=tally.requests_per_s, samples_per_s=tally.requests_per_s * batch_size,
+        connections=connections, seconds=tally.seconds, requests=tally.ok, errors=tally.errors,
+        late=window.late, unfinished=window.unfinished, in_flight_mean=window.in_flight_mean,
+        in_flight_max=window.in_flight_max, p50_ms=p50, p90_ms=p90, p99_ms=p99, p999_ms=p999,
+        max_ms=histogram.max_ms if histogram.count else math.nan,
+        service_p99_ms=window.service.percentile(99), send_lag_p99_ms=window.lag.percentile(99),
+        flag=window.flag(), server=server,
+        client_cpu_us=client.per_request_us if client is not None else math.nan,
+    )  # fmt: skip
+
+
+def step_line(step: RateStep) -> str:
+    """One step in one line, as a run prints it."""
+    line = (
+        f"{step.series} {step.request_rate:g}/s: sent {step.achieved_rate:.0f}/s, "
+        f"p50 {step.p50_ms:.2f} ms, p99 {step.p99_ms:.2f} ms, p99.9 {step.p999_ms:.2f} ms"
+    )
+    return line + (f" FLAGGED: {step.flag}" if step.flag else "")
+
+
+def flag_rule() -> str:
+    """The flag's rule, as the reports state it."""
+    return (
+        f"a step is flagged when fewer than {MIN_SENT_SHARE:.0%} of the requests scheduled in its window "
+        f"were sent in it, or more than {MAX_LATE_SHARE:.0%} were sent more than {LATE_MS:g} ms after "
+        "their scheduled time; latency counts from the scheduled time"
+    )
+
+
+def report_lines(
+    title: str, record: dict[str, Any], settings: dict[str, str], steps: Sequence[RateStep]
+) -> list[str]:
+    """The markdown report of a rate run."""
+    lines = [f"# {title}", "", f"- command: `{record.get('command', '')}`"]
+    lines += [f"- {key}: {value}" for key, value in settings.items()]
+    lines += [f"- flag: {flag_rule()}", ""]
+    rows = []
+    for step in steps:
+        server = step.server
+        rows.append(
+            [
+                step.series, f"{step.request_rate:g}", step.achieved_rate, step.samples_per_s,
+                step.p50_ms, step.p99_ms, step.p999_ms, step.service_p99_ms, step.send_lag_p99_ms,
+                f"{step.in_flight_mean:.1f} / {step.in_flight_max}", step.late, step.errors + step.unfinished,
+                server.queue_ms if server else math.nan,
+                server.compute_infer_ms if server else math.nan,
+                step.flag or "-",
+            ]
+        )  # fmt: skip
+    lines += table(
+        [
+            "series", "rate asked /s", "rate sent /s", "samples/s", "p50 ms", "p99 ms", "p99.9 ms",
+            "p99 from send ms", "send lag p99 ms", "in flight mean / max", "late", "failed",
+            "server queue ms", "server compute ms", "flag",
+        ],
+        rows,
+        "lrrrrrrrrrrrrrl",
+    )  # fmt: skip
+    lines += ["", "![latency against the offered rate](rates.png)", ""]
+    return lines
+
+
+def write_rate_report(
+    title: str,
+    record: dict[str, Any],
+    settings: dict[str, str],
+    steps: Sequence[RateStep],
+    out: Path,
+    budget_ms: float | None = None,
+) -> dict[str, Path]:
+    """``rates.json``, ``rates.md`` and ``rates.png`` in ``out``."""
+    panels = []
+    for batch_size in sorted({step.batch_size for step in steps}):
+        series = []
+        for name in dict.fromkeys(step.series for step in steps if step.batch_size == batch_size):
+            mine = [step for step in steps if step.series == name]
+            for key, label, style in (
+                ("p50_ms", "p50", "o-"),
+                ("p99_ms", "p99", "s-"),
+                ("p999_ms", "p99.9", "^-"),
+            ):
+                rates, values = [s.request_rate for s in mine], [getattr(s, key) for s in mine]
+                series.append(Series(f"{name} {label}", rates, values, style, color_key=f"{name} {label}"))
+        if budget_ms is not None and series:
+            rates = [step.request_rate for step in steps if step.batch_size == batch_size]
+            series.append(
+                Series(f"p99 budget {budget_ms:g} ms", [min(rates), max(rates)], [budget_ms] * 2, "--")
+            )
+        panels.append(
+            Panel(
+                f"B={batch_size}",
+                "offered rate (requests/s)",
+                "latency from the schedule (ms)",
+                series,
+                ylog=True,
+            )
+        )
+    document = {**record, "settings": settings, "budget_ms": budget_ms, "steps": [s.as_dict() for s in steps]}
+    return {
+        "json": write_json(out / "rates.json", document),
+        "markdown": write_markdown(out / "rates.md", report_lines(title, record, settings, steps)),
+        "png": plot(out / "rates.png", title, panels),
+    }
+
+
+def rate_run(
+    models: Sequence[str],
+    protocols: Sequence[str],
+    urls: Sequence[str],
+    repository: Path | None,
+    batch_sizes: Sequence[int],
+    rates: Sequence[float],
+    out: Path,
+    title: str,
+    command: str,
+    *,
+    arrival: str = "poisson",
+    connections: int = CONNECTIONS,
+    duration_s: float = 10.0,
+    warmup_s: float = 2.0,
+    data: Path | None = None,
+    request_timeout_s: float = 60.0,
+    client_cpus: frozenset[int] | None = None,
+    budget_ms: float | None = None,
+    raw: Path | None = None,
+) -> tuple[list[RateStep], dict[str, Path]]:
+    """Every (model, protocol, batch size, rate) step against running servers (``urls``, one
+    per protocol) or a local tritonserver serving ``repository``; the report in ``out``."""
+    from loadtest.sweeps.runs import local_triton, models_hotness
+    from loadtest.sweeps.sweep import make_payload
+
+    if arrival not in ARRIVALS:
+        raise ConfigError(f"--arrival must be one of {', '.join(ARRIVALS)}, got {arrival!r}")
+    if urls and len(urls) != len(protocols):
+        raise ConfigError(f"give one --url per --protocol ({len(protocols)}), got {len(urls)}")
+    if not urls and repository is None:
+        raise ConfigError("give --url of a running server, or --repository to start a local one")
+    raw = raw or out / "raw"
+    out.mkdir(parents=True, exist_ok=True)
+    record = RunRecord.begin(command)
+    payload = make_payload(raw, data, False, models_hotness(repository, urls, protocols, models))
+    steps: list[RateStep] = []
+    with contextlib.ExitStack() as stack:
+        endpoints = list(zip(protocols, urls, strict=True)) if urls else []
+        if not urls and repository is not None:
+            server = stack.enter_context(
+                local_triton(repository, models, raw / "tritonserver.log", client_cpus)
+            )
+            endpoints = [(p, server.grpc_url if p == "grpc" else server.http_url) for p in protocols]
+        for model in models:
+            for protocol, url in endpoints:
+                target = Target(url, protocol, "triton", engine="driver")
+                for batch_size in batch_sizes:
+                    for rate in rates:
+                        folder = raw / f"{model}-{protocol}-b{batch_size}-r{rate:g}"
+                        try:
+                            step = rate_step(
+                                target, model, batch_size, rate, payload, folder, arrival=arrival,
+                                connections=connections, duration_s=duration_s, warmup_s=warmup_s,
+                                request_timeout_s=request_timeout_s, client_cpus=client_cpus,
+                            )  # fmt: skip
+                        except BundleError as exc:
+                            raise BundleError(
+                                f"{model} over {protocol}, B={batch_size}, {rate:g}/s: {exc}"
+                            ) from exc
+                        steps.append(step)
+                        print(step_line(step), flush=True)
+    settings = {
+        "arrival": arrival,
+        "per step": f"{warmup_s:g} s warm-up, {duration_s:g} s measured, {connections} connections",
+        "request rows": str(data or "synthetic data (criteo.synth)"),
+    }
+    paths = write_rate_report(title, record.finish().to_json(), settings, steps, out, budget_ms)
+    return steps, paths

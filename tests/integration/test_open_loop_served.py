@@ -1,0 +1,168 @@
+"""Open-loop steps against the real local tritonserver.
+
+The model ``stall`` takes the bundle's two inputs and answers zeros, one request at a time, in
+about a millisecond; once, when the file ``stall`` appears in its version folder, it sleeps 200
+ms on the next request (and removes the file). Sent at 100 requests/s, the open loop counts that
+stall in every request it held up, so its p99 shows it; a closed loop of one user over the same
+server sees one slow request among thousands, and its p99 hides it. ``loadtest sweep
+--request-rate`` writes its report over gRPC and HTTP, and refuses bad rates and a closed-loop
+engine in one line.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import threading
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+from tritonclient.grpc import model_config_pb2 as mc
+
+from bundle.repository import write_config
+from bundle.schema import CATEGORICAL_INPUT, DENSE_INPUT, NUM_CATEGORICAL, NUM_DENSE, OUTPUT
+from loadtest.sweeps.engines import driver_step
+from loadtest.sweeps.rates import RateStep, rate_step
+from loadtest.sweeps.steps import SweepConfig, Target
+from loadtest.sweeps.sweep import make_payload
+from server import LocalServer
+
+pytestmark = pytest.mark.integration
+
+ROOT = Path(__file__).resolve().parents[2]
+MODEL = "stall"
+STALL_S = 0.2
+
+MODEL_PY = f'''
+import os
+import time
+
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        self._flag = os.path.join(args["model_repository"], args["model_version"], "stall")
+
+    def execute(self, requests):
+        responses = []
+        for request in requests:
+            rows = pb_utils.get_input_tensor_by_name(request, "{DENSE_INPUT}").as_numpy().shape[0]
+            if os.path.exists(self._flag):
+                os.remove(self._flag)
+                time.sleep({STALL_S})
+            output = pb_utils.Tensor("{OUTPUT}", np.zeros((rows, 1), dtype=np.float32))
+            responses.append(pb_utils.InferenceResponse(output_tensors=[output]))
+        return responses
+'''
+
+
+@pytest.fixture(scope="module")
+def repository(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("open-loop") / "repository"
+    config = mc.ModelConfig(name=MODEL, backend="python", max_batch_size=64)
+    config.input.add(name=DENSE_INPUT, data_type=mc.TYPE_FP32, dims=[NUM_DENSE])
+    config.input.add(name=CATEGORICAL_INPUT, data_type=mc.TYPE_INT64, dims=[NUM_CATEGORICAL])
+    config.output.add(name=OUTPUT, data_type=mc.TYPE_FP32, dims=[1])
+    config.instance_group.add(kind=mc.ModelInstanceGroup.KIND_CPU, count=1)
+    (root / MODEL / "1").mkdir(parents=True)
+    (root / MODEL / "1" / "model.py").write_text(MODEL_PY)
+    write_config(root / MODEL, config)
+    return root
+
+
+@pytest.fixture(scope="module")
+def server(start_triton: Callable[..., LocalServer], repository: Path) -> LocalServer:
+    return start_triton(repository)
+
+
+def _stall_after(repository: Path, seconds: float) -> threading.Timer:
+    timer = threading.Timer(seconds, (repository / MODEL / "1" / "stall").touch)
+    timer.start()
+    return timer
+
+
+def test_a_stall_shows_in_the_open_loop_and_hides_in_the_closed_loop(
+    server: LocalServer, repository: Path, tmp_path: Path
+) -> None:
+    payload = make_payload(tmp_path, None)
+    target = Target(server.grpc_url, "grpc")
+    timer = _stall_after(repository, 2.0)  # inside the window: 0.5 s of warm-up, then 4 s
+    step = rate_step(
+        target, MODEL, 1, 100.0, payload, tmp_path / "open", arrival="constant", connections=16,
+        duration_s=4.0, warmup_s=0.5,
+    )  # fmt: skip
+    timer.join()
+    assert not (repository / MODEL / "1" / "stall").exists()  # the model stalled
+    assert step.errors == 0 and step.unfinished == 0 and step.requests > 300, step
+    # About 20 requests arrived during the stall and waited for it: 5 % of the window.
+    assert step.p99_ms >= 100.0, step
+    assert step.max_ms >= 0.9 * STALL_S * 1e3 and step.in_flight_max > 5, step
+    assert step.server is not None and step.server.requests >= step.requests
+    assert step.service_p99_ms < step.p99_ms
+
+    timer = _stall_after(repository, 2.0)
+    (tmp_path / "closed").mkdir()
+    closed = driver_step(
+        target, MODEL, SweepConfig((MODEL,), 1, (1,), 4.0, 0.5), 1, payload, tmp_path / "closed"
+    )
+    timer.join()
+    assert not (repository / MODEL / "1" / "stall").exists()
+    assert closed.errors == 0 and closed.requests > 1000, closed
+    assert closed.max_ms >= 0.9 * STALL_S * 1e3 and closed.p99_ms < 50.0, closed
+
+
+def _loadtest(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "loadtest", *args], cwd=ROOT, capture_output=True, text=True, timeout=600
+    )
+
+
+def test_sweep_at_request_rates_reports_each_step(repository: Path, tmp_path: Path) -> None:
+    out = tmp_path / "report"
+    run = _loadtest(
+        "sweep", "--repository", str(repository), "--model", MODEL,
+        "--protocol", "grpc", "--protocol", "http", "--request-rate", "50,100", "--batch-size", "4",
+        "--duration", "2", "--warmup", "0.5", "--connections", "8", "--p99-budget-ms", "10",
+        "--out", str(out),
+    )  # fmt: skip
+    assert run.returncode == 0, run.stderr[-3000:]
+    document = json.loads((out / "rates.json").read_text())
+    steps = [RateStep.from_dict(step) for step in document["steps"]]
+    assert [(s.protocol, s.request_rate) for s in steps] == [
+        ("grpc", 50),
+        ("grpc", 100),
+        ("http", 50),
+        ("http", 100),
+    ]
+    for step in steps:
+        assert step.errors == 0 and step.unfinished == 0 and step.requests > 0, step
+        assert step.samples_per_s == pytest.approx(4 * step.answered_per_s)
+        if not step.flag:
+            assert step.achieved_rate >= 0.9 * step.scheduled_rate, step
+        assert step.p50_ms <= step.p99_ms <= step.p999_ms <= step.max_ms, step
+    markdown = (out / "rates.md").read_text()
+    assert "| rate asked /s |" in markdown and "latency counts from the scheduled time" in markdown
+    assert (out / "rates.png").stat().st_size > 0
+    assert "FLAGGED" in run.stdout or "p99.9" in run.stdout
+
+
+@pytest.mark.parametrize(
+    ("extra", "says"),
+    [
+        (["--request-rate", "0"], "--request-rate must be requests per second > 0"),
+        (["--request-rate", "fast"], "--request-rate must be comma-separated requests per second"),
+        (["--request-rate", "10", "--engine", "locust"], "--request-rate runs the bundle's open-loop driver"),
+        (["--request-rate", "10", "--arrival", "bursty"], "--arrival must be one of poisson, constant"),
+    ],
+)
+def test_a_bad_rate_option_is_one_line(repository: Path, tmp_path: Path, extra: list[str], says: str) -> None:
+    run = _loadtest(
+        "sweep", "--repository", str(repository), "--model", MODEL, "--out", str(tmp_path), *extra
+    )
+    assert run.returncode != 0
+    lines = [line for line in run.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and says in lines[0], run.stderr
