@@ -10,6 +10,9 @@ Commands:
 - ``report``: rewrite the CSV, PNGs and report.md of a report.json.
 - ``roofline``: this machine's sgemm ceiling, a model's FLOPs per sample, and its in-process and
   served throughput as fractions of that ceiling, in one run.
+- ``capacity``: the highest Poisson request rate whose p99 holds a budget (:mod:`loadtest.sweeps.capacity`).
+- ``mlperf``: MLPerf's Server and Offline scenarios through the official LoadGen
+  (:mod:`loadtest.sweeps.mlperf`).
 - ``tune``: search serving configs and client loads within a p99 budget (:mod:`loadtest.tune`).
 - ``perf-analyzer install|where``: the reference load tool, fetched into the venv.
 
@@ -211,11 +214,7 @@ def _rate_sweep(
     """The open-loop steps of ``sweep --request-rate``."""
     from loadtest.sweeps.rates import parse_rates, rate_run
 
-    if engine not in (None, "driver"):
-        raise ConfigError(
-            f"--request-rate runs the bundle's open-loop driver (--engine driver), not {engine!r}: "
-            "locust runs closed loops"
-        )
+    engines = tuple(name.strip() for name in (engine or "driver").split(",") if name.strip())
     options = settings.run
     if options.stream:
         raise ConfigError("--request-rate cycles a pool of rows: drop --stream")
@@ -224,7 +223,7 @@ def _rate_sweep(
         settings.title or f"Open-loop load: {', '.join(models)} over {', '.join(protocols)}",
         command_line("loadtest"), arrival=arrival, connections=connections, duration_s=options.duration_s,
         warmup_s=options.warmup_s, data=options.data, request_timeout_s=options.request_timeout_s,
-        client_cpus=options.client_cpus, budget_ms=budget_ms, raw=settings.raw,
+        client_cpus=options.client_cpus, budget_ms=budget_ms, raw=settings.raw, engines=engines,
     )  # fmt: skip
     print(f"report: {paths['markdown']}")
 
@@ -377,6 +376,82 @@ def perf_analyzer_where() -> None:
     from loadtest.sweeps.perf_analyzer_install import require
 
     print(require())
+
+
+@app.command()
+def capacity(
+    model: Model[str],
+    p99_budget_ms: P99Budget[float],
+    repository: Repository[Path | None] = None,
+    url: Url[str | None] = None,
+    protocol: Protocol[str] = "grpc",
+    batch_size: RowsPerCall[int] = 1,
+    start_rate: Annotated[float, typer.Option(help="The first rate tried, requests per second.")] = 50.0,
+    resolution: Annotated[
+        float, typer.Option(help="Stop when the failing rate is within this share of the passing one.")
+    ] = 0.05,
+    max_rate: Annotated[float, typer.Option(help="The highest rate tried, requests per second.")] = 100_000.0,
+    connections: Connections = 64,
+    duration: Duration = 10.0,
+    warmup: Warmup = 2.0,
+    data: Data = None,
+    client_cpus: ClientCpus = None,
+    out: ReportOut[Path] = Path("reports/capacity"),
+    title: Title = None,
+) -> None:
+    """The highest Poisson request rate whose p99, from each request's scheduled time, holds
+    --p99-budget-ms: doubling, then halving the interval to --resolution; capacity.md, .json, .png."""
+    from loadtest.sweeps.capacity import capacity_run
+
+    _check_protocols([protocol])
+    result, paths = capacity_run(
+        model, protocol, url, repository, batch_size, p99_budget_ms, out,
+        title or f"Capacity of {model} at p99 {p99_budget_ms:g} ms", command_line("loadtest"),
+        start=start_rate, resolution=resolution, max_rate=max_rate, connections=connections,
+        duration_s=duration, warmup_s=warmup, data=data,
+        client_cpus=None if client_cpus is None else parse_cpus(client_cpus),
+    )  # fmt: skip
+    print(result.statement())
+    print(f"report: {paths['markdown']}")
+
+
+@app.command()
+def mlperf(
+    model: Model[str],
+    scenario: Annotated[
+        list[str] | None,
+        typer.Option(help="LoadGen's scenario: server or offline (repeatable; default server)."),
+    ] = None,
+    target_qps: Annotated[
+        float,
+        typer.Option(help="Server: the Poisson arrival rate; Offline: the expected throughput (queries/s)."),
+    ] = 100.0,
+    latency_bound_ms: Annotated[
+        float, typer.Option(help="Server: the latency bound at LoadGen's percentile (99 %).")
+    ] = 10.0,
+    repository: Repository[Path | None] = None,
+    url: Url[str | None] = None,
+    protocol: Protocol[str] = "grpc",
+    pairs: Annotated[int, typer.Option(help="User-item pairs (rows) in each query sample.")] = 1,
+    batch_size: Annotated[int, typer.Option("--batch-size", help="Offline: query samples per request.")] = 64,
+    duration: Annotated[float, typer.Option(help="LoadGen's minimum duration, seconds.")] = 60.0,
+    min_queries: Annotated[int, typer.Option(help="LoadGen's minimum query count.")] = 1024,
+    connections: Connections = 8,
+    data: Data = None,
+    out: ReportOut[Path] = Path("reports/mlperf"),
+) -> None:
+    """MLPerf Inference's Server and Offline scenarios through the official LoadGen
+    (mlcommons-loadgen): LoadGen's verdict (VALID or INVALID), its latency percentiles, its logs."""
+    from loadtest.sweeps.mlperf import mlperf_run
+
+    _check_protocols([protocol])
+    runs = mlperf_run(
+        model, protocol, url, repository, scenario or ["server"], out, target_qps=target_qps,
+        latency_bound_ms=latency_bound_ms, pairs=pairs, batch_size=batch_size, duration_s=duration,
+        min_queries=min_queries, connections=connections, data=data,
+    )  # fmt: skip
+    for done in runs:
+        print("\n".join(done.lines()))
 
 
 @app.command()

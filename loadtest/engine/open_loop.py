@@ -5,11 +5,11 @@ is answered, so a server that stalls stops the load, and the stall counts as one
 instead of every request it held up (coordinated omission). Here the arrival times are drawn
 first, as a schedule (:func:`schedule`): Poisson arrivals (exponential gaps, MLPerf's Server
 scenario and perf_analyzer's ``--request-distribution poisson``) or constant ones, at ``rate``
-requests per second. A scheduler thread hands each request to a pool of ``connections``
-sender threads at its scheduled time; each sender sends it on its own connection and waits
+requests per second. A pool of ``connections`` sender threads serves the schedule: each free
+sender takes the next request, sleeps until its time, sends it on its own connection and waits
 for the answer. A request's latency is measured from its *scheduled* time, so the time it
-waited (for the scheduler, or for a free connection while the server was behind) counts, as
-wrk2 and perf_analyzer's request-rate mode count it.
+waited (for a free connection while the server was behind, or for a thread that did not get a
+core in time) counts, as wrk2 and perf_analyzer's request-rate mode count it.
 
 What a window records (:class:`OpenLoopWindow`), for the requests *scheduled* inside it,
 each followed to its answer: the latency from the schedule and from the send, the send lag
@@ -24,9 +24,9 @@ that sends one request.
 
 from __future__ import annotations
 
+import collections
 import logging
 import math
-import queue
 import threading
 import time
 from dataclasses import dataclass, field
@@ -53,6 +53,8 @@ MAX_LATE_SHARE = 0.01
 CONNECTIONS = 64
 #: Arrivals drawn at a time.
 _CHUNK = 4096
+#: A sender waits on the stop event until this long before a request's time, then sleeps.
+_COARSE_S = 0.002
 
 
 def schedule(rate: float, arrival: str, rng: np.random.Generator, count: int = _CHUNK) -> np.ndarray:
@@ -83,10 +85,11 @@ class OpenLoopWindow:
         scheduled: requests scheduled inside the window.
         sent: those of them sent before the window closed.
         late: those sent more than :data:`LATE_MS` after their scheduled time.
+        waited: those of them that found every connection busy at their time.
         unfinished: those without an answer or an error when the window was closed (still
             queued or in flight after the drain).
         in_flight_sum, in_flight_max: requests in flight (sent, not answered) as each of them
-            arrived, added up and at most.
+            arrived, added up and at most (``connections`` for one that found them all busy).
         connections: the pool's size: requests in flight at most.
     """
 
@@ -98,10 +101,14 @@ class OpenLoopWindow:
     scheduled: int = 0
     sent: int = 0
     late: int = 0
+    waited: int = 0
     unfinished: int = 0
     in_flight_sum: int = 0
     in_flight_max: int = 0
+    opened_at: float = 0.0
     closed_at: float = math.inf
+    #: Requests of the window not finished yet (-1 once the window is closed).
+    pending: int = 0
 
     @property
     def seconds(self) -> float:
@@ -139,13 +146,16 @@ class OpenLoopWindow:
             )
         if not reasons:
             return ""
-        if self.in_flight_max >= self.connections:
+        if self.waited and 2 * self.waited >= self.late:
             reasons.append(
                 f"all {self.connections} connections were busy: the server answered slower than "
                 "requests arrived"
             )
         else:
-            reasons.append("the load generator fell behind its schedule")
+            reasons.append(
+                "the load generator fell behind its schedule (its threads did not get a core in "
+                "time: a server on the same cores, or the machine busy)"
+            )
         return "; ".join(reasons)
 
     def summary(self) -> dict[str, Any]:
@@ -158,6 +168,7 @@ class OpenLoopWindow:
             "scheduled": self.scheduled,
             "sent": self.sent,
             "late": self.late,
+            "waited": self.waited,
             "unfinished": self.unfinished,
             "in_flight_mean": self.in_flight_mean,
             "in_flight_max": self.in_flight_max,
@@ -172,11 +183,13 @@ class OpenLoopWindow:
         }
 
 
-@dataclass
+@dataclass(eq=False)
 class _Job:
     sequence: int
     scheduled: float
-    window: OpenLoopWindow | None
+    window: OpenLoopWindow | None = None
+    #: When a sender took it: after its time, every connection was busy at its time.
+    taken: float = 0.0
 
 
 class OpenLoop:
@@ -190,9 +203,11 @@ class OpenLoop:
             A request that finds all of them busy waits for one, its wait counted in its latency.
         seed: of the Poisson gaps and the first arrival's phase.
 
-    Use as a context manager (:meth:`start` on entry, :meth:`stop` on exit); :meth:`measure`
-    opens one window at a time. A request that raises :class:`BundleError` is an error of the
-    window; any other exception ends its sender and :meth:`stop` raises it.
+    Each free sender takes the next request of the schedule and sleeps until its time (one
+    wake-up per request, no hand-over between threads). Use as a context manager
+    (:meth:`start` on entry, :meth:`stop` on exit); :meth:`measure` opens one window at a time.
+    A request that raises :class:`BundleError` is an error of the window; any other exception
+    ends its sender and :meth:`stop` raises it.
     """
 
     def __init__(
@@ -211,16 +226,19 @@ class OpenLoop:
         self._rate = rate
         self._arrival = arrival
         self._connections = connections
-        self._jobs: queue.SimpleQueue[_Job | None] = queue.SimpleQueue()
         self._lock = threading.Lock()
+        self._drained = threading.Condition(self._lock)
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
         self._failures: list[BaseException] = []
+        #: The schedule drawn but not taken yet, and the next arrival after it.
+        self._upcoming: collections.deque[_Job] = collections.deque()
+        self._next_due = 0.0
+        self._sequence = 0
+        #: Requests taken by a sender and not yet sent (it sleeps until their time).
+        self._held: set[_Job] = set()
         self._window: OpenLoopWindow | None = None
-        self._pending: dict[int, int] = {}  # id(window) -> its requests not yet finished
-        self._drained = threading.Condition(self._lock)
         self._in_flight = 0
-        self._started = 0.0
 
     def __enter__(self) -> OpenLoop:
         return self.start()
@@ -232,16 +250,13 @@ class OpenLoop:
         """Open every connection and start the schedule; returns at once."""
         if self._threads:
             raise ConfigError("an open loop starts once")
-        self._started = time.perf_counter()
+        self._next_due = time.perf_counter() + float(self._rng.uniform(0, 1.0 / self._rate))
         for index in range(self._connections):
             thread = threading.Thread(
                 target=self._send, args=(index,), name=f"open-loop-{index}", daemon=True
             )
             self._threads.append(thread)
             thread.start()
-        scheduler = threading.Thread(target=self._schedule, name="open-loop-schedule", daemon=True)
-        self._threads.append(scheduler)
-        scheduler.start()
         return self
 
     def measure(self, seconds: float, drain_s: float = 60.0) -> OpenLoopWindow:
@@ -256,34 +271,39 @@ class OpenLoop:
         with self._lock:
             if self._window is not None:
                 raise ConfigError("one window at a time")
-            self._pending[id(window)] = 0
+            window.opened_at = time.perf_counter()
+            window.closed_at = window.opened_at + seconds
             self._window = window
-            opened = time.perf_counter()
-        self._stop.wait(seconds)
+            for job in self._held:  # taken ahead of their time by a sleeping sender
+                self._claim(job, window)
+        self._stop.wait(max(0.0, window.closed_at - time.perf_counter()))
         with self._lock:
+            # What the schedule holds for the window and no sender has taken yet.
+            while self._next_due < window.closed_at:
+                self._draw()
+            for job in self._upcoming:
+                self._claim(job, window)
             self._window = None
-            window.closed_at = time.perf_counter()
-            window.tally.seconds = window.closed_at - opened
-        demand = process_demand(busy, thread_busy_s(), window.tally.seconds)
+        window.tally.seconds = seconds
+        demand = process_demand(busy, thread_busy_s(), seconds)
         spent = process_cpu_s() - cpu
         with self._drained:
-            self._drained.wait_for(lambda: self._pending[id(window)] == 0 or bool(self._failures), drain_s)
-            window.unfinished = self._pending.pop(id(window))
+            self._drained.wait_for(lambda: window.pending == 0 or bool(self._failures), drain_s)
+            window.unfinished = window.pending
+            window.pending = -1  # closed: what finishes from now on is not counted
         window.tally.client = ClientCpu.of_processes(
-            [(spent, window.tally.seconds, demand)], window.tally.requests, users=self._connections
+            [(spent, seconds, demand)], window.tally.requests, users=self._connections
         )
         return window
 
     def stop(self, timeout_s: float = 60.0) -> None:
-        """Stop the schedule, let each sender finish what it holds; raises a sender's failure.
+        """Stop the schedule, let each sender finish what it sends; raises a sender's failure.
 
         Raises:
             RuntimeError: a sender died of something other than a failed request (a bug), or
                 did not finish within ``timeout_s``.
         """
         self._stop.set()
-        for _ in range(self._connections):
-            self._jobs.put(None)
         deadline = time.perf_counter() + timeout_s
         for thread in self._threads:
             thread.join(max(0.0, deadline - time.perf_counter()))
@@ -293,33 +313,44 @@ class OpenLoop:
         if self._failures:
             raise RuntimeError(f"an open-loop sender failed: {self._failures[0]!r}") from self._failures[0]
 
-    # ------------------------------------------------------------ threads
-    def _schedule(self) -> None:
-        """Hand each request to the senders at its time; one that is due is handed over at once
-        (a late scheduler shows as send lag, never as a lower rate)."""
-        due = self._started + float(self._rng.uniform(0, 1.0 / self._rate))
-        sequence = 0
-        while not self._stop.is_set():
-            for gap in schedule(self._rate, self._arrival, self._rng):
-                wait = due - time.perf_counter()
-                if wait > 0 and self._stop.wait(wait):
-                    return
-                with self._lock:
-                    window = self._window
-                    if window is not None:
-                        window.scheduled += 1
-                        window.in_flight_sum += self._in_flight
-                        window.in_flight_max = max(window.in_flight_max, self._in_flight)
-                        self._pending[id(window)] += 1
-                self._jobs.put(_Job(sequence, due, window))
-                sequence += 1
-                due += float(gap)
+    # ------------------------------------------------------------ the schedule (under the lock)
+    def _draw(self) -> None:
+        """Append the next chunk of arrivals to the schedule."""
+        for gap in schedule(self._rate, self._arrival, self._rng):
+            self._upcoming.append(_Job(self._sequence, self._next_due))
+            self._sequence += 1
+            self._next_due += float(gap)
 
+    def _claim(self, job: _Job, window: OpenLoopWindow) -> None:
+        """Count ``job`` in ``window`` where its time falls inside it."""
+        if job.window is None and window.opened_at <= job.scheduled < window.closed_at:
+            job.window = window
+            window.scheduled += 1
+            window.pending += 1
+
+    def _take(self) -> _Job:
+        with self._lock:
+            if not self._upcoming:
+                self._draw()
+            job = self._upcoming.popleft()
+            job.taken = time.perf_counter()
+            if self._window is not None:
+                self._claim(job, self._window)
+            self._held.add(job)
+            return job
+
+    # ------------------------------------------------------------ the senders
     def _send(self, index: int) -> None:
         try:
             with self._connect(index) as request:
-                # Once stopped, what is still queued is not sent.
-                while (job := self._jobs.get()) is not None and not self._stop.is_set():
+                while not self._stop.is_set():
+                    job = self._take()
+                    wait = job.scheduled - time.perf_counter()
+                    # Most of the wait on the stop event, the last moments in a plain sleep.
+                    if wait > _COARSE_S and self._stop.wait(wait - _COARSE_S):
+                        break
+                    if (left := job.scheduled - time.perf_counter()) > 0:
+                        time.sleep(left)
                     self._one(request, job)
         except BaseException as exc:  # reported by stop(), never lost with the thread
             self._failures.append(exc)
@@ -328,6 +359,14 @@ class OpenLoop:
 
     def _one(self, request: Request, job: _Job) -> None:
         with self._lock:
+            self._held.discard(job)
+            window = job.window
+            # Taken late: at its time every connection had a request in flight.
+            waited = job.taken - job.scheduled > LATE_MS / 1000.0
+            if window is not None and window.pending >= 0:
+                seen = self._connections if waited else self._in_flight
+                window.in_flight_sum += seen
+                window.in_flight_max = max(window.in_flight_max, seen)
             self._in_flight += 1
         sent = time.perf_counter()
         error: BundleError | None = None
@@ -338,22 +377,20 @@ class OpenLoop:
         done = time.perf_counter()
         with self._drained:
             self._in_flight -= 1
-            window = job.window
-            if window is None:
+            if window is None or window.pending < 0:
                 return
             lag_ms = (sent - job.scheduled) * 1000.0
             window.sent += int(sent < window.closed_at)
             window.lag.record(max(lag_ms, 0.0))
             if lag_ms > LATE_MS:
                 window.late += 1
+                window.waited += int(waited)
             if error is not None:
-                window.tally.error(error, done - self._started)
+                window.tally.error(error, done)
                 logger.debug("open loop: %s", error)
             else:
                 window.tally.answer((done - job.scheduled) * 1000.0, answer.rows, answer.label)
                 window.service.record((done - sent) * 1000.0)
-            key = id(window)
-            if key in self._pending:
-                self._pending[key] -= 1
-                if self._pending[key] == 0:
-                    self._drained.notify_all()
+            window.pending -= 1
+            if window.pending == 0:
+                self._drained.notify_all()

@@ -106,11 +106,21 @@ def command(
     window_s: float,
     input_data: Path,
     csv_path: Path,
+    request_rate: float = 0.0,
+    arrival: str = "poisson",
 ) -> list[str]:
-    """perf_analyzer's command line for one step."""
+    """perf_analyzer's command line for one step: ``concurrency`` requests in flight, or with
+    ``request_rate`` its request-rate mode (``arrival``: ``poisson`` or ``constant``), at most
+    ``concurrency`` threads sending."""
+    if request_rate > 0:
+        load = [
+            "--request-rate-range", f"{request_rate:g}:{request_rate:g}:1",
+            "--request-distribution", arrival, "--max-threads", str(concurrency),
+        ]  # fmt: skip
+    else:
+        load = ["--concurrency-range", f"{concurrency}:{concurrency}"]
     return [
-        str(binary), "-m", model, "-u", url, "-i", protocol, "-b", str(batch_size),
-        "--concurrency-range", f"{concurrency}:{concurrency}",
+        str(binary), "-m", model, "-u", url, "-i", protocol, "-b", str(batch_size), *load,
         "--measurement-interval", str(max(1, round(window_s * 1000))),
         "--stability-percentage", str(STABILITY_PERCENT), "--max-trials", str(MAX_TRIALS),
         "--input-data", str(input_data), "-f", str(csv_path), "--verbose-csv",
@@ -129,6 +139,8 @@ class Figures:
     p99_ms: float
     mean_ms: float
     server: dict[str, float]
+    #: In request-rate mode, the share of requests it could not send on schedule (0: none said).
+    delayed_percent: float = 0.0
 
 
 def read_figures(csv_path: Path, stdout: str) -> Figures:
@@ -163,7 +175,9 @@ def read_figures(csv_path: Path, stdout: str) -> Figures:
             server[key] = float(match[1])
     if match := _SERVER_LINE.search(section):
         server.update({key: float(value) / 1000.0 for key, value in match.groupdict().items()})
+    delayed = re.search(r"([\d.]+)% of the requests were delayed", stdout)
     return Figures(
+        delayed_percent=float(delayed[1]) if delayed else 0.0,
         samples_per_s=float(row["Inferences/Second"]),
         requests=int(count[1]) if count else 0,
         p50_ms=ms("p50 latency"),
@@ -207,10 +221,13 @@ def run_step(
     folder: Path,
     timeout_s: float,
     cpus: frozenset[int] | None = None,
+    request_rate: float = 0.0,
+    arrival: str = "poisson",
 ) -> Run:
     """Run perf_analyzer for one step; its CSV and output go to ``folder``.
 
-    ``cpus``: the cores it may run on (None: any).
+    ``cpus``: the cores it may run on (None: any); ``request_rate``, ``arrival``: its
+    request-rate mode (see :func:`command`).
 
     Raises:
         BundleError: it failed, overran ``timeout_s``, or reported nothing.
@@ -218,7 +235,19 @@ def run_step(
     folder.mkdir(parents=True, exist_ok=True)
     csv_path = folder / STEP_CSV
     csv_path.unlink(missing_ok=True)
-    argv = command(binary, url, protocol, model, batch_size, concurrency, window_s, input_data, csv_path)
+    argv = command(
+        binary,
+        url,
+        protocol,
+        model,
+        batch_size,
+        concurrency,
+        window_s,
+        input_data,
+        csv_path,
+        request_rate,
+        arrival,
+    )
     cpu_before = _children_cpu_s()
     wire: Literal["grpc", "http"] = "grpc" if protocol == "grpc" else "http"
     stats = TritonClient(url, wire, timeout_s=10.0, retry=RetryPolicy(max_tries=2))

@@ -40,6 +40,8 @@ from loadtest.sweeps.steps import ServerTimes, Target
 
 logger = logging.getLogger(__name__)
 
+#: What can drive request-rate steps: the bundle's open loop, and perf_analyzer's request-rate mode.
+RATE_ENGINES = ("driver", "perf_analyzer")
 #: The latency percentiles a rate step reports (from the schedule).
 RATE_PERCENTILES = (50.0, 90.0, 99.0, 99.9)
 
@@ -120,7 +122,9 @@ class RateStep:
 
     @property
     def series(self) -> str:
-        return f"{self.label} {self.model} {self.protocol} B={self.batch_size}"
+        """The curve this step belongs to (the engine named unless it is the bundle's driver)."""
+        engine = "" if self.engine == "driver" else f" [{self.engine}]"
+        return f"{self.label} {self.model} {self.protocol} B={self.batch_size}{engine}"
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -200,6 +204,80 @@ def step_line(step: RateStep) -> str:
     return line + (f" FLAGGED: {step.flag}" if step.flag else "")
 
 
+def perf_analyzer_rate_step(
+    target: Target,
+    model: str,
+    batch_size: int,
+    rate: float,
+    payload: Path,
+    folder: Path,
+    *,
+    arrival: str = "poisson",
+    connections: int = CONNECTIONS,
+    duration_s: float = 10.0,
+    request_timeout_s: float = 60.0,
+    client_cpus: frozenset[int] | None = None,
+) -> RateStep:
+    """One step at ``rate`` driven by perf_analyzer's request-rate mode (``connections`` threads
+    at most), its figures its own: throughput and latency percentiles from its CSV, and the
+    share of requests it says it delayed, which flags the step above
+    :data:`~loadtest.engine.open_loop.MAX_LATE_SHARE`."""
+    from loadtest.sweeps import perf_analyzer
+    from loadtest.sweeps.perf_analyzer_install import require
+
+    input_data = payload.with_name("perf_analyzer-input.json")
+    if not input_data.is_file():
+        perf_analyzer.write_input_data(
+            PayloadPool.load(payload), input_data, raw=False, batch_size=batch_size
+        )
+    window_s = perf_analyzer.window_for(duration_s)
+    run = perf_analyzer.run_step(
+        require(), target.url, target.protocol, model, batch_size, connections, window_s, input_data, folder,
+        timeout_s=(perf_analyzer.MAX_TRIALS + 1) * window_s + request_timeout_s + 60.0, cpus=client_cpus,
+        request_rate=rate, arrival=arrival,
+    )  # fmt: skip
+    (folder / "perf_analyzer.json").write_text(json.dumps(perf_analyzer.describe(run)))
+    figures = run.figures
+    answered = figures.samples_per_s / batch_size
+    delayed = figures.delayed_percent / 100.0
+    flag = f"perf_analyzer delayed {delayed:.1%} of the requests" if delayed > MAX_LATE_SHARE else ""
+    return RateStep(
+        label=target.label, model=model, protocol=target.protocol, batch_size=batch_size, arrival=arrival,
+        request_rate=rate, scheduled_rate=rate, achieved_rate=answered, answered_per_s=answered,
+        samples_per_s=figures.samples_per_s, connections=connections,
+        seconds=figures.requests / answered if answered > 0 else 0.0, requests=figures.requests, errors=0,
+        late=round(delayed * figures.requests), unfinished=0, in_flight_mean=math.nan, in_flight_max=0,
+        p50_ms=figures.p50_ms, p90_ms=figures.p90_ms, p99_ms=figures.p99_ms, p999_ms=math.nan,
+        max_ms=math.nan, service_p99_ms=math.nan, send_lag_p99_ms=math.nan, flag=flag, server=None,
+        client_cpu_us=run.cpu.per_request_us, engine="perf_analyzer",
+    )  # fmt: skip
+
+
+def agreement_rows(steps: Sequence[RateStep]) -> list[list[Any]]:
+    """Each driver step beside perf_analyzer's at the same (model, protocol, batch, rate): their
+    p50 and p99 and the ratios, and whether either was flagged."""
+    theirs = {
+        (s.label, s.model, s.protocol, s.batch_size, s.request_rate): s
+        for s in steps
+        if s.engine == "perf_analyzer"
+    }
+    rows = []
+    for ours in steps:
+        if ours.engine != "driver":
+            continue
+        other = theirs.get((ours.label, ours.model, ours.protocol, ours.batch_size, ours.request_rate))
+        if other is None:
+            continue
+        flagged = "yes" if ours.flag or other.flag else "no"
+        rows.append(
+            [
+                ours.series, f"{ours.request_rate:g}", ours.p50_ms, other.p50_ms, ours.p50_ms / other.p50_ms,
+                ours.p99_ms, other.p99_ms, ours.p99_ms / other.p99_ms, flagged,
+            ]
+        )  # fmt: skip
+    return rows
+
+
 def flag_rule() -> str:
     """The flag's rule, as the reports state it."""
     return (
@@ -238,6 +316,19 @@ def report_lines(
         rows,
         "lrrrrrrrrrrrrrl",
     )  # fmt: skip
+    agreement = agreement_rows(steps)
+    if agreement:
+        lines += [
+            "",
+            "The bundle's open loop against perf_analyzer's request-rate mode, same server, same rate:",
+            "",
+            *table(
+                ["series", "rate /s", "p50 ms", "perf_analyzer p50 ms", "ratio", "p99 ms",
+                 "perf_analyzer p99 ms", "ratio", "either flagged"],
+                agreement,
+                "lrrrrrrrl",
+            ),
+        ]  # fmt: skip
     lines += ["", "![latency against the offered rate](rates.png)", ""]
     return lines
 
@@ -285,6 +376,50 @@ def write_rate_report(
     }
 
 
+def _one_step(
+    target: Target,
+    model: str,
+    batch_size: int,
+    rate: float,
+    payload: Path,
+    folder: Path,
+    common: dict[str, Any],
+) -> RateStep:
+    if target.engine == "perf_analyzer":
+        options = {key: value for key, value in common.items() if key != "warmup_s"}  # its windows settle it
+        return perf_analyzer_rate_step(target, model, batch_size, rate, payload, folder, **options)
+    return rate_step(target, model, batch_size, rate, payload, folder, **common)
+
+
+def check_endpoints(protocols: Sequence[str], urls: Sequence[str], repository: Path | None) -> None:
+    """Raises ConfigError unless there is one ``url`` per protocol, or a repository to serve."""
+    if urls and len(urls) != len(protocols):
+        raise ConfigError(f"give one --url per --protocol ({len(protocols)}), got {len(urls)}")
+    if not urls and repository is None:
+        raise ConfigError("give --url of a running server, or --repository to start a local one")
+
+
+def open_endpoints(
+    stack: contextlib.ExitStack,
+    models: Sequence[str],
+    protocols: Sequence[str],
+    urls: Sequence[str],
+    repository: Path | None,
+    raw: Path,
+    client_cpus: frozenset[int] | None,
+) -> list[tuple[str, str]]:
+    """``(protocol, url)`` of each protocol: the running servers' ``urls``, or a local tritonserver
+    serving ``models`` of ``repository`` (kept off ``client_cpus`` where cores are left), which
+    ``stack`` stops."""
+    from loadtest.sweeps.runs import local_triton
+
+    check_endpoints(protocols, urls, repository)
+    if urls or repository is None:
+        return list(zip(protocols, urls, strict=True))
+    server = stack.enter_context(local_triton(repository, models, raw / "tritonserver.log", client_cpus))
+    return [(p, server.grpc_url if p == "grpc" else server.http_url) for p in protocols]
+
+
 def rate_run(
     models: Sequence[str],
     protocols: Sequence[str],
@@ -305,48 +440,48 @@ def rate_run(
     client_cpus: frozenset[int] | None = None,
     budget_ms: float | None = None,
     raw: Path | None = None,
+    engines: Sequence[str] = ("driver",),
 ) -> tuple[list[RateStep], dict[str, Path]]:
     """Every (model, protocol, batch size, rate) step against running servers (``urls``, one
     per protocol) or a local tritonserver serving ``repository``; the report in ``out``."""
-    from loadtest.sweeps.runs import local_triton, models_hotness
+    from loadtest.sweeps.runs import models_hotness
     from loadtest.sweeps.sweep import make_payload
 
     if arrival not in ARRIVALS:
         raise ConfigError(f"--arrival must be one of {', '.join(ARRIVALS)}, got {arrival!r}")
-    if urls and len(urls) != len(protocols):
-        raise ConfigError(f"give one --url per --protocol ({len(protocols)}), got {len(urls)}")
-    if not urls and repository is None:
-        raise ConfigError("give --url of a running server, or --repository to start a local one")
+    if not engines or any(engine not in RATE_ENGINES for engine in engines):
+        raise ConfigError(
+            f"--request-rate runs the bundle's open-loop driver or perf_analyzer's request-rate mode "
+            f"(--engine {','.join(RATE_ENGINES)}), not {','.join(engines) or 'none'}: "
+            "locust runs closed loops"
+        )
+    check_endpoints(protocols, urls, repository)
+    common = {
+        "arrival": arrival, "connections": connections, "duration_s": duration_s, "warmup_s": warmup_s,
+        "request_timeout_s": request_timeout_s, "client_cpus": client_cpus,
+    }  # fmt: skip
     raw = raw or out / "raw"
     out.mkdir(parents=True, exist_ok=True)
     record = RunRecord.begin(command)
     payload = make_payload(raw, data, False, models_hotness(repository, urls, protocols, models))
     steps: list[RateStep] = []
     with contextlib.ExitStack() as stack:
-        endpoints = list(zip(protocols, urls, strict=True)) if urls else []
-        if not urls and repository is not None:
-            server = stack.enter_context(
-                local_triton(repository, models, raw / "tritonserver.log", client_cpus)
-            )
-            endpoints = [(p, server.grpc_url if p == "grpc" else server.http_url) for p in protocols]
+        endpoints = open_endpoints(stack, models, protocols, urls, repository, raw, client_cpus)
         for model in models:
             for protocol, url in endpoints:
-                target = Target(url, protocol, "triton", engine="driver")
                 for batch_size in batch_sizes:
                     for rate in rates:
-                        folder = raw / f"{model}-{protocol}-b{batch_size}-r{rate:g}"
-                        try:
-                            step = rate_step(
-                                target, model, batch_size, rate, payload, folder, arrival=arrival,
-                                connections=connections, duration_s=duration_s, warmup_s=warmup_s,
-                                request_timeout_s=request_timeout_s, client_cpus=client_cpus,
-                            )  # fmt: skip
-                        except BundleError as exc:
-                            raise BundleError(
-                                f"{model} over {protocol}, B={batch_size}, {rate:g}/s: {exc}"
-                            ) from exc
-                        steps.append(step)
-                        print(step_line(step), flush=True)
+                        for engine in engines:
+                            target = Target(url, protocol, "triton", engine=engine)
+                            folder = raw / f"{model}-{protocol}-{engine}-b{batch_size}-r{rate:g}"
+                            try:
+                                step = _one_step(target, model, batch_size, rate, payload, folder, common)
+                            except BundleError as exc:
+                                raise BundleError(
+                                    f"{model} over {protocol}, B={batch_size}, {rate:g}/s, {engine}: {exc}"
+                                ) from exc
+                            steps.append(step)
+                            print(step_line(step), flush=True)
     settings = {
         "arrival": arrival,
         "per step": f"{warmup_s:g} s warm-up, {duration_s:g} s measured, {connections} connections",

@@ -188,3 +188,33 @@ def test_a_streamed_sweep_sends_each_row_of_a_file_larger_than_the_pool_once(
     settings = report["settings"]
     assert settings["Rows streamed"].startswith(f"{total:,} sent over the run, {total:,} of them distinct")
     assert "streamed from" in settings["Request rows"]
+
+
+def test_request_rate_steps_of_the_open_loop_and_of_perf_analyzer_side_by_side(
+    exported_server: LocalServer, perf_analyzer_binary: Path, tmp_path: Path
+) -> None:
+    out = tmp_path / "rates"
+    done = _sweep(
+        exported_server, out, "--engine", "driver,perf_analyzer", "--request-rate", "100",
+        "--arrival", "constant", "--batch-size", "8", "--duration", "1", "--warmup", "0.5",
+        "--connections", "4",
+    )  # fmt: skip
+    assert done.returncode == 0, f"{done.stdout}\n{done.stderr}"
+    document = json.loads((out / "rates.json").read_text())
+    steps = {step["engine"]: step for step in document["steps"]}
+    assert set(steps) == {"driver", "perf_analyzer"}
+    for step in steps.values():
+        assert (
+            step["request_rate"] == 100 and step["samples_per_s"] > 0 and 0 < step["p50_ms"] <= step["p99_ms"]
+        )
+    # perf_analyzer's figures are its own, from the CSV its request-rate mode wrote.
+    (folder,) = (out / "raw").glob(f"{MODEL}-grpc-perf_analyzer-b8-r100")
+    with open(folder / "perf_analyzer.csv", newline="") as handle:
+        (row,) = list(csv.DictReader(handle))
+    theirs = steps["perf_analyzer"]
+    assert theirs["samples_per_s"] == pytest.approx(float(row["Inferences/Second"]))
+    assert theirs["p99_ms"] == pytest.approx(float(row["p99 latency"]) / 1000)
+    assert "--request-rate-range" in (folder / "perf_analyzer.log").read_text().splitlines()[0]
+    assert (
+        "The bundle's open loop against perf_analyzer's request-rate mode" in (out / "rates.md").read_text()
+    )

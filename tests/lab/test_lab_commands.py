@@ -30,7 +30,9 @@ LAB_COMMANDS = {
     "cold-tier", "model-analyzer", "raw-rows", "faults",
 }  # fmt: skip
 #: What a user load-tests with: the only commands ``python -m loadtest`` offers.
-LOADTEST_COMMANDS = {"sweep", "compare", "baseline", "report", "roofline", "tune", "perf-analyzer"}
+LOADTEST_COMMANDS = {
+    "sweep", "compare", "baseline", "report", "roofline", "tune", "capacity", "mlperf", "perf-analyzer",
+}  # fmt: skip
 
 
 def lab(*args: str, timeout: float = 600) -> subprocess.CompletedProcess[str]:

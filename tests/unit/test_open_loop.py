@@ -91,7 +91,7 @@ def test_a_stall_shows_in_the_open_loop_and_hides_in_the_closed_loop() -> None:
     assert open_server.served > 100  # the stall came inside the window
     opened = window.tally.histogram.percentile(99)
     assert opened >= 100.0, window.summary()
-    assert window.service.percentile(99) < opened  # from the send, the stall hides
+    assert window.service.percentile(99) <= opened  # never more from the send than from the schedule
 
     closed_server = Server(0.001, stall_at=100, stall_s=0.2)
     with Driver(closed_server.connect(), workers=1) as driver:
@@ -108,7 +108,8 @@ def test_a_server_slower_than_the_rate_is_flagged() -> None:
         window = load.measure(1.0, drain_s=0.5)
     flag = window.flag()
     assert "all 4 connections were busy" in flag, flag
-    assert window.in_flight_max == 4 and window.late > 0 and window.unfinished > 0
+    assert window.in_flight_max == 4 and window.waited > 0 and window.late >= window.waited
+    assert window.unfinished > 0
     assert window.lag.percentile(99) > LATE_MS
 
 

@@ -1,0 +1,263 @@
+"""MLPerf Inference's scenarios through the official LoadGen (``mlcommons-loadgen``).
+
+``python -m loadtest mlperf --scenario server --target-qps 200 --latency-bound-ms 10`` runs a
+served model under LoadGen: LoadGen draws the query arrivals (the Server scenario: Poisson
+arrivals at the target QPS, judged against the latency bound at its percentile; the Offline
+scenario: every query at once, judged on throughput), times each query from its issue to its
+completion, and writes its own logs, whose summary gives the verdict (``Result is : VALID``)
+and the latency percentiles. This module is only the system under test: each query sample
+is ``--pairs`` rows (user-item pairs) of the request rows (a labelled Criteo file read by the
+bundle's payload builder, or synthetic rows), sent to Triton through the bundle's client
+(:class:`clients.triton.TritonClient`), one request per query in Server and requests of
+``--batch-size`` samples in Offline, from ``--connections`` threads with a client each.
+MLPerf's own DLRM rules draw the pairs of each query from a distribution (dlrm-v2); here every
+query carries the same number.
+"""
+
+from __future__ import annotations
+
+import re
+import threading
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+
+from bundle.errors import BundleError, ConfigError
+from loadtest.engine.payload import PayloadPool
+
+#: LoadGen's scenarios this command runs.
+SCENARIOS = ("server", "offline")
+#: The summary's keys a run prints.
+SHOWN_KEYS = (
+    "Scheduled samples per second",
+    "Completed samples per second",
+    "Samples per second",
+    "50.00 percentile latency (ns)",
+    "90.00 percentile latency (ns)",
+    "99.00 percentile latency (ns)",
+    "99.90 percentile latency (ns)",
+    "Min duration satisfied",
+    "Min queries satisfied",
+    "Early stopping satisfied",
+)
+SUMMARY_FILE = "mlperf_log_summary.txt"
+
+
+def loadgen() -> Any:
+    """The ``mlperf_loadgen`` module.
+
+    Raises:
+        ConfigError: ``mlcommons-loadgen`` is not installed (``make setup`` installs it).
+    """
+    try:
+        import mlperf_loadgen
+    except ImportError:
+        raise ConfigError(
+            "MLPerf's LoadGen is not installed: run `make setup` (it installs mlcommons-loadgen, "
+            "whose wheel is for Python 3.11 on x86_64 Linux)"
+        ) from None
+    return mlperf_loadgen
+
+
+@dataclass(frozen=True)
+class LoadGenRun:
+    """What LoadGen said of one run.
+
+    Attributes:
+        scenario: ``server`` or ``offline``.
+        valid: LoadGen's verdict (``Result is : VALID``).
+        summary: every ``key : value`` line of its summary.
+        failed: requests the server refused (each query of them still completed for LoadGen).
+        log_dir: where LoadGen wrote its logs.
+    """
+
+    scenario: str
+    valid: bool
+    summary: dict[str, str]
+    failed: int
+    log_dir: Path
+
+    def lines(self) -> list[str]:
+        """The verdict and the figures, one per line."""
+        verdict = self.summary.get("Result is", "?")
+        shown = [f"LoadGen {self.scenario}: Result is {verdict}"]
+        for key in SHOWN_KEYS:
+            if key in self.summary:
+                value = self.summary[key]
+                if key.endswith("(ns)") and value.isdigit():
+                    shown.append(f"  {key.replace('(ns)', '(ms)')}: {int(value) / 1e6:.3f}")
+                else:
+                    shown.append(f"  {key}: {value}")
+        if self.failed:
+            shown.append(f"  requests the server refused: {self.failed} (the run does not count)")
+        shown.append(f"  LoadGen's logs: {self.log_dir}")
+        return shown
+
+
+def read_summary(path: Path) -> dict[str, str]:
+    """The ``key : value`` lines of LoadGen's summary.
+
+    Raises:
+        BundleError: no summary (LoadGen did not finish).
+    """
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise BundleError(f"LoadGen wrote no summary at {path}: {exc}") from None
+    found: dict[str, str] = {}
+    for line in text.splitlines():
+        match = re.match(r"^\s*([^:=]+?)\s*:\s*(.+?)\s*$", line)
+        if match and match[1] not in found:
+            found[match[1]] = match[2]
+    return found
+
+
+def run_loadgen(
+    send: Callable[[dict[str, np.ndarray]], None],
+    pool: PayloadPool,
+    scenario: str,
+    out: Path,
+    *,
+    target_qps: float,
+    latency_bound_ms: float = 10.0,
+    duration_s: float = 10.0,
+    min_queries: int = 1024,
+    batch_size: int = 64,
+    connections: int = 8,
+) -> LoadGenRun:
+    """Run LoadGen's ``scenario`` over ``pool``'s rows (one sample per ``pool.batch_size`` rows),
+    each query sent by ``send(inputs)`` (which raises :class:`BundleError` for a refused request).
+
+    Raises:
+        ConfigError: an unknown scenario, or figures that are not > 0.
+        BundleError: LoadGen wrote no summary.
+    """
+    lg = loadgen()
+    if scenario not in SCENARIOS:
+        raise ConfigError(f"--scenario must be one of {', '.join(SCENARIOS)}, got {scenario!r}")
+    if not (
+        target_qps > 0 and latency_bound_ms > 0 and duration_s > 0 and min_queries >= 1 and batch_size >= 1
+    ):
+        raise ConfigError(
+            "--target-qps, --latency-bound-ms and --duration must be > 0, --min-queries and --batch-size >= 1"
+        )
+    settings = lg.TestSettings()
+    settings.mode = lg.TestMode.PerformanceOnly
+    settings.min_duration_ms = int(duration_s * 1000)
+    settings.min_query_count = min_queries
+    if scenario == "server":
+        settings.scenario = lg.TestScenario.Server
+        settings.server_target_qps = target_qps
+        settings.server_target_latency_ns = int(latency_bound_ms * 1e6)
+    else:
+        settings.scenario = lg.TestScenario.Offline
+        settings.offline_expected_qps = target_qps
+    samples = len(pool)
+    failed = 0
+    lock = threading.Lock()
+    executor = ThreadPoolExecutor(max_workers=connections, thread_name_prefix="loadgen-sut")
+
+    def handle(chunk: Sequence[Any]) -> None:
+        nonlocal failed
+        rows = [pool.batch(int(sample.index)) for sample in chunk]
+        inputs = {name: np.concatenate([r[name] for r in rows]) for name in rows[0]}
+        try:
+            send(inputs)
+        except BundleError:
+            with lock:
+                failed += 1
+        lg.QuerySamplesComplete([lg.QuerySampleResponse(sample.id, 0, 0) for sample in chunk])
+
+    def issue(query_samples: Sequence[Any]) -> None:
+        step = 1 if scenario == "server" else batch_size
+        for start in range(0, len(query_samples), step):
+            executor.submit(handle, query_samples[start : start + step])
+
+    out.mkdir(parents=True, exist_ok=True)
+    log_output = lg.LogOutputSettings()
+    log_output.outdir = str(out)
+    log_output.copy_summary_to_stdout = False
+    log_settings = lg.LogSettings()
+    log_settings.log_output = log_output
+    sut = lg.ConstructSUT(issue, lambda: None)
+    qsl = lg.ConstructQSL(samples, min(samples, 1024), lambda indexes: None, lambda indexes: None)
+    try:
+        lg.StartTestWithLogSettings(sut, qsl, settings, log_settings)
+    finally:
+        executor.shutdown(wait=True)
+        lg.DestroyQSL(qsl)
+        lg.DestroySUT(sut)
+    summary = read_summary(out / SUMMARY_FILE)
+    valid = summary.get("Result is", "").upper() == "VALID" and not failed
+    return LoadGenRun(scenario, valid, summary, failed, out)
+
+
+def mlperf_run(
+    model: str,
+    protocol: str,
+    url: str | None,
+    repository: Path | None,
+    scenarios: Sequence[str],
+    out: Path,
+    *,
+    target_qps: float,
+    latency_bound_ms: float = 10.0,
+    pairs: int = 1,
+    batch_size: int = 64,
+    duration_s: float = 60.0,
+    min_queries: int = 1024,
+    connections: int = 8,
+    data: Path | None = None,
+) -> list[LoadGenRun]:
+    """Each of ``scenarios`` under LoadGen against a running server (``url``) or a local
+    tritonserver serving ``repository``; LoadGen's logs under ``out/<scenario>``."""
+    import contextlib
+
+    from clients.retry import RetryPolicy
+    from clients.triton import TritonClient
+    from loadtest.sweeps.rates import open_endpoints
+    from loadtest.sweeps.runs import models_hotness
+    from loadtest.sweeps.sweep import make_payload
+
+    loadgen()
+    unknown = [name for name in scenarios if name not in SCENARIOS]
+    if unknown or not scenarios:
+        raise ConfigError(
+            f"--scenario must be one of {', '.join(SCENARIOS)}, got {', '.join(unknown) or 'none'}"
+        )
+    if pairs < 1:
+        raise ConfigError(f"--pairs must be >= 1, got {pairs}")
+    urls = [url] if url else []
+    wire: Literal["grpc", "http"] = "grpc" if protocol == "grpc" else "http"
+    raw = out / "raw"
+    payload = make_payload(raw, data, False, models_hotness(repository, urls, [protocol], [model]))
+    pool = PayloadPool.load(payload).rebatched(pairs)
+    runs = []
+    with contextlib.ExitStack() as stack:
+        ((_, endpoint),) = open_endpoints(stack, [model], [protocol], urls, repository, raw, None)
+        local = threading.local()
+        clients: list[TritonClient] = []
+
+        def send(inputs: dict[str, np.ndarray]) -> None:
+            client = getattr(local, "client", None)
+            if client is None:
+                client = TritonClient(endpoint, wire, 60.0, retry=RetryPolicy(max_tries=1), validate=False)
+                local.client = client
+                clients.append(client)
+            client.infer(model, inputs)
+
+        options: dict[str, Any] = {
+            "target_qps": target_qps, "latency_bound_ms": latency_bound_ms, "duration_s": duration_s,
+            "min_queries": min_queries, "batch_size": batch_size, "connections": connections,
+        }  # fmt: skip
+        try:
+            for name in scenarios:
+                runs.append(run_loadgen(send, pool, name, out / name, **options))
+        finally:
+            for client in clients:
+                client.close()
+    return runs

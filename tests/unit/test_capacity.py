@@ -1,0 +1,80 @@
+"""The capacity search over a synthetic server whose p99 rises with the rate: it finds the edge
+within its resolution, says so, and treats failed, unfinished and flagged steps as over budget."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from bundle.errors import ConfigError
+from loadtest.sweeps.capacity import Capacity, holds, search_capacity, write_capacity_report
+from loadtest.sweeps.rates import RateStep
+
+
+def _step(rate: float, p99_ms: float, **changes: object) -> RateStep:
+    step = RateStep(
+        label="triton", model="m", protocol="grpc", batch_size=64, arrival="poisson", request_rate=rate,
+        scheduled_rate=rate, achieved_rate=rate, answered_per_s=rate, samples_per_s=64 * rate, connections=64,
+        seconds=10.0, requests=int(10 * rate), errors=0, late=0, unfinished=0, in_flight_mean=1.0,
+        in_flight_max=3, p50_ms=p99_ms / 3, p90_ms=p99_ms / 2, p99_ms=p99_ms, p999_ms=p99_ms * 1.5,
+        max_ms=p99_ms * 2, service_p99_ms=p99_ms, send_lag_p99_ms=0.1, flag="",
+    )  # fmt: skip
+    return replace(step, **changes)  # type: ignore[arg-type]
+
+
+def _queue(edge: float) -> tuple[list[float], object]:
+    """A server whose p99 is 2 ms far below ``edge`` requests/s and climbs steeply near it."""
+    tried: list[float] = []
+
+    def measure(rate: float) -> RateStep:
+        tried.append(rate)
+        load = rate / edge
+        return _step(rate, 2.0 / (1.0 - load) if load < 1.0 else 1000.0)
+
+    return tried, measure
+
+
+@pytest.mark.parametrize("edge", [137.0, 1003.0, 5321.0])
+def test_the_search_finds_the_edge_within_its_resolution(edge: float, tmp_path: Path) -> None:
+    # p99 within 10 ms while 2 / (1 - load) <= 10: load <= 0.8.
+    tried, measure = _queue(edge)
+    result = search_capacity(measure, 10.0, start=50.0, resolution=0.05)  # type: ignore[arg-type]
+    assert result.best is not None and result.failed_above is not None
+    best, above = result.best.request_rate, result.failed_above.request_rate
+    assert best <= 0.8 * edge < above <= best * 1.05 + 0.1
+    assert holds(result.best, 10.0) == "" and holds(result.failed_above, 10.0).startswith("p99 ")
+    assert len(tried) == len(set(tried)) <= 20  # no rate measured twice
+    assert f"capacity at p99 10 ms: {best:g} requests/s" in result.statement()
+    assert "resolution 5%" in result.statement()
+    paths = write_capacity_report(result, "capacity", {"command": "x"}, {}, tmp_path)
+    assert "**capacity at p99 10 ms" in paths["markdown"].read_text() and paths["png"].stat().st_size > 0
+
+
+def test_the_first_rate_over_budget_and_the_highest_rate_holding_are_said() -> None:
+    _, measure = _queue(30.0)
+    result = search_capacity(measure, 10.0, start=50.0)  # type: ignore[arg-type]
+    assert result.best is None and "no rate held a p99 of 10 ms: 50/s did not" in result.statement()
+    _, measure = _queue(1e9)
+    result = search_capacity(measure, 10.0, start=50.0, max_rate=400.0)  # type: ignore[arg-type]
+    assert result.best is not None and result.best.request_rate == 400.0 and result.failed_above is None
+    assert "the search's highest rate held it" in result.statement()
+
+
+def test_failed_unfinished_and_flagged_steps_do_not_hold() -> None:
+    assert holds(_step(100, 5.0), 10.0) == ""
+    assert "2 failed" in holds(_step(100, 5.0, errors=2), 10.0)
+    assert "1 unfinished" in holds(_step(100, 5.0, unfinished=1), 10.0)
+    assert holds(_step(100, 5.0, flag="all 64 connections were busy"), 10.0).startswith("flagged: ")
+    assert "over the budget" in holds(_step(100, math.nan), 10.0)
+    for bad in (
+        (0.0, 50.0, 0.05, 1e5),
+        (10.0, 0.0, 0.05, 1e5),
+        (10.0, 50.0, 0.0, 1e5),
+        (10.0, 50.0, 0.05, 10.0),
+    ):
+        with pytest.raises(ConfigError):
+            search_capacity(lambda rate: _step(rate, 1.0), *bad)
+    assert Capacity(10.0, 0.05).statement().startswith("no rate held")
