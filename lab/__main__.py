@@ -21,6 +21,7 @@ app.command("cold-reads")(commands.cold_reads)
 app.command("cold-tier")(commands.cold_tier)
 app.command("model-analyzer")(commands.model_analyzer)
 app.command("raw-rows")(commands.raw_rows)
+app.command("open-loop")(commands.open_loop)
 app.command()(commands.faults)
 
 

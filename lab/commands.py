@@ -16,6 +16,8 @@ result under ``benchmarks/``.
 - ``model-analyzer``: ``loadtest tune`` beside Triton Model Analyzer, same model, space and budgets
   (:mod:`lab.model_analyzer`).
 - ``raw-rows``: raw rows against tensors through the server (:mod:`lab.raw_rows`).
+- ``open-loop``: open against closed loop on one model, its capacity under a p99 budget and
+  MLPerf's verdict at that rate (:mod:`lab.open_loop`).
 - ``faults``: crashes, damaged files, interrupted writes, a full disk (:mod:`lab.faults`).
 
 Each builds its options object and calls the library function of its module;
@@ -40,7 +42,9 @@ from loadtest.options import (
     ClientBatchSizes,
     ClientCpus,
     Concurrency,
+    Connections,
     Data,
+    Duration,
     Family,
     GemmSize,
     InstanceCounts,
@@ -551,4 +555,46 @@ def raw_rows(
     document = run_raw_rows(options, command_line("lab"))
     paths = write_raw_rows(document, out)
     print(verdict(document))
+    print(f"report: {paths['markdown']}")
+
+
+def open_loop(
+    repository: Repository[Path] = Path("model_repository"),
+    model: Model[str] = "dlrm_onnx_int8",
+    batch_size: RowsPerCall[int] = 64,
+    p99_budget_ms: P99Budget[float] = 10.0,
+    fractions: Annotated[
+        str, typer.Option(help="Open-loop steps at these fractions of the rate found, comma-separated.")
+    ] = "0.25,0.5,0.75,1,1.25",
+    concurrency: Concurrency = "1,2,4,8",
+    duration: Duration = 10.0,
+    warmup: Warmup = 2.0,
+    start_rate: Annotated[float, typer.Option(help="The capacity search's first rate, requests/s.")] = 20.0,
+    max_rate: Annotated[
+        float, typer.Option(help="The capacity search's highest rate, requests/s.")
+    ] = 100_000.0,
+    resolution: Annotated[float, typer.Option(help="The capacity search's resolution (a share).")] = 0.05,
+    connections: Connections = 64,
+    loadgen_duration: Annotated[float, typer.Option(help="LoadGen's minimum duration, seconds.")] = 60.0,
+    loadgen_min_queries: Annotated[int, typer.Option(help="LoadGen's minimum query count.")] = 1024,
+    protocol: Protocol[str] = "grpc",
+    data: Data = None,
+    out: ReportOut[Path] = Path("reports/open_loop"),
+) -> None:
+    """Open against closed loop on one model: its capacity under a p99 budget, open-loop steps at
+    fractions of it beside closed-loop steps (p99 at the throughput reached), and MLPerf's Server
+    scenario through LoadGen at the rate found."""
+    from lab.open_loop import OpenLoopOptions, run_open_loop, write_open_loop
+
+    try:
+        shares = tuple(float(part) for part in fractions.split(",") if part.strip())
+    except ValueError:
+        raise ConfigError(f"--fractions must be comma-separated numbers, got {fractions!r}") from None
+    options = OpenLoopOptions(
+        repository, model, batch_size, p99_budget_ms, shares, parse_ints(concurrency, "--concurrency"),
+        duration, warmup, start_rate, resolution, max_rate, connections, loadgen_duration,
+        loadgen_min_queries, data, protocol,
+    )  # fmt: skip
+    document = run_open_loop(options, out, command_line("lab"))
+    paths = write_open_loop(document, out)
     print(f"report: {paths['markdown']}")

@@ -1,8 +1,8 @@
 """Open-loop steps against the real local tritonserver.
 
-The model ``stall`` takes the bundle's two inputs and answers zeros, one request at a time, in
-about a millisecond; once, when the file ``stall`` appears in its version folder, it sleeps 200
-ms on the next request (and removes the file). Sent at 100 requests/s, the open loop counts that
+The model ``stall`` (:mod:`tests.stall_model`) takes the bundle's two inputs and answers zeros,
+one request at a time, in about a millisecond; once, when the file ``stall`` appears in its
+version folder, it sleeps 200 ms on the next request. Sent at 100 requests/s, the open loop counts that
 stall in every request it held up, so its p99 shows it; a closed loop of one user over the same
 server sees one slow request among thousands, and its p99 hides it. ``loadtest sweep
 --request-rate`` writes its report over gRPC and HTTP, and refuses bad rates and a closed-loop
@@ -19,59 +19,22 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from tritonclient.grpc import model_config_pb2 as mc
 
-from bundle.repository import write_config
-from bundle.schema import CATEGORICAL_INPUT, DENSE_INPUT, NUM_CATEGORICAL, NUM_DENSE, OUTPUT
 from loadtest.sweeps.engines import driver_step
 from loadtest.sweeps.rates import RateStep, rate_step
 from loadtest.sweeps.steps import SweepConfig, Target
 from loadtest.sweeps.sweep import make_payload
 from server import LocalServer
+from tests.stall_model import MODEL, STALL_S, write_stall_model
 
 pytestmark = pytest.mark.integration
 
 ROOT = Path(__file__).resolve().parents[2]
-MODEL = "stall"
-STALL_S = 0.2
-
-MODEL_PY = f'''
-import os
-import time
-
-import numpy as np
-import triton_python_backend_utils as pb_utils
-
-
-class TritonPythonModel:
-    def initialize(self, args):
-        self._flag = os.path.join(args["model_repository"], args["model_version"], "stall")
-
-    def execute(self, requests):
-        responses = []
-        for request in requests:
-            rows = pb_utils.get_input_tensor_by_name(request, "{DENSE_INPUT}").as_numpy().shape[0]
-            if os.path.exists(self._flag):
-                os.remove(self._flag)
-                time.sleep({STALL_S})
-            output = pb_utils.Tensor("{OUTPUT}", np.zeros((rows, 1), dtype=np.float32))
-            responses.append(pb_utils.InferenceResponse(output_tensors=[output]))
-        return responses
-'''
 
 
 @pytest.fixture(scope="module")
 def repository(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    root = tmp_path_factory.mktemp("open-loop") / "repository"
-    config = mc.ModelConfig(name=MODEL, backend="python", max_batch_size=64)
-    config.input.add(name=DENSE_INPUT, data_type=mc.TYPE_FP32, dims=[NUM_DENSE])
-    config.input.add(name=CATEGORICAL_INPUT, data_type=mc.TYPE_INT64, dims=[NUM_CATEGORICAL])
-    config.output.add(name=OUTPUT, data_type=mc.TYPE_FP32, dims=[1])
-    config.instance_group.add(kind=mc.ModelInstanceGroup.KIND_CPU, count=1)
-    (root / MODEL / "1").mkdir(parents=True)
-    (root / MODEL / "1" / "model.py").write_text(MODEL_PY)
-    write_config(root / MODEL, config)
-    return root
+    return write_stall_model(tmp_path_factory.mktemp("open-loop") / "repository")
 
 
 @pytest.fixture(scope="module")
