@@ -579,6 +579,7 @@ def open_loop(
     loadgen_min_queries: Annotated[int, typer.Option(help="LoadGen's minimum query count.")] = 1024,
     protocol: Protocol[str] = "grpc",
     data: Data = None,
+    client_cpus: ClientCpus = None,
     out: ReportOut[Path] = Path("reports/open_loop"),
 ) -> None:
     """Open against closed loop on one model: its capacity under a p99 budget, open-loop steps at
@@ -593,7 +594,7 @@ def open_loop(
     options = OpenLoopOptions(
         repository, model, batch_size, p99_budget_ms, shares, parse_ints(concurrency, "--concurrency"),
         duration, warmup, start_rate, resolution, max_rate, connections, loadgen_duration,
-        loadgen_min_queries, data, protocol,
+        loadgen_min_queries, data, protocol, None if client_cpus is None else parse_cpus(client_cpus),
     )  # fmt: skip
     document = run_open_loop(options, out, command_line("lab"))
     paths = write_open_loop(document, out)

@@ -21,6 +21,7 @@ on one chart, so the difference coordinated omission makes shows at the same thr
 from __future__ import annotations
 
 import contextlib
+import os
 import threading
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -59,6 +60,7 @@ class OpenLoopOptions:
         loadgen_duration_s, loadgen_min_queries: LoadGen's minimum duration and query count.
         data: the request rows (None: synthetic).
         protocol: ``grpc`` or ``http``.
+        client_cpus: the cores every load generator here runs on (the server the others; None: any).
     """
 
     repository: Path
@@ -77,6 +79,7 @@ class OpenLoopOptions:
     loadgen_min_queries: int = 1024
     data: Path | None = None
     protocol: str = "grpc"
+    client_cpus: frozenset[int] | None = None
 
     def __post_init__(self) -> None:
         if (
@@ -96,7 +99,12 @@ def _closed_step(
     folder = raw / f"closed-c{concurrency}"
     folder.mkdir(parents=True, exist_ok=True)
     config = SweepConfig(
-        (options.model,), options.batch_size, (concurrency,), options.duration_s, options.warmup_s
+        (options.model,),
+        options.batch_size,
+        (concurrency,),
+        options.duration_s,
+        options.warmup_s,
+        client_cpus=options.client_cpus,
     )
     return driver_step(target, options.model, config, concurrency, payload, folder)
 
@@ -121,16 +129,29 @@ def _loadgen(
             clients.append(client)
         client.infer(options.model, inputs)
 
+    affinity = os.sched_getaffinity(0)
     try:
+        if options.client_cpus is not None:
+            os.sched_setaffinity(0, options.client_cpus)  # LoadGen's threads and the senders inherit it
         run = run_loadgen(
             send, pool, "server", out, target_qps=rate, latency_bound_ms=options.budget_ms,
             duration_s=options.loadgen_duration_s, min_queries=options.loadgen_min_queries,
             connections=options.connections,
         )  # fmt: skip
     finally:
+        os.sched_setaffinity(0, affinity)
         for client in clients:
             client.close()
     return {"valid": run.valid, "summary": run.summary, "failed": run.failed, "lines": run.lines()}
+
+
+def _plain(value: Any) -> Any:
+    """An option as JSON holds it: a path as text, a set of cores as a sorted list."""
+    if isinstance(value, Path):
+        return str(value)
+    if isinstance(value, frozenset):
+        return sorted(value)
+    return value
 
 
 def run_open_loop(options: OpenLoopOptions, out: Path, command: str) -> dict[str, Any]:
@@ -146,10 +167,11 @@ def run_open_loop(options: OpenLoopOptions, out: Path, command: str) -> dict[str
     )
     common: dict[str, Any] = {
         "connections": options.connections, "duration_s": options.duration_s, "warmup_s": options.warmup_s,
+        "client_cpus": options.client_cpus,
     }  # fmt: skip
     with contextlib.ExitStack() as stack:
         ((_, endpoint),) = open_endpoints(
-            stack, [options.model], [options.protocol], [], options.repository, raw, None
+            stack, [options.model], [options.protocol], [], options.repository, raw, options.client_cpus
         )
         target = Target(endpoint, options.protocol, "triton", engine="driver")
 
@@ -157,7 +179,8 @@ def run_open_loop(options: OpenLoopOptions, out: Path, command: str) -> dict[str
             step = rate_step(
                 target, options.model, options.batch_size, rate, payload, raw / f"r{rate:g}", **common
             )
-            print(f"{step_line(step)}: {holds(step, options.budget_ms) or 'holds the budget'}", flush=True)
+            said = "" if step.flag else f": {holds(step, options.budget_ms) or 'holds the budget'}"
+            print(f"{step_line(step)}{said}", flush=True)
             return step
 
         capacity = search_capacity(
@@ -177,9 +200,7 @@ def run_open_loop(options: OpenLoopOptions, out: Path, command: str) -> dict[str
         print("\n".join(loadgen["lines"]), flush=True)
     return {
         **record.finish().to_json(),
-        "options": {
-            key: str(value) if isinstance(value, Path) else value for key, value in asdict(options).items()
-        },
+        "options": {key: _plain(value) for key, value in asdict(options).items()},
         "capacity": capacity.to_json(),
         "open": [step.as_dict() for step in opened],
         "closed": [step.as_dict() for step in closed],
