@@ -54,10 +54,14 @@ class OpenLoopOptions:
         budget_ms: the p99 budget of the capacity search.
         fractions: of the rate found, the open-loop steps' rates.
         concurrency: the closed-loop steps.
-        duration_s, warmup_s: each step's window and warm-up.
-        start_rate, resolution, max_rate: the capacity search's.
+        duration_s: each step's measured window, seconds.
+        warmup_s: each step's warm-up, seconds.
+        start_rate: the capacity search's first rate.
+        resolution: the capacity search's resolution (a share).
+        max_rate: the capacity search's highest rate.
         connections: the open loop's connections.
-        loadgen_duration_s, loadgen_min_queries: LoadGen's minimum duration and query count.
+        loadgen_duration_s: LoadGen's minimum duration, seconds.
+        loadgen_min_queries: LoadGen's minimum query count.
         data: the request rows (None: synthetic).
         protocol: ``grpc`` or ``http``.
         client_cpus: the cores every load generator here runs on (the server the others; None: any).
