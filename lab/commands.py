@@ -48,13 +48,16 @@ from loadtest.options import (
     Family,
     GemmSize,
     InstanceCounts,
+    MaxRate,
     P99Budget,
     Processes,
     Protocol,
     QueueDelays,
+    Resolution,
     Rounds,
     RowsPerCall,
     Seconds,
+    StartRate,
     TimedRepeats,
     Warmup,
 )
@@ -564,16 +567,14 @@ def open_loop(
     batch_size: RowsPerCall[int] = 64,
     p99_budget_ms: P99Budget[float] = 10.0,
     fractions: Annotated[
-        str, typer.Option(help="Open-loop steps at these fractions of the rate found, comma-separated.")
+        str, typer.Option("--rate-fractions", help="Open-loop steps at these fractions of the rate found.")
     ] = "0.25,0.5,0.75,1,1.25",
     concurrency: Concurrency = "1,2,4,8",
     duration: Duration = 10.0,
     warmup: Warmup = 2.0,
-    start_rate: Annotated[float, typer.Option(help="The capacity search's first rate, requests/s.")] = 20.0,
-    max_rate: Annotated[
-        float, typer.Option(help="The capacity search's highest rate, requests/s.")
-    ] = 100_000.0,
-    resolution: Annotated[float, typer.Option(help="The capacity search's resolution (a share).")] = 0.05,
+    start_rate: StartRate = 20.0,
+    max_rate: MaxRate = 100_000.0,
+    resolution: Resolution = 0.05,
     connections: Connections = 64,
     loadgen_duration: Annotated[float, typer.Option(help="LoadGen's minimum duration, seconds.")] = 60.0,
     loadgen_min_queries: Annotated[int, typer.Option(help="LoadGen's minimum query count.")] = 1024,
@@ -590,7 +591,7 @@ def open_loop(
     try:
         shares = tuple(float(part) for part in fractions.split(",") if part.strip())
     except ValueError:
-        raise ConfigError(f"--fractions must be comma-separated numbers, got {fractions!r}") from None
+        raise ConfigError(f"--rate-fractions must be comma-separated numbers, got {fractions!r}") from None
     options = OpenLoopOptions(
         repository, model, batch_size, p99_budget_ms, shares, parse_ints(concurrency, "--concurrency"),
         duration, warmup, start_rate, resolution, max_rate, connections, loadgen_duration,

@@ -53,6 +53,7 @@ from loadtest.options import (
     InProcessThreads,
     InstanceCounts,
     JsonOut,
+    MaxRate,
     MaxRows,
     ModelFile,
     P99Budget,
@@ -62,8 +63,10 @@ from loadtest.options import (
     Raw,
     RepeatSeconds,
     RequestRates,
+    Resolution,
     Rounds,
     RowsPerCall,
+    StartRate,
     Stream,
     ThreadCounts,
     TimedRepeats,
@@ -386,11 +389,9 @@ def capacity(
     url: Url[str | None] = None,
     protocol: Protocol[str] = "grpc",
     batch_size: RowsPerCall[int] = 1,
-    start_rate: Annotated[float, typer.Option(help="The first rate tried, requests per second.")] = 50.0,
-    resolution: Annotated[
-        float, typer.Option(help="Stop when the failing rate is within this share of the passing one.")
-    ] = 0.05,
-    max_rate: Annotated[float, typer.Option(help="The highest rate tried, requests per second.")] = 100_000.0,
+    start_rate: StartRate = 50.0,
+    resolution: Resolution = 0.05,
+    max_rate: MaxRate = 100_000.0,
     connections: Connections = 64,
     duration: Duration = 10.0,
     warmup: Warmup = 2.0,
@@ -433,8 +434,12 @@ def mlperf(
     url: Url[str | None] = None,
     protocol: Protocol[str] = "grpc",
     pairs: Annotated[int, typer.Option(help="User-item pairs (rows) in each query sample.")] = 1,
-    batch_size: Annotated[int, typer.Option("--batch-size", help="Offline: query samples per request.")] = 64,
-    duration: Annotated[float, typer.Option(help="LoadGen's minimum duration, seconds.")] = 60.0,
+    batch_size: Annotated[
+        int, typer.Option("--samples-per-request", help="Offline: query samples per request.")
+    ] = 64,
+    duration: Annotated[
+        float, typer.Option("--min-duration", help="LoadGen's minimum duration, seconds.")
+    ] = 60.0,
     min_queries: Annotated[int, typer.Option(help="LoadGen's minimum query count.")] = 1024,
     connections: Connections = 8,
     data: Data = None,

@@ -106,6 +106,14 @@ Seconds = Annotated[float, typer.Option(help="Seconds per measured window.")]
 # ------------------------------------------------------------------ the search space of tune
 Family = Annotated[_T, typer.Option("--model", help="Model family: dlrm or wide_deep.")]
 P99Budget = Annotated[_T, typer.Option("--p99-budget-ms", help="p99 latency budget in ms.")]
+StartRate = Annotated[
+    float, typer.Option("--start-rate", help="The capacity search's first rate, requests/s.")
+]
+MaxRate = Annotated[float, typer.Option("--max-rate", help="The capacity search's highest rate, requests/s.")]
+Resolution = Annotated[
+    float,
+    typer.Option("--resolution", help="Stop when the failing rate is within this share of the passing one."),
+]
 RequestRates = Annotated[
     str | None,
     typer.Option(

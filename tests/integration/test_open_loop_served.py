@@ -163,8 +163,8 @@ def test_loadgen_runs_the_server_and_offline_scenarios_and_says_its_verdict(
     it says it, VALID or INVALID (a busy machine's tail can miss the bound), with its figures."""
     run = _loadtest(
         "mlperf", "--repository", str(repository), "--model", MODEL, "--scenario", "server",
-        "--scenario", "offline", "--target-qps", "40", "--latency-bound-ms", "100", "--duration", "1",
-        "--min-queries", "40", "--batch-size", "8", "--out", str(tmp_path),
+        "--scenario", "offline", "--target-qps", "40", "--latency-bound-ms", "100", "--min-duration", "1",
+        "--min-queries", "40", "--samples-per-request", "8", "--out", str(tmp_path),
     )  # fmt: skip
     assert run.returncode == 0, run.stderr[-3000:]
     for scenario in ("server", "offline"):
