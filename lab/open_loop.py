@@ -22,12 +22,9 @@ from __future__ import annotations
 
 import contextlib
 import os
-import threading
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
-
-import numpy as np
 
 from bundle.errors import ConfigError
 from bundle.records import RunRecord, machine_with_flags
@@ -116,36 +113,21 @@ def _closed_step(
 def _loadgen(
     endpoint: str, options: OpenLoopOptions, rate: float, payload: Path, out: Path
 ) -> dict[str, Any]:
-    from clients.retry import RetryPolicy
-    from clients.triton import TritonClient
-    from loadtest.sweeps.mlperf import run_loadgen
+    from loadtest.sweeps.mlperf import run_loadgen, triton_sender
 
     pool = PayloadPool.load(payload).rebatched(options.batch_size)
-    local = threading.local()
-    clients: list[TritonClient] = []
-    wire = "grpc" if options.protocol == "grpc" else "http"
-
-    def send(inputs: dict[str, np.ndarray]) -> None:
-        client = getattr(local, "client", None)
-        if client is None:
-            client = TritonClient(endpoint, wire, 60.0, retry=RetryPolicy(max_tries=1), validate=False)  # type: ignore[arg-type]
-            local.client = client
-            clients.append(client)
-        client.infer(options.model, inputs)
-
     affinity = os.sched_getaffinity(0)
     try:
         if options.client_cpus is not None:
             os.sched_setaffinity(0, options.client_cpus)  # LoadGen's threads and the senders inherit it
-        run = run_loadgen(
-            send, pool, "server", out, target_qps=rate, latency_bound_ms=options.budget_ms,
-            duration_s=options.loadgen_duration_s, min_queries=options.loadgen_min_queries,
-            connections=options.connections,
-        )  # fmt: skip
+        with triton_sender(endpoint, options.protocol, options.model) as send:
+            run = run_loadgen(
+                send, pool, "server", out, target_qps=rate, latency_bound_ms=options.budget_ms,
+                duration_s=options.loadgen_duration_s, min_queries=options.loadgen_min_queries,
+                connections=options.connections,
+            )  # fmt: skip
     finally:
         os.sched_setaffinity(0, affinity)
-        for client in clients:
-            client.close()
     return {"valid": run.valid, "summary": run.summary, "failed": run.failed, "lines": run.lines()}
 
 

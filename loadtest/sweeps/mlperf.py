@@ -16,9 +16,10 @@ query carries the same number.
 
 from __future__ import annotations
 
+import contextlib
 import re
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -196,6 +197,34 @@ def run_loadgen(
     return LoadGenRun(scenario, valid, summary, failed, out)
 
 
+@contextlib.contextmanager
+def triton_sender(url: str, protocol: str, model: str) -> Iterator[Callable[[dict[str, np.ndarray]], None]]:
+    """``send(inputs)``: one request of ``model``, each calling thread on a client of its own (made
+    at its first request, without retries); every client is closed on exit."""
+    from clients.retry import RetryPolicy
+    from clients.triton import TritonClient
+
+    wire: Literal["grpc", "http"] = "grpc" if protocol == "grpc" else "http"
+    local = threading.local()
+    clients: list[TritonClient] = []
+    lock = threading.Lock()
+
+    def send(inputs: dict[str, np.ndarray]) -> None:
+        client = getattr(local, "client", None)
+        if client is None:
+            client = TritonClient(url, wire, 60.0, retry=RetryPolicy(max_tries=1), validate=False)
+            local.client = client
+            with lock:
+                clients.append(client)
+        client.infer(model, inputs)
+
+    try:
+        yield send
+    finally:
+        for client in clients:
+            client.close()
+
+
 def mlperf_run(
     model: str,
     protocol: str,
@@ -215,10 +244,6 @@ def mlperf_run(
 ) -> list[LoadGenRun]:
     """Each of ``scenarios`` under LoadGen against a running server (``url``) or a local
     tritonserver serving ``repository``; LoadGen's logs under ``out/<scenario>``."""
-    import contextlib
-
-    from clients.retry import RetryPolicy
-    from clients.triton import TritonClient
     from loadtest.sweeps.rates import open_endpoints
     from loadtest.sweeps.runs import models_hotness
     from loadtest.sweeps.sweep import make_payload
@@ -232,32 +257,17 @@ def mlperf_run(
     if pairs < 1:
         raise ConfigError(f"--pairs must be >= 1, got {pairs}")
     urls = [url] if url else []
-    wire: Literal["grpc", "http"] = "grpc" if protocol == "grpc" else "http"
     raw = out / "raw"
     payload = make_payload(raw, data, False, models_hotness(repository, urls, [protocol], [model]))
     pool = PayloadPool.load(payload).rebatched(pairs)
     runs = []
     with contextlib.ExitStack() as stack:
         ((_, endpoint),) = open_endpoints(stack, [model], [protocol], urls, repository, raw, None)
-        local = threading.local()
-        clients: list[TritonClient] = []
-
-        def send(inputs: dict[str, np.ndarray]) -> None:
-            client = getattr(local, "client", None)
-            if client is None:
-                client = TritonClient(endpoint, wire, 60.0, retry=RetryPolicy(max_tries=1), validate=False)
-                local.client = client
-                clients.append(client)
-            client.infer(model, inputs)
-
+        send = stack.enter_context(triton_sender(endpoint, protocol, model))
         options: dict[str, Any] = {
             "target_qps": target_qps, "latency_bound_ms": latency_bound_ms, "duration_s": duration_s,
             "min_queries": min_queries, "batch_size": batch_size, "connections": connections,
         }  # fmt: skip
-        try:
-            for name in scenarios:
-                runs.append(run_loadgen(send, pool, name, out / name, **options))
-        finally:
-            for client in clients:
-                client.close()
+        for name in scenarios:
+            runs.append(run_loadgen(send, pool, name, out / name, **options))
     return runs
