@@ -134,8 +134,40 @@ class CostReport:
         }
 
 
-def _server_ns(stats_client: TritonClient, model: str) -> int:
-    return sum(entry.success_ns for entry in stats_client.statistics(model))
+#: How long the server may take to count a request after answering it.
+COUNTED_WAIT_S = 5.0
+
+
+def _server_counters(stats_client: TritonClient, model: str) -> tuple[int, int]:
+    """``(successful requests, their nanoseconds)``, every version of ``model`` together."""
+    entries = stats_client.statistics(model)
+    return sum(e.success_count for e in entries), sum(e.success_ns for e in entries)
+
+
+def _settled_counters(stats_client: TritonClient, model: str, at_least: int) -> tuple[int, int]:
+    """The counters once the server has counted ``at_least`` successful requests and counts no more.
+
+    A backend reports a request's statistics after its response is sent, so a read made as soon
+    as the answer arrives can miss that request, and the next read would give it to the next
+    request. Read again until the count reaches ``at_least`` and two reads agree (at most
+    :data:`COUNTED_WAIT_S`).
+
+    Raises:
+        ClientError: the server did not count the requests in time.
+    """
+    deadline = time.monotonic() + COUNTED_WAIT_S
+    last = _server_counters(stats_client, model)
+    while True:
+        time.sleep(0.001)
+        now = _server_counters(stats_client, model)
+        if now == last and now[0] >= at_least:
+            return now
+        if time.monotonic() > deadline:
+            raise ClientError(
+                f"the server counted {now[0]} requests of {model}, not {at_least}, "
+                f"{COUNTED_WAIT_S:g} s after answering them"
+            )
+        last = now
 
 
 def phase_timed(
@@ -154,7 +186,7 @@ def phase_timed(
 
     @contextmanager
     def connect(_: int) -> Iterator[Request]:
-        before = [_server_ns(stats_client, model)]
+        before = [_settled_counters(stats_client, model, 0)]
 
         def request(_: int) -> Answer:
             cpu0 = time.process_time()
@@ -166,8 +198,9 @@ def phase_timed(
             client.decode(prepared, result)
             t3 = time.perf_counter()
             cpu1 = time.process_time()
-            after = _server_ns(stats_client, model)
-            into.append((t3 - t0, (after - before[0]) / 1e9, t1 - t0, t2 - t1, t3 - t2, cpu1 - cpu0))
+            after = _settled_counters(stats_client, model, before[0][0] + 1)
+            server_s = (after[1] - before[0][1]) / 1e9
+            into.append((t3 - t0, server_s, t1 - t0, t2 - t1, t3 - t2, cpu1 - cpu0))
             before[0] = after
             return Answer(rows)
 

@@ -173,7 +173,10 @@ def plot(path: Path, title: str, panels: Sequence[Panel], columns: int | None = 
                 ax.set_xscale("log", base=2)
                 if panel.xticks:
                     ax.set_xticks(list(panel.xticks), [f"{t:g}" for t in panel.xticks])
-            if panel.ylog:
+            finite = [y for series in panel.series for y in series.y if math.isfinite(y)]
+            if not finite:  # e.g. steps that answered nothing have no latency
+                ax.text(0.5, 0.5, "no values to plot", ha="center", va="center", transform=ax.transAxes)
+            if panel.ylog and any(y > 0 for y in finite):  # a log axis of no positive value fails
                 ax.set_yscale("log")
                 ax.yaxis.set_major_formatter(plain)
                 ax.yaxis.set_minor_formatter(sparse)

@@ -77,6 +77,9 @@ class Recording:
         stopped_at: wall time the test stopped in this process.
         cpu_at_start, cpu_at_end: this process's CPU seconds when the window opened and closed.
         busy_at_start, busy_at_end: its threads' busy seconds (running or runnable) then.
+        read_at_start, read_at_end: wall times those readings were taken. A starved process
+            reads late, so its CPU share and demand are over the time between its readings,
+            not over the window it was meant to read.
     """
 
     window_start: float | None = None
@@ -88,6 +91,8 @@ class Recording:
     cpu_at_end: float | None = None
     busy_at_start: dict[int, float] = field(default_factory=dict)
     busy_at_end: dict[int, float] = field(default_factory=dict)
+    read_at_start: float | None = None
+    read_at_end: float | None = None
     #: The window in ``time.perf_counter()``'s clock (what a request's end is compared with), and
     #: the latencies (ms) of the answers that ended inside it, not yet in ``tally``
     #: (:meth:`answered`, counted by :meth:`settle`).
@@ -135,9 +140,11 @@ class Recording:
         """This process's CPU seconds over the part of the window it ran."""
         if self.cpu_at_start is None:
             return {"pid": os.getpid(), "cpu_s": None, "seconds": 0.0, "process_demand": None}
-        end = self.cpu_at_end if self.cpu_at_end is not None else process_cpu_s()
-        busy = self.busy_at_end or thread_busy_s()
-        seconds = self.covered_s()
+        if self.cpu_at_end is not None and self.read_at_end is not None and self.read_at_start is not None:
+            end, busy = self.cpu_at_end, self.busy_at_end
+            seconds = max(0.0, self.read_at_end - self.read_at_start)
+        else:  # the window lasts to the test's end: read now
+            end, busy, seconds = process_cpu_s(), thread_busy_s(), self.covered_s()
         return {
             "pid": os.getpid(),
             "cpu_s": end - self.cpu_at_start,
@@ -361,9 +368,11 @@ def _window_cpu() -> None:
     start = _recording.window_start or time.time()
     gevent.sleep(max(0.0, start - time.time()))
     _recording.cpu_at_start, _recording.busy_at_start = process_cpu_s(), thread_busy_s()
+    _recording.read_at_start = time.time()
     if _recording.window_end != float("inf"):
         gevent.sleep(max(0.0, _recording.window_end - time.time()))
         _recording.cpu_at_end, _recording.busy_at_end = process_cpu_s(), thread_busy_s()
+        _recording.read_at_end = time.time()
 
 
 @events.request.add_listener

@@ -149,10 +149,10 @@ def test_a_load_generator_starved_of_cpu_is_flagged_client_bound(
     server_off_the_last_core: LocalServer, busy_core: int, tmp_path: Path
 ) -> None:
     # The load generator gets a fifth of one core: pinned to the core the spinners hold, its
-    # thread waits for that core most of the time. Twelve users in one process want well over
-    # that fifth (3 of 3 flagged here); eight, about 0.3 of a core, were missed in 1 of the last
-    # CI runs, four (about 0.15) in 2 of 5. Sixteen users of one row each starved so far that the
-    # step answered nothing in its window.
+    # threads wait for that core most of the time, and twelve users want well over that fifth.
+    # Starved, it reads its own CPU late; the flag must come from what it read, over the time
+    # between its readings. Users of one row each can starve so far that none is answered
+    # inside the window: batch 8 keeps the step's figures.
     done = _sweep(
         server_off_the_last_core, tmp_path / "starved", "--batch-size", "8", "--concurrency", "12",
         "--duration", "2", "--warmup", "0.5", "--client-cpus", str(busy_core), "--processes", "1",

@@ -101,3 +101,11 @@ def test_json_is_strict_and_charts_are_pngs(tmp_path: Path) -> None:
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     with pytest.raises(ConfigError, match="panel"):
         plot(tmp_path / "none.png", "title", [])
+
+
+def test_a_log_panel_of_steps_that_answered_nothing_still_draws(tmp_path: Path) -> None:
+    # A starved load generator can finish a step with no answer in its window: no latency at all.
+    empty = Panel("p99", "concurrency", "ms", [Series("triton", [12], [math.nan])], xlog2=True, ylog=True)
+    zeros = Panel("errors", "concurrency", "per s", [Series("triton", [1, 2], [0.0, 0.0])], ylog=True)
+    png = plot(tmp_path / "empty.png", "title", [empty, zeros])
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
