@@ -33,7 +33,7 @@ from loadtest.engine.open_loop import CONNECTIONS
 from loadtest.engine.payload import PayloadPool
 from loadtest.engine.writer import Panel, Series, plot, table, write_json, write_markdown
 from loadtest.sweeps.capacity import holds, search_capacity
-from loadtest.sweeps.rates import RateStep, flag_rule, rate_step, step_line
+from loadtest.sweeps.rates import RateLoad, RateStep, flag_rule, rate_step, step_line
 from loadtest.sweeps.steps import StepResult, SweepConfig, Target
 
 #: The report's section the documentation includes.
@@ -151,10 +151,10 @@ def run_open_loop(options: OpenLoopOptions, out: Path, command: str) -> dict[str
     payload = make_payload(
         raw, options.data, False, models_hotness(options.repository, [], [options.protocol], [options.model])
     )
-    common: dict[str, Any] = {
-        "connections": options.connections, "duration_s": options.duration_s, "warmup_s": options.warmup_s,
-        "client_cpus": options.client_cpus,
-    }  # fmt: skip
+    load = RateLoad(
+        connections=options.connections, duration_s=options.duration_s, warmup_s=options.warmup_s,
+        client_cpus=options.client_cpus,
+    )  # fmt: skip
     with contextlib.ExitStack() as stack:
         ((_, endpoint),) = open_endpoints(
             stack, [options.model], [options.protocol], [], options.repository, raw, options.client_cpus
@@ -163,7 +163,7 @@ def run_open_loop(options: OpenLoopOptions, out: Path, command: str) -> dict[str
 
         def measure(rate: float) -> RateStep:
             step = rate_step(
-                target, options.model, options.batch_size, rate, payload, raw / f"r{rate:g}", **common
+                target, options.model, options.batch_size, rate, payload, raw / f"r{rate:g}", load
             )
             said = "" if step.flag else f": {holds(step, options.budget_ms) or 'holds the budget'}"
             print(f"{step_line(step)}{said}", flush=True)

@@ -215,7 +215,7 @@ def _rate_sweep(
     budget_ms: float | None,
 ) -> None:
     """The open-loop steps of ``sweep --request-rate``."""
-    from loadtest.sweeps.rates import parse_rates, rate_run
+    from loadtest.sweeps.rates import RateLoad, parse_rates, rate_run
 
     engines = tuple(name.strip() for name in (engine or "driver").split(",") if name.strip())
     options = settings.run
@@ -224,9 +224,10 @@ def _rate_sweep(
     _, paths = rate_run(
         models, protocols, urls, repository, options.batch_sizes, parse_rates(request_rate), settings.out,
         settings.title or f"Open-loop load: {', '.join(models)} over {', '.join(protocols)}",
-        command_line("loadtest"), arrival=arrival, connections=connections, duration_s=options.duration_s,
-        warmup_s=options.warmup_s, data=options.data, request_timeout_s=options.request_timeout_s,
-        client_cpus=options.client_cpus, budget_ms=budget_ms, raw=settings.raw, engines=engines,
+        command_line("loadtest"),
+        RateLoad(arrival, connections, options.duration_s, options.warmup_s, options.request_timeout_s,
+                 options.client_cpus),
+        data=options.data, budget_ms=budget_ms, raw=settings.raw, engines=engines,
     )  # fmt: skip
     print(f"report: {paths['markdown']}")
 
@@ -403,14 +404,15 @@ def capacity(
     """The highest Poisson request rate whose p99, from each request's scheduled time, holds
     --p99-budget-ms: doubling, then halving the interval to --resolution; capacity.md, .json, .png."""
     from loadtest.sweeps.capacity import capacity_run
+    from loadtest.sweeps.rates import RateLoad
 
     _check_protocols([protocol])
     result, paths = capacity_run(
         model, protocol, url, repository, batch_size, p99_budget_ms, out,
         title or f"Capacity of {model} at p99 {p99_budget_ms:g} ms", command_line("loadtest"),
-        start=start_rate, resolution=resolution, max_rate=max_rate, connections=connections,
-        duration_s=duration, warmup_s=warmup, data=data,
-        client_cpus=None if client_cpus is None else parse_cpus(client_cpus),
+        start=start_rate, resolution=resolution, max_rate=max_rate, data=data,
+        load=RateLoad(connections=connections, duration_s=duration, warmup_s=warmup,
+                      client_cpus=None if client_cpus is None else parse_cpus(client_cpus)),
     )  # fmt: skip
     print(result.statement())
     print(f"report: {paths['markdown']}")

@@ -16,7 +16,9 @@ request only after the client has done its part, so that part lowers the rate
 of any server. One
 threshold for every engine, stated in every report (:func:`threshold_line`): a
 client-bound step's rate and latency describe the client, so ratios and
-``tune`` never take it as the server's limit.
+``tune`` never take it as the server's limit. A load generator that shares
+cores with the server is judged against the server's CPU as well
+(:mod:`loadtest.engine.server_cpu`).
 """
 
 from __future__ import annotations

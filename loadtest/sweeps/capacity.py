@@ -22,9 +22,17 @@ from typing import Any
 
 from bundle.errors import ConfigError
 from bundle.records import RunRecord
-from loadtest.engine.open_loop import CONNECTIONS
 from loadtest.engine.writer import Panel, Series, plot, table, write_json, write_markdown
-from loadtest.sweeps.rates import RateStep, check_endpoints, flag_rule, open_endpoints, rate_step, step_line
+from loadtest.sweeps.rates import (
+    DEFAULT_LOAD,
+    RateLoad,
+    RateStep,
+    check_endpoints,
+    flag_rule,
+    open_endpoints,
+    rate_step,
+    step_line,
+)
 from loadtest.sweeps.steps import Target
 
 #: The rate the search starts at, per second, by default.
@@ -221,15 +229,12 @@ def capacity_run(
     start: float = START_RATE,
     resolution: float = RESOLUTION,
     max_rate: float = MAX_RATE,
-    connections: int = CONNECTIONS,
-    duration_s: float = 10.0,
-    warmup_s: float = 2.0,
+    load: RateLoad = DEFAULT_LOAD,
     data: Path | None = None,
-    request_timeout_s: float = 60.0,
-    client_cpus: frozenset[int] | None = None,
 ) -> tuple[Capacity, dict[str, Path]]:
-    """The capacity of ``model`` at a p99 of ``budget_ms`` (Poisson arrivals), against a running
-    server (``url``) or a local tritonserver serving ``repository``; the report in ``out``.
+    """The capacity of ``model`` at a p99 of ``budget_ms`` (Poisson arrivals: ``load.arrival`` must
+    say so), against a running server (``url``) or a local tritonserver serving ``repository``;
+    the report in ``out``.
 
     Raises:
         ConfigError: see :func:`search_capacity`; no server to load.
@@ -237,6 +242,8 @@ def capacity_run(
     from loadtest.sweeps.runs import models_hotness
     from loadtest.sweeps.sweep import make_payload
 
+    if load.arrival != "poisson":
+        raise ConfigError(f"the capacity is searched with Poisson arrivals, not {load.arrival!r}")
     urls = [url] if url else []
     check_endpoints([protocol], urls, repository)
     check_search(budget_ms, start, resolution, max_rate)
@@ -245,15 +252,11 @@ def capacity_run(
     record = RunRecord.begin(command)
     payload = make_payload(raw, data, False, models_hotness(repository, urls, [protocol], [model]))
     with contextlib.ExitStack() as stack:
-        ((_, endpoint),) = open_endpoints(stack, [model], [protocol], urls, repository, raw, client_cpus)
+        ((_, endpoint),) = open_endpoints(stack, [model], [protocol], urls, repository, raw, load.client_cpus)
         target = Target(endpoint, protocol, "triton", engine="driver")
 
         def measure(rate: float) -> RateStep:
-            step = rate_step(
-                target, model, batch_size, rate, payload, raw / f"r{rate:g}", connections=connections,
-                duration_s=duration_s, warmup_s=warmup_s, request_timeout_s=request_timeout_s,
-                client_cpus=client_cpus,
-            )  # fmt: skip
+            step = rate_step(target, model, batch_size, rate, payload, raw / f"r{rate:g}", load)
             verdict = holds(step, budget_ms)
             # A flagged step's line already says why.
             said = "" if step.flag else f": {verdict or 'holds the budget'}"
@@ -263,8 +266,7 @@ def capacity_run(
         capacity = search_capacity(measure, budget_ms, start, resolution, max_rate)
     settings = {
         "model": f"{model} over {protocol}, batch {batch_size}",
-        "per step": f"{warmup_s:g} s warm-up, {duration_s:g} s measured, Poisson arrivals, "
-        f"{connections} connections",
+        "per step": f"{load.per_step()}, Poisson arrivals",
         "request rows": str(data or "synthetic data (criteo.synth)"),
     }
     paths = write_capacity_report(capacity, title, record.finish().to_json(), settings, out)

@@ -22,13 +22,16 @@ from loadtest.engine.client_cpu import ClientCpu, process_cpu_s, process_demand,
 from loadtest.engine.driver import Connect, Driver
 from loadtest.engine.payload import PayloadPool, saved_bags
 from loadtest.engine.served import raw_connection, triton_requests
+from loadtest.engine.server_cpu import listening_pid
 from loadtest.engine.wire import http_body, http_header_length, serialised_request
 from loadtest.sweeps import perf_analyzer
 from loadtest.sweeps.perf_analyzer_install import require as require_perf_analyzer
 from loadtest.sweeps.stepfiles import (
-    SERVER_COUNTERS,
     SERVER_STATS_FILE,
-    server_counters,
+    read_server,
+    server_cpu_between,
+    server_document,
+    shared_cores,
 )
 from loadtest.sweeps.steps import STEP_GRACE_S, ServerTimes, StepResult, SweepConfig, Target
 
@@ -58,6 +61,9 @@ def perf_analyzer_step(
     # Its windows until three agree, at most MAX_TRIALS of them.
     window_s = perf_analyzer.window_for(config.duration_s)
     windows_s = (perf_analyzer.MAX_TRIALS + 1) * window_s
+    # The server's CPU over the whole run (its windows are most of it), beside perf_analyzer's own.
+    server_pid = listening_pid(target.url)
+    before = read_server(None, model, server_pid)
     run = perf_analyzer.run_step(
         require_perf_analyzer(),
         target.url,
@@ -71,6 +77,7 @@ def perf_analyzer_step(
         timeout_s=windows_s + config.request_timeout_s + STEP_GRACE_S,
         cpus=config.client_cpus,
     )
+    after = read_server(None, model, server_pid)
     (folder / "perf_analyzer.json").write_text(json.dumps(perf_analyzer.describe(run)))
     figures, served = run.figures, run.figures.server
     # perf_analyzer counts inferences of its -b: for whole-request entries, requests.
@@ -116,7 +123,7 @@ def perf_analyzer_step(
         client_bound=run.cpu.bound,
         samples_per_s_min=samples_per_s,
         samples_per_s_max=samples_per_s,
-    )
+    ).beside_server(shared_cores(server_cpu_between(before, after), run.cpu.share, config.client_cpus))
 
 
 def _streamed_requests(
@@ -166,6 +173,7 @@ def driver_step(
             target.url, wire, model, pool, concurrency, timeout_s=config.request_timeout_s
         )
     stats = TritonClient(target.url, wire, timeout_s=10.0, retry=RetryPolicy(max_tries=2))
+    server_pid = listening_pid(target.url)
     allowed = None if config.client_cpus is None else len(config.client_cpus)
     affinity = os.sched_getaffinity(0)
     try:
@@ -173,11 +181,11 @@ def driver_step(
             os.sched_setaffinity(0, config.client_cpus)  # the worker threads inherit it
         with Driver(connect, concurrency) as driver:
             driver.wait(config.warmup_s)
-            before = server_counters(stats, model)
+            before = read_server(stats, model, server_pid)
             cpu0, busy0, started = process_cpu_s(), thread_busy_s(), time.perf_counter()
             tally = driver.measure(config.duration_s)
             cpu1, busy1, seconds = process_cpu_s(), thread_busy_s(), time.perf_counter() - started
-            after = server_counters(stats, model)
+            after = read_server(stats, model, server_pid)
     finally:
         os.sched_setaffinity(0, affinity)
         stats.close()
@@ -186,13 +194,13 @@ def driver_step(
         rows_sent, distinct_rows = config.stream.record(np.asarray(first_rows, np.int64), config.batch_size)
     demand = process_demand(busy0, busy1, seconds)
     cpu = ClientCpu.of_processes([(cpu1 - cpu0, seconds, demand)], tally.requests, allowed, concurrency)
-    server = None
-    if before is not None and after is not None:
-        delta = {key: after[key] - before[key] for key in SERVER_COUNTERS}
-        (folder / SERVER_STATS_FILE).write_text(json.dumps({"model": model, "delta": delta}))
-        server = ServerTimes.from_delta(delta)
+    server, document = None, server_document(model, before, after)
+    if document is not None:
+        (folder / SERVER_STATS_FILE).write_text(json.dumps(document))
+        server = ServerTimes.from_delta(document["delta"])
     rate = tally.ok / tally.seconds if tally.seconds > 0 else 0.0
-    return StepResult.of_tally(
+    step = StepResult.of_tally(
         target, model, config.batch_size, concurrency, tally, rate, cpu, processes=1, server=server,
         engine="driver", rows_sent=rows_sent, distinct_rows=distinct_rows,
     )  # fmt: skip
+    return step.beside_server(shared_cores(document, cpu.share, config.client_cpus)) if document else step

@@ -35,15 +35,62 @@ from loadtest.engine.open_loop import ARRIVALS, CONNECTIONS, LATE_MS, MAX_LATE_S
 from loadtest.engine.payload import PayloadPool
 from loadtest.engine.served import triton_requests
 from loadtest.engine.writer import Panel, Series, plot, table, write_json, write_markdown
-from loadtest.sweeps.stepfiles import SERVER_COUNTERS, SERVER_STATS_FILE, server_counters
+from loadtest.sweeps.stepfiles import SERVER_STATS_FILE, read_server, server_document
 from loadtest.sweeps.steps import ServerTimes, Target
 
 logger = logging.getLogger(__name__)
 
 #: What can drive request-rate steps: the bundle's open loop, and perf_analyzer's request-rate mode.
 RATE_ENGINES = ("driver", "perf_analyzer")
+#: Two engines' p50 and p99 at one rate agree when each ratio is within this of 1.
+AGREEMENT = 0.10
 #: The latency percentiles a rate step reports (from the schedule).
 RATE_PERCENTILES = (50.0, 90.0, 99.0, 99.9)
+
+
+@dataclass(frozen=True)
+class RateLoad:
+    """How every rate step sends, whichever command runs it (``sweep --request-rate``,
+    ``capacity``, ``lab open-loop``) and whichever engine.
+
+    Args:
+        arrival: ``poisson`` or ``constant`` (:data:`~loadtest.engine.open_loop.ARRIVALS`).
+        connections: requests in flight at most (the open loop's sender threads, perf_analyzer's
+            ``--max-threads``).
+        duration_s: each step's measured window, seconds.
+        warmup_s: the load before it, seconds (perf_analyzer's windows settle it instead).
+        request_timeout_s: how long a request may take; the window's requests are followed to
+            their answers that long after it closes.
+        client_cpus: the cores the load generator runs on (None: any).
+        seed: of the arrival times.
+    """
+
+    arrival: str = "poisson"
+    connections: int = CONNECTIONS
+    duration_s: float = 10.0
+    warmup_s: float = 2.0
+    request_timeout_s: float = 60.0
+    client_cpus: frozenset[int] | None = None
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.arrival not in ARRIVALS:
+            raise ConfigError(f"--arrival must be one of {', '.join(ARRIVALS)}, got {self.arrival!r}")
+        if self.connections < 1:
+            raise ConfigError(f"--connections must be >= 1, got {self.connections}")
+        if not self.duration_s > 0 or self.warmup_s < 0 or not self.request_timeout_s > 0:
+            raise ConfigError(
+                f"a rate step needs a window > 0 s, a warm-up >= 0 s and a request timeout > 0 s, got "
+                f"{self.duration_s:g}, {self.warmup_s:g} and {self.request_timeout_s:g}"
+            )
+
+    def per_step(self) -> str:
+        """The load of each step, as reports state it."""
+        return f"{self.warmup_s:g} s warm-up, {self.duration_s:g} s measured, {self.connections} connections"
+
+
+#: Each rate step's load where a caller gives none.
+DEFAULT_LOAD = RateLoad()
 
 
 def parse_rates(text: str) -> tuple[float, ...]:
@@ -143,41 +190,34 @@ def rate_step(
     rate: float,
     payload: Path,
     folder: Path,
-    *,
-    arrival: str = "poisson",
-    connections: int = CONNECTIONS,
-    duration_s: float = 10.0,
-    warmup_s: float = 2.0,
-    request_timeout_s: float = 60.0,
-    client_cpus: frozenset[int] | None = None,
-    seed: int = 0,
+    load: RateLoad = DEFAULT_LOAD,
 ) -> RateStep:
-    """One step at ``rate`` requests per second of ``batch_size`` rows: ``warmup_s`` of load, then
-    one window of ``duration_s`` whose requests are each followed to their answer (at most
-    ``request_timeout_s`` after it closes)."""
+    """One step at ``rate`` requests per second of ``batch_size`` rows: ``load.warmup_s`` of load,
+    then one window of ``load.duration_s`` whose requests are each followed to their answer (at
+    most ``load.request_timeout_s`` after it closes)."""
+    arrival, connections, request_timeout_s = load.arrival, load.connections, load.request_timeout_s
     wire: Literal["grpc", "http"] = "grpc" if target.protocol == "grpc" else "http"
     pool = PayloadPool.load(payload).rebatched(batch_size)
     connect = triton_requests(target.url, wire, model, pool, connections, timeout_s=request_timeout_s)
     stats = TritonClient(target.url, wire, timeout_s=10.0, retry=RetryPolicy(max_tries=2))
     affinity = os.sched_getaffinity(0)
     try:
-        if client_cpus is not None:
-            os.sched_setaffinity(0, client_cpus)  # the sender threads inherit it
-        with OpenLoop(connect, rate, arrival, connections, seed) as load:
-            if warmup_s > 0:
-                load.measure(warmup_s, drain_s=request_timeout_s)
-            before = server_counters(stats, model) if target.server_stats else None
-            window = load.measure(duration_s, drain_s=request_timeout_s)
-            after = server_counters(stats, model) if target.server_stats else None
+        if load.client_cpus is not None:
+            os.sched_setaffinity(0, load.client_cpus)  # the sender threads inherit it
+        with OpenLoop(connect, rate, arrival, connections, load.seed) as sending:
+            if load.warmup_s > 0:
+                sending.measure(load.warmup_s, drain_s=request_timeout_s)
+            before = read_server(stats if target.server_stats else None, model, None)
+            window = sending.measure(load.duration_s, drain_s=request_timeout_s)
+            after = read_server(stats if target.server_stats else None, model, None)
     finally:
         os.sched_setaffinity(0, affinity)
         stats.close()
-    server = None
-    if before is not None and after is not None:
-        delta = {key: after[key] - before[key] for key in SERVER_COUNTERS}
+    server, document = None, server_document(model, before, after)
+    if document is not None:
         folder.mkdir(parents=True, exist_ok=True)
-        (folder / SERVER_STATS_FILE).write_text(json.dumps({"model": model, "delta": delta}))
-        server = ServerTimes.from_delta(delta)
+        (folder / SERVER_STATS_FILE).write_text(json.dumps(document))
+        server = ServerTimes.from_delta(document["delta"])
     tally, histogram = window.tally, window.tally.histogram
     p50, p90, p99, p999 = (histogram.percentile(q) for q in RATE_PERCENTILES)
     client = tally.client
@@ -211,17 +251,12 @@ def perf_analyzer_rate_step(
     rate: float,
     payload: Path,
     folder: Path,
-    *,
-    arrival: str = "poisson",
-    connections: int = CONNECTIONS,
-    duration_s: float = 10.0,
-    request_timeout_s: float = 60.0,
-    client_cpus: frozenset[int] | None = None,
+    load: RateLoad = DEFAULT_LOAD,
 ) -> RateStep:
-    """One step at ``rate`` driven by perf_analyzer's request-rate mode (``connections`` threads
-    at most), its figures its own: throughput and latency percentiles from its CSV, and the
-    share of requests it says it delayed, which flags the step above
-    :data:`~loadtest.engine.open_loop.MAX_LATE_SHARE`."""
+    """One step at ``rate`` driven by perf_analyzer's request-rate mode (``load.connections``
+    threads at most; its windows settle it, so ``load.warmup_s`` is not used), its figures its
+    own: throughput and latency percentiles from its CSV, and the share of requests it says it
+    delayed, which flags the step above :data:`~loadtest.engine.open_loop.MAX_LATE_SHARE`."""
     from loadtest.sweeps import perf_analyzer
     from loadtest.sweeps.perf_analyzer_install import require
 
@@ -230,11 +265,12 @@ def perf_analyzer_rate_step(
         perf_analyzer.write_input_data(
             PayloadPool.load(payload), input_data, raw=False, batch_size=batch_size
         )
-    window_s = perf_analyzer.window_for(duration_s)
+    arrival, connections = load.arrival, load.connections
+    window_s = perf_analyzer.window_for(load.duration_s)
     run = perf_analyzer.run_step(
         require(), target.url, target.protocol, model, batch_size, connections, window_s, input_data, folder,
-        timeout_s=(perf_analyzer.MAX_TRIALS + 1) * window_s + request_timeout_s + 60.0, cpus=client_cpus,
-        request_rate=rate, arrival=arrival,
+        timeout_s=(perf_analyzer.MAX_TRIALS + 1) * window_s + load.request_timeout_s + 60.0,
+        cpus=load.client_cpus, request_rate=rate, arrival=arrival,
     )  # fmt: skip
     (folder / "perf_analyzer.json").write_text(json.dumps(perf_analyzer.describe(run)))
     figures = run.figures
@@ -253,9 +289,18 @@ def perf_analyzer_rate_step(
     )  # fmt: skip
 
 
+def agrees(ours: RateStep, theirs: RateStep) -> bool | None:
+    """Whether two steps at one rate agree within :data:`AGREEMENT` on p50 and on p99 (None:
+    either is flagged, so there is nothing to judge)."""
+    if ours.flag or theirs.flag:
+        return None
+    ratios = (ours.p50_ms / theirs.p50_ms, ours.p99_ms / theirs.p99_ms)
+    return all(abs(ratio - 1) <= AGREEMENT for ratio in ratios)
+
+
 def agreement_rows(steps: Sequence[RateStep]) -> list[list[Any]]:
     """Each driver step beside perf_analyzer's at the same (model, protocol, batch, rate): their
-    p50 and p99 and the ratios, and whether either was flagged."""
+    p50 and p99, the ratios, and whether they agree (``-``: either was flagged)."""
     theirs = {
         (s.label, s.model, s.protocol, s.batch_size, s.request_rate): s
         for s in steps
@@ -268,11 +313,12 @@ def agreement_rows(steps: Sequence[RateStep]) -> list[list[Any]]:
         other = theirs.get((ours.label, ours.model, ours.protocol, ours.batch_size, ours.request_rate))
         if other is None:
             continue
-        flagged = "yes" if ours.flag or other.flag else "no"
+        verdict = agrees(ours, other)
         rows.append(
             [
                 ours.series, f"{ours.request_rate:g}", ours.p50_ms, other.p50_ms, ours.p50_ms / other.p50_ms,
-                ours.p99_ms, other.p99_ms, ours.p99_ms / other.p99_ms, flagged,
+                ours.p99_ms, other.p99_ms, ours.p99_ms / other.p99_ms,
+                "- (flagged)" if verdict is None else ("yes" if verdict else "no"),
             ]
         )  # fmt: skip
     return rows
@@ -318,16 +364,20 @@ def report_lines(
     )  # fmt: skip
     agreement = agreement_rows(steps)
     if agreement:
+        judged = [row[-1] for row in agreement if row[-1] != "- (flagged)"]
         lines += [
             "",
             "The bundle's open loop against perf_analyzer's request-rate mode, same server, same rate:",
             "",
             *table(
                 ["series", "rate /s", "p50 ms", "perf_analyzer p50 ms", "ratio", "p99 ms",
-                 "perf_analyzer p99 ms", "ratio", "either flagged"],
+                 "perf_analyzer p99 ms", "ratio", f"within {AGREEMENT:.0%}"],
                 agreement,
                 "lrrrrrrrl",
             ),
+            "",
+            f"{judged.count('yes')} of {len(judged)} steps neither engine flagged agree within "
+            f"{AGREEMENT:.0%} on p50 and p99; {len(agreement) - len(judged)} flagged.",
         ]  # fmt: skip
     lines += ["", "![latency against the offered rate](rates.png)", ""]
     return lines
@@ -377,18 +427,10 @@ def write_rate_report(
 
 
 def _one_step(
-    target: Target,
-    model: str,
-    batch_size: int,
-    rate: float,
-    payload: Path,
-    folder: Path,
-    common: dict[str, Any],
+    target: Target, model: str, batch_size: int, rate: float, payload: Path, folder: Path, load: RateLoad
 ) -> RateStep:
-    if target.engine == "perf_analyzer":
-        options = {key: value for key, value in common.items() if key != "warmup_s"}  # its windows settle it
-        return perf_analyzer_rate_step(target, model, batch_size, rate, payload, folder, **options)
-    return rate_step(target, model, batch_size, rate, payload, folder, **common)
+    step = perf_analyzer_rate_step if target.engine == "perf_analyzer" else rate_step
+    return step(target, model, batch_size, rate, payload, folder, load)
 
 
 def check_endpoints(protocols: Sequence[str], urls: Sequence[str], repository: Path | None) -> None:
@@ -430,14 +472,9 @@ def rate_run(
     out: Path,
     title: str,
     command: str,
+    load: RateLoad = DEFAULT_LOAD,
     *,
-    arrival: str = "poisson",
-    connections: int = CONNECTIONS,
-    duration_s: float = 10.0,
-    warmup_s: float = 2.0,
     data: Path | None = None,
-    request_timeout_s: float = 60.0,
-    client_cpus: frozenset[int] | None = None,
     budget_ms: float | None = None,
     raw: Path | None = None,
     engines: Sequence[str] = ("driver",),
@@ -447,8 +484,6 @@ def rate_run(
     from loadtest.sweeps.runs import models_hotness
     from loadtest.sweeps.sweep import make_payload
 
-    if arrival not in ARRIVALS:
-        raise ConfigError(f"--arrival must be one of {', '.join(ARRIVALS)}, got {arrival!r}")
     if not engines or any(engine not in RATE_ENGINES for engine in engines):
         raise ConfigError(
             f"--request-rate runs the bundle's open-loop driver or perf_analyzer's request-rate mode "
@@ -456,17 +491,13 @@ def rate_run(
             "locust runs closed loops"
         )
     check_endpoints(protocols, urls, repository)
-    common = {
-        "arrival": arrival, "connections": connections, "duration_s": duration_s, "warmup_s": warmup_s,
-        "request_timeout_s": request_timeout_s, "client_cpus": client_cpus,
-    }  # fmt: skip
     raw = raw or out / "raw"
     out.mkdir(parents=True, exist_ok=True)
     record = RunRecord.begin(command)
     payload = make_payload(raw, data, False, models_hotness(repository, urls, protocols, models))
     steps: list[RateStep] = []
     with contextlib.ExitStack() as stack:
-        endpoints = open_endpoints(stack, models, protocols, urls, repository, raw, client_cpus)
+        endpoints = open_endpoints(stack, models, protocols, urls, repository, raw, load.client_cpus)
         for model in models:
             for protocol, url in endpoints:
                 for batch_size in batch_sizes:
@@ -475,7 +506,7 @@ def rate_run(
                             target = Target(url, protocol, "triton", engine=engine)
                             folder = raw / f"{model}-{protocol}-{engine}-b{batch_size}-r{rate:g}"
                             try:
-                                step = _one_step(target, model, batch_size, rate, payload, folder, common)
+                                step = _one_step(target, model, batch_size, rate, payload, folder, load)
                             except BundleError as exc:
                                 raise BundleError(
                                     f"{model} over {protocol}, B={batch_size}, {rate:g}/s, {engine}: {exc}"
@@ -483,8 +514,8 @@ def rate_run(
                             steps.append(step)
                             print(step_line(step), flush=True)
     settings = {
-        "arrival": arrival,
-        "per step": f"{warmup_s:g} s warm-up, {duration_s:g} s measured, {connections} connections",
+        "arrival": load.arrival,
+        "per step": load.per_step(),
         "request rows": str(data or "synthetic data (criteo.synth)"),
     }
     paths = write_rate_report(title, record.finish().to_json(), settings, steps, out, budget_ms)

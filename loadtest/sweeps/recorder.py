@@ -24,7 +24,8 @@ listeners, once per process:
   ``client-cpu-<pid>.json``: this process's CPU seconds over the window (every
   process, the master included: the load generator's cost is all of them);
 - on the master (or the single process): reads Triton's statistics at the
-  window's start and end and writes their difference as ``server-stats.json``.
+  window's start and end and writes their difference as ``server-stats.json``,
+  with the server process's CPU over the window and its cores (``--server-pid``).
 
 Nothing here imports TensorFlow or PyTorch.
 """
@@ -54,11 +55,11 @@ from loadtest.engine.client_cpu import process_cpu_s, process_demand, thread_bus
 from loadtest.engine.latency import Tally
 from loadtest.engine.payload import PayloadPool, build_pool
 from loadtest.sweeps.stepfiles import (
-    SERVER_COUNTERS,
     SERVER_STATS_FILE,
     cpu_file,
     latency_file,
-    server_counters,
+    read_server,
+    server_document,
     stream_file,
 )
 
@@ -219,6 +220,13 @@ def _add_options(parser: Any) -> None:
         default="",
         choices=["", "grpc", "http"],
         help="Read Triton's statistics of --model from --host over this protocol ('' = off).",
+    )
+    group.add_argument(
+        "--server-pid",
+        type=int,
+        default=0,
+        help="The server's process: its CPU (with its children's) and cores are read with its "
+        "statistics (0: not read).",
     )
     group.add_argument("--request-timeout", type=float, default=60.0, help="Seconds per request.")
     group.add_argument(
@@ -429,20 +437,17 @@ def _server_stats(environment: Environment) -> None:
     client = TritonClient(host, parsed.server_stats, timeout_s=10.0, retry=RetryPolicy(max_tries=2))
     try:
         gevent.sleep(max(0.0, window_start - time.time()))
-        before = server_counters(client, parsed.model)
-        started = time.time()
+        before = read_server(client, parsed.model, parsed.server_pid)
         if parsed.window > 0:
             gevent.sleep(max(0.0, _recording.window_end - time.time()))
         else:
             return
-        after = server_counters(client, parsed.model)
-        ended = time.time()
+        after = read_server(client, parsed.model, parsed.server_pid)
     finally:
         client.close()
-    if before is None or after is None:
+    document = server_document(parsed.model, before, after)
+    if document is None:
         return
-    delta = {key: after[key] - before[key] for key in SERVER_COUNTERS}
-    document = {"model": parsed.model, "from": started, "to": ended, "delta": delta}
     folder = Path(parsed.results_dir)
     folder.mkdir(parents=True, exist_ok=True)
     (folder / SERVER_STATS_FILE).write_text(json.dumps(document))

@@ -32,6 +32,7 @@ from bundle.records import RunRecord
 from bundle.snippets import section_end, section_start
 from loadtest.engine.baseline import BaselineResult, ratio
 from loadtest.engine.client_cpu import threshold_line
+from loadtest.engine.server_cpu import threshold_line as shared_threshold_line
 from loadtest.engine.writer import Panel, Series, plot, table, write_json, write_markdown
 from loadtest.sweeps.steps import StepResult
 
@@ -60,10 +61,12 @@ CSV_COLUMNS = (
     "label", "model", "protocol", "batch_size", "concurrency", "processes", "seconds",
     "requests", "errors", "requests_per_s", "samples_per_s",
     "p50_ms", "p90_ms", "p95_ms", "p99_ms", "mean_ms", "max_ms",
-    "engine", "client_cpu_us", "client_cores", "client_demand", "client_bound",
+    "engine", "client_cpu_us", "client_cores", "client_demand", "client_bound", "bound_reason",
+    "shared_share",
     "rounds", "samples_per_s_min", "samples_per_s_max", "rows_sent", "distinct_rows",
     "server_requests", "server_executions", "server_batch", "server_queue_ms",
     "server_compute_input_ms", "server_compute_infer_ms", "server_compute_output_ms", "server_request_ms",
+    "server_cores",
 )  # fmt: skip
 
 
@@ -306,7 +309,11 @@ def _agreement_counts(rows: list[dict[str, Any]]) -> str:
 
 
 def _flag(step: StepResult) -> str:
-    return "client-bound" if step.client_bound else ""
+    if not step.client_bound:
+        return ""
+    if step.bound_reason:
+        return f"client-bound: shares cores with the server, {step.shared_share:.0%} of their CPU"
+    return "client-bound"
 
 
 # ------------------------------------------------------------------ files
@@ -323,6 +330,7 @@ def _row(step: StepResult) -> dict[str, Any]:
             "server_compute_infer_ms": server.compute_infer_ms if server else "",
             "server_compute_output_ms": server.compute_output_ms if server else "",
             "server_request_ms": server.request_ms if server else "",
+            "server_cores": step.server_cores,
         }
     )
     return row
@@ -415,7 +423,7 @@ def markdown(report: Report) -> str:
         lines.append(f"- **{key}**: {value}")
     lines += [f"- {note}" for note in report.notes]
     if "Client-bound" not in report.settings:
-        lines.append(f"- **Client-bound**: {threshold_line()}")
+        lines.append(f"- **Client-bound**: {threshold_line()}; or {shared_threshold_line()}")
     lines.append("")
 
     throughput = throughput_ratios(report)
@@ -525,12 +533,12 @@ def markdown(report: Report) -> str:
     lines += table(
         ["server", "model", "protocol", "engine", "batch", "concurrency", "procs", "requests/s", "samples/s",
          "spread", "p50 ms", "p90 ms", "p95 ms", "p99 ms", "errors", "client CPU us/request", "client cores",
-         "client", "server queue ms", "server compute ms", "server batch"],
+         "server cores", "client", "server queue ms", "server compute ms", "server batch"],
         [
             [s.label, s.model, s.protocol, s.engine, s.batch_size, s.concurrency, s.processes,
              s.requests_per_s, s.samples_per_s, f"{s.spread:.0%} of {s.rounds}" if s.rounds > 1 else "-",
              s.p50_ms, s.p90_ms, s.p95_ms, s.p99_ms, s.errors, s.client_cpu_us, s.client_cores,
-             _flag(s) or "-",
+             s.server_cores, _flag(s) or "-",
              s.server.queue_ms if s.server else None, s.server.compute_infer_ms if s.server else None,
              s.server.batch if s.server else None]
             for s in report.steps

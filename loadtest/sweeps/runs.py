@@ -33,6 +33,7 @@ from bundle.schema import LENGTHS_INPUT, VALUES_INPUT, VARIABLE_HOTNESS, is_raw_
 from loadtest.engine.baseline import BaselineConfig, BaselineResult, InProcessModel
 from loadtest.engine.client_cpu import threshold_line
 from loadtest.engine.payload import MAX_POOL_ROWS, Hotness, PayloadPool
+from loadtest.engine.server_cpu import threshold_line as shared_threshold_line
 from loadtest.engine.session import serving_settings
 from loadtest.sweeps.peers.process import PeerProcess
 from loadtest.sweeps.perf_analyzer import MAX_TRIALS, STABILITY_PERCENT, window_for
@@ -153,7 +154,7 @@ class RunOptions:
             "median of the rounds, the spread is (max - min) / median of samples/s"
             if self.rounds > 1
             else "1 per step (no spread: use --rounds 3)",
-            "Client-bound": threshold_line(),
+            "Client-bound": f"{threshold_line()}; or {shared_threshold_line()}",
             "Load generator cores": (
                 f"{_cores(self.client_cpus)}; "
                 f"a server the run starts: {_cores(server_cpus(self.client_cpus))}"
@@ -178,7 +179,8 @@ def _print_step(step: StepResult) -> None:
         f"  {step.series} c={step.concurrency:<3d} {step.requests_per_s:9.1f} req/s "
         f"{step.samples_per_s:10.0f} samples/s  p50 {step.p50_ms:8.3f}  p99 {step.p99_ms:8.3f} ms  "
         f"errors {step.errors}  client {step.client_cpu_us:7.1f} us/req"
-        f"{' CLIENT-BOUND' if step.client_bound else ''}{server}",
+        f"{' CLIENT-BOUND' if step.client_bound else ''}{server}"
+        + (f"\n    {step.bound_reason}" if step.bound_reason else ""),
         highlight=False,
         markup=False,
     )

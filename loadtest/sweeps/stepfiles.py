@@ -1,15 +1,18 @@
-"""Names of the files one sweep step's folder holds.
+"""Names of the files one sweep step's folder holds, and the server's view of a step's window.
 
-Written by the locust processes (:mod:`loadtest.sweeps.recorder`), read by the sweep
-(:mod:`loadtest.sweeps.sweep`), which must not import locust itself.
+Written by the locust processes (:mod:`loadtest.sweeps.recorder`) and the in-process engines,
+read by the sweep (:mod:`loadtest.sweeps.sweep`), which must not import locust itself.
 """
 
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 from bundle.errors import BundleError
+from loadtest.engine.server_cpu import SharedCores, allowed_cores, tree_cpu_s
 
 if TYPE_CHECKING:
     from clients.triton import TritonClient
@@ -63,3 +66,66 @@ def server_counters(client: TritonClient, model: str) -> dict[str, int] | None:
         logger.warning("could not read Triton's statistics of %s: %s", model, exc)
         return None
     return {key: int(getattr(stats[0], key)) for key in SERVER_COUNTERS} if stats else None
+
+
+@dataclass(frozen=True)
+class ServerReading:
+    """The server at one instant of a step: Triton's counters of the model, and the CPU seconds of
+    its process (with its children's) and the cores it may use.
+
+    Attributes:
+        counters: :data:`SERVER_COUNTERS` (None: not read, or could not be).
+        cpu_s: the process tree's CPU seconds so far (None: no process given, or it is gone).
+        cpus: the cores the process may run on (empty when ``cpu_s`` is None).
+        at: when it was read (``time.time()``).
+    """
+
+    counters: dict[str, int] | None
+    cpu_s: float | None
+    cpus: frozenset[int]
+    at: float
+
+
+def read_server(client: TritonClient | None, model: str, pid: int | None) -> ServerReading:
+    """The server now: ``model``'s counters through ``client`` (None: not read) and process ``pid``'s
+    CPU and cores (None or 0: not read). A process that cannot be read is told once, not raised."""
+    counters = server_counters(client, model) if client is not None else None
+    cpu_s, cpus = None, frozenset[int]()
+    if pid:
+        try:
+            cpu_s, cpus = tree_cpu_s(pid), allowed_cores(pid)
+        except OSError as exc:
+            logger.warning("could not read the CPU of server process %d: %s", pid, exc)
+    return ServerReading(counters, cpu_s, cpus, time.time())
+
+
+def server_cpu_between(before: ServerReading, after: ServerReading) -> dict[str, Any]:
+    """The window's times and, where both readings have it, the server's CPU seconds over it and
+    its cores: what :func:`shared_cores` reads."""
+    fields: dict[str, Any] = {"from": before.at, "to": after.at}
+    if before.cpu_s is not None and after.cpu_s is not None:
+        fields["server_cpu_s"] = after.cpu_s - before.cpu_s
+        fields["server_cpus"] = sorted(after.cpus)
+    return fields
+
+
+def server_document(model: str, before: ServerReading, after: ServerReading) -> dict[str, Any] | None:
+    """What :data:`SERVER_STATS_FILE` holds for a window between two readings: the counters'
+    difference, and :func:`server_cpu_between` (None: no counters)."""
+    if before.counters is None or after.counters is None:
+        return None
+    delta = {key: after.counters[key] - before.counters[key] for key in SERVER_COUNTERS}
+    return {"model": model, "delta": delta, **server_cpu_between(before, after)}
+
+
+def shared_cores(
+    document: dict[str, Any], client_cores: float, client_cpus: frozenset[int] | None
+) -> SharedCores | None:
+    """The load generator (``client_cores`` used, on ``client_cpus``, None: any) beside the server
+    over a window's :func:`server_cpu_between` or :func:`server_document` (None: the server's CPU
+    was not read)."""
+    seconds = float(document.get("to", 0.0)) - float(document.get("from", 0.0))
+    if "server_cpu_s" not in document or seconds <= 0:
+        return None
+    server_cores, server_cpus = document["server_cpu_s"] / seconds, frozenset(document["server_cpus"])
+    return SharedCores.of(client_cores, client_cpus or allowed_cores(), server_cores, server_cpus)

@@ -20,6 +20,7 @@ import numpy as np
 from bundle.errors import ConfigError
 from loadtest.engine.client_cpu import ClientCpu
 from loadtest.engine.latency import PERCENTILES, Tally
+from loadtest.engine.server_cpu import SharedCores
 
 logger = logging.getLogger(__name__)
 
@@ -226,7 +227,13 @@ class StepResult:
         client_demand: core-seconds per second the load generator's processes were running or
             waiting for a CPU, all together.
         client_bound: whether the load generator, not the server, limited the step
-            (:mod:`loadtest.engine.client_cpu`).
+            (:mod:`loadtest.engine.client_cpu`), or took CPU the server needed on cores the two
+            share (:mod:`loadtest.engine.server_cpu`).
+        bound_reason: why the step is client-bound, in words (empty: it is not, or the reason is
+            the load generator's own CPU, :func:`~loadtest.engine.client_cpu.threshold_line`).
+        server_cores: cores the server's processes used on average over the window (NaN: not read).
+        shared_share: the load generator's share of the CPU the two used on the cores they share
+            (NaN: no core shared, or the server's CPU not read).
         rows_sent: rows the step sent from a stream, warm-up included (0: it cycled a pool).
         distinct_rows: how many of them were distinct (fewer once the stream wrapped).
         rounds: repeats of the step that its figures are the median of.
@@ -258,6 +265,9 @@ class StepResult:
     client_cores: float = math.nan
     client_demand: float = math.nan
     client_bound: bool = False
+    bound_reason: str = ""
+    server_cores: float = math.nan
+    shared_share: float = math.nan
     rows_sent: int = 0
     distinct_rows: int = 0
     rounds: int = 1
@@ -309,6 +319,20 @@ class StepResult:
             **fields,
         )  # fmt: skip
 
+    def beside_server(self, shared: SharedCores | None) -> StepResult:
+        """This step with the server's CPU beside the load generator's (None: not read): the server's
+        cores used, the load generator's share of the shared cores, and the step client-bound, with
+        the reason, where the load generator took CPU the server needed."""
+        if shared is None:
+            return self
+        return replace(
+            self,
+            server_cores=shared.server_cores,
+            shared_share=shared.share,
+            client_bound=self.client_bound or shared.took_from_server,
+            bound_reason=shared.reason(),
+        )
+
     def as_dict(self) -> dict[str, Any]:
         """JSON-ready fields (server statistics nested)."""
         return asdict(self)
@@ -356,6 +380,8 @@ def median_step(rounds: Sequence[StepResult]) -> StepResult:
             request_ms=median("request_ms", timed),
             batch=median("batch", timed),
         )
+    # Bound when at least half of the repeats were: the median repeat's verdict.
+    bound = 2 * sum(r.client_bound for r in rounds) >= len(rounds)
     kinds: dict[str, int] = {}
     for r in rounds:
         for kind, count in r.error_kinds.items():
@@ -380,8 +406,10 @@ def median_step(rounds: Sequence[StepResult]) -> StepResult:
         client_cpu_us=median("client_cpu_us", rounds),
         client_cores=median("client_cores", rounds),
         client_demand=median("client_demand", rounds),
-        # Bound when at least half of the repeats were: the median repeat's verdict.
-        client_bound=2 * sum(r.client_bound for r in rounds) >= len(rounds),
+        server_cores=median("server_cores", rounds),
+        shared_share=median("shared_share", rounds),
+        bound_reason=next((r.bound_reason for r in rounds if r.bound_reason), "") if bound else "",
+        client_bound=bound,
         rounds=sum(r.rounds for r in rounds),
         samples_per_s_min=min(r.samples_per_s_min for r in rounds),
         samples_per_s_max=max(r.samples_per_s_max for r in rounds),

@@ -32,6 +32,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -48,6 +49,7 @@ from loadtest.engine.payload import (
     build_pool,
     build_stream,
 )
+from loadtest.engine.server_cpu import listening_pid
 from loadtest.sweeps.engines import driver_step, perf_analyzer_step
 from loadtest.sweeps.stepfiles import (
     CPU_GLOB,
@@ -55,6 +57,7 @@ from loadtest.sweeps.stepfiles import (
     LOCUST_LOG,
     SERVER_STATS_FILE,
     STREAM_GLOB,
+    shared_cores,
 )
 from loadtest.sweeps.steps import (
     STEP_GRACE_S,
@@ -84,12 +87,14 @@ def collect_step(
     concurrency: int,
     processes: int,
     window_s: float,
-    allowed: int | None = None,
+    client_cpus: frozenset[int] | None = None,
 ) -> StepResult:
     """Read a step folder written by the locust processes into one :class:`StepResult`.
 
     Requests per second add up over processes, each over the part of the
-    window it ran (the whole window, unless it stopped early).
+    window it ran (the whole window, unless it stopped early). ``client_cpus``: the
+    cores the load generator ran on (None: any); with the server's CPU and cores over the
+    window, they say whether the load generator took CPU the server needed.
 
     Raises:
         BundleError: no process wrote its results.
@@ -106,9 +111,11 @@ def collect_step(
     covered = [t.seconds or window_s for t in tallies]
     tally = merged_tallies(tallies)
     server = None
+    stats: dict[str, Any] = {}
     stats_path = folder / SERVER_STATS_FILE
     if stats_path.is_file():
-        server = ServerTimes.from_delta(json.loads(stats_path.read_text())["delta"])
+        stats = json.loads(stats_path.read_text())
+        server = ServerTimes.from_delta(stats["delta"])
     cpu_documents = [json.loads(path.read_text()) for path in sorted(folder.glob(CPU_GLOB))]
     cpu = ClientCpu.of_processes(
         [
@@ -117,13 +124,14 @@ def collect_step(
             if d.get("cpu_s") is not None
         ],
         tally.ok + tally.errors,
-        allowed,
+        None if client_cpus is None else len(client_cpus),
         concurrency,
     )
-    return StepResult.of_tally(
+    step = StepResult.of_tally(
         target, model, batch_size, concurrency, tally, rate, cpu, processes=processes,
         seconds=sum(covered) / len(covered), server=server, errors_total=errors_total,
     )  # fmt: skip
+    return step.beside_server(shared_cores(stats, cpu.share, client_cpus)) if stats else step
 
 
 def locust_command(
@@ -160,6 +168,9 @@ def locust_command(
     ]  # fmt: skip
     if target.server_stats:
         command += ["--server-stats", target.protocol]
+        server_pid = listening_pid(target.url)
+        if server_pid is not None:
+            command += ["--server-pid", str(server_pid)]
     if target.protocol == "grpc":
         command += ["--grpc-blocking"]
     if config.stream is not None:
@@ -287,7 +298,7 @@ def run_step(
         concurrency,
         config.processes_for(concurrency),
         config.duration_s,
-        None if config.client_cpus is None else len(config.client_cpus),
+        config.client_cpus,
     )
     if config.stream is None:
         return step

@@ -163,6 +163,27 @@ def test_a_load_generator_starved_of_cpu_is_flagged_client_bound(
     assert "client-bound" in (tmp_path / "starved" / "report.md").read_text()
 
 
+def test_the_default_unpinned_sweep_agrees_with_perf_analyzer_or_says_it_took_the_servers_cores(
+    exported_server: LocalServer, perf_analyzer_binary: Path, tmp_path: Path
+) -> None:
+    # As the docs run it: no pinning, so locust, perf_analyzer and the server share every core.
+    out = tmp_path / "unpinned"
+    done = _sweep(
+        exported_server, out, "--engine", "locust,perf_analyzer", "--batch-size", "64",
+        "--concurrency", "4", "--duration", "3", "--warmup", "1",
+    )  # fmt: skip
+    assert done.returncode == 0, f"{done.stdout}\n{done.stderr}"
+    steps = {step["engine"]: step for step in json.loads((out / "report.json").read_text())["steps"]}
+    ours, reference = steps["locust"], steps["perf_analyzer"]
+    # The server's CPU was read beside the load generator's, on the cores they share.
+    assert ours["server_cores"] > 0 and 0 < ours["shared_share"] < 1, ours
+    ratio = ours["samples_per_s"] / reference["samples_per_s"]
+    if abs(ratio - 1) > 0.1:
+        assert ours["client_bound"] is True, (ratio, ours)
+        assert ours["bound_reason"].startswith("load generator and server share"), ours
+        assert "shares cores with the server" in (out / "report.md").read_text()
+
+
 def test_a_streamed_sweep_sends_each_row_of_a_file_larger_than_the_pool_once(
     exported_server: LocalServer, tmp_path: Path
 ) -> None:

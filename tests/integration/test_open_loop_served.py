@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from loadtest.sweeps.engines import driver_step
-from loadtest.sweeps.rates import RateStep, rate_step
+from loadtest.sweeps.rates import RateLoad, RateStep, rate_step
 from loadtest.sweeps.steps import SweepConfig, Target
 from loadtest.sweeps.sweep import make_payload
 from server import LocalServer
@@ -54,10 +54,8 @@ def test_a_stall_shows_in_the_open_loop_and_hides_in_the_closed_loop(
     payload = make_payload(tmp_path, None)
     target = Target(server.grpc_url, "grpc")
     timer = _stall_after(repository, 2.0)  # inside the window: 0.5 s of warm-up, then 4 s
-    step = rate_step(
-        target, MODEL, 1, 100.0, payload, tmp_path / "open", arrival="constant", connections=16,
-        duration_s=4.0, warmup_s=0.5,
-    )  # fmt: skip
+    load = RateLoad("constant", connections=16, duration_s=4.0, warmup_s=0.5)
+    step = rate_step(target, MODEL, 1, 100.0, payload, tmp_path / "open", load)
     timer.join()
     assert not (repository / MODEL / "1" / "stall").exists()  # the model stalled
     assert step.errors == 0 and step.unfinished == 0 and step.requests > 300, step

@@ -78,3 +78,21 @@ def test_failed_unfinished_and_flagged_steps_do_not_hold() -> None:
         with pytest.raises(ConfigError):
             search_capacity(lambda rate: _step(rate, 1.0), *bad)
     assert Capacity(10.0, 0.05).statement().startswith("no rate held")
+
+
+def test_the_open_loop_and_perf_analyzer_agree_within_a_tenth_only_where_neither_is_flagged() -> None:
+    from loadtest.sweeps.rates import RateLoad, agreement_rows, agrees
+
+    ours = replace(_step(100.0, 9.0), engine="driver")
+    close = replace(_step(100.0, 9.5), engine="perf_analyzer")
+    assert agrees(ours, close) is True
+    assert agrees(ours, replace(close, p99_ms=12.0)) is False  # p99 0.75 of theirs
+    assert agrees(ours, replace(close, p50_ms=4.0)) is False  # p50 0.75 of theirs
+    assert agrees(ours, replace(close, flag="perf_analyzer delayed 3.0% of the requests")) is None
+    flagged = replace(ours, request_rate=200.0, flag="sent 90% of the scheduled requests")
+    rows = agreement_rows([ours, close, flagged, replace(close, request_rate=200.0)])
+    assert [row[-1] for row in rows] == ["yes", "- (flagged)"]
+    with pytest.raises(ConfigError, match="--arrival"):
+        RateLoad("bursty")
+    with pytest.raises(ConfigError, match="--connections"):
+        RateLoad(connections=0)

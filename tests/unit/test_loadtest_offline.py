@@ -111,6 +111,21 @@ def test_median_step_refuses_rounds_of_different_steps() -> None:
         median_step([one, replace(one, concurrency=2)])
 
 
+def test_rounds_keep_the_shared_cores_reason_of_the_rounds_that_gave_it() -> None:
+    config = SweepConfig(models=("m",), batch_size=1, concurrency=(1,))
+    quiet = replace(
+        _step(Target("127.0.0.1:1", "grpc", "triton"), config), server_cores=1.0, shared_share=0.05
+    )
+    reason = "load generator and server share 2 core(s), 99% busy: the load generator took 20% of the CPU"
+    taken = replace(quiet, server_cores=1.6, shared_share=0.2, client_bound=True, bound_reason=reason)
+    combined = median_step([quiet, taken, taken])
+    assert combined.client_bound and combined.bound_reason == reason
+    assert combined.shared_share == 0.2 and combined.server_cores == 1.6
+    # Bound in one round of three: the step is not, and gives no reason.
+    assert not median_step([quiet, quiet, taken]).client_bound
+    assert median_step([quiet, quiet, taken]).bound_reason == ""
+
+
 def test_a_sweep_of_a_running_server_without_its_repository_says_how_to_get_the_baseline(
     tmp_path: Path,
 ) -> None:
