@@ -42,6 +42,8 @@ logger = logging.getLogger(__name__)
 
 #: What can drive request-rate steps: the bundle's open loop, and perf_analyzer's request-rate mode.
 RATE_ENGINES = ("driver", "perf_analyzer")
+#: What perf_analyzer says when its windows never agree.
+UNSTABLE = "Failed to obtain stable measurement"
 #: Two engines' p50 and p99 at one rate agree when each ratio is within this of 1.
 AGREEMENT = 0.10
 #: The latency percentiles a rate step reports (from the schedule).
@@ -267,11 +269,26 @@ def perf_analyzer_rate_step(
         )
     arrival, connections = load.arrival, load.connections
     window_s = perf_analyzer.window_for(load.duration_s)
-    run = perf_analyzer.run_step(
-        require(), target.url, target.protocol, model, batch_size, connections, window_s, input_data, folder,
-        timeout_s=(perf_analyzer.MAX_TRIALS + 1) * window_s + load.request_timeout_s + 60.0,
-        cpus=load.client_cpus, request_rate=rate, arrival=arrival,
-    )  # fmt: skip
+    try:
+        run = perf_analyzer.run_step(
+            require(), target.url, target.protocol, model, batch_size, connections, window_s, input_data,
+            folder, timeout_s=(perf_analyzer.MAX_TRIALS + 1) * window_s + load.request_timeout_s + 60.0,
+            cpus=load.client_cpus, request_rate=rate, arrival=arrival,
+        )  # fmt: skip
+    except BundleError as exc:
+        if UNSTABLE not in str(exc):
+            raise
+        # No figures of its own to report: the step says so, flagged, and the run goes on.
+        return RateStep(
+            label=target.label, model=model, protocol=target.protocol, batch_size=batch_size, arrival=arrival,
+            request_rate=rate, scheduled_rate=rate, achieved_rate=math.nan, answered_per_s=math.nan,
+            samples_per_s=math.nan, connections=connections, seconds=0.0, requests=0, errors=0, late=0,
+            unfinished=0, in_flight_mean=math.nan, in_flight_max=0, p50_ms=math.nan, p90_ms=math.nan,
+            p99_ms=math.nan, p999_ms=math.nan, max_ms=math.nan, service_p99_ms=math.nan,
+            send_lag_p99_ms=math.nan, server=None, client_cpu_us=math.nan, engine="perf_analyzer",
+            flag=f"perf_analyzer found no stable measurement in {perf_analyzer.MAX_TRIALS} windows of "
+            f"{window_s:.3g} s (a busy machine, or too few requests per window)",
+        )  # fmt: skip
     (folder / "perf_analyzer.json").write_text(json.dumps(perf_analyzer.describe(run)))
     figures = run.figures
     answered = figures.samples_per_s / batch_size

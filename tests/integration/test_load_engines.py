@@ -217,22 +217,27 @@ def test_request_rate_steps_of_the_open_loop_and_of_perf_analyzer_side_by_side(
     out = tmp_path / "rates"
     done = _sweep(
         exported_server, out, "--engine", "driver,perf_analyzer", "--request-rate", "100",
-        "--arrival", "constant", "--batch-size", "8", "--duration", "1", "--warmup", "0.5",
+        "--arrival", "constant", "--batch-size", "8", "--duration", "3", "--warmup", "0.5",
         "--connections", "4",
     )  # fmt: skip
     assert done.returncode == 0, f"{done.stdout}\n{done.stderr}"
     document = json.loads((out / "rates.json").read_text())
     steps = {step["engine"]: step for step in document["steps"]}
     assert set(steps) == {"driver", "perf_analyzer"}
-    for step in steps.values():
-        assert (
-            step["request_rate"] == 100 and step["samples_per_s"] > 0 and 0 < step["p50_ms"] <= step["p99_ms"]
-        )
-    # perf_analyzer's figures are its own, from the CSV its request-rate mode wrote.
+    ours, theirs = steps["driver"], steps["perf_analyzer"]
+    assert ours["request_rate"] == 100 and ours["samples_per_s"] > 0 and 0 < ours["p50_ms"] <= ours["p99_ms"]
     (folder,) = (out / "raw").glob(f"{MODEL}-grpc-perf_analyzer-b8-r100")
+    if theirs["samples_per_s"] is None:
+        # On a busy machine perf_analyzer's windows may never agree: the step says so, flagged,
+        # with no figures, and the run goes on.
+        assert theirs["flag"].startswith("perf_analyzer found no stable measurement"), theirs
+        assert "Failed to obtain stable measurement" in (folder / "perf_analyzer.log").read_text()
+        assert "- (flagged)" in (out / "rates.md").read_text()
+        return
+    assert theirs["request_rate"] == 100 and 0 < theirs["p50_ms"] <= theirs["p99_ms"]
+    # perf_analyzer's figures are its own, from the CSV its request-rate mode wrote.
     with open(folder / "perf_analyzer.csv", newline="") as handle:
         (row,) = list(csv.DictReader(handle))
-    theirs = steps["perf_analyzer"]
     assert theirs["samples_per_s"] == pytest.approx(float(row["Inferences/Second"]))
     assert theirs["p99_ms"] == pytest.approx(float(row["p99 latency"]) / 1000)
     assert "--request-rate-range" in (folder / "perf_analyzer.log").read_text().splitlines()[0]
