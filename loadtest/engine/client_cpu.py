@@ -28,6 +28,8 @@ import os
 import resource
 from dataclasses import dataclass
 
+from loadtest.engine.server_cpu import SHARED_BUSY, SHARED_SHARE
+
 #: A load-generator process whose threads ran or waited to run above this many core-seconds per
 #: second of the window is saturated, or starved.
 CORE_SHARE = 0.75
@@ -94,14 +96,17 @@ def machine_cores() -> int:
 
 
 def threshold_line(cores: int | None = None) -> str:
-    """The client-bound rule in words, as every report states it."""
+    """The client-bound rule in words, as every report states it (the shared-cores part from
+    :mod:`loadtest.engine.server_cpu`)."""
     cores = cores or machine_cores()
     return (
         f"over the measurement window, one load-generator process running or waiting "
         f"for a CPU more than {CORE_SHARE:g} of a core (its threads together), or all of them more than "
         f"{CORE_SHARE:g} of each core they may use, or all of them using more than {MACHINE_SHARE:.0%} "
         f"of this machine's {cores} cores, or more than {USER_SHARE:.0%} of each closed-loop user's "
-        "request cycle spent on the client's CPU"
+        "request cycle spent on the client's CPU; or the load generator running on cores the server "
+        f"may use, those cores at least {SHARED_BUSY:.0%} busy, and the load generator above "
+        f"{SHARED_SHARE:.0%} of the CPU used there"
     )
 
 

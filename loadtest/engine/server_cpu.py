@@ -12,7 +12,8 @@ CPU than it has, and the engine with the cheaper client (perf_analyzer, in C++)
 reads a higher rate on the same server. :func:`shared_cores_share` is the
 client's share of the CPU the two used on the cores they share, and
 :data:`SHARED_SHARE` the share above which the step is flagged client-bound,
-with that share as its reason.
+with that share as its reason (stated with the rest of the client-bound rule,
+:func:`loadtest.engine.client_cpu.threshold_line`).
 """
 
 from __future__ import annotations
@@ -180,11 +181,3 @@ class SharedCores:
             f"the load generator took {self.share:.0%} of the CPU used there "
             "(--client-cpus keeps them apart)"
         )
-
-
-def threshold_line() -> str:
-    """The shared-cores rule in words, as reports state it."""
-    return (
-        f"the load generator running on cores the server may use, those cores at least "
-        f"{SHARED_BUSY:.0%} busy, and the load generator above {SHARED_SHARE:.0%} of the CPU used there"
-    )

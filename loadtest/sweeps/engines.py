@@ -203,4 +203,4 @@ def driver_step(
         target, model, config.batch_size, concurrency, tally, rate, cpu, processes=1, server=server,
         engine="driver", rows_sent=rows_sent, distinct_rows=distinct_rows,
     )  # fmt: skip
-    return step.beside_server(shared_cores(document, cpu.share, config.client_cpus)) if document else step
+    return step.beside_server(shared_cores(document, cpu.share, config.client_cpus))

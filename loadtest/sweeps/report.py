@@ -32,7 +32,6 @@ from bundle.records import RunRecord
 from bundle.snippets import section_end, section_start
 from loadtest.engine.baseline import BaselineResult, ratio
 from loadtest.engine.client_cpu import threshold_line
-from loadtest.engine.server_cpu import threshold_line as shared_threshold_line
 from loadtest.engine.writer import Panel, Series, plot, table, write_json, write_markdown
 from loadtest.sweeps.steps import StepResult
 
@@ -423,7 +422,7 @@ def markdown(report: Report) -> str:
         lines.append(f"- **{key}**: {value}")
     lines += [f"- {note}" for note in report.notes]
     if "Client-bound" not in report.settings:
-        lines.append(f"- **Client-bound**: {threshold_line()}; or {shared_threshold_line()}")
+        lines.append(f"- **Client-bound**: {threshold_line()}")
     lines.append("")
 
     throughput = throughput_ratios(report)

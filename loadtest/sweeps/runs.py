@@ -33,7 +33,6 @@ from bundle.schema import LENGTHS_INPUT, VALUES_INPUT, VARIABLE_HOTNESS, is_raw_
 from loadtest.engine.baseline import BaselineConfig, BaselineResult, InProcessModel
 from loadtest.engine.client_cpu import threshold_line
 from loadtest.engine.payload import MAX_POOL_ROWS, Hotness, PayloadPool
-from loadtest.engine.server_cpu import threshold_line as shared_threshold_line
 from loadtest.engine.session import serving_settings
 from loadtest.sweeps.peers.process import PeerProcess
 from loadtest.sweeps.perf_analyzer import MAX_TRIALS, STABILITY_PERCENT, window_for
@@ -154,7 +153,7 @@ class RunOptions:
             "median of the rounds, the spread is (max - min) / median of samples/s"
             if self.rounds > 1
             else "1 per step (no spread: use --rounds 3)",
-            "Client-bound": f"{threshold_line()}; or {shared_threshold_line()}",
+            "Client-bound": threshold_line(),
             "Load generator cores": (
                 f"{_cores(self.client_cpus)}; "
                 f"a server the run starts: {_cores(server_cpus(self.client_cpus))}"

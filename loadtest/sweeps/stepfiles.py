@@ -119,13 +119,15 @@ def server_document(model: str, before: ServerReading, after: ServerReading) -> 
 
 
 def shared_cores(
-    document: dict[str, Any], client_cores: float, client_cpus: frozenset[int] | None
+    document: dict[str, Any] | None, client_cores: float, client_cpus: frozenset[int] | None
 ) -> SharedCores | None:
     """The load generator (``client_cores`` used, on ``client_cpus``, None: any) beside the server
-    over a window's :func:`server_cpu_between` or :func:`server_document` (None: the server's CPU
-    was not read)."""
+    over a window's :func:`server_cpu_between` or :func:`server_document` (None: no document, or
+    the server's CPU was not read)."""
+    if not document or "server_cpu_s" not in document:
+        return None
     seconds = float(document.get("to", 0.0)) - float(document.get("from", 0.0))
-    if "server_cpu_s" not in document or seconds <= 0:
+    if seconds <= 0:
         return None
     server_cores, server_cpus = document["server_cpu_s"] / seconds, frozenset(document["server_cpus"])
     return SharedCores.of(client_cores, client_cpus or allowed_cores(), server_cores, server_cpus)

@@ -131,7 +131,7 @@ def collect_step(
         target, model, batch_size, concurrency, tally, rate, cpu, processes=processes,
         seconds=sum(covered) / len(covered), server=server, errors_total=errors_total,
     )  # fmt: skip
-    return step.beside_server(shared_cores(stats, cpu.share, client_cpus)) if stats else step
+    return step.beside_server(shared_cores(stats, cpu.share, client_cpus))
 
 
 def locust_command(
