@@ -29,7 +29,7 @@ from typing import Any
 from bundle.errors import ConfigError
 from bundle.records import RunRecord, machine_with_flags
 from bundle.snippets import section_end, section_start
-from loadtest.engine.open_loop import CONNECTIONS
+from loadtest.engine.open_loop import CONNECTIONS, WakeUps, wake_ups
 from loadtest.engine.payload import PayloadPool
 from loadtest.engine.writer import Panel, Series, plot, table, write_json, write_markdown
 from loadtest.sweeps.capacity import holds, search_capacity
@@ -160,13 +160,14 @@ def run_open_loop(options: OpenLoopOptions, out: Path, command: str) -> dict[str
             stack, [options.model], [options.protocol], [], options.repository, raw, options.client_cpus
         )
         target = Target(endpoint, options.protocol, "triton", engine="driver")
+        woke = wake_ups(options.client_cpus)
+        print(f"timer: {woke.line()}", flush=True)
 
         def measure(rate: float) -> RateStep:
             step = rate_step(
                 target, options.model, options.batch_size, rate, payload, raw / f"r{rate:g}", load
             )
-            said = "" if step.flag else f": {holds(step, options.budget_ms) or 'holds the budget'}"
-            print(f"{step_line(step)}{said}", flush=True)
+            print(f"{step_line(step)}: {holds(step, options.budget_ms) or 'holds the budget'}", flush=True)
             return step
 
         capacity = search_capacity(
@@ -187,6 +188,7 @@ def run_open_loop(options: OpenLoopOptions, out: Path, command: str) -> dict[str
     return {
         **record.finish().to_json(),
         "options": {key: _plain(value) for key, value in asdict(options).items()},
+        "wake_ups": asdict(woke),
         "capacity": capacity.to_json(),
         "open": [step.as_dict() for step in opened],
         "closed": [step.as_dict() for step in closed],
@@ -210,6 +212,7 @@ def report_lines(document: dict[str, Any]) -> list[str]:
         f"- model: `{options['model']}` over {options['protocol']}, batch {options['batch_size']}, one local "
         f"tritonserver; each step {options['warmup_s']:g} s warm-up, {options['duration_s']:g} s measured",
         f"- open loop: Poisson arrivals, {options['connections']} connections; {flag_rule()}",
+        *([f"- timer: {WakeUps(**document['wake_ups']).line()}"] if "wake_ups" in document else []),
         "",
         f"**{capacity['statement']}**",
         "",

@@ -27,6 +27,7 @@ from __future__ import annotations
 import collections
 import logging
 import math
+import os
 import sys
 import threading
 import time
@@ -186,6 +187,51 @@ class OpenLoopWindow:
             "service_latency_ms": {f"p{q:g}": v for q, v in self.service.percentiles().items()},
             "flag": self.flag(),
         }
+
+
+@dataclass(frozen=True)
+class WakeUps:
+    """How late this machine wakes a sleeping thread: the floor under any generator's send lag.
+
+    Attributes:
+        sleep_ms: the sleep asked.
+        sleeps: how many were timed.
+        p50_ms, p99_ms, max_ms: how much later than asked the thread ran again.
+    """
+
+    sleep_ms: float
+    sleeps: int
+    p50_ms: float
+    p99_ms: float
+    max_ms: float
+
+    def line(self) -> str:
+        """The measurement in one line, for a report's set-up."""
+        return (
+            f"a {self.sleep_ms:g} ms sleep on the load generator's cores woke p50 {self.p50_ms:.2f} ms, "
+            f"p99 {self.p99_ms:.2f} ms, max {self.max_ms:.2f} ms late ({self.sleeps} sleeps before the run; "
+            f"a send later than {LATE_MS:g} ms is late)"
+        )
+
+
+def wake_ups(cpus: frozenset[int] | None = None, sleeps: int = 400, sleep_s: float = 0.005) -> WakeUps:
+    """Time ``sleeps`` sleeps of ``sleep_s`` on ``cpus`` (None: where this thread runs): a
+    machine that wakes its threads late (a busy or virtual one) lags every sender by as much."""
+    if sleeps < 1 or not sleep_s > 0:
+        raise ConfigError(f"need sleeps >= 1 and a sleep > 0, got {sleeps} and {sleep_s:g}")
+    affinity = os.sched_getaffinity(0)
+    if cpus is not None:
+        os.sched_setaffinity(0, cpus)
+    try:
+        late = np.empty(sleeps)
+        for index in range(sleeps):
+            before = time.perf_counter()
+            time.sleep(sleep_s)
+            late[index] = (time.perf_counter() - before - sleep_s) * 1000.0
+    finally:
+        os.sched_setaffinity(0, affinity)
+    p50, p99 = np.percentile(late, [50, 99])
+    return WakeUps(sleep_s * 1000.0, sleeps, float(p50), float(p99), float(late.max()))
 
 
 @dataclass(eq=False)

@@ -2,13 +2,17 @@
 
 ``python -m loadtest capacity --p99-budget-ms 10`` measures open-loop steps
 (:func:`loadtest.sweeps.rates.rate_step`) and searches their rate: from ``--start``, the rate
-doubles while the step holds the budget, then the interval between the highest rate that held
+doubles while the step holds the budget (or, where the start does not hold it, halves until a
+rate does, down to ``start /`` :data:`LOWEST_SHARE`), then the interval between the highest rate that held
 and the lowest that did not is halved (geometrically) until the failing rate is within
 ``--resolution`` of the passing one. A step holds the budget when its p99, counted from each
 request's scheduled time, is within it, no request failed or was left unfinished, and the
-generator kept its schedule (an unflagged step). The answer is the highest rate that held, with
-its p50, p99, p99.9 and Triton's queue and compute times; each rate is measured once, so a rate
-near the edge can land on either side from run to run, which the resolution does not hide.
+generator sent at least :data:`~loadtest.engine.open_loop.MIN_SENT_SHARE` of its schedule. A
+step flagged for late sends alone can hold: its latency is counted from each request's scheduled
+time, so the lag is inside its p99 and could only have raised it. The answer is the highest
+rate that held, with its p50, p99, p99.9 and Triton's queue and compute times; each rate is
+measured once, so a rate near the edge can land on either side from run to run, which the
+resolution does not hide.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ from typing import Any
 
 from bundle.errors import ConfigError
 from bundle.records import RunRecord
+from loadtest.engine.open_loop import MIN_SENT_SHARE, wake_ups
 from loadtest.engine.writer import Panel, Series, plot, table, write_json, write_markdown
 from loadtest.sweeps.rates import (
     DEFAULT_LOAD,
@@ -39,6 +44,8 @@ from loadtest.sweeps.steps import Target
 START_RATE = 50.0
 #: The search stops when the failing rate is within this share of the passing one.
 RESOLUTION = 0.05
+#: Where the start rate does not hold, the search halves down to ``start / LOWEST_SHARE``.
+LOWEST_SHARE = 64.0
 #: The highest rate the search tries, per second, by default.
 MAX_RATE = 100_000.0
 
@@ -47,10 +54,10 @@ def holds(step: RateStep, budget_ms: float) -> str:
     """Why ``step`` does not hold ``budget_ms`` ("" when it does)."""
     if step.errors or step.unfinished:
         return f"{step.errors} failed and {step.unfinished} unfinished requests"
-    if step.flag:
+    if not step.achieved_rate >= MIN_SENT_SHARE * step.scheduled_rate:
         return f"flagged: {step.flag}"
     if not step.p99_ms <= budget_ms:
-        return f"p99 {step.p99_ms:.2f} ms over the budget"
+        return f"p99 {step.p99_ms:.2f} ms over the budget" + (f" (flagged: {step.flag})" if step.flag else "")
     return ""
 
 
@@ -78,10 +85,11 @@ class Capacity:
     def statement(self) -> str:
         """The answer in one line."""
         if self.best is None:
-            first = self.steps[0] if self.steps else None
-            why = self.verdicts[0] if self.verdicts else "nothing measured"
-            rate = f"{first.request_rate:g}/s" if first else "the first rate"
-            return f"no rate held a p99 of {self.budget_ms:g} ms: {rate} did not ({why})"
+            if not self.steps:
+                return f"no rate held a p99 of {self.budget_ms:g} ms: nothing measured"
+            first, last = self.steps[0].request_rate, self.steps[-1].request_rate
+            tried = f"{first:g}/s did not" if first == last else f"{first:g}/s down to {last:g}/s did not"
+            return f"no rate held a p99 of {self.budget_ms:g} ms: {tried} ({self.verdicts[-1]})"
         best = self.best
         edge = (
             f"{self.failed_above.request_rate:g}/s did not hold it"
@@ -148,10 +156,20 @@ def search_capacity(
         return True
 
     rate = start
-    while step(rate):
-        if rate >= max_rate:
+    if step(rate):
+        while rate < max_rate:
+            rate = min(rate * 2.0, max_rate)
+            if not step(rate):
+                break
+        else:
             return result
-        rate = min(rate * 2.0, max_rate)
+    else:
+        # Over the budget from the start: halve down to a rate that holds, or to the lowest.
+        while result.best is None and rate / 2.0 >= start / LOWEST_SHARE:
+            rate /= 2.0
+            step(rate)
+        if result.failed_above is not None:
+            rate = result.failed_above.request_rate
     if result.best is None:
         return result
     low, high = result.best.request_rate, rate
@@ -254,13 +272,12 @@ def capacity_run(
     with contextlib.ExitStack() as stack:
         ((_, endpoint),) = open_endpoints(stack, [model], [protocol], urls, repository, raw, load.client_cpus)
         target = Target(endpoint, protocol, "triton", engine="driver")
+        woke = wake_ups(load.client_cpus)
 
         def measure(rate: float) -> RateStep:
             step = rate_step(target, model, batch_size, rate, payload, raw / f"r{rate:g}", load)
             verdict = holds(step, budget_ms)
-            # A flagged step's line already says why.
-            said = "" if step.flag else f": {verdict or 'holds the budget'}"
-            print(f"{step_line(step)}{said}", flush=True)
+            print(f"{step_line(step)}: {verdict or 'holds the budget'}", flush=True)
             return step
 
         capacity = search_capacity(measure, budget_ms, start, resolution, max_rate)
@@ -268,6 +285,7 @@ def capacity_run(
         "model": f"{model} over {protocol}, batch {batch_size}",
         "per step": f"{load.per_step()}, Poisson arrivals",
         "request rows": str(data or "synthetic data (criteo.synth)"),
+        "timer": woke.line(),
     }
     paths = write_capacity_report(capacity, title, record.finish().to_json(), settings, out)
     return capacity, paths

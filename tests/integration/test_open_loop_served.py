@@ -145,7 +145,7 @@ def test_capacity_finds_a_rate_under_the_budget_and_says_how(repository: Path, t
     )
     # A model of about a millisecond holds 50 ms at these rates: a rate fails only where the load
     # generator could not keep its schedule on a busy machine, and says so.
-    assert all(v == "" or v.startswith("flagged: ") for v in verdicts), verdicts
+    assert all(v == "" or "flagged: " in v for v in verdicts), verdicts
     if verdicts[0] == "":  # it held, so the rate doubled
         assert rates[:2] == [40, 80] and document["best"]["p99_ms"] <= 50
     said = "capacity at p99 50 ms" if document["best"] is not None else "no rate held a p99 of 50 ms"

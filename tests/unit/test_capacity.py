@@ -1,5 +1,6 @@
 """The capacity search over a synthetic server whose p99 rises with the rate: it finds the edge
-within its resolution, says so, and treats failed, unfinished and flagged steps as over budget."""
+within its resolution, says so, and treats failed, unfinished and short-sent steps as over
+budget (one flagged for late sends alone holds where its p99, which counts the lag, does)."""
 
 from __future__ import annotations
 
@@ -54,20 +55,37 @@ def test_the_search_finds_the_edge_within_its_resolution(edge: float, tmp_path: 
 
 
 def test_the_first_rate_over_budget_and_the_highest_rate_holding_are_said() -> None:
-    _, measure = _queue(30.0)
-    result = search_capacity(measure, 10.0, start=50.0)  # type: ignore[arg-type]
-    assert result.best is None and "no rate held a p99 of 10 ms: 50/s did not" in result.statement()
+    # Over the budget at the start: the search halves down to a rate that holds, then closes in.
+    tried, measure = _queue(30.0)
+    result = search_capacity(measure, 10.0, start=50.0, resolution=0.05)  # type: ignore[arg-type]
+    assert tried[:3] == [50.0, 25.0, 12.5] and result.best is not None and result.failed_above is not None
+    best, above = result.best.request_rate, result.failed_above.request_rate
+    assert best <= 24.0 < above <= best * 1.05
+    # Nothing holds: it stops at start / LOWEST_SHARE and says how far down it went.
+    tried, measure = _queue(0.1)
+    result = search_capacity(measure, 10.0, start=64.0)  # type: ignore[arg-type]
+    assert result.best is None and tried == [64.0, 32.0, 16.0, 8.0, 4.0, 2.0, 1.0]
+    assert "no rate held a p99 of 10 ms: 64/s down to 1/s did not (p99 " in result.statement()
     _, measure = _queue(1e9)
     result = search_capacity(measure, 10.0, start=50.0, max_rate=400.0)  # type: ignore[arg-type]
     assert result.best is not None and result.best.request_rate == 400.0 and result.failed_above is None
     assert "the search's highest rate held it" in result.statement()
 
 
-def test_failed_unfinished_and_flagged_steps_do_not_hold() -> None:
+def test_failed_unfinished_and_short_sent_steps_do_not_hold() -> None:
     assert holds(_step(100, 5.0), 10.0) == ""
     assert "2 failed" in holds(_step(100, 5.0, errors=2), 10.0)
     assert "1 unfinished" in holds(_step(100, 5.0, unfinished=1), 10.0)
-    assert holds(_step(100, 5.0, flag="all 64 connections were busy"), 10.0).startswith("flagged: ")
+    # Sent short of its schedule: the server saw less than the rate, whatever its p99.
+    short = _step(100, 5.0, achieved_rate=95.0, flag="sent 950 of the 1000 requests scheduled")
+    assert holds(short, 10.0).startswith("flagged: sent 950")
+    # Late sends alone: the lag is inside the latency counted from the schedule, so a p99 within
+    # the budget holds it, and one over it says the flag too.
+    late = _step(100, 5.0, late=30, flag="3.0% of the requests sent more than 1 ms late")
+    assert holds(late, 10.0) == ""
+    assert holds(replace(late, p99_ms=12.0), 10.0) == (
+        "p99 12.00 ms over the budget (flagged: 3.0% of the requests sent more than 1 ms late)"
+    )
     assert "over the budget" in holds(_step(100, math.nan), 10.0)
     for bad in (
         (0.0, 50.0, 0.05, 1e5),

@@ -10,6 +10,7 @@ the rate fills every connection and the window is flagged, saying so; the accoun
 from __future__ import annotations
 
 import math
+import os
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -20,7 +21,7 @@ import pytest
 
 from bundle.errors import BundleError, ConfigError
 from loadtest.engine.driver import Answer, Driver, Request
-from loadtest.engine.open_loop import LATE_MS, OpenLoop, schedule
+from loadtest.engine.open_loop import LATE_MS, OpenLoop, schedule, wake_ups
 
 
 class Server:
@@ -125,3 +126,16 @@ def test_a_window_without_length_and_a_failed_sender_are_refused() -> None:
     load = OpenLoop(broken, 50.0, connections=2).start()
     with pytest.raises(RuntimeError, match="no route"):
         load.stop()
+
+
+def test_the_machines_wake_up_lateness_is_timed_where_the_generator_runs() -> None:
+    before = os.sched_getaffinity(0)
+    core = min(before)
+    woke = wake_ups(frozenset({core}), sleeps=20, sleep_s=0.002)
+    assert os.sched_getaffinity(0) == before  # the thread's cores are given back
+    assert woke.sleeps == 20 and woke.sleep_ms == 2.0
+    assert 0.0 <= woke.p50_ms <= woke.p99_ms <= woke.max_ms
+    assert "a 2 ms sleep on the load generator's cores woke p50 " in woke.line()
+    for bad in ((0, 0.001), (5, 0.0)):
+        with pytest.raises(ConfigError):
+            wake_ups(None, *bad)
