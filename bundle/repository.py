@@ -59,6 +59,13 @@ TORCHSCRIPT_FILE = "model.pt"
 TORCH_PLATFORM = "pytorch_libtorch"
 #: Suffix of the TorchScript (FP16) model of a PyTorch family (``dlrm_torch``).
 TORCH_SUFFIX = "_torch"
+#: The AOTInductor package of a ``<family>_aoti`` model (PyTorch 2: compiled, no Python to serve).
+AOTI_FILE = "model.pt2"
+#: The platform of an AOTInductor package: the NGC image's pytorch backend from 26.03
+#: (``backend: "pytorch"``); locally, ``server/backends/pytorch/model.py``.
+AOTI_PLATFORM = "torch_aoti"
+#: Suffix of the AOTInductor model of a PyTorch family (``dlrm_aoti``).
+AOTI_SUFFIX = "_aoti"
 
 Profile = Literal["cpu", "gpu"]
 PROFILES: tuple[str, ...] = ("cpu", "gpu")
