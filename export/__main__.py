@@ -516,9 +516,11 @@ def check_release_command(
         str, typer.Option(envvar="NGC_RELEASE", help="NGC release of the serving image (YY.MM).")
     ] = PINNED_RELEASE,
 ) -> None:
-    """Check that an NGC release's backends can read every ONNX and TorchScript file of a
-    repository (opset, IR version, TorchScript format, the torch that wrote it); exit 1 with
-    one line per file they cannot."""
+    """Check that an NGC release's backends can read every ONNX, TorchScript and AOTInductor
+    file of a repository (opset, IR version, TorchScript format, the torch that wrote or compiled
+    it); exit 1 with one line per file they cannot. Where a release's version of a backend is
+    not known, a file is judged against what it carries at least, and a package that needs the
+    exact PyTorch is refused."""
     if not repository.is_dir():
         raise ConfigError(f"{repository} is not a model repository (no such folder)")
     try:
@@ -526,13 +528,15 @@ def check_release_command(
     except KeyError as exc:
         raise ConfigError(str(exc.args[0])) from None
     problems = check_release(repository, target)
+    for missing in target.not_found:
+        print(f"NGC {target.name}, not found in any source read: {missing}")
     for problem in problems:
         print(problem)
     if problems:
         raise ConfigError(f"{len(problems)} file(s) of {repository} cannot be served by NGC {target.name}")
     print(
-        f"every model file of {repository} fits NGC {target.name} (ONNX Runtime {target.onnxruntime}: "
-        f"opset <= {target.onnx_opset}, IR <= {target.onnx_ir}; LibTorch {target.libtorch})"
+        f"every model file of {repository} fits NGC {target.name} ({target.runtime}: "
+        f"opset <= {target.onnx_opset}, IR <= {target.onnx_ir}; {target.torch})"
     )
 
 

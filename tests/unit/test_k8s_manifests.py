@@ -125,7 +125,7 @@ def _compose_release() -> str:
 
 
 def _serving_image() -> str:
-    """Compose's serving image as compose names it locally: ``ctr-bundle/tritonserver:25.01-py3``."""
+    """Compose's serving image as compose names it locally: ``ctr-bundle/tritonserver:26.11-py3``."""
     return f"{SERVING_IMAGE}:{_compose_release()}-py3"
 
 

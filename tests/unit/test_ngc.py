@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 import subprocess
 import sys
@@ -19,10 +20,12 @@ from bundle.ngc import (
     TORCHSCRIPT_PRODUCER_RECORD,
     check_release,
     onnx_versions,
+    package_problem,
+    read_package_record,
     read_torchscript_record,
     release,
 )
-from bundle.repository import MODEL_FILE, TORCHSCRIPT_FILE
+from bundle.repository import AOTI_FILE, MODEL_FILE, TORCHSCRIPT_FILE
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -63,13 +66,22 @@ def test_the_compose_default_release_is_the_pinned_one_and_its_versions_are_writ
     defaults = set(re.findall(r"\$\{NGC_RELEASE:-([\d.]+)\}", compose))
     assert defaults == {PINNED_RELEASE}, "every NVIDIA image of the compose file follows one release"
     pinned = release(PINNED_RELEASE)
-    assert pinned.name == PINNED_RELEASE and pinned.sources
-    for field in ("triton", "cuda", "driver", "tensorrt", "onnxruntime", "libtorch", "python"):
-        assert getattr(pinned, field), field
-    # The compose file says where the versions are written down, and names them.
-    assert "bundle/ngc.py" in compose
-    for version in (pinned.triton, pinned.tensorrt.rsplit(".", 2)[0], pinned.cuda.rsplit(".", 2)[0]):
-        assert version in compose, version
+    assert pinned.name == PINNED_RELEASE and pinned.sources and pinned.triton
+    # Every release says each fact or says it was not found, and what stands in for it.
+    for known in RELEASES.values():
+        fields = ("cuda", "driver", "tensorrt", "onnxruntime", "libtorch", "python")
+        missing = [field for field in fields if getattr(known, field) is None]
+        assert bool(known.not_found) == bool(missing), known.name
+        for field in missing:
+            word = {"cuda": "CUDA", "driver": "driver", "tensorrt": "TensorRT", "onnxruntime": "ONNX Runtime",
+                    "libtorch": "LibTorch", "python": "Python"}[field]  # fmt: skip
+            assert any(word in line for line in known.not_found), (known.name, field)
+        assert known.onnxruntime in (None, known.onnxruntime_at_least)
+        assert known.libtorch in (None, known.libtorch_at_least)
+    # The compose file says where the versions are written down, and names the release's Triton.
+    assert "bundle/ngc.py" in compose and pinned.triton in compose
+    # The release before stays known, for hosts that cannot move yet.
+    assert "25.01" in RELEASES and "NGC_RELEASE=25.01" in compose
     with pytest.raises(KeyError, match="is not one this bundle knows"):
         release("19.01")
     assert all(name == value.name for name, value in RELEASES.items())
@@ -105,8 +117,7 @@ def test_files_newer_than_a_release_reads_are_refused_one_line_each(tmp_path: Pa
     assert read_torchscript_record(newer_format).format_version == pinned.torchscript_format + 1
     assert read_torchscript_record(unknown).producer_torch == ""
     problems = check_release(repository, pinned)
-    runtime = f"NGC {pinned.name}'s ONNX Runtime {pinned.onnxruntime}"
-    libtorch = f"NGC {pinned.name}'s LibTorch {pinned.libtorch}"
+    runtime, libtorch = pinned.runtime, pinned.torch
     newest = pinned.torchscript_format
     assert problems == [
         f"{ir}: ONNX IR version {pinned.onnx_ir + 1}, newer than {runtime} reads (up to {pinned.onnx_ir})",
@@ -138,3 +149,77 @@ def test_the_cli_passes_a_fitting_repository_and_refuses_an_unknown_release(tmp_
         [*command[:-1], str(tmp_path / "nowhere")], capture_output=True, text=True, check=False
     )
     assert missing.returncode == 1 and "is not a model repository" in missing.stderr
+
+
+def _package(path: Path, producer: str | None, device: str = "cpu") -> Path:
+    """A zip laid out as an AOTInductor package (PT2 archive) with the export's producer record."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with zipfile.ZipFile(path, "w") as archive:
+        archive.writestr("model/archive_format", b"pt2")
+        archive.writestr("model/data/aotinductor/model/x.wrapper.so", b"\x7fELF")
+        if producer is not None:
+            archive.writestr(
+                f"model/extra/{TORCHSCRIPT_PRODUCER_RECORD}",
+                json.dumps({"torch": producer, "device": device}),
+            )
+    return path
+
+
+def test_the_pinned_release_judges_what_it_knows_and_refuses_what_it_does_not(tmp_path: Path) -> None:
+    """26.11's exact ONNX Runtime and PyTorch are in no source read: ONNX files are judged against
+    the bounds an older release proves, and every AOTInductor package is refused, naming the torch
+    that compiled it; a release whose PyTorch is known serves a package of its own torch only."""
+    target = release("26.11")
+    assert target.onnxruntime is None and target.libtorch is None and target.torch_aoti
+    repository = tmp_path / "repo"
+    fits = _onnx_model(repository / "fits" / "1" / MODEL_FILE, target.onnx_opset, target.onnx_ir)
+    opset = _onnx_model(repository / "opset" / "1" / MODEL_FILE, target.onnx_opset + 1, target.onnx_ir)
+    old_torch = _torchscript(repository / "old_torch" / "1" / TORCHSCRIPT_FILE, 3, "2.10.0")
+    new_torch = _torchscript(repository / "new_torch" / "1" / TORCHSCRIPT_FILE, 3, "2.13.0+cpu")
+    package = _package(repository / "pkg" / "1" / AOTI_FILE, "2.13.0+cpu")
+    problems = check_release(repository, target)
+    assert problems == [
+        f"{opset}: ONNX opset {target.onnx_opset + 1}, newer than NGC 26.11's ONNX Runtime (version not "
+        f"found; at least 1.27.0) implements (up to {target.onnx_opset})",
+        f"{new_torch}: written by torch 2.13.0+cpu, newer than NGC 26.11's LibTorch (version not found; at "
+        "least 2.10.0a0+b4e4ee81d3); export it with that release's torch (nvcr.io/nvidia/pytorch:26.11-py3)",
+        f"{package}: compiled by torch 2.13.0+cpu; NGC 26.11's LibTorch (version not found; at least "
+        "2.10.0a0+b4e4ee81d3), and a package loads only under the torch that compiled it: compile it in "
+        "nvcr.io/nvidia/pytorch:26.11-py3",
+    ]
+    assert not any(str(path) in " ".join(problems) for path in (fits, old_torch))
+
+    # Once the release's PyTorch is written down, a package of that torch fits and another is refused.
+    known = replace(target, libtorch="2.13.0a0+nv26.11", libtorch_at_least="2.13.0a0+nv26.11")
+    assert package_problem(package, known) == ""
+    other = _package(tmp_path / "other" / AOTI_FILE, "2.12.1")
+    assert package_problem(other, known) == (
+        f"{other}: compiled by torch 2.12.1, not NGC 26.11's LibTorch 2.13.0a0+nv26.11: compile it in "
+        "nvcr.io/nvidia/pytorch:26.11-py3"
+    )
+    # A release before torch_aoti, a package without the export's record, and bytes that are no package.
+    assert "has no torch_aoti platform" in package_problem(package, release("25.01"))
+    unrecorded = _package(tmp_path / "unrecorded" / AOTI_FILE, None)
+    assert "does not say which torch compiled it" in package_problem(unrecorded, known)
+    noise = tmp_path / "noise" / AOTI_FILE
+    noise.parent.mkdir()
+    noise.write_bytes(bytes(range(256)) * 4)
+    assert package_problem(noise, known) == f"{noise} is not a PT2 archive (not a zip file)"
+    assert read_package_record(package).device == "cpu"
+
+
+def test_check_release_on_the_cli_says_what_is_not_known(tmp_path: Path) -> None:
+    repository = tmp_path / "repo"
+    _onnx_model(repository / "m" / "1" / MODEL_FILE, 17, 8)
+    command = [sys.executable, "-m", "export", "check-release", "--repository", str(repository)]
+    fits = subprocess.run([*command, "--release", "26.11"], capture_output=True, text=True, check=False)
+    assert fits.returncode == 0, fits.stderr
+    assert fits.stdout.count("NGC 26.11, not found in any source read: ") == len(release("26.11").not_found)
+    assert (
+        "fits NGC 26.11 (NGC 26.11's ONNX Runtime (version not found; at least 1.27.0): opset <= 21"
+        in fits.stdout
+    )
+    _package(repository / "pkg" / "1" / AOTI_FILE, "2.13.0+cpu")
+    refused = subprocess.run([*command, "--release", "26.11"], capture_output=True, text=True, check=False)
+    assert refused.returncode == 1 and "compiled by torch 2.13.0+cpu" in refused.stdout
+    assert refused.stderr.strip().splitlines()[-1].endswith("cannot be served by NGC 26.11")
