@@ -31,6 +31,7 @@ _MANAGED_FLAGS = (
     "--grpc-address",
     "--metrics-address",
     "--model-control-mode",
+    "--model-config-name",
     "--load-model",
     "--exit-on-error",
     "--exit-timeout-secs",
