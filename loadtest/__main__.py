@@ -435,7 +435,13 @@ def mlperf(
     repository: Repository[Path | None] = None,
     url: Url[str | None] = None,
     protocol: Protocol[str] = "grpc",
-    pairs: Annotated[int, typer.Option(help="User-item pairs (rows) in each query sample.")] = 1,
+    pairs: Annotated[
+        str,
+        typer.Option(
+            help="User-item pairs (rows) in each query sample: N, MIN:MAX (uniform), or a file of "
+            "MLPerf's quantile format (dlrm-v2's --samples-to-aggregate-quantile-file)."
+        ),
+    ] = "1",
     batch_size: Annotated[
         int, typer.Option("--samples-per-request", help="Offline: query samples per request.")
     ] = 64,
@@ -449,12 +455,14 @@ def mlperf(
 ) -> None:
     """MLPerf Inference's Server and Offline scenarios through the official LoadGen
     (mlcommons-loadgen): LoadGen's verdict (VALID or INVALID), its latency percentiles, its logs."""
-    from loadtest.sweeps.mlperf import mlperf_run
+    from loadtest.sweeps.mlperf import PairsPerQuery, mlperf_run
 
     _check_protocols([protocol])
+    per_query = PairsPerQuery.parse(pairs)
+    print(f"query samples: {per_query.describe()}")
     runs = mlperf_run(
         model, protocol, url, repository, scenario or ["server"], out, target_qps=target_qps,
-        latency_bound_ms=latency_bound_ms, pairs=pairs, batch_size=batch_size, duration_s=duration,
+        latency_bound_ms=latency_bound_ms, pairs=per_query, batch_size=batch_size, duration_s=duration,
         min_queries=min_queries, connections=connections, data=data,
     )  # fmt: skip
     for done in runs:

@@ -10,8 +10,11 @@ is ``--pairs`` rows (user-item pairs) of the request rows (a labelled Criteo fil
 bundle's payload builder, or synthetic rows), sent to Triton through the bundle's client
 (:class:`clients.triton.TritonClient`), one request per query in Server and requests of
 ``--batch-size`` samples in Offline, from ``--connections`` threads with a client each.
-MLPerf's own DLRM rules draw the pairs of each query from a distribution (dlrm-v2); here every
-query carries the same number.
+MLPerf's dlrm-v2 reference draws the pairs of each query from a distribution
+(``--samples-to-aggregate-quantile-file``: a line of comma-separated pair counts, the
+distribution's quantile function, from which each query takes an entry at random: inverse
+transform sampling), and ``--pairs`` takes the same file (:class:`PairsPerQuery`), or a range
+drawn uniformly (as its ``--samples-to-aggregate-min/max``), or one fixed count.
 """
 
 from __future__ import annotations
@@ -46,6 +49,111 @@ SHOWN_KEYS = (
     "Early stopping satisfied",
 )
 SUMMARY_FILE = "mlperf_log_summary.txt"
+
+
+#: Query samples LoadGen's sample library holds where each carries a drawn number of pairs.
+VARIABLE_SAMPLES = 1024
+
+
+@dataclass(frozen=True)
+class PairsPerQuery:
+    """How many user-item pairs (rows) each query sample carries: ``counts`` drawn uniformly, one per
+    sample. One count: every query the same; ``low`` to ``high``: uniform over that range; a
+    quantile file's entries: that distribution.
+
+    Attributes:
+        counts: the values drawn from (a quantile file's entries, in order), or ``(low, high)``.
+        spread: ``fixed``, ``range`` or ``quantile``.
+        source: what was asked (``--pairs`` as given).
+    """
+
+    counts: tuple[int, ...]
+    spread: Literal["fixed", "range", "quantile"]
+    source: str
+
+    @classmethod
+    def parse(cls, spec: str | int) -> PairsPerQuery:
+        """``N`` (every query N pairs), ``MIN:MAX`` (uniform), or a file of MLPerf's quantile format.
+
+        Raises:
+            ConfigError: a count below 1, a range the wrong way round, or a file that is not a line
+                of comma-separated counts >= 1.
+        """
+        text = str(spec).strip()
+        if re.fullmatch(r"\d+", text):
+            count = int(text)
+            if count < 1:
+                raise ConfigError(f"--pairs must be >= 1, got {text}")
+            return cls((count,), "fixed", text)
+        if match := re.fullmatch(r"(\d+):(\d+)", text):
+            low, high = int(match[1]), int(match[2])
+            if not 1 <= low <= high:
+                raise ConfigError(f"--pairs MIN:MAX needs 1 <= MIN <= MAX, got {text}")
+            return cls((low, high), "range", text)
+        path = Path(text)
+        try:
+            line = path.read_text().strip().splitlines()[0] if path.is_file() else None
+        except (OSError, UnicodeDecodeError, IndexError):
+            line = None
+        if line is None:
+            raise ConfigError(f"--pairs must be a count, MIN:MAX or a quantile file, got {text!r}")
+        try:
+            counts = tuple(int(word) for word in line.replace(",", " ").split())
+        except ValueError:
+            counts = ()
+        if not counts or min(counts) < 1:
+            raise ConfigError(f"{path}: not a quantile file (one line of comma-separated pair counts >= 1)")
+        return cls(counts, "quantile", text)
+
+    def draw(self, samples: int, rng: np.random.Generator) -> np.ndarray:
+        """``samples`` pair counts."""
+        if self.spread == "fixed":
+            return np.full(samples, self.counts[0], dtype=np.int64)
+        if self.spread == "range":
+            return rng.integers(self.counts[0], self.counts[1], samples, endpoint=True)
+        return np.asarray(self.counts, dtype=np.int64)[rng.integers(0, len(self.counts), samples)]
+
+    def describe(self) -> str:
+        """The distribution in a few words."""
+        if self.spread == "fixed":
+            return f"{self.counts[0]} pairs per query"
+        if self.spread == "range":
+            return f"{self.counts[0]} to {self.counts[1]} pairs per query, uniform"
+        mean = sum(self.counts) / len(self.counts)
+        return (
+            f"pairs per query from {self.source} ({min(self.counts)} to {max(self.counts)}, mean {mean:.1f})"
+        )
+
+
+class QuerySamples:
+    """LoadGen's query samples, each ``sizes[i]`` consecutive rows of ``rows`` (wrapping around),
+    held ready as model inputs."""
+
+    def __init__(self, rows: PayloadPool, sizes: np.ndarray) -> None:
+        single = rows.rebatched(1)
+        total = len(single)
+        self.sizes = sizes
+        self._samples: list[dict[str, np.ndarray]] = []
+        start = 0
+        for size in sizes.tolist():
+            picks = [single.batch(index) for index in range(start, start + size)]
+            self._samples.append({name: np.concatenate([pick[name] for pick in picks]) for name in picks[0]})
+            start = (start + size) % total
+
+    def __len__(self) -> int:
+        return len(self._samples)
+
+    def batch(self, index: int) -> dict[str, np.ndarray]:
+        """Sample ``index``'s inputs."""
+        return self._samples[index % len(self._samples)]
+
+
+def query_samples(pool: PayloadPool, pairs: PairsPerQuery, seed: int = 0) -> PayloadPool | QuerySamples:
+    """The pool's rows as LoadGen's samples: batches of the fixed count, or :data:`VARIABLE_SAMPLES`
+    samples of drawn counts."""
+    if pairs.spread == "fixed":
+        return pool.rebatched(pairs.counts[0])
+    return QuerySamples(pool, pairs.draw(VARIABLE_SAMPLES, np.random.default_rng(seed)))
 
 
 def loadgen() -> Any:
@@ -119,7 +227,7 @@ def read_summary(path: Path) -> dict[str, str]:
 
 def run_loadgen(
     send: Callable[[dict[str, np.ndarray]], None],
-    pool: PayloadPool,
+    pool: PayloadPool | QuerySamples,
     scenario: str,
     out: Path,
     *,
@@ -130,7 +238,7 @@ def run_loadgen(
     batch_size: int = 64,
     connections: int = 8,
 ) -> LoadGenRun:
-    """Run LoadGen's ``scenario`` over ``pool``'s rows (one sample per ``pool.batch_size`` rows),
+    """Run LoadGen's ``scenario`` over ``pool``'s samples (each :meth:`batch` one query sample),
     each query sent by ``send(inputs)`` (which raises :class:`BundleError` for a refused request).
 
     Raises:
@@ -235,7 +343,7 @@ def mlperf_run(
     *,
     target_qps: float,
     latency_bound_ms: float = 10.0,
-    pairs: int = 1,
+    pairs: PairsPerQuery | int = 1,
     batch_size: int = 64,
     duration_s: float = 60.0,
     min_queries: int = 1024,
@@ -254,12 +362,12 @@ def mlperf_run(
         raise ConfigError(
             f"--scenario must be one of {', '.join(SCENARIOS)}, got {', '.join(unknown) or 'none'}"
         )
-    if pairs < 1:
-        raise ConfigError(f"--pairs must be >= 1, got {pairs}")
+    if not isinstance(pairs, PairsPerQuery):
+        pairs = PairsPerQuery.parse(pairs)
     urls = [url] if url else []
     raw = out / "raw"
     payload = make_payload(raw, data, False, models_hotness(repository, urls, [protocol], [model]))
-    pool = PayloadPool.load(payload).rebatched(pairs)
+    pool = query_samples(PayloadPool.load(payload), pairs)
     runs = []
     with contextlib.ExitStack() as stack:
         ((_, endpoint),) = open_endpoints(stack, [model], [protocol], urls, repository, raw, None)

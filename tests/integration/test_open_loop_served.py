@@ -172,6 +172,17 @@ def test_loadgen_runs_the_server_and_offline_scenarios_and_says_its_verdict(
         assert f"LoadGen {scenario}: Result is {verdict}" in run.stdout
     assert "Scheduled samples per second" in run.stdout and "99.00 percentile latency (ms)" in run.stdout
     assert "Samples per second" in run.stdout  # the Offline scenario's throughput
+    # Pairs per query drawn from a quantile file, as MLPerf's dlrm-v2 reference draws them.
+    quantile = tmp_path / "dist_quantile.txt"
+    quantile.write_text("2, 3, 3, 5, 8\n")
+    drawn = _loadtest(
+        "mlperf", "--repository", str(repository), "--model", MODEL, "--target-qps", "40",
+        "--latency-bound-ms", "100", "--min-duration", "1", "--min-queries", "40", "--pairs", str(quantile),
+        "--out", str(tmp_path / "drawn"),
+    )  # fmt: skip
+    assert drawn.returncode == 0, drawn.stderr[-3000:]
+    assert f"query samples: pairs per query from {quantile} (2 to 8, mean 4.2)" in drawn.stdout
+    assert "LoadGen server: Result is" in drawn.stdout
     bad = _loadtest("mlperf", "--repository", str(repository), "--model", MODEL, "--scenario", "singlestream")
     lines = [line for line in bad.stderr.splitlines() if line.strip()]
     assert bad.returncode != 0 and len(lines) == 1 and "--scenario must be one of server, offline" in lines[0]
