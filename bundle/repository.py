@@ -18,7 +18,6 @@ Two serving profiles:
 
 from __future__ import annotations
 
-import contextlib
 import json
 import shutil
 from dataclasses import dataclass
@@ -44,18 +43,6 @@ from bundle.schema import (
 from bundle.staging import write_file_atomically
 
 CONFIG_NAME = "config.pbtxt"
-#: The configuration name the local server loads (``--model-config-name``): a model with
-#: ``configs/local.pbtxt`` is served by that file, any other by its ``config.pbtxt``.
-LOCAL_CONFIG_NAME = "local"
-#: Where a model's local configuration lies, relative to its folder.
-LOCAL_CONFIG = PurePosixPath("configs") / f"{LOCAL_CONFIG_NAME}.pbtxt"
-#: Requests in flight at each step of the bundle's ensembles (hot/cold, raw rows), across all
-#: requests (``ensemble_scheduling.max_inflight_requests``, NGC 25.11 and later; a limit per step
-#: shared by all requests from 26.04). A step that runs ahead of the next (the embedding stage of
-#: a busy dense model) then waits instead of piling up intermediate tensors. Not measured: the
-#: local tritonserver has no such limit (see ``docs/serving/versions.md``). 256 requests of 64 rows
-#: keep four batches of 4,096 rows queued at the next step.
-ENSEMBLE_MAX_INFLIGHT = 256
 MODEL_FILE = "model.onnx"
 #: The TensorRT engine file of a ``<family>_trt`` model.
 PLAN_FILE = "model.plan"
@@ -459,35 +446,9 @@ def build_torch_config(name: str, serving: ServingConfig) -> mc.ModelConfig:
     return config
 
 
-def local_config(config: mc.ModelConfig) -> mc.ModelConfig | None:
-    """``config`` as the local tritonserver 2.51 reads it: without the fields newer releases added
-    (an ensemble's ``max_inflight_requests``, from 25.11), which its model configuration lacks, so
-    it would refuse the whole file; None where ``config`` has none of them."""
-    if not config.ensemble_scheduling.max_inflight_requests:
-        return None
-    local = mc.ModelConfig()
-    local.CopyFrom(config)
-    local.ensemble_scheduling.ClearField("max_inflight_requests")
-    return local
-
-
 def write_config(model_dir: Path, config: mc.ModelConfig) -> Path:
     """Write ``config`` as ``model_dir/config.pbtxt`` (in one rename: a server polling the repository
-    reads the old config or the new one, never a part).
-
-    Where the local tritonserver cannot read it (:func:`local_config`), the copy it can goes to
-    ``configs/local.pbtxt`` beside it, which the local server loads instead
-    (``--model-config-name=local``); the NGC image reads ``config.pbtxt``. A copy left from an
-    earlier config is removed.
-    """
-    local = local_config(config)
-    copy = model_dir / LOCAL_CONFIG
-    if local is not None:
-        write_file_atomically(copy, text_format.MessageToString(local))
-    elif copy.exists():
-        copy.unlink()
-        with contextlib.suppress(OSError):
-            copy.parent.rmdir()
+    reads the old config or the new one, never a part)."""
     return write_file_atomically(model_dir / CONFIG_NAME, text_format.MessageToString(config))
 
 

@@ -31,7 +31,6 @@ from tritonclient.grpc import model_config_pb2 as mc
 from bundle.errors import ConfigError
 from bundle.repository import (
     CONFIG_NAME,
-    ENSEMBLE_MAX_INFLIGHT,
     make_compiled_stage_version,
     make_ensemble_version,
     read_config,
@@ -98,7 +97,6 @@ def build_raw_config(model: str, served: mc.ModelConfig, name: str = "") -> mc.M
     leading = [] if batch else [-1]
     config.input.add(name=RAW_ROWS_INPUT, data_type=mc.TYPE_STRING, dims=[*leading, 1])
     config.output.add(name=OUTPUT, data_type=mc.TYPE_FP32, dims=[*leading, 1])
-    config.ensemble_scheduling.max_inflight_requests = ENSEMBLE_MAX_INFLIGHT
     stage = config.ensemble_scheduling.step.add(model_name=STAGE_MODEL, model_version=-1)
     stage.input_map[RAW_ROWS_INPUT] = RAW_ROWS_INPUT
     step = config.ensemble_scheduling.step.add(model_name=model, model_version=-1)

@@ -31,7 +31,6 @@ _MANAGED_FLAGS = (
     "--grpc-address",
     "--metrics-address",
     "--model-control-mode",
-    "--model-config-name",
     "--load-model",
     "--exit-on-error",
     "--exit-timeout-secs",

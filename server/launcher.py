@@ -32,7 +32,6 @@ from types import TracebackType
 from typing import IO, Any
 
 from bundle.errors import ServerError
-from bundle.repository import LOCAL_CONFIG_NAME
 from bundle.s3 import S3Url
 from bundle.staging import recover
 from server.config import ModelControlMode, ServerConfig
@@ -222,9 +221,6 @@ class LocalServer:
             f"--metrics-address={config.address}",
             f"--metrics-port={config.metrics_port}",
             f"--model-control-mode={config.model_control_mode.value}",
-            # A model whose config.pbtxt carries fields newer than this tritonserver reads has a
-            # copy without them, configs/local.pbtxt (bundle.repository.local_config).
-            f"--model-config-name={LOCAL_CONFIG_NAME}",
             *(f"--load-model={name}" for name in config.load_models),
             # Keep running when a model fails, so start() can ask the repository
             # index which model failed and why, then stop the server itself.

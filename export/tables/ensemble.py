@@ -41,7 +41,6 @@ from tritonclient.grpc import model_config_pb2 as mc
 from bundle.errors import ConfigError
 from bundle.repository import (
     CONFIG_NAME,
-    ENSEMBLE_MAX_INFLIGHT,
     MODEL_FILE,
     ONNX_BACKEND,
     ServingConfig,
@@ -321,7 +320,6 @@ def build_ensemble_config(
         _add(config.output, _schema_dims(spec))
     if hotness is not None:  # clients send bags: C1's first, as many ids as this says
         config.parameters[HOTNESS_PARAMETER].string_value = ",".join(str(int(count)) for count in hotness)
-    config.ensemble_scheduling.max_inflight_requests = ENSEMBLE_MAX_INFLIGHT
     stage = config.ensemble_scheduling.step.add()
     stage.model_name = embedding_model_name(family)
     stage.model_version = version

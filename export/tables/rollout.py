@@ -53,7 +53,6 @@ from bundle.admin import admin_headers
 from bundle.errors import ConfigError, ExportError
 from bundle.repository import (
     CONFIG_NAME,
-    LOCAL_CONFIG,
     MODEL_FILE,
     REPORT_FILE,
     read_config,
@@ -431,9 +430,6 @@ def _plan_switch(write: RepositoryWrite, repository: Path, serving: Serving, ver
         steps = build_ensemble_config(serving.family, version, precision).ensemble_scheduling
         config.ensemble_scheduling.CopyFrom(steps)
         staged = write_config(write.staged / name, config)
-        # The local server's copy of the config (bundle.repository.local_config) switches with it.
-        if (write.staged / name / LOCAL_CONFIG).is_file():
-            write.put(write.staged / name / LOCAL_CONFIG, repository / name / LOCAL_CONFIG)
         write.put(staged, repository / name / CONFIG_NAME)
 
 

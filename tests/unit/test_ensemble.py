@@ -10,17 +10,7 @@ import pytest
 from tritonclient.grpc import model_config_pb2 as mc
 
 from bundle.errors import ConfigError, DataError, ExportError
-from bundle.repository import (
-    CONFIG_NAME,
-    ENSEMBLE_MAX_INFLIGHT,
-    LOCAL_CONFIG,
-    MODEL_FILE,
-    ServingConfig,
-    local_config,
-    read_config,
-    version_dir,
-    write_config,
-)
+from bundle.repository import MODEL_FILE, ServingConfig, read_config, version_dir
 from bundle.schema import (
     CATEGORICAL_INPUT,
     COLD_POSITIONS,
@@ -264,31 +254,8 @@ def test_the_ensemble_replaces_an_in_graph_model(tmp_path: Path) -> None:
     (tmp_path / "dlrm_onnx" / "export_report.json").write_text("{}")
     write_ensemble(tmp_path, "dlrm")
     # The version folder holds only the file that keeps it in object storage (no model file).
-    names = sorted(
-        p.relative_to(tmp_path / "dlrm_onnx").as_posix() for p in (tmp_path / "dlrm_onnx").rglob("*")
-    )
-    assert names == ["1", "1/ensemble.txt", "config.pbtxt", "configs", "configs/local.pbtxt"]
-
-
-def test_the_ensemble_limits_requests_in_flight_where_the_release_reads_it(tmp_path: Path) -> None:
-    """config.pbtxt (the NGC image's) carries max_inflight_requests; the local tritonserver 2.51,
-    which cannot read that field, gets the same config without it in configs/local.pbtxt."""
-    write_ensemble(tmp_path, "dlrm")
-    model = tmp_path / "dlrm_onnx"
-    served = read_config(model / CONFIG_NAME)
-    assert served.ensemble_scheduling.max_inflight_requests == ENSEMBLE_MAX_INFLIGHT > 0
-    local = read_config(model / LOCAL_CONFIG)
-    assert not local.ensemble_scheduling.max_inflight_requests
-    local.ensemble_scheduling.max_inflight_requests = ENSEMBLE_MAX_INFLIGHT
-    assert local == served
-    # A config without such a field has no local copy, and one left from before goes.
-    plain = mc.ModelConfig()
-    plain.CopyFrom(served)
-    plain.ensemble_scheduling.ClearField("max_inflight_requests")
-    assert local_config(plain) is None
-    write_config(model, plain)
-    assert not (model / LOCAL_CONFIG).exists() and not (model / "configs").exists()
-    assert read_config(model / CONFIG_NAME) == plain
+    names = sorted(p.name for p in (tmp_path / "dlrm_onnx").rglob("*"))
+    assert names == ["1", "config.pbtxt", "ensemble.txt"]
 
 
 # -------------------------------------------------------------- stage core
