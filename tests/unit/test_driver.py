@@ -100,7 +100,8 @@ def test_a_window_counts_only_the_requests_that_complete_inside_it() -> None:
         after = driver.total.requests
     total = driver.total
 
-    assert before > 0 and window.seconds == pytest.approx(0.3, abs=0.05)
+    # The window lasts what was asked, later only by a late wake-up (0.36 s on a loaded CI machine).
+    assert before > 0 and 0.29 <= window.seconds <= 0.3 + 0.25
     # The window saw what the total gained while it was open: the totals are read just outside
     # it, so each of the 2 workers may finish one request on either side of it.
     assert abs(window.requests - (after - before)) <= 2 * 2
