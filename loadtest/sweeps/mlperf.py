@@ -130,15 +130,21 @@ class QuerySamples:
     held ready as model inputs."""
 
     def __init__(self, rows: PayloadPool, sizes: np.ndarray) -> None:
-        single = rows.rebatched(1)
-        total = len(single)
+        total = rows.dense.shape[0]
         self.sizes = sizes
         self._samples: list[dict[str, np.ndarray]] = []
         start = 0
         for size in sizes.tolist():
-            picks = [single.batch(index) for index in range(start, start + size)]
-            self._samples.append({name: np.concatenate([pick[name] for pick in picks]) for name in picks[0]})
-            start = (start + size) % total
+            # Runs of consecutive rows (PayloadPool.rows), cut where the rows wrap around.
+            pieces, left = [], size
+            while left:
+                stop = min(start + left, total)
+                pieces.append(rows.rows(start, stop))
+                left -= stop - start
+                start = stop % total
+            self._samples.append(
+                {name: np.concatenate([piece[name] for piece in pieces]) for name in pieces[0]}
+            )
 
     def __len__(self) -> int:
         return len(self._samples)
@@ -146,6 +152,10 @@ class QuerySamples:
     def batch(self, index: int) -> dict[str, np.ndarray]:
         """Sample ``index``'s inputs."""
         return self._samples[index % len(self._samples)]
+
+
+#: Every query one pair (``--pairs``'s default).
+ONE_PAIR = PairsPerQuery((1,), "fixed", "1")
 
 
 def query_samples(pool: PayloadPool, pairs: PairsPerQuery, seed: int = 0) -> PayloadPool | QuerySamples:
@@ -343,7 +353,7 @@ def mlperf_run(
     *,
     target_qps: float,
     latency_bound_ms: float = 10.0,
-    pairs: PairsPerQuery | int = 1,
+    pairs: PairsPerQuery = ONE_PAIR,
     batch_size: int = 64,
     duration_s: float = 60.0,
     min_queries: int = 1024,
@@ -362,8 +372,6 @@ def mlperf_run(
         raise ConfigError(
             f"--scenario must be one of {', '.join(SCENARIOS)}, got {', '.join(unknown) or 'none'}"
         )
-    if not isinstance(pairs, PairsPerQuery):
-        pairs = PairsPerQuery.parse(pairs)
     urls = [url] if url else []
     raw = out / "raw"
     payload = make_payload(raw, data, False, models_hotness(repository, urls, [protocol], [model]))

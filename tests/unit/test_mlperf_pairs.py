@@ -71,6 +71,9 @@ def test_variable_samples_hold_consecutive_rows_of_their_drawn_size() -> None:
         np.testing.assert_array_equal(
             inputs[DENSE_INPUT][:, 0], np.array(expected, dtype=np.float32) * NUM_DENSE
         )
+    # A sample larger than the pool takes its rows round more than once.
+    longer = QuerySamples(pool, np.array([120])).batch(0)[DENSE_INPUT][:, 0] / NUM_DENSE
+    np.testing.assert_array_equal(longer, np.arange(120) % 50)
     assert len(query_samples(pool, PairsPerQuery.parse("1:4"))) == VARIABLE_SAMPLES
     fixed = query_samples(pool, PairsPerQuery.parse("10"))
     assert isinstance(fixed, PayloadPool) and len(fixed) == 5
