@@ -174,9 +174,28 @@ class ClientCpu:
     @property
     def bound(self) -> bool:
         """Whether the load generator, not the server, limited the step."""
-        return (
-            self.demand > CORE_SHARE
-            or self.total_demand > CORE_SHARE * self.allowed
-            or self.share > MACHINE_SHARE * self.cores
-            or self.share / self.users > USER_SHARE
-        )
+        return bool(self.reason())
+
+    def reason(self) -> str:
+        """Which part of the client-bound rule the window broke, in words (empty: none)."""
+        if self.demand > CORE_SHARE:
+            return (
+                f"one load-generator process ran or waited for a CPU {self.demand:.2f} of a core "
+                f"(above {CORE_SHARE:g})"
+            )
+        if self.total_demand > CORE_SHARE * self.allowed:
+            return (
+                f"the load generator's processes ran or waited for a CPU {self.total_demand:.2f} cores "
+                f"on the {self.allowed} they may use (above {CORE_SHARE:g} of each)"
+            )
+        if self.share > MACHINE_SHARE * self.cores:
+            return (
+                f"the load generator used {self.share:.2f} of this machine's {self.cores} cores "
+                f"(above {MACHINE_SHARE:.0%})"
+            )
+        if self.share / self.users > USER_SHARE:
+            return (
+                f"{self.share / self.users:.0%} of each closed-loop user's request cycle was spent "
+                f"on the client's CPU (above {USER_SHARE:.0%})"
+            )
+        return ""

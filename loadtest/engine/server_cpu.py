@@ -28,6 +28,8 @@ from dataclasses import dataclass
 SHARED_SHARE = 0.1
 #: The shared cores count as full when the client and the server together used this share of them.
 SHARED_BUSY = 0.8
+#: How the reason for that flag begins (:meth:`SharedCores.reason`).
+SHARED_REASON = "load generator and server share"
 
 _TCP_LISTEN = "0A"
 
@@ -177,7 +179,7 @@ class SharedCores:
         if not self.took_from_server:
             return ""
         return (
-            f"load generator and server share {self.shared} core(s), {self.busy:.0%} busy: "
+            f"{SHARED_REASON} {self.shared} core(s), {self.busy:.0%} busy: "
             f"the load generator took {self.share:.0%} of the CPU used there "
             "(--client-cpus keeps them apart)"
         )

@@ -121,6 +121,7 @@ def perf_analyzer_step(
         client_cores=run.cpu.share,
         client_demand=run.cpu.total_demand,
         client_bound=run.cpu.bound,
+        bound_reason=run.cpu.reason(),
         samples_per_s_min=samples_per_s,
         samples_per_s_max=samples_per_s,
     ).beside_server(shared_cores(server_cpu_between(before, after), run.cpu.share, config.client_cpus))

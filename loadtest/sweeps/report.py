@@ -32,6 +32,7 @@ from bundle.records import RunRecord
 from bundle.snippets import section_end, section_start
 from loadtest.engine.baseline import BaselineResult, ratio
 from loadtest.engine.client_cpu import threshold_line
+from loadtest.engine.server_cpu import SHARED_REASON
 from loadtest.engine.writer import Panel, Series, plot, table, write_json, write_markdown
 from loadtest.sweeps.steps import StepResult
 
@@ -310,9 +311,9 @@ def _agreement_counts(rows: list[dict[str, Any]]) -> str:
 def _flag(step: StepResult) -> str:
     if not step.client_bound:
         return ""
-    if step.bound_reason:
+    if SHARED_REASON in step.bound_reason:
         return f"client-bound: shares cores with the server, {step.shared_share:.0%} of their CPU"
-    return "client-bound"
+    return "client-bound: its own CPU"
 
 
 # ------------------------------------------------------------------ files

@@ -229,8 +229,8 @@ class StepResult:
         client_bound: whether the load generator, not the server, limited the step
             (:mod:`loadtest.engine.client_cpu`), or took CPU the server needed on cores the two
             share (:mod:`loadtest.engine.server_cpu`).
-        bound_reason: why the step is client-bound, in words (empty: it is not, or the reason is
-            the load generator's own CPU, :func:`~loadtest.engine.client_cpu.threshold_line`).
+        bound_reason: why the step is client-bound, in words (empty: it is not): the part of
+            :func:`~loadtest.engine.client_cpu.threshold_line` its window broke.
         server_cores: cores the server's processes used on average over the window (NaN: not read).
         shared_share: the load generator's share of the CPU the two used on the cores they share
             (NaN: no core shared, or the server's CPU not read).
@@ -315,7 +315,8 @@ class StepResult:
             max_ms=histogram.max_ms if histogram.count else math.nan,
             error_kinds=dict(tally.error_kinds.most_common(5)),
             client_cpu_us=cpu.per_request_us, client_cores=cpu.share, client_demand=cpu.total_demand,
-            client_bound=cpu.bound, samples_per_s_min=samples_per_s, samples_per_s_max=samples_per_s,
+            client_bound=cpu.bound, bound_reason=cpu.reason(),
+            samples_per_s_min=samples_per_s, samples_per_s_max=samples_per_s,
             **fields,
         )  # fmt: skip
 
@@ -330,7 +331,7 @@ class StepResult:
             server_cores=shared.server_cores,
             shared_share=shared.share,
             client_bound=self.client_bound or shared.took_from_server,
-            bound_reason=shared.reason(),
+            bound_reason="; ".join(filter(None, (self.bound_reason, shared.reason()))),
         )
 
     def as_dict(self) -> dict[str, Any]:

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from loadtest.engine.server_cpu import SHARED_REASON
 from loadtest.sweeps.perf_analyzer_install import locate
 from server import LocalServer
 
@@ -178,10 +179,14 @@ def test_the_default_unpinned_sweep_agrees_with_perf_analyzer_or_says_it_took_th
     # The server's CPU was read beside the load generator's, on the cores they share.
     assert ours["server_cores"] > 0 and 0 < ours["shared_share"] < 1, ours
     ratio = ours["samples_per_s"] / reference["samples_per_s"]
+    # Apart by more than a tenth: flagged, with the part of the rule the step broke (sharing the
+    # server's cores, or on 2 cores as often the load generator's own CPU), in the report too.
     if abs(ratio - 1) > 0.1:
         assert ours["client_bound"] is True, (ratio, ours)
-        assert ours["bound_reason"].startswith("load generator and server share"), ours
-        assert "shares cores with the server" in (out / "report.md").read_text()
+        assert ours["bound_reason"], ours
+        shared = SHARED_REASON in ours["bound_reason"]
+        flag = "shares cores with the server" if shared else "client-bound: its own CPU"
+        assert flag in (out / "report.md").read_text()
 
 
 def test_a_streamed_sweep_sends_each_row_of_a_file_larger_than_the_pool_once(

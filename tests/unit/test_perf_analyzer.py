@@ -163,6 +163,15 @@ def test_client_bound_when_saturated_starved_or_taking_the_machine() -> None:
     assert not ClientCpu.of_processes([(0.33, 1.0, 0.4)], requests=10, users=4).bound
     unknown = ClientCpu.of_processes([], requests=10)
     assert math.isnan(unknown.per_request_us) and not unknown.bound
+    # Each flag names the part of the rule its window broke; no flag, no reason.
+    assert quiet.reason() == "" and unknown.reason() == ""
+    assert "one load-generator process" in saturated.reason()
+    assert "2.40 cores on the 1 they may use" in starved.reason()
+    assert f"of this machine's {cores} cores" in heavy.reason()
+    assert (
+        "each closed-loop user's request cycle"
+        in ClientCpu.of_processes([(0.33, 1.0, 0.4)], requests=10).reason()
+    )
     assert f"{CORE_SHARE:g} of a core" in threshold_line(2) and "2 cores" in threshold_line(2)
 
 
