@@ -149,26 +149,29 @@ RELEASES: dict[str, NgcRelease] = {
         onnx_opset=21,
         onnx_ir=10,
         libtorch=None,
-        # The PyTorch of pytorch:25.12-py3, an earlier release than 26.11's.
-        libtorch_at_least="2.10.0a0+b4e4ee81d3",
+        # The PyTorch of pytorch:26.04-py3, an earlier release than 26.11's (the pytorch
+        # backend's README: "the 26.04 release of Triton ... supports PyTorch version 2.12.0a0").
+        libtorch_at_least="2.12.0a0",
         torchscript_format=10,
         python=None,
+        # From 26.03 (the pytorch backend's README); 2.75.0's release notes add AOTI BF16 inputs
+        # and outputs to the pytorch backend.
         torch_aoti=True,
         sources=(
             "https://github.com/triton-inference-server/server/blob/r26.07/build.py",
             "https://github.com/triton-inference-server/server/blob/r26.03/build.py",
             "https://github.com/triton-inference-server/server/blob/r26.08/docs/introduction/compatibility.md",
-            "https://docs.nvidia.com/deeplearning/frameworks/pytorch-release-notes/rel-25-12.html",
             "https://onnxruntime.ai/docs/reference/compatibility.html",
             "https://github.com/pytorch/pytorch/blob/main/caffe2/serialize/versions.h",
             "https://github.com/triton-inference-server/pytorch_backend/blob/main/README.md",
+            "https://github.com/triton-inference-server/server/releases/tag/v2.75.0",
         ),
         not_found=(
             "CUDA and the driver it needs: see the release notes of 26.11 before installing a driver",
             "TensorRT: plans are built in tensorrt:26.11-py3 (trt-build), so they match by construction",
             "ONNX Runtime: at least 1.27.0 (26.07's); ONNX files are judged against ONNX Runtime 1.20's "
             "opset 21 and IR 10",
-            "LibTorch / PyTorch: at least 2.10.0a0 (pytorch:25.12-py3); TorchScript files from a newer "
+            "LibTorch / PyTorch: at least 2.12.0a0 (pytorch:26.04-py3); TorchScript files from a newer "
             "torch and every AOTInductor package are refused until its exact version is written down",
             "Python of the image: the bundle's compiled stages do not depend on it",
         ),

@@ -13,7 +13,10 @@ Two serving profiles:
   ``<family>_trt`` model per family (``platform: "tensorrt_plan"``) whose
   ``model.plan`` is built afterwards by ``python -m export tensorrt``, and for
   a PyTorch family ``<family>_torch`` (``platform: "pytorch_libtorch"``,
-  TorchScript FP16; also on KIND_CPU when a cpu-profile export asks for it).
+  TorchScript FP16; also on KIND_CPU when a cpu-profile export asks for it) and
+  ``<family>_aoti``, an ensemble around ``<family>_aoti_package`` (``platform:
+  "torch_aoti"``, an AOTInductor package in FP32; also on KIND_CPU when a
+  cpu-profile export asks for it).
 """
 
 from __future__ import annotations
@@ -64,8 +67,19 @@ AOTI_FILE = "model.pt2"
 #: The platform of an AOTInductor package: the NGC image's pytorch backend from 26.03
 #: (``backend: "pytorch"``); locally, ``server/backends/pytorch/model.py``.
 AOTI_PLATFORM = "torch_aoti"
-#: Suffix of the AOTInductor model of a PyTorch family (``dlrm_aoti``).
+#: Suffix of the AOTInductor model of a PyTorch family (``dlrm_aoti``): an ensemble with the
+#: schema's tensors around the package model (:func:`build_aoti_ensemble_config`).
 AOTI_SUFFIX = "_aoti"
+#: Suffix of the model that holds a family's AOTInductor package (``dlrm_aoti_package``), the one
+#: step of ``<family>_aoti``; its tensors have the pytorch backend's forward-based names.
+AOTI_PACKAGE_SUFFIX = "_aoti_package"
+#: The backend of TorchScript and AOTInductor models (Triton maps ``pytorch_libtorch`` to it).
+PYTORCH_BACKEND = "pytorch"
+#: The output name of an AOTInductor package whose forward returns one tensor (pytorch backend
+#: 26.05 and later: ``RESULT``; a dict output is ``RESULT[<key>]``).
+AOTI_RESULT = "RESULT"
+#: The platform of an ensemble.
+ENSEMBLE_PLATFORM = "ensemble"
 
 Profile = Literal["cpu", "gpu"]
 PROFILES: tuple[str, ...] = ("cpu", "gpu")
@@ -118,6 +132,22 @@ def trt_model_name(family: str) -> str:
 def torch_model_name(family: str) -> str:
     """The TorchScript model of a family: ``dlrm`` -> ``dlrm_torch``."""
     return f"{family}{TORCH_SUFFIX}"
+
+
+def aoti_model_name(family: str) -> str:
+    """The AOTInductor model of a family, the ensemble clients call: ``dlrm`` -> ``dlrm_aoti``."""
+    return f"{family}{AOTI_SUFFIX}"
+
+
+def aoti_package_name(family: str) -> str:
+    """The model that holds a family's AOTInductor package: ``dlrm`` -> ``dlrm_aoti_package``."""
+    return f"{family}{AOTI_PACKAGE_SUFFIX}"
+
+
+def aoti_input_name(name: str) -> str:
+    """The config name of the package's keyword argument ``name``: ``KWARGS[<name>]`` (pytorch
+    backend 26.05 and later, which reads the argument names from the package's call spec)."""
+    return f"KWARGS[{name}]"
 
 
 @dataclass(frozen=True)
@@ -446,6 +476,78 @@ def build_torch_config(name: str, serving: ServingConfig) -> mc.ModelConfig:
     return config
 
 
+def build_aoti_config(name: str, serving: ServingConfig, device: str | None = None) -> mc.ModelConfig:
+    """The ModelConfig of an AOTInductor package model (``platform: "torch_aoti"``, ``model.pt2``).
+
+    Batching, instances and warmup are the profile's, as for every model, but a package runs only
+    on the device it is compiled for: ``device`` ``cpu`` gives KIND_CPU instances and ``cuda``
+    KIND_GPU ones, whatever the profile (None: the profile's kind). The tensors have the
+    pytorch backend's forward-based names (26.05 and later, which reads the package's call
+    spec): ``KWARGS[<schema input>]`` for the keyword arguments the export compiles the module
+    with (:mod:`export.engines.aoti`), ``RESULT`` for its one output tensor. Clients call the
+    ensemble around it (:func:`build_aoti_ensemble_config`), which has the schema's names.
+
+    No backend parameter is set: the AOTInductor path of the pytorch backend documents none
+    of the TorchScript ones (``INFERENCE_MODE``, thread counts).
+
+    Raises:
+        ConfigError: bags of any size (a package takes ``categorical_ids``).
+    """
+    if serving.variable_bags:
+        raise ConfigError(
+            f"{name}: an AOTInductor package takes categorical_ids; bags of any size are served by the "
+            "ONNX models"
+        )
+    config = _base_config(name, serving)
+    config.platform = AOTI_PLATFORM
+    config.backend = PYTORCH_BACKEND
+    config.default_model_filename = AOTI_FILE
+    if device is not None:
+        kinds = {"cpu": mc.ModelInstanceGroup.KIND_CPU, "cuda": mc.ModelInstanceGroup.KIND_GPU}
+        if device not in kinds:
+            raise ConfigError(f"{name}: a package is compiled for cpu or cuda, not {device!r}")
+        for group in config.instance_group:
+            group.kind = kinds[device]
+    for tensor in config.input:
+        tensor.name = aoti_input_name(tensor.name)
+    for tensor in config.output:
+        tensor.name = AOTI_RESULT
+    for warmup in config.model_warmup:
+        for spec in serving.inputs:
+            warmup.inputs[aoti_input_name(spec.name)].CopyFrom(warmup.inputs[spec.name])
+            del warmup.inputs[spec.name]
+    return config
+
+
+def build_aoti_ensemble_config(name: str, package: str, serving: ServingConfig) -> mc.ModelConfig:
+    """The ModelConfig of ``<family>_aoti``: an ensemble of one step, the package model ``package``.
+
+    Every served model has the schema's tensors (``dense_features``, ``categorical_ids``,
+    ``click_probability``), whatever the model inside names them; the pytorch backend takes an
+    AOTInductor package's tensors only by its own conventions (``KWARGS[...]``, ``RESULT``), so
+    the ensemble maps one set of names to the other. It batches as the package model does
+    (same ``max_batch_size``) and has no scheduler or instances of its own.
+
+    Raises:
+        ConfigError: bags of any size (as :func:`build_aoti_config`).
+    """
+    if serving.variable_bags:
+        raise ConfigError(f"{name}: an AOTInductor package takes categorical_ids, not bags of any size")
+    config = mc.ModelConfig(name=name, platform=ENSEMBLE_PLATFORM, max_batch_size=serving.max_batch_size)
+    for spec in serving.inputs:
+        _tensor(spec, config.input.add())
+    for spec in OUTPUTS:
+        _tensor(spec, config.output.add())
+    if serving.hotness is not None:
+        config.parameters[HOTNESS_PARAMETER].string_value = ",".join(map(str, serving.hotness))
+    step = config.ensemble_scheduling.step.add(model_name=package, model_version=-1)
+    for spec in serving.inputs:
+        step.input_map[aoti_input_name(spec.name)] = spec.name
+    (output,) = OUTPUTS
+    step.output_map[AOTI_RESULT] = output.name
+    return config
+
+
 def write_config(model_dir: Path, config: mc.ModelConfig) -> Path:
     """Write ``config`` as ``model_dir/config.pbtxt`` (in one rename: a server polling the repository
     reads the old config or the new one, never a part)."""
@@ -605,6 +707,41 @@ def add_torch_model(
     if report is not None:
         write_report(repository, name, report)
     return write_config(repository / name, build_torch_config(name, serving))
+
+
+def add_aoti_model(
+    repository: Path,
+    name: str,
+    package: str,
+    serving: ServingConfig,
+    version: int = 1,
+    report: dict[str, Any] | None = None,
+    device: str | None = None,
+) -> Path:
+    """Write the configs of ``package`` (whose ``model.pt2`` is already in its version folder) and of
+    ``name``, the ensemble clients call (:func:`build_aoti_ensemble_config`).
+
+    Args:
+        repository: the model repository root.
+        name: the served model (``dlrm_aoti``); ``report`` is kept beside its config.
+        package: the package model (``dlrm_aoti_package``).
+        serving: how Triton serves them.
+        version: the package's version folder.
+        report: export checks to keep as ``<name>/export_report.json``.
+        device: what the package is compiled for, ``cpu`` or ``cuda`` (see :func:`build_aoti_config`).
+
+    Returns:
+        The ensemble's config path.
+    """
+    path = version_dir(repository, package, version) / AOTI_FILE
+    if not path.is_file():
+        raise ConfigError(f"{path} is missing: write the AOTInductor package before its config")
+    write_config(repository / package, build_aoti_config(package, serving, device))
+    ensemble = build_aoti_ensemble_config(name, package, serving)
+    make_ensemble_version(repository, name)
+    if report is not None:
+        write_report(repository, name, report)
+    return write_config(repository / name, ensemble)
 
 
 def clear_model(repository: Path, name: str) -> None:

@@ -139,9 +139,9 @@ Int8AucTolerance = Annotated[float, typer.Option(help="Max |AUC(INT8) - AUC(FP32
 AucTarget = Annotated[
     float | None,
     typer.Option(
-        help="MLPerf's accuracy rule in place of the AUC tolerances: FP16, INT8 and TorchScript variants "
-        "pass when their AUC on the check rows is at least this percent of FP32's (99 or 99.9, "
-        "MLPerf's two targets)."
+        help="MLPerf's accuracy rule in place of the AUC tolerances: FP16, INT8, TorchScript and "
+        "AOTInductor variants pass when their AUC on the check rows is at least this percent of FP32's "
+        "(99 or 99.9, MLPerf's two targets)."
     ),
 ]
 OrtTrt = Annotated[
@@ -202,6 +202,17 @@ Torch = Annotated[
     ),
 ]
 TorchDtype = Annotated[str, typer.Option(help=f"Precision of <family>_torch: {' or '.join(TORCH_DTYPES)}.")]
+Aoti = Annotated[
+    bool,
+    typer.Option(
+        "--aoti/--no-aoti",
+        help="PyTorch DLRMs: also write <family>_aoti, an AOTInductor package (model.pt2, FP32) for the "
+        "pytorch backend of NGC 26.03 and later, in an ensemble with the schema's tensors; compiled for "
+        "CUDA (KIND_GPU) in the gpu profile where torch sees a GPU, else for the CPU (KIND_CPU); a failed "
+        "check is an error. Off unless asked: a package loads only under the PyTorch that compiled it, "
+        "so export it with the serving image's torch.",
+    ),
+]
 RawRows = Annotated[
     bool,
     typer.Option(
@@ -261,6 +272,7 @@ def _export_options(
     stream_tables: StreamTables = False,
     torch: Torch = None,
     torch_dtype: TorchDtype = "float16",
+    aoti: Aoti = False,
     raw_rows: RawRows = True,
     verbose: VerboseOption = False,
 ) -> tuple[ExportOptions, SourceOptions]:
@@ -311,6 +323,7 @@ def _export_options(
         ),
         torch=torch,
         torch_dtype=torch_dtype,
+        aoti=aoti,
         raw_rows=raw_rows,
     )
     sizes = None if table_sizes is None else parse_table_sizes(table_sizes)
@@ -393,7 +406,8 @@ def dlrm(
     hotness: Hotness = "1",
 ) -> None:
     """Export a PyTorch DLRM (torch.onnx) as dlrm_onnx, dlrm_onnx_fp16 and, in the cpu profile,
-    dlrm_onnx_int8 (in the gpu profile: dlrm_torch, TorchScript FP16, and the config of dlrm_trt instead).
+    dlrm_onnx_int8 (in the gpu profile: dlrm_torch, TorchScript FP16, dlrm_aoti, an AOTInductor
+    package, and the config of dlrm_trt instead).
 
     --hotness is that of a multi-hot model (TorchRec or facebookresearch state dicts); --table-sizes
     is needed only when the model does not reduce ids into its tables itself and its graph does not

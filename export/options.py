@@ -173,9 +173,16 @@ class ExportOptions:
             Its instances follow the profile: KIND_GPU, or KIND_CPU in the cpu profile.
         torch_dtype: the TorchScript's precision, one of :data:`TORCH_DTYPES`; gated like
             FP16 (``fp16_auc_tolerance``) and by :data:`export.pipeline.TORCH_MAX_ABS_DIFF`.
+        aoti: also write ``<family>_aoti`` (an AOTInductor package in FP32 inside an ensemble
+            with the schema's tensors, PyTorch families only; a failed check is an error). Off
+            unless asked in every profile: a package loads only under the PyTorch that compiled
+            it, so it is exported with the serving image's own torch. Gated against the framework
+            by :data:`export.pipeline.AOTI_MAX_ABS_DIFF` and ``fp16_auc_tolerance``. Compiled for
+            CUDA in the gpu profile where torch sees a GPU (KIND_GPU instances), else for the CPU
+            (KIND_CPU instances).
         raw_rows: also write ``<model>_raw`` for each model (:mod:`export.raw_rows`).
-        auc_target: MLPerf's accuracy rule in place of the AUC tolerances: a reduced-precision
-            variant (FP16, INT8, TorchScript) passes when its AUC on the check rows is at
+        auc_target: MLPerf's accuracy rule in place of the AUC tolerances: a variant gated on
+            AUC (FP16, INT8, TorchScript, AOTInductor) passes when its AUC on the check rows is at
             least this percent of FP32's (99 or 99.9 for MLPerf's two targets); None: the
             tolerances.
     """
@@ -196,6 +203,7 @@ class ExportOptions:
     placement: PlacementOptions = field(default_factory=PlacementOptions)
     torch: bool | None = None
     torch_dtype: str = "float16"
+    aoti: bool = False
     raw_rows: bool = True
     auc_target: float | None = None
 

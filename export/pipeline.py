@@ -8,7 +8,9 @@ profile also writes each family's TensorRT model config (``<family>_trt``);
 its plan is built from the FP16 ONNX by ``python -m export tensorrt``
 (:mod:`export.engines.trt_build`), on the serving GPU's own TensorRT. A PyTorch family
 gets, in the gpu profile, ``<family>_torch``: TorchScript in FP16 for Triton's
-PyTorch backend (:mod:`export.engines.torchscript`), checked against the framework.
+PyTorch backend (:mod:`export.engines.torchscript`), and ``<family>_aoti``: an
+AOTInductor package in FP32 (:mod:`export.engines.aoti`) inside an ensemble with the
+schema's tensors, each checked against the framework.
 
 Where a GPU is visible, the reduced-precision checks run there too: the FP16
 ONNX on ONNX Runtime's CUDA provider (with onnxruntime-gpu) and the TorchScript
@@ -33,11 +35,15 @@ import onnx
 from bundle.errors import ConfigError, ExportError
 from bundle.memory import PeakMemory
 from bundle.repository import (
+    AOTI_FILE,
     MODEL_FILE,
     TORCHSCRIPT_FILE,
+    add_aoti_model,
     add_model,
     add_torch_model,
     add_trt_model,
+    aoti_model_name,
+    aoti_package_name,
     clear_model,
     read_report,
     torch_model_name,
@@ -84,6 +90,15 @@ INT8_GATE_BATCHES = (1, 64, CHECK_CHUNK)
 #: its 8-bit mantissa), whose AUC stays well inside the gate; each export's report records the
 #: difference its own model reached (``parity.max_abs_diff``).
 TORCH_MAX_ABS_DIFF = 0.02
+#: Max |AOTInductor package - framework| per probability, out-of-range ids and single rows
+#: included. The package computes in FP32 as the framework does, so only the order in which
+#: Inductor's fused kernels add up differs: the bound is the FP32 ONNX graph's default
+#: (``fp32_tolerance``), far tighter than the reduced-precision variants'. Each export's report
+#: records the difference its own package reached (``parity.max_abs_diff``).
+AOTI_MAX_ABS_DIFF = 1e-5
+#: Rows the AOTInductor check also runs one at a time: the smallest batch of the package's
+#: dynamic range must run and agree as the large ones do.
+AOTI_SINGLE_ROWS = 8
 
 
 @dataclass(frozen=True)
@@ -148,14 +163,16 @@ def export_family(exporter: FrameworkExporter, options: ExportOptions) -> list[E
     not load and which would no longer match the new ONNX.
 
     For a PyTorch family, ``options.writes_torch`` adds ``<family>_torch``
-    (TorchScript, :func:`_export_torch`); a ``<family>_torch`` of an earlier export
-    is removed otherwise.
+    (TorchScript, :func:`_export_torch`) and ``options.aoti`` adds ``<family>_aoti``
+    with ``<family>_aoti_package`` (AOTInductor, :func:`_export_aoti`); those of an
+    earlier export are removed otherwise.
 
     When ``options.placement`` places the tables hot/cold, ``<family>_onnx`` becomes
     the ensemble of ``<family>_embedding`` and ``<family>_dense``, checked against the
     all-in-graph FP32 graph (:func:`export.tables.placement.place_embeddings`); the FP16 and
     INT8 variants are then ensembles of the same stage and their own dense model
-    (:mod:`export.tables.hot_cold_variants`), and no TorchScript or TensorRT variant is written.
+    (:mod:`export.tables.hot_cold_variants`), and no TorchScript, AOTInductor or TensorRT variant
+    is written.
 
     Returns:
         The ONNX models written, each with its parity result.
@@ -168,8 +185,17 @@ def export_family(exporter: FrameworkExporter, options: ExportOptions) -> list[E
         raise ConfigError(
             f"--torch: {exporter.family} is not a PyTorch model; the TorchScript variant is for PyTorch DLRMs"
         )
+    if options.aoti and not isinstance(exporter, TorchSource):
+        raise ConfigError(
+            f"--aoti: {exporter.family} is not a PyTorch model; the AOTInductor variant is for PyTorch DLRMs"
+        )
     hotness = getattr(exporter, "hotness", None)
     variable_bags = bool(getattr(exporter, "variable_bags", False))
+    if options.aoti and variable_bags:
+        raise ConfigError(
+            "--aoti: an AOTInductor package takes categorical_ids; a model of bags of any size is served "
+            "by the ONNX models: drop --aoti"
+        )
     if hotness is not None or variable_bags:
         if options.placement.may_split and variable_bags:
             raise ConfigError(
@@ -214,6 +240,7 @@ def served_models(family: str) -> tuple[str, ...]:
         *(ensemble_model_name(family, precision) for precision in PRECISIONS),
         trt_model_name(family),
         torch_model_name(family),
+        aoti_model_name(family),
     )
 
 
@@ -224,6 +251,7 @@ def family_models(family: str) -> tuple[str, ...]:
         *served_models(family),
         *(dense_model_name(family, precision) for precision in PRECISIONS),
         embedding_model_name(family),
+        aoti_package_name(family),
         *(raw_model_name(name) for name in served_models(family)),
         raw_model_name(family),
     )
@@ -284,7 +312,9 @@ def _export_family(exporter: FrameworkExporter, options: ExportOptions) -> list[
         clear_model(options.repository, fp32_name)
         raise
     torch_name = torch_model_name(exporter.family)
-    clear_model(options.repository, torch_name)
+    aoti_name = aoti_model_name(exporter.family)
+    for name in (torch_name, aoti_name, aoti_package_name(exporter.family)):
+        clear_model(options.repository, name)
     placed = place_embeddings(exporter, fp32_path, fp32.parity, rows, options)
     if placed is not None:
         reference = "onnx_fp32 (in-graph)"
@@ -317,6 +347,8 @@ def _export_family(exporter: FrameworkExporter, options: ExportOptions) -> list[
                 "%s not written (the ONNX models serve): %s. --torch makes it an error, --no-torch skips it",
                 torch_name, exc,
             )  # fmt: skip
+    if options.aoti and isinstance(exporter, TorchSource):  # bags of any size: refused by export_family
+        results.append(_export_aoti(exporter, exporter, rows, options))
     trt_name = trt_model_name(exporter.family)
     clear_model(options.repository, trt_name)
     if options.serving.profile == "gpu" and options.serving.variable_bags:
@@ -608,6 +640,114 @@ def _export_torch(
         return exported
     except BaseException:
         clear_model(options.repository, name)
+        raise
+
+
+def _aoti_gate(
+    path: Path,
+    device: str,
+    rows: Batch,
+    reference: np.ndarray,
+    extreme: Batch,
+    extreme_reference: np.ndarray,
+    options: ExportOptions,
+) -> tuple[ParityResult, dict[str, Any]]:
+    """Run the AOTInductor package at ``path`` on ``device`` and gate it against the framework's outputs.
+
+    The check rows run in batches of up to ``max_batch_size`` (the top of the package's dynamic
+    batch), and their first :data:`AOTI_SINGLE_ROWS` rows once more one at a time (its bottom).
+
+    Returns:
+        The parity (rows, out-of-range-id rows and single rows together; AUC on ``rows``) and
+        report fields: each part's max abs difference and the batch sizes run.
+
+    Raises:
+        ExportError: the package failed on the rows, gave an invalid probability, the AUC moved more
+            than ``options.fp16_auc_tolerance``, or a probability more than :data:`AOTI_MAX_ABS_DIFF`.
+    """
+    from export.engines.aoti import run_aoti
+
+    chunk = min(CHECK_CHUNK, options.serving.max_batch_size)
+    single = rows.slice(0, AOTI_SINGLE_ROWS)
+    try:
+        parity = compare(run_aoti(path, rows, device, chunk=chunk), reference, rows.labels)
+        extreme_parity = compare(run_aoti(path, extreme, device, chunk=chunk), extreme_reference, None)
+        single_parity = compare(run_aoti(path, single, device, chunk=1), reference[: len(single)], None)
+    except ExportError as exc:
+        raise ExportError(f"{path} on {device}: {exc}") from None
+    worst = max(parity.max_abs_diff, extreme_parity.max_abs_diff, single_parity.max_abs_diff)
+    delta = parity.auc_delta if parity.auc_delta is not None else float("nan")
+    passes, rule = options.auc_gate(parity.auc, parity.auc_delta, options.fp16_auc_tolerance)
+    if not passes or worst > AOTI_MAX_ABS_DIFF:
+        raise ExportError(
+            f"{path} on {device} differs from the framework: AUC by {delta:.3g} ({rule}), probabilities by "
+            f"up to {worst:.3g} (tolerance {AOTI_MAX_ABS_DIFF:g}; out-of-range ids: "
+            f"{extreme_parity.max_abs_diff:.3g}, one row at a time: {single_parity.max_abs_diff:.3g})"
+        )
+    rows_run = parity.rows + extreme_parity.rows + single_parity.rows
+    extra = {
+        "auc_gate": rule,
+        "max_abs_diff_out_of_range_ids": extreme_parity.max_abs_diff,
+        "max_abs_diff_one_row_at_a_time": single_parity.max_abs_diff,
+        "check_batch_sizes": sorted({1, min(chunk, len(rows))}),
+    }
+    return ParityResult(rows_run, worst, parity.auc, parity.auc_delta), extra
+
+
+def _export_aoti(
+    exporter: FrameworkExporter, source: TorchSource, rows: Batch, options: ExportOptions
+) -> ExportedModel:
+    """Write ``<family>_aoti``: the model as an AOTInductor package in FP32, in an ensemble.
+
+    The package (``<family>_aoti_package/1/model.pt2``, compiled for the device
+    :func:`export.engines.aoti.compile_device` picks for the profile, and served on instances
+    of that device's kind) is checked against the framework's own output on the check rows,
+    on ids at the int64 limits, negative and past every table, and one row at a time
+    (:func:`_aoti_gate`), on the device it is compiled for; then its config and the
+    ensemble's are written (:func:`bundle.repository.add_aoti_model`).
+
+    Args:
+        exporter: the model's exporter (``predict`` is the reference).
+        source: the same exporter, as the source of its module.
+        rows: labeled check rows.
+        options: the export options.
+
+    Raises:
+        ExportError: export, compilation or a check failed; neither model is then left in the repository.
+    """
+    from export.engines.aoti import compile_device, write_aoti
+
+    name, package = aoti_model_name(exporter.family), aoti_package_name(exporter.family)
+    path = version_dir(options.repository, package, 1) / AOTI_FILE
+    for model in (name, package):
+        clear_model(options.repository, model)
+    try:
+        start = time.perf_counter()
+        device, device_note = compile_device(options.serving.profile)
+        log.info("compiling %s with AOTInductor (FP32, %s) at %s", exporter.family, device, path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with PeakMemory() as peak:
+            built = write_aoti(source.torch_serving(), path, options.serving.max_batch_size, device)
+            if rows.labels is None:
+                raise ExportError("the AOTInductor check needs labeled rows")
+            extreme = extreme_id_rows(rows)
+            reference, extreme_reference = exporter.predict(rows), exporter.predict(extreme)
+            parity, gate = _aoti_gate(path, device, rows, reference, extreme, extreme_reference, options)
+        exported = ExportedModel(name, path, "framework", parity, time.perf_counter() - start)
+        report = _report(exported, options, {"source": exporter.source, "package_model": package, **built})
+        del report["opset"]  # no ONNX here
+        report.update(
+            device_note=device_note,
+            auc_tolerance=options.fp16_auc_tolerance,
+            max_abs_tolerance=AOTI_MAX_ABS_DIFF,
+            **gate,
+            peak_memory=peak.report(),
+        )
+        add_aoti_model(options.repository, name, package, options.serving, report=report, device=device)
+        return exported
+    except BaseException:
+        for model in (name, package):
+            clear_model(options.repository, model)
         raise
 
 

@@ -41,6 +41,7 @@ from server.ports import ensure_ports_free
 from server.preflight import check_stub_environment
 from server.probes import ModelStatus, ServerProbe
 from server.processes import stub_regions, tree_rss, unlink_regions
+from server.repository_view import ViewKeeper, sync_view
 from server.security import admin_headers, redact, restricted_api_args
 from server.triton_log import (
     last_error,
@@ -105,6 +106,9 @@ class LocalServer:
         self._process: subprocess.Popen[bytes] | None = None
         self._log_handle: IO[bytes] | None = None
         self._backend_dir: Path | None = None
+        # The repository as tritonserver 2.51 can load it, where it holds torch_aoti models.
+        self._view_dir: Path | None = None
+        self._view_keeper: ViewKeeper | None = None
         # Regions of python stubs killed with SIGKILL: nobody else removes them.
         self._orphan_regions: list[str] = []
         self._watch: StubWatch | None = None
@@ -211,7 +215,7 @@ class LocalServer:
         config = self._config
         command = [
             str(installation.binary),
-            f"--model-repository={config.repository_argument}",
+            f"--model-repository={self._view_dir or config.repository_argument}",
             f"--backend-directory={backend_dir}",
             f"--cache-directory={installation.caches}",
             f"--http-address={config.address}",
@@ -268,6 +272,8 @@ class LocalServer:
 
         self._backend_dir = Path(tempfile.mkdtemp(prefix="tritonserver-backends-"))
         try:
+            if isinstance(config.repository, Path):
+                self._make_view(config.repository)
             installation.build_backend_directory(self._backend_dir)
             command = self.command(installation, self._backend_dir)
             env = installation.environment()
@@ -310,6 +316,29 @@ class LocalServer:
                 self.stop()
                 raise
         return self
+
+    def _make_view(self, repository: Path) -> None:
+        """Serve a view of ``repository`` (:mod:`server.repository_view`) where it holds models of
+        the ``torch_aoti`` platform, which tritonserver 2.51 refuses; else the repository itself."""
+        view = Path(tempfile.mkdtemp(prefix="tritonserver-repository-"))
+        try:
+            changed = sync_view(repository, view)
+        except BaseException:
+            shutil.rmtree(view, ignore_errors=True)
+            raise
+        if not changed:
+            shutil.rmtree(view, ignore_errors=True)
+            return
+        self._view_dir = view
+        # A server that loads models after its start (polling, or told through the repository API,
+        # by this launcher or another client) reads a view kept in step.
+        if self._config.model_control_mode is not ModelControlMode.NONE:
+            self._view_keeper = ViewKeeper(repository, view).start()
+        logger.info(
+            "tritonserver 2.51 refuses platform torch_aoti: it serves %s through %s, where the configs of "
+            "%s name only their backend (the repository is unchanged)",
+            repository, view, ", ".join(changed),
+        )  # fmt: skip
 
     def wait_ready(self, timeout: float | None = None) -> None:
         """Block until the server is ready, i.e. every model it should load is READY.
@@ -411,6 +440,8 @@ class LocalServer:
             ServerError: refused, the model failed to load, or ``timeout`` passed.
         """
         self._require_process()
+        if self._view_dir is not None and isinstance(self._config.repository, Path):
+            sync_view(self._config.repository, self._view_dir)  # a model written since the start
         started = time.monotonic()
         self._probe.load_model(name, timeout)
         self._probe.wait_model_ready(name, max(_SETTLE_FLOOR_S, timeout - (time.monotonic() - started)))
@@ -608,6 +639,12 @@ class LocalServer:
         if self._backend_dir is not None:
             shutil.rmtree(self._backend_dir, ignore_errors=True)
             self._backend_dir = None
+        if self._view_keeper is not None:
+            self._view_keeper.stop()
+            self._view_keeper = None
+        if self._view_dir is not None:
+            shutil.rmtree(self._view_dir, ignore_errors=True)
+            self._view_dir = None
 
     def _check_remote_repository(self) -> None:
         """Raise if tritonserver logged that it cannot read its ``s3://`` repository.

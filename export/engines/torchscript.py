@@ -34,6 +34,7 @@ import inspect
 import json
 import logging
 import warnings
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -265,6 +266,21 @@ def run_torchscript(path: Path, batch: Batch, device: str = "cpu", chunk: int = 
         module = torch.jit.load(str(path), map_location=device).eval()
     except (RuntimeError, ValueError) as exc:
         raise ExportError(f"torch.jit.load cannot load {path} on {device}: {exc}") from None
+    return run_in_chunks(module, path, batch, device, chunk)
+
+
+def run_in_chunks(
+    model: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
+    path: Path,
+    batch: Batch,
+    device: str,
+    chunk: int,
+) -> np.ndarray:
+    """``model(dense, ids)`` on ``batch`` in slices of ``chunk`` rows on ``device``: ``B x 1`` float32.
+
+    Raises:
+        ExportError: the model at ``path`` failed on the rows (first line of why).
+    """
     outputs: list[np.ndarray] = []
     try:
         with torch.inference_mode():
@@ -272,8 +288,8 @@ def run_torchscript(path: Path, batch: Batch, device: str = "cpu", chunk: int = 
                 part = batch.slice(start, start + chunk)
                 dense = torch.from_numpy(np.ascontiguousarray(part.dense, dtype=np.float32)).to(device)
                 ids = torch.from_numpy(np.ascontiguousarray(part.categorical, dtype=np.int64)).to(device)
-                outputs.append(module(dense, ids).cpu().numpy())
-    except RuntimeError as exc:
+                outputs.append(model(dense, ids).cpu().numpy())
+    except (RuntimeError, TypeError, ValueError) as exc:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise ExportError(f"{path} failed on {device}: {first}") from None
     if not outputs:

@@ -41,6 +41,7 @@ from tritonclient.grpc import model_config_pb2 as mc
 from bundle.errors import ConfigError
 from bundle.repository import (
     CONFIG_NAME,
+    ENSEMBLE_PLATFORM,
     MODEL_FILE,
     ONNX_BACKEND,
     ServingConfig,
@@ -103,7 +104,6 @@ LOOKUP_GRAPH_FILE = "lookup_graph.onnx"
 #: The embedding stage's backend: tritonserver opens
 #: ``<backends>/embedding/libtriton_embedding.so`` (``server/stages/embedding/backend.cc``).
 STAGE_BACKEND = "embedding"
-ENSEMBLE_PLATFORM = "ensemble"
 
 #: Versions of the stage and of the dense model that may be loaded at once: the serving
 #: pair and a new one, while the ensemble switches (:mod:`export.tables.rollout`). The policy

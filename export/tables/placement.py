@@ -46,6 +46,8 @@ from bundle.errors import ConfigError, ExportError
 from bundle.repository import (
     CONFIG_NAME,
     MODEL_FILE,
+    aoti_model_name,
+    aoti_package_name,
     clear_model,
     read_config,
     torch_model_name,
@@ -259,14 +261,15 @@ def clear_split(repository: Path, family: str) -> None:
 
 
 def clear_variants(repository: Path, family: str) -> None:
-    """Remove the family's FP16, INT8, TensorRT and TorchScript models before a hot/cold export.
+    """Remove the family's FP16, INT8, TensorRT, TorchScript and AOTInductor models before a hot/cold export.
 
     They would be models of an earlier export, out of step with the new ensemble: the
     FP16 and INT8 variants are written again from the new dense model
-    (:mod:`export.tables.hot_cold_variants`); TensorRT and TorchScript are not written for a
-    hot/cold model.
+    (:mod:`export.tables.hot_cold_variants`); TensorRT, TorchScript and AOTInductor are not
+    written for a hot/cold model.
     """
-    for name in (*variant_entries(family), trt_model_name(family), torch_model_name(family)):
+    aoti = (aoti_model_name(family), aoti_package_name(family))
+    for name in (*variant_entries(family), trt_model_name(family), torch_model_name(family), *aoti):
         clear_model(repository, name)
 
 

@@ -50,6 +50,8 @@ from bundle.repository import (
     MODEL_FILE,
     ServingConfig,
     add_model,
+    aoti_model_name,
+    aoti_package_name,
     clear_model,
     torch_model_name,
     trt_model_name,
@@ -457,9 +459,10 @@ def _entries() -> tuple[str, str, str]:
 
 
 def _variants() -> tuple[str, ...]:
-    """The family's FP16, INT8 (their ensembles and dense models), TensorRT and TorchScript models,
-    which this function does not write."""
-    return *variant_entries(FAMILY), trt_model_name(FAMILY), torch_model_name(FAMILY)
+    """The family's FP16, INT8 (their ensembles and dense models), TensorRT, TorchScript and
+    AOTInductor models, which this function does not write."""
+    aoti = (aoti_model_name(FAMILY), aoti_package_name(FAMILY))
+    return *variant_entries(FAMILY), trt_model_name(FAMILY), torch_model_name(FAMILY), *aoti
 
 
 @contextlib.contextmanager

@@ -182,9 +182,9 @@ def test_the_pinned_release_judges_what_it_knows_and_refuses_what_it_does_not(tm
         f"{opset}: ONNX opset {target.onnx_opset + 1}, newer than NGC 26.11's ONNX Runtime (version not "
         f"found; at least 1.27.0) implements (up to {target.onnx_opset})",
         f"{new_torch}: written by torch 2.13.0+cpu, newer than NGC 26.11's LibTorch (version not found; at "
-        "least 2.10.0a0+b4e4ee81d3); export it with that release's torch (nvcr.io/nvidia/pytorch:26.11-py3)",
+        "least 2.12.0a0); export it with that release's torch (nvcr.io/nvidia/pytorch:26.11-py3)",
         f"{package}: compiled by torch 2.13.0+cpu; NGC 26.11's LibTorch (version not found; at least "
-        "2.10.0a0+b4e4ee81d3), and a package loads only under the torch that compiled it: compile it in "
+        "2.12.0a0), and a package loads only under the torch that compiled it: compile it in "
         "nvcr.io/nvidia/pytorch:26.11-py3",
     ]
     assert not any(str(path) in " ".join(problems) for path in (fits, old_torch))
