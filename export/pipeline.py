@@ -543,6 +543,58 @@ def _onnx_cuda_check(
     }
 
 
+@dataclass(frozen=True)
+class _Gated:
+    """The parts of a compiled model's check, each compared with the framework's outputs.
+
+    Attributes:
+        parts: each part's parity, in the order run; the first is the check rows (their AUC).
+        output: the first part's outputs.
+        worst: the largest probability difference over the parts.
+        passes: the AUC rule held.
+        rule: the AUC rule, in words.
+    """
+
+    parts: list[ParityResult]
+    output: np.ndarray
+    worst: float
+    passes: bool
+    rule: str
+
+    @property
+    def delta(self) -> float:
+        """The check rows' AUC change (NaN without labels)."""
+        first = self.parts[0]
+        return first.auc_delta if first.auc_delta is not None else float("nan")
+
+    def parity(self) -> ParityResult:
+        """Every part's rows together, the worst difference, the check rows' AUC."""
+        first = self.parts[0]
+        return ParityResult(sum(part.rows for part in self.parts), self.worst, first.auc, first.auc_delta)
+
+
+def _gate(
+    path: Path,
+    device: str,
+    runs: list[tuple[Callable[[], np.ndarray], np.ndarray, np.ndarray | None]],
+    options: ExportOptions,
+) -> _Gated:
+    """Run each part of a check (its run, the framework's outputs, labels or None; the check rows
+    first) and compare; a part that fails to run or gives an invalid probability raises
+    :class:`ExportError` naming ``path`` and ``device``. The AUC rule is
+    ``options.fp16_auc_tolerance``'s, on the first part."""
+    parts: list[ParityResult] = []
+    outputs: list[np.ndarray] = []
+    try:
+        for run, reference, labels in runs:
+            outputs.append(run())
+            parts.append(compare(outputs[-1], reference, labels))
+    except ExportError as exc:
+        raise ExportError(f"{path} on {device}: {exc}") from None
+    passes, rule = options.auc_gate(parts[0].auc, parts[0].auc_delta, options.fp16_auc_tolerance)
+    return _Gated(parts, outputs[0], max(part.max_abs_diff for part in parts), passes, rule)
+
+
 def _torch_gate(
     path: Path,
     device: str,
@@ -564,22 +616,22 @@ def _torch_gate(
     """
     from export.engines.torchscript import run_torchscript
 
-    output = run_torchscript(path, rows, device)
-    try:
-        parity = compare(output, reference, rows.labels)
-        extreme_parity = compare(run_torchscript(path, extreme, device), extreme_reference, None)
-    except ExportError as exc:
-        raise ExportError(f"{path} on {device}: {exc}") from None
-    worst = max(parity.max_abs_diff, extreme_parity.max_abs_diff)
-    delta = parity.auc_delta if parity.auc_delta is not None else float("nan")
-    passes, rule = options.auc_gate(parity.auc, parity.auc_delta, options.fp16_auc_tolerance)
-    if not passes or worst > TORCH_MAX_ABS_DIFF:
+    gated = _gate(
+        path,
+        device,
+        [
+            (lambda: run_torchscript(path, rows, device), reference, rows.labels),
+            (lambda: run_torchscript(path, extreme, device), extreme_reference, None),
+        ],
+        options,
+    )
+    if not gated.passes or gated.worst > TORCH_MAX_ABS_DIFF:
         raise ExportError(
-            f"{path} ({options.torch_dtype}) on {device} differs from the framework: AUC by {delta:.3g} "
-            f"({rule}), probabilities by up to {worst:.3g} "
-            f"(tolerance {TORCH_MAX_ABS_DIFF:g}; out-of-range ids: {extreme_parity.max_abs_diff:.3g})"
+            f"{path} ({options.torch_dtype}) on {device} differs from the framework: AUC by "
+            f"{gated.delta:.3g} ({gated.rule}), probabilities by up to {gated.worst:.3g} "
+            f"(tolerance {TORCH_MAX_ABS_DIFF:g}; out-of-range ids: {gated.parts[1].max_abs_diff:.3g})"
         )
-    return ParityResult(parity.rows + extreme_parity.rows, worst, parity.auc, parity.auc_delta), output
+    return gated.parity(), gated.output
 
 
 def _export_torch(
@@ -669,29 +721,30 @@ def _aoti_gate(
 
     chunk = min(CHECK_CHUNK, options.serving.max_batch_size)
     single = rows.slice(0, AOTI_SINGLE_ROWS)
-    try:
-        parity = compare(run_aoti(path, rows, device, chunk=chunk), reference, rows.labels)
-        extreme_parity = compare(run_aoti(path, extreme, device, chunk=chunk), extreme_reference, None)
-        single_parity = compare(run_aoti(path, single, device, chunk=1), reference[: len(single)], None)
-    except ExportError as exc:
-        raise ExportError(f"{path} on {device}: {exc}") from None
-    worst = max(parity.max_abs_diff, extreme_parity.max_abs_diff, single_parity.max_abs_diff)
-    delta = parity.auc_delta if parity.auc_delta is not None else float("nan")
-    passes, rule = options.auc_gate(parity.auc, parity.auc_delta, options.fp16_auc_tolerance)
-    if not passes or worst > AOTI_MAX_ABS_DIFF:
+    gated = _gate(
+        path,
+        device,
+        [
+            (lambda: run_aoti(path, rows, device, chunk=chunk), reference, rows.labels),
+            (lambda: run_aoti(path, extreme, device, chunk=chunk), extreme_reference, None),
+            (lambda: run_aoti(path, single, device, chunk=1), reference[: len(single)], None),
+        ],
+        options,
+    )
+    _, extreme_parity, single_parity = gated.parts
+    if not gated.passes or gated.worst > AOTI_MAX_ABS_DIFF:
         raise ExportError(
-            f"{path} on {device} differs from the framework: AUC by {delta:.3g} ({rule}), probabilities by "
-            f"up to {worst:.3g} (tolerance {AOTI_MAX_ABS_DIFF:g}; out-of-range ids: "
+            f"{path} on {device} differs from the framework: AUC by {gated.delta:.3g} ({gated.rule}), "
+            f"probabilities by up to {gated.worst:.3g} (tolerance {AOTI_MAX_ABS_DIFF:g}; out-of-range ids: "
             f"{extreme_parity.max_abs_diff:.3g}, one row at a time: {single_parity.max_abs_diff:.3g})"
         )
-    rows_run = parity.rows + extreme_parity.rows + single_parity.rows
     extra = {
-        "auc_gate": rule,
+        "auc_gate": gated.rule,
         "max_abs_diff_out_of_range_ids": extreme_parity.max_abs_diff,
         "max_abs_diff_one_row_at_a_time": single_parity.max_abs_diff,
         "check_batch_sizes": sorted({1, min(chunk, len(rows))}),
     }
-    return ParityResult(rows_run, worst, parity.auc, parity.auc_delta), extra
+    return gated.parity(), extra
 
 
 def _export_aoti(

@@ -11,12 +11,10 @@ naming convention and refusing one compiled by another torch or for another devi
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import logging
 import os
 import shutil
-import sys
 import types
 import zipfile
 from collections.abc import Callable, Iterator
@@ -57,8 +55,8 @@ from export.options import ExportOptions
 from export.pipeline import AOTI_MAX_ABS_DIFF, _aoti_gate, _export_aoti, export_family
 from models.config import DLRMConfig, TrainConfig
 from models.train_dlrm import train_dlrm
+from tests.python_backends import ModelException, import_backend
 
-BACKENDS = Path(__file__).resolve().parents[2] / "server" / "backends"
 NAME, PACKAGE = aoti_model_name("dlrm"), aoti_package_name("dlrm")
 CHECK_ROWS = 1024
 
@@ -284,32 +282,10 @@ def test_damaged_packages_fail_in_one_line(
 # ------------------------------------------------------------------ the local pytorch backend
 
 
-class _ModelException(Exception):
-    pass
-
-
 @pytest.fixture
 def backend(monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
-    """The local pytorch backend's ``model`` module, imported as the stub imports it, with a
-    stand-in for ``triton_python_backend_utils`` (it exists only inside tritonserver)."""
-    utils = types.ModuleType("triton_python_backend_utils")
-    utils.TritonModelException = _ModelException  # type: ignore[attr-defined]
-    warnings: list[str] = []
-    utils.Logger = types.SimpleNamespace(log_info=lambda _: None, log_warn=warnings.append)  # type: ignore[attr-defined]
-    numpy_types = {"TYPE_FP32": np.float32, "TYPE_INT64": np.int64}
-    utils.triton_string_to_numpy = numpy_types.__getitem__  # type: ignore[attr-defined]
-    monkeypatch.setitem(sys.modules, "triton_python_backend_utils", utils)
-    for name, path in (
-        ("batched_model", BACKENDS / "batched_model.py"),
-        ("pytorch_backend_model", BACKENDS / "pytorch" / "model.py"),
-    ):
-        spec = importlib.util.spec_from_file_location(name, path)
-        assert spec is not None and spec.loader is not None
-        module = importlib.util.module_from_spec(spec)
-        monkeypatch.setitem(sys.modules, name, module)
-        spec.loader.exec_module(module)
-    module.warnings = warnings  # type: ignore[attr-defined]
-    yield module
+    """The local pytorch backend's ``model`` module, imported as the stub imports it."""
+    yield import_backend(monkeypatch, "pytorch", "pytorch_backend_model")
 
 
 def _load(backend: Any, folder: Path, config: mc.ModelConfig) -> Any:
@@ -353,7 +329,7 @@ def test_the_backend_refuses_names_the_call_spec_lacks_in_one_line(backend: Any,
     config = build_aoti_config(PACKAGE, ServingConfig())
     config.input[0].name = "KWARGS[dense]"
     config.ClearField("model_warmup")
-    with pytest.raises(_ModelException, match=r"KWARGS\[dense\]") as error:
+    with pytest.raises(ModelException, match=r"KWARGS\[dense\]") as error:
         _load(backend, package.parents[1], config)
     assert _one_line(str(error.value)) and "KWARGS[dense_features]" in str(error.value)
 
@@ -372,7 +348,7 @@ def test_the_backend_refuses_another_torchs_package_and_another_devices(
         return change
 
     older = _copy_package(package, tmp_path / "older" / "1" / AOTI_FILE, producer("2.9.1+cu128"))
-    with pytest.raises(_ModelException, match=r"compiled by torch 2\.9\.1\+cu128.*torch is ") as error:
+    with pytest.raises(ModelException, match=r"compiled by torch 2\.9\.1\+cu128.*torch is ") as error:
         _load(backend, older.parents[1], config)
     assert _one_line(str(error.value)) and torch.__version__ in str(error.value)
 
@@ -382,7 +358,7 @@ def test_the_backend_refuses_another_torchs_package_and_another_devices(
         return data
 
     cuda = _copy_package(package, tmp_path / "cuda" / "1" / AOTI_FILE, for_cuda)
-    with pytest.raises(_ModelException, match="compiled for cuda, but its instance is KIND_CPU") as error:
+    with pytest.raises(ModelException, match="compiled for cuda, but its instance is KIND_CPU") as error:
         _load(backend, cuda.parents[1], config)
     assert _one_line(str(error.value))
     # The same release under another local label (a CUDA build of it) is the same torch.
@@ -404,7 +380,7 @@ def test_the_backend_names_a_damaged_package_in_one_line(backend: Any, tmp_path:
     path = tmp_path / "1" / AOTI_FILE
     path.parent.mkdir()
     path.write_bytes(os.urandom(2048))
-    with pytest.raises(_ModelException, match="not a PT2 archive") as error:
+    with pytest.raises(ModelException, match="not a PT2 archive") as error:
         _load(backend, tmp_path, build_aoti_config(PACKAGE, ServingConfig()))
     assert _one_line(str(error.value))
     assert backend.PRODUCER_RECORD == TORCHSCRIPT_PRODUCER_RECORD and backend.AOTI_PLATFORM == AOTI_PLATFORM

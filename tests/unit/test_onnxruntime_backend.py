@@ -1,14 +1,12 @@
 """The local onnxruntime backend's session options, read from a config the repository writer built.
 
-The backend runs inside tritonserver's python stub, where ``triton_python_backend_utils``
-exists; here a stand-in module with the few names ``initialize`` uses takes its place.
+The backend is imported as the stub imports it, with a stand-in for the stub's utilities
+(:mod:`tests.python_backends`).
 """
 
 from __future__ import annotations
 
-import importlib.util
 import sys
-import types
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -21,43 +19,13 @@ from onnx import TensorProto, helper, numpy_helper
 
 from bundle.repository import MODEL_FILE, ORT_SPINNING_KEY, ServingConfig, build_config
 from bundle.schema import CATEGORICAL_INPUT, DENSE_INPUT, NUM_CATEGORICAL, NUM_DENSE, OUTPUT
-
-BACKENDS = Path(__file__).resolve().parents[2] / "server" / "backends"
-
-
-class _ModelException(Exception):
-    pass
-
-
-def _stand_in_utils() -> types.ModuleType:
-    """What ``initialize`` needs of ``triton_python_backend_utils``."""
-    module = types.ModuleType("triton_python_backend_utils")
-    module.TritonModelException = _ModelException  # type: ignore[attr-defined]
-    module.Logger = types.SimpleNamespace(log_info=lambda _: None, log_warn=lambda _: None)  # type: ignore[attr-defined]
-    types_by_name = {"TYPE_FP32": np.float32, "TYPE_INT64": np.int64}
-    module.triton_string_to_numpy = types_by_name.__getitem__  # type: ignore[attr-defined]
-    return module
+from tests.python_backends import ModelException, import_backend
 
 
 @pytest.fixture
 def backend(monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
     """The onnxruntime backend's ``model`` module, imported as the stub imports it."""
-    monkeypatch.setitem(sys.modules, "triton_python_backend_utils", _stand_in_utils())
-    # The server copies batched_model.py beside model.py; server/backends itself is not put on
-    # sys.path, where its onnxruntime/ folder would shadow the onnxruntime package.
-    _import(monkeypatch, "batched_model", BACKENDS / "batched_model.py")
-    yield _import(monkeypatch, "ort_backend_model", BACKENDS / "onnxruntime" / "model.py")
-
-
-def _import(monkeypatch: pytest.MonkeyPatch, name: str, path: Path) -> types.ModuleType:
-    """Import ``path`` as module ``name`` (in sys.modules for this test only)."""
-    spec = importlib.util.spec_from_file_location(name, path)
-    if spec is None or spec.loader is None:
-        raise ImportError(f"cannot import {path}")
-    module = importlib.util.module_from_spec(spec)
-    monkeypatch.setitem(sys.modules, name, module)
-    spec.loader.exec_module(module)
-    return module
+    yield import_backend(monkeypatch, "onnxruntime", "ort_backend_model")
 
 
 def _tiny_model(path: Path) -> None:
@@ -119,7 +87,7 @@ def test_bad_spinning_value_fails_the_load(backend: Any, tmp_path: Path) -> None
     _tiny_model(tmp_path / "1" / MODEL_FILE)
     config = build_config("dlrm_onnx_int8", ServingConfig())
     config.parameters[ORT_SPINNING_KEY].string_value = "sometimes"
-    with pytest.raises(_ModelException, match="true or false"):
+    with pytest.raises(ModelException, match="true or false"):
         backend.TritonPythonModel().initialize(
             {
                 "model_config": json_format.MessageToJson(config, preserving_proto_field_name=True),

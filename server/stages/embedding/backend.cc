@@ -14,7 +14,6 @@
 #include <unistd.h>
 
 #include <cerrno>
-#include <chrono>
 #include <climits>
 #include <cstdlib>
 #include <cstdint>
@@ -63,20 +62,9 @@ constexpr const char* kMetricHelp =
     "Embedding lookups of hot/cold models, by tier: hot rows in the dense model, cold rows read from the row "
     "store";
 
-uint64_t NowNs() {
-  return static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(
-                                   std::chrono::steady_clock::now().time_since_epoch())
-                                   .count());
-}
-
 // ---------------------------------------------------------------------------------------------
 // Python's texts: the stage's error texts (those of the python stage it replaced, word for word)
 // quote values as Python's str(), repr() and list() do.
-
-// How str() shows a config value the check quotes: a string as itself, anything else (absent) as None.
-std::string PythonText(const Json* value) {
-  return value != nullptr && value->is_string() ? value->text() : "None";
-}
 
 bool PythonSpace(char c) { return c == ' ' || (c >= '\t' && c <= '\r') || (c >= '\x1c' && c <= '\x1f'); }
 
@@ -111,27 +99,6 @@ std::vector<std::string_view> Split(std::string_view text, char separator) {
     parts.push_back(text.substr(start, end == std::string_view::npos ? std::string_view::npos : end - start));
     if (end == std::string_view::npos) return parts;
     start = end + 1;
-  }
-}
-
-// numpy's name of a tensor's data type, as check_ids quotes it.
-const char* NumpyName(TRITONSERVER_DataType type) {
-  switch (type) {
-    case TRITONSERVER_TYPE_BOOL: return "bool";
-    case TRITONSERVER_TYPE_UINT8: return "uint8";
-    case TRITONSERVER_TYPE_UINT16: return "uint16";
-    case TRITONSERVER_TYPE_UINT32: return "uint32";
-    case TRITONSERVER_TYPE_UINT64: return "uint64";
-    case TRITONSERVER_TYPE_INT8: return "int8";
-    case TRITONSERVER_TYPE_INT16: return "int16";
-    case TRITONSERVER_TYPE_INT32: return "int32";
-    case TRITONSERVER_TYPE_INT64: return "int64";
-    case TRITONSERVER_TYPE_FP16: return "float16";
-    case TRITONSERVER_TYPE_FP32: return "float32";
-    case TRITONSERVER_TYPE_FP64: return "float64";
-    case TRITONSERVER_TYPE_BYTES: return "object";
-    case TRITONSERVER_TYPE_BF16: return "bfloat16";
-    default: return "invalid";
   }
 }
 

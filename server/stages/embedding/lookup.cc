@@ -7,15 +7,6 @@
 
 namespace stages::embedding {
 
-std::string PythonList(const std::vector<int64_t>& values) {
-  std::string out = "[";
-  for (size_t index = 0; index < values.size(); ++index) {
-    if (index) out += ", ";
-    out += std::to_string(values[index]);
-  }
-  return out + "]";
-}
-
 HotColdLookup::HotColdLookup(std::vector<int64_t> table_sizes,
                              const std::vector<std::vector<int64_t>>& hot_ids, int64_t store_rows,
                              std::vector<int64_t> hotness, uint64_t slot_map_max_bytes)

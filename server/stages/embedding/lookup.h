@@ -17,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "stage_texts.h"
 #include "store.h"
 
 namespace stages::embedding {
@@ -24,9 +25,6 @@ namespace stages::embedding {
 // The largest slot map (4 bytes per row of all tables) a stage builds; above it, a binary search
 // over the sorted hot keys (hot_cold_lookup.SLOT_MAP_MAX_BYTES).
 inline constexpr uint64_t kSlotMapMaxBytes = uint64_t{1} << 30;
-
-// "[3, 5, 7]": a list as Python prints it, for the texts shared with the Python definition.
-std::string PythonList(const std::vector<int64_t>& values);
 
 class HotColdLookup {
  public:

@@ -8,7 +8,6 @@
 // config read and checked once: the tensor names) and the model instance (scratch reused by
 // every execution). No exception leaves an entry point.
 #include <algorithm>
-#include <chrono>
 #include <cstring>
 #include <memory>
 #include <optional>
@@ -18,6 +17,7 @@
 
 #include "json.h"
 #include "parse.h"
+#include "stage_texts.h"
 #include "triton_api.h"
 #include "triton_support.h"
 
@@ -28,6 +28,10 @@ using stages::Check;
 using stages::ErrorPtr;
 using stages::Json;
 using stages::MessagePtr;
+using stages::NowNs;
+using stages::NumpyName;
+using stages::PythonList;
+using stages::PythonText;
 using stages::StageError;
 
 // The outputs the stage answers, in config order: data type and width.
@@ -37,48 +41,6 @@ struct ExpectedOutput {
 };
 constexpr ExpectedOutput kExpectedOutputs[] = {{"TYPE_FP32", kNumDense}, {"TYPE_INT64", kNumCategorical}};
 constexpr size_t kOutputCount = sizeof(kExpectedOutputs) / sizeof(kExpectedOutputs[0]);
-
-uint64_t NowNs() {
-  return static_cast<uint64_t>(
-      std::chrono::duration_cast<std::chrono::nanoseconds>(
-          std::chrono::steady_clock::now().time_since_epoch())
-          .count());
-}
-
-// How python writes a value the config check quotes: a string as itself, an absent one as None.
-std::string PythonText(const Json* value) {
-  return value != nullptr && value->is_string() ? value->text() : "None";
-}
-
-std::string PythonList(const std::vector<int64_t>& values) {
-  std::string out = "[";
-  for (size_t index = 0; index < values.size(); ++index) {
-    if (index) out += ", ";
-    out += std::to_string(values[index]);
-  }
-  return out + "]";
-}
-
-// numpy's name of a tensor's data type, as the replaced python stage's error quoted it.
-const char* NumpyName(TRITONSERVER_DataType type) {
-  switch (type) {
-    case TRITONSERVER_TYPE_BOOL: return "bool";
-    case TRITONSERVER_TYPE_UINT8: return "uint8";
-    case TRITONSERVER_TYPE_UINT16: return "uint16";
-    case TRITONSERVER_TYPE_UINT32: return "uint32";
-    case TRITONSERVER_TYPE_UINT64: return "uint64";
-    case TRITONSERVER_TYPE_INT8: return "int8";
-    case TRITONSERVER_TYPE_INT16: return "int16";
-    case TRITONSERVER_TYPE_INT32: return "int32";
-    case TRITONSERVER_TYPE_INT64: return "int64";
-    case TRITONSERVER_TYPE_FP16: return "float16";
-    case TRITONSERVER_TYPE_FP32: return "float32";
-    case TRITONSERVER_TYPE_FP64: return "float64";
-    case TRITONSERVER_TYPE_BYTES: return "object";
-    case TRITONSERVER_TYPE_BF16: return "bfloat16";
-    default: return "invalid";
-  }
-}
 
 // The model: its name and the tensor names its config gives, checked once at load.
 class ModelState {
