@@ -506,15 +506,33 @@ def tune(
     ] = False,
     data: Data = None,
     raw: RawRequests = False,
+    objective: Annotated[
+        str,
+        typer.Option(
+            help="throughput: the most samples/s of closed-loop users within the budget; capacity: the "
+            "highest Poisson request rate whose p99 holds it (open loop; --concurrency is not used)."
+        ),
+    ] = "throughput",
+    start_rate: StartRate = 50.0,
+    resolution: Resolution = 0.05,
+    max_rate: MaxRate = 100_000.0,
+    connections: Connections = 64,
+    rate_window: Annotated[
+        float, typer.Option(help="With --objective capacity: seconds measured per rate step.")
+    ] = 10.0,
     out: ReportOut[Path] = Path("reports/tune"),
 ) -> None:
     """Search serving configs and client loads for the most samples/s within a p99 budget
-    (with --raw, of each variant's raw-row model; the config searched is the variant's)."""
+    (with --raw, of each variant's raw-row model; the config searched is the variant's), or with
+    --objective capacity for the highest Poisson rate whose p99 holds it."""
     from dataclasses import replace as with_changes
 
     from loadtest.tune.report import write_tune
     from loadtest.tune.search import Policy, TuneOptions, apply_winner, run_tune
     from loadtest.tune.space import Space, parse_preferred
+
+    if objective not in ("throughput", "capacity"):
+        raise ConfigError(f"--objective must be throughput or capacity, got {objective!r}")
 
     space = Space(
         family=model,
@@ -539,6 +557,12 @@ def tune(
     if brute_force:
         policy = with_changes(policy, adaptive=False)
     options = TuneOptions(repository, space, policy, data, top, raw=raw)
+    if objective == "capacity":
+        from loadtest.sweeps.rates import RateLoad
+
+        _tune_capacity(options, RateLoad(connections=connections, duration_s=rate_window, warmup_s=warmup),
+                       start_rate, resolution, max_rate, apply, out)  # fmt: skip
+        return
     document = run_tune(options, command_line("loadtest"))
     paths = write_tune(document, out)
     winner = document["winner"]
@@ -560,6 +584,45 @@ def tune(
             )
     if apply:
         path, diff = apply_winner(repository, document)
+        print(f"applied: {path}")
+        print(diff or "(no change)", end="" if diff else "\n")
+
+
+def _tune_capacity(
+    options: Any, load: Any, start_rate: float, resolution: float, max_rate: float, apply: bool, out: Path
+) -> None:
+    """``tune --objective capacity``: search, confirm, report (capacity.md), and apply."""
+    from rich.progress import Progress
+
+    from loadtest.tune.capacity import CapacityPolicy, run_capacity_tune, write_capacity_tune
+    from loadtest.tune.search import ServedProbe, apply_winner
+
+    policy = CapacityPolicy(
+        options.policy.budget_ms, load, start_rate, resolution, max_rate,
+        rounds=options.policy.confirm_rounds, finalists=options.policy.finalists,
+        step_downs=options.policy.step_downs,
+    )  # fmt: skip
+    with Progress(console=Console(stderr=True, soft_wrap=True), transient=True) as progress:
+        task = progress.add_task("starting the local tritonserver and loading the models", total=None)
+        document = run_capacity_tune(
+            options.repository, options.space, policy,
+            lambda pools: ServedProbe(options.repository, options.space.family, pools, options.log_file,
+                                      options.raw),
+            command_line("loadtest"), options.data,
+            lambda line: progress.update(task, description=line),
+        )  # fmt: skip
+    paths = write_capacity_tune(document, out)
+    winner = document["winner"]
+    if winner is None:
+        print(f"no configuration held p99 {policy.budget_ms:g} ms side by side; report: {paths['markdown']}")
+        return
+    print(
+        f"winner: {winner['model']} {winner['server_label']} at B={winner['batch_size']}: {winner['rate']:g} "
+        f"requests/s ({winner['samples_per_s']:,.0f} samples/s), median p99 {winner['confirmed_p99_ms']:.2f} "
+        f"ms; report: {paths['markdown']}"
+    )
+    if apply:
+        path, diff = apply_winner(options.repository, document)
         print(f"applied: {path}")
         print(diff or "(no change)", end="" if diff else "\n")
 

@@ -86,6 +86,8 @@ from loadtest.engine.driver import Driver
 from loadtest.engine.latency import Tally, merged_tallies
 from loadtest.engine.payload import MAX_POOL_ROWS, PayloadPool, build_pool
 from loadtest.engine.served import triton_requests
+from loadtest.sweeps.rates import RateLoad, RateStep, rate_step
+from loadtest.sweeps.steps import Target
 from loadtest.tune.space import (
     ClientPoint,
     ServerPoint,
@@ -784,6 +786,7 @@ class ServedProbe:
         self._model = ""
         #: The models requests went to.
         self.sent_to: set[str] = set()
+        self._rate_steps = 0
 
     def __enter__(self) -> ServedProbe:
         from server import LocalServer, ServerConfig
@@ -824,6 +827,21 @@ class ServedProbe:
             # Its other steps load with it; the variant, loaded above, keeps the candidate's config.
             self._model = raw_model_name(name)
             self._server.load_model(self._model, timeout=600)
+
+    def rate_step(self, batch_size: int, rate: float, load: RateLoad) -> RateStep:
+        """One open-loop step (:func:`loadtest.sweeps.rates.rate_step`) at ``rate`` requests/s of
+        ``batch_size`` rows on the loaded config."""
+        if self._scratch is None:
+            raise ConfigError("enter the probe before measuring")
+        root = Path(self._scratch.name)
+        payload = root / f"payload-b{batch_size}.npz"
+        if not payload.exists():
+            self._pools[batch_size].save(payload)
+        self.sent_to.add(self._model)
+        self._rate_steps += 1
+        target = Target(self._server.grpc_url, "grpc", "triton", engine="driver")
+        folder = root / f"step-{self._rate_steps}"
+        return rate_step(target, self._model, batch_size, rate, payload, folder, load)
 
     @contextmanager
     def run(self, client: ClientPoint) -> Iterator[Measure]:

@@ -122,3 +122,50 @@ def test_tune_of_one_variant_still_measures_the_shipped_default_beside_it(
         "variant"
     ] == ("int8")
     assert all(t["errors"] == 0 and t["requests"] > 0 for t in trials)
+
+
+def test_tune_by_capacity_searches_the_rate_confirms_and_applies_through_the_server(
+    exported_repository: Path, start_triton, tmp_path: Path
+) -> None:
+    """``--objective capacity``: the default searched first in open-loop Poisson steps, the other
+    config from the default's samples/s upward, both side by side, the winner applied."""
+    repository = tmp_path / "repository"  # --apply writes here, never into the shared fixture
+    for name in ("dlrm_onnx", "dlrm_onnx_int8"):
+        shutil.copytree(exported_repository / name, repository / name)
+    out = tmp_path / "report"
+    command = [
+        sys.executable, "-m", "loadtest", "tune", "--objective", "capacity", "--repository", str(repository),
+        "--model", "dlrm", "--p99-budget-ms", "500", "--variants", "int8", "--instances", "1,2",
+        "--threads", "0", "--queue-delay-us", "100", "--batch-sizes", "8", "--start-rate", "20",
+        "--max-rate", "80", "--resolution", "0.5", "--rate-window", "1", "--warmup", "0.2",
+        "--connections", "8", "--confirm-rounds", "1", "--apply", "--out", str(out),
+    ]  # fmt: skip
+    completed = subprocess.run(command, capture_output=True, text=True, timeout=300, check=False)
+    assert completed.returncode == 0, completed.stderr[-3000:]
+    assert "winner:" in completed.stdout and "applied:" in completed.stdout
+
+    document = json.loads((out / "capacity.json").read_text())
+    assert document["objective"] == "capacity" and (out / "capacity.png").stat().st_size > 0
+    searched = document["searched"]
+    assert searched[0]["server"] == document["default"]["server"]  # the default goes first
+    steps = [step for entry in searched for step in entry["capacity"]["steps"]]
+    assert steps and all(s["errors"] == 0 and s["unfinished"] == 0 and s["requests"] > 0 for s in steps)
+    # A 500 ms budget holds up to --max-rate: the default doubles 20, 40, 80; every later config
+    # starts at the default's samples/s, its rate here 80.
+    default = searched[0]
+    assert [s["request_rate"] for s in default["capacity"]["steps"]] == [20, 40, 80] and default["rate"] == 80
+    for entry in searched[1:]:
+        assert entry["capacity"]["steps"][0]["request_rate"] == 80
+    finalists = document["finalists"]
+    assert finalists[0]["server"] == document["default"]["server"]
+    assert all(len(f["rounds"]) == 1 and f["held"] for f in finalists)
+    winner = document["winner"]
+    assert winner["rate"] == 80 and winner["confirmed_samples_per_s"] > 0
+    markdown = (out / "capacity.md").read_text()
+    assert "Winner: **" in markdown and "## Every search" in markdown
+
+    written = read_config(repository / winner["model"] / CONFIG_NAME)
+    assert written.instance_group[0].count == winner["server"]["instances"]
+    server = start_triton(repository, model_control_mode="explicit", load_models=(winner["model"],))
+    assert any(m.name == winner["model"] and m.state == "READY" for m in server.models())
+    server.stop()
