@@ -199,6 +199,13 @@ def phase_timed(
             t3 = time.perf_counter()
             cpu1 = time.process_time()
             after = _settled_counters(stats_client, model, before[0][0] + 1)
+            if (counted := after[0] - before[0][0]) != 1:
+                # Another client's requests are in the server's figures: its time per request
+                # would be theirs and ours together.
+                raise ClientError(
+                    f"the server counted {counted} requests of {model} while this client sent one: "
+                    "another client is sending to it; measure on a server nothing else loads"
+                )
             server_s = (after[1] - before[0][1]) / 1e9
             into.append((t3 - t0, server_s, t1 - t0, t2 - t1, t3 - t2, cpu1 - cpu0))
             before[0] = after
