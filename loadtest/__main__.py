@@ -25,7 +25,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.console import Console
@@ -76,6 +76,10 @@ from loadtest.options import (
 )
 from loadtest.sweeps.runs import PEERS, RunOptions, compare_run, sweep_run
 from loadtest.sweeps.steps import ENGINES, parse_cpus, parse_ints
+
+if TYPE_CHECKING:
+    from loadtest.tune.capacity import CapacityPolicy
+    from loadtest.tune.search import TuneOptions
 
 app = new_app(
     "Load tests of the served models: sweeps and latency curves, in-process baselines, peer comparison, "
@@ -527,8 +531,7 @@ def tune(
     --objective capacity for the highest Poisson rate whose p99 holds it."""
     from dataclasses import replace as with_changes
 
-    from loadtest.tune.report import write_tune
-    from loadtest.tune.search import Policy, TuneOptions, apply_winner, run_tune
+    from loadtest.tune.search import Policy, TuneOptions, apply_winner
     from loadtest.tune.space import Space, parse_preferred
 
     if objective not in ("throughput", "capacity"):
@@ -559,10 +562,28 @@ def tune(
     options = TuneOptions(repository, space, policy, data, top, raw=raw)
     if objective == "capacity":
         from loadtest.sweeps.rates import RateLoad
+        from loadtest.tune.capacity import CapacityPolicy
 
-        _tune_capacity(options, RateLoad(connections=connections, duration_s=rate_window, warmup_s=warmup),
-                       start_rate, resolution, max_rate, apply, out)  # fmt: skip
-        return
+        capacity = CapacityPolicy(
+            p99_budget_ms, RateLoad(connections=connections, duration_s=rate_window, warmup_s=warmup),
+            start_rate, resolution, max_rate, rounds=confirm_rounds, finalists=finalists,
+            step_downs=policy.step_downs,
+        )  # fmt: skip
+        document = _tune_capacity(options, capacity, out)
+    else:
+        document = _tune_throughput(options, out)
+    if apply:
+        path, diff = apply_winner(repository, document)
+        print(f"applied: {path}")
+        print(diff or "(no change)", end="" if diff else "\n")
+
+
+def _tune_throughput(options: TuneOptions, out: Path) -> dict[str, Any]:
+    """The closed-loop tune: search, confirm, report (report.md); its document."""
+    from loadtest.tune.report import write_tune
+    from loadtest.tune.search import run_tune
+
+    p99_budget_ms = options.policy.budget_ms
     document = run_tune(options, command_line("loadtest"))
     paths = write_tune(document, out)
     winner = document["winner"]
@@ -582,49 +603,35 @@ def tune(
                 "client-bound: the load generator limited every step that held the budget; the server "
                 "can do more than this (larger batches, or --client-cpus to keep the client off its cores)"
             )
-    if apply:
-        path, diff = apply_winner(repository, document)
-        print(f"applied: {path}")
-        print(diff or "(no change)", end="" if diff else "\n")
+    return document
 
 
-def _tune_capacity(
-    options: Any, load: Any, start_rate: float, resolution: float, max_rate: float, apply: bool, out: Path
-) -> None:
-    """``tune --objective capacity``: search, confirm, report (capacity.md), and apply."""
+def _tune_capacity(options: TuneOptions, policy: CapacityPolicy, out: Path) -> dict[str, Any]:
+    """``tune --objective capacity``: search, confirm, report (capacity.md); its document."""
     from rich.progress import Progress
 
-    from loadtest.tune.capacity import CapacityPolicy, run_capacity_tune, write_capacity_tune
-    from loadtest.tune.search import ServedProbe, apply_winner
+    from loadtest.tune.capacity import run_capacity_tune, write_capacity_tune
+    from loadtest.tune.search import ServedProbe
 
-    policy = CapacityPolicy(
-        options.policy.budget_ms, load, start_rate, resolution, max_rate,
-        rounds=options.policy.confirm_rounds, finalists=options.policy.finalists,
-        step_downs=options.policy.step_downs,
-    )  # fmt: skip
     with Progress(console=Console(stderr=True, soft_wrap=True), transient=True) as progress:
         task = progress.add_task("starting the local tritonserver and loading the models", total=None)
         document = run_capacity_tune(
-            options.repository, options.space, policy,
+            options, policy,
             lambda pools: ServedProbe(options.repository, options.space.family, pools, options.log_file,
                                       options.raw),
-            command_line("loadtest"), options.data,
-            lambda line: progress.update(task, description=line),
+            command_line("loadtest"), lambda line: progress.update(task, description=line),
         )  # fmt: skip
     paths = write_capacity_tune(document, out)
     winner = document["winner"]
     if winner is None:
         print(f"no configuration held p99 {policy.budget_ms:g} ms side by side; report: {paths['markdown']}")
-        return
-    print(
-        f"winner: {winner['model']} {winner['server_label']} at B={winner['batch_size']}: {winner['rate']:g} "
-        f"requests/s ({winner['samples_per_s']:,.0f} samples/s), median p99 {winner['confirmed_p99_ms']:.2f} "
-        f"ms; report: {paths['markdown']}"
-    )
-    if apply:
-        path, diff = apply_winner(options.repository, document)
-        print(f"applied: {path}")
-        print(diff or "(no change)", end="" if diff else "\n")
+    else:
+        print(
+            f"winner: {winner['model']} {winner['server_label']} at B={winner['batch_size']}: "
+            f"{winner['rate']:g} requests/s ({winner['samples_per_s']:,.0f} samples/s), median p99 "
+            f"{winner['confirmed_p99_ms']:.2f} ms; report: {paths['markdown']}"
+        )
+    return document
 
 
 if __name__ == "__main__":

@@ -33,21 +33,12 @@ from typing import Any, Protocol
 from bundle.errors import ConfigError
 from bundle.records import RunRecord
 from bundle.snippets import section_end, section_start
-from loadtest.engine.payload import MAX_POOL_ROWS, PayloadPool, build_pool
+from loadtest.engine.payload import PayloadPool
 from loadtest.engine.writer import Panel, Series, plot, table, write_json, write_markdown
 from loadtest.sweeps.capacity import Capacity, check_search, holds, search_capacity
 from loadtest.sweeps.rates import RateLoad, RateStep
-from loadtest.tune.search import model_name_variants
-from loadtest.tune.space import (
-    ServerPoint,
-    Space,
-    base_configs,
-    candidate_config,
-    config_diff,
-    config_text,
-    default_point,
-    model_name,
-)
+from loadtest.tune.search import TuneOptions, plan, request_pools
+from loadtest.tune.space import ServerPoint, candidate_config, config_diff, config_text, model_name
 
 #: The report's named section (:mod:`bundle.snippets`): the winner against the default.
 SECTION_WINNER = "capacity-winner"
@@ -320,32 +311,22 @@ def finalists_of(found: Sequence[Found], default: ServerPoint, count: int) -> li
 
 
 def run_capacity_tune(
-    repository: Path,
-    space: Space,
+    options: TuneOptions,
     policy: CapacityPolicy,
     probe_of: Callable[[dict[int, PayloadPool]], AbstractContextManager[RateProbe]],
     command: str,
-    data: Path | None = None,
     progress: Callable[[str], None] = lambda _: None,
 ) -> dict[str, Any]:
-    """Search, confirm, and return the JSON-ready result. ``probe_of(pools)`` opens the probe on
-    the request pools by batch size.
+    """Search, confirm, and return the JSON-ready result: the space, the default and the checks
+    are the closed-loop tune's (:func:`~loadtest.tune.search.plan`); ``probe_of(pools)`` opens the
+    probe on the request pools by batch size.
 
     Raises:
-        ConfigError: the repository holds none of the variants asked, or a config cannot be made.
+        ConfigError: see :func:`~loadtest.tune.search.plan`.
     """
-    held_variants = tuple(model_name_variants(repository, space.family))
-    variants = tuple(v for v in dict.fromkeys(space.variants) if v in held_variants)
-    if not variants:
-        raise ConfigError(f"{repository} holds no variant of {space.family} among {space.variants}")
-    shipped = default_point(held_variants)
-    bases = base_configs(repository, space.family, tuple(dict.fromkeys((*variants, shipped.variant))))
-    points = [shipped, *[p for p in replace(space, variants=variants).server_points() if p != shipped]]
-    for point in points:  # fails before anything is measured
-        candidate_config(bases[point.variant], point)
+    space, shipped, bases, points = plan(options)
     record = RunRecord.begin(command)
-    rows = build_pool(1, data=data, batches=MAX_POOL_ROWS)
-    pools = {batch: rows.rebatched(batch) for batch in space.batch_sizes}
+    pools = request_pools(space.batch_sizes, options.data)
 
     def on_step(point: ServerPoint, batch_size: int, step: RateStep, verdict: str) -> None:
         progress(

@@ -917,32 +917,50 @@ class TuneOptions:
             raise ConfigError(f"--data {self.data} is not a file")
 
 
+def plan(options: TuneOptions) -> tuple[Space, ServerPoint, dict[str, Any], list[ServerPoint]]:
+    """What a tune measures, checked before anything is: the space of the variants the repository
+    holds, the shipped default, each variant's base config, and the server points, the default
+    first (measured whatever variants are asked).
+
+    Raises:
+        ConfigError: the repository lacks the family, a batch size exceeds its max_batch_size, or a
+            config (or, with ``raw``, a raw-row model) cannot be made.
+    """
+    space = options.space
+    held = tuple(model_name_variants(options.repository, space.family))
+    variants = tuple(v for v in space.variants if v in held)
+    if not variants:
+        raise ConfigError(f"{options.repository} holds no variant of {space.family} among {space.variants}")
+    default = default_point(held)
+    bases = base_configs(options.repository, space.family, tuple(dict.fromkeys((*variants, default.variant))))
+    space = replace(space, variants=variants, extra=(default,))
+    limit = min(config.max_batch_size for config in bases.values())
+    if space.batch_sizes[-1] > limit:
+        raise ConfigError(f"batch size {space.batch_sizes[-1]} exceeds the models' max_batch_size {limit}")
+    points = [default, *[p for p in space.server_points() if p != default]]
+    for point in points:  # fails before anything is measured
+        candidate_config(bases[point.variant], point)
+        if options.raw:
+            raw_models(options.repository, model_name(space.family, point.variant))
+    return space, default, bases, points
+
+
+def request_pools(batch_sizes: Sequence[int], data: Path | None) -> dict[int, PayloadPool]:
+    """The request rows (``data``, or synthetic) cut into batches of each size."""
+    rows = build_pool(1, data=data, batches=MAX_POOL_ROWS)
+    return {batch: rows.rebatched(batch) for batch in batch_sizes}
+
+
 def run_tune(options: TuneOptions, command: str) -> dict[str, Any]:
     """Search, confirm the winner against the default, and return the JSON-ready result.
 
     Raises:
         ConfigError: the repository lacks the family, or a batch size exceeds its max_batch_size.
     """
-    space, policy = options.space, options.policy
-    variants = tuple(v for v in space.variants if v in model_name_variants(options.repository, space.family))
-    if not variants:
-        raise ConfigError(f"{options.repository} holds no variant of {space.family} among {space.variants}")
-    default = default_point(tuple(model_name_variants(options.repository, space.family)))
-    # The shipped default is measured beside the search whatever variants it asks for.
-    bases = base_configs(options.repository, space.family, tuple(dict.fromkeys((*variants, default.variant))))
-    space = replace(space, variants=variants, extra=(default,))
-    limit = min(config.max_batch_size for config in bases.values())
-    if space.batch_sizes[-1] > limit:
-        raise ConfigError(f"batch size {space.batch_sizes[-1]} exceeds the models' max_batch_size {limit}")
-    points = space.server_points()
-    points = [default, *[p for p in points if p != default]]
-    for point in points:  # fails before anything is measured
-        candidate_config(bases[point.variant], point)
-        if options.raw:
-            raw_models(options.repository, model_name(space.family, point.variant))
+    policy = options.policy
+    space, default, bases, points = plan(options)
     record = RunRecord.begin(command)
-    rows = build_pool(1, data=options.data, batches=MAX_POOL_ROWS)
-    pools = {batch: rows.rebatched(batch) for batch in space.batch_sizes}
+    pools = request_pools(space.batch_sizes, options.data)
     # The progress starts first: starting tritonserver and loading the variants takes a while.
     with Progress(console=console, transient=True) as progress:
         trials = len(points) * len(space.client_points())

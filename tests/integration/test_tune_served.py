@@ -141,9 +141,7 @@ def test_tune_by_capacity_searches_the_rate_confirms_and_applies_through_the_ser
         "--connections", "8", "--confirm-rounds", "1", "--apply", "--out", str(out),
     ]  # fmt: skip
     completed = subprocess.run(command, capture_output=True, text=True, timeout=300, check=False)
-    assert completed.returncode == 0, completed.stderr[-3000:]
-
-    document = json.loads((out / "capacity.json").read_text())
+    document = json.loads((out / "capacity.json").read_text())  # written before --apply
     assert document["objective"] == "capacity" and (out / "capacity.png").stat().st_size > 0
     searched = document["searched"]
     assert searched[0]["server"] == document["default"]["server"]  # the default goes first
@@ -158,9 +156,11 @@ def test_tune_by_capacity_searches_the_rate_confirms_and_applies_through_the_ser
     markdown = (out / "capacity.md").read_text()
     assert "## Every search" in markdown
     winner = document["winner"]
-    if winner is None:  # nothing held side by side: said, and nothing applied
-        assert "no configuration held" in completed.stdout and "applied:" not in completed.stdout
+    if winner is None:  # nothing held side by side: said, and --apply refuses in one line
+        assert completed.returncode != 0 and "no configuration held" in completed.stdout
+        assert "nothing to apply" in completed.stderr and "applied:" not in completed.stdout
         return
+    assert completed.returncode == 0, completed.stderr[-3000:]
     assert "winner:" in completed.stdout and "applied:" in completed.stdout and "Winner: **" in markdown
     assert winner["held"] and winner["confirmed_samples_per_s"] > 0
     assert document["finalists"][0]["server"] == document["default"]["server"]
