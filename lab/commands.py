@@ -49,6 +49,7 @@ from loadtest.options import (
     GemmSize,
     InstanceCounts,
     MaxRate,
+    MinRequests,
     P99Budget,
     Processes,
     Protocol,
@@ -575,6 +576,7 @@ def open_loop(
     start_rate: StartRate = 20.0,
     max_rate: MaxRate = 100_000.0,
     resolution: Resolution = 0.05,
+    min_requests: MinRequests = 1000,
     connections: Connections = 64,
     loadgen_duration: Annotated[float, typer.Option(help="LoadGen's minimum duration, seconds.")] = 60.0,
     loadgen_min_queries: Annotated[int, typer.Option(help="LoadGen's minimum query count.")] = 1024,
@@ -596,6 +598,7 @@ def open_loop(
         repository, model, batch_size, p99_budget_ms, shares, parse_ints(concurrency, "--concurrency"),
         duration, warmup, start_rate, resolution, max_rate, connections, loadgen_duration,
         loadgen_min_queries, data, protocol, None if client_cpus is None else parse_cpus(client_cpus),
+        min_requests,
     )  # fmt: skip
     document = run_open_loop(options, out, command_line("lab"))
     paths = write_open_loop(document, out)

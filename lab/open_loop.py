@@ -32,8 +32,8 @@ from bundle.snippets import section_end, section_start
 from loadtest.engine.open_loop import CONNECTIONS, WakeUps, wake_ups
 from loadtest.engine.payload import PayloadPool
 from loadtest.engine.writer import Panel, Series, plot, table, write_json, write_markdown
-from loadtest.sweeps.capacity import holds, search_capacity
-from loadtest.sweeps.rates import RateLoad, RateStep, flag_rule, rate_step, step_line
+from loadtest.sweeps.capacity import search_capacity, step_measurer
+from loadtest.sweeps.rates import RateLoad, RateStep, flag_rule
 from loadtest.sweeps.steps import StepResult, SweepConfig, Target
 
 #: The report's section the documentation includes.
@@ -62,6 +62,8 @@ class OpenLoopOptions:
         data: the request rows (None: synthetic).
         protocol: ``grpc`` or ``http``.
         client_cpus: the cores every load generator here runs on (the server the others; None: any).
+        min_requests: requests each open-loop step holds at least (its window is lengthened at
+            low rates).
     """
 
     repository: Path
@@ -81,6 +83,7 @@ class OpenLoopOptions:
     data: Path | None = None
     protocol: str = "grpc"
     client_cpus: frozenset[int] | None = None
+    min_requests: int = 1000
 
     def __post_init__(self) -> None:
         if (
@@ -153,7 +156,7 @@ def run_open_loop(options: OpenLoopOptions, out: Path, command: str) -> dict[str
     )
     load = RateLoad(
         connections=options.connections, duration_s=options.duration_s, warmup_s=options.warmup_s,
-        client_cpus=options.client_cpus,
+        client_cpus=options.client_cpus, min_requests=options.min_requests,
     )  # fmt: skip
     with contextlib.ExitStack() as stack:
         ((_, endpoint),) = open_endpoints(
@@ -162,14 +165,9 @@ def run_open_loop(options: OpenLoopOptions, out: Path, command: str) -> dict[str
         target = Target(endpoint, options.protocol, "triton", engine="driver")
         woke = wake_ups(options.client_cpus)
         print(f"timer: {woke.line()}", flush=True)
-
-        def measure(rate: float) -> RateStep:
-            step = rate_step(
-                target, options.model, options.batch_size, rate, payload, raw / f"r{rate:g}", load
-            )
-            print(f"{step_line(step)}: {holds(step, options.budget_ms) or 'holds the budget'}", flush=True)
-            return step
-
+        measure = step_measurer(
+            target, options.model, options.batch_size, payload, raw, load, options.budget_ms
+        )
         capacity = search_capacity(
             measure, options.budget_ms, options.start_rate, options.resolution, options.max_rate
         )
@@ -210,7 +208,9 @@ def report_lines(document: dict[str, Any]) -> list[str]:
         f"- command: `{document.get('command', '')}`; started {document.get('started', '')}",
         *([f"- machine: {machine_with_flags(document['machine'])}"] if "machine" in document else []),
         f"- model: `{options['model']}` over {options['protocol']}, batch {options['batch_size']}, one local "
-        f"tritonserver; each step {options['warmup_s']:g} s warm-up, {options['duration_s']:g} s measured",
+        f"tritonserver; each step {options['warmup_s']:g} s warm-up, {options['duration_s']:g} s measured"
+        + (f" (the open loop's longer where {options['min_requests']:,} requests need it)"
+           if options.get("min_requests") else ""),
         f"- open loop: Poisson arrivals, {options['connections']} connections; {flag_rule()}",
         *([f"- timer: {WakeUps(**document['wake_ups']).line()}"] if "wake_ups" in document else []),
         "",

@@ -55,6 +55,7 @@ from loadtest.options import (
     JsonOut,
     MaxRate,
     MaxRows,
+    MinRequests,
     ModelFile,
     P99Budget,
     Processes,
@@ -231,7 +232,7 @@ def _rate_sweep(
         command_line("loadtest"),
         RateLoad(arrival, connections, options.duration_s, options.warmup_s, options.request_timeout_s,
                  options.client_cpus),
-        data=options.data, budget_ms=budget_ms, raw=settings.raw, engines=engines,
+        data=options.data, budget_ms=budget_ms, raw=settings.raw, engines=engines, rounds=options.rounds,
     )  # fmt: skip
     print(f"report: {paths['markdown']}")
 
@@ -397,6 +398,7 @@ def capacity(
     start_rate: StartRate = 50.0,
     resolution: Resolution = 0.05,
     max_rate: MaxRate = 100_000.0,
+    min_requests: MinRequests = 1000,
     connections: Connections = 64,
     duration: Duration = 10.0,
     warmup: Warmup = 2.0,
@@ -416,7 +418,8 @@ def capacity(
         title or f"Capacity of {model} at p99 {p99_budget_ms:g} ms", command_line("loadtest"),
         start=start_rate, resolution=resolution, max_rate=max_rate, data=data,
         load=RateLoad(connections=connections, duration_s=duration, warmup_s=warmup,
-                      client_cpus=None if client_cpus is None else parse_cpus(client_cpus)),
+                      client_cpus=None if client_cpus is None else parse_cpus(client_cpus),
+                      min_requests=min_requests),
     )  # fmt: skip
     print(result.statement())
     print(f"report: {paths['markdown']}")
@@ -520,9 +523,10 @@ def tune(
     start_rate: StartRate = 50.0,
     resolution: Resolution = 0.05,
     max_rate: MaxRate = 100_000.0,
+    min_requests: MinRequests = 1000,
     connections: Connections = 64,
     rate_window: Annotated[
-        float, typer.Option(help="With --objective capacity: seconds measured per rate step.")
+        float, typer.Option(help="With --objective capacity: seconds measured per rate step (at least).")
     ] = 10.0,
     out: ReportOut[Path] = Path("reports/tune"),
 ) -> None:
@@ -565,7 +569,8 @@ def tune(
         from loadtest.tune.capacity import CapacityPolicy
 
         capacity = CapacityPolicy(
-            p99_budget_ms, RateLoad(connections=connections, duration_s=rate_window, warmup_s=warmup),
+            p99_budget_ms, RateLoad(connections=connections, duration_s=rate_window, warmup_s=warmup,
+                                    min_requests=min_requests),
             start_rate, resolution, max_rate, rounds=confirm_rounds, finalists=finalists,
             step_downs=policy.step_downs,
         )  # fmt: skip

@@ -110,6 +110,14 @@ StartRate = Annotated[
     float, typer.Option("--start-rate", help="The capacity search's first rate, requests/s.")
 ]
 MaxRate = Annotated[float, typer.Option("--max-rate", help="The capacity search's highest rate, requests/s.")]
+MinRequests = Annotated[
+    int,
+    typer.Option(
+        "--min-requests",
+        help="Requests each rate step holds at least: its window is lengthened at low rates (a p99 "
+        "from fewer than 1,000 requests rests on fewer than 10 latencies above it).",
+    ),
+]
 Resolution = Annotated[
     float,
     typer.Option("--resolution", help="Stop when the failing rate is within this share of the passing one."),

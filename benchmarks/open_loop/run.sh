@@ -2,7 +2,8 @@
 # Open against closed loop on the reference-size INT8 DLRM (tables of 100,000 rows), one local
 # tritonserver, gRPC, batch 16, in one run (python -m lab open-loop):
 #   1. the capacity at a p99 of 10 ms: the highest Poisson request rate whose p99, counted from
-#      each request's scheduled time, holds 10 ms (doubling from 20/s, then halving to 5 %);
+#      each request's scheduled time, holds 10 ms (doubling from 100/s, then halving to 5 %; each
+#      step 10 s and at least 1,000 requests);
 #   2. open-loop steps at 0.25 to 1.25 of that rate, and closed-loop steps at concurrency 1 to 8:
 #      p99 against the throughput each reached, on one chart;
 #   3. MLPerf's Server scenario through the official LoadGen at the rate found, bound 10 ms, with
@@ -37,12 +38,13 @@ if [[ ! -f $REPO/dlrm_onnx_int8/1/model.onnx || -n ${REBUILD:-} ]]; then
     --int8 --int8-auc-tolerance 0.01 --threads 1
 fi
 
-python -m lab open-loop --repository "$REPO" --model dlrm_onnx_int8 --batch-size 16 --p99-budget-ms 10 \
+python -m lab open-loop --repository "$REPO" --model dlrm_onnx_int8 --batch-size 16 --p99-budget-ms 10 --start-rate 100 \
   --data "$WORK/data/valid.tsv" --client-cpus "$CLIENT_CPUS" --out benchmarks/open_loop
 
 # The bundle's open loop beside perf_analyzer's request-rate mode on the same server, at a quarter,
-# half and three quarters of the rate found above, both on core 0: their p50 and p99 side by side,
-# and how many of the steps neither flagged agree within 10 %.
+# half and three quarters of the rate found above, both on core 0, three rounds each, taking turns:
+# the medians of their p50 and p99 side by side, and how many of the steps neither flagged agree
+# within 10 %.
 RATES=$(python - <<'PY'
 import json
 found = json.load(open("benchmarks/open_loop/open_loop.json"))["capacity"]["best"]
@@ -51,6 +53,6 @@ print(",".join(f"{rate * share:.0f}" for share in (0.25, 0.5, 0.75)))
 PY
 )
 python -m loadtest sweep --repository "$REPO" --model dlrm_onnx_int8 --protocol grpc --batch-size 16 \
-  --engine driver,perf_analyzer --request-rate "$RATES" --duration 10 --client-cpus "$CLIENT_CPUS" \
+  --engine driver,perf_analyzer --request-rate "$RATES" --duration 10 --rounds 3 --client-cpus "$CLIENT_CPUS" \
   --p99-budget-ms 10 --out benchmarks/open_loop/agreement --raw "$WORK/agreement-raw" \
   --title "Open loop against perf_analyzer"

@@ -34,6 +34,7 @@ import numpy as np
 
 from bundle.errors import BundleError, ConfigError
 from loadtest.engine.client_cpu import ClientCpu, process_cpu_s, process_demand, thread_busy_s
+from loadtest.engine.collector import hold_collector, release_collector
 from loadtest.engine.latency import Tally
 
 logger = logging.getLogger(__name__)
@@ -99,6 +100,8 @@ class Driver:
         self._failures: list[BaseException] = []
         self._claimed = 0
         self._begun = False
+        #: Whether this driver holds the cycle collector off (:mod:`loadtest.engine.collector`).
+        self._holding = False
         self._started = 0.0
         self._window: Tally | None = None
         #: Every request since :meth:`start`; its ``seconds`` is set by :meth:`stop`.
@@ -125,6 +128,8 @@ class Driver:
         if self._begun:
             raise ConfigError("a driver starts once")
         self._begun = True
+        hold_collector()
+        self._holding = True
         self._started = time.perf_counter()
         self.timelines.update({index: [] for index in range(self._workers)})
 
@@ -200,6 +205,9 @@ class Driver:
         deadline = time.perf_counter() + timeout_s
         for thread in self._threads:
             thread.join(max(0.0, deadline - time.perf_counter()))
+        if self._holding:
+            self._holding = False
+            release_collector()
         alive = [thread.name for thread in self._threads if thread.is_alive()]
         if alive:
             raise RuntimeError(f"load workers {alive} did not stop within {timeout_s} s")

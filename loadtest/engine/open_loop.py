@@ -9,7 +9,9 @@ requests per second. A pool of ``connections`` sender threads serves the schedul
 sender takes the next request, sleeps until its time, sends it on its own connection and waits
 for the answer. A request's latency is measured from its *scheduled* time, so the time it
 waited (for a free connection while the server was behind, or for a thread that did not get a
-core in time) counts, as wrk2 and perf_analyzer's request-rate mode count it.
+core in time) counts, as wrk2 and perf_analyzer's request-rate mode count it. While it runs,
+the objects that existed when it started are out of the cycle collector's reach
+(:mod:`loadtest.engine.collector`), so no full collection holds every sender at once.
 
 What a window records (:class:`OpenLoopWindow`), for the requests *scheduled* inside it,
 each followed to its answer: the latency from the schedule and from the send, the send lag
@@ -38,6 +40,7 @@ import numpy as np
 
 from bundle.errors import BundleError, ConfigError
 from loadtest.engine.client_cpu import ClientCpu, process_cpu_s, process_demand, thread_busy_s
+from loadtest.engine.collector import hold_collector, release_collector
 from loadtest.engine.driver import Connect, Request
 from loadtest.engine.latency import LatencyHistogram, Tally
 
@@ -291,6 +294,8 @@ class OpenLoop:
         self._window: OpenLoopWindow | None = None
         self._in_flight = 0
         self._switch_interval = sys.getswitchinterval()
+        #: Whether this loop holds the cycle collector off (:mod:`loadtest.engine.collector`).
+        self._holding = False
 
     def __enter__(self) -> OpenLoop:
         return self.start()
@@ -304,6 +309,8 @@ class OpenLoop:
             raise ConfigError("an open loop starts once")
         self._switch_interval = sys.getswitchinterval()
         sys.setswitchinterval(min(self._switch_interval, SWITCH_INTERVAL_S))
+        hold_collector()
+        self._holding = True
         self._next_due = time.perf_counter() + float(self._rng.uniform(0, 1.0 / self._rate))
         for index in range(self._connections):
             thread = threading.Thread(
@@ -362,6 +369,9 @@ class OpenLoop:
         for thread in self._threads:
             thread.join(max(0.0, deadline - time.perf_counter()))
         sys.setswitchinterval(self._switch_interval)
+        if self._holding:
+            self._holding = False
+            release_collector()
         alive = [thread.name for thread in self._threads if thread.is_alive()]
         if alive:
             raise RuntimeError(f"open-loop senders {alive} did not stop within {timeout_s} s")

@@ -184,6 +184,20 @@ def search_capacity(
     return result
 
 
+def step_measurer(
+    target: Target, model: str, batch_size: int, payload: Path, raw: Path, load: RateLoad, budget_ms: float
+) -> Callable[[float], RateStep]:
+    """``measure(rate)`` for :func:`search_capacity`: one :func:`~loadtest.sweeps.rates.rate_step`
+    of ``load`` (its files in ``raw/r<rate>``), printed in one line with its verdict."""
+
+    def measure(rate: float) -> RateStep:
+        step = rate_step(target, model, batch_size, rate, payload, raw / f"r{rate:g}", load)
+        print(f"{step_line(step)}: {holds(step, budget_ms) or 'holds the budget'}", flush=True)
+        return step
+
+    return measure
+
+
 def write_capacity_report(
     capacity: Capacity, title: str, record: dict[str, Any], settings: dict[str, str], out: Path
 ) -> dict[str, Path]:
@@ -273,13 +287,7 @@ def capacity_run(
         ((_, endpoint),) = open_endpoints(stack, [model], [protocol], urls, repository, raw, load.client_cpus)
         target = Target(endpoint, protocol, "triton", engine="driver")
         woke = wake_ups(load.client_cpus)
-
-        def measure(rate: float) -> RateStep:
-            step = rate_step(target, model, batch_size, rate, payload, raw / f"r{rate:g}", load)
-            verdict = holds(step, budget_ms)
-            print(f"{step_line(step)}: {verdict or 'holds the budget'}", flush=True)
-            return step
-
+        measure = step_measurer(target, model, batch_size, payload, raw, load, budget_ms)
         capacity = search_capacity(measure, budget_ms, start, resolution, max_rate)
     settings = {
         "model": f"{model} over {protocol}, batch {batch_size}",

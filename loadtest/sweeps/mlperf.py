@@ -31,6 +31,7 @@ from typing import Any, Literal
 import numpy as np
 
 from bundle.errors import BundleError, ConfigError
+from loadtest.engine.collector import collector_held
 from loadtest.engine.payload import PayloadPool
 
 #: LoadGen's scenarios this command runs.
@@ -302,10 +303,12 @@ def run_loadgen(
     log_output.copy_summary_to_stdout = False
     log_settings = lg.LogSettings()
     log_settings.log_output = log_output
+    log_settings.enable_trace = False  # a trace of every query: large, and read by no one here
     sut = lg.ConstructSUT(issue, lambda: None)
     qsl = lg.ConstructQSL(samples, min(samples, 1024), lambda indexes: None, lambda indexes: None)
     try:
-        lg.StartTestWithLogSettings(sut, qsl, settings, log_settings)
+        with collector_held():  # no full collection holds the senders (loadtest.engine.collector)
+            lg.StartTestWithLogSettings(sut, qsl, settings, log_settings)
     finally:
         executor.shutdown(wait=True)
         lg.DestroyQSL(qsl)

@@ -23,12 +23,13 @@ import logging
 import math
 import os
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any, Literal
 
 from bundle.errors import BundleError, ConfigError
 from bundle.records import RunRecord
+from bundle.snippets import section
 from clients.retry import RetryPolicy
 from clients.triton import TritonClient
 from loadtest.engine.open_loop import ARRIVALS, CONNECTIONS, LATE_MS, MAX_LATE_SHARE, MIN_SENT_SHARE, OpenLoop
@@ -36,7 +37,7 @@ from loadtest.engine.payload import PayloadPool
 from loadtest.engine.served import triton_requests
 from loadtest.engine.writer import Panel, Series, plot, table, write_json, write_markdown
 from loadtest.sweeps.stepfiles import SERVER_STATS_FILE, read_server, server_document
-from loadtest.sweeps.steps import ServerTimes, Target
+from loadtest.sweeps.steps import ServerTimes, Target, median_of, median_server
 
 logger = logging.getLogger(__name__)
 
@@ -46,6 +47,8 @@ RATE_ENGINES = ("driver", "perf_analyzer")
 UNSTABLE = "Failed to obtain stable measurement"
 #: Two engines' p50 and p99 at one rate agree when each ratio is within this of 1.
 AGREEMENT = 0.10
+#: The report's section that sets the two engines side by side (the documentation includes it).
+AGREEMENT_SECTION = "agreement"
 #: The latency percentiles a rate step reports (from the schedule).
 RATE_PERCENTILES = (50.0, 90.0, 99.0, 99.9)
 
@@ -59,12 +62,15 @@ class RateLoad:
         arrival: ``poisson`` or ``constant`` (:data:`~loadtest.engine.open_loop.ARRIVALS`).
         connections: requests in flight at most (the open loop's sender threads, perf_analyzer's
             ``--max-threads``).
-        duration_s: each step's measured window, seconds.
+        duration_s: each step's measured window, seconds (at least; see ``min_requests``).
         warmup_s: the load before it, seconds (perf_analyzer's windows settle it instead).
         request_timeout_s: how long a request may take; the window's requests are followed to
             their answers that long after it closes.
         client_cpus: the cores the load generator runs on (None: any).
         seed: of the arrival times.
+        min_requests: requests each window holds at least, at the rate asked: a window shorter
+            than that is lengthened (:meth:`window_s`). A p99 read from fewer than 1,000
+            requests rests on fewer than 10 latencies above it, so one hiccup moves it.
     """
 
     arrival: str = "poisson"
@@ -74,8 +80,11 @@ class RateLoad:
     request_timeout_s: float = 60.0
     client_cpus: frozenset[int] | None = None
     seed: int = 0
+    min_requests: int = 0
 
     def __post_init__(self) -> None:
+        if self.min_requests < 0:
+            raise ConfigError(f"--min-requests must be >= 0, got {self.min_requests}")
         if self.arrival not in ARRIVALS:
             raise ConfigError(f"--arrival must be one of {', '.join(ARRIVALS)}, got {self.arrival!r}")
         if self.connections < 1:
@@ -86,9 +95,17 @@ class RateLoad:
                 f"{self.duration_s:g}, {self.warmup_s:g} and {self.request_timeout_s:g}"
             )
 
+    def window_s(self, rate: float) -> float:
+        """The measured window of a step at ``rate`` requests/s: ``duration_s``, or longer where
+        ``min_requests`` at that rate need longer."""
+        return max(self.duration_s, self.min_requests / rate)
+
     def per_step(self) -> str:
         """The load of each step, as reports state it."""
-        return f"{self.warmup_s:g} s warm-up, {self.duration_s:g} s measured, {self.connections} connections"
+        measured = f"{self.duration_s:g} s measured"
+        if self.min_requests:
+            measured = f"{measured} (longer where {self.min_requests:,} requests need it)"
+        return f"{self.warmup_s:g} s warm-up, {measured}, {self.connections} connections"
 
 
 #: Each rate step's load where a caller gives none.
@@ -137,6 +154,7 @@ class RateStep:
         server: Triton's statistics over the window (None where unread).
         client_cpu_us: the load generator's CPU per request.
         engine: ``driver`` (the bundle's open loop).
+        rounds: the repeats of the step its figures are the median of (:func:`median_rate_step`).
     """
 
     label: str
@@ -168,6 +186,7 @@ class RateStep:
     server: ServerTimes | None = None
     client_cpu_us: float = math.nan
     engine: str = "driver"
+    rounds: int = 1
 
     @property
     def series(self) -> str:
@@ -185,6 +204,65 @@ class RateStep:
         return cls(server=ServerTimes(**server) if server else None, **values)
 
 
+def median_rate_step(rounds: Sequence[RateStep]) -> RateStep:
+    """One step from several rounds of the same (series, rate): rates, percentiles and means are
+    the median of the rounds that have figures, Triton's times as :func:`~loadtest.sweeps.steps.median_server`
+    combines them; requests, errors, late and unfinished requests and seconds add up, the
+    maximums are the largest. The step is flagged when at least half of its rounds were (the
+    median round's verdict), with how many and the first round's reason. One round is returned
+    as is.
+
+    Raises:
+        ValueError: no rounds, or rounds of different steps.
+    """
+    if not rounds:
+        raise ValueError("no rounds to combine")
+    first = rounds[0]
+    if len(rounds) == 1:
+        return first
+    keys = {(r.series, r.request_rate) for r in rounds}
+    if len(keys) > 1:
+        raise ValueError(f"rounds of different steps: {sorted(keys)}")
+    flagged = [r.flag for r in rounds if r.flag]
+    flag = (
+        f"{len(flagged)} of {len(rounds)} rounds flagged: {flagged[0]}"
+        if 2 * len(flagged) >= len(rounds)
+        else ""
+    )
+
+    # A perf_analyzer round that found no stable measurement has no figures to take a median of.
+    measured = [r for r in rounds if not math.isnan(r.samples_per_s)] or list(rounds)
+
+    def median(name: str) -> float:
+        return median_of(name, measured)
+
+    return replace(
+        first,
+        scheduled_rate=median("scheduled_rate"),
+        achieved_rate=median("achieved_rate"),
+        answered_per_s=median("answered_per_s"),
+        samples_per_s=median("samples_per_s"),
+        in_flight_mean=median("in_flight_mean"),
+        p50_ms=median("p50_ms"),
+        p90_ms=median("p90_ms"),
+        p99_ms=median("p99_ms"),
+        p999_ms=median("p999_ms"),
+        service_p99_ms=median("service_p99_ms"),
+        send_lag_p99_ms=median("send_lag_p99_ms"),
+        client_cpu_us=median("client_cpu_us"),
+        seconds=sum(r.seconds for r in rounds),
+        requests=sum(r.requests for r in rounds),
+        errors=sum(r.errors for r in rounds),
+        late=sum(r.late for r in rounds),
+        unfinished=sum(r.unfinished for r in rounds),
+        in_flight_max=max(r.in_flight_max for r in rounds),
+        max_ms=max(r.max_ms for r in rounds),
+        flag=flag,
+        server=median_server([r.server for r in rounds]),
+        rounds=sum(r.rounds for r in rounds),
+    )
+
+
 def rate_step(
     target: Target,
     model: str,
@@ -195,7 +273,7 @@ def rate_step(
     load: RateLoad = DEFAULT_LOAD,
 ) -> RateStep:
     """One step at ``rate`` requests per second of ``batch_size`` rows: ``load.warmup_s`` of load,
-    then one window of ``load.duration_s`` whose requests are each followed to their answer (at
+    then one window of ``load.window_s(rate)`` whose requests are each followed to their answer (at
     most ``load.request_timeout_s`` after it closes)."""
     arrival, connections, request_timeout_s = load.arrival, load.connections, load.request_timeout_s
     wire: Literal["grpc", "http"] = "grpc" if target.protocol == "grpc" else "http"
@@ -210,7 +288,7 @@ def rate_step(
             if load.warmup_s > 0:
                 sending.measure(load.warmup_s, drain_s=request_timeout_s)
             before = read_server(stats if target.server_stats else None, model, None)
-            window = sending.measure(load.duration_s, drain_s=request_timeout_s)
+            window = sending.measure(load.window_s(rate), drain_s=request_timeout_s)
             after = read_server(stats if target.server_stats else None, model, None)
     finally:
         os.sched_setaffinity(0, affinity)
@@ -268,7 +346,7 @@ def perf_analyzer_rate_step(
             PayloadPool.load(payload), input_data, raw=False, batch_size=batch_size
         )
     arrival, connections = load.arrival, load.connections
-    window_s = perf_analyzer.window_for(load.duration_s)
+    window_s = perf_analyzer.window_for(load.window_s(rate))
     try:
         run = perf_analyzer.run_step(
             require(), target.url, target.protocol, model, batch_size, connections, window_s, input_data,
@@ -384,17 +462,19 @@ def report_lines(
         judged = [row[-1] for row in agreement if row[-1] != "- (flagged)"]
         lines += [
             "",
-            "The bundle's open loop against perf_analyzer's request-rate mode, same server, same rate:",
-            "",
-            *table(
-                ["series", "rate /s", "p50 ms", "perf_analyzer p50 ms", "ratio", "p99 ms",
-                 "perf_analyzer p99 ms", "ratio", f"within {AGREEMENT:.0%}"],
-                agreement,
-                "lrrrrrrrl",
-            ),
-            "",
-            f"{judged.count('yes')} of {len(judged)} steps neither engine flagged agree within "
-            f"{AGREEMENT:.0%} on p50 and p99; {len(agreement) - len(judged)} flagged.",
+            *section(AGREEMENT_SECTION, [
+                "The bundle's open loop against perf_analyzer's request-rate mode, same server, same rate:",
+                "",
+                *table(
+                    ["series", "rate /s", "p50 ms", "perf_analyzer p50 ms", "ratio", "p99 ms",
+                     "perf_analyzer p99 ms", "ratio", f"within {AGREEMENT:.0%}"],
+                    agreement,
+                    "lrrrrrrrl",
+                ),
+                "",
+                f"{judged.count('yes')} of {len(judged)} steps neither engine flagged agree within "
+                f"{AGREEMENT:.0%} on p50 and p99; {len(agreement) - len(judged)} flagged.",
+            ]),
         ]  # fmt: skip
     lines += ["", "![latency against the offered rate](rates.png)", ""]
     return lines
@@ -441,6 +521,38 @@ def write_rate_report(
         "markdown": write_markdown(out / "rates.md", report_lines(title, record, settings, steps)),
         "png": plot(out / "rates.png", title, panels),
     }
+
+
+def _rounds(
+    url: str,
+    protocol: str,
+    model: str,
+    batch_size: int,
+    rate: float,
+    engines: Sequence[str],
+    rounds: int,
+    payload: Path,
+    raw: Path,
+    load: RateLoad,
+) -> list[RateStep]:
+    """One rate's steps, an engine's rounds each combined (:func:`median_rate_step`)."""
+    by_engine: dict[str, list[RateStep]] = {engine: [] for engine in engines}
+    for round_ in range(rounds):
+        first = round_ % len(engines)
+        for engine in [*engines[first:], *engines[:first]]:
+            target = Target(url, protocol, "triton", engine=engine)
+            folder = raw / f"{model}-{protocol}-{engine}-b{batch_size}-r{rate:g}"
+            if rounds > 1:
+                folder = folder / f"round{round_ + 1}"
+            try:
+                step = _one_step(target, model, batch_size, rate, payload, folder, load)
+            except BundleError as exc:
+                raise BundleError(
+                    f"{model} over {protocol}, B={batch_size}, {rate:g}/s, {engine}: {exc}"
+                ) from exc
+            by_engine[engine].append(step)
+            print(step_line(step) + (f", round {round_ + 1}/{rounds}" if rounds > 1 else ""), flush=True)
+    return [median_rate_step(done) for done in by_engine.values()]
 
 
 def _one_step(
@@ -495,9 +607,14 @@ def rate_run(
     budget_ms: float | None = None,
     raw: Path | None = None,
     engines: Sequence[str] = ("driver",),
+    rounds: int = 1,
 ) -> tuple[list[RateStep], dict[str, Path]]:
     """Every (model, protocol, batch size, rate) step against running servers (``urls``, one
-    per protocol) or a local tritonserver serving ``repository``; the report in ``out``."""
+    per protocol) or a local tritonserver serving ``repository``; the report in ``out``. With
+    ``rounds`` > 1 each rate runs that many rounds in a row, the engines taking turns (the one
+    that goes first rotating), and each step is the median of its rounds (:func:`median_rate_step`)."""
+    if rounds < 1:
+        raise ConfigError(f"--rounds must be >= 1, got {rounds}")
     from loadtest.sweeps.runs import models_hotness
     from loadtest.sweeps.sweep import make_payload
 
@@ -519,20 +636,17 @@ def rate_run(
             for protocol, url in endpoints:
                 for batch_size in batch_sizes:
                     for rate in rates:
-                        for engine in engines:
-                            target = Target(url, protocol, "triton", engine=engine)
-                            folder = raw / f"{model}-{protocol}-{engine}-b{batch_size}-r{rate:g}"
-                            try:
-                                step = _one_step(target, model, batch_size, rate, payload, folder, load)
-                            except BundleError as exc:
-                                raise BundleError(
-                                    f"{model} over {protocol}, B={batch_size}, {rate:g}/s, {engine}: {exc}"
-                                ) from exc
-                            steps.append(step)
-                            print(step_line(step), flush=True)
+                        steps += _rounds(
+                            url, protocol, model, batch_size, rate, engines, rounds, payload, raw, load
+                        )
     settings = {
         "arrival": load.arrival,
-        "per step": load.per_step(),
+        "per step": load.per_step()
+        + (
+            f"; {rounds} rounds in a row, the engines taking turns; figures are the median of the rounds"
+            if rounds > 1
+            else ""
+        ),
         "request rows": str(data or "synthetic data (criteo.synth)"),
     }
     paths = write_rate_report(title, record.finish().to_json(), settings, steps, out, budget_ms)

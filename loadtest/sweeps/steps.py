@@ -350,6 +350,29 @@ def _number(value: Any) -> float:
     return math.nan if value is None else float(value)
 
 
+def median_of(name: str, items: Sequence[Any]) -> float:
+    """The median of attribute ``name`` over ``items``."""
+    return float(statistics.median(getattr(item, name) for item in items))
+
+
+def median_server(rounds: Sequence[ServerTimes | None]) -> ServerTimes | None:
+    """Triton's times over several rounds of one step: request and execution counts add up, the
+    times and the batch are the median of the rounds that read them (None: none did)."""
+    timed = [r for r in rounds if r is not None]
+    if not timed:
+        return None
+    return ServerTimes(
+        requests=sum(t.requests for t in timed),
+        executions=sum(t.executions for t in timed),
+        queue_ms=median_of("queue_ms", timed),
+        compute_input_ms=median_of("compute_input_ms", timed),
+        compute_infer_ms=median_of("compute_infer_ms", timed),
+        compute_output_ms=median_of("compute_output_ms", timed),
+        request_ms=median_of("request_ms", timed),
+        batch=median_of("batch", timed),
+    )
+
+
 def median_step(rounds: Sequence[StepResult]) -> StepResult:
     """One step from several rounds of the same (server, model, protocol, batch, concurrency, engine):
     rates, percentiles, means, client CPU and Triton's times are the median over the rounds;
@@ -366,21 +389,9 @@ def median_step(rounds: Sequence[StepResult]) -> StepResult:
         raise ValueError(f"rounds of different steps: {sorted(keys)}")
 
     def median(name: str, items: Sequence[Any]) -> float:
-        return float(statistics.median(getattr(item, name) for item in items))
+        return median_of(name, items)
 
-    server = None
-    timed = [r.server for r in rounds if r.server is not None]
-    if timed:
-        server = ServerTimes(
-            requests=sum(t.requests for t in timed),
-            executions=sum(t.executions for t in timed),
-            queue_ms=median("queue_ms", timed),
-            compute_input_ms=median("compute_input_ms", timed),
-            compute_infer_ms=median("compute_infer_ms", timed),
-            compute_output_ms=median("compute_output_ms", timed),
-            request_ms=median("request_ms", timed),
-            batch=median("batch", timed),
-        )
+    server = median_server([r.server for r in rounds])
     # Bound when at least half of the repeats were: the median repeat's verdict.
     bound = 2 * sum(r.client_bound for r in rounds) >= len(rounds)
     kinds: dict[str, int] = {}

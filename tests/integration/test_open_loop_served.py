@@ -87,12 +87,16 @@ def test_sweep_at_request_rates_reports_each_step(repository: Path, tmp_path: Pa
     run = _loadtest(
         "sweep", "--repository", str(repository), "--model", MODEL,
         "--protocol", "grpc", "--protocol", "http", "--request-rate", "50,100", "--batch-size", "4",
-        "--duration", "2", "--warmup", "0.5", "--connections", "8", "--p99-budget-ms", "10",
-        "--out", str(out),
+        "--duration", "1", "--warmup", "0.5", "--connections", "8", "--p99-budget-ms", "10",
+        "--rounds", "2", "--out", str(out),
     )  # fmt: skip
     assert run.returncode == 0, run.stderr[-3000:]
     document = json.loads((out / "rates.json").read_text())
     steps = [RateStep.from_dict(step) for step in document["steps"]]
+    # Two rounds of each rate, one after the other, combined into one step of both windows.
+    assert all(s.rounds == 2 and s.seconds == pytest.approx(2.0) for s in steps), steps
+    assert run.stdout.count("round 2/2") == 4
+    assert (out / "raw" / f"{MODEL}-http-driver-b4-r100" / "round2").is_dir()
     assert [(s.protocol, s.request_rate) for s in steps] == [
         ("grpc", 50),
         ("grpc", 100),
@@ -133,12 +137,17 @@ def test_capacity_finds_a_rate_under_the_budget_and_says_how(repository: Path, t
     run = _loadtest(
         "capacity", "--repository", str(repository), "--model", MODEL, "--p99-budget-ms", "50",
         "--start-rate", "40", "--max-rate", "160", "--resolution", "0.25", "--duration", "1",
-        "--warmup", "0.2", "--connections", "8", "--out", str(tmp_path),
+        "--warmup", "0.2", "--connections", "8", "--min-requests", "60", "--out", str(tmp_path),
     )  # fmt: skip
     assert run.returncode == 0, run.stderr[-3000:]
     document = json.loads((tmp_path / "capacity.json").read_text())
     rates = [step["request_rate"] for step in document["steps"]]
     assert rates[0] == 40 and document["budget_ms"] == 50 and document["resolution"] == 0.25
+    # 60 requests at 40/s need 1.5 s: the 1 s window is lengthened; at 80/s and above 1 s holds them.
+    windows = {step["request_rate"]: step["seconds"] for step in document["steps"]}
+    assert windows[40] >= 1.45, windows
+    assert all(seconds < 1.45 for rate, seconds in windows.items() if rate >= 80), windows
+    assert "longer where 60 requests need it" in (tmp_path / "capacity.md").read_text()
     verdicts = document["verdicts"]
     assert len(verdicts) == len(rates) and all(
         v == "" or v.startswith(("p99 ", "flagged: ")) for v in verdicts

@@ -137,8 +137,8 @@ def test_tune_by_capacity_searches_the_rate_confirms_and_applies_through_the_ser
         sys.executable, "-m", "loadtest", "tune", "--objective", "capacity", "--repository", str(repository),
         "--model", "dlrm", "--p99-budget-ms", "500", "--variants", "int8", "--instances", "1,2",
         "--threads", "0", "--queue-delay-us", "100", "--batch-sizes", "8", "--start-rate", "20",
-        "--max-rate", "80", "--resolution", "0.5", "--rate-window", "1", "--warmup", "0.2",
-        "--connections", "8", "--confirm-rounds", "1", "--apply", "--out", str(out),
+        "--max-rate", "80", "--resolution", "0.5", "--rate-window", "1", "--min-requests", "20",
+        "--warmup", "0.2", "--connections", "8", "--confirm-rounds", "1", "--apply", "--out", str(out),
     ]  # fmt: skip
     completed = subprocess.run(command, capture_output=True, text=True, timeout=300, check=False)
     document = json.loads((out / "capacity.json").read_text())  # written before --apply

@@ -26,7 +26,7 @@ def test_open_loop_measures_capacity_both_loops_and_loadgen(tmp_path: Path) -> N
             "--batch-size", "4", "--p99-budget-ms", "50", "--rate-fractions", "0.5,1", "--concurrency", "1,2",
             "--duration", "1", "--warmup", "0.2", "--start-rate", "40", "--max-rate", "80",
             "--resolution", "0.5", "--connections", "8", "--loadgen-duration", "1",
-            "--loadgen-min-queries", "20", "--out", str(out),
+            "--loadgen-min-queries", "20", "--min-requests", "20", "--out", str(out),
         ],
         cwd=ROOT, capture_output=True, text=True, timeout=600,
     )  # fmt: skip

@@ -114,3 +114,44 @@ def test_the_open_loop_and_perf_analyzer_agree_within_a_tenth_only_where_neither
         RateLoad("bursty")
     with pytest.raises(ConfigError, match="--connections"):
         RateLoad(connections=0)
+
+
+def test_a_rate_step_is_lengthened_until_it_holds_the_requests_a_p99_needs() -> None:
+    from loadtest.sweeps.rates import RateLoad
+
+    load = RateLoad(duration_s=10.0, min_requests=1000)
+    assert load.window_s(20.0) == 50.0  # 1,000 requests at 20/s
+    assert load.window_s(100.0) == 10.0 and load.window_s(400.0) == 10.0
+    assert RateLoad(duration_s=10.0).window_s(1.0) == 10.0  # no minimum: the window as asked
+    assert "longer where 1,000 requests need it" in load.per_step()
+    assert "longer" not in RateLoad().per_step()
+    with pytest.raises(ConfigError, match="--min-requests"):
+        RateLoad(min_requests=-1)
+
+
+def test_rounds_of_a_rate_step_combine_into_medians_and_the_median_rounds_flag() -> None:
+    from loadtest.sweeps.rates import median_rate_step
+    from loadtest.sweeps.steps import ServerTimes
+
+    times = ServerTimes(requests=100, executions=90, queue_ms=0.2, compute_input_ms=0.01,
+                        compute_infer_ms=1.0, compute_output_ms=0.01, request_ms=1.3, batch=1.1)  # fmt: skip
+    rounds = [
+        _step(100.0, 4.0, late=1, server=times),
+        _step(100.0, 30.0, late=40, in_flight_max=64, flag="2.0% of the requests sent more than 1 ms late"),
+        _step(100.0, 5.0, late=2, server=replace(times, queue_ms=0.6)),
+    ]
+    step = median_rate_step(rounds)
+    assert step.p99_ms == 5.0 and step.p50_ms == pytest.approx(5.0 / 3) and step.rounds == 3
+    assert step.requests == 3000 and step.late == 43 and step.seconds == 30.0 and step.in_flight_max == 64
+    assert step.flag == ""  # one round of three flagged: the median round was not
+    assert (
+        step.server is not None and step.server.queue_ms == pytest.approx(0.4) and step.server.requests == 200
+    )
+    two = median_rate_step([rounds[1], rounds[1], rounds[0]])
+    assert two.flag == "2 of 3 rounds flagged: 2.0% of the requests sent more than 1 ms late"
+    # A perf_analyzer round without figures (no stable measurement) is left out of the medians.
+    empty = _step(100.0, math.nan, samples_per_s=math.nan, flag="perf_analyzer found no stable measurement")
+    assert median_rate_step([rounds[0], empty, rounds[2]]).p99_ms == 4.5
+    assert median_rate_step(rounds[:1]) is rounds[0]
+    with pytest.raises(ValueError, match="different steps"):
+        median_rate_step([rounds[0], _step(200.0, 4.0)])
