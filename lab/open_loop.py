@@ -253,6 +253,11 @@ def report_lines(document: dict[str, Any]) -> list[str]:
     return lines
 
 
+def _flagged(steps: list[RateStep], x: str) -> list[tuple[str, float, float]]:
+    """A "flagged" note at the p99 of each step whose generator did not keep its schedule."""
+    return [("flagged", float(getattr(step, x)), step.p99_ms) for step in steps if step.flag]
+
+
 def write_open_loop(document: dict[str, Any], out: Path) -> dict[str, Path]:
     """``open_loop.json``, ``open_loop.md`` and ``open_loop.png`` in ``out``."""
     budget = float(document["options"]["budget_ms"])
@@ -265,7 +270,7 @@ def write_open_loop(document: dict[str, Any], out: Path) -> dict[str, Path]:
         "latency from the schedule (ms)",
         [
             Series("p50", rates, [s.p50_ms for s in opened], "o-"),
-            Series("p99", rates, [s.p99_ms for s in opened], "s-"),
+            Series("p99", rates, [s.p99_ms for s in opened], "s-", notes=_flagged(opened, "request_rate")),
             Series("p99.9", rates, [s.p999_ms for s in opened], "^-"),
             Series(f"p99 budget {budget:g} ms", [rates[0], rates[-1]], [budget, budget], "--"),
         ],
@@ -281,12 +286,14 @@ def write_open_loop(document: dict[str, Any], out: Path) -> dict[str, Path]:
                 [s.samples_per_s for s in opened],
                 [s.p99_ms for s in opened],
                 "s-",
+                notes=_flagged(opened, "samples_per_s"),
             ),
             Series(
                 "closed loop (from the send)",
                 [s.samples_per_s for s in closed],
                 [s.p99_ms for s in closed],
                 "o-",
+                notes=[("client-bound", s.samples_per_s, s.p99_ms) for s in closed if s.client_bound],
             ),
         ],
         ylog=True,
