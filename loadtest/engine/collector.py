@@ -28,6 +28,12 @@ _lock = threading.Lock()
 _holders = 0
 
 
+def holding() -> int:
+    """How many loads hold the collector off now."""
+    with _lock:
+        return _holders
+
+
 def hold_collector() -> None:
     """One load starts: the first one collects once, then freezes what the process tracks."""
     global _holders

@@ -216,7 +216,7 @@ class LookupCounters {
     }
   }
 
-  // Counts `hot` and `cold` lookups (one call each per execution).
+  // Counts `hot` and `cold` lookups (one call per request, before its response is sent).
   void Add(uint64_t hot, uint64_t cold) {
     if (hot_ && hot > 0) ErrorPtr ignored(TRITONSERVER_MetricIncrement(hot_.get(), static_cast<double>(hot)));
     if (cold_ && cold > 0) {
@@ -534,14 +534,12 @@ class InstanceState {
   // to Triton would hand the requests back a second time.
   void Execute(TRITONBACKEND_Request** requests, uint32_t count) noexcept {
     const uint64_t exec_start = NowNs();
-    uint64_t hot = 0;
-    uint64_t cold = 0;
     for (uint32_t index = 0; index < count; ++index) {
       TRITONBACKEND_Request* request = requests[index];
       // Compute: the placement and the reads; output: the response sent (Triton serializes it).
       uint64_t compute_start = 0;
       uint64_t compute_end = 0;
-      const bool success = Answer(request, &hot, &cold, &compute_start, &compute_end);
+      const bool success = Answer(request, &compute_start, &compute_end);
       const uint64_t end = NowNs();
       ErrorPtr ignored(TRITONBACKEND_ModelInstanceReportStatistics(instance_, request, success, exec_start,
                                                                    compute_start, compute_end, end));
@@ -551,16 +549,15 @@ class InstanceState {
                                               TRITONSERVER_ErrorMessage(released.get()));
       }
     }
-    counters_->Add(hot, cold);
     const uint64_t exec_end = NowNs();
     ErrorPtr ignored(TRITONBACKEND_ModelInstanceReportBatchStatistics(instance_, count, exec_start,
                                                                       exec_start, exec_end, exec_end));
   }
 
  private:
-  // Answers one request (its outputs, or its error); whether it succeeded.
-  bool Answer(TRITONBACKEND_Request* request, uint64_t* hot, uint64_t* cold, uint64_t* compute_start,
-              uint64_t* compute_end) noexcept {
+  // Answers one request (its outputs, or its error); whether it succeeded. Its lookups are counted
+  // before its response is sent, so a client that reads the counters after its answer sees them.
+  bool Answer(TRITONBACKEND_Request* request, uint64_t* compute_start, uint64_t* compute_end) noexcept {
     *compute_start = NowNs();
     *compute_end = *compute_start;
     TRITONBACKEND_Response* response = nullptr;
@@ -571,8 +568,10 @@ class InstanceState {
       return false;
     }
     ErrorPtr error;
+    uint64_t hot = 0;
+    uint64_t cold = 0;
     try {
-      Fill(request, response, hot, cold);
+      Fill(request, response, &hot, &cold);
     } catch (...) {
       error.reset(stages::ToError(std::current_exception()));
       const bool refused = TRITONSERVER_ErrorCode(error.get()) == TRITONSERVER_ERROR_INVALID_ARG;
@@ -580,6 +579,7 @@ class InstanceState {
                 "model '" + model_.name() + "': " + TRITONSERVER_ErrorMessage(error.get()));
     }
     *compute_end = NowNs();
+    counters_->Add(hot, cold);
     ErrorPtr sent(TRITONBACKEND_ResponseSend(response, TRITONSERVER_RESPONSE_COMPLETE_FINAL, error.get()));
     if (sent) {
       STAGE_LOG(TRITONSERVER_LOG_ERROR, "model '" + model_.name() + "': sending a response: " +
