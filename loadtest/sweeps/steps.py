@@ -388,9 +388,6 @@ def median_step(rounds: Sequence[StepResult]) -> StepResult:
     if len(keys) > 1:
         raise ValueError(f"rounds of different steps: {sorted(keys)}")
 
-    def median(name: str, items: Sequence[Any]) -> float:
-        return median_of(name, items)
-
     server = median_server([r.server for r in rounds])
     # Bound when at least half of the repeats were: the median repeat's verdict.
     bound = 2 * sum(r.client_bound for r in rounds) >= len(rounds)
@@ -404,22 +401,22 @@ def median_step(rounds: Sequence[StepResult]) -> StepResult:
         seconds=sum(r.seconds for r in rounds),
         requests=sum(r.requests for r in rounds),
         errors=sum(r.errors for r in rounds),
-        requests_per_s=median("requests_per_s", rounds),
-        samples_per_s=median("samples_per_s", rounds),
-        p50_ms=median("p50_ms", rounds),
-        p90_ms=median("p90_ms", rounds),
-        p95_ms=median("p95_ms", rounds),
-        p99_ms=median("p99_ms", rounds),
-        mean_ms=median("mean_ms", rounds),
+        requests_per_s=median_of("requests_per_s", rounds),
+        samples_per_s=median_of("samples_per_s", rounds),
+        p50_ms=median_of("p50_ms", rounds),
+        p90_ms=median_of("p90_ms", rounds),
+        p95_ms=median_of("p95_ms", rounds),
+        p99_ms=median_of("p99_ms", rounds),
+        mean_ms=median_of("mean_ms", rounds),
         max_ms=max(r.max_ms for r in rounds),
         server=server,
         errors_total=sum(r.errors_total for r in rounds),
         error_kinds=kinds,
-        client_cpu_us=median("client_cpu_us", rounds),
-        client_cores=median("client_cores", rounds),
-        client_demand=median("client_demand", rounds),
-        server_cores=median("server_cores", rounds),
-        shared_share=median("shared_share", rounds),
+        client_cpu_us=median_of("client_cpu_us", rounds),
+        client_cores=median_of("client_cores", rounds),
+        client_demand=median_of("client_demand", rounds),
+        server_cores=median_of("server_cores", rounds),
+        shared_share=median_of("shared_share", rounds),
         bound_reason=next((r.bound_reason for r in rounds if r.bound_reason), "") if bound else "",
         client_bound=bound,
         rounds=sum(r.rounds for r in rounds),
