@@ -6,12 +6,14 @@ instead of every request it held up (coordinated omission). Here the arrival tim
 first, as a schedule (:func:`schedule`): Poisson arrivals (exponential gaps, MLPerf's Server
 scenario and perf_analyzer's ``--request-distribution poisson``) or constant ones, at ``rate``
 requests per second. A pool of ``connections`` sender threads serves the schedule: each free
-sender takes the next request, sleeps until its time, sends it on its own connection and waits
-for the answer. A request's latency is measured from its *scheduled* time, so the time it
-waited (for a free connection while the server was behind, or for a thread that did not get a
-core in time) counts, as wrk2 and perf_analyzer's request-rate mode count it. While it runs,
-the objects that existed when it started are out of the cycle collector's reach
-(:mod:`loadtest.engine.collector`), so no full collection holds every sender at once.
+sender takes the next request, sleeps until its time (asking the kernel for a timer slack of
+:data:`TIMER_SLACK_NS`), sends it on its own connection and waits for the answer. A request's
+latency is measured from its *scheduled* time, so the time it waited (for a free connection
+while the server was behind, or for a thread that did not get a core in time) counts, as wrk2
+counts it; perf_analyzer's request-rate mode starts its clock at the send, which the window
+also records. While it runs, the objects that existed when it started are out of the
+cycle collector's reach (:mod:`loadtest.engine.collector`), so no full collection holds every
+sender at once.
 
 What a window records (:class:`OpenLoopWindow`), for the requests *scheduled* inside it,
 each followed to its answer: the latency from the schedule and from the send, the send lag
@@ -27,6 +29,7 @@ that sends one request.
 from __future__ import annotations
 
 import collections
+import ctypes
 import logging
 import math
 import os
@@ -64,6 +67,12 @@ _COARSE_S = 0.002
 #: a sender due to send waits at most this long for the GIL (with the default, the send lag's
 #: tail was several times longer in process).
 SWITCH_INTERVAL_S = 0.0005
+#: The timer slack a sender asks of the kernel (ns). A sleeping thread wakes up to its slack after
+#: its time (Linux gives a thread 50 us by default), and every send lags by as much: with the
+#: default, the open loop's median send lag was more than twice as long.
+TIMER_SLACK_NS = 1_000
+#: ``prctl`` options (linux/prctl.h).
+_PR_SET_TIMERSLACK, _PR_GET_TIMERSLACK = 29, 30
 
 
 def schedule(rate: float, arrival: str, rng: np.random.Generator, count: int = _CHUNK) -> np.ndarray:
@@ -192,6 +201,24 @@ class OpenLoopWindow:
         }
 
 
+def _prctl(option: int, value: int = 0) -> int:
+    """``prctl(option, value)`` on Linux; -1 where there is none."""
+    if not sys.platform.startswith("linux"):
+        return -1
+    return int(ctypes.CDLL(None).prctl(option, ctypes.c_ulong(value), 0, 0, 0))
+
+
+def fine_timer_slack(slack_ns: int = TIMER_SLACK_NS) -> bool:
+    """Ask the kernel to wake the calling thread within ``slack_ns`` of the end of each of its
+    sleeps (:data:`TIMER_SLACK_NS`); whether it took (False off Linux)."""
+    return _prctl(_PR_SET_TIMERSLACK, slack_ns) == 0
+
+
+def timer_slack_ns() -> int:
+    """The calling thread's timer slack (ns); -1 off Linux."""
+    return _prctl(_PR_GET_TIMERSLACK)
+
+
 @dataclass(frozen=True)
 class WakeUps:
     """How late this machine wakes a sleeping thread: the floor under any generator's send lag.
@@ -218,13 +245,15 @@ class WakeUps:
 
 
 def wake_ups(cpus: frozenset[int] | None = None, sleeps: int = 400, sleep_s: float = 0.005) -> WakeUps:
-    """Time ``sleeps`` sleeps of ``sleep_s`` on ``cpus`` (None: where this thread runs): a
-    machine that wakes its threads late (a busy or virtual one) lags every sender by as much."""
+    """Time ``sleeps`` sleeps of ``sleep_s`` on ``cpus`` (None: where this thread runs), with the
+    senders' timer slack: a machine that wakes its threads late (a busy or virtual one) lags
+    every sender by as much."""
     if sleeps < 1 or not sleep_s > 0:
         raise ConfigError(f"need sleeps >= 1 and a sleep > 0, got {sleeps} and {sleep_s:g}")
-    affinity = os.sched_getaffinity(0)
+    affinity, slack = os.sched_getaffinity(0), timer_slack_ns()
     if cpus is not None:
         os.sched_setaffinity(0, cpus)
+    fine_timer_slack()
     try:
         late = np.empty(sleeps)
         for index in range(sleeps):
@@ -233,6 +262,8 @@ def wake_ups(cpus: frozenset[int] | None = None, sleeps: int = 400, sleep_s: flo
             late[index] = (time.perf_counter() - before - sleep_s) * 1000.0
     finally:
         os.sched_setaffinity(0, affinity)
+        if slack > 0:
+            fine_timer_slack(slack)
     p50, p99 = np.percentile(late, [50, 99])
     return WakeUps(sleep_s * 1000.0, sleeps, float(p50), float(p99), float(late.max()))
 
@@ -406,6 +437,7 @@ class OpenLoop:
 
     # ------------------------------------------------------------ the senders
     def _send(self, index: int) -> None:
+        fine_timer_slack()
         try:
             with self._connect(index) as request:
                 while not self._stop.is_set():

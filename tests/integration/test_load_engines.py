@@ -245,6 +245,9 @@ def test_request_rate_steps_of_the_open_loop_and_of_perf_analyzer_side_by_side(
         (row,) = list(csv.DictReader(handle))
     assert theirs["samples_per_s"] == pytest.approx(float(row["Inferences/Second"]))
     assert theirs["p99_ms"] == pytest.approx(float(row["p99 latency"]) / 1000)
+    # It times a request from its send: beside it, the open loop's figures from the send.
+    assert theirs["service_p50_ms"] == theirs["p50_ms"] and theirs["service_p99_ms"] == theirs["p99_ms"]
+    assert 0 < ours["service_p50_ms"] <= ours["p50_ms"]
     assert "--request-rate-range" in (folder / "perf_analyzer.log").read_text().splitlines()[0]
     assert (
         "The bundle's open loop against perf_analyzer's request-rate mode" in (out / "rates.md").read_text()

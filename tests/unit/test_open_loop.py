@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 import os
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -21,7 +22,7 @@ import pytest
 
 from bundle.errors import BundleError, ConfigError
 from loadtest.engine.driver import Answer, Driver, Request
-from loadtest.engine.open_loop import LATE_MS, OpenLoop, schedule, wake_ups
+from loadtest.engine.open_loop import LATE_MS, TIMER_SLACK_NS, OpenLoop, schedule, timer_slack_ns, wake_ups
 
 
 class Server:
@@ -82,6 +83,24 @@ def test_every_scheduled_request_is_followed_to_its_answer() -> None:
     assert summary["late"] == window.late and window.late <= window.scheduled
 
 
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="prctl's timer slack is Linux's")
+def test_each_sender_sleeps_with_a_fine_timer_slack() -> None:
+    """A sender asks the kernel for a slack of TIMER_SLACK_NS, in its own thread: the thread that
+    started the load keeps its own (Linux's default, 50 us)."""
+    seen: list[int] = []
+
+    @contextmanager
+    def connection(worker: int) -> Iterator[Request]:
+        seen.append(timer_slack_ns())
+        yield lambda sequence: Answer(rows=1)
+
+    before = timer_slack_ns()
+    with OpenLoop(connection, 100.0, connections=3) as load:
+        load.measure(0.2)
+    assert seen == [TIMER_SLACK_NS] * 3
+    assert timer_slack_ns() == before != TIMER_SLACK_NS
+
+
 def test_a_stall_shows_in_the_open_loop_and_hides_in_the_closed_loop() -> None:
     """Rate 100/s, 1 ms per request, one 200 ms stall: about 20 requests arrive during it and
     each waits for it to end, so the open loop's p99 holds the stall. A closed loop of one user
@@ -130,10 +149,11 @@ def test_a_window_without_length_and_a_failed_sender_are_refused() -> None:
 
 
 def test_the_machines_wake_up_lateness_is_timed_where_the_generator_runs() -> None:
-    before = os.sched_getaffinity(0)
+    before, slack = os.sched_getaffinity(0), timer_slack_ns()
     core = min(before)
     woke = wake_ups(frozenset({core}), sleeps=20, sleep_s=0.002)
     assert os.sched_getaffinity(0) == before  # the thread's cores are given back
+    assert timer_slack_ns() == slack  # and its timer slack
     assert woke.sleeps == 20 and woke.sleep_ms == 2.0
     assert 0.0 <= woke.p50_ms <= woke.p99_ms <= woke.max_ms
     assert "a 2 ms sleep on the load generator's cores woke p50 " in woke.line()

@@ -301,11 +301,12 @@ def test_random_store_memory_stays_at_a_chunk(tmp_path: Path) -> None:
     random_store(tmp_path / "first", RowStoreSpec.for_dlrm(uniform_table_sizes(10), 8), chunk_rows=512)
 
     def peak_of(rows: int) -> tuple[int, int]:
-        """The store's size and the least peak of two writes (tracemalloc also counts what other
-        threads of this process allocate meanwhile)."""
+        """The store's size and the least peak of three writes (tracemalloc also counts what other
+        threads of this process allocate meanwhile: a fresh-clone run once read 6 kB too many
+        from the least of two)."""
         spec = RowStoreSpec.for_dlrm(uniform_table_sizes(rows), 8)
         peaks = []
-        for attempt in range(2):
+        for attempt in range(3):
             tracemalloc.start()
             try:
                 random_store(tmp_path / f"store-{rows}-{attempt}", spec, chunk_rows=512)
