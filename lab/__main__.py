@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+from bundle.grpc_client import use_polling_client
+
+# Before anything imports gRPC: it reads its experiments when it is imported.
+use_polling_client()
+
 from bundle.cli import new_app, run
 from lab import commands
 

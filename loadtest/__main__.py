@@ -22,6 +22,11 @@ The commands that reproduce the committed benchmarks are ``python -m lab``'s; th
 
 from __future__ import annotations
 
+from bundle.grpc_client import use_polling_client
+
+# Before anything imports gRPC: it reads its experiments when it is imported.
+use_polling_client()
+
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path

@@ -7,9 +7,10 @@ first, as a schedule (:func:`schedule`): Poisson arrivals (exponential gaps, MLP
 scenario and perf_analyzer's ``--request-distribution poisson``) or constant ones, at ``rate``
 requests per second. A pool of ``connections`` sender threads serves the schedule: each free
 sender takes the next request, sleeps until its time (asking the kernel for a timer slack of
-:data:`TIMER_SLACK_NS`), sends it on its own connection and waits for the answer. A request's
-latency is measured from its *scheduled* time, so the time it waited (for a free connection
-while the server was behind, or for a thread that did not get a core in time) counts, as wrk2
+:data:`TIMER_SLACK_NS`), sends it through its ``connect(sender)`` (the sweep's senders share
+one gRPC channel) and waits for the answer. A request's latency is measured from its
+*scheduled* time, so the time it waited (for a free connection while the server was behind,
+or for a thread that did not get a core in time) counts, as wrk2
 counts it; perf_analyzer's request-rate mode starts its clock at the send, which the window
 also records. While it runs, the objects that existed when it started are out of the
 cycle collector's reach (:mod:`loadtest.engine.collector`), so no full collection holds every
@@ -284,7 +285,7 @@ class OpenLoop:
         connect: opens sender ``i``'s connection; yields its request callable.
         rate: requests per second.
         arrival: ``poisson`` or ``constant`` (:data:`ARRIVALS`).
-        connections: sender threads, each with its own connection: requests in flight at most.
+        connections: sender threads, each with its own ``connect(sender)``: requests in flight at most.
             A request that finds all of them busy waits for one, its wait counted in its latency.
         seed: of the Poisson gaps and the first arrival's phase.
 

@@ -33,6 +33,7 @@ from loadtest.engine.payload import PayloadPool
 from loadtest.engine.wire import (
     RawGrpcInfer,
     RawHttpInfer,
+    SharedChannel,
     http_bodies,
     http_header_length,
     serialised_requests,
@@ -75,6 +76,7 @@ def triton_requests(
     shared_memory: SharedMemory = "none",
     first: int = 0,
     stride: int = 0,
+    share_channel: bool = False,
 ) -> Connect:
     """Each worker's connection: its own client, sending the pool's batches in turn.
 
@@ -85,11 +87,14 @@ def triton_requests(
     metadata: the load measures the server. ``shared_memory="system"`` puts each
     worker's inputs and output in its own registered region. Without shared memory,
     requests are serialised once and sent as bytes (the least client work per request, as
-    the sweep's locust users send them).
+    the sweep's locust users send them); ``share_channel``: over gRPC, the workers share one
+    channel (:class:`~loadtest.engine.wire.SharedChannel`) instead of a channel each.
     """
     step = stride or workers
     if shared_memory == "none":
-        return _raw_requests(url, protocol, model, pool, timeout_s, first, step)
+        return _raw_requests(url, protocol, model, pool, timeout_s, first, step, share_channel)
+    if share_channel:
+        raise ConfigError("a shared gRPC channel is for requests sent as bytes, not with shared memory")
 
     @contextmanager
     def connect(worker: int) -> Iterator[Request]:
@@ -120,16 +125,19 @@ def raw_connection(
     timeout_s: float,
     rows: int,
     message: Callable[[int, int], bytes],
+    share_channel: bool = False,
 ) -> Connect:
     """Each worker's own raw connection (:mod:`loadtest.engine.wire`): its request ``sequence``
     sends ``message(worker, sequence)`` (a serialised ``ModelInferRequest``, or an HTTP body whose
-    JSON header is ``header_length`` bytes), its answer checked to hold ``rows`` scores."""
+    JSON header is ``header_length`` bytes), its answer checked to hold ``rows`` scores. With
+    ``share_channel``, the gRPC workers share one channel (HTTP workers keep a socket each)."""
+    shared = SharedChannel(url) if share_channel and protocol == "grpc" else None
 
     @contextmanager
     def connect(worker: int) -> Iterator[Request]:
         infer: RawGrpcInfer | RawHttpInfer
         if protocol == "grpc":
-            infer = RawGrpcInfer(url, timeout_s)
+            infer = RawGrpcInfer(url, timeout_s, shared.open() if shared is not None else None)
         else:
             infer = RawHttpInfer(url, model, header_length, timeout_s)
         try:
@@ -141,12 +149,21 @@ def raw_connection(
             yield request
         finally:
             infer.close()
+            if shared is not None:
+                shared.release()
 
     return connect
 
 
 def _raw_requests(
-    url: str, protocol: Protocol, model: str, pool: PayloadPool, timeout_s: float, first: int, step: int
+    url: str,
+    protocol: Protocol,
+    model: str,
+    pool: PayloadPool,
+    timeout_s: float,
+    first: int,
+    step: int,
+    share_channel: bool,
 ) -> Connect:
     """Requests without tritonclient in the timed path: each batch serialised once, sent as bytes
     on the worker's own connection, its answer checked by length (:func:`raw_connection`)."""
@@ -159,7 +176,9 @@ def _raw_requests(
     def message(worker: int, sequence: int) -> bytes:
         return messages[(first + worker + sequence * step) % len(messages)]
 
-    return raw_connection(url, protocol, model, header_length, timeout_s, pool.batch_size, message)
+    return raw_connection(
+        url, protocol, model, header_length, timeout_s, pool.batch_size, message, share_channel
+    )
 
 
 def _check_load(protocol: str, concurrency: int, repeats: int, seconds: float, warmup_s: float) -> None:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import _socket
 import json
+import threading
 from typing import Any
 
 import grpc
@@ -84,10 +85,11 @@ class RawGrpcInfer:
         timeout_s: a request slower than this fails.
     """
 
-    def __init__(self, url: str, timeout_s: float) -> None:
+    def __init__(self, url: str, timeout_s: float, channel: grpc.Channel | None = None) -> None:
         self.url = url
         self._timeout_s = timeout_s
-        self._channel = grpc.insecure_channel(url, options=CHANNEL_OPTIONS)
+        self._own = channel is None
+        self._channel = grpc.insecure_channel(url, options=CHANNEL_OPTIONS) if channel is None else channel
         # No serialiser: the requests are bytes already, and the answer is read below.
         self._call: Any = self._channel.unary_unary(MODEL_INFER)
 
@@ -109,7 +111,41 @@ class RawGrpcInfer:
         return len(answer)
 
     def close(self) -> None:
-        self._channel.close()
+        """Close the channel, unless it was given (a :class:`SharedChannel`'s)."""
+        if self._own:
+            self._channel.close()
+
+
+class SharedChannel:
+    """One gRPC channel for several senders, opened by the first of them and closed by the last.
+
+    HTTP/2 carries many calls on one connection at once, and a gRPC channel is meant to be shared.
+    The open loop's senders share one: with a channel each, a connection carried a request a few
+    times a second, and its latency from the send was further above perf_analyzer's
+    (docs/loadtests.md).
+    """
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self._lock = threading.Lock()
+        self._users = 0
+        self._channel: grpc.Channel | None = None
+
+    def open(self) -> grpc.Channel:
+        """The channel, opened by the first caller; each call is paired with :meth:`release`."""
+        with self._lock:
+            if self._channel is None:
+                self._channel = grpc.insecure_channel(self.url, options=CHANNEL_OPTIONS)
+            self._users += 1
+            return self._channel
+
+    def release(self) -> None:
+        """One sender done with the channel; the last closes it."""
+        with self._lock:
+            self._users -= 1
+            if self._users == 0 and self._channel is not None:
+                self._channel.close()
+                self._channel = None
 
 
 #: The HTTP header that says how long the JSON part of a binary-data body is.

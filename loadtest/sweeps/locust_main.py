@@ -6,7 +6,7 @@ sets gRPC's I/O for a load generator, lets gevent patch everything but
 threads, then runs locust, which then patches nothing
 (``LOCUST_SKIP_MONKEY_PATCH``):
 
-- gRPC's calls do their I/O on the calling thread (:data:`GRPC_EXPERIMENTS`),
+- gRPC's calls do their I/O on the calling thread (:mod:`bundle.grpc_client`),
   not on gRPC's EventEngine threads, which hand every answer over to the
   caller: with grpcio 1.85, a batch-1 call costs the client less CPU that
   way, at one call in flight and at two. gRPC reads this
@@ -20,11 +20,12 @@ threads, then runs locust, which then patches nothing
 
 import os
 
-#: gRPC's experiments this launcher turns off (``-name``): the EventEngine client and endpoints.
-GRPC_EXPERIMENTS = "-event_engine_client,-event_engine_for_all_other_endpoints"
-os.environ.setdefault("GRPC_EXPERIMENTS", GRPC_EXPERIMENTS)
+from bundle.grpc_client import EXPERIMENTS_VARIABLE, POLLING_CLIENT
 
-from gevent import monkey  # noqa: E402
+# Kept in the environment: locust's worker processes load gRPC too.
+os.environ.setdefault(EXPERIMENTS_VARIABLE, POLLING_CLIENT)
+
+from gevent import monkey
 
 monkey.patch_all(thread=False)
 
