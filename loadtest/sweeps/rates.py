@@ -37,7 +37,7 @@ from loadtest.engine.payload import PayloadPool
 from loadtest.engine.served import triton_requests
 from loadtest.engine.writer import Panel, Series, plot, table, write_json, write_markdown
 from loadtest.sweeps.stepfiles import SERVER_STATS_FILE, read_server, server_document
-from loadtest.sweeps.steps import ServerTimes, Target, median_of, median_server
+from loadtest.sweeps.steps import ServerTimes, Target, median_server, medians
 
 logger = logging.getLogger(__name__)
 
@@ -236,24 +236,24 @@ def median_rate_step(rounds: Sequence[RateStep]) -> RateStep:
     # A perf_analyzer round that found no stable measurement has no figures to take a median of.
     measured = [r for r in rounds if not math.isnan(r.samples_per_s)] or list(rounds)
 
-    def median(name: str) -> float:
-        return median_of(name, measured)
-
     return replace(
         first,
-        scheduled_rate=median("scheduled_rate"),
-        achieved_rate=median("achieved_rate"),
-        answered_per_s=median("answered_per_s"),
-        samples_per_s=median("samples_per_s"),
-        in_flight_mean=median("in_flight_mean"),
-        p50_ms=median("p50_ms"),
-        p90_ms=median("p90_ms"),
-        p99_ms=median("p99_ms"),
-        p999_ms=median("p999_ms"),
-        service_p50_ms=median("service_p50_ms"),
-        service_p99_ms=median("service_p99_ms"),
-        send_lag_p99_ms=median("send_lag_p99_ms"),
-        client_cpu_us=median("client_cpu_us"),
+        **medians(
+            measured,
+            "scheduled_rate",
+            "achieved_rate",
+            "answered_per_s",
+            "samples_per_s",
+            "in_flight_mean",
+            "p50_ms",
+            "p90_ms",
+            "p99_ms",
+            "p999_ms",
+            "service_p50_ms",
+            "service_p99_ms",
+            "send_lag_p99_ms",
+            "client_cpu_us",
+        ),
         seconds=sum(r.seconds for r in rounds),
         requests=sum(r.requests for r in rounds),
         errors=sum(r.errors for r in rounds),

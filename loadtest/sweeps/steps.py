@@ -355,6 +355,12 @@ def median_of(name: str, items: Sequence[Any]) -> float:
     return float(statistics.median(getattr(item, name) for item in items))
 
 
+def medians(items: Sequence[Any], *names: str) -> dict[str, Any]:
+    """Each attribute of ``names``, its median over ``items`` (:func:`median_of`), by name: the
+    keyword arguments of a combined round."""
+    return {name: median_of(name, items) for name in names}
+
+
 def median_server(rounds: Sequence[ServerTimes | None]) -> ServerTimes | None:
     """Triton's times over several rounds of one step: request and execution counts add up, the
     times and the batch are the median of the rounds that read them (None: none did)."""
@@ -364,12 +370,15 @@ def median_server(rounds: Sequence[ServerTimes | None]) -> ServerTimes | None:
     return ServerTimes(
         requests=sum(t.requests for t in timed),
         executions=sum(t.executions for t in timed),
-        queue_ms=median_of("queue_ms", timed),
-        compute_input_ms=median_of("compute_input_ms", timed),
-        compute_infer_ms=median_of("compute_infer_ms", timed),
-        compute_output_ms=median_of("compute_output_ms", timed),
-        request_ms=median_of("request_ms", timed),
-        batch=median_of("batch", timed),
+        **medians(
+            timed,
+            "queue_ms",
+            "compute_input_ms",
+            "compute_infer_ms",
+            "compute_output_ms",
+            "request_ms",
+            "batch",
+        ),
     )
 
 
@@ -401,22 +410,14 @@ def median_step(rounds: Sequence[StepResult]) -> StepResult:
         seconds=sum(r.seconds for r in rounds),
         requests=sum(r.requests for r in rounds),
         errors=sum(r.errors for r in rounds),
-        requests_per_s=median_of("requests_per_s", rounds),
-        samples_per_s=median_of("samples_per_s", rounds),
-        p50_ms=median_of("p50_ms", rounds),
-        p90_ms=median_of("p90_ms", rounds),
-        p95_ms=median_of("p95_ms", rounds),
-        p99_ms=median_of("p99_ms", rounds),
-        mean_ms=median_of("mean_ms", rounds),
+        **medians(
+            rounds, "requests_per_s", "samples_per_s", "p50_ms", "p90_ms", "p95_ms", "p99_ms", "mean_ms"
+        ),
         max_ms=max(r.max_ms for r in rounds),
         server=server,
         errors_total=sum(r.errors_total for r in rounds),
         error_kinds=kinds,
-        client_cpu_us=median_of("client_cpu_us", rounds),
-        client_cores=median_of("client_cores", rounds),
-        client_demand=median_of("client_demand", rounds),
-        server_cores=median_of("server_cores", rounds),
-        shared_share=median_of("shared_share", rounds),
+        **medians(rounds, "client_cpu_us", "client_cores", "client_demand", "server_cores", "shared_share"),
         bound_reason=next((r.bound_reason for r in rounds if r.bound_reason), "") if bound else "",
         client_bound=bound,
         rounds=sum(r.rounds for r in rounds),
