@@ -20,7 +20,7 @@
 # its pool by the machine's cores, not the process's, and a second thread spinning on the same
 # core delays the one that serves.
 #
-# About 12 minutes on 2 cores (the model is made first where WORK does not hold it); run it on an
+# About 20 minutes on 2 cores (the model is made first where WORK does not hold it); run it on an
 # otherwise idle machine. The model goes to artifacts/open_loop (not committed).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -42,7 +42,7 @@ python -m lab open-loop --repository "$REPO" --model dlrm_onnx_int8 --batch-size
   --data "$WORK/data/valid.tsv" --client-cpus "$CLIENT_CPUS" --out benchmarks/open_loop
 
 # The bundle's open loop beside perf_analyzer's request-rate mode on the same server, at a quarter,
-# half and three quarters of the rate found above, both on core 0, three rounds each, taking turns:
+# half and three quarters of the rate found above, both on core 0, five rounds of 20 s each, taking turns:
 # the medians of their p50 and p99 side by side, and how many of the steps neither flagged agree
 # within 10 %.
 RATES=$(python - <<'PY'
@@ -53,6 +53,6 @@ print(",".join(f"{rate * share:.0f}" for share in (0.25, 0.5, 0.75)))
 PY
 )
 python -m loadtest sweep --repository "$REPO" --model dlrm_onnx_int8 --protocol grpc --batch-size 16 \
-  --engine driver,perf_analyzer --request-rate "$RATES" --duration 10 --rounds 3 --client-cpus "$CLIENT_CPUS" \
+  --engine driver,perf_analyzer --request-rate "$RATES" --duration 20 --rounds 5 --client-cpus "$CLIENT_CPUS" \
   --p99-budget-ms 10 --out benchmarks/open_loop/agreement --raw "$WORK/agreement-raw" \
   --title "Open loop against perf_analyzer"
