@@ -77,6 +77,11 @@ def _check_scores(output_bytes: list[int], rows: int) -> None:
         )
 
 
+def open_channel(url: str) -> grpc.Channel:
+    """A load generator's channel to ``url`` (:data:`CHANNEL_OPTIONS`)."""
+    return grpc.insecure_channel(url, options=CHANNEL_OPTIONS)
+
+
 class RawGrpcInfer:
     """One channel to Triton's gRPC endpoint and its inference method, bytes in, bytes out.
 
@@ -89,7 +94,7 @@ class RawGrpcInfer:
         self.url = url
         self._timeout_s = timeout_s
         self._own = channel is None
-        self._channel = grpc.insecure_channel(url, options=CHANNEL_OPTIONS) if channel is None else channel
+        self._channel = open_channel(url) if channel is None else channel
         # No serialiser: the requests are bytes already, and the answer is read below.
         self._call: Any = self._channel.unary_unary(MODEL_INFER)
 
@@ -135,7 +140,7 @@ class SharedChannel:
         """The channel, opened by the first caller; each call is paired with :meth:`release`."""
         with self._lock:
             if self._channel is None:
-                self._channel = grpc.insecure_channel(self.url, options=CHANNEL_OPTIONS)
+                self._channel = open_channel(self.url)
             self._users += 1
             return self._channel
 

@@ -3,6 +3,7 @@ sender, the same channel for every sender after it, closed by the last one to le
 
 from __future__ import annotations
 
+import grpc
 import pytest
 
 from loadtest.engine.wire import MODEL_INFER, SharedChannel
@@ -13,7 +14,9 @@ def test_senders_share_one_channel_which_the_last_one_closes() -> None:
     first, second = shared.open(), shared.open()
     assert first is second
     shared.release()
-    second.unary_unary(MODEL_INFER)  # still open: a call can be made on it
+    # Still open: a call goes out, and fails only for want of a server.
+    with pytest.raises(grpc.RpcError):
+        second.unary_unary(MODEL_INFER)(b"", timeout=0.1)
     shared.release()
     with pytest.raises(ValueError, match="closed channel"):
         first.unary_unary(MODEL_INFER)(b"", timeout=0.1)
