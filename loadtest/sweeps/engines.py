@@ -82,20 +82,7 @@ def perf_analyzer_step(
     figures, served = run.figures, run.figures.server
     # perf_analyzer counts inferences of its -b: for whole-request entries, requests.
     samples_per_s = figures.samples_per_s * config.batch_size / requests_of
-    server = None
-    if served.get("success_count"):
-        count = served["success_count"]
-        executions = served.get("execution_count", 0.0)
-        server = ServerTimes(
-            requests=int(count),
-            executions=int(executions),
-            queue_ms=served.get("queue", math.nan),
-            compute_input_ms=served.get("input", math.nan),
-            compute_infer_ms=served.get("infer", math.nan),
-            compute_output_ms=served.get("output", math.nan),
-            request_ms=served.get("request", math.nan),
-            batch=served.get("inference_count", 0.0) / executions if executions else math.nan,
-        )
+    server = ServerTimes.from_perf_analyzer(served)
     rate = samples_per_s / config.batch_size
     return StepResult(
         label=target.label,

@@ -387,7 +387,7 @@ def perf_analyzer_rate_step(
         late=round(delayed * figures.requests), unfinished=0, in_flight_mean=math.nan, in_flight_max=0,
         p50_ms=figures.p50_ms, p90_ms=figures.p90_ms, p99_ms=figures.p99_ms, p999_ms=math.nan,
         max_ms=math.nan, service_p50_ms=figures.p50_ms, service_p99_ms=figures.p99_ms,
-        send_lag_p99_ms=math.nan, flag=flag, server=None,
+        send_lag_p99_ms=math.nan, flag=flag, server=ServerTimes.from_perf_analyzer(figures.server),
         client_cpu_us=run.cpu.per_request_us, engine="perf_analyzer",
     )  # fmt: skip
 
@@ -402,10 +402,19 @@ def agrees(ours: RateStep, theirs: RateStep) -> bool | None:
     return all(abs(ratio - 1) <= AGREEMENT for ratio in ratios)
 
 
+def server_ratio(ours: RateStep, theirs: RateStep) -> float:
+    """The server's mean time per request in ``ours`` over ``theirs`` (NaN: either unread)."""
+    if ours.server is None or theirs.server is None or not theirs.server.request_ms > 0:
+        return math.nan
+    return ours.server.request_ms / theirs.server.request_ms
+
+
 def agreement_rows(steps: Sequence[RateStep]) -> list[list[Any]]:
     """Each driver step beside perf_analyzer's at the same (model, protocol, batch, rate): their
-    p50 and p99 from the send, the ratios, whether they agree (``-``: either was flagged), and
-    the driver's p50 and p99 from the schedule (which add its send lag) over perf_analyzer's."""
+    p50 and p99 from the send, the ratios, whether they agree (``-``: either was flagged), the
+    server's mean time per request under the one over the other (Triton's statistics: where the
+    latencies differ by as much, the server, not the measurement, differed), and the driver's p50
+    and p99 from the schedule (which add its send lag) over perf_analyzer's."""
     theirs = {
         (s.label, s.model, s.protocol, s.batch_size, s.request_rate): s
         for s in steps
@@ -425,6 +434,7 @@ def agreement_rows(steps: Sequence[RateStep]) -> list[list[Any]]:
                 ours.service_p50_ms, other.service_p50_ms, ours.service_p50_ms / other.service_p50_ms,
                 ours.service_p99_ms, other.service_p99_ms, ours.service_p99_ms / other.service_p99_ms,
                 "- (flagged)" if verdict is None else ("yes" if verdict else "no"),
+                server_ratio(ours, other),
                 f"{ours.p50_ms / other.service_p50_ms:.3f} / {ours.p99_ms / other.service_p99_ms:.3f}",
             ]
         )  # fmt: skip
@@ -471,21 +481,23 @@ def report_lines(
     )  # fmt: skip
     agreement = agreement_rows(steps)
     if agreement:
-        judged = [row[-2] for row in agreement if row[-2] != "- (flagged)"]
+        judged = [row[-3] for row in agreement if row[-3] != "- (flagged)"]
         lines += [
             "",
             *section(AGREEMENT_SECTION, [
                 "The bundle's open loop against perf_analyzer's request-rate mode, same server, same rate. "
                 "perf_analyzer starts a request's clock when it sends it, so both are timed from the "
-                "send; the last column sets the open loop's p50 and p99 from the schedule, which add "
-                "its send lag, over perf_analyzer's:",
+                "send. The server's own mean time per request (Triton's statistics over the open loop's "
+                "window and perf_analyzer's measured windows), one over the other, tells a difference in "
+                "the server's work from one in the measurement; the last column sets the open loop's "
+                "p50 and p99 from the schedule, which add its send lag, over perf_analyzer's:",
                 "",
                 *table(
                     ["series", "rate /s", "p50 from send ms", "perf_analyzer p50 ms", "ratio",
                      "p99 from send ms", "perf_analyzer p99 ms", "ratio", f"within {AGREEMENT:.0%}",
-                     "from the schedule: p50 / p99 ratio"],
+                     "server time ratio", "from the schedule: p50 / p99 ratio"],
                     agreement,
-                    "lrrrrrrrlr",
+                    "lrrrrrrrlrr",
                 ),
                 "",
                 f"{judged.count('yes')} of {len(judged)} steps neither engine flagged agree within "

@@ -201,6 +201,26 @@ class ServerTimes:
             batch=delta.get("inference_count", 0) / executions if executions else math.nan,
         )
 
+    @classmethod
+    def from_perf_analyzer(cls, served: dict[str, float]) -> ServerTimes | None:
+        """The server's view that perf_analyzer printed for its measured windows (its counts, and
+        its mean times per request in ms; :func:`loadtest.sweeps.perf_analyzer.read_figures`), or
+        None where it printed none."""
+        count = served.get("success_count")
+        if not count:
+            return None
+        executions = served.get("execution_count", 0.0)
+        return cls(
+            requests=int(count),
+            executions=int(executions),
+            queue_ms=served.get("queue", math.nan),
+            compute_input_ms=served.get("input", math.nan),
+            compute_infer_ms=served.get("infer", math.nan),
+            compute_output_ms=served.get("output", math.nan),
+            request_ms=served.get("request", math.nan),
+            batch=served.get("inference_count", 0.0) / executions if executions else math.nan,
+        )
+
 
 @dataclass(frozen=True)
 class StepResult:

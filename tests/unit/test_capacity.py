@@ -100,6 +100,7 @@ def test_failed_unfinished_and_short_sent_steps_do_not_hold() -> None:
 
 def test_the_open_loop_and_perf_analyzer_agree_within_a_tenth_only_where_neither_is_flagged() -> None:
     from loadtest.sweeps.rates import RateLoad, agreement_rows, agrees
+    from loadtest.sweeps.steps import ServerTimes
 
     ours = replace(_step(100.0, 9.0), engine="driver")
     close = replace(_step(100.0, 9.5), engine="perf_analyzer")
@@ -113,8 +114,18 @@ def test_the_open_loop_and_perf_analyzer_agree_within_a_tenth_only_where_neither
     assert agrees(replace(ours, service_p50_ms=ours.service_p50_ms * 1.3), close) is False
     flagged = replace(ours, request_rate=200.0, flag="sent 90% of the scheduled requests")
     rows = agreement_rows([lagging, close, flagged, replace(close, request_rate=200.0)])
-    assert [row[-2] for row in rows] == ["yes", "- (flagged)"]
+    assert [row[-3] for row in rows] == ["yes", "- (flagged)"]
     assert rows[0][-1] == "1.232 / 1.232"  # from the schedule: 3.9 / (9.5 / 3) and 11.7 / 9.5
+    assert math.isnan(rows[0][-2])  # neither step read the server
+    # The server's own time per request, the open loop's over perf_analyzer's.
+    served = {"success_count": 900.0, "execution_count": 300.0, "inference_count": 14400.0, "request": 1.2}
+    theirs = ServerTimes.from_perf_analyzer({**served, "queue": 0.3, "infer": 0.7})
+    assert theirs is not None and theirs.requests == 900 and theirs.batch == 48.0
+    assert theirs.queue_ms == 0.3 and math.isnan(theirs.compute_input_ms)
+    assert ServerTimes.from_perf_analyzer({}) is None  # it printed no server section
+    ours_server = replace(theirs, request_ms=1.5)
+    rows = agreement_rows([replace(lagging, server=ours_server), replace(close, server=theirs)])
+    assert rows[0][-2] == pytest.approx(1.25)
     with pytest.raises(ConfigError, match="--arrival"):
         RateLoad("bursty")
     with pytest.raises(ConfigError, match="--connections"):
