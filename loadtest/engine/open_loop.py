@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import collections
 import ctypes
+import functools
 import logging
 import math
 import os
@@ -202,11 +203,17 @@ class OpenLoopWindow:
         }
 
 
+@functools.cache
+def _libc() -> ctypes.CDLL:
+    """The C library this process runs on, opened once (each sender asks it on starting)."""
+    return ctypes.CDLL(None)
+
+
 def _prctl(option: int, value: int = 0) -> int:
     """``prctl(option, value)`` on Linux; -1 where there is none."""
     if not sys.platform.startswith("linux"):
         return -1
-    return int(ctypes.CDLL(None).prctl(option, ctypes.c_ulong(value), 0, 0, 0))
+    return int(_libc().prctl(option, ctypes.c_ulong(value), 0, 0, 0))
 
 
 def fine_timer_slack(slack_ns: int = TIMER_SLACK_NS) -> bool:

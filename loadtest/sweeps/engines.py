@@ -26,13 +26,7 @@ from loadtest.engine.server_cpu import listening_pid
 from loadtest.engine.wire import http_body, http_header_length, serialised_request
 from loadtest.sweeps import perf_analyzer
 from loadtest.sweeps.perf_analyzer_install import require as require_perf_analyzer
-from loadtest.sweeps.stepfiles import (
-    SERVER_STATS_FILE,
-    read_server,
-    server_cpu_between,
-    server_document,
-    shared_cores,
-)
+from loadtest.sweeps.stepfiles import read_server, record_server, server_cpu_between, shared_cores
 from loadtest.sweeps.steps import STEP_GRACE_S, ServerTimes, StepResult, SweepConfig, Target
 
 logger = logging.getLogger(__name__)
@@ -182,10 +176,8 @@ def driver_step(
         rows_sent, distinct_rows = config.stream.record(np.asarray(first_rows, np.int64), config.batch_size)
     demand = process_demand(busy0, busy1, seconds)
     cpu = ClientCpu.of_processes([(cpu1 - cpu0, seconds, demand)], tally.requests, allowed, concurrency)
-    server, document = None, server_document(model, before, after)
-    if document is not None:
-        (folder / SERVER_STATS_FILE).write_text(json.dumps(document))
-        server = ServerTimes.from_delta(document["delta"])
+    document = record_server(folder, model, before, after)
+    server = ServerTimes.from_delta(document["delta"]) if document is not None else None
     rate = tally.ok / tally.seconds if tally.seconds > 0 else 0.0
     step = StepResult.of_tally(
         target, model, config.batch_size, concurrency, tally, rate, cpu, processes=1, server=server,

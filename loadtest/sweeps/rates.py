@@ -36,7 +36,7 @@ from loadtest.engine.open_loop import ARRIVALS, CONNECTIONS, LATE_MS, MAX_LATE_S
 from loadtest.engine.payload import PayloadPool
 from loadtest.engine.served import triton_requests
 from loadtest.engine.writer import Panel, Series, plot, table, write_json, write_markdown
-from loadtest.sweeps.stepfiles import SERVER_STATS_FILE, read_server, server_document
+from loadtest.sweeps.stepfiles import read_server, record_server
 from loadtest.sweeps.steps import ServerTimes, Target, median_server, medians
 
 logger = logging.getLogger(__name__)
@@ -299,11 +299,8 @@ def rate_step(
     finally:
         os.sched_setaffinity(0, affinity)
         stats.close()
-    server, document = None, server_document(model, before, after)
-    if document is not None:
-        folder.mkdir(parents=True, exist_ok=True)
-        (folder / SERVER_STATS_FILE).write_text(json.dumps(document))
-        server = ServerTimes.from_delta(document["delta"])
+    document = record_server(folder, model, before, after)
+    server = ServerTimes.from_delta(document["delta"]) if document is not None else None
     tally, histogram = window.tally, window.tally.histogram
     p50, p90, p99, p999 = (histogram.percentile(q) for q in RATE_PERCENTILES)
     client = tally.client

@@ -55,11 +55,10 @@ from loadtest.engine.client_cpu import process_cpu_s, process_demand, thread_bus
 from loadtest.engine.latency import Tally
 from loadtest.engine.payload import PayloadPool, build_pool
 from loadtest.sweeps.stepfiles import (
-    SERVER_STATS_FILE,
     cpu_file,
     latency_file,
     read_server,
-    server_document,
+    record_server,
     stream_file,
 )
 
@@ -445,9 +444,4 @@ def _server_stats(environment: Environment) -> None:
         after = read_server(client, parsed.model, parsed.server_pid)
     finally:
         client.close()
-    document = server_document(parsed.model, before, after)
-    if document is None:
-        return
-    folder = Path(parsed.results_dir)
-    folder.mkdir(parents=True, exist_ok=True)
-    (folder / SERVER_STATS_FILE).write_text(json.dumps(document))
+    record_server(Path(parsed.results_dir), parsed.model, before, after)

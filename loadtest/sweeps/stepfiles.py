@@ -6,9 +6,11 @@ read by the sweep (:mod:`loadtest.sweeps.sweep`), which must not import locust i
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from bundle.errors import BundleError
@@ -116,6 +118,18 @@ def server_document(model: str, before: ServerReading, after: ServerReading) -> 
         return None
     delta = {key: after.counters[key] - before.counters[key] for key in SERVER_COUNTERS}
     return {"model": model, "delta": delta, **server_cpu_between(before, after)}
+
+
+def record_server(
+    folder: Path, model: str, before: ServerReading, after: ServerReading
+) -> dict[str, Any] | None:
+    """:func:`server_document` of the window, written to ``folder``'s :data:`SERVER_STATS_FILE`
+    (the folder made where missing) and returned; None, and nothing written, without counters."""
+    document = server_document(model, before, after)
+    if document is not None:
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / SERVER_STATS_FILE).write_text(json.dumps(document))
+    return document
 
 
 def shared_cores(
