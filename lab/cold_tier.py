@@ -10,16 +10,20 @@ by a config override), batch size and concurrency, measures two conditions in tu
   verify it, through ``pread``, so nothing is mapped yet), then the store evicted
   from the page cache (``posix_fadvise(DONTNEED)``; the bytes still resident are
   recorded), then the step;
-- **warm**: the whole store read into the page cache first, then the step.
+- **warm**: the whole store read into the page cache first (``--warm resident``), or a pool
+  of held-out rows sent once before a window that sends them over and over
+  (``--warm cycled``: a way with the stage's own cache of cold rows fills it so), then
+  the step.
 
 Each step sends the held-out file's rows in order, each once (the closed-loop
 driver, :mod:`loadtest.engine.driver`, over gRPC), and starts at the file's first
 row: a cold step's rows are cold again after the eviction. Per step it records
 samples/s, p50 and p99, the stage's compute time per request (Triton's statistics
 of the stage), its cold lookups per request (the stage's
-``ctr_embedding_lookups_total`` counter), and the pages of the store read from disk
-per request (the store's resident bytes after the step, minus before, by
-``mincore``). The disk's own random-read rate is probed in the same run
+``ctr_embedding_lookups_total`` counter), and the pages read from disk per request (the
+bytes the server's processes had the kernel fetch from storage during the window,
+``read_bytes``, in pages: through the page cache or, for a way with the stage's own
+cache, with O_DIRECT). The disk's own random-read rate is probed in the same run
 (:func:`~lab.cold_reads.disk_iops`); a cold step's *disk-bound
 time* per request is its pages read / the best probed rate.
 
@@ -53,10 +57,12 @@ from loadtest.engine.wire import serialised_request
 from loadtest.engine.writer import Panel, Series, plot, table, write_json, write_markdown
 from server.config import ServerConfig
 from server.launcher import LocalServer
-from server.processes import tree_cpu_s
+from server.processes import tree_cpu_s, tree_read_bytes
 from server.stages.embedding.hot_cold_lookup import (
+    COLD_READ_FAULT,
     COLD_READS,
     PAGE_BYTES,
+    PARAM_COLD_CACHE_BYTES,
     PARAM_COLD_READ_THREADS,
     PARAM_COLD_READS,
     STORE_ROWS_FILE,
@@ -68,6 +74,9 @@ from server.stages.embedding.hot_cold_lookup import (
 CONDITIONS = ("cold", "warm")
 #: What a warm step means (:class:`ColdTierOptions`).
 WARM_CONDITIONS = ("resident", "cycled")
+#: A way's suffix in :attr:`ColdTierOptions.ways`: the stage keeps a cache of cold rows
+#: (``cold_cache_bytes``) and reads what it misses that way.
+CACHED = "+cache"
 #: Bytes read at a time when the store is read into the page cache.
 _WARM_READ_BYTES = 16 << 20
 #: Evictions tried before a step starts with what is still resident (a stub that has
@@ -89,7 +98,9 @@ class ColdTierOptions:
         data: held-out Criteo TSV, sent in order (each row once per step).
         model: the ensemble clients call.
         stage: its embedding stage.
-        ways: the ways of reading cold rows compared (:data:`COLD_READS`).
+        ways: the ways of reading cold rows compared (:data:`COLD_READS`), each but ``fault``
+            also with :data:`CACHED`: the stage's own cache of ``cold_cache_bytes`` in front.
+        cold_cache_bytes: the stage's cache of cold rows, for the ways with :data:`CACHED`.
         batch_sizes: rows per request.
         concurrency: requests in flight.
         rounds: turns the steps take (each round: every way, batch size, concurrency, condition).
@@ -126,13 +137,23 @@ class ColdTierOptions:
     stage_instances: int = 0
     dense_instances: int = 0
     dense_threads: int = 0
+    cold_cache_bytes: int = 0
 
     def __post_init__(self) -> None:
         if not self.repositories:
             raise ConfigError("give at least one repository")
-        unknown = [way for way in self.ways if way not in COLD_READS]
+        known = [*COLD_READS, *(way + CACHED for way in COLD_READS if way != COLD_READ_FAULT)]
+        unknown = [way for way in self.ways if way not in known]
         if unknown or not self.ways:
-            raise ConfigError(f"ways must be some of {', '.join(COLD_READS)}; got {list(self.ways)}")
+            raise ConfigError(f"ways must be some of {', '.join(known)}; got {list(self.ways)}")
+        if any(way.endswith(CACHED) for way in self.ways):
+            if self.cold_cache_bytes < 1:
+                raise ConfigError(f"a way with {CACHED} needs a cold cache size (cold_cache_bytes) >= 1")
+            if self.warm != "cycled":
+                raise ConfigError(
+                    f"a way with {CACHED} keeps rows that requests read, not pages of the page cache: "
+                    "its warm steps must be 'cycled'"
+                )
         if (
             not self.batch_sizes
             or min(self.batch_sizes) < 1
@@ -446,7 +467,9 @@ def _load(server: LocalServer, client: Any, options: ColdTierOptions, base: dict
         server.unload_model(name, timeout=300)
     config = json.loads(json.dumps(base))
     parameters = config.setdefault("parameters", {})
-    parameters[PARAM_COLD_READS] = {"string_value": way}
+    cached = way.endswith(CACHED)
+    parameters[PARAM_COLD_READS] = {"string_value": way.removesuffix(CACHED)}
+    parameters[PARAM_COLD_CACHE_BYTES] = {"string_value": str(options.cold_cache_bytes if cached else 0)}
     parameters[PARAM_COLD_READ_THREADS] = {"string_value": str(options.threads)}
     if options.stage_instances:
         _set_instances(config, options.stage_instances)
@@ -488,13 +511,13 @@ def _step(
     try:
         with Driver(connect, at.concurrency) as driver:
             driver.wait(options.warmup_s)
-            before_pages = resident_bytes(store)
+            before_read = tree_read_bytes(server.pid) if server.pid is not None else 0
             before_lookups = _cold_lookups(server.metrics_url, options.stage)
             before_count, before_ns = _stage_compute_ns(client, options.stage)
             before_cpu = _Cpu.now(server)
             window = driver.measure(options.seconds)
             after_cpu = _Cpu.now(server)
-            after_pages = resident_bytes(store)
+            after_read = tree_read_bytes(server.pid) if server.pid is not None else 0
             after_lookups = _cold_lookups(server.metrics_url, options.stage)
             after_count, after_ns = _stage_compute_ns(client, options.stage)
     except RuntimeError as exc:
@@ -514,7 +537,7 @@ def _step(
         "rows_sent": len(sent) * at.batch_size,
         "stage_ms_per_request": (after_ns - before_ns) / stage_requests / 1e6,
         "cold_lookups_per_request": (after_lookups - before_lookups) / stage_requests,
-        "pages_read_per_request": max(0, after_pages - before_pages) / PAGE_BYTES / stage_requests,
+        "pages_read_per_request": max(0, after_read - before_read) / PAGE_BYTES / stage_requests,
         "server_cpu_ms_per_request": server_s / stage_requests * 1e3,
         "interrupt_cpu_ms_per_request": interrupts_s / stage_requests * 1e3,
         "steal_cpu_ms_per_request": steal_s / stage_requests * 1e3,
@@ -602,6 +625,14 @@ SECTION_STEPS = "steps"
 SECTION_STEPS_TABLE = "steps-table"
 
 
+def _size_text(count: int) -> str:
+    """A byte count in the largest binary unit it is a whole number of (``2 GiB``, ``160 bytes``)."""
+    for unit, power in (("GiB", 30), ("MiB", 20), ("KiB", 10)):
+        if count and count % 2**power == 0:
+            return f"{count >> power} {unit}"
+    return f"{count} bytes"
+
+
 def write_cold_tier(report: dict[str, Any], out: Path) -> dict[str, Path]:
     """``cold_tier.json``, ``cold_tier.md`` and ``cold_tier.png`` in ``out``."""
     out.mkdir(parents=True, exist_ok=True)
@@ -646,6 +677,16 @@ def write_cold_tier(report: dict[str, Any], out: Path) -> dict[str, Path]:
             " (set for this run)"
             if options.get("dense_instances") or options.get("dense_threads")
             else " (as exported)"
+        ),
+        *(
+            [
+                f"- {CACHED}: the stage keeps a cache of {_size_text(options['cold_cache_bytes'])} "
+                "of cold rows (`cold_cache_bytes`), shared by its instances and empty at each step's "
+                "start, and reads the rows it misses with O_DIRECT; a warm step's pool fills it before "
+                "the window"
+            ]
+            if any(way.endswith(CACHED) for way in options["ways"])
+            else []
         ),
         "- disk-bound ms: a cold step's pages read from disk per request / the disk's best random-read rate; "
         "cold rows' ms: what they add to the stage's time per request (its time cold less its time warm, "

@@ -393,6 +393,13 @@ def cold_tier(
     dense_threads: Annotated[
         int, typer.Option(help="ONNX Runtime intra-op threads of each dense instance (0: as exported).")
     ] = 0,
+    cold_cache: Annotated[
+        str,
+        typer.Option(
+            help="The stage's cache of cold rows for the ways named with '+cache' (--way io_uring+cache), "
+            "in bytes, or with K, M or G (2G); their warm steps need --warm cycled."
+        ),
+    ] = "0",
     out: ReportOut[Path] = Path("reports/cold_tier"),
 ) -> None:
     """A hot/cold model served with its store evicted (cold) and in memory (warm), side by side:
@@ -400,6 +407,7 @@ def cold_tier(
     and fault unless --way names others."""
     from rich.progress import Progress
 
+    from export.tables.hot_rows import parse_size
     from lab.cold_tier import ColdTierOptions, run_cold_tier, write_cold_tier
 
     options = ColdTierOptions(
@@ -419,6 +427,7 @@ def cold_tier(
         stage_instances=stage_instances,
         dense_instances=dense_instances,
         dense_threads=dense_threads,
+        cold_cache_bytes=parse_size(cold_cache),
     )
     steps = (
         options.rounds

@@ -195,6 +195,18 @@ def tree_cpu_s(pid: int) -> dict[int, float]:
     return seconds
 
 
+def tree_read_bytes(pid: int) -> int:
+    """Bytes that tritonserver ``pid`` and its descendants have had read from storage so far
+    (the kernel's ``read_bytes``, every thread's: reads through the page cache that missed it,
+    and O_DIRECT reads; never a copy from a cached page). 0 when it is gone; processes that exit
+    while being read are left out."""
+    total = 0
+    for process in _tree(pid):
+        with contextlib.suppress(psutil.Error):
+            total += int(process.io_counters().read_bytes)
+    return total
+
+
 def tree_rss(pid: int, anonymous: bool = False) -> dict[int, int]:
     """Resident memory of tritonserver ``pid`` and of each of its descendants (the stubs).
 

@@ -22,11 +22,16 @@
 #      one of its cores (at concurrency 1 the exported config, one instance of two threads, is
 #      faster, cold and warm alike).
 #
+#   4. python -m lab cold-tier again, at concurrency 4, with the stage's own cache of cold rows
+#      (cold_cache_bytes, 2 GiB) in front of io_uring beside io_uring alone, both warmed by a
+#      cycled pool of held-out rows (a cache is filled by requests), two rounds (row_cache/).
+#
 #   bash benchmarks/cold_tier/run.sh        # from the repository root, after `make setup`
 #
-# About 15 GB of disk in WORK and, on a 2-core machine, about 50 minutes (12 for the data and the
-# models, 2 for cold-reads, about 32 for cold-tier: every step reloads the stage, whose load reads
-# the whole store to verify it, and a warm step reads all of it into memory).
+# About 15 GB of disk in WORK and, on a 2-core machine, about 75 minutes (12 for the data and the
+# models, 2 for cold-reads, about 32 for cold-tier and 25 for the cache: every step reloads the
+# stage, whose load reads the whole store to verify it, and a resident warm step reads all of it
+# into memory).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 export PYTHONPATH="$PWD" PATH="$PWD/.venv/bin:$PATH"
@@ -52,3 +57,7 @@ python -m lab cold-reads --repository "$WORK/repo-float16" --data "$WORK/heldout
 python -m lab cold-tier --repository "$WORK/repo-float16" --repository "$WORK/repo-int8" \
   --data "$WORK/heldout.tsv" --way io_uring --rounds 3 \
   --stage-instances 2 --dense-instances 2 --dense-threads 1 --out "$OUT"
+python -m lab cold-tier --repository "$WORK/repo-float16" --repository "$WORK/repo-int8" \
+  --data "$WORK/heldout.tsv" --way io_uring --way io_uring+cache --cold-cache 2G --warm cycled --rounds 2 \
+  --batch-size 64,1024 --concurrency 4 --stage-instances 2 --dense-instances 2 --dense-threads 1 \
+  --out "$OUT/row_cache"

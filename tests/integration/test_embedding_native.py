@@ -24,7 +24,7 @@ import shutil
 import urllib.request
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -44,6 +44,7 @@ from server.config import ModelControlMode
 from server.installation import COMPILED_STAGES
 from server.stages.embedding.hot_cold_lookup import (
     COLD_READ_FAULT,
+    PARAM_COLD_CACHE_BYTES,
     PARAM_COLD_READ_HINT_ROWS,
     PARAM_COLD_READS,
     PARAM_HOT_SET,
@@ -68,9 +69,14 @@ pytestmark = [
 ]
 
 PROTOCOLS = ("http", "grpc")
+#: Rows of the cache of the cached copy of the dlrm stage.
+CACHE_ROWS = 40
 OUTPUTS = (HOT_SLOTS, COLD_POSITIONS, COLD_ROWS)
 INT64 = np.iinfo(np.int64)
 METRIC = re.compile(r"^ctr_embedding_lookups_total\{(?P<labels>[^}]*)\}\s+(?P<value>\S+)$", re.MULTILINE)
+ROWS_METRIC = re.compile(
+    r"^ctr_embedding_cold_rows_total\{(?P<labels>[^}]*)\}\s+(?P<value>\S+)$", re.MULTILINE
+)
 
 
 @dataclass(frozen=True)
@@ -149,7 +155,13 @@ def stages(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, lis
         _write_stage(repository, root, "dlrm", "float32", None, "io_uring", seed=1),
         _write_stage(repository, root, "wide_deep", "int8", hotness, "prefetch", seed=2),
     ]
-    yield repository, written
+    # The dlrm stage again with a cache of cold rows its two instances share, so small that
+    # requests keep evicting rows from it (its rows: 4 float32 values).
+    cached = f"{written[0].model}_cached"
+    _copy_changed(
+        repository, written[0].model, cached, _bad_parameter(PARAM_COLD_CACHE_BYTES, str(CACHE_ROWS * 16))
+    )
+    yield repository, [*written, replace(written[0], model=cached)]
     for stage in written:
         stage.lookup.close()
 
@@ -298,16 +310,20 @@ def test_bad_requests_in_flight_cost_the_others_nothing(
         assert client.is_server_ready() and client.is_model_ready(stage.model)
 
 
-def _counters(server: LocalServer) -> dict[tuple[str, ...], float]:
-    """``{(model, version, tier, stub): value}`` of the stage counters on the metrics page."""
+def _counters(
+    server: LocalServer, metric: re.Pattern[str] = METRIC, key: str = "tier"
+) -> dict[tuple[str, ...], float]:
+    """``{(model, version, tier, stub): value}`` of the stage counters on the metrics page
+    (``(model, version, source, stub)`` of the cold row counters)."""
     with urllib.request.urlopen(server.metrics_url, timeout=10) as response:
         text = response.read().decode()
     counters: dict[tuple[str, ...], float] = {}
-    for match in METRIC.finditer(text):
+    for match in metric.finditer(text):
         labels = dict(re.findall(r'(\w+)="([^"]*)"', match.group("labels")))
-        assert set(labels) == {"model", "version", "tier", "stub"}, labels
-        key = (labels["model"], labels["version"], labels["tier"], labels["stub"])
-        counters[key] = float(match.group("value"))
+        assert set(labels) == {"model", "version", key, "stub"}, labels
+        counters[(labels["model"], labels["version"], labels[key], labels["stub"])] = float(
+            match.group("value")
+        )
     return counters
 
 
@@ -317,6 +333,30 @@ def _by_tier(counters: dict[tuple[str, ...], float], model: str) -> dict[str, fl
         if name == model:
             tiers[tier] = tiers.get(tier, 0.0) + value
     return tiers
+
+
+def test_a_cache_counts_its_distinct_cold_rows_by_source(
+    server: LocalServer, stages: tuple[Path, list[Stage]]
+) -> None:
+    """The cached stage's distinct cold rows of each request, from its cache or from the store:
+    the same request twice, its second time partly from the cache. A stage without a cache has no
+    such counters."""
+    stage = next(stage for stage in stages[1] if stage.model.endswith("_cached"))
+    ids = _ids(stage, np.random.default_rng(9), 1, "cold")
+    distinct = stage.lookup.place(ids).cold_distinct_rows
+    assert distinct > 0
+    sources = []
+    for _ in range(2):
+        before = _by_tier(_counters(server, ROWS_METRIC, "source"), stage.model)
+        assert isinstance(_infer(server, "grpc", stage.model, ids), dict)
+        after = _by_tier(_counters(server, ROWS_METRIC, "source"), stage.model)
+        sources.append(
+            {source: after.get(source, 0.0) - before.get(source, 0.0) for source in ("cache", "store")}
+        )
+    assert all(counts["cache"] + counts["store"] == distinct for counts in sources), (distinct, sources)
+    assert sources[1]["cache"] > 0, sources
+    models = {key[0] for key in _counters(server, ROWS_METRIC, "source")}
+    assert models == {stage.model}, models
 
 
 def test_the_counters_appear_under_their_family_and_labels(
@@ -356,6 +396,11 @@ def _bad_batch(config: Any) -> None:
     config.max_batch_size = 4
 
 
+def _cached_fault(config: Any) -> None:
+    config.parameters[PARAM_COLD_READS].string_value = COLD_READ_FAULT
+    config.parameters[PARAM_COLD_CACHE_BYTES].string_value = "4096"
+
+
 #: A broken config of the dlrm stage, and the words the stage refuses it with.
 BAD_CONFIGS: list[tuple[str, Callable[[Any], None], str]] = [
     ("cold_reads", _bad_parameter(PARAM_COLD_READS, "mmap"),
@@ -373,6 +418,12 @@ BAD_CONFIGS: list[tuple[str, Callable[[Any], None], str]] = [
      f"config.pbtxt does not match the stage: '{COLD_ROWS}' is TYPE_FP32 [-1, 5], "
      "the stage answers TYPE_FP32 [-1, 4]"),
     ("batch", _bad_batch, "the embedding stage needs max_batch_size 0 (its outputs have no batch dimension)"),
+    ("cache_bytes", _bad_parameter(PARAM_COLD_CACHE_BYTES, "lots"),
+     "parameter 'cold_cache_bytes' must be an integer >= 0, got 'lots'"),
+    ("cache_small", _bad_parameter(PARAM_COLD_CACHE_BYTES, "15"),
+     "parameter 'cold_cache_bytes': a cold row cache of 15 bytes holds no row of 16 bytes"),
+    ("cache_fault", _cached_fault,
+     "parameter 'cold_cache_bytes' needs cold_reads io_uring, prefetch or threads: 'fault' maps the store"),
 ]  # fmt: skip
 
 
@@ -387,7 +438,7 @@ def _load_error(server: LocalServer, model: str) -> str:
 def test_a_bad_config_or_a_damaged_store_fails_only_that_models_load(
     start_triton: Callable[..., LocalServer], stages: tuple[Path, list[Stage]], tmp_path: Path
 ) -> None:
-    source, [stage, _] = stages
+    source, [stage, *_] = stages
     repository = tmp_path / "model_repository"
     repository.mkdir()
     shutil.copytree(source / stage.model, repository / stage.model)
@@ -441,3 +492,5 @@ def test_warnings_and_the_load_line_are_logged(server: LocalServer, stages: tupl
         lines = [line for line in log.splitlines() if f"{stage.model}_0_" in line and ": row store " in line]
         assert len(lines) == 2, lines
         assert "hot rows from " in lines[0] and "; cold reads: " in lines[0], lines[0]
+        cache = f"; a cache of {CACHE_ROWS} cold rows ({CACHE_ROWS * 16} bytes), its misses read "
+        assert (cache in lines[0]) == stage.model.endswith("_cached"), lines[0]

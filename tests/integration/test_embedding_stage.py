@@ -488,3 +488,20 @@ def test_the_cold_tier_benchmark_serves_both_conditions(
     # A step that would send a row twice stops, saying so, rather than count errors.
     with pytest.raises(ConfigError, match="sent all 64 rows read"):
         run_cold_tier(replace(options, stream_rows=64, ways=("prefetch",)), "test")
+    # The stage's own cache in front of io_uring, its misses read with O_DIRECT (which the page
+    # cache never sees, and the server's read bytes count): a cache of 10 rows keeps missing.
+    monkeypatch.setattr(cold_tier, "_step", real_step)
+    with pytest.raises(ConfigError, match="its warm steps must be 'cycled'"):
+        replace(options, ways=("io_uring+cache",), cold_cache_bytes=1 << 20)
+    cached = run_cold_tier(
+        replace(
+            options, ways=("io_uring+cache",), cold_cache_bytes=10 * WIDTH * 4, warm="cycled", pool_rows=64
+        ),
+        "test",
+    )
+    cold, warm = cached["steps"]
+    assert cold["errors"] == warm["errors"] == 0 and cold["requests"] > 0 and warm["requests"] > 0
+    assert cold["pages_read_per_request"] > 0, cold
+    markdown = write_cold_tier(cached, tmp_path / "cached")["markdown"].read_text()
+    assert "| float32 | io_uring+cache | 8 | 2 |" in markdown
+    assert "- +cache: the stage keeps a cache of 160 bytes of cold rows" in markdown

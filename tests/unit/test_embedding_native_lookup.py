@@ -19,6 +19,7 @@ the ASan + UBSan build).
 
 from __future__ import annotations
 
+import mmap
 import os
 import subprocess
 from collections.abc import Sequence
@@ -65,6 +66,8 @@ class Answer:
     cold_rows: np.ndarray
     rows_read: int
     calls: int
+    #: Distinct rows a cache of cold rows answered (the driver says with a cache only).
+    hits: int = 0
 
 
 @dataclass(frozen=True)
@@ -174,7 +177,7 @@ def _parse(output: str) -> tuple[dict[str, str], list[Answer | str]]:
     fields: dict[str, list[str]] = {}
     for line in output.splitlines():
         key, _, rest = line.partition(" ")
-        if key in ("fallback", "slot_map"):
+        if key in ("fallback", "slot_map", "direct"):
             header[key] = rest
         elif key == "error":
             answers.append(rest)
@@ -187,6 +190,7 @@ def _parse(output: str) -> tuple[dict[str, str], list[Answer | str]]:
                     _array(fields["cold_rows"], np.float32),
                     distinct,
                     calls,
+                    int(fields["hits"][0]) if "hits" in fields else 0,
                 )
             )
             fields = {}
@@ -240,7 +244,7 @@ def _expected(
         lookup.close()
 
 
-def _assert_same(got: Sequence[Answer | str], expected: Sequence[Answer]) -> None:
+def _assert_same(got: Sequence[Answer | str], expected: Sequence[Answer], counts: bool = True) -> None:
     assert len(got) == len(expected)
     for index, (answer, want) in enumerate(zip(got, expected, strict=True)):
         assert isinstance(answer, Answer), (index, answer)
@@ -251,7 +255,8 @@ def _assert_same(got: Sequence[Answer | str], expected: Sequence[Answer]) -> Non
         assert answer.cold_positions.tobytes() == want.cold_positions.astype(np.int64).tobytes(), index
         assert answer.cold_rows.shape == want.cold_rows.shape, index
         assert answer.cold_rows.tobytes() == np.ascontiguousarray(want.cold_rows).tobytes(), index
-        assert (answer.rows_read, answer.calls) == (want.rows_read, want.calls), index
+        if counts:
+            assert (answer.rows_read, answer.calls) == (want.rows_read, want.calls), index
 
 
 def _requests(tables: Tables, seed: int, hotness: Sequence[int] | None = None) -> list[np.ndarray]:
@@ -415,12 +420,14 @@ def test_a_load_that_fails_says_what_the_python_stage_says(stores: dict[str, Tab
         assert _load_error("\n".join(lines) + "\n") == expected
 
 
+@pytest.mark.parametrize("cache", [False, True])
 @pytest.mark.parametrize("way", ["io_uring", "prefetch", "threads"])
 def test_a_store_truncated_under_the_lookup_fails_the_request_not_the_process(
-    tmp_path: Path, way: str
+    tmp_path: Path, way: str, cache: bool
 ) -> None:
     """Reads past the end of a store cut short after it was opened: that request's error; the
-    requests before and after it (reading rows still there) are answered."""
+    requests before and after it (reading rows still there) are answered. With a cache, the
+    io_uring way's O_DIRECT reads of whole blocks find the end too."""
     sizes = (4096, *(1,) * (NUM_CATEGORICAL - 1))
     values = np.random.default_rng(2).normal(0, 1, (4096, 4)).astype(np.float32)
     tables = [values, *(np.zeros((1, 4), dtype=np.float32),) * (NUM_CATEGORICAL - 1)]
@@ -440,9 +447,11 @@ def test_a_store_truncated_under_the_lookup_fails_the_request_not_the_process(
     )
     assert driver.stdin is not None and driver.stdout is not None
     try:
-        driver.stdin.write(_case(spec, "c1", way, []) + request([5, 4000, 5]))
+        extra = ["cache_bytes 100000"] if cache else []
+        driver.stdin.write(_case(spec, "c1", way, [], extra=extra) + request([5, 4000, 5]))
         driver.stdin.flush()
-        lines = [driver.stdout.readline() for _ in range(1 + 4)]  # slot_map, then one answer
+        # slot_map (and direct), then one answer (with hits)
+        lines = [driver.stdout.readline() for _ in range(7 if cache else 5)]
         assert lines[0].startswith("slot_map") and lines[-1].startswith("reads 2 "), lines
         # Cut rows.bin to its first 1024 rows (the 25 one-row tables lie after them).
         os.truncate(store / STORE_ROWS_FILE, 1024 * 16)
@@ -456,3 +465,105 @@ def test_a_store_truncated_under_the_lookup_fails_the_request_not_the_process(
     assert rest[0].startswith("error request ") and "short read" in rest[0], rest
     assert rest[-1].startswith("reads 2 "), rest
     assert (store / STORE_META_FILE).is_file()
+
+
+def _reads_direct(path: Path) -> bool:
+    """Whether the file system under ``path`` reads with O_DIRECT: one aligned read of a block."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECT)
+    except OSError:
+        return False
+    try:
+        with mmap.mmap(-1, mmap.PAGESIZE) as buffer:  # page-aligned memory
+            os.preadv(fd, [buffer], 0)
+        return True
+    except OSError:
+        return False
+    finally:
+        os.close(fd)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16", "int8"])
+@pytest.mark.parametrize("way", ["io_uring", "prefetch", "threads"])
+def test_a_cache_of_cold_rows_answers_as_the_python_stage(
+    stores: dict[str, Tables], dtype: str, way: str
+) -> None:
+    """With a cache large enough for all of them, the same bytes; each request's distinct rows
+    split between the cache and the store; the same requests again read nothing. The io_uring way
+    reads what the cache misses with O_DIRECT where the file system allows it."""
+    tables = stores[dtype]
+    requests = _requests(tables, seed=21)
+    header, got = _drive(_case(tables, "some", way, [*requests, *requests], extra=["cache_bytes 10000000"]))
+    expected = _expected(tables, "some", way, requests)
+    _assert_same(got, [*expected, *expected], counts=False)
+    if way == "io_uring" and _reads_direct(tables.store / STORE_ROWS_FILE):
+        assert header.get("direct") == "with O_DIRECT", header
+    elif way == "io_uring":
+        assert header.get("direct", "").startswith("through the page cache (the file system refuses"), header
+    else:
+        assert header.get("direct") == (
+            f"through the page cache (O_DIRECT reads go through io_uring, and the way is {way})"
+        ), header
+    first, again = got[: len(requests)], got[len(requests) :]
+    for answer, want in zip(first, expected, strict=True):
+        assert isinstance(answer, Answer)
+        assert answer.hits + answer.rows_read == want.rows_read
+    assert any(isinstance(answer, Answer) and answer.hits > 0 for answer in first)  # rows shared
+    for answer, want in zip(again, expected, strict=True):
+        assert isinstance(answer, Answer)
+        assert (answer.hits, answer.rows_read, answer.calls) == (want.rows_read, 0, 0)
+
+
+@pytest.mark.parametrize("rows", [1, 7, 300])
+def test_a_cache_smaller_than_the_traffic_gives_up_rows_and_answers_the_same(
+    stores: dict[str, Tables], rows: int
+) -> None:
+    """Caches of 1, 7 and 300 rows (one shard, more shards than rows... shards of a few rows),
+    under requests that keep replacing what they hold: every answer the same bytes, the rows the
+    cache keeps among them."""
+    tables = stores["float32"]
+    requests = [*_requests(tables, seed=22), *_requests(tables, seed=23), *_requests(tables, seed=22)]
+    row_bytes = tables.width * 4
+    _, got = _drive(_case(tables, "some", "io_uring", requests, extra=[f"cache_bytes {rows * row_bytes}"]))
+    expected = _expected(tables, "some", "io_uring", requests)
+    _assert_same(got, expected, counts=False)
+    for answer, want in zip(got, expected, strict=True):
+        assert isinstance(answer, Answer)
+        assert answer.hits + answer.rows_read == want.rows_read
+        assert answer.hits <= rows
+    assert any(isinstance(answer, Answer) and answer.hits > 0 for answer in got)
+
+
+def test_a_cache_for_a_ring_the_kernel_refuses_reads_through_the_page_cache(
+    stores: dict[str, Tables],
+) -> None:
+    tables = stores["float16"]
+    requests = _requests(tables, seed=24)
+    extra = [f"ring_entries {1 << 20}", "cache_bytes 10000000"]
+    header, got = _drive(_case(tables, "some", "io_uring", requests, extra=extra))
+    assert header.get("direct") == (
+        "through the page cache (O_DIRECT reads go through io_uring, and the way is prefetch)"
+    ), header
+    _assert_same(got, _expected(tables, "some", "prefetch", requests), counts=False)
+
+
+@pytest.mark.parametrize(
+    ("way", "cache_bytes", "says"),
+    [
+        (
+            "fault",
+            4096,
+            "a cold row cache needs cold_reads io_uring, prefetch or threads: 'fault' maps the store",
+        ),
+        ("io_uring", 15, "a cold row cache of 15 bytes holds no row of 16 bytes"),
+    ],
+)
+def test_a_cache_that_cannot_be_fails_the_load(
+    stores: dict[str, Tables], way: str, cache_bytes: int, says: str
+) -> None:
+    tables = stores["float32"]
+    assert tables.width * 4 == 16
+    header, got = _drive(
+        _case(tables, "some", way, _requests(tables, seed=25)[:1], extra=[f"cache_bytes {cache_bytes}"])
+    )
+    assert got == [f"load {says}"], (header, got)

@@ -51,6 +51,7 @@ constexpr const char* kParamColdReads = "cold_reads";
 constexpr const char* kParamColdReadThreads = "cold_read_threads";
 constexpr const char* kParamHintRows = "cold_read_hint_rows";
 constexpr const char* kParamHotness = "hotness";
+constexpr const char* kParamColdCacheBytes = "cold_cache_bytes";
 // The most threads the `threads` way starts (the Python definition's pool starts them lazily; this one
 // starts all at load, so an absurd count fails the load instead of the machine).
 constexpr int64_t kMaxColdReadThreads = 1024;
@@ -61,6 +62,12 @@ constexpr const char* kMetricFamily = "ctr_embedding_lookups_total";
 constexpr const char* kMetricHelp =
     "Embedding lookups of hot/cold models, by tier: hot rows in the dense model, cold rows read from the row "
     "store";
+// And the distinct cold rows of each request by where the stage found them: the hit rate of a
+// model's cache of cold rows (cold_cache_bytes), and the rows it had to read.
+constexpr const char* kRowsFamily = "ctr_embedding_cold_rows_total";
+constexpr const char* kRowsHelp =
+    "Distinct cold rows of the requests of hot/cold models, by source: the stage's cache of cold rows, or "
+    "the row store";
 
 // ---------------------------------------------------------------------------------------------
 // Python's texts: the stage's error texts (those of the python stage it replaced, word for word)
@@ -158,31 +165,37 @@ std::string JoinPath(const std::string& base, const std::string& path) {
 
 class BackendState {
  public:
+  enum Which : size_t { kLookups = 0, kColdRows = 1 };
+
   ~BackendState() {
-    if (family_ != nullptr) ErrorPtr ignored(TRITONSERVER_MetricFamilyDelete(family_));
+    for (TRITONSERVER_MetricFamily* family : families_) {
+      if (family != nullptr) ErrorPtr ignored(TRITONSERVER_MetricFamilyDelete(family));
+    }
   }
 
-  // The family, created at the first call; nullptr where the metrics API refuses it (said once, for
+  // A family, created at its first call; nullptr where the metrics API refuses it (said once, for
   // the model that asked first).
-  TRITONSERVER_MetricFamily* Family(const std::string& model) {
+  TRITONSERVER_MetricFamily* Family(const std::string& model, Which which = kLookups) {
+    static constexpr const char* kNames[] = {kMetricFamily, kRowsFamily};
+    static constexpr const char* kHelps[] = {kMetricHelp, kRowsHelp};
     std::lock_guard<std::mutex> lock(mutex_);
-    if (family_ == nullptr && !refused_) {
-      ErrorPtr error(TRITONSERVER_MetricFamilyNew(&family_, TRITONSERVER_METRIC_KIND_COUNTER, kMetricFamily,
-                                                  kMetricHelp));
+    if (families_[which] == nullptr && !refused_[which]) {
+      ErrorPtr error(TRITONSERVER_MetricFamilyNew(&families_[which], TRITONSERVER_METRIC_KIND_COUNTER,
+                                                  kNames[which], kHelps[which]));
       if (error) {
-        family_ = nullptr;
-        refused_ = true;
-        STAGE_LOG(TRITONSERVER_LOG_WARN, "model '" + model + "': hot/cold lookup counters are off: " +
-                                             TRITONSERVER_ErrorMessage(error.get()));
+        families_[which] = nullptr;
+        refused_[which] = true;
+        STAGE_LOG(TRITONSERVER_LOG_WARN, "model '" + model + "': counters " + kNames[which] +
+                                             " are off: " + TRITONSERVER_ErrorMessage(error.get()));
       }
     }
-    return family_;
+    return families_[which];
   }
 
  private:
   std::mutex mutex_;
-  TRITONSERVER_MetricFamily* family_ = nullptr;
-  bool refused_ = false;
+  TRITONSERVER_MetricFamily* families_[2] = {nullptr, nullptr};
+  bool refused_[2] = {false, false};
 };
 
 struct ParameterDeleter {
@@ -196,39 +209,62 @@ struct MetricDeleter {
 using MetricPtr = std::unique_ptr<TRITONSERVER_Metric, MetricDeleter>;
 
 // One instance's hot and cold counters, labelled model, version, tier and stub (the instance's
-// name and the server's pid, as the python stage this replaced labelled its stubs). Two
-// instances of the same labels (a version loaded again while it serves) share one counter: the
-// family counts its holders, so the first to go does not free the other's.
+// name and the server's pid, as the python stage this replaced labelled its stubs); with a cache of
+// cold rows, its distinct cold rows by source (cache, store) too. Two instances of the same labels
+// (a version loaded again while it serves) share one counter: the family counts its holders, so
+// the first to go does not free the other's.
 class LookupCounters {
  public:
   LookupCounters(BackendState& backend, const std::string& model, const std::string& version,
-                 const std::string& stub) {
-    TRITONSERVER_MetricFamily* family = backend.Family(model);
-    if (family == nullptr) return;
-    try {
-      hot_ = Create(family, model, version, "hot", stub);
-      cold_ = Create(family, model, version, "cold", stub);
-    } catch (const StageError& error) {
-      hot_.reset();
-      cold_.reset();
-      STAGE_LOG(TRITONSERVER_LOG_WARN,
-                "model '" + model + "': hot/cold lookup counters are off: " + error.what());
+                 const std::string& stub, bool cached) {
+    if (TRITONSERVER_MetricFamily* family = backend.Family(model)) {
+      try {
+        hot_ = Create(family, model, version, "tier", "hot", stub);
+        cold_ = Create(family, model, version, "tier", "cold", stub);
+      } catch (const StageError& error) {
+        hot_.reset();
+        cold_.reset();
+        STAGE_LOG(TRITONSERVER_LOG_WARN,
+                  "model '" + model + "': hot/cold lookup counters are off: " + error.what());
+      }
+    }
+    if (!cached) return;
+    if (TRITONSERVER_MetricFamily* family = backend.Family(model, BackendState::kColdRows)) {
+      try {
+        from_cache_ = Create(family, model, version, "source", "cache", stub);
+        from_store_ = Create(family, model, version, "source", "store", stub);
+      } catch (const StageError& error) {
+        from_cache_.reset();
+        from_store_.reset();
+        STAGE_LOG(TRITONSERVER_LOG_WARN, "model '" + model + "': cold row counters are off: " + error.what());
+      }
     }
   }
 
   // Counts `hot` and `cold` lookups (one call per request, before its response is sent).
   void Add(uint64_t hot, uint64_t cold) {
-    if (hot_ && hot > 0) ErrorPtr ignored(TRITONSERVER_MetricIncrement(hot_.get(), static_cast<double>(hot)));
-    if (cold_ && cold > 0) {
-      ErrorPtr ignored(TRITONSERVER_MetricIncrement(cold_.get(), static_cast<double>(cold)));
-    }
+    Increment(hot_.get(), hot);
+    Increment(cold_.get(), cold);
+  }
+
+  // Counts a request's distinct cold rows: `hits` from the cache, `read` from the store.
+  void AddRows(uint64_t hits, uint64_t read) {
+    Increment(from_cache_.get(), hits);
+    Increment(from_store_.get(), read);
   }
 
  private:
+  static void Increment(TRITONSERVER_Metric* metric, uint64_t count) {
+    if (metric != nullptr && count > 0) {
+      ErrorPtr ignored(TRITONSERVER_MetricIncrement(metric, static_cast<double>(count)));
+    }
+  }
+
   static MetricPtr Create(TRITONSERVER_MetricFamily* family, const std::string& model,
-                          const std::string& version, const char* tier, const std::string& stub) {
+                          const std::string& version, const char* key, const char* value,
+                          const std::string& stub) {
     const std::pair<const char*, const char*> pairs[] = {
-        {"model", model.c_str()}, {"version", version.c_str()}, {"tier", tier}, {"stub", stub.c_str()}};
+        {"model", model.c_str()}, {"version", version.c_str()}, {key, value}, {"stub", stub.c_str()}};
     std::vector<ParameterPtr> owned;
     std::vector<const TRITONSERVER_Parameter*> labels;
     for (const auto& [key, value] : pairs) {
@@ -243,6 +279,8 @@ class LookupCounters {
 
   MetricPtr hot_;
   MetricPtr cold_;
+  MetricPtr from_cache_;
+  MetricPtr from_store_;
 };
 
 // ---------------------------------------------------------------------------------------------
@@ -300,17 +338,23 @@ class ModelState {
   ColdReadWay way() const { return way_; }
   int64_t threads() const { return threads_; }
   int64_t hint_rows() const { return hint_rows_; }
+  // The cache of cold rows every instance shares (null: none).
+  RowCache* cache() const { return cache_.get(); }
   const std::string& input() const { return input_; }
   const std::string& output(size_t index) const { return outputs_[index]; }
 
   // The load line of an instance (model.py's, word for word).
-  std::string LoadLine(const std::string& instance) const {
+  std::string LoadLine(const std::string& instance, const std::string& direct) const {
     const Store& store = *opened_.store;
     std::string line = instance + ": row store " + store_path_ + " (" + std::to_string(store.rows) +
                        " rows x " + std::to_string(store.width) + "; " + store.check + "), " +
                        std::to_string(lookup().hot_rows()) + " hot rows from " + hot_set_path_ +
                        "; cold reads: " + ColdReadName(way_);
     if (way_ == ColdReadWay::kThreads) line += " (" + std::to_string(threads_) + " threads)";
+    if (cache_) {
+      line += "; a cache of " + std::to_string(cache_->capacity_rows()) + " cold rows (" +
+              std::to_string(cache_->capacity_rows() * cache_->row_bytes()) + " bytes), its misses read " + direct;
+    }
     if (!hotness_.empty()) line += "; bags of " + std::to_string(lookup().positions()) + " ids a row";
     return line;
   }
@@ -448,6 +492,7 @@ class ModelState {
     way_ = *way;
     threads_ = IntParameter(config, kParamColdReadThreads, kDefaultColdReadThreads, 1);
     hint_rows_ = IntParameter(config, kParamHintRows, kDefaultColdReadHintRows, 0);
+    const int64_t cache_bytes = IntParameter(config, kParamColdCacheBytes, 0, 0);
     hotness_ = Hotness(config, sizes.size());
     if (way_ == ColdReadWay::kThreads && threads_ > kMaxColdReadThreads) {
       throw LoadFailure(name_, std::string("parameter '") + kParamColdReadThreads + "' must be at most " +
@@ -457,6 +502,17 @@ class ModelState {
       opened_ = OpenLookup(store_path_, hot_set_path_, sizes, fingerprint, hotness_);
     } catch (const LoadError& error) {
       throw LoadFailure(name_, error.what());
+    }
+    if (cache_bytes > 0) {
+      if (way_ == ColdReadWay::kFault) {
+        throw LoadFailure(name_, std::string("parameter '") + kParamColdCacheBytes +
+                                     "' needs cold_reads io_uring, prefetch or threads: 'fault' maps the store");
+      }
+      try {
+        cache_ = std::make_unique<RowCache>(static_cast<uint64_t>(cache_bytes), opened_.store->row_bytes);
+      } catch (const LoadError& error) {
+        throw LoadFailure(name_, std::string("parameter '") + kParamColdCacheBytes + "': " + error.what());
+      }
     }
     if (!opened_.store->verified) {
       STAGE_LOG(TRITONSERVER_LOG_WARN,
@@ -490,6 +546,7 @@ class ModelState {
   int64_t hint_rows_ = kDefaultColdReadHintRows;
   std::vector<int64_t> hotness_;
   OpenedLookup opened_;
+  std::unique_ptr<RowCache> cache_;
   std::string input_;
   std::string outputs_[3];
 };
@@ -517,7 +574,8 @@ class InstanceState {
     const char* name = nullptr;
     Check(TRITONBACKEND_ModelInstanceName(instance, &name), "reading the instance's name");
     try {
-      reads_ = std::make_unique<ColdReads>(model.store(), model.way(), model.threads(), model.hint_rows());
+      reads_ = std::make_unique<ColdReads>(model.store(), model.way(), model.threads(), model.hint_rows(),
+                                           Ring::kDefaultEntries, model.cache());
     } catch (const LoadError& error) {
       throw LoadFailure(model.name(), error.what());
     }
@@ -526,8 +584,9 @@ class InstanceState {
                 "model '" + model.name() + "': io_uring is unavailable (" + reads_->fallback() + ")");
     }
     counters_ = std::make_unique<LookupCounters>(model.backend(), model.name(), model.version(),
-                                                 std::string(name) + "/" + std::to_string(getpid()));
-    STAGE_LOG(TRITONSERVER_LOG_INFO, model.LoadLine(name));
+                                                 std::string(name) + "/" + std::to_string(getpid()),
+                                                 model.cache() != nullptr);
+    STAGE_LOG(TRITONSERVER_LOG_INFO, model.LoadLine(name, reads_->direct()));
   }
 
   // Answers and releases every request; noexcept, because once one is released an error returned
@@ -580,6 +639,7 @@ class InstanceState {
     }
     *compute_end = NowNs();
     counters_->Add(hot, cold);
+    if (!error && cold > 0) counters_->AddRows(reads_->last_hits(), reads_->last_rows());
     ErrorPtr sent(TRITONBACKEND_ResponseSend(response, TRITONSERVER_RESPONSE_COMPLETE_FINAL, error.get()));
     if (sent) {
       STAGE_LOG(TRITONSERVER_LOG_ERROR, "model '" + model_.name() + "': sending a response: " +

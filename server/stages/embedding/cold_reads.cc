@@ -8,6 +8,7 @@
 #include <array>
 #include <cerrno>
 #include <condition_variable>
+#include <cstdlib>
 #include <cstring>
 #include <exception>
 #include <functional>
@@ -51,6 +52,12 @@ uint32_t HalfToFloatBits(uint16_t half) {
 }
 
 namespace {
+
+// O_DIRECT reads start and end on this boundary, and land in memory aligned to it: the page size,
+// a multiple of every block device's logical block here.
+constexpr uint64_t kDirectAlign = 4096;
+// The most one O_DIRECT read takes when the rows it covers lie side by side.
+constexpr uint64_t kMaxDirectBytes = 1 << 20;
 
 // Every float16 pattern's float32 bits (256 KiB, built once, then only read).
 const uint32_t* HalfTable() {
@@ -177,11 +184,20 @@ class ReadPool {
   std::vector<std::thread> threads_;
 };
 
+void ColdReads::FreeBuffer::operator()(uint8_t* buffer) const { std::free(buffer); }
+
 ColdReads::ColdReads(const Store& store, ColdReadWay way, int64_t threads, int64_t hint_rows,
-                     unsigned ring_entries)
-    : store_(store), way_(way), threads_(threads), hint_rows_(hint_rows), decoder_(store) {
+                     unsigned ring_entries, RowCache* cache)
+    : store_(store), way_(way), threads_(threads), hint_rows_(hint_rows), decoder_(store), cache_(cache) {
   if (threads < 1) throw LoadError("cold read threads must be >= 1, got " + std::to_string(threads));
   if (hint_rows < 0) throw LoadError("cold read hint rows must be >= 0, got " + std::to_string(hint_rows));
+  if (cache != nullptr && way == ColdReadWay::kFault) {
+    throw LoadError("a cold row cache needs cold_reads io_uring, prefetch or threads: 'fault' maps the store");
+  }
+  if (cache != nullptr && cache->row_bytes() != store.row_bytes) {
+    throw LoadError("a cold row cache of rows of " + std::to_string(cache->row_bytes()) +
+                    " bytes cannot hold this store's rows of " + std::to_string(store.row_bytes));
+  }
   const long page = sysconf(_SC_PAGESIZE);
   page_bytes_ = page > 0 ? static_cast<size_t>(page) : 4096;
   if (way == ColdReadWay::kUring) {
@@ -198,6 +214,7 @@ ColdReads::ColdReads(const Store& store, ColdReadWay way, int64_t threads, int64
     // A read that finds its page uncached (its hint not yet acted on) reads that page, not the
     // kernel's read-ahead window around it.
     posix_fadvise(fd_, 0, 0, POSIX_FADV_RANDOM);
+    if (cache != nullptr) OpenDirect(rows_path);
   }
   if (way == ColdReadWay::kThreads) {
     try {
@@ -213,6 +230,33 @@ ColdReads::~ColdReads() {
   pool_.reset();
   ring_.reset();
   if (fd_ >= 0) close(fd_);
+  if (direct_fd_ >= 0) close(direct_fd_);
+}
+
+void ColdReads::OpenDirect(const std::string& rows_path) {
+  if (ring_ == nullptr) {
+    direct_ = "through the page cache (O_DIRECT reads go through io_uring, and the way is " +
+              std::string(way_ == ColdReadWay::kUring ? "prefetch" : ColdReadName(way_)) + ")";
+    return;
+  }
+  const int fd = open(rows_path.c_str(), O_RDONLY | O_CLOEXEC | O_DIRECT);
+  if (fd < 0) {
+    direct_ = "through the page cache (the file system refuses O_DIRECT: " + ErrnoText(errno) + ")";
+    return;
+  }
+  // A file system may take the flag and refuse the reads (or want another alignment): one
+  // aligned read of the first block tells.
+  direct_buffer_.reset(static_cast<uint8_t*>(std::aligned_alloc(kDirectAlign, kDirectAlign)));
+  if (!direct_buffer_) throw LoadError("cannot allocate an aligned buffer for O_DIRECT reads");
+  direct_capacity_ = kDirectAlign;
+  const ssize_t got = pread(fd, direct_buffer_.get(), kDirectAlign, 0);
+  if (got < 0) {
+    direct_ = "through the page cache (an O_DIRECT read failed: " + ErrnoText(errno) + ")";
+    close(fd);
+    return;
+  }
+  direct_fd_ = fd;
+  direct_ = "with O_DIRECT";
 }
 
 void ColdReads::Distinct(const int64_t* keys, size_t count) {
@@ -249,15 +293,15 @@ void ColdReads::Distinct(const int64_t* keys, size_t count) {
   for (size_t index = 0; index < count; ++index) inverse_[index] = renumber_[inverse_[index]];
 }
 
-size_t ColdReads::Hint() {
+size_t ColdReads::Hint(const std::vector<int64_t>& keys) {
   // Runs of whole pages the distinct rows (ascending) lie on: a row across a page boundary takes
   // both pages, and rows on the same or adjacent pages share a run (hot_cold_lookup.page_runs).
   const size_t row_bytes = store_.row_bytes;
   size_t hints = 0;
   size_t run_first = 0;
   size_t run_last = 0;
-  for (size_t index = 0; index < distinct_.size(); ++index) {
-    const size_t start = static_cast<size_t>(distinct_[index]) * row_bytes;
+  for (size_t index = 0; index < keys.size(); ++index) {
+    const size_t start = static_cast<size_t>(keys[index]) * row_bytes;
     const size_t first = start / page_bytes_;
     const size_t last = (start + row_bytes - 1) / page_bytes_;
     if (index > 0 && first <= run_last + 1) {
@@ -272,7 +316,7 @@ size_t ColdReads::Hint() {
     run_first = first;
     run_last = last;
   }
-  if (!distinct_.empty()) {
+  if (!keys.empty()) {
     posix_fadvise(fd_, static_cast<off_t>(run_first * page_bytes_),
                   static_cast<off_t>((run_last - run_first + 1) * page_bytes_), POSIX_FADV_WILLNEED);
     ++hints;
@@ -280,23 +324,23 @@ size_t ColdReads::Hint() {
   return hints;
 }
 
-void ColdReads::MakeSpans() {
+void ColdReads::MakeSpans(const std::vector<int64_t>& keys) {
   spans_.clear();
-  for (size_t index = 0; index < distinct_.size(); ++index) {
-    if (!spans_.empty() && distinct_[index] == distinct_[index - 1] + 1) {
+  for (size_t index = 0; index < keys.size(); ++index) {
+    if (!spans_.empty() && keys[index] == keys[index - 1] + 1) {
       ++spans_.back().count;
     } else {
-      spans_.push_back({index, static_cast<uint64_t>(distinct_[index]) * store_.row_bytes, 1});
+      spans_.push_back({index, static_cast<uint64_t>(keys[index]) * store_.row_bytes, 1});
     }
   }
 }
 
-void ColdReads::ReadSpans(size_t first, size_t last) {
+void ColdReads::ReadSpans(size_t first, size_t last, uint8_t* rows) {
   const size_t row_bytes = store_.row_bytes;
   for (size_t span = first; span < last; ++span) {
     const Span& read = spans_[span];
     const size_t want = read.count * row_bytes;
-    uint8_t* out = raw_.data() + read.index * row_bytes;
+    uint8_t* out = rows + read.index * row_bytes;
     size_t got = 0;
     int error = 0;
     while (got < want) {
@@ -314,8 +358,86 @@ void ColdReads::ReadSpans(size_t first, size_t last) {
   }
 }
 
+size_t ColdReads::ReadKeys(const std::vector<int64_t>& keys, uint8_t* out) {
+  const size_t row_bytes = store_.row_bytes;
+  if (direct_fd_ >= 0) return ReadDirect(keys, out);
+  if (way_ == ColdReadWay::kThreads) {
+    MakeSpans(keys);
+    const size_t shares = std::min(static_cast<size_t>(threads_), spans_.size());
+    bounds_.resize(shares + 1);
+    for (size_t share = 0; share <= shares; ++share) bounds_[share] = share * spans_.size() / shares;
+    pool_->Run(shares, [this, out](size_t share) { ReadSpans(bounds_[share], bounds_[share + 1], out); });
+    return spans_.size();
+  }
+  if (ring_ != nullptr) {
+    const size_t hints = keys.size() <= static_cast<uint64_t>(hint_rows_) ? Hint(keys) : 0;
+    ring_->ReadRows(fd_, keys.data(), keys.size(), row_bytes, out);
+    return hints + (keys.size() + ring_->entries() - 1) / ring_->entries();
+  }
+  const size_t hints = Hint(keys);
+  MakeSpans(keys);
+  ReadSpans(0, spans_.size(), out);
+  return hints + spans_.size();
+}
+
+size_t ColdReads::ReadDirect(const std::vector<int64_t>& keys, uint8_t* out) {
+  // Each row's aligned blocks; rows whose blocks touch or overlap share one read.
+  const uint64_t row_bytes = store_.row_bytes;
+  blocks_.clear();
+  key_blocks_.resize(keys.size());
+  for (size_t index = 0; index < keys.size(); ++index) {
+    const uint64_t start = static_cast<uint64_t>(keys[index]) * row_bytes;
+    const uint64_t first = start / kDirectAlign * kDirectAlign;
+    const uint64_t end = (start + row_bytes + kDirectAlign - 1) / kDirectAlign * kDirectAlign;
+    if (!blocks_.empty() && first <= blocks_.back().end && end - blocks_.back().offset <= kMaxDirectBytes) {
+      blocks_.back().end = std::max(blocks_.back().end, end);
+    } else {
+      blocks_.push_back({first, end});
+    }
+    key_blocks_[index] = blocks_.size() - 1;
+  }
+  uint64_t total = 0;
+  for (const Block& block : blocks_) total += block.end - block.offset;
+  if (total > direct_capacity_) {
+    direct_buffer_.reset(static_cast<uint8_t*>(std::aligned_alloc(kDirectAlign, total)));
+    direct_capacity_ = direct_buffer_ ? total : 0;
+    if (!direct_buffer_) throw ReadError("cannot allocate " + std::to_string(total) + " bytes for O_DIRECT reads");
+  }
+  const size_t count = blocks_.size();
+  block_offsets_.resize(count);
+  block_addresses_.resize(count);
+  block_lengths_.resize(count);
+  block_results_.resize(count);
+  uint8_t* address = direct_buffer_.get();
+  for (size_t index = 0; index < count; ++index) {
+    block_offsets_[index] = blocks_[index].offset;
+    block_addresses_[index] = address;
+    block_lengths_[index] = static_cast<uint32_t>(blocks_[index].end - blocks_[index].offset);
+    address += block_lengths_[index];
+  }
+  ring_->Read(direct_fd_, block_offsets_.data(), block_addresses_.data(), block_lengths_.data(), count,
+              block_results_.data());
+  for (size_t index = 0; index < keys.size(); ++index) {
+    const size_t block = key_blocks_[index];
+    const uint64_t start = static_cast<uint64_t>(keys[index]) * row_bytes;
+    const int64_t got = block_results_[block];
+    if (got < 0) {
+      throw ReadError(ErrnoText(static_cast<int>(-got)) + " (an O_DIRECT read of " +
+                      std::to_string(block_lengths_[block]) + " bytes at offset " +
+                      std::to_string(block_offsets_[block]) + ")");
+    }
+    // Short only at the file's end: a store cut shorter than its rows.
+    if (static_cast<uint64_t>(got) < start + row_bytes - block_offsets_[block]) {
+      throw ReadError("short read: " + std::to_string(got) + " of " + std::to_string(block_lengths_[block]) +
+                      " bytes at offset " + std::to_string(block_offsets_[block]) + " (end of file?)");
+    }
+    std::memcpy(out + index * row_bytes, block_addresses_[block] + (start - block_offsets_[block]), row_bytes);
+  }
+  return (count + ring_->entries() - 1) / ring_->entries();
+}
+
 void ColdReads::Read(const int64_t* keys, size_t count, float* out) {
-  last_rows_ = last_reads_ = 0;
+  last_rows_ = last_reads_ = last_hits_ = 0;
   if (count == 0) return;
   const size_t width = decoder_.width();
   const size_t row_bytes = store_.row_bytes;
@@ -336,23 +458,30 @@ void ColdReads::Read(const int64_t* keys, size_t count, float* out) {
   }
   Distinct(keys, count);
   raw_.resize(distinct_.size() * row_bytes);
-  last_rows_ = distinct_.size();
-  if (way_ == ColdReadWay::kThreads) {
-    MakeSpans();
-    const size_t shares = std::min(static_cast<size_t>(threads_), spans_.size());
-    bounds_.resize(shares + 1);
-    for (size_t share = 0; share <= shares; ++share) bounds_[share] = share * spans_.size() / shares;
-    pool_->Run(shares, [this](size_t share) { ReadSpans(bounds_[share], bounds_[share + 1]); });
-    last_reads_ = spans_.size();
-  } else if (ring_ != nullptr) {
-    const size_t hints = distinct_.size() <= static_cast<uint64_t>(hint_rows_) ? Hint() : 0;
-    ring_->ReadRows(fd_, distinct_.data(), distinct_.size(), row_bytes, raw_.data());
-    last_reads_ = hints + (distinct_.size() + ring_->entries() - 1) / ring_->entries();
+  if (cache_ == nullptr) {
+    last_rows_ = distinct_.size();
+    last_reads_ = ReadKeys(distinct_, raw_.data());
   } else {
-    const size_t hints = Hint();
-    MakeSpans();
-    ReadSpans(0, spans_.size());
-    last_reads_ = hints + spans_.size();
+    // The cache's rows copied in place; the others read together, then kept.
+    misses_.clear();
+    miss_places_.clear();
+    for (size_t index = 0; index < distinct_.size(); ++index) {
+      if (!cache_->Get(distinct_[index], raw_.data() + index * row_bytes)) {
+        misses_.push_back(distinct_[index]);
+        miss_places_.push_back(index);
+      }
+    }
+    last_hits_ = distinct_.size() - misses_.size();
+    last_rows_ = misses_.size();
+    if (!misses_.empty()) {
+      miss_raw_.resize(misses_.size() * row_bytes);
+      last_reads_ = ReadKeys(misses_, miss_raw_.data());
+      for (size_t miss = 0; miss < misses_.size(); ++miss) {
+        const uint8_t* row = miss_raw_.data() + miss * row_bytes;
+        std::memcpy(raw_.data() + miss_places_[miss] * row_bytes, row, row_bytes);
+        cache_->Put(misses_[miss], row);
+      }
+    }
   }
   for (size_t index = 0; index < count; ++index) {
     decoder_.Decode(raw_.data() + inverse_[index] * row_bytes, out + index * width);

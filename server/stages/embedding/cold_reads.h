@@ -24,6 +24,7 @@
 #include <utility>
 #include <vector>
 
+#include "row_cache.h"
 #include "store.h"
 #include "uring.h"
 
@@ -70,15 +71,22 @@ class ColdReads {
   // io_uring (or the fallback), the threads for threads. Throws LoadError: the file cannot be
   // opened, fewer than one thread, a negative hint_rows, or threads that cannot start.
   // `ring_entries`: the ring's size (tests take a small ring through its turns, or one the kernel
-  // refuses, to see the fallback).
+  // refuses, to see the fallback). `cache`: the model's cache of cold rows (null: none), which
+  // every instance shares and which outlives them; with it the io_uring way reads the rows it
+  // misses with O_DIRECT, past the page cache, where the file system allows (direct() says).
+  // Throws LoadError also for a cache with the fault way (the mapping is its own cache).
   ColdReads(const Store& store, ColdReadWay way, int64_t threads = kDefaultColdReadThreads,
-            int64_t hint_rows = kDefaultColdReadHintRows, unsigned ring_entries = Ring::kDefaultEntries);
+            int64_t hint_rows = kDefaultColdReadHintRows, unsigned ring_entries = Ring::kDefaultEntries,
+            RowCache* cache = nullptr);
   ~ColdReads();
   ColdReads(const ColdReads&) = delete;
   ColdReads& operator=(const ColdReads&) = delete;
 
   // Why io_uring reads the prefetch way here ("" : it does not).
   const std::string& fallback() const { return fallback_; }
+  // How the rows a cache misses are read, in words ("" : no cache): with O_DIRECT, or through
+  // the page cache and why.
+  const std::string& direct() const { return direct_; }
   size_t width() const { return decoder_.width(); }
 
   // The rows `keys[0..count)` (store rows, any order, repeats allowed) as `count x width()`
@@ -86,10 +94,12 @@ class ColdReads {
   // Throws ReadError.
   void Read(const int64_t* keys, size_t count, float* out);
 
-  // What the last Read did, as hot_cold_lookup.PendingRows counts it: distinct rows read, and
-  // system calls issued (hints and preads, hints and io_uring_enter calls, 0 for fault).
+  // What the last Read did, as hot_cold_lookup.PendingRows counts it: distinct rows read from
+  // the store, and system calls issued (hints and preads, hints and io_uring_enter calls, 0 for
+  // fault); and the distinct rows the cache answered.
   size_t last_rows() const { return last_rows_; }
   size_t last_reads() const { return last_reads_; }
+  size_t last_hits() const { return last_hits_; }
 
  private:
   // One read of `count` adjacent rows at byte `offset`, into the distinct rows from `index`.
@@ -98,10 +108,20 @@ class ColdReads {
     uint64_t offset;
     size_t count;
   };
-  size_t Hint();
-  void MakeSpans();
-  void ReadSpans(size_t first, size_t last);
+  // One byte range of the store read with O_DIRECT: aligned, covering one or more rows.
+  struct Block {
+    uint64_t offset;
+    uint64_t end;
+  };
+  size_t Hint(const std::vector<int64_t>& keys);
+  void MakeSpans(const std::vector<int64_t>& keys);
+  void ReadSpans(size_t first, size_t last, uint8_t* out);
   void Distinct(const int64_t* keys, size_t count);
+  // The rows `keys` (distinct, ascending) into out (row_bytes each), the way's reads; the
+  // system calls they took.
+  size_t ReadKeys(const std::vector<int64_t>& keys, uint8_t* out);
+  size_t ReadDirect(const std::vector<int64_t>& keys, uint8_t* out);
+  void OpenDirect(const std::string& rows_path);
 
   const Store& store_;
   ColdReadWay way_;
@@ -113,8 +133,12 @@ class ColdReads {
   std::unique_ptr<Ring> ring_;
   std::unique_ptr<ReadPool> pool_;
   std::string fallback_;
+  RowCache* cache_ = nullptr;
+  int direct_fd_ = -1;
+  std::string direct_;
   size_t last_rows_ = 0;
   size_t last_reads_ = 0;
+  size_t last_hits_ = 0;
   // Scratch reused by every request.
   std::vector<int64_t> table_keys_;
   std::vector<size_t> table_slots_;
@@ -125,6 +149,20 @@ class ColdReads {
   std::vector<uint8_t> raw_;
   std::vector<Span> spans_;
   std::vector<size_t> bounds_;
+  std::vector<int64_t> misses_;
+  std::vector<size_t> miss_places_;
+  std::vector<uint8_t> miss_raw_;
+  std::vector<Block> blocks_;
+  std::vector<size_t> key_blocks_;
+  std::vector<uint64_t> block_offsets_;
+  std::vector<uint8_t*> block_addresses_;
+  std::vector<uint32_t> block_lengths_;
+  std::vector<int64_t> block_results_;
+  struct FreeBuffer {
+    void operator()(uint8_t* buffer) const;
+  };
+  std::unique_ptr<uint8_t, FreeBuffer> direct_buffer_;
+  size_t direct_capacity_ = 0;
 };
 
 }  // namespace stages::embedding

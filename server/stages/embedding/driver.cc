@@ -13,13 +13,16 @@
 //   hint_rows <n>                    optional (256)
 //   slot_map_max_bytes <n>           optional (1 GiB; 0 forces the binary search)
 //   ring_entries <n>                 optional (1024; one the kernel refuses: the fallback)
+//   cache_bytes <n>                  optional (0: no cache of cold rows)
 //   ids <B> <H> <B*H decimal int64s> a request; any number of them, answered in order
 // The lookup is opened at the first `ids` line. The answer, on stdout, one line each:
 //   fallback <why>                   where io_uring reads the prefetch way
 //   slot_map <0|1>                   whether the lookup indexes a slot map
+//   direct <how>                     with a cache: how its misses are read
 //   hot_slots <B> <H> <hex>          then, per request: the outputs' bytes (little-endian), as hex
 //   cold_positions <N> <hex>
 //   cold_rows <N> <W> <hex>
+//   hits <distinct rows>             with a cache: the rows it answered
 //   reads <distinct rows> <system calls>
 // or `error load <text>` (and exit 1) where the lookup cannot be opened, or `error request <text>`
 // for a request whose reads failed (the next requests are answered). A malformed case: exit 2.
@@ -43,6 +46,7 @@ using stages::embedding::ColdReadWay;
 using stages::embedding::HotColdLookup;
 using stages::embedding::LoadError;
 using stages::embedding::OpenedLookup;
+using stages::embedding::RowCache;
 
 struct Case {
   std::string store;
@@ -55,6 +59,7 @@ struct Case {
   int64_t hint_rows = stages::embedding::kDefaultColdReadHintRows;
   uint64_t slot_map_max_bytes = stages::embedding::kSlotMapMaxBytes;
   unsigned ring_entries = stages::embedding::Ring::kDefaultEntries;
+  int64_t cache_bytes = 0;
 };
 
 [[noreturn]] void Malformed(const std::string& why) {
@@ -95,6 +100,7 @@ int main() {
   Case spec;
   OpenedLookup opened;
   std::unique_ptr<HotColdLookup> lookup;
+  std::unique_ptr<RowCache> cache;  // outlives the reads that use it
   std::unique_ptr<ColdReads> reads;
   std::vector<int64_t> ids, slots, positions, keys;
   std::vector<float> rows;
@@ -119,6 +125,8 @@ int main() {
         spec.threads = Integer(value);
       } else if (key == "hint_rows") {
         spec.hint_rows = Integer(value);
+      } else if (key == "cache_bytes") {
+        spec.cache_bytes = Integer(value);
       } else if (key == "ring_entries") {
         spec.ring_entries = static_cast<unsigned>(Integer(value));
       } else if (key == "slot_map_max_bytes") {
@@ -140,14 +148,18 @@ int main() {
         lookup = std::make_unique<HotColdLookup>(
             spec.table_sizes, stages::embedding::ReadHotSet(spec.hot_set, spec.table_sizes.size()).ids,
             opened.store->rows, spec.hotness, spec.slot_map_max_bytes);
+        if (spec.cache_bytes > 0) {
+          cache = std::make_unique<RowCache>(static_cast<uint64_t>(spec.cache_bytes), opened.store->row_bytes);
+        }
         reads = std::make_unique<ColdReads>(*opened.store, spec.way, spec.threads, spec.hint_rows,
-                                            spec.ring_entries);
+                                            spec.ring_entries, cache.get());
       } catch (const LoadError& error) {
         std::cout << "error load " << error.what() << "\n";
         return 1;
       }
       if (!reads->fallback().empty()) std::cout << "fallback " << reads->fallback() << "\n";
       std::cout << "slot_map " << (lookup->uses_slot_map() ? 1 : 0) << "\n";
+      if (cache) std::cout << "direct " << reads->direct() << "\n";
     }
     std::string batch_text, width_text;
     if (!(stream >> batch_text >> width_text)) Malformed("ids needs B and H");
@@ -173,6 +185,7 @@ int main() {
     std::cout << "\ncold_rows " << keys.size() << " " << reads->width();
     Hex(rows.data(), rows.size() * sizeof(float));
     // Flushed: a test may answer the next request only after reading this one's.
+    if (cache) std::cout << "\nhits " << reads->last_hits();
     std::cout << "\nreads " << reads->last_rows() << " " << reads->last_reads() << std::endl;
   }
   return 0;

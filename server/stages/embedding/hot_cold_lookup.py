@@ -109,6 +109,11 @@ PARAM_COLD_READ_THREADS = "cold_read_threads"
 #: The ``io_uring`` way's read-ahead hints: requests with at most this many distinct cold rows
 #: hint each run of pages first (optional; default :data:`DEFAULT_COLD_READ_HINT_ROWS`; 0: never).
 PARAM_COLD_READ_HINT_ROWS = "cold_read_hint_rows"
+#: Bytes of the stage's own cache of cold rows, which every instance of the model shares (optional;
+#: default 0: none, the page cache keeps what was read). With it, the rows it misses are read with
+#: O_DIRECT by the ``io_uring`` way; the ``fault`` way takes none. The compiled stage's alone: the
+#: answers are the same with or without it.
+PARAM_COLD_CACHE_BYTES = "cold_cache_bytes"
 #: Config parameter: ids per bag of each table, C1's first (26 comma-separated counts; absent:
 #: one id per table), as the dense models' configs write it.
 PARAM_HOTNESS = "hotness"

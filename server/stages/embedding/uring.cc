@@ -166,6 +166,14 @@ void Ring::ReadRows(int fd, const int64_t* rows, size_t count, size_t row_bytes,
   }
 }
 
+void Ring::Read(int fd, const uint64_t* offsets, uint8_t* const* addresses, const uint32_t* lengths,
+                size_t count, int64_t* results) {
+  for (size_t start = 0; start < count; start += entries_) {
+    const size_t n = std::min<size_t>(entries_, count - start);
+    Submit(fd, offsets + start, addresses + start, lengths + start, n, results + start);
+  }
+}
+
 void Ring::Submit(int fd, const uint64_t* offsets, uint8_t* const* addresses, const uint32_t* lengths,
                   size_t n, int64_t* results) {
   const uint32_t tail = *sq_tail_;  // only this thread writes the tail

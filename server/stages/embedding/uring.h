@@ -61,6 +61,12 @@ class Ring {
   // or the file ends before a row does. `row_bytes` must fit 32 bits.
   void ReadRows(int fd, const int64_t* rows, size_t count, size_t row_bytes, uint8_t* out);
 
+  // Reads lengths[i] bytes at offsets[i] of `fd` into addresses[i], for each i < count, entries()
+  // at a time; results[i] is read i's result (bytes read, or a negative errno). A short read is
+  // the caller's to judge: an O_DIRECT read's rest must be read aligned, or is past the file's end.
+  void Read(int fd, const uint64_t* offsets, uint8_t* const* addresses, const uint32_t* lengths, size_t count,
+            int64_t* results);
+
  private:
   // Queues n <= entries reads, submits them and waits for all; results[i] is read i's result.
   void Submit(int fd, const uint64_t* offsets, uint8_t* const* addresses, const uint32_t* lengths, size_t n,
