@@ -8,8 +8,8 @@
 #      p99 against the throughput each reached, on one chart;
 #   3. MLPerf's Server scenario through the official LoadGen at the rate found, bound 10 ms, with
 #      LoadGen's verdict (60 s and 1,024 queries at least);
-#   4. the open loop against perf_analyzer's request-rate mode at three rates below it
-#      (benchmarks/open_loop/agreement).
+#   4. the open loop against perf_analyzer's request-rate mode at three rates below it, over gRPC
+#      and over HTTP (benchmarks/open_loop/agreement, benchmarks/open_loop/agreement-http).
 #
 #   bash benchmarks/open_loop/run.sh      # from the repository root, after `make setup`
 #
@@ -20,7 +20,7 @@
 # its pool by the machine's cores, not the process's, and a second thread spinning on the same
 # core delays the one that serves.
 #
-# About 20 minutes on 2 cores (the model is made first where WORK does not hold it); run it on an
+# About 35 minutes on 2 cores (the model is made first where WORK does not hold it); run it on an
 # otherwise idle machine. The model goes to artifacts/open_loop (not committed).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -56,3 +56,7 @@ python -m loadtest sweep --repository "$REPO" --model dlrm_onnx_int8 --protocol 
   --engine driver,perf_analyzer --request-rate "$RATES" --duration 20 --rounds 5 --client-cpus "$CLIENT_CPUS" \
   --p99-budget-ms 10 --out benchmarks/open_loop/agreement --raw "$WORK/agreement-raw" \
   --title "Open loop against perf_analyzer"
+python -m loadtest sweep --repository "$REPO" --model dlrm_onnx_int8 --protocol http --batch-size 16 \
+  --engine driver,perf_analyzer --request-rate "$RATES" --duration 20 --rounds 5 --client-cpus "$CLIENT_CPUS" \
+  --p99-budget-ms 10 --out benchmarks/open_loop/agreement-http --raw "$WORK/agreement-http-raw" \
+  --title "Open loop against perf_analyzer, HTTP"
