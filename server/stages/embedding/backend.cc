@@ -217,27 +217,11 @@ class LookupCounters {
  public:
   LookupCounters(BackendState& backend, const std::string& model, const std::string& version,
                  const std::string& stub, bool cached) {
-    if (TRITONSERVER_MetricFamily* family = backend.Family(model)) {
-      try {
-        hot_ = Create(family, model, version, "tier", "hot", stub);
-        cold_ = Create(family, model, version, "tier", "cold", stub);
-      } catch (const StageError& error) {
-        hot_.reset();
-        cold_.reset();
-        STAGE_LOG(TRITONSERVER_LOG_WARN,
-                  "model '" + model + "': hot/cold lookup counters are off: " + error.what());
-      }
-    }
-    if (!cached) return;
-    if (TRITONSERVER_MetricFamily* family = backend.Family(model, BackendState::kColdRows)) {
-      try {
-        from_cache_ = Create(family, model, version, "source", "cache", stub);
-        from_store_ = Create(family, model, version, "source", "store", stub);
-      } catch (const StageError& error) {
-        from_cache_.reset();
-        from_store_.reset();
-        STAGE_LOG(TRITONSERVER_LOG_WARN, "model '" + model + "': cold row counters are off: " + error.what());
-      }
+    CreatePair(backend.Family(model), model, version, "tier", "hot", "cold", stub, "hot/cold lookup counters",
+               &hot_, &cold_);
+    if (cached) {
+      CreatePair(backend.Family(model, BackendState::kColdRows), model, version, "source", "cache", "store", stub,
+                 "cold row counters", &from_cache_, &from_store_);
     }
   }
 
@@ -254,6 +238,22 @@ class LookupCounters {
   }
 
  private:
+  // The two counters of `family` (null: refused) whose label `key` is `first` and `second`: both,
+  // or neither and a warning that `what` are off.
+  static void CreatePair(TRITONSERVER_MetricFamily* family, const std::string& model, const std::string& version,
+                         const char* key, const char* first, const char* second, const std::string& stub,
+                         const char* what, MetricPtr* first_metric, MetricPtr* second_metric) {
+    if (family == nullptr) return;
+    try {
+      *first_metric = Create(family, model, version, key, first, stub);
+      *second_metric = Create(family, model, version, key, second, stub);
+    } catch (const StageError& error) {
+      first_metric->reset();
+      second_metric->reset();
+      STAGE_LOG(TRITONSERVER_LOG_WARN, "model '" + model + "': " + what + " are off: " + error.what());
+    }
+  }
+
   static void Increment(TRITONSERVER_Metric* metric, uint64_t count) {
     if (metric != nullptr && count > 0) {
       ErrorPtr ignored(TRITONSERVER_MetricIncrement(metric, static_cast<double>(count)));
@@ -504,9 +504,9 @@ class ModelState {
       throw LoadFailure(name_, error.what());
     }
     if (cache_bytes > 0) {
-      if (way_ == ColdReadWay::kFault) {
-        throw LoadFailure(name_, std::string("parameter '") + kParamColdCacheBytes +
-                                     "' needs cold_reads io_uring, prefetch or threads: 'fault' maps the store");
+      const std::string problem = CacheWayProblem(way_);
+      if (!problem.empty()) {
+        throw LoadFailure(name_, std::string("parameter '") + kParamColdCacheBytes + "' " + problem);
       }
       try {
         cache_ = std::make_unique<RowCache>(static_cast<uint64_t>(cache_bytes), opened_.store->row_bytes);

@@ -27,6 +27,10 @@ const char* ColdReadName(ColdReadWay way) {
   return "io_uring";
 }
 
+std::string CacheWayProblem(ColdReadWay way) {
+  return way == ColdReadWay::kFault ? "needs cold_reads io_uring, prefetch or threads: 'fault' maps the store" : "";
+}
+
 std::optional<ColdReadWay> ParseColdReadWay(std::string_view name) {
   for (ColdReadWay way : kColdReadWays) {
     if (name == ColdReadName(way)) return way;
@@ -191,9 +195,7 @@ ColdReads::ColdReads(const Store& store, ColdReadWay way, int64_t threads, int64
     : store_(store), way_(way), threads_(threads), hint_rows_(hint_rows), decoder_(store), cache_(cache) {
   if (threads < 1) throw LoadError("cold read threads must be >= 1, got " + std::to_string(threads));
   if (hint_rows < 0) throw LoadError("cold read hint rows must be >= 0, got " + std::to_string(hint_rows));
-  if (cache != nullptr && way == ColdReadWay::kFault) {
-    throw LoadError("a cold row cache needs cold_reads io_uring, prefetch or threads: 'fault' maps the store");
-  }
+  if (cache != nullptr && !CacheWayProblem(way).empty()) throw LoadError("a cold row cache " + CacheWayProblem(way));
   if (cache != nullptr && cache->row_bytes() != store.row_bytes) {
     throw LoadError("a cold row cache of rows of " + std::to_string(cache->row_bytes()) +
                     " bytes cannot hold this store's rows of " + std::to_string(store.row_bytes));
@@ -383,36 +385,35 @@ size_t ColdReads::ReadKeys(const std::vector<int64_t>& keys, uint8_t* out) {
 size_t ColdReads::ReadDirect(const std::vector<int64_t>& keys, uint8_t* out) {
   // Each row's aligned blocks; rows whose blocks touch or overlap share one read.
   const uint64_t row_bytes = store_.row_bytes;
-  blocks_.clear();
+  block_offsets_.clear();
+  block_lengths_.clear();
   key_blocks_.resize(keys.size());
   for (size_t index = 0; index < keys.size(); ++index) {
     const uint64_t start = static_cast<uint64_t>(keys[index]) * row_bytes;
     const uint64_t first = start / kDirectAlign * kDirectAlign;
     const uint64_t end = (start + row_bytes + kDirectAlign - 1) / kDirectAlign * kDirectAlign;
-    if (!blocks_.empty() && first <= blocks_.back().end && end - blocks_.back().offset <= kMaxDirectBytes) {
-      blocks_.back().end = std::max(blocks_.back().end, end);
+    const uint64_t last_end = block_offsets_.empty() ? 0 : block_offsets_.back() + block_lengths_.back();
+    if (!block_offsets_.empty() && first <= last_end && end - block_offsets_.back() <= kMaxDirectBytes) {
+      block_lengths_.back() = static_cast<uint32_t>(std::max(last_end, end) - block_offsets_.back());
     } else {
-      blocks_.push_back({first, end});
+      block_offsets_.push_back(first);
+      block_lengths_.push_back(static_cast<uint32_t>(end - first));
     }
-    key_blocks_[index] = blocks_.size() - 1;
+    key_blocks_[index] = block_offsets_.size() - 1;
   }
   uint64_t total = 0;
-  for (const Block& block : blocks_) total += block.end - block.offset;
+  for (const uint32_t length : block_lengths_) total += length;
   if (total > direct_capacity_) {
     direct_buffer_.reset(static_cast<uint8_t*>(std::aligned_alloc(kDirectAlign, total)));
     direct_capacity_ = direct_buffer_ ? total : 0;
     if (!direct_buffer_) throw ReadError("cannot allocate " + std::to_string(total) + " bytes for O_DIRECT reads");
   }
-  const size_t count = blocks_.size();
-  block_offsets_.resize(count);
+  const size_t count = block_offsets_.size();
   block_addresses_.resize(count);
-  block_lengths_.resize(count);
   block_results_.resize(count);
   uint8_t* address = direct_buffer_.get();
   for (size_t index = 0; index < count; ++index) {
-    block_offsets_[index] = blocks_[index].offset;
     block_addresses_[index] = address;
-    block_lengths_[index] = static_cast<uint32_t>(blocks_[index].end - blocks_[index].offset);
     address += block_lengths_[index];
   }
   ring_->Read(direct_fd_, block_offsets_.data(), block_addresses_.data(), block_lengths_.data(), count,

@@ -37,6 +37,9 @@ inline constexpr ColdReadWay kColdReadWays[] = {ColdReadWay::kUring, ColdReadWay
                                                 ColdReadWay::kThreads, ColdReadWay::kFault};
 const char* ColdReadName(ColdReadWay way);
 std::optional<ColdReadWay> ParseColdReadWay(std::string_view name);
+// Why a cache of cold rows cannot go with `way`, for the end of a sentence about the cache ("" : it
+// can): the fault way maps the store, which is its own cache.
+std::string CacheWayProblem(ColdReadWay way);
 
 inline constexpr int64_t kDefaultColdReadThreads = 8;
 // Measured by `python -m lab cold-reads` (hot_cold_lookup.DEFAULT_COLD_READ_HINT_ROWS).
@@ -108,11 +111,6 @@ class ColdReads {
     uint64_t offset;
     size_t count;
   };
-  // One byte range of the store read with O_DIRECT: aligned, covering one or more rows.
-  struct Block {
-    uint64_t offset;
-    uint64_t end;
-  };
   size_t Hint(const std::vector<int64_t>& keys);
   void MakeSpans(const std::vector<int64_t>& keys);
   void ReadSpans(size_t first, size_t last, uint8_t* out);
@@ -152,7 +150,7 @@ class ColdReads {
   std::vector<int64_t> misses_;
   std::vector<size_t> miss_places_;
   std::vector<uint8_t> miss_raw_;
-  std::vector<Block> blocks_;
+  // The O_DIRECT reads of a request: aligned byte ranges, each covering one or more rows.
   std::vector<size_t> key_blocks_;
   std::vector<uint64_t> block_offsets_;
   std::vector<uint8_t*> block_addresses_;
