@@ -20,7 +20,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from bundle.errors import ClientError, ConfigError
 from bundle.schema import is_raw_model
@@ -28,16 +28,19 @@ from clients.options import Protocol, SharedMemory
 from clients.retry import RetryPolicy
 from clients.triton import TritonClient
 from loadtest.engine.driver import Answer, Connect, Driver, Request
+from loadtest.engine.grpc_socket import SocketGrpcInfer
 from loadtest.engine.latency import Tally, merged_tallies
 from loadtest.engine.payload import PayloadPool
 from loadtest.engine.wire import (
     RawGrpcInfer,
     RawHttpInfer,
-    SharedChannel,
     http_bodies,
     http_header_length,
     serialised_requests,
 )
+
+#: How a worker's gRPC calls go out: through grpcio, or as HTTP/2 frames on a socket of its own.
+GrpcWire = Literal["grpcio", "socket"]
 
 
 @dataclass(frozen=True)
@@ -76,7 +79,7 @@ def triton_requests(
     shared_memory: SharedMemory = "none",
     first: int = 0,
     stride: int = 0,
-    share_channel: bool = False,
+    grpc_wire: GrpcWire = "grpcio",
 ) -> Connect:
     """Each worker's connection: its own client, sending the pool's batches in turn.
 
@@ -87,14 +90,17 @@ def triton_requests(
     metadata: the load measures the server. ``shared_memory="system"`` puts each
     worker's inputs and output in its own registered region. Without shared memory,
     requests are serialised once and sent as bytes (the least client work per request, as
-    the sweep's locust users send them); ``share_channel``: over gRPC, the workers share one
-    channel (:class:`~loadtest.engine.wire.SharedChannel`) instead of a channel each.
+    the sweep's locust users send them); ``grpc_wire``: over gRPC, each worker's calls go through
+    grpcio (a channel each) or, with ``"socket"``, as HTTP/2 frames on a socket of its own
+    (:class:`~loadtest.engine.grpc_socket.SocketGrpcInfer`).
     """
     step = stride or workers
     if shared_memory == "none":
-        return _raw_requests(url, protocol, model, pool, timeout_s, first, step, share_channel)
-    if share_channel:
-        raise ConfigError("a shared gRPC channel is for requests sent as bytes, not with shared memory")
+        return _raw_requests(url, protocol, model, pool, timeout_s, first, step, grpc_wire)
+    if grpc_wire != "grpcio":
+        raise ConfigError(
+            f"gRPC calls on a socket are for requests sent as bytes, not with {shared_memory} shared memory"
+        )
 
     @contextmanager
     def connect(worker: int) -> Iterator[Request]:
@@ -125,19 +131,18 @@ def raw_connection(
     timeout_s: float,
     rows: int,
     message: Callable[[int, int], bytes],
-    share_channel: bool = False,
+    grpc_wire: GrpcWire = "grpcio",
 ) -> Connect:
     """Each worker's own raw connection (:mod:`loadtest.engine.wire`): its request ``sequence``
     sends ``message(worker, sequence)`` (a serialised ``ModelInferRequest``, or an HTTP body whose
-    JSON header is ``header_length`` bytes), its answer checked to hold ``rows`` scores. With
-    ``share_channel``, the gRPC workers share one channel (HTTP workers keep a socket each)."""
-    shared = SharedChannel(url) if share_channel and protocol == "grpc" else None
+    JSON header is ``header_length`` bytes), its answer checked to hold ``rows`` scores; gRPC calls
+    through grpcio or on a socket (``grpc_wire``)."""
 
     @contextmanager
     def connect(worker: int) -> Iterator[Request]:
-        infer: RawGrpcInfer | RawHttpInfer
+        infer: RawGrpcInfer | SocketGrpcInfer | RawHttpInfer
         if protocol == "grpc":
-            infer = RawGrpcInfer(url, timeout_s, shared.open() if shared is not None else None)
+            infer = SocketGrpcInfer(url, timeout_s) if grpc_wire == "socket" else RawGrpcInfer(url, timeout_s)
         else:
             infer = RawHttpInfer(url, model, header_length, timeout_s)
         try:
@@ -149,8 +154,6 @@ def raw_connection(
             yield request
         finally:
             infer.close()
-            if shared is not None:
-                shared.release()
 
     return connect
 
@@ -163,7 +166,7 @@ def _raw_requests(
     timeout_s: float,
     first: int,
     step: int,
-    share_channel: bool,
+    grpc_wire: GrpcWire,
 ) -> Connect:
     """Requests without tritonclient in the timed path: each batch serialised once, sent as bytes
     on the worker's own connection, its answer checked by length (:func:`raw_connection`)."""
@@ -176,9 +179,7 @@ def _raw_requests(
     def message(worker: int, sequence: int) -> bytes:
         return messages[(first + worker + sequence * step) % len(messages)]
 
-    return raw_connection(
-        url, protocol, model, header_length, timeout_s, pool.batch_size, message, share_channel
-    )
+    return raw_connection(url, protocol, model, header_length, timeout_s, pool.batch_size, message, grpc_wire)
 
 
 def _check_load(protocol: str, concurrency: int, repeats: int, seconds: float, warmup_s: float) -> None:

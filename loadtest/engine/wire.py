@@ -7,14 +7,15 @@ starts: a gRPC ``ModelInferRequest``, or an HTTP body in Triton's binary-data
 extension (JSON header, then the raw tensors). A request is then one call
 with those bytes, and the answer is checked by one length (``B`` FP32
 scores), so a wrong or empty answer still fails the request. The server sees
-the bytes tritonclient would send.
+the bytes tritonclient would send. gRPC's requests go through grpcio here
+(:class:`RawGrpcInfer`), or on a plain socket
+(:class:`~loadtest.engine.grpc_socket.SocketGrpcInfer`, the open loop's).
 """
 
 from __future__ import annotations
 
 import _socket
 import json
-import threading
 from typing import Any
 
 import grpc
@@ -69,7 +70,7 @@ def serialised_requests(model: str, pool: PayloadPool, version: str = "") -> lis
     return [serialised_request(model, batch, version) for batch in pool.batches(is_raw_model(model))]
 
 
-def _check_scores(output_bytes: list[int], rows: int) -> None:
+def check_scores(output_bytes: list[int], rows: int) -> None:
     """One output of ``rows`` FP32 scores, or :class:`DataError`."""
     if output_bytes != [rows * _SCORE_BYTES]:
         raise DataError(
@@ -90,11 +91,10 @@ class RawGrpcInfer:
         timeout_s: a request slower than this fails.
     """
 
-    def __init__(self, url: str, timeout_s: float, channel: grpc.Channel | None = None) -> None:
+    def __init__(self, url: str, timeout_s: float) -> None:
         self.url = url
         self._timeout_s = timeout_s
-        self._own = channel is None
-        self._channel = open_channel(url) if channel is None else channel
+        self._channel = open_channel(url)
         # No serialiser: the requests are bytes already, and the answer is read below.
         self._call: Any = self._channel.unary_unary(MODEL_INFER)
 
@@ -112,45 +112,11 @@ class RawGrpcInfer:
             details = exc.details() if hasattr(exc, "details") else str(exc)
             raise ClientError(f"{self.url}: {getattr(code, 'name', code)} {details}") from None
         response = service_pb2.ModelInferResponse.FromString(answer)
-        _check_scores([len(c) for c in response.raw_output_contents], rows)
+        check_scores([len(c) for c in response.raw_output_contents], rows)
         return len(answer)
 
     def close(self) -> None:
-        """Close the channel, unless it was given (a :class:`SharedChannel`'s)."""
-        if self._own:
-            self._channel.close()
-
-
-class SharedChannel:
-    """One gRPC channel for several senders, opened by the first of them and closed by the last.
-
-    HTTP/2 carries many calls on one connection at once, and a gRPC channel is meant to be shared.
-    The open loop's senders share one: with a channel each, a connection carried a request a few
-    times a second, and its latency from the send was further above perf_analyzer's
-    (docs/loadtests.md).
-    """
-
-    def __init__(self, url: str) -> None:
-        self.url = url
-        self._lock = threading.Lock()
-        self._users = 0
-        self._channel: grpc.Channel | None = None
-
-    def open(self) -> grpc.Channel:
-        """The channel, opened by the first caller; each call is paired with :meth:`release`."""
-        with self._lock:
-            if self._channel is None:
-                self._channel = open_channel(self.url)
-            self._users += 1
-            return self._channel
-
-    def release(self) -> None:
-        """One sender done with the channel; the last closes it."""
-        with self._lock:
-            self._users -= 1
-            if self._users == 0 and self._channel is not None:
-                self._channel.close()
-                self._channel = None
+        self._channel.close()
 
 
 #: The HTTP header that says how long the JSON part of a binary-data body is.
@@ -290,7 +256,7 @@ class RawHttpInfer:
         if status != 200:
             raise ClientError(f"{self.url}: HTTP {status} {answer[:200].decode(errors='replace')}")
         json_length = int(headers.get(HEADER_LENGTH.lower(), len(answer)))
-        _check_scores([len(answer) - json_length], rows)
+        check_scores([len(answer) - json_length], rows)
         return len(answer)
 
     def _read_answer(self, sock: _socket.socket) -> tuple[int, dict[str, str], bytes]:

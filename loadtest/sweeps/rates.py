@@ -283,7 +283,7 @@ def rate_step(
     wire: Literal["grpc", "http"] = "grpc" if target.protocol == "grpc" else "http"
     pool = PayloadPool.load(payload).rebatched(batch_size)
     connect = triton_requests(
-        target.url, wire, model, pool, connections, timeout_s=request_timeout_s, share_channel=True
+        target.url, wire, model, pool, connections, timeout_s=request_timeout_s, grpc_wire="socket"
     )
     stats = TritonClient(target.url, wire, timeout_s=10.0, retry=RetryPolicy(max_tries=2))
     affinity = os.sched_getaffinity(0)
