@@ -5,10 +5,12 @@ the interpreter lock taken back and forth, its objects), and the open loop, whic
 request from its send, counts that time in every latency it reports: over gRPC its p50 and p99
 sat above perf_analyzer's at the same rate, while over HTTP, sent on a plain socket
 (:class:`~loadtest.engine.wire.RawHttpInfer`), they agreed (benchmarks/open_loop). Here a gRPC
-call is sent the same way: one HTTP/2 connection per sender, one call on it at a time, on a
-blocking socket of the sender's thread. A request is one ``sendmsg`` of frames built with a few
-byte operations (its header block is encoded once per connection, without the dynamic table,
-so it never changes), and the answer's frames are read until its stream ends.
+call is sent the same way, from the sender's own thread on a blocking socket: a request is one
+``sendmsg`` of frames built with a few byte operations (its header block is encoded once, without
+the dynamic table, so it never changes), and the answer's frames are read until its stream ends.
+A connection carries the calls of up to :data:`SHARE` senders (:class:`GrpcSockets`), as
+perf_analyzer's client shares a channel; whichever of them is waiting reads the connection and
+hands each answer to its sender (:class:`Connection`).
 
 What HTTP/2 (RFC 9113) asks of a client is done:
 - the connection preface and SETTINGS, the server's acknowledged;
@@ -29,7 +31,9 @@ as grpcio does, with the status's name and the server's message.
 from __future__ import annotations
 
 import _socket
+import contextlib
 import struct
+import threading
 import time
 import urllib.parse
 
@@ -37,7 +41,7 @@ import grpc
 import hpack
 from tritonclient.grpc import service_pb2
 
-from bundle.errors import ClientError, DataError
+from bundle.errors import ClientError, ConfigError, DataError
 from loadtest.engine.wire import MODEL_INFER, check_scores
 
 #: The client connection preface (RFC 9113 section 3.4).
@@ -72,6 +76,9 @@ _TOP_UP = 2**30
 _RECEIVE_BYTES = 1 << 16
 #: Decoded header blocks kept per connection (blocks of indexed fields only).
 _CACHED_BLOCKS = 64
+#: Senders per connection by default: tritonclient's C++ client shares a gRPC channel among this
+#: many clients (``TRITON_CLIENT_GRPC_CHANNEL_MAX_SHARE_COUNT``), so perf_analyzer's threads do.
+SHARE = 6
 
 
 def frame(kind: int, flags: int, stream: int, payload: bytes = b"") -> bytes:
@@ -116,55 +123,55 @@ def request_headers(authority: str, path: str = MODEL_INFER, timeout_s: float | 
 
 
 class _Call:
-    """What the answer to one call has brought so far."""
+    """One call on a connection: what of its message is left to send, and what its answer has
+    brought so far."""
 
-    __slots__ = ("body", "ended", "headers", "received", "trailers", "window")
+    __slots__ = ("body", "ended", "error", "headers", "message", "received", "sent", "trailers", "window")
 
-    def __init__(self, window: int) -> None:
+    def __init__(self, message: bytes, window: int) -> None:
+        self.message = message
+        #: Bytes of ``message`` sent so far.
+        self.sent = 0
         self.headers: dict[str, str] | None = None
         self.trailers: dict[str, str] | None = None
         self.body = bytearray()
         self.ended = False
+        #: Why the call failed before its answer ended (a reset, a GOAWAY before it).
+        self.error: str | None = None
         #: The server's send window for this stream, as far as the client can tell.
         self.window = window
         #: DATA bytes received on this stream since its receive window was last topped up.
         self.received = 0
 
+    @property
+    def unsent(self) -> bool:
+        return self.sent < len(self.message)
 
-class SocketGrpcInfer:
-    """One HTTP/2 connection to Triton's gRPC endpoint, one inference call at a time, serialised
-    ``ModelInferRequest`` bytes in, the answer's length out (the module's docstring says how).
 
-    The socket is the C one (``_socket``), which gevent never patches: call this from a native
-    thread. A connection that failed, that the server closed or said GOAWAY on is opened again
-    by the next request.
+class _Broken(Exception):
+    """The connection failed: every call on it fails with this reason."""
 
-    Args:
-        url: ``host:port``.
-        timeout_s: a request slower than this fails (and the server is told the deadline).
+
+class Connection:
+    """One HTTP/2 connection to a gRPC endpoint, carrying the calls of several threads at once.
+
+    A thread's call goes out under the write lock (its HEADERS and as much of its message as the
+    windows allow, in one ``sendmsg``). Answers are read by whichever waiting thread finds no one
+    reading: it reads frames and hands each to its call until its own call has ended, then
+    leaves reading to the next one, so a thread alone on its connection reads its own answer
+    with no hand-over between threads. Locks are taken write then state, never the other way.
+
+    Raises (from :meth:`call`): :class:`_Broken` when the connection fails; ``TimeoutError``
+    when the call's deadline passes (the call's stream is reset, the connection kept).
     """
 
-    def __init__(self, url: str, timeout_s: float) -> None:
-        host, _, port = url.rpartition(":")
-        if not port.isdigit():
-            raise ClientError(f"{url}: expected host:port")
-        self.url = url
-        self._address = (host.strip("[]") or "127.0.0.1", int(port))
-        self._timeout_s = timeout_s
-        self._block = request_headers(url, timeout_s=timeout_s)
-        self._socket: _socket.socket | None = None
-        self._buffer = bytearray()
-
-    # -- the connection ---------------------------------------------------------------------
-
-    def _connect(self) -> _socket.socket:
+    def __init__(self, address: tuple[str, int], block: bytes, timeout_s: float) -> None:
+        found = _socket.getaddrinfo(*address, 0, _socket.SOCK_STREAM)
+        family, kind, protocol, _, where = found[0]
+        sock = _socket.socket(family, kind, protocol)
         try:
-            family, kind, protocol, _, address = _socket.getaddrinfo(*self._address, 0, _socket.SOCK_STREAM)[
-                0
-            ]
-            sock = _socket.socket(family, kind, protocol)
-            sock.settimeout(self._timeout_s)
-            sock.connect(address)
+            sock.settimeout(timeout_s)
+            sock.connect(where)
             sock.setsockopt(_socket.IPPROTO_TCP, _socket.TCP_NODELAY, 1)
             settings = struct.pack(">HIHI", SETTINGS_ENABLE_PUSH, 0, SETTINGS_INITIAL_WINDOW_SIZE, MAX_WINDOW)
             sock.sendall(
@@ -172,9 +179,16 @@ class SocketGrpcInfer:
                 + frame(SETTINGS, 0, 0, settings)
                 + frame(WINDOW_UPDATE, 0, 0, struct.pack(">I", MAX_WINDOW - DEFAULT_WINDOW))
             )
-        except OSError as exc:
-            raise ClientError(f"{self.url}: {exc}") from None
-        self._buffer.clear()
+        except OSError:
+            sock.close()
+            raise
+        self._socket = sock
+        self._block = block
+        self._write = threading.Lock()
+        self._state = threading.Condition(threading.Lock())
+        self._calls: dict[int, _Call] = {}
+        self._reading = False
+        self._buffer = bytearray()
         self._decoder = hpack.Decoder()
         self._blocks: dict[bytes, dict[str, str]] = {}
         self._next_stream = 1
@@ -182,73 +196,339 @@ class SocketGrpcInfer:
         self._initial_window = DEFAULT_WINDOW
         self._max_frame = DEFAULT_MAX_FRAME
         self._received = 0
-        self._going_away: str | None = None
-        self._socket = sock
-        return sock
+        #: Why the connection cannot carry calls any more (failed, or the server said GOAWAY).
+        self.failed: str | None = None
+        self.going_away = False
 
-    def close(self) -> None:
-        """Close the connection (the next request opens another)."""
-        if self._socket is not None:
+    @property
+    def usable(self) -> bool:
+        """Whether a new call may go out on it."""
+        return self.failed is None and not self.going_away and self._next_stream < MAX_WINDOW - 2
+
+    def close(self, reason: str = "the connection was closed") -> None:
+        with self._state:
+            self._fail(reason)
+
+    def _fail(self, reason: str) -> None:
+        """Mark the connection failed and wake every call on it (the state lock held)."""
+        if self.failed is None:
+            self.failed = reason
             self._socket.close()
-            self._socket = None
+        self._state.notify_all()
 
     # -- one call ---------------------------------------------------------------------------
+
+    def call(self, message: bytes, deadline: float) -> _Call:
+        """Send ``message`` (a gRPC message: prefix and bytes) and wait until its answer ends."""
+        with self._write:
+            with self._state:
+                if self.failed is not None:
+                    raise _Broken(self.failed)
+                stream = self._next_stream
+                self._next_stream += 2
+                call = self._calls[stream] = _Call(message, self._initial_window)
+                frames = [frame(HEADERS, END_HEADERS, stream, self._block), *self._data_frames(stream, call)]
+            self._send_frames(frames)
+        try:
+            while not call.ended:
+                if call.unsent:
+                    with self._write:
+                        with self._state:
+                            frames = self._data_frames(stream, call)
+                        if frames:
+                            self._send_frames(frames)
+                self._wait(call, deadline)
+        except TimeoutError:
+            self._cancel(stream)
+            raise
+        finally:
+            with self._state:
+                self._calls.pop(stream, None)
+                if self.going_away and not self._calls:
+                    self._fail("the server closed the connection (GOAWAY)")
+        return call
+
+    def _data_frames(self, stream: int, call: _Call) -> list[bytes]:
+        """The DATA frames of ``call`` that the windows let go out now, their room taken (the
+        state lock held)."""
+        frames, message = [], call.message
+        room = min(self._send_window, call.window)
+        while room > 0 and call.unsent:
+            size = min(room, self._max_frame, len(message) - call.sent)
+            last = call.sent + size == len(message)
+            frames.append(
+                frame(DATA, END_STREAM if last else 0, stream, message[call.sent : call.sent + size])
+            )
+            call.sent += size
+            room -= size
+            self._send_window -= size
+            call.window -= size
+        return frames
+
+    def _send_frames(self, frames: list[bytes]) -> None:
+        """Write ``frames`` whole (the write lock held): a ``sendmsg`` on a socket with a timeout
+        may write part of them."""
+        try:
+            sent = self._socket.sendmsg(frames)
+            total = sum(map(len, frames))
+            if sent < total:
+                self._socket.sendall(b"".join(frames)[sent:])
+        except OSError as exc:  # part of a frame may be out: nothing more can follow it
+            with self._state:
+                self._fail(str(exc) or type(exc).__name__)
+            raise _Broken(self.failed or str(exc)) from None
+
+    def _cancel(self, stream: int) -> None:
+        """Reset a call's stream whose deadline passed; the connection carries on."""
+        with self._write:
+            if self.failed is None:
+                with contextlib.suppress(_Broken):
+                    self._send_frames([frame(RST_STREAM, 0, stream, struct.pack(">I", 8))])  # CANCEL
+
+    def _wait(self, call: _Call, deadline: float) -> None:
+        """Until ``call`` has ended, or has data to send and room for it: read frames if no
+        other thread does, else wait for the one that does."""
+        with self._state:
+            while True:
+                if self.failed is not None:
+                    raise _Broken(self.failed)
+                if call.ended or (call.unsent and min(self._send_window, call.window) > 0):
+                    return
+                if not self._reading:
+                    self._reading = True
+                    break
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise TimeoutError("no answer in time")
+                self._state.wait(left)
+        try:
+            while not call.ended and not (call.unsent and min(self._send_window, call.window) > 0):
+                self._read_frame(deadline)
+        except TimeoutError:
+            raise
+        except (OSError, ValueError, IndexError, struct.error, hpack.HPACKError) as exc:
+            with self._state:
+                self._fail(str(exc) or type(exc).__name__)
+            raise _Broken(self.failed or str(exc)) from None
+        finally:
+            with self._state:
+                self._reading = False
+                self._state.notify_all()
+
+    # -- frames in ------------------------------------------------------------------------
+
+    def _receive(self, deadline: float) -> None:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise TimeoutError("no answer in time")
+        self._socket.settimeout(left)
+        chunk = self._socket.recv(_RECEIVE_BYTES)
+        if not chunk:
+            raise OSError("the server closed the connection")
+        self._buffer += chunk
+
+    def _next_frame(self, deadline: float) -> tuple[int, int, int, bytes]:
+        """The next frame off the connection: type, flags, stream, payload (a frame read in part
+        stays in the buffer for the next reader)."""
+        buffer = self._buffer
+        while len(buffer) < _FRAME.size:
+            self._receive(deadline)
+        high, low, kind, flags, stream = _FRAME.unpack_from(buffer)
+        length = high << 8 | low
+        if length > DEFAULT_MAX_FRAME:  # the client never allows more (its SETTINGS keep the default)
+            raise ValueError(
+                f"a frame of {length} bytes, more than the {DEFAULT_MAX_FRAME} the client allows"
+            )
+        end = _FRAME.size + length
+        while len(buffer) < end:
+            self._receive(deadline)
+        payload = bytes(buffer[_FRAME.size : end])
+        del buffer[:end]
+        return kind, flags, stream & MAX_WINDOW, payload
+
+    def _read_frame(self, deadline: float) -> None:
+        """Read one frame (with its CONTINUATIONs) and do what it asks: add it to its call, or
+        answer or apply it for the connection. Only the reading thread calls this."""
+        kind, flags, on, payload = self._next_frame(deadline)
+        if kind == HEADERS:
+            block = _header_block(payload, flags)
+            while not flags & END_HEADERS:
+                kind, flags, _, payload = self._next_frame(deadline)
+                if kind != CONTINUATION:
+                    raise ValueError(f"a header block broken off by a frame of type {kind}")
+                block += payload
+            headers = self._decode(block)  # every block, in order: the table depends on them all
+            with self._state:
+                call = self._calls.get(on)
+                if call is not None:
+                    if call.headers is None:
+                        call.headers = headers
+                        if flags & END_STREAM:  # trailers-only: the status is among the headers
+                            call.trailers = headers
+                    else:
+                        call.trailers = headers
+                    self._end(call, flags)
+            return
+        replies: list[bytes] = []
+        with self._state:
+            if kind == DATA:
+                self._received += len(payload)
+                if self._received >= _TOP_UP:
+                    replies.append(frame(WINDOW_UPDATE, 0, 0, struct.pack(">I", self._received)))
+                    self._received = 0
+                call = self._calls.get(on)
+                if call is not None:
+                    call.body += _unpadded(payload, flags)
+                    call.received += len(payload)
+                    if call.received >= _TOP_UP and not flags & END_STREAM:
+                        replies.append(frame(WINDOW_UPDATE, 0, on, struct.pack(">I", call.received)))
+                        call.received = 0
+                    self._end(call, flags)
+            elif kind == SETTINGS:
+                if not flags & ACK:
+                    self._apply_settings(payload)
+                    replies.append(frame(SETTINGS, ACK, 0))
+            elif kind == PING:
+                if not flags & ACK:
+                    replies.append(frame(PING, ACK, 0, payload))
+            elif kind == WINDOW_UPDATE:
+                (increment,) = struct.unpack(">I", payload[:4])
+                if on == 0:
+                    self._send_window += increment & MAX_WINDOW
+                elif on in self._calls:
+                    self._calls[on].window += increment & MAX_WINDOW
+                self._state.notify_all()  # a sender may have room now
+            elif kind == RST_STREAM:
+                (code,) = struct.unpack(">I", payload[:4])
+                call = self._calls.get(on)
+                if call is not None:
+                    call.error = f"the server reset the call's stream ({_error_name(code)})"
+                    self._end(call, END_STREAM)
+            elif kind == GOAWAY:
+                last, code = struct.unpack(">II", payload[:8])
+                reason = payload[8:].decode("utf-8", "replace")
+                said = f"the server closes the connection: GOAWAY {_error_name(code)} {reason}".strip()
+                self.going_away = True
+                for stream, call in self._calls.items():
+                    if stream > (last & MAX_WINDOW):
+                        call.error = said + " (before this call)"
+                        self._end(call, END_STREAM)
+            elif kind == PUSH_PROMISE:
+                raise ValueError("a PUSH_PROMISE, which the client's SETTINGS refused")
+        if replies:
+            with self._write:
+                self._send_frames(replies)
+
+    def _end(self, call: _Call, flags: int) -> None:
+        """End ``call`` if ``flags`` say its stream ended, and wake its thread (state lock held)."""
+        if flags & END_STREAM:
+            call.ended = True
+            self._state.notify_all()
+
+    def _apply_settings(self, payload: bytes) -> None:
+        for offset in range(0, len(payload) - len(payload) % 6, 6):
+            key, value = struct.unpack_from(">HI", payload, offset)
+            if key == SETTINGS_INITIAL_WINDOW_SIZE:
+                for call in self._calls.values():  # open streams move with it
+                    call.window += value - self._initial_window
+                self._initial_window = value
+            elif key == SETTINGS_MAX_FRAME_SIZE:
+                self._max_frame = value
+        self._state.notify_all()
+
+    def _decode(self, block: bytes) -> dict[str, str]:
+        """A header block's fields (names lower-case), through the connection's decoder."""
+        cached = self._blocks.get(block)
+        if cached is not None:
+            return cached
+        headers = {str(name): str(value) for name, value in self._decoder.decode(block)}
+        if all(0x80 < byte < 0xFF for byte in block):  # indexed fields only: the table unchanged
+            if len(self._blocks) < _CACHED_BLOCKS:
+                self._blocks[block] = headers
+        else:  # the table may have changed: what the cached blocks point at too
+            self._blocks.clear()
+        return headers
+
+
+class _Slot:
+    """A connection and the senders that share it; the connection is opened by the first call
+    that finds none usable, and closed when the last sender leaves."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.users = 0
+        self.connection: Connection | None = None
+
+
+class SocketGrpcInfer:
+    """A sender's inference calls to Triton's gRPC endpoint, on an HTTP/2 connection it may share
+    with other senders (:class:`GrpcSockets`), serialised ``ModelInferRequest`` bytes in, the
+    answer's length out (the module's docstring says how).
+
+    The socket is the C one (``_socket``), which gevent never patches: call this from a native
+    thread. A connection that failed, or that the server said GOAWAY on, is replaced by the next
+    call; a call whose deadline passed resets its own stream only.
+
+    Args:
+        url: ``host:port``.
+        timeout_s: a request slower than this fails (and the server is told the deadline).
+        slot: the connection this sender shares (:meth:`GrpcSockets.open`); one of its own if None.
+    """
+
+    def __init__(self, url: str, timeout_s: float, slot: _Slot | None = None) -> None:
+        host, _, port = url.rpartition(":")
+        if not port.isdigit():
+            raise ClientError(f"{url}: expected host:port")
+        self.url = url
+        self._address = (host.strip("[]") or "127.0.0.1", int(port))
+        self._timeout_s = timeout_s
+        self._block = request_headers(url, timeout_s=timeout_s)
+        self._own = slot is None
+        self._slot = _Slot() if slot is None else slot
+        if self._own:
+            self._slot.users = 1
+
+    def _connection(self) -> Connection:
+        slot = self._slot
+        with slot.lock:
+            connection = slot.connection
+            if connection is None or not connection.usable:
+                if connection is not None:
+                    connection.close()  # its calls are over (a GOAWAY) or failed already
+                try:
+                    connection = slot.connection = Connection(self._address, self._block, self._timeout_s)
+                except OSError as exc:
+                    raise ClientError(f"{self.url}: {exc}") from None
+            return connection
 
     def __call__(self, request: bytes, rows: int) -> int:
         """Send one serialised request of ``rows`` rows; the answer's size in bytes.
 
         Raises:
-            ClientError: no answer (the connection failed, the stream was reset), an HTTP status
-                other than 200, or a gRPC status other than OK (its name and the server's message).
+            ClientError: no answer (the connection failed, the stream was reset, the deadline
+                passed), an HTTP status other than 200, or a gRPC status other than OK (its name
+                and the server's message).
             DataError: the answer does not hold ``rows`` scores.
         """
-        sock = self._socket or self._connect()
-        stream = self._next_stream
-        if stream > MAX_WINDOW - 2:  # the stream ids of this connection are used up
-            self.close()
-            sock, stream = self._connect(), 1
-        self._next_stream = stream + 2
-        call = _Call(self._initial_window)
+        connection = self._connection()
         deadline = time.monotonic() + self._timeout_s
         try:
-            self._send(sock, stream, call, _MESSAGE.pack(0, len(request)) + request, deadline)
-            while not call.ended:
-                self._read_frame(sock, stream, call, deadline)
-        except (OSError, ValueError, IndexError, struct.error, hpack.HPACKError) as exc:
-            self.close()
-            raise ClientError(f"{self.url}: {exc or type(exc).__name__}") from None
-        if self._going_away is not None:
-            self.close()
+            call = connection.call(_MESSAGE.pack(0, len(request)) + request, deadline)
+        except _Broken as exc:
+            raise ClientError(f"{self.url}: {exc}") from None
+        except TimeoutError:
+            raise ClientError(f"{self.url}: no answer within {self._timeout_s:g} s") from None
         return self._answer(call, rows)
-
-    def _send(self, sock: _socket.socket, stream: int, call: _Call, message: bytes, deadline: float) -> None:
-        """The call's HEADERS, then its message in DATA frames as the server's windows allow."""
-        frames = [frame(HEADERS, END_HEADERS, stream, self._block)]
-        sent = 0
-        while True:
-            room = min(self._send_window, call.window)
-            while room > 0 and sent < len(message):
-                size = min(room, self._max_frame, len(message) - sent)
-                last = sent + size == len(message)
-                frames.append(frame(DATA, END_STREAM if last else 0, stream, message[sent : sent + size]))
-                sent, room = sent + size, room - size
-                self._send_window -= size
-                call.window -= size
-            if frames:
-                sock.sendmsg(frames)
-                frames = []
-            if sent == len(message) or call.ended:
-                return
-            self._read_frame(sock, stream, call, deadline)  # until a WINDOW_UPDATE makes room
 
     def _answer(self, call: _Call, rows: int) -> int:
         """The call's answer checked: HTTP 200, gRPC OK, one message of ``rows`` scores."""
+        if call.error is not None:
+            raise ClientError(f"{self.url}: {call.error}")
         headers = call.headers or {}
         status = headers.get(":status")
         if status != "200":
-            raise ClientError(
-                f"{self.url}: HTTP {status or 'status missing'} ({headers.get('content-type', '')})"
-            )
+            kind = headers.get("content-type", "no content-type")
+            raise ClientError(f"{self.url}: HTTP {status or 'status missing'} ({kind})")
         trailers = call.trailers if call.trailers is not None else {}
         code = trailers.get("grpc-status")
         if code is None:
@@ -265,120 +545,55 @@ class SocketGrpcInfer:
                 f"{self.url}: the answer is not one uncompressed gRPC message "
                 f"(flag {compressed}, {length} bytes said, {len(body) - _MESSAGE.size} read)"
             )
-        response = service_pb2.ModelInferResponse.FromString(bytes(body[_MESSAGE.size :]))
+        try:
+            response = service_pb2.ModelInferResponse.FromString(bytes(body[_MESSAGE.size :]))
+        except Exception as exc:  # protobuf's DecodeError, or what its C implementation raises
+            raise DataError(f"{self.url}: the answer is no ModelInferResponse ({exc})") from None
         check_scores([len(c) for c in response.raw_output_contents], rows)
         return length
 
-    # -- frames in ------------------------------------------------------------------------
+    def close(self) -> None:
+        """Leave the connection: a sender of its own closes it (the next request opens another),
+        the last sender of a shared one closes it."""
+        slot = self._slot
+        with slot.lock:
+            if self._own or slot.users <= 1:
+                if slot.connection is not None:
+                    slot.connection.close()
+                    slot.connection = None
+                if not self._own:
+                    slot.users = 0
+            else:
+                slot.users -= 1
 
-    def _receive(self, sock: _socket.socket, deadline: float) -> None:
-        left = deadline - time.monotonic()
-        if left <= 0:
-            raise TimeoutError(f"no answer within {self._timeout_s:g} s")
-        sock.settimeout(left)
-        chunk = sock.recv(_RECEIVE_BYTES)
-        if not chunk:
-            raise OSError(self._going_away or "the server closed the connection")
-        self._buffer += chunk
 
-    def _next_frame(self, sock: _socket.socket, deadline: float) -> tuple[int, int, int, bytes]:
-        """The next frame off the connection: type, flags, stream, payload."""
-        buffer = self._buffer
-        while len(buffer) < _FRAME.size:
-            self._receive(sock, deadline)
-        high, low, kind, flags, stream = _FRAME.unpack_from(buffer)
-        length = high << 8 | low
-        if length > DEFAULT_MAX_FRAME:  # the client never allows more (its SETTINGS keep the default)
-            raise ValueError(
-                f"a frame of {length} bytes, more than the {DEFAULT_MAX_FRAME} the client allows"
-            )
-        end = _FRAME.size + length
-        while len(buffer) < end:
-            self._receive(sock, deadline)
-        payload = bytes(buffer[_FRAME.size : end])
-        del buffer[:end]
-        return kind, flags, stream & MAX_WINDOW, payload
+class GrpcSockets:
+    """Connections for a pool of senders, each carrying the calls of ``share`` senders at most,
+    as tritonclient's C++ gRPC client (perf_analyzer's) shares a channel among up to 6 clients.
 
-    def _read_frame(self, sock: _socket.socket, stream: int, call: _Call, deadline: float) -> None:
-        """Read one frame (with its CONTINUATIONs) and do what it asks: for ``stream``, add it to
-        ``call``; for the connection, answer or apply it."""
-        kind, flags, on, payload = self._next_frame(sock, deadline)
-        if kind == DATA:
-            self._received += len(payload)
-            if self._received >= _TOP_UP:
-                sock.sendall(frame(WINDOW_UPDATE, 0, 0, struct.pack(">I", self._received)))
-                self._received = 0
-            if on == stream:
-                call.received += len(payload)
-                if call.received >= _TOP_UP and not flags & END_STREAM:
-                    sock.sendall(frame(WINDOW_UPDATE, 0, stream, struct.pack(">I", call.received)))
-                    call.received = 0
-                call.body += _unpadded(payload, flags)
-                call.ended = bool(flags & END_STREAM)
-        elif kind == HEADERS:
-            block = _header_block(payload, flags)
-            while not flags & END_HEADERS:
-                kind, flags, _, payload = self._next_frame(sock, deadline)
-                if kind != CONTINUATION:
-                    raise ValueError(f"a header block broken off by a frame of type {kind}")
-                block += payload
-            headers = self._decode(block)  # every block, in order: the table depends on them all
-            if on == stream:
-                if call.headers is None:
-                    call.headers = headers
-                    if flags & END_STREAM:  # trailers-only: the status is among the headers
-                        call.trailers = headers
-                else:
-                    call.trailers = headers
-                call.ended = call.ended or bool(flags & END_STREAM)
-        elif kind == SETTINGS:
-            if not flags & ACK:
-                self._apply_settings(payload, call)
-                sock.sendall(frame(SETTINGS, ACK, 0))
-        elif kind == PING:
-            if not flags & ACK:
-                sock.sendall(frame(PING, ACK, 0, payload))
-        elif kind == WINDOW_UPDATE:
-            (increment,) = struct.unpack(">I", payload[:4])
-            if on == 0:
-                self._send_window += increment & MAX_WINDOW
-            elif on == stream:
-                call.window += increment & MAX_WINDOW
-        elif kind == RST_STREAM and on == stream:
-            (code,) = struct.unpack(">I", payload[:4])
-            raise ValueError(f"the server reset the call's stream ({_error_name(code)})")
-        elif kind == GOAWAY:
-            last, code = struct.unpack(">II", payload[:8])
-            reason = payload[8:].decode("utf-8", "replace")
-            self._going_away = (
-                f"the server is closing the connection: GOAWAY {_error_name(code)} {reason}".strip()
-            )
-            if (last & MAX_WINDOW) < stream:
-                raise ValueError(self._going_away + " (before this call)")
-        elif kind == PUSH_PROMISE:
-            raise ValueError("a PUSH_PROMISE, which the client's SETTINGS refused")
+    Args:
+        url: ``host:port``.
+        timeout_s: each call's deadline.
+        share: senders per connection.
+    """
 
-    def _apply_settings(self, payload: bytes, call: _Call) -> None:
-        for offset in range(0, len(payload) - len(payload) % 6, 6):
-            key, value = struct.unpack_from(">HI", payload, offset)
-            if key == SETTINGS_INITIAL_WINDOW_SIZE:
-                call.window += value - self._initial_window  # open streams move with it
-                self._initial_window = value
-            elif key == SETTINGS_MAX_FRAME_SIZE:
-                self._max_frame = value
+    def __init__(self, url: str, timeout_s: float, share: int = SHARE) -> None:
+        if share < 1:
+            raise ConfigError(f"senders per gRPC connection must be >= 1, got {share}")
+        self.url, self._timeout_s, self._share = url, timeout_s, share
+        self._lock = threading.Lock()
+        self._slots: list[_Slot] = []
 
-    def _decode(self, block: bytes) -> dict[str, str]:
-        """A header block's fields (names lower-case), through the connection's decoder."""
-        cached = self._blocks.get(block)
-        if cached is not None:
-            return cached
-        headers = {str(name): str(value) for name, value in self._decoder.decode(block)}
-        if all(0x80 < byte < 0xFF for byte in block):  # indexed fields only: the table unchanged
-            if len(self._blocks) < _CACHED_BLOCKS:
-                self._blocks[block] = headers
-        else:  # the table may have changed: what the cached blocks point at too
-            self._blocks.clear()
-        return headers
+    def open(self) -> SocketGrpcInfer:
+        """A sender's calls, on the first connection with room for another sender."""
+        with self._lock:
+            slot = next((s for s in self._slots if 0 < s.users < self._share), None)
+            if slot is None:
+                slot = next((s for s in self._slots if s.users == 0), None) or _Slot()
+                if slot not in self._slots:
+                    self._slots.append(slot)
+            slot.users += 1
+        return SocketGrpcInfer(self.url, self._timeout_s, slot)
 
 
 def _unpadded(payload: bytes, flags: int) -> bytes:

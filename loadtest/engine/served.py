@@ -28,7 +28,7 @@ from clients.options import Protocol, SharedMemory
 from clients.retry import RetryPolicy
 from clients.triton import TritonClient
 from loadtest.engine.driver import Answer, Connect, Driver, Request
-from loadtest.engine.grpc_socket import SocketGrpcInfer
+from loadtest.engine.grpc_socket import GrpcSockets, SocketGrpcInfer
 from loadtest.engine.latency import Tally, merged_tallies
 from loadtest.engine.payload import PayloadPool
 from loadtest.engine.wire import (
@@ -39,7 +39,7 @@ from loadtest.engine.wire import (
     serialised_requests,
 )
 
-#: How a worker's gRPC calls go out: through grpcio, or as HTTP/2 frames on a socket of its own.
+#: How a worker's gRPC calls go out: through grpcio, or as HTTP/2 frames on a plain socket.
 GrpcWire = Literal["grpcio", "socket"]
 
 
@@ -91,8 +91,8 @@ def triton_requests(
     worker's inputs and output in its own registered region. Without shared memory,
     requests are serialised once and sent as bytes (the least client work per request, as
     the sweep's locust users send them); ``grpc_wire``: over gRPC, each worker's calls go through
-    grpcio (a channel each) or, with ``"socket"``, as HTTP/2 frames on a socket of its own
-    (:class:`~loadtest.engine.grpc_socket.SocketGrpcInfer`).
+    grpcio (a channel each) or, with ``"socket"``, as HTTP/2 frames on a plain socket
+    (:class:`~loadtest.engine.grpc_socket.GrpcSockets`).
     """
     step = stride or workers
     if shared_memory == "none":
@@ -136,13 +136,15 @@ def raw_connection(
     """Each worker's own raw connection (:mod:`loadtest.engine.wire`): its request ``sequence``
     sends ``message(worker, sequence)`` (a serialised ``ModelInferRequest``, or an HTTP body whose
     JSON header is ``header_length`` bytes), its answer checked to hold ``rows`` scores; gRPC calls
-    through grpcio or on a socket (``grpc_wire``)."""
+    through grpcio or on a socket (``grpc_wire``), a connection shared by up to
+    :data:`~loadtest.engine.grpc_socket.SHARE` workers."""
+    sockets = GrpcSockets(url, timeout_s) if protocol == "grpc" and grpc_wire == "socket" else None
 
     @contextmanager
     def connect(worker: int) -> Iterator[Request]:
         infer: RawGrpcInfer | SocketGrpcInfer | RawHttpInfer
         if protocol == "grpc":
-            infer = SocketGrpcInfer(url, timeout_s) if grpc_wire == "socket" else RawGrpcInfer(url, timeout_s)
+            infer = sockets.open() if sockets is not None else RawGrpcInfer(url, timeout_s)
         else:
             infer = RawHttpInfer(url, model, header_length, timeout_s)
         try:

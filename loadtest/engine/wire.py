@@ -246,7 +246,9 @@ class RawHttpInfer:
         if head is None:
             head = self._heads[len(body)] = self._prefix + b"%d\r\n\r\n" % len(body)
         try:
-            sock.sendmsg([head, body])
+            sent = sock.sendmsg([head, body])
+            if sent < len(head) + len(body):  # a socket with a timeout may write part of them
+                sock.sendall((head + body)[sent:])
             status, headers, answer = self._read_answer(sock)
         except (OSError, ValueError) as exc:
             self.close()

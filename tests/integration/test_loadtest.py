@@ -245,3 +245,39 @@ def test_grpc_on_a_socket_answers_as_grpcio_does_and_fails_bad_calls_in_one_line
         theirs.close()
     with pytest.raises(ClientError, match=r"127\.0\.0\.1:\d+: .*refused"):
         SocketGrpcInfer(f"127.0.0.1:{free_ports(1)[0]}", timeout_s=5)(small, BATCH)
+
+
+def test_grpc_senders_sharing_connections_each_get_their_answers(exported_server: LocalServer) -> None:
+    """Six senders, three to a connection, each sending its own batch size at once: every answer
+    holds its sender's rows, over two connections."""
+    import threading
+
+    from loadtest.engine.grpc_socket import GrpcSockets
+    from loadtest.engine.payload import build_pool
+    from loadtest.engine.wire import serialised_request
+
+    sockets = GrpcSockets(exported_server.grpc_url, timeout_s=30, share=3)
+    senders = [sockets.open() for _ in range(6)]
+    answers: dict[int, list[int]] = {}
+    failures: list[BaseException] = []
+
+    def send(index: int) -> None:
+        rows = index + 1
+        request = serialised_request(MODEL, build_pool(rows, batches=1).batch(0))
+        try:
+            answers[index] = [senders[index](request, rows) for _ in range(20)]
+        except BaseException as exc:
+            failures.append(exc)
+
+    threads = [threading.Thread(target=send, args=(i,)) for i in range(6)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+    assert not failures
+    assert {i: set(a) for i, a in answers.items()} == {i: {answers[i][0]} for i in range(6)}
+    assert sorted(a[0] for a in answers.values()) == [a[0] for _, a in sorted(answers.items())]
+    connections = {id(sender._slot.connection) for sender in senders}
+    assert len(connections) == 2
+    for sender in senders:
+        sender.close()

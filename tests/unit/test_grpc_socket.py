@@ -11,15 +11,16 @@ import random
 import socket
 import struct
 import threading
+import time
 from collections.abc import Callable, Iterator
 
 import hpack
 import pytest
 from tritonclient.grpc import service_pb2
 
-from bundle.errors import ClientError, DataError
+from bundle.errors import ClientError, ConfigError, DataError
 from loadtest.engine import grpc_socket as h2
-from loadtest.engine.grpc_socket import SocketGrpcInfer, frame, hpack_integer, request_headers
+from loadtest.engine.grpc_socket import GrpcSockets, SocketGrpcInfer, frame, hpack_integer, request_headers
 from loadtest.engine.wire import MODEL_INFER
 
 ROWS = 4
@@ -216,7 +217,7 @@ def test_a_call_through_small_windows_with_ping_padding_priority_and_continuatio
         ("trailers-only", ClientError, r"NOT_FOUND no such model$"),
         ("reset", ClientError, r"reset the call's stream \(CANCEL\)"),
         ("goaway", ClientError, r"GOAWAY ENHANCE_YOUR_CALM too many pings \(before this call\)"),
-        ("close", ClientError, r"the server closed the connection"),
+        ("close", ClientError, r"the server closed the connection|Connection reset by peer"),
         ("silence", ClientError, r"no answer within 0.5 s|timed out"),
         ("http-503", ClientError, r"HTTP 503 \(text/plain\)"),
         ("no-status", ClientError, r"ended the call without a gRPC status"),
@@ -227,6 +228,7 @@ def test_a_call_through_small_windows_with_ping_padding_priority_and_continuatio
 )
 def test_each_failed_call_is_one_line_and_the_next_one_is_answered(peer, reply, raises, match) -> None:
     misbehaved = threading.Event()
+    cancelled: list[int] = []
 
     def script(conn: Conn) -> None:
         conn.start()
@@ -236,10 +238,13 @@ def test_each_failed_call_is_one_line_and_the_next_one_is_answered(peer, reply, 
                 conn.answer(stream)
                 continue
             misbehaved.set()
-            if reply in ("close", "silence"):  # silence: the client gives up and closes
-                while reply == "silence":
-                    conn.frame()  # EOFError once the client closes
+            if reply == "close":
                 return
+            if reply == "silence":  # the client gives up on the call and resets its stream
+                kind, _, on, payload = conn.frame()
+                while (kind, on) != (h2.RST_STREAM, stream):
+                    kind, _, on, payload = conn.frame()
+                cancelled.append(struct.unpack(">I", payload)[0])
             if reply == "trailers-only":
                 fields = [(":status", "200"), ("content-type", "application/grpc"), ("grpc-status", "5"),
                           ("grpc-message", "no%20such model")]  # fmt: skip
@@ -270,6 +275,8 @@ def test_each_failed_call_is_one_line_and_the_next_one_is_answered(peer, reply, 
     client._timeout_s = 10
     assert client(REQUEST, ROWS) == len(_answer()) - 5
     client.close()
+    if reply == "silence":  # the stream was reset (CANCEL), the connection kept
+        assert cancelled == [8] and server.connections == 1
 
 
 @pytest.mark.parametrize("seed", range(8))
@@ -287,3 +294,93 @@ def test_random_bytes_from_the_server_fail_the_call_in_one_line(peer, seed: int)
         client(REQUEST, ROWS)
     assert "\n" not in str(error.value)
     client.close()
+
+
+def test_senders_sharing_a_connection_get_their_own_answers_in_any_order(peer) -> None:
+    """Three senders on one connection: the peer takes all three calls, then answers them last
+    first, frames interleaved; each sender gets its own answer (its rows), on one connection."""
+
+    def script(conn: Conn) -> None:
+        conn.start()
+        streams = [conn.request()[0] for _ in range(3)]
+        for stream in reversed(streams):
+            conn.ok_headers(stream)
+        for rows, stream in zip((3, 2, 1), reversed(streams), strict=True):
+            conn.send(h2.DATA, 0, stream, _answer(rows))
+        for stream in streams:
+            conn.trailers(stream)
+        while True:
+            conn.frame()
+
+    server = peer(script)
+    sockets = GrpcSockets(server.url, timeout_s=10, share=3)
+    senders = [sockets.open() for _ in range(3)]
+    results: dict[int, object] = {}
+    barrier = threading.Barrier(3)
+
+    def send(index: int) -> None:
+        barrier.wait()
+        time.sleep(0.05 * index)  # streams 1, 3, 5 in this order
+        try:
+            results[index] = senders[index](REQUEST, index + 1)
+        except Exception as exc:
+            results[index] = exc
+
+    threads = [threading.Thread(target=send, args=(i,)) for i in range(3)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(10)
+    assert results == {i: len(_answer(i + 1)) - 5 for i in range(3)}
+    assert server.connections == 1
+    for sender in senders:
+        sender.close()
+    assert sockets.open()._slot.connection is None  # the last sender closed it
+
+
+def test_a_goaway_fails_the_calls_after_its_last_stream_and_the_next_call_opens_a_new_connection(
+    peer,
+) -> None:
+    said = threading.Event()
+
+    def script(conn: Conn) -> None:
+        conn.start()
+        if said.is_set():  # a later connection answers every call
+            while True:
+                conn.answer(conn.request()[0])
+        said.set()
+        first, _ = conn.request()[0], conn.request()[0]
+        conn.send(h2.GOAWAY, 0, 0, struct.pack(">II", first, 0))
+        conn.answer(first)
+        while True:
+            conn.frame()
+
+    server = peer(script)
+    sockets = GrpcSockets(server.url, timeout_s=5, share=2)
+    senders = [sockets.open(), sockets.open()]
+    results: dict[int, object] = {}
+
+    def send(index: int) -> None:
+        time.sleep(0.1 * index)
+        try:
+            results[index] = senders[index](REQUEST, ROWS)
+        except ClientError as exc:
+            results[index] = str(exc)
+
+    threads = [threading.Thread(target=send, args=(i,)) for i in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(10)
+    assert results[0] == len(_answer()) - 5
+    assert "GOAWAY NO_ERROR (before this call)" in str(results[1])
+    # The next call goes out on a new connection, which answers its first call.
+    assert senders[1](REQUEST, ROWS) == len(_answer()) - 5
+    assert server.connections == 2
+    for sender in senders:
+        sender.close()
+
+
+def test_senders_per_connection_must_be_at_least_one() -> None:
+    with pytest.raises(ConfigError, match="senders per gRPC connection"):
+        GrpcSockets("127.0.0.1:1", timeout_s=1, share=0)
