@@ -305,13 +305,23 @@ def baseline_command(
 
 @app.command()
 def report(
-    json_file: Annotated[Path, typer.Argument(help="A report.json written by sweep or compare.")],
+    json_file: Annotated[
+        Path,
+        typer.Argument(
+            help="A report.json written by sweep or compare, or a rates.json of request-rate steps."
+        ),
+    ],
     out: ReportOut[Path | None] = None,
 ) -> None:
-    """Rewrite steps.csv, the PNG curves and report.md from a report.json (beside it, unless --out)."""
+    """Rewrite steps.csv, the PNG curves and report.md from a report.json, or rates.md and rates.png
+    from a rates.json (beside it, unless --out)."""
+    from loadtest.sweeps.rates import is_rate_file, rewrite_rate_report
     from loadtest.sweeps.report import Report, write_report
 
-    paths = write_report(Report.load(json_file), out or json_file.parent)
+    if is_rate_file(json_file):
+        paths = rewrite_rate_report(json_file, out or json_file.parent)
+    else:
+        paths = write_report(Report.load(json_file), out or json_file.parent)
     print(f"report: {paths['markdown']}")
 
 

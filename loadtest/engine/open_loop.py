@@ -7,8 +7,8 @@ first, as a schedule (:func:`schedule`): Poisson arrivals (exponential gaps, MLP
 scenario and perf_analyzer's ``--request-distribution poisson``) or constant ones, at ``rate``
 requests per second. A pool of ``connections`` sender threads serves the schedule: each free
 sender takes the next request, sleeps until its time (asking the kernel for a timer slack of
-:data:`TIMER_SLACK_NS`), sends it through its ``connect(sender)`` (the sweep's senders share
-one gRPC channel) and waits for the answer. A request's latency is measured from its
+:data:`TIMER_SLACK_NS`), sends it through its ``connect(sender)`` (over gRPC the sweep's senders
+share connections, six to one) and waits for the answer. A request's latency is measured from its
 *scheduled* time, so the time it waited (for a free connection while the server was behind,
 or for a thread that did not get a core in time) counts, as wrk2
 counts it; perf_analyzer's request-rate mode starts its clock at the send, which the window

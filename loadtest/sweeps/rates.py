@@ -27,7 +27,7 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any, Literal
 
-from bundle.errors import BundleError, ConfigError
+from bundle.errors import BundleError, ConfigError, DataError
 from bundle.records import RunRecord
 from bundle.snippets import section
 from clients.retry import RetryPolicy
@@ -202,9 +202,14 @@ class RateStep:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> RateStep:
+        """A step as :meth:`as_dict` gave it, or read back from JSON, which holds NaN as null."""
+
+        def numbers(values: dict[str, Any]) -> dict[str, Any]:
+            return {key: math.nan if value is None else value for key, value in values.items()}
+
         values = dict(data)
         server = values.pop("server", None)
-        return cls(server=ServerTimes(**server) if server else None, **values)
+        return cls(server=ServerTimes(**numbers(server)) if server else None, **numbers(values))
 
 
 def median_rate_step(rounds: Sequence[RateStep]) -> RateStep:
@@ -390,12 +395,21 @@ def perf_analyzer_rate_step(
 
 
 def agrees(ours: RateStep, theirs: RateStep) -> bool | None:
-    """Whether two steps at one rate agree within :data:`AGREEMENT` on p50 and on p99, each timed
-    from the send as perf_analyzer times it (None: either is flagged, so there is nothing to
-    judge)."""
+    """Whether the open loop's step and perf_analyzer's at one rate agree within
+    :data:`AGREEMENT` on p50 and on p99, each engine's figures as it reports them: the open
+    loop's from each request's scheduled time, perf_analyzer's from its send (None: either is
+    flagged, so there is nothing to judge).
+
+    Both clocks stop at the answer; they start at different points, and each engine's own work
+    per request falls inside its interval: the open loop's send lag (waking up at the scheduled
+    time) inside its own, perf_analyzer's serialising of the request and its hand-over of the
+    answer to a callback thread inside its. Timed from the send, the open loop's interval holds
+    a ``sendmsg`` of bytes serialised in advance, and comes out shorter than perf_analyzer's by
+    perf_analyzer's own client time: the report sets those ratios and both engines' client CPU
+    per request beside the verdict."""
     if ours.flag or theirs.flag:
         return None
-    ratios = (ours.service_p50_ms / theirs.service_p50_ms, ours.service_p99_ms / theirs.service_p99_ms)
+    ratios = (ours.p50_ms / theirs.service_p50_ms, ours.p99_ms / theirs.service_p99_ms)
     return all(abs(ratio - 1) <= AGREEMENT for ratio in ratios)
 
 
@@ -408,10 +422,11 @@ def server_ratio(ours: RateStep, theirs: RateStep) -> float:
 
 def agreement_rows(steps: Sequence[RateStep]) -> list[list[Any]]:
     """Each driver step beside perf_analyzer's at the same (model, protocol, batch, rate): their
-    p50 and p99 from the send, the ratios, whether they agree (``-``: either was flagged), the
-    server's mean time per request under the one over the other (Triton's statistics: where the
-    latencies differ by as much, the server, not the measurement, differed), and the driver's p50
-    and p99 from the schedule (which add its send lag) over perf_analyzer's."""
+    p50 and p99 as each reports them (the driver's from the schedule), the ratios, whether they
+    agree (``-``: either was flagged; :func:`agrees`), the server's mean time per request under
+    the one over the other (Triton's statistics: where the latencies differ by as much, the
+    server, not the measurement, differed), the driver's p50 and p99 from the send over
+    perf_analyzer's, and each engine's client CPU per request."""
     theirs = {
         (s.label, s.model, s.protocol, s.batch_size, s.request_rate): s
         for s in steps
@@ -428,11 +443,13 @@ def agreement_rows(steps: Sequence[RateStep]) -> list[list[Any]]:
         rows.append(
             [
                 ours.series, f"{ours.request_rate:g}",
-                ours.service_p50_ms, other.service_p50_ms, ours.service_p50_ms / other.service_p50_ms,
-                ours.service_p99_ms, other.service_p99_ms, ours.service_p99_ms / other.service_p99_ms,
+                ours.p50_ms, other.service_p50_ms, ours.p50_ms / other.service_p50_ms,
+                ours.p99_ms, other.service_p99_ms, ours.p99_ms / other.service_p99_ms,
                 "- (flagged)" if verdict is None else ("yes" if verdict else "no"),
                 server_ratio(ours, other),
-                f"{ours.p50_ms / other.service_p50_ms:.3f} / {ours.p99_ms / other.service_p99_ms:.3f}",
+                f"{ours.service_p50_ms / other.service_p50_ms:.3f} / "
+                f"{ours.service_p99_ms / other.service_p99_ms:.3f}",
+                f"{ours.client_cpu_us:.0f} / {other.client_cpu_us:.0f}",
             ]
         )  # fmt: skip
     return rows
@@ -478,23 +495,27 @@ def report_lines(
     )  # fmt: skip
     agreement = agreement_rows(steps)
     if agreement:
-        judged = [row[-3] for row in agreement if row[-3] != "- (flagged)"]
+        judged = [row[8] for row in agreement if row[8] != "- (flagged)"]  # the verdict
         lines += [
             "",
             *section(AGREEMENT_SECTION, [
-                "The bundle's open loop against perf_analyzer's request-rate mode, same server, same rate. "
-                "perf_analyzer starts a request's clock when it sends it, so both are timed from the "
-                "send. The server's own mean time per request (Triton's statistics over the open loop's "
-                "window and perf_analyzer's measured windows), one over the other, tells a difference in "
-                "the server's work from one in the measurement; the last column sets the open loop's "
-                "p50 and p99 from the schedule, which add its send lag, over perf_analyzer's:",
+                "The bundle's open loop against perf_analyzer's request-rate mode, same server, same rate, "
+                "each engine's p50 and p99 as it reports them: the open loop's from each request's "
+                "scheduled time, perf_analyzer's from its send. The server's own mean time per request "
+                "(Triton's statistics over the open loop's window and perf_analyzer's measured windows), "
+                "one over the other, tells a difference in the server's work from one in the measurement. "
+                "Timed from the send too, the open loop's interval holds less of its own work than "
+                "perf_analyzer's (bytes serialised in advance, no hand-over of the answer to another "
+                "thread): the last two columns set those ratios and each engine's client CPU per request "
+                "side by side:",
                 "",
                 *table(
-                    ["series", "rate /s", "p50 from send ms", "perf_analyzer p50 ms", "ratio",
-                     "p99 from send ms", "perf_analyzer p99 ms", "ratio", f"within {AGREEMENT:.0%}",
-                     "server time ratio", "from the schedule: p50 / p99 ratio"],
+                    ["series", "rate /s", "p50 ms", "perf_analyzer p50 ms", "ratio",
+                     "p99 ms", "perf_analyzer p99 ms", "ratio", f"within {AGREEMENT:.0%}",
+                     "server time ratio", "from the send: p50 / p99 ratio",
+                     "client CPU us/request: open loop / perf_analyzer"],
                     agreement,
-                    "lrrrrrrrlrr",
+                    "lrrrrrrrlrrr",
                 ),
                 "",
                 f"{judged.count('yes')} of {len(judged)} steps neither engine flagged agree within "
@@ -546,12 +567,55 @@ def write_rate_report(
                 ylog=True,
             )
         )
-    document = {**record, "settings": settings, "budget_ms": budget_ms, "steps": [s.as_dict() for s in steps]}
+    document = {
+        **record, "title": title, "settings": settings, "budget_ms": budget_ms,
+        "steps": [s.as_dict() for s in steps],
+    }  # fmt: skip
     return {
         "json": write_json(out / "rates.json", document),
         "markdown": write_markdown(out / "rates.md", report_lines(title, record, settings, steps)),
         "png": plot(out / "rates.png", title, panels),
     }
+
+
+def is_rate_document(document: Any) -> bool:
+    """Whether a JSON document is a ``rates.json`` (steps at request rates)."""
+    steps = document.get("steps") if isinstance(document, dict) else None
+    return (
+        bool(steps) and isinstance(steps, list) and isinstance(steps[0], dict) and "request_rate" in steps[0]
+    )
+
+
+def is_rate_file(path: Path) -> bool:
+    """Whether ``path`` holds a ``rates.json`` (False for anything else, readable or not)."""
+    try:
+        return is_rate_document(json.loads(path.read_text()))
+    except (OSError, ValueError):
+        return False
+
+
+def rewrite_rate_report(path: Path, out: Path) -> dict[str, Path]:
+    """``rates.json``, ``rates.md`` and ``rates.png`` written again in ``out`` from the ``rates.json``
+    at ``path``, by this version's report (its title from the file, or from the ``rates.md``
+    beside it for a file that predates it).
+
+    Raises:
+        DataError: the file is not a ``rates.json``.
+    """
+    try:
+        document = json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        raise DataError(f"{path}: not readable as JSON ({exc})") from None
+    if not is_rate_document(document):
+        raise DataError(f"{path}: not a rates.json (no steps at request rates)")
+    beside = path.with_suffix(".md")
+    first = beside.read_text().split("\n", 1)[0] if beside.exists() else ""
+    title = document.get("title") or (first[2:] if first.startswith("# ") else "Open-loop steps")
+    record = {k: v for k, v in document.items() if k not in ("title", "settings", "budget_ms", "steps")}
+    steps = [RateStep.from_dict(step) for step in document["steps"]]
+    return write_rate_report(
+        title, record, document.get("settings", {}), steps, out, document.get("budget_ms")
+    )
 
 
 def _rounds(

@@ -4,6 +4,7 @@ budget (one flagged for late sends alone holds where its p99, which counts the l
 
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import replace
 from pathlib import Path
@@ -102,21 +103,24 @@ def test_the_open_loop_and_perf_analyzer_agree_within_a_tenth_only_where_neither
     from loadtest.sweeps.rates import RateLoad, agreement_rows, agrees
     from loadtest.sweeps.steps import ServerTimes
 
-    ours = replace(_step(100.0, 9.0), engine="driver")
-    close = replace(_step(100.0, 9.5), engine="perf_analyzer")
+    ours = replace(_step(100.0, 9.0), engine="driver", client_cpu_us=80.0)
+    close = replace(_step(100.0, 9.5), engine="perf_analyzer", client_cpu_us=150.0)
     assert agrees(ours, close) is True
+    # Each engine's figures as it reports them: the open loop's from the schedule.
     assert agrees(ours, replace(close, service_p99_ms=12.0)) is False  # p99 0.75 of theirs
     assert agrees(ours, replace(close, service_p50_ms=4.0)) is False  # p50 0.75 of theirs
     assert agrees(ours, replace(close, flag="perf_analyzer delayed 3.0% of the requests")) is None
-    # perf_analyzer times from the send: the open loop's send lag is not held against it.
-    lagging = replace(ours, p50_ms=ours.service_p50_ms * 1.3, p99_ms=ours.p99_ms * 1.3)
-    assert agrees(lagging, close) is True
-    assert agrees(replace(ours, service_p50_ms=ours.service_p50_ms * 1.3), close) is False
+    lagging = replace(ours, p50_ms=ours.p50_ms * 1.3, p99_ms=ours.p99_ms * 1.3)
+    assert agrees(lagging, close) is False  # its send lag counts against it
+    quick = replace(ours, service_p50_ms=ours.service_p50_ms * 0.7, service_p99_ms=ours.service_p99_ms * 0.7)
+    assert agrees(quick, close) is True  # a shorter interval from the send does not
     flagged = replace(ours, request_rate=200.0, flag="sent 90% of the scheduled requests")
-    rows = agreement_rows([lagging, close, flagged, replace(close, request_rate=200.0)])
-    assert [row[-3] for row in rows] == ["yes", "- (flagged)"]
-    assert rows[0][-1] == "1.232 / 1.232"  # from the schedule: 3.9 / (9.5 / 3) and 11.7 / 9.5
-    assert math.isnan(rows[0][-2])  # neither step read the server
+    rows = agreement_rows([quick, close, flagged, replace(close, request_rate=200.0)])
+    assert [row[8] for row in rows] == ["yes", "- (flagged)"]
+    assert rows[0][4] == pytest.approx(0.947, abs=1e-3) and rows[0][7] == pytest.approx(0.947, abs=1e-3)
+    assert rows[0][-2] == "0.663 / 0.663"  # from the send: 2.1 / (9.5 / 3) and 6.3 / 9.5
+    assert rows[0][-1] == "80 / 150"  # client CPU us per request
+    assert math.isnan(rows[0][9])  # neither step read the server
     # The server's own time per request, the open loop's over perf_analyzer's.
     served = {"success_count": 900.0, "execution_count": 300.0, "inference_count": 14400.0, "request": 1.2}
     theirs = ServerTimes.from_perf_analyzer({**served, "queue": 0.3, "infer": 0.7})
@@ -124,8 +128,8 @@ def test_the_open_loop_and_perf_analyzer_agree_within_a_tenth_only_where_neither
     assert theirs.queue_ms == 0.3 and math.isnan(theirs.compute_input_ms)
     assert ServerTimes.from_perf_analyzer({}) is None  # it printed no server section
     ours_server = replace(theirs, request_ms=1.5)
-    rows = agreement_rows([replace(lagging, server=ours_server), replace(close, server=theirs)])
-    assert rows[0][-2] == pytest.approx(1.25)
+    rows = agreement_rows([replace(quick, server=ours_server), replace(close, server=theirs)])
+    assert rows[0][9] == pytest.approx(1.25)
     with pytest.raises(ConfigError, match="--arrival"):
         RateLoad("bursty")
     with pytest.raises(ConfigError, match="--connections"):
@@ -171,3 +175,33 @@ def test_rounds_of_a_rate_step_combine_into_medians_and_the_median_rounds_flag()
     assert median_rate_step(rounds[:1]) is rounds[0]
     with pytest.raises(ValueError, match="different steps"):
         median_rate_step([rounds[0], _step(200.0, 4.0)])
+
+
+def test_a_rates_report_is_written_again_from_its_json_by_the_report_command(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    from bundle.errors import DataError
+    from loadtest.sweeps.rates import rewrite_rate_report, write_rate_report
+
+    steps = [
+        replace(_step(100.0, 9.0), engine="driver", client_cpu_us=80.0),
+        replace(_step(100.0, 9.5), engine="perf_analyzer", client_cpu_us=150.0, p999_ms=math.nan),
+    ]
+    first = write_rate_report("Rates", {"command": "x"}, {"arrival": "poisson"}, steps, tmp_path / "a", 10.0)
+    again = rewrite_rate_report(first["json"], tmp_path / "b")
+    assert again["markdown"].read_text() == first["markdown"].read_text()
+    assert again["markdown"].read_text().startswith("# Rates\n")
+    old = json.loads(first["json"].read_text())
+    del old["title"]  # a file from before titles were kept: the title comes from its rates.md
+    first["json"].write_text(json.dumps(old))
+    completed = subprocess.run(
+        [sys.executable, "-m", "loadtest", "report", str(first["json"]), "--out", str(tmp_path / "c")],
+        capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert completed.returncode == 0, completed.stderr
+    assert (tmp_path / "c" / "rates.md").read_text() == first["markdown"].read_text()
+    assert "1 of 1 steps neither engine flagged agree within 10%" in first["markdown"].read_text()
+    (tmp_path / "other.json").write_text('{"steps": [{"concurrency": 1}]}')
+    with pytest.raises(DataError, match=r"not a rates\.json"):
+        rewrite_rate_report(tmp_path / "other.json", tmp_path / "d")
