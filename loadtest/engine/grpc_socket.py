@@ -213,6 +213,8 @@ class Connection:
         """Mark the connection failed and wake every call on it (the state lock held)."""
         if self.failed is None:
             self.failed = reason
+            with contextlib.suppress(OSError):  # wakes a reader blocked in recv, as close does not
+                self._socket.shutdown(_socket.SHUT_RDWR)
             self._socket.close()
         self._state.notify_all()
 
@@ -244,8 +246,8 @@ class Connection:
         finally:
             with self._state:
                 self._calls.pop(stream, None)
-                if self.going_away and not self._calls:
-                    self._fail("the server closed the connection (GOAWAY)")
+                if not self._calls and self.failed is None and not self.usable:  # its last call
+                    self._fail("the connection was retired (GOAWAY, or its stream ids used up)")
         return call
 
     def _data_frames(self, stream: int, call: _Call) -> list[bytes]:
@@ -353,7 +355,10 @@ class Connection:
         if kind == HEADERS:
             block = _header_block(payload, flags)
             while not flags & END_HEADERS:
-                kind, flags, _, payload = self._next_frame(deadline)
+                try:
+                    kind, flags, _, payload = self._next_frame(deadline)
+                except TimeoutError:  # the block's first part is read: no later reader can decode it
+                    raise ValueError("a header block was cut off by a call's deadline") from None
                 if kind != CONTINUATION:
                     raise ValueError(f"a header block broken off by a frame of type {kind}")
                 block += payload
@@ -493,8 +498,7 @@ class SocketGrpcInfer:
         with slot.lock:
             connection = slot.connection
             if connection is None or not connection.usable:
-                if connection is not None:
-                    connection.close()  # its calls are over (a GOAWAY) or failed already
+                # One that failed is closed; one going away closes after its last call.
                 try:
                     connection = slot.connection = Connection(self._address, self._block, self._timeout_s)
                 except OSError as exc:

@@ -338,19 +338,22 @@ def test_senders_sharing_a_connection_get_their_own_answers_in_any_order(peer) -
     assert sockets.open()._slot.connection is None  # the last sender closed it
 
 
-def test_a_goaway_fails_the_calls_after_its_last_stream_and_the_next_call_opens_a_new_connection(
-    peer,
-) -> None:
-    said = threading.Event()
+def test_a_goaway_fails_the_calls_after_its_last_stream_and_lets_the_others_finish(peer) -> None:
+    """The server says GOAWAY with the first of two calls as its last stream: the second fails
+    at once, its sender's next call opens a new connection, and the first is still answered on
+    the old one, which closes after it."""
+    said, reopened = threading.Event(), threading.Event()
 
     def script(conn: Conn) -> None:
         conn.start()
         if said.is_set():  # a later connection answers every call
+            reopened.set()
             while True:
                 conn.answer(conn.request()[0])
         said.set()
         first, _ = conn.request()[0], conn.request()[0]
         conn.send(h2.GOAWAY, 0, 0, struct.pack(">II", first, 0))
+        assert reopened.wait(5)  # the first call is still in flight when the next one goes out
         conn.answer(first)
         while True:
             conn.frame()
@@ -358,24 +361,24 @@ def test_a_goaway_fails_the_calls_after_its_last_stream_and_the_next_call_opens_
     server = peer(script)
     sockets = GrpcSockets(server.url, timeout_s=5, share=2)
     senders = [sockets.open(), sockets.open()]
-    results: dict[int, object] = {}
+    results: dict[int, list[object]] = {0: [], 1: []}
 
     def send(index: int) -> None:
         time.sleep(0.1 * index)
-        try:
-            results[index] = senders[index](REQUEST, ROWS)
-        except ClientError as exc:
-            results[index] = str(exc)
+        for _ in range(index + 1):  # the second sender calls again after its call failed
+            try:
+                results[index].append(senders[index](REQUEST, ROWS))
+            except ClientError as exc:
+                results[index].append(str(exc))
 
     threads = [threading.Thread(target=send, args=(i,)) for i in range(2)]
     for thread in threads:
         thread.start()
     for thread in threads:
         thread.join(10)
-    assert results[0] == len(_answer()) - 5
-    assert "GOAWAY NO_ERROR (before this call)" in str(results[1])
-    # The next call goes out on a new connection, which answers its first call.
-    assert senders[1](REQUEST, ROWS) == len(_answer()) - 5
+    assert results[0] == [len(_answer()) - 5]
+    assert "GOAWAY NO_ERROR (before this call)" in str(results[1][0])
+    assert results[1][1] == len(_answer()) - 5
     assert server.connections == 2
     for sender in senders:
         sender.close()
