@@ -315,11 +315,12 @@ def report(
 ) -> None:
     """Rewrite steps.csv, the PNG curves and report.md from a report.json, or rates.md and rates.png
     from a rates.json (beside it, unless --out)."""
-    from loadtest.sweeps.rates import is_rate_file, rewrite_rate_report
+    from loadtest.sweeps.rates import rate_document, rewrite_rate_report
     from loadtest.sweeps.report import Report, write_report
 
-    if is_rate_file(json_file):
-        paths = rewrite_rate_report(json_file, out or json_file.parent)
+    document = rate_document(json_file)
+    if document is not None:
+        paths = rewrite_rate_report(json_file, out or json_file.parent, document)
     else:
         paths = write_report(Report.load(json_file), out or json_file.parent)
     print(f"report: {paths['markdown']}")

@@ -39,10 +39,9 @@ import urllib.parse
 
 import grpc
 import hpack
-from tritonclient.grpc import service_pb2
 
 from bundle.errors import ClientError, ConfigError, DataError
-from loadtest.engine.wire import MODEL_INFER, check_scores
+from loadtest.engine.wire import MODEL_INFER, check_answer, connected_socket, send_whole, socket_address
 
 #: The client connection preface (RFC 9113 section 3.4).
 PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
@@ -166,13 +165,8 @@ class Connection:
     """
 
     def __init__(self, address: tuple[str, int], block: bytes, timeout_s: float) -> None:
-        found = _socket.getaddrinfo(*address, 0, _socket.SOCK_STREAM)
-        family, kind, protocol, _, where = found[0]
-        sock = _socket.socket(family, kind, protocol)
+        sock = connected_socket(address, timeout_s)
         try:
-            sock.settimeout(timeout_s)
-            sock.connect(where)
-            sock.setsockopt(_socket.IPPROTO_TCP, _socket.TCP_NODELAY, 1)
             settings = struct.pack(">HIHI", SETTINGS_ENABLE_PUSH, 0, SETTINGS_INITIAL_WINDOW_SIZE, MAX_WINDOW)
             sock.sendall(
                 PREFACE
@@ -268,13 +262,9 @@ class Connection:
         return frames
 
     def _send_frames(self, frames: list[bytes]) -> None:
-        """Write ``frames`` whole (the write lock held): a ``sendmsg`` on a socket with a timeout
-        may write part of them."""
+        """Write ``frames`` whole (the write lock held); a failed write fails the connection."""
         try:
-            sent = self._socket.sendmsg(frames)
-            total = sum(map(len, frames))
-            if sent < total:
-                self._socket.sendall(b"".join(frames)[sent:])
+            send_whole(self._socket, frames)
         except OSError as exc:  # part of a frame may be out: nothing more can follow it
             with self._state:
                 self._fail(str(exc) or type(exc).__name__)
@@ -481,11 +471,8 @@ class SocketGrpcInfer:
     """
 
     def __init__(self, url: str, timeout_s: float, slot: _Slot | None = None) -> None:
-        host, _, port = url.rpartition(":")
-        if not port.isdigit():
-            raise ClientError(f"{url}: expected host:port")
         self.url = url
-        self._address = (host.strip("[]") or "127.0.0.1", int(port))
+        self._address = socket_address(url)
         self._timeout_s = timeout_s
         self._block = request_headers(url, timeout_s=timeout_s)
         self._own = slot is None
@@ -549,11 +536,7 @@ class SocketGrpcInfer:
                 f"{self.url}: the answer is not one uncompressed gRPC message "
                 f"(flag {compressed}, {length} bytes said, {len(body) - _MESSAGE.size} read)"
             )
-        try:
-            response = service_pb2.ModelInferResponse.FromString(bytes(body[_MESSAGE.size :]))
-        except Exception as exc:  # protobuf's DecodeError, or what its C implementation raises
-            raise DataError(f"{self.url}: the answer is no ModelInferResponse ({exc})") from None
-        check_scores([len(c) for c in response.raw_output_contents], rows)
+        check_answer(bytes(body[_MESSAGE.size :]), rows, self.url)
         return length
 
     def close(self) -> None:

@@ -78,6 +78,59 @@ def check_scores(output_bytes: list[int], rows: int) -> None:
         )
 
 
+def check_answer(answer: bytes, rows: int, url: str) -> None:
+    """A serialised ``ModelInferResponse`` from ``url`` holding one output of ``rows`` FP32 scores,
+    or :class:`DataError`."""
+    try:
+        response = service_pb2.ModelInferResponse.FromString(answer)
+    except Exception as exc:  # protobuf's DecodeError, or what its C implementation raises
+        raise DataError(f"{url}: the answer is no ModelInferResponse ({exc})") from None
+    check_scores([len(c) for c in response.raw_output_contents], rows)
+
+
+def socket_address(url: str) -> tuple[str, int]:
+    """``host:port`` as a socket address: no host is 127.0.0.1, an IPv6 host loses its brackets.
+
+    Raises:
+        ClientError: ``url`` names no port.
+    """
+    host, _, port = url.rpartition(":")
+    if not port.isdigit():
+        raise ClientError(f"{url}: expected host:port")
+    return host.strip("[]") or "127.0.0.1", int(port)
+
+
+def connected_socket(address: tuple[str, int], timeout_s: float) -> _socket.socket:
+    """A TCP connection to ``address`` on the C socket (which gevent never patches), each
+    operation bounded by ``timeout_s``, Nagle's delay off; closed again when it fails.
+
+    Raises:
+        OSError: the address does not resolve, or the connection fails.
+    """
+    family, kind, protocol, _, where = _socket.getaddrinfo(*address, 0, _socket.SOCK_STREAM)[0]
+    sock = _socket.socket(family, kind, protocol)
+    try:
+        sock.settimeout(timeout_s)
+        sock.connect(where)
+        sock.setsockopt(_socket.IPPROTO_TCP, _socket.TCP_NODELAY, 1)
+    except OSError:
+        sock.close()
+        raise
+    return sock
+
+
+def send_whole(sock: _socket.socket, parts: list[bytes]) -> None:
+    """Write ``parts`` in one ``sendmsg``, and whatever of them it left (on a socket with a
+    timeout, ``sendmsg`` may write part of them) after it.
+
+    Raises:
+        OSError: the connection failed.
+    """
+    sent = sock.sendmsg(parts)
+    if sent < sum(map(len, parts)):
+        sock.sendall(b"".join(parts)[sent:])
+
+
 def open_channel(url: str) -> grpc.Channel:
     """A load generator's channel to ``url`` (:data:`CHANNEL_OPTIONS`)."""
     return grpc.insecure_channel(url, options=CHANNEL_OPTIONS)
@@ -111,8 +164,7 @@ class RawGrpcInfer:
             code = exc.code() if hasattr(exc, "code") else None
             details = exc.details() if hasattr(exc, "details") else str(exc)
             raise ClientError(f"{self.url}: {getattr(code, 'name', code)} {details}") from None
-        response = service_pb2.ModelInferResponse.FromString(answer)
-        check_scores([len(c) for c in response.raw_output_contents], rows)
+        check_answer(answer, rows, self.url)
         return len(answer)
 
     def close(self) -> None:
@@ -206,9 +258,8 @@ class RawHttpInfer:
     """
 
     def __init__(self, url: str, model: str, header_length: int, timeout_s: float) -> None:
-        host, _, port = url.rpartition(":")
         self.url = url
-        self._address = (host or "127.0.0.1", int(port))
+        self._address = socket_address(url)
         self._timeout_s = timeout_s
         self._prefix = (
             f"POST /v2/models/{model}/infer HTTP/1.1\r\nHost: {url}\r\n"
@@ -221,15 +272,9 @@ class RawHttpInfer:
 
     def _connect(self) -> _socket.socket:
         try:
-            family, kind, protocol, _, address = _socket.getaddrinfo(*self._address, 0, _socket.SOCK_STREAM)[
-                0
-            ]
-            sock = _socket.socket(family, kind, protocol)
-            sock.settimeout(self._timeout_s)
-            sock.connect(address)
+            sock = connected_socket(self._address, self._timeout_s)
         except OSError as exc:
             raise ClientError(f"{self.url}: {exc}") from None
-        sock.setsockopt(_socket.IPPROTO_TCP, _socket.TCP_NODELAY, 1)
         self._buffer.clear()
         self._socket = sock
         return sock
@@ -246,9 +291,7 @@ class RawHttpInfer:
         if head is None:
             head = self._heads[len(body)] = self._prefix + b"%d\r\n\r\n" % len(body)
         try:
-            sent = sock.sendmsg([head, body])
-            if sent < len(head) + len(body):  # a socket with a timeout may write part of them
-                sock.sendall((head + body)[sent:])
+            send_whole(sock, [head, body])
             status, headers, answer = self._read_answer(sock)
         except (OSError, ValueError) as exc:
             self.close()

@@ -586,28 +586,30 @@ def is_rate_document(document: Any) -> bool:
     )
 
 
-def is_rate_file(path: Path) -> bool:
-    """Whether ``path`` holds a ``rates.json`` (False for anything else, readable or not)."""
+def rate_document(path: Path) -> dict[str, Any] | None:
+    """The ``rates.json`` at ``path``, or None for any other file (readable or not)."""
     try:
-        return is_rate_document(json.loads(path.read_text()))
+        document = json.loads(path.read_text())
     except (OSError, ValueError):
-        return False
+        return None
+    return document if is_rate_document(document) else None
 
 
-def rewrite_rate_report(path: Path, out: Path) -> dict[str, Path]:
+def rewrite_rate_report(path: Path, out: Path, document: dict[str, Any] | None = None) -> dict[str, Path]:
     """``rates.json``, ``rates.md`` and ``rates.png`` written again in ``out`` from the ``rates.json``
-    at ``path``, by this version's report (its title from the file, or from the ``rates.md``
-    beside it for a file that predates it).
+    at ``path`` (``document``, when the caller has read it already), by this version's report
+    (its title from the file, or from the ``rates.md`` beside it for a file that predates it).
 
     Raises:
         DataError: the file is not a ``rates.json``.
     """
-    try:
-        document = json.loads(path.read_text())
-    except (OSError, ValueError) as exc:
-        raise DataError(f"{path}: not readable as JSON ({exc})") from None
-    if not is_rate_document(document):
-        raise DataError(f"{path}: not a rates.json (no steps at request rates)")
+    if document is None:
+        try:
+            document = json.loads(path.read_text())
+        except (OSError, ValueError) as exc:
+            raise DataError(f"{path}: not readable as JSON ({exc})") from None
+        if not is_rate_document(document):
+            raise DataError(f"{path}: not a rates.json (no steps at request rates)")
     beside = path.with_suffix(".md")
     first = beside.read_text().split("\n", 1)[0] if beside.exists() else ""
     title = document.get("title") or (first[2:] if first.startswith("# ") else "Open-loop steps")
