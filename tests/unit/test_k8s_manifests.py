@@ -272,15 +272,17 @@ def test_gpu_overlay_requests_a_gpu_and_builds_plans_before_serving() -> None:
         assert resources["requests"]["nvidia.com/gpu"] == "1", container["name"]
     assert [c["name"] for c in pod["initContainers"]] == ["fetch-repository", "trt-build"]
     fetch, build = pod["initContainers"]
-    assert fetch["args"] == ["fetch", "--from", "$(REPOSITORY_URL)", "--repository", "/models"]
-    assert build["args"][:3] == ["tensorrt", "--repository", "/models"]
+    # Both write the one folder the server serves (tests/unit/test_k8s_fetch.py runs the fetch there).
+    assert fetch["args"] == ["fetch", "--from", "$(REPOSITORY_URL)", "--repository", "$(MODEL_REPOSITORY)"]
+    assert build["args"][:3] == ["tensorrt", "--repository", "$(MODEL_REPOSITORY)"]
     # The build image is TensorRT of the server's NGC release (a plan runs only under its builder).
     assert build["image"].endswith(f":{_compose_release()}")
     dockerfile = (K8S / "trt-build" / "Dockerfile").read_text()
     assert f"ARG NGC_RELEASE={_compose_release()}" in dockerfile
     assert "FROM nvcr.io/nvidia/tensorrt:${NGC_RELEASE}-py3" in dockerfile
     data = _config_map("overlays/gpu")
-    assert data["MODEL_REPOSITORY"] == "/models"
+    # A folder inside the volume's mount, not the mount point: the fetch stages beside it.
+    assert data["MODEL_REPOSITORY"] == "/models/model_repository"
     S3Url.parse(data["REPOSITORY_URL"])
     mounts = {m["mountPath"]: m.get("readOnly", False) for m in server["volumeMounts"]}
     assert mounts["/models"] is True, "the server reads the built repository, never writes it"
