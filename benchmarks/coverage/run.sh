@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Reproduces benchmarks/coverage: benchmark 2 of the hot/cold embedding placement issue.
+# Reproduces benchmarks/coverage: how many held-out lookups the hot rows of a hot/cold model serve.
 #
 #   1. a skewed synthetic training file and a held-out file of the same hidden model (another
 #      --seed), with the Criteo Kaggle vocabulary per table: --max-vocabulary is the largest

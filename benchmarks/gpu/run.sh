@@ -1,48 +1,52 @@
 #!/usr/bin/env bash
-# Every GPU figure of the bundle in one prepared run on a lent GPU machine (GPU.md in ../shared says
-# what such a machine has and lacks), written under OUT; `--cpu` runs the same path on a CPU machine
-# at a tiny size (tests/lab/test_gpu_run_script.py runs it in make test, so the script cannot rot).
+# Every GPU figure of the bundle in one run on a GPU host, written under OUT; `--cpu` runs the same
+# path on a CPU machine at a tiny size (tests/lab/test_gpu_run_script.py runs it in make test, so the
+# script cannot rot).
 #
-# Before the run, the wheels the machine lacks and the Wide & Deep models (it has no TensorFlow) travel
-# in parts, one device call each, back to back: benchmarks/gpu/transfer.sh's header has the plan and
-# `transfer.sh prepare` prints the exact calls. The run's own call:
-#   run(carry=[".gpu-carry/small"], timeout_s=540,
-#       command="set -o pipefail; bash benchmarks/gpu/run.sh 2>&1 | tee $OUT/run.log")
+# What the GPU host needs:
+#   - an NVIDIA GPU and driver that a CUDA build of PyTorch uses (`nvidia-smi` answers);
+#   - PYTHON (python3): Python 3.12 with a CUDA build of torch and the rest of requirements.txt;
+#   - nvidia-pytriton 0.7.0, numpy 1.26.4, onnxruntime-gpu 1.31.1 and tritonclient 2.73.0 in that
+#     interpreter's own site-packages, and the Wide & Deep models (they need TensorFlow to export):
+#     benchmarks/gpu/transfer.sh makes both on a machine with network access and TensorFlow, and
+#     its header says what to copy over and how this script installs it (the install step);
+#   - make, cmake and a C++17 compiler, for the compiled stages (`make stages`) that the hot/cold
+#     model is served with, unless build/stages holds them already;
+#   - a few GB free under WORK (/tmp/gpu-bench): a reference DLRM's FP32 ONNX file alone is 1.3 GB.
 #
-# The steps, in the issue's order of priority, each timed into steps.tsv:
-#   1. what needs only the machine's own PyTorch: synthetic data, a reference-size DLRM trained there
+#   bash benchmarks/gpu/run.sh 2>&1 | tee run.log   # on the GPU host, from a copy of the checkout
+#   bash benchmarks/gpu/run.sh --cpu                 # on a CPU machine: tiny models, cpu profile
+#
+# The steps, each timed into OUT/steps.tsv:
+#   1. what needs only the host's own PyTorch: synthetic data, a reference-size DLRM trained there
 #      (26 tables of TABLE_SIZE rows, D 128, bottom 512-256-128, top 1024-1024-512-256-1; once more
 #      after step 2 should it have failed before);
-#   2. the transferred parts joined and installed into the interpreter (transfer.sh join, install);
+#   2. the parts from transfer.sh joined and installed into the interpreter (transfer.sh join,
+#      install); on the GPU host, the compiled stages built unless build/stages holds them;
 #   3. the DLRM exported three ways at once: the gpu profile as shipped (dlrm_onnx FP32,
 #      dlrm_onnx_fp16, dlrm_torch; KIND_GPU instances), the cpu profile's INT8 (the CPU default), and
 #      hot/cold in the gpu profile (hot rows in the dense model on the GPU, the stage on the CPU,
 #      checked against the all-in-graph model); Wide & Deep's gpu and INT8 variants from the payload;
 #   4. lab gpu on the gpu profile: every DLRM and Wide & Deep variant at batch 1 (p50), 1024 and 8192,
 #      system shared memory, in-process beside it; the verdicts: the fastest variant passing the AUC
-#      gate against the 15M samples/s target with its p99, FP16 against FP32 for both families;
+#      gate against lab gpu's 15M samples/s target with its p99, FP16 against FP32 for both families;
 #   5. lab gpu on the cpu profile's INT8 models (DLRM's FP32 should its INT8 gate refuse it), served on
 #      the same host's cores; then lab gpu-vs-cpu:
 #      batch-1 p50 and best throughput, GPU against CPU, per family;
 #   6. lab gpu on the hot/cold model (an ensemble, served only) at 1024 and 8192.
-# Not yet timed on an H100 as a whole: steps.tsv gives each step's seconds, for the knobs below to fit
-# the next run into 8 minutes (GPU_STEPS and LAB_ARGS weigh most: about 5 steps of 1 + 2 x 1 s and a
-# model load per variant).
-# OUT receives at most 8 files (what the device tool brings back): run.log (from the tee above),
-# steps.tsv, results.tar.gz (every result file, the export reports and the server logs; rewritten
-# after each step, so a run cut short still brings back what it measured), gpu.md, cpu.md,
-# gpu_vs_cpu.md, hot_cold.md.
-#
-#   bash benchmarks/gpu/run.sh              # on the GPU machine, after the transfers
-#   bash benchmarks/gpu/run.sh --cpu        # here: tiny models, cpu profile, the bundle's local server
+# Not yet timed on an H100 as a whole: steps.tsv gives each step's seconds (GPU_STEPS and LAB_ARGS
+# weigh most: about 5 steps of 1 + 2 x 1 s and a model load per variant).
+# OUT stays small, at most 8 files: run.log (from the tee above), steps.tsv, results.tar.gz (every
+# result file, the export reports and the server logs; rewritten after each step and every 20 s, so
+# a run cut short still leaves what it measured), gpu.md, cpu.md, gpu_vs_cpu.md, hot_cold.md.
 #
 # The committed results of earlier GPU runs (result.*, instances/, fp16/, kernels.txt) came from this
 # script's previous version (git history); this one writes nothing under benchmarks/.
 #
 # Knobs (environment): PYTHON, WORK (models and data), OUT, PAYLOAD (the joined parts), ROWS,
 # TABLE_SIZE, PRESET, HOT_BUDGET, GPU_STEPS / CPU_STEPS / HOT_COLD_STEPS (BATCHxCONCURRENCY lists),
-# LAB_ARGS (options of every lab gpu call), SKIP (step names not to run: train install export gpu cpu
-# hot_cold), WIDE_DEEP_GPU_REPO and WIDE_DEEP_CPU_REPO (repositories holding the Wide & Deep models).
+# LAB_ARGS (options of every lab gpu call), SKIP (step names not to run: train install stages export
+# gpu cpu hot_cold), WIDE_DEEP_GPU_REPO and WIDE_DEEP_CPU_REPO (repositories holding the Wide & Deep models).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 MODE=gpu
@@ -161,6 +165,11 @@ install() {
   fi
 }
 
+stages() {  # the compiled stages (the hot/cold model is served with them), unless build/stages holds them
+  [[ -f build/stages/embedding/libtriton_embedding.so && -f build/stages/raw_rows/libtriton_raw_rows.so ]] ||
+    make stages
+}
+
 export_all() {  # the three DLRM exports at once (each its own log), then Wide & Deep beside them
   local common=(--checkpoint "$WORK/dlrm" --check-data "$WORK/data/check.tsv" --check-rows "$CHECK_ROWS"
     --max-batch-size "$MAX_BATCH_SIZE")
@@ -198,13 +207,16 @@ gpu_vs_cpu() {
 }
 
 status=0
-# what a run cut short (the device call's timeout) has measured still comes back
+# what a run cut short (killed, or out of time) has measured is in OUT already
 (while sleep 20; do pack; done) >/dev/null 2>&1 &
 packer=$!
 trap 'kill $packer 2>/dev/null || true' EXIT
 step machine machine || status=1
 step train train || status=1
 step install install || status=1
+if [[ $MODE == gpu ]]; then
+  step stages stages || status=1
+fi
 # should training have needed what the install brings (numpy 1.26.4), once more after it
 [[ -f $WORK/dlrm/model.pt ]] || step train_again train || status=1
 step export export_all || status=1

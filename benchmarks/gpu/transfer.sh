@@ -1,50 +1,56 @@
 #!/usr/bin/env bash
-# What benchmarks/gpu/run.sh needs on a lent GPU machine that the machine lacks, and how it gets there.
+# The Python wheels and Wide & Deep models that benchmarks/gpu/run.sh needs on a GPU host without
+# network access: made on a machine that has network access and TensorFlow, copied over as a few
+# checksummed parts, joined and installed on the GPU host.
 #
-# The machine (../shared/GPU.md): Python 3.12 with a CUDA torch, numpy 2.x, a CPU-only onnxruntime,
-# no TensorFlow, no network; each call of the device tool carries at most 64 MiB (the code is about
-# 10 MiB of it) and the machine stays warm only about 30 s after a call. So:
-#   - small wheels (tritonclient and what its clients import: about 7 MB) travel with the code, in
-#     .gpu-carry/small, in the run's own call;
-#   - the large ones (nvidia-pytriton 0.7.0, numpy 1.26.4, onnxruntime-gpu 1.31.1) and the Wide & Deep
-#     models (exported here: the machine has no TensorFlow; reference layers, WD_TABLE_SIZE rows per
-#     table so that they travel) go into one tar stream cut into parts of PART_MIB MiB
-#     (.gpu-carry/part.NN), each carried by one call before the run, back to back, and set aside
-#     outside the checkout (PARTS, /tmp/gpu-bench-parts) until the run joins them.
+# What run.sh needs on the GPU host (its header has the rest):
+#   - an NVIDIA GPU and driver that the host's CUDA build of PyTorch uses (`nvidia-smi` answers);
+#     the committed results come from an H100 80GB HBM3 with driver 580.159.04 (their record);
+#   - PYTHON (python3) at GPU_PYTHON_VERSION (3.12: the wheels below are downloaded for it), with a
+#     CUDA build of torch and the rest of the bundle's requirements (requirements.txt);
+#   - these wheels in that interpreter's own site-packages: nvidia-pytriton 0.7.0 (tritonserver
+#     2.51), numpy 1.26.4, onnxruntime-gpu 1.31.1 (run with CUDA 13's cuBLAS and cuDNN on the
+#     system library path),
+#     tritonclient 2.73.0 and what its clients import (LARGE_WHEELS and SMALL_WHEELS below);
+#   - the Wide & Deep models, exported on a machine with TensorFlow (`wide-deep` below), since a
+#     GPU host often has none; run.sh trains and exports the DLRM on the GPU host itself.
 #
-# On the CPU machine (network, TensorFlow):
-#   bash benchmarks/gpu/transfer.sh prepare        # wheels + Wide & Deep -> .gpu-carry/{small,part.NN}
-#   (prepare = download the wheels, `wide-deep .gpu-carry/stage/wide_deep`, then `pack`)
-# prints the exact sequence of device calls; it is, for N parts (part.00 .. part.N-1):
-#   run(carry=[".gpu-carry/part.00"], command="bash benchmarks/gpu/transfer.sh stash .gpu-carry/part.00", timeout_s=60)
-#   ... one call per part, back to back (each within the 30 s the machine stays warm) ...
-#   run(carry=[".gpu-carry/small"], timeout_s=540,
-#       command="set -o pipefail; bash benchmarks/gpu/run.sh 2>&1 | tee $OUT/run.log")
-# (the last part rides with the run's call when it fits: then that call carries it too and stashes
-# it first). With the wheels above (about 330 MB) and the Wide & Deep models at 1000 rows per table
-# (about 60 MB), that is 8 parts of 50 MiB: 7 calls before the run, the 8th part in the run's call.
-# run.sh joins the parts (checksums in .gpu-carry/small/parts.sha256), installs the wheels into the
-# interpreter, and takes every figure; then give the machine back. If any part's call failed (a fresh
-# machine has none of the earlier parts), start again from part.00.
+# On the machine with network access and TensorFlow, in the checkout:
+#   bash benchmarks/gpu/transfer.sh prepare
+# downloads the wheels, exports the Wide & Deep models (reference layers, WD_TABLE_SIZE rows per
+# table: 1000), packs both into PACK_DIR/part.NN (PART_MIB MiB each) with their checksums in
+# PACK_DIR/parts.sha256, and prints what to copy. With the defaults that is about 400 MB.
+# On the GPU host, in a copy of the same checkout:
+#   copy every part.NN and parts.sha256 into PARTS (by default PACK_DIR, artifacts/gpu-payload), or
+#   copy them anywhere and move them there with `bash benchmarks/gpu/transfer.sh stash FILE...`;
+#   then `bash benchmarks/gpu/run.sh 2>&1 | tee run.log`: it checks every part against
+#   parts.sha256, joins them into PAYLOAD, installs the wheels and takes every figure.
+# A GPU host with network access needs no parts: pip-install the wheels below into PYTHON (numpy and
+# onnxruntime-gpu in place of the versions it has), make the Wide & Deep models with
+# `transfer.sh wide-deep DIR` on a machine with TensorFlow, copy DIR over and run
+#   SKIP=install WIDE_DEEP_GPU_REPO=DIR/gpu WIDE_DEEP_CPU_REPO=DIR/cpu bash benchmarks/gpu/run.sh
 #
-# On the GPU machine (what run.sh calls):
-#   transfer.sh stash PART...   move carried parts out of the checkout into PARTS
-#   transfer.sh join            check every part against parts.sha256, unpack into PAYLOAD
-#   transfer.sh install         pip-install the payload's and the small wheels into PYTHON's own
-#                               site-packages (GPU.md's two traps: the python backend's stub ignores
-#                               PYTHONPATH, so onnxruntime-gpu must replace onnxruntime there, and
-#                               numpy 1.26.4 must replace numpy 2.x)
+# The commands:
+#   transfer.sh prepare         download the wheels, export Wide & Deep, then pack
+#   transfer.sh pack            PACK_DIR/stage/{wheels,wide_deep} -> PACK_DIR/part.NN, parts.sha256
+#   transfer.sh stash FILE...   move copied parts (and parts.sha256) into PARTS
+#   transfer.sh join            check the parts that parts.sha256 lists, unpack them into PAYLOAD
+#   transfer.sh install         pip-install PAYLOAD's wheels into PYTHON's own site-packages: the
+#                               python backend's stub ignores PYTHONPATH, so onnxruntime-gpu must
+#                               replace onnxruntime there (or no KIND_GPU model loads), and numpy
+#                               1.26.4 must replace a numpy 2.x (with which every response came
+#                               back with an empty output tensor)
 #   transfer.sh wide-deep DIR   train and export the Wide & Deep models into DIR/{gpu,cpu} (needs
-#                               TensorFlow: the CPU machine; run.sh --cpu calls it too)
+#                               TensorFlow; run.sh --cpu calls it too)
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 PYTHON=${PYTHON:-python3}
-CARRY=${CARRY:-.gpu-carry}
-PARTS=${PARTS:-/tmp/gpu-bench-parts}
+PACK_DIR=${PACK_DIR:-artifacts/gpu-payload}
+PARTS=${PARTS:-$PACK_DIR}
 PAYLOAD=${PAYLOAD:-/tmp/gpu-bench-payload}
 PART_MIB=${PART_MIB:-50}
-CODE_MIB=${CODE_MIB:-12}  # what the checkout itself weighs in a call (git ls-files -co --exclude-standard)
-# The wheels for the machine's Python (cp312, manylinux x86_64), pinned as GPU.md lists them.
+GPU_PYTHON_VERSION=${GPU_PYTHON_VERSION:-3.12}
+# The wheels for the GPU host's Python (manylinux x86_64), pinned as the bundle's results used them.
 LARGE_WHEELS=(nvidia-pytriton==0.7.0 numpy==1.26.4 onnxruntime-gpu==1.31.1)
 SMALL_WHEELS=(tritonclient==2.73.0 python-rapidjson geventhttpclient gevent zope.event zope.interface greenlet
   brotli)
@@ -52,11 +58,11 @@ PLATFORMS=(--platform manylinux_2_35_x86_64 --platform manylinux_2_31_x86_64 --p
   --platform manylinux_2_27_x86_64 --platform manylinux_2_24_x86_64 --platform manylinux_2_17_x86_64
   --platform manylinux2014_x86_64 --platform manylinux1_x86_64)
 
-download() {  # download DIR SPEC...: cp312 manylinux wheels, no dependencies (each is named)
+download() {  # download DIR SPEC...: manylinux wheels for GPU_PYTHON_VERSION, no dependencies (each is named)
   local dir=$1
   shift
-  python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
-    "${PLATFORMS[@]}" -d "$dir" "$@"
+  python3 -m pip download -q --no-deps --only-binary=:all: --python-version "$GPU_PYTHON_VERSION" \
+    --implementation cp "${PLATFORMS[@]}" -d "$dir" "$@"
 }
 
 wide_deep() {  # wide_deep DIR: Wide & Deep trained and exported into DIR/gpu and DIR/cpu
@@ -82,60 +88,50 @@ wide_deep() {  # wide_deep DIR: Wide & Deep trained and exported into DIR/gpu an
 
 case ${1:-} in
   prepare)
-    rm -rf "$CARRY" && mkdir -p "$CARRY/small" "$CARRY/stage/wheels"
-    download "$CARRY/small" "${SMALL_WHEELS[@]}"
-    download "$CARRY/stage/wheels" "${LARGE_WHEELS[@]}"
-    PYTHON=${PREPARE_PYTHON:-python} wide_deep "$CARRY/stage/wide_deep"
+    rm -rf "$PACK_DIR" && mkdir -p "$PACK_DIR/stage/wheels"
+    download "$PACK_DIR/stage/wheels" "${LARGE_WHEELS[@]}" "${SMALL_WHEELS[@]}"
+    PYTHON=${PREPARE_PYTHON:-python} wide_deep "$PACK_DIR/stage/wide_deep"
     bash "$0" pack
     ;;
   pack)
-    # CARRY/stage/{wheels,wide_deep} -> CARRY/part.NN of PART_MIB MiB, their checksums in CARRY/small
-    rm -f "$CARRY"/part.*
-    mkdir -p "$CARRY/small"
-    tar -cf - -C "$CARRY/stage" wheels wide_deep | split -b "${PART_MIB}M" -d - "$CARRY/part."
-    rm -rf "$CARRY/stage"
-    (cd "$CARRY" && sha256sum part.* >small/parts.sha256)
-    echo "device calls, back to back (then give the machine back):"
-    parts=("$CARRY"/part.*)
-    last=${parts[-1]} carried=()
-    # the last part rides with the run when it fits beside the code and the small wheels (64 MiB)
-    if (($(du -cm "$last" "$CARRY/small" | tail -1 | cut -f1) + CODE_MIB <= 60)); then
-      unset 'parts[-1]'
-      carried=("$last")
-    fi
-    for part in "${parts[@]}"; do
-      echo "  run(carry=[\"$part\"], command=\"bash benchmarks/gpu/transfer.sh stash $part\", timeout_s=60)"
+    # PACK_DIR/stage/{wheels,wide_deep} -> PACK_DIR/part.NN of PART_MIB MiB, their checksums beside
+    rm -f "$PACK_DIR"/part.* "$PACK_DIR/parts.sha256"
+    tar -cf - -C "$PACK_DIR/stage" wheels wide_deep | split -b "${PART_MIB}M" -d - "$PACK_DIR/part."
+    rm -rf "$PACK_DIR/stage"
+    (cd "$PACK_DIR" && sha256sum part.* >parts.sha256)
+    parts=("$PACK_DIR"/part.*)
+    echo "copy these to the GPU host, into $PARTS (from the checkout there; or anywhere, then" \
+      "bash benchmarks/gpu/transfer.sh stash FILE... moves them there):"
+    for file in "${parts[@]}" "$PACK_DIR/parts.sha256"; do
+      echo "  $file"
     done
-    if ((${#carried[@]})); then
-      echo "  run(carry=[\"$CARRY/small\", \"$last\"], timeout_s=540, command=\"set -o pipefail;" \
-        "bash benchmarks/gpu/transfer.sh stash $last && bash benchmarks/gpu/run.sh 2>&1 | tee \$OUT/run.log\")"
-    else
-      echo "  run(carry=[\"$CARRY/small\"], timeout_s=540, command=\"set -o pipefail;" \
-        "bash benchmarks/gpu/run.sh 2>&1 | tee \$OUT/run.log\")"
-    fi
-    du -sh "$CARRY"/part.* "$CARRY/small"
+    echo "then run there: bash benchmarks/gpu/run.sh 2>&1 | tee run.log"
+    du -shc "${parts[@]}" | tail -1
     ;;
   stash)
     shift
     mkdir -p "$PARTS"
-    for part in "$@"; do mv -f "$part" "$PARTS/"; done
+    for file in "$@"; do
+      [[ $(realpath -m "$file") == "$(realpath -m "$PARTS")/$(basename "$file")" ]] || mv -f "$file" "$PARTS/"
+    done
     ls -l "$PARTS"
     ;;
   join)
     [[ -f $PAYLOAD/.joined ]] && exit 0
-    manifest=$(realpath "$CARRY/small/parts.sha256")
-    (cd "$PARTS" && sha256sum -c --quiet "$manifest")
+    [[ -f $PARTS/parts.sha256 ]] || { echo "no $PARTS/parts.sha256: copy the parts and it there first" >&2 && exit 1; }
+    (cd "$PARTS" && sha256sum -c --quiet parts.sha256)
+    mapfile -t listed < <(awk '{print $2}' "$PARTS/parts.sha256")
     rm -rf "$PAYLOAD" && mkdir -p "$PAYLOAD"
-    cat "$PARTS"/part.* | tar -xf - -C "$PAYLOAD"
+    (cd "$PARTS" && cat "${listed[@]}") | tar -xf - -C "$PAYLOAD"
     touch "$PAYLOAD/.joined"
     ;;
   install)
     # Into the interpreter's own site-packages, never --target: the python backend's stub ignores
     # PYTHONPATH. onnxruntime goes first: onnxruntime-gpu installs the same module files.
-    [[ -f $PAYLOAD/.installed ]] && exit 0  # a rerun on the same warm machine
+    [[ -f $PAYLOAD/.installed ]] && exit 0  # installed already by an earlier run
     "$PYTHON" -m pip uninstall -q -y onnxruntime || true
     "$PYTHON" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --force-reinstall \
-      "$PAYLOAD"/wheels/*.whl "$CARRY"/small/*.whl
+      "$PAYLOAD"/wheels/*.whl
     # both traps fail here, loudly, rather than as KIND_GPU models that do not load or empty outputs
     "$PYTHON" -c 'import sys, numpy, onnxruntime as ort; found = (numpy.__version__, ort.get_available_providers())
 print("numpy", found[0], "onnxruntime", ort.__version__, found[1])
@@ -146,7 +142,7 @@ sys.exit(found[0] != "1.26.4" or "CUDAExecutionProvider" not in found[1])'
     wide_deep "$2"
     ;;
   *)
-    echo "usage: transfer.sh prepare | pack | stash PART... | join | install | wide-deep DIR" >&2
+    echo "usage: transfer.sh prepare | pack | stash FILE... | join | install | wide-deep DIR" >&2
     exit 2
     ;;
 esac

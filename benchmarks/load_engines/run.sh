@@ -6,7 +6,7 @@
 #
 #   bash benchmarks/load_engines/run.sh      # from the repository root, after `make setup`
 #
-# The model is the issue's set-up: an untrained `small` DLRM (its speed does not depend on
+# The set-up: an untrained `small` DLRM (its speed does not depend on
 # training), exported FP32 and INT8 (dlrm_onnx, dlrm_onnx_int8), gRPC and HTTP, batch 1, 64 and
 # 1024, concurrency 1, 2, 4 and 8. The load generators run on core 0 (CLIENT_CPUS) and the
 # server on the others, so that no engine's CPU is taken from the server. Every engine measures

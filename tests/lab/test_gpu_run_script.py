@@ -1,10 +1,11 @@
-"""``benchmarks/gpu/run.sh`` and its transfer helper, run as a GPU session would run them, on the CPU.
+"""``benchmarks/gpu/run.sh`` and its helper ``transfer.sh``, run on the CPU as a GPU host runs them.
 
-The GPU run happens rarely and in a few prepared minutes; these tests keep its path working
-between runs: ``run.sh --cpu`` trains, exports and measures tiny models through the same steps
-(the bundle's local tritonserver, the cpu profile's configs in place of KIND_GPU ones) and its
-result files are read back; ``transfer.sh`` packs a payload into parts, and the parts, set
-aside one call at a time, join back into the same files (a damaged part is refused).
+A GPU host is at hand rarely; these tests keep the script's path working between GPU runs:
+``run.sh --cpu`` trains, exports and measures tiny models through the same steps (the bundle's
+local tritonserver, the cpu profile's configs in place of KIND_GPU ones) and its result files
+are read back; ``transfer.sh`` packs a payload into checksummed parts and prints what to copy,
+and the parts, moved into place one by one, join back into the same files (a damaged part is
+refused, a stray one ignored).
 """
 
 from __future__ import annotations
@@ -21,7 +22,8 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPTS = ROOT / "benchmarks" / "gpu"
-#: What the device tool brings back from OUT: at most this many files, named in these characters.
+#: OUT stays small and plain, as run.sh's header promises: at most this many files, named in these
+#: characters.
 MAX_OUT_FILES = 8
 OUT_NAME = re.compile(r"[A-Za-z0-9._-]+")
 
@@ -92,25 +94,28 @@ def test_cpu_mode_takes_every_figure_and_writes_what_comes_back(tmp_path: Path) 
     assert "GPU / CPU throughput" in (out / "gpu_vs_cpu.md").read_text()
 
 
-def test_parts_set_aside_one_call_at_a_time_join_into_the_payload(tmp_path: Path) -> None:
-    carry, parts, payload = tmp_path / "carry", tmp_path / "parts", tmp_path / "payload"
-    wheels, models = carry / "stage" / "wheels", carry / "stage" / "wide_deep" / "gpu"
+def test_parts_copied_one_by_one_join_into_the_payload(tmp_path: Path) -> None:
+    pack_dir, parts, payload = tmp_path / "pack", tmp_path / "parts", tmp_path / "payload"
+    wheels, models = pack_dir / "stage" / "wheels", pack_dir / "stage" / "wide_deep" / "gpu"
     wheels.mkdir(parents=True)
     models.mkdir(parents=True)
     blob = os.urandom(2_500_000)
     (wheels / "big-1.0-py3-none-any.whl").write_bytes(blob)
     (models / "model.onnx").write_bytes(b"onnx")
-    env = {"CARRY": str(carry), "PARTS": str(parts), "PAYLOAD": str(payload), "PART_MIB": "1"}
+    env = {"PACK_DIR": str(pack_dir), "PARTS": str(parts), "PAYLOAD": str(payload), "PART_MIB": "1"}
     packed = _bash("transfer.sh", "pack", env=env, timeout=60)
     assert packed.returncode == 0, packed.stderr
-    pieces = sorted(carry.glob("part.*"))
+    pieces = sorted(pack_dir.glob("part.*"))
     assert len(pieces) == 3 and all(p.stat().st_size <= 2**20 for p in pieces)
-    calls = [line for line in packed.stdout.splitlines() if line.strip().startswith("run(")]
-    # one call per part, the last (small) part riding with the run's own call
-    assert len(calls) == 3 and all("transfer.sh stash" in call for call in calls)
-    assert "part.02" in calls[-1] and "benchmarks/gpu/run.sh" in calls[-1]
-    for piece in pieces:  # one device call each
-        assert _bash("transfer.sh", "stash", str(piece), env=env, timeout=60).returncode == 0
+    manifest = pack_dir / "parts.sha256"
+    # what to copy: every part and the checksums, then the run
+    listed = [line.strip() for line in packed.stdout.splitlines() if line.startswith("  ")]
+    assert listed == [*map(str, pieces), str(manifest)]
+    assert "bash benchmarks/gpu/run.sh" in packed.stdout
+    assert not (pack_dir / "stage").exists()
+    for file in [*pieces, manifest]:  # copied over one by one, each moved into PARTS
+        assert _bash("transfer.sh", "stash", str(file), env=env, timeout=60).returncode == 0
+    (parts / "part.99").write_bytes(b"a stray part of an earlier pack")
     joined = _bash("transfer.sh", "join", env=env, timeout=60)
     assert joined.returncode == 0, joined.stderr
     assert (payload / "wheels" / "big-1.0-py3-none-any.whl").read_bytes() == blob
@@ -120,3 +125,22 @@ def test_parts_set_aside_one_call_at_a_time_join_into_the_payload(tmp_path: Path
     with (parts / "part.01").open("r+b") as handle:
         handle.write(b"x")
     assert _bash("transfer.sh", "join", env=env, timeout=60).returncode != 0
+    # and so is a join without the checksums
+    (parts / "parts.sha256").unlink()
+    missing = _bash("transfer.sh", "join", env=env, timeout=60)
+    assert missing.returncode != 0 and "parts.sha256" in missing.stderr
+
+
+def test_parts_in_place_need_no_stash(tmp_path: Path) -> None:
+    """By default the GPU host joins the parts where pack wrote them (PARTS is PACK_DIR)."""
+    pack_dir, payload = tmp_path / "pack", tmp_path / "payload"
+    (pack_dir / "stage" / "wheels").mkdir(parents=True)
+    (pack_dir / "stage" / "wide_deep").mkdir(parents=True)
+    (pack_dir / "stage" / "wheels" / "small-1.0-py3-none-any.whl").write_bytes(b"wheel")
+    env = {"PACK_DIR": str(pack_dir), "PAYLOAD": str(payload)}
+    assert _bash("transfer.sh", "pack", env=env, timeout=60).returncode == 0
+    stashed = _bash("transfer.sh", "stash", *map(str, sorted(pack_dir.glob("part.*"))), env=env, timeout=60)
+    assert stashed.returncode == 0, stashed.stderr  # already in place: nothing moves
+    joined = _bash("transfer.sh", "join", env=env, timeout=60)
+    assert joined.returncode == 0, joined.stderr
+    assert (payload / "wheels" / "small-1.0-py3-none-any.whl").read_bytes() == b"wheel"

@@ -1,15 +1,23 @@
 """Every command line the documentation shows names subcommands and options that exist.
 
-The test reads README.md and every ``docs/**/*.md``, takes each ``python -m <stage> ...`` and
-``triton-recsys ...`` command (in fenced code blocks, with ``\\`` continuation lines joined, and
-in inline code spans, which may wrap across the lines of a paragraph) and walks it through the
-real click command tree of the stage it names (``typer.main.get_command`` of the stage's
-``__main__`` app; ``triton-recsys <stage>`` runs the same app, ``triton-recsys demo`` is
-:mod:`triton_recsys.demo`'s). Each subcommand must exist and each option (``--foo``, ``-x``)
-must be one of the command it is given to; an option's value is skipped as click would skip it,
-so placeholders such as ``REPO`` or ``...`` are fine as values. ``a|b|c`` in a subcommand's
-place names three subcommands; ``[--foo ...]`` is an optional option, checked like any other; a
-placeholder in a subcommand's place (``<name>``, ``STAGE``, ``...``) ends the check there.
+The test reads README.md, every ``docs/**/*.md`` and every committed result page
+(``benchmarks/**/*.md``: the pages include parts of them, and each shows the command that made
+it), takes each ``python -m <stage> ...`` and ``triton-recsys ...`` command (in fenced code
+blocks, with ``\\`` continuation lines joined, and in inline code spans, which may wrap across
+the lines of a paragraph) and walks it through the real click command tree of the stage it
+names (``typer.main.get_command`` of the stage's ``__main__`` app; ``triton-recsys <stage>``
+runs the same app, ``triton-recsys demo`` is :mod:`triton_recsys.demo`'s). Each subcommand must
+exist and each option (``--foo``, ``-x``) must be one of the command it is given to; an option's
+value is skipped as click would skip it, so placeholders such as ``REPO`` or ``...`` are fine as
+values. ``a|b|c`` in a subcommand's place names three subcommands; ``[--foo ...]`` is an
+optional option, checked like any other; a placeholder in a subcommand's place (``<name>``,
+``STAGE``, ``...``) ends the check there. ``bash <script>.sh`` must name a script that exists.
+
+A result keeps the command that made it even when the CLI has changed since, but only as a
+record, marked where it is shown: an inline span right after "recorded with an earlier
+version:" (words may come between "version" and the colon, e.g. the commit it ran at) is not
+checked as a command to run, provided it no longer runs as written (else the marker misleads)
+and the span right after "; today:" gives what to run now, which is checked like any other.
 """
 
 from __future__ import annotations
@@ -17,7 +25,7 @@ from __future__ import annotations
 import importlib
 import re
 import shlex
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import cache
 from pathlib import Path
 from typing import Any
@@ -25,7 +33,9 @@ from typing import Any
 import typer.main
 
 ROOT = Path(__file__).resolve().parents[2]
-PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
+#: The committed result pages: the documentation includes them, and each shows its command.
+RESULT_PAGES = sorted((ROOT / "benchmarks").rglob("*.md"))
+PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md")), *RESULT_PAGES]
 
 #: The stages ``python -m <stage>`` and ``triton-recsys <stage>`` run, by the module of their app.
 STAGE_APPS = {
@@ -39,6 +49,12 @@ SCRIPT_APPS = {**STAGE_APPS, "demo": "triton_recsys.demo"}
 SEPARATORS = {"|", "||", "&", "&&", ";", ")", "2>&1"}
 OPTION = re.compile(r"^--?[A-Za-z][\w-]*")
 INLINE_CODE = re.compile(r"(?<!`)`([^`]+)`(?!`)")
+#: The text right before a span that records a command of an earlier version, and the text
+#: between that span and the one with today's command.
+RECORDED = re.compile(r"recorded with an earlier version\b[^`.;]*:\s*$", re.IGNORECASE)
+TODAY = re.compile(r"^\s*[;,]?\s*today:\s*$", re.IGNORECASE)
+#: A script the documentation runs with ``bash``: a path relative to the repository root.
+SCRIPT = re.compile(r"[\w.-]+(/[\w.-]+)*\.sh")
 
 
 @dataclass(frozen=True)
@@ -47,6 +63,10 @@ class Command:
 
     where: str
     words: tuple[str, ...]
+    #: Shown as the record of a result made with an earlier version (see the module docstring).
+    recorded: bool = False
+    #: For a recorded command: the span that says what to run today, if the page gives one.
+    today: str | None = None
 
     def __str__(self) -> str:
         return " ".join(self.words)
@@ -84,6 +104,8 @@ def commands_in(text: str, where: str) -> list[Command]:
                 found.append(Command(where, tuple(take_command(words, start))))
         elif name == "triton-recsys":
             found.append(Command(where, ("triton-recsys", *take_command(words, index + 1))))
+        elif name == "bash" and index + 1 < len(words) and SCRIPT.fullmatch(words[index + 1]):
+            found.append(Command(where, ("bash", words[index + 1])))
     return found
 
 
@@ -116,9 +138,17 @@ def documented_commands(page: Path) -> list[Command]:
 
     def prose() -> None:
         text = "\n".join(line for _, line in paragraph)
-        for match in INLINE_CODE.finditer(text):
+        spans = list(INLINE_CODE.finditer(text))
+        for index, match in enumerate(spans):
             number = paragraph[0][0] + text.count("\n", 0, match.start())
-            found.extend(commands_in(match.group(1).replace("\n", " "), f"{name}:{number}"))
+            commands = commands_in(match.group(1).replace("\n", " "), f"{name}:{number}")
+            if RECORDED.search(text, 0, match.start()):
+                following = spans[index + 1] if index + 1 < len(spans) else None
+                today = None
+                if following and TODAY.match(text[match.end() : following.start()]):
+                    today = following.group(1).replace("\n", " ")
+                commands = [replace(command, recorded=True, today=today) for command in commands]
+            found.extend(commands)
         paragraph.clear()
 
     logical, first = "", 0
@@ -158,6 +188,9 @@ def option_names(command: CliCommand) -> dict[str, Any]:
 def check(command: Command) -> list[str]:
     """What in ``command`` its click command does not know, one line each."""
     words = list(command.words)
+    if words[0] == "bash":
+        exists = (ROOT / words[1]).is_file()
+        return [] if exists else [f"{command.where}: {command}: no script {words[1]} in the repository"]
     if words[0] in ("triton-recsys", "triton_recsys"):
         words = words[1:]
         if not words or words[0] in ("-h", "--help") or is_placeholder(words[0]):
@@ -176,7 +209,11 @@ def walk(current: CliCommand, words: list[str], command: Command, problems: list
     while index < len(words):
         word = words[index].strip("[]")
         index += 1
-        if not word or word == "...":
+        if not word:
+            continue
+        if word == "...":
+            if hasattr(current, "commands"):
+                return  # ``...`` in a subcommand's place: any subcommand, with its own options
             continue
         if OPTION.match(word):
             flag = word.split("=", 1)[0]
@@ -216,9 +253,37 @@ def test_pages_show_commands() -> None:
 
 def test_documented_options_exist() -> None:
     problems = [
-        problem for page in PAGES for command in documented_commands(page) for problem in check(command)
+        problem
+        for page in PAGES
+        for command in documented_commands(page)
+        if not command.recorded
+        for problem in check(command)
     ]
     assert not problems, "documented commands the CLI does not have:\n" + "\n".join(problems)
+
+
+def recorded_problems(command: Command) -> list[str]:
+    """What is wrong with a command marked as recorded with an earlier version, one line each."""
+    problems: list[str] = []
+    if not check(command):
+        problems.append(f"{command.where}: {command}: runs as written today: drop the marker")
+    today = command.today and commands_in(command.today, command.where)
+    if not today:
+        problems.append(f"{command.where}: {command}: recorded, but no '; today: `...`' command beside it")
+    return problems
+
+
+def test_result_pages_show_their_commands() -> None:
+    shown = [command for page in RESULT_PAGES for command in documented_commands(page)]
+    assert len(RESULT_PAGES) > 30 and len(shown) > 40
+    assert any(command.words[:2] == ("lab", "client-cost") and not command.recorded for command in shown)
+
+
+def test_recorded_commands_are_marked_and_say_what_runs_today() -> None:
+    recorded = [command for page in PAGES for command in documented_commands(page) if command.recorded]
+    assert recorded, "no result records a command of an earlier version: drop the marker's handling"
+    problems = [problem for command in recorded for problem in recorded_problems(command)]
+    assert not problems, "\n".join(problems)
 
 
 def test_the_check_finds_a_wrong_option() -> None:
@@ -226,6 +291,45 @@ def test_the_check_finds_a_wrong_option() -> None:
     assert check(command) == [f"page:1: {command}: unknown option --store-dtype"]
     [command] = commands_in("triton-recsys export row-stor info", "page:2")
     assert check(command) == [f"page:2: {command}: unknown subcommand row-stor"]
+    [command] = commands_in("python -m export ... --profile gpu", "page:3")
+    assert check(command) == []
+    [command] = commands_in("python -m export dlrm ... --profile-gpu", "page:4")
+    assert check(command) == [f"page:4: {command}: unknown option --profile-gpu"]
+
+
+def test_a_recorded_command_is_kept_only_with_its_marker_and_todays_command(tmp_path: Path) -> None:
+    page = tmp_path / "result.md"
+    page.write_text(
+        "- command: recorded with an earlier version: `python -m loadtest soak --out x`; "
+        "today: `python -m lab soak --out x`\n\n"
+        "- command: recorded with an earlier version (commit abc): `python -m lab stage-times`; "
+        "today: `bash benchmarks/no_such/run.sh`\n\n"
+        "- command: recorded with an earlier version: `python -m lab soak --out x`; "
+        "today: `python -m lab soak`\n\n"
+        "- command: recorded with an earlier version: `python -m loadtest gpu`\n\n"
+        "- command: `python -m loadtest gpu --out x`\n"
+    )
+    commands = documented_commands(page)
+    assert [(str(c), c.recorded, c.today) for c in commands] == [
+        ("loadtest soak --out x", True, "python -m lab soak --out x"),
+        ("lab soak --out x", False, None),
+        ("lab stage-times", True, "bash benchmarks/no_such/run.sh"),
+        ("bash benchmarks/no_such/run.sh", False, None),
+        ("lab soak --out x", True, "python -m lab soak"),
+        ("lab soak", False, None),
+        ("loadtest gpu", True, None),
+        ("loadtest gpu --out x", False, None),
+    ]
+    checked = [problem for command in commands if not command.recorded for problem in check(command)]
+    assert checked == [
+        "result.md:3: bash benchmarks/no_such/run.sh: no script benchmarks/no_such/run.sh in the repository",
+        "result.md:9: loadtest gpu --out x: unknown subcommand gpu",
+    ]
+    recorded = [problem for command in commands if command.recorded for problem in recorded_problems(command)]
+    assert recorded == [
+        "result.md:5: lab soak --out x: runs as written today: drop the marker",
+        "result.md:7: loadtest gpu: recorded, but no '; today: `...`' command beside it",
+    ]
 
 
 def test_the_check_reads_continuations_and_wrapped_spans(tmp_path: Path) -> None:
