@@ -5,7 +5,7 @@ connection and hand each answer to the thread waiting on its call, a wake-up bet
 every request. With the ``event_engine_client`` experiment turned off (and the EventEngine's
 endpoints with it), the waiting thread polls the connection itself: a load generator's client
 then takes less CPU per request, and adds less latency over perf_analyzer's C++ client
-(docs/loadtests.md has the measurement).
+(docs/loadtests-engines.md has the measurement).
 
 gRPC reads ``GRPC_EXPERIMENTS`` once, when it is imported. :func:`use_polling_client` sets it
 for that import and removes it again, so the processes a load test starts (tritonserver,
