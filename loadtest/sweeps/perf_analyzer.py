@@ -18,6 +18,7 @@ import os
 import re
 import resource
 import shlex
+import signal
 import subprocess
 import time
 from dataclasses import dataclass
@@ -42,6 +43,8 @@ MAX_TRIALS = 10
 REPORTED_WINDOWS = 3
 STEP_CSV = "perf_analyzer.csv"
 STEP_LOG = "perf_analyzer.log"
+#: What perf_analyzer prints when its windows never agree (and it writes no CSV row).
+UNSTABLE = "Failed to obtain stable measurement"
 _SERVER_LINE = re.compile(
     r"Avg request latency: (?P<request>[\d.]+) usec \(overhead [\d.]+ usec \+ queue (?P<queue>[\d.]+) usec"
     r" \+ compute input (?P<input>[\d.]+) usec \+ compute infer (?P<infer>[\d.]+) usec"
@@ -143,6 +146,23 @@ class Figures:
     delayed_percent: float = 0.0
 
 
+def failure_reason(returncode: int, output: str) -> str:
+    """Why a perf_analyzer run gave no figures, in one line: its exit (code, or the signal that
+    killed it) and the line of its ``output`` that says most, its line on the windows that never
+    agreed where it printed one (it names the windows and the concurrency), else its last line."""
+    lines = [line.strip() for line in output.splitlines() if line.strip() and not line.startswith("# ")]
+    said = next((line for line in lines if line.startswith(f"{UNSTABLE} within")), lines[-1] if lines else "")
+    if returncode < 0:
+        try:
+            name = signal.Signals(-returncode).name
+        except ValueError:
+            name = f"signal {-returncode}"
+        how = f"perf_analyzer was killed by {name}"
+        return f"{how}; its last line: {said}" if said else f"{how}, having printed nothing"
+    how = f"perf_analyzer exited with code {returncode}" if returncode else "perf_analyzer wrote no result"
+    return f"{how}: {said}" if said else f"{how}, printing nothing"
+
+
 def read_figures(csv_path: Path, stdout: str) -> Figures:
     """perf_analyzer's figures of a one-concurrency run: the ``-f`` CSV and its printed summary.
 
@@ -155,8 +175,7 @@ def read_figures(csv_path: Path, stdout: str) -> Figures:
     except OSError:
         rows = []
     if not rows:
-        lines = [line.strip() for line in stdout.splitlines() if line.strip()]
-        raise BundleError(f"perf_analyzer wrote no result: {lines[-1] if lines else 'no output'}")
+        raise BundleError(failure_reason(0, stdout))
     row = rows[-1]
 
     def ms(column: str) -> float:
@@ -291,9 +310,7 @@ def run_step(
         stats.close()
     output = log_path.read_text()
     if process.returncode != 0:
-        lines = [line.strip() for line in output.splitlines()[1:] if line.strip()]
-        why = lines[-1] if lines else f"exit code {process.returncode}"
-        raise BundleError(f"perf_analyzer failed: {why}")
+        raise BundleError(failure_reason(process.returncode, output))
     figures = read_figures(csv_path, output)
     sent = after - before if before is not None and after is not None else 0
     span = last_at - first_at

@@ -36,6 +36,7 @@ from loadtest.engine.open_loop import ARRIVALS, CONNECTIONS, LATE_MS, MAX_LATE_S
 from loadtest.engine.payload import PayloadPool
 from loadtest.engine.served import triton_requests
 from loadtest.engine.writer import Panel, Series, plot, table, write_json, write_markdown
+from loadtest.sweeps.perf_analyzer import UNSTABLE
 from loadtest.sweeps.stepfiles import read_server, record_server
 from loadtest.sweeps.steps import ServerTimes, Target, median_server, medians
 
@@ -43,8 +44,6 @@ logger = logging.getLogger(__name__)
 
 #: What can drive request-rate steps: the bundle's open loop, and perf_analyzer's request-rate mode.
 RATE_ENGINES = ("driver", "perf_analyzer")
-#: What perf_analyzer says when its windows never agree.
-UNSTABLE = "Failed to obtain stable measurement"
 #: Two engines' p50 and p99 at one rate agree when each ratio is within this of 1.
 AGREEMENT = 0.10
 #: The report's section that sets the two engines side by side (the documentation includes it).

@@ -13,7 +13,10 @@ measured. :func:`write_report` writes into one folder:
   side by side), the step table and the two charts.
 
 A client-bound step (:mod:`loadtest.engine.client_cpu`) is flagged in every
-one of them, and never taken as the server's best in a ratio.
+one of them, and never taken as the server's best in a ratio. A step whose
+engine gave no figures (:attr:`~loadtest.sweeps.steps.StepResult.failure`) keeps
+its row in the CSV, the JSON and the step table, with its reason; the
+summaries and the charts skip it.
 """
 
 from __future__ import annotations
@@ -66,7 +69,7 @@ CSV_COLUMNS = (
     "rounds", "samples_per_s_min", "samples_per_s_max", "rows_sent", "distinct_rows",
     "server_requests", "server_executions", "server_batch", "server_queue_ms",
     "server_compute_input_ms", "server_compute_infer_ms", "server_compute_output_ms", "server_request_ms",
-    "server_cores",
+    "server_cores", "failure",
 )  # fmt: skip
 
 
@@ -148,12 +151,18 @@ SeriesKey = tuple[str, str, str, int, str]
 
 
 def _series(steps: Iterable[StepResult]) -> dict[SeriesKey, list[StepResult]]:
+    """The steps with figures, by curve, concurrency ascending (a step without figures is on none)."""
     grouped: dict[SeriesKey, list[StepResult]] = defaultdict(list)
-    for step in steps:
+    for step in _measured(steps):
         grouped[(step.label, step.model, step.protocol, step.batch_size, step.engine)].append(step)
     for members in grouped.values():
         members.sort(key=lambda s: s.concurrency)
     return dict(grouped)
+
+
+def _measured(steps: Iterable[StepResult]) -> list[StepResult]:
+    """The steps that have figures."""
+    return [step for step in steps if step.measured]
 
 
 def _best(steps: list[StepResult]) -> StepResult:
@@ -259,13 +268,12 @@ def engine_comparison(report: Report) -> list[dict[str, Any]]:
     ``agrees`` holds where neither engine was client-bound: samples/s within 10 % and p50
     within 10 % or 0.2 ms.
     """
+    measured = _measured(report.steps)
     reference: dict[tuple[str, str, int, int], StepResult] = {
-        (s.model, s.protocol, s.batch_size, s.concurrency): s
-        for s in report.steps
-        if s.engine == "perf_analyzer"
+        (s.model, s.protocol, s.batch_size, s.concurrency): s for s in measured if s.engine == "perf_analyzer"
     }
     rows = []
-    for step in report.steps:
+    for step in measured:
         ref = reference.get((step.model, step.protocol, step.batch_size, step.concurrency))
         if step.engine == "perf_analyzer" or ref is None:
             continue
@@ -309,6 +317,8 @@ def _agreement_counts(rows: list[dict[str, Any]]) -> str:
 
 
 def _flag(step: StepResult) -> str:
+    if not step.measured:
+        return f"no figures: {step.failure}"
     if not step.client_bound:
         return ""
     if SHARED_REASON in step.bound_reason:
@@ -353,10 +363,12 @@ def read_csv(path: Path) -> list[dict[str, str]]:
 
 
 def _panels(report: Report, kind: str) -> list[Panel]:
-    """One panel per batch size: latency against throughput, or p99 against concurrency."""
+    """One panel per batch size: latency against throughput, or p99 against concurrency (the
+    steps without figures on no curve; a batch size none of whose steps has figures, a panel
+    that says so)."""
     series = _series(report.steps)
     panels = []
-    for batch in sorted({key[3] for key in series}):
+    for batch in sorted({step.batch_size for step in report.steps}):
         curves: list[Series] = []
         bound: list[StepResult] = []
         for key, steps in sorted(series.items()):
@@ -383,7 +395,7 @@ def _panels(report: Report, kind: str) -> list[Panel]:
                       curves, ylog=True)
             )  # fmt: skip
         else:
-            levels = sorted({s.concurrency for k, ss in series.items() if k[3] == batch for s in ss})
+            levels = sorted({s.concurrency for s in report.steps if s.batch_size == batch})
             panels.append(
                 Panel(f"p99 vs concurrency, batch {batch}", "requests in flight (concurrency)",
                       "p99 latency (ms)", curves, xlog2=True, ylog=True, xticks=levels)
@@ -393,11 +405,12 @@ def _panels(report: Report, kind: str) -> list[Panel]:
 
 def _engine_panels(report: Report) -> list[Panel]:
     """One panel per (protocol, batch size) of the first model: samples/s against concurrency,
-    one curve per engine, an x over each client-bound step."""
+    one curve per engine, an x over each client-bound step (the steps without figures on none)."""
     model = report.steps[0].model
     panels = []
     for protocol, batch in sorted({(s.protocol, s.batch_size) for s in report.steps if s.model == model}):
-        steps = [s for s in report.steps if (s.model, s.protocol, s.batch_size) == (model, protocol, batch)]
+        level = [s for s in report.steps if (s.model, s.protocol, s.batch_size) == (model, protocol, batch)]
+        steps = _measured(level)
         curves = []
         for engine in dict.fromkeys(s.engine for s in steps):
             mine = sorted((s for s in steps if s.engine == engine), key=lambda s: s.concurrency)
@@ -408,7 +421,7 @@ def _engine_panels(report: Report) -> list[Panel]:
         if bound:
             curves.append(Series("client-bound step", [s.concurrency for s in bound],
                                  [s.samples_per_s for s in bound], "X", "client-bound"))  # fmt: skip
-        levels = sorted({s.concurrency for s in steps})
+        levels = sorted({s.concurrency for s in level})
         panels.append(
             Panel(f"{model} {protocol}, batch {batch}", "requests in flight (concurrency)", "samples/s",
                   curves, xlog2=True, xticks=levels)
@@ -422,6 +435,9 @@ def markdown(report: Report) -> str:
     for key, value in report.settings.items():
         lines.append(f"- **{key}**: {value}")
     lines += [f"- {note}" for note in report.notes]
+    lines += [
+        f"- **No figures**: {s.series} c={s.concurrency}: {s.failure}" for s in report.steps if not s.measured
+    ]
     if "Client-bound" not in report.settings:
         lines.append(f"- **Client-bound**: {threshold_line()}")
     lines.append("")
@@ -538,7 +554,7 @@ def markdown(report: Report) -> str:
             [s.label, s.model, s.protocol, s.engine, s.batch_size, s.concurrency, s.processes,
              s.requests_per_s, s.samples_per_s, f"{s.spread:.0%} of {s.rounds}" if s.rounds > 1 else "-",
              s.p50_ms, s.p90_ms, s.p95_ms, s.p99_ms, s.errors, s.client_cpu_us, s.client_cores,
-             s.server_cores, _flag(s) or "-",
+             s.server_cores, _flag(s).replace("|", "\\|") or "-",
              s.server.queue_ms if s.server else None, s.server.compute_infer_ms if s.server else None,
              s.server.batch if s.server else None]
             for s in report.steps
@@ -549,7 +565,12 @@ def markdown(report: Report) -> str:
         "Latencies are client-side (request built, sent, answered, decoded), from each request's exact "
         "time; server queue/compute are Triton's statistics over the same window, per request. "
         "Client CPU is the load generator's own (user + system, all its processes) over the window, "
-        "per request; spread is (max - min) / median of samples/s over the step's rounds.",
+        "per request; spread is (max - min) / median of samples/s over the step's rounds."
+        + (
+            " A step whose engine gave no figures keeps its row, its client column saying why."
+            if not all(s.measured for s in report.steps)
+            else ""
+        ),
         section_end(SECTION_STEPS),
         section_end(SECTION_RESULTS),
         "",

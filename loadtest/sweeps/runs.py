@@ -338,23 +338,30 @@ def _finish(
     out: Path,
     failed: Sequence[str] = (),
 ) -> tuple[Report, dict[str, Path]]:
-    """The run's report, its record finished (end time, load), written into ``out``.
+    """The run's report, its record finished (end time, load), written into ``out``; ``failed``:
+    the rounds left out of steps that other rounds measured, noted under its heading.
 
     Raises:
-        BundleError: no step gave a result, or no step got an answer (the report is written
-            first where there are steps, so the failures can be read).
+        BundleError: no step ran, no step has figures, or no step got an answer (the report is
+            written first where there are steps, so the reasons can be read).
     """
     if not steps:
-        raise BundleError(f"every step failed; the first: {failed[0] if failed else 'no step ran'}")
+        raise BundleError("no step ran")
     report = Report(
         title=title,
         record=record.finish(),
         steps=steps,
         baselines=baselines,
         settings=settings,
-        notes=[f"step failed, left out: {line}" for line in failed],
+        notes=[f"round left out: {line}" for line in failed],
     )
     paths = write_report(report, out)
+    if not any(step.measured for step in steps):
+        first = steps[0]
+        raise BundleError(
+            f"no step gave figures; the first, {first.series} c={first.concurrency}: {first.failure}; "
+            f"report: {paths['markdown']}"
+        )
     if not any(step.requests for step in steps):
         kinds = {kind for step in steps for kind in step.error_kinds}
         raise BundleError(f"no step got an answer ({'; '.join(sorted(kinds)) or 'no request completed'}); "
@@ -583,8 +590,11 @@ def _interleaved_steps(
     one that goes first rotating, so a machine whose load drifts over the run (shared cores)
     weighs on every server, protocol and engine alike instead of on whichever ran last. With
     ``options.rounds`` > 1 each level repeats that many times in a row and each target's step
-    is the median of its rounds (:func:`loadtest.sweeps.steps.median_step`). A step that fails
-    (locust or perf_analyzer gave no result) is told and listed in ``failed``; the run goes on."""
+    is the median of its rounds (:func:`loadtest.sweeps.steps.median_step`). A step whose engine
+    gives no figures (perf_analyzer found no stable measurement, a load generator crashed) is told
+    and kept, without figures and with the reason (:meth:`StepResult.without_figures`); the run
+    goes on. ``failed`` gets a line for each round left out of a step that other rounds measured
+    (the step's own row no longer says it)."""
     steps: list[StepResult] = []
     rounds = options.rounds
     turn = 0
@@ -606,12 +616,20 @@ def _interleaved_steps(
                     except ConfigError:
                         raise
                     except BundleError as exc:
-                        line = (
-                            f"{target.engine} {model} {target.protocol} B={batch_size} c={concurrency}: {exc}"
+                        step = StepResult.without_figures(target, model, batch_size, concurrency, str(exc))
+                        console.print(
+                            f"  {step.series} c={concurrency}: no figures: {step.failure}",
+                            highlight=False,
+                            markup=False,
                         )
-                        console.print(f"  step failed: {line}", highlight=False, markup=False)
-                        if failed is not None:
-                            failed.append(line)
+                        by_target[target].append(step)
                 turn = (turn + 1) % len(targets)
-            steps += [median_step(results) for results in by_target.values() if results]
+            for results in by_target.values():
+                missing = [r for r in results if not r.measured]
+                if failed is not None and missing and len(missing) < len(results):
+                    failed.append(
+                        f"{missing[0].series} c={concurrency}: {len(missing)} of {len(results)} rounds "
+                        f"gave no figures, the step's are the median of the others: {missing[0].failure}"
+                    )
+                steps.append(median_step(results))
     return steps

@@ -12,7 +12,7 @@ import math
 import os
 import statistics
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any
 
 import numpy as np
@@ -258,6 +258,10 @@ class StepResult:
         distinct_rows: how many of them were distinct (fewer once the stream wrapped).
         rounds: repeats of the step that its figures are the median of.
         samples_per_s_min, samples_per_s_max: the lowest and highest rate over those repeats.
+        failure: why the step has no figures, in one line (empty: it has them): its engine gave
+            none (perf_analyzer found no stable measurement, a load generator crashed or
+            overran its time). Such a step keeps its row in every report, its figures NaN
+            (:meth:`without_figures`).
     """
 
     label: str
@@ -293,6 +297,12 @@ class StepResult:
     rounds: int = 1
     samples_per_s_min: float = math.nan
     samples_per_s_max: float = math.nan
+    failure: str = ""
+
+    @property
+    def measured(self) -> bool:
+        """Whether the step has figures (its engine gave them; see ``failure``)."""
+        return not self.failure
 
     @property
     def series(self) -> str:
@@ -340,6 +350,20 @@ class StepResult:
             **fields,
         )  # fmt: skip
 
+    @classmethod
+    def without_figures(
+        cls, target: Target, model: str, batch_size: int, concurrency: int, reason: str
+    ) -> StepResult:
+        """The row of a step whose engine gave no figures: every figure NaN, nothing counted, and
+        ``reason`` (made one line) as its :attr:`failure`."""
+        nan = math.nan
+        return cls(
+            label=target.label, model=model, protocol=target.protocol, batch_size=batch_size,
+            concurrency=concurrency, processes=0, seconds=0.0, requests=0, errors=0,
+            requests_per_s=nan, samples_per_s=nan, p50_ms=nan, p90_ms=nan, p95_ms=nan, p99_ms=nan,
+            mean_ms=nan, max_ms=nan, engine=target.engine, failure=one_line(reason) or "no reason given",
+        )  # fmt: skip
+
     def beside_server(self, shared: SharedCores | None) -> StepResult:
         """This step with the server's CPU beside the load generator's (None: not read): the server's
         cores used, the load generator's share of the shared cores, and the step client-bound, with
@@ -363,7 +387,18 @@ class StepResult:
         """Read what :meth:`as_dict` produced (e.g. from a report's JSON)."""
         values = dict(data)
         server = values.pop("server", None)
+        # JSON holds a NaN figure as null: read it back as NaN, so arithmetic on it stays defined.
+        for name in _FLOAT_FIELDS & values.keys():
+            values[name] = _number(values[name])
         return cls(server=ServerTimes(**server) if server else None, **values)
+
+
+_FLOAT_FIELDS = frozenset(f.name for f in fields(StepResult) if f.type in (float, "float"))
+
+
+def one_line(text: str) -> str:
+    """``text`` on one line: its lines joined by ``; ``, runs of blanks made one space."""
+    return "; ".join(" ".join(line.split()) for line in text.splitlines() if line.strip())
 
 
 def _number(value: Any) -> float:
@@ -407,15 +442,23 @@ def median_step(rounds: Sequence[StepResult]) -> StepResult:
     rates, percentiles, means, client CPU and Triton's times are the median over the rounds;
     ``requests``, ``errors`` and ``seconds`` add up, ``max_ms`` is the largest, the rate's lowest
     and highest are kept (the spread), and the step is client-bound when at least half of its
-    rounds were. One round is returned as is."""
+    rounds were. One round is returned as is.
+
+    Rounds without figures (:attr:`StepResult.failure`) are left out of the medians; a step none
+    of whose rounds has figures is returned without figures, with the first round's reason."""
     if not rounds:
         raise ValueError("no rounds to combine")
-    first = rounds[0]
     if len(rounds) == 1:
-        return first
+        return rounds[0]
     keys = {(r.label, r.model, r.protocol, r.batch_size, r.concurrency, r.engine) for r in rounds}
     if len(keys) > 1:
         raise ValueError(f"rounds of different steps: {sorted(keys)}")
+    measured = [r for r in rounds if r.measured]
+    if not measured:
+        return replace(rounds[0], failure=f"no figures in any of {len(rounds)} rounds: {rounds[0].failure}")
+    if len(measured) < len(rounds):
+        return median_step(measured)
+    first = rounds[0]
 
     server = median_server([r.server for r in rounds])
     # Bound when at least half of the repeats were: the median repeat's verdict.

@@ -174,6 +174,7 @@ def test_a_sweep_sends_bags_of_any_size_with_every_engine(
     lengths over gRPC and HTTP (bags drawn from a Criteo file's ids), the in-process baseline runs
     the graph on the same requests, and a streamed run sends the rows of a file of the multi-hot
     text format once each, with their own bags: every request answered, none refused."""
+    from loadtest.sweeps.perf_analyzer import UNSTABLE
     from loadtest.sweeps.perf_analyzer_install import locate
 
     engines = "locust,driver" + (",perf_analyzer" if locate()[0] is not None else "")
@@ -193,6 +194,12 @@ def test_a_sweep_sends_bags_of_any_size_with_every_engine(
         (p, e) for p in ("grpc", "http") for e in engines.split(",")
     }
     for step in steps:
+        if step["failure"]:
+            # On a busy machine perf_analyzer's windows may never agree: its step says so, with no
+            # figure; locust and the driver always report what they measured.
+            assert step["engine"] == "perf_analyzer" and UNSTABLE in step["failure"], step
+            assert step["requests"] == 0 and step["samples_per_s"] is None, step
+            continue
         assert step["requests"] > 0 and step["errors"] == 0 and step["samples_per_s"] > 0, step
     assert report["baselines"]["dlrm_onnx"][0]["samples_per_s"] > 0
     bags = tmp_path / "bags.tsv"

@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from loadtest.engine.server_cpu import SHARED_REASON
+from loadtest.sweeps.perf_analyzer import UNSTABLE
 from loadtest.sweeps.perf_analyzer_install import locate
 from server import LocalServer
 
@@ -57,6 +58,10 @@ def test_perf_analyzer_and_locust_interleaved_on_one_server(
     report = json.loads((out / "report.json").read_text())
     steps = {step["engine"]: step for step in report["steps"]}
     assert set(steps) == {"locust", "perf_analyzer"}
+    if _without_figures(steps["perf_analyzer"], out):
+        # Nothing to set the locust step beside: no comparison row, and the locust step's figures.
+        assert report["summary"]["engines"] == [] and steps["locust"]["samples_per_s"] > 0
+        return
     for step in steps.values():
         assert step["samples_per_s"] > 0 and step["p50_ms"] > 0
         assert step["client_cpu_us"] > 0 and step["client_cores"] > 0
@@ -74,6 +79,18 @@ def test_perf_analyzer_and_locust_interleaved_on_one_server(
     with open(out / "steps.csv", newline="") as handle:
         assert {r["engine"] for r in csv.DictReader(handle)} == {"locust", "perf_analyzer"}
     assert "The engines against perf_analyzer" in (out / "report.md").read_text()
+
+
+def _without_figures(step: dict[str, object], out: Path) -> bool:
+    """Whether perf_analyzer's step has no figures: on a busy machine its windows may never
+    agree. Such a step must say so in one line, with no figure, in report.json and report.md."""
+    failure = str(step["failure"])
+    if not failure:
+        return False
+    assert UNSTABLE in failure and "\n" not in failure, step
+    assert step["requests"] == 0 and step["samples_per_s"] is None and step["p50_ms"] is None, step
+    assert f"no figures: {failure}" in (out / "report.md").read_text()
+    return True
 
 
 def test_a_missing_perf_analyzer_is_one_line_saying_how_to_get_it(
@@ -178,6 +195,8 @@ def test_the_default_unpinned_sweep_agrees_with_perf_analyzer_or_says_it_took_th
     ours, reference = steps["locust"], steps["perf_analyzer"]
     # The server's CPU was read beside the load generator's, on the cores they share.
     assert ours["server_cores"] > 0 and 0 < ours["shared_share"] < 1, ours
+    if _without_figures(reference, out):
+        return
     ratio = ours["samples_per_s"] / reference["samples_per_s"]
     # Apart by more than a tenth: flagged, with the part of the rule the step broke (sharing the
     # server's cores, or on 2 cores as often the load generator's own CPU), in the report too.

@@ -1,4 +1,5 @@
-"""loadtest logic that needs no server: the order of the peer comparison's steps, and rounds."""
+"""loadtest logic that needs no server: the order of the peer comparison's steps, rounds, and the
+steps whose engine gave no figures."""
 
 from __future__ import annotations
 
@@ -220,14 +221,16 @@ def test_the_baseline_runs_on_the_served_models_device(tmp_path: Path) -> None:
             InProcessModel(BaselineConfig(gpu_file, (4,)))
 
 
-def test_a_failed_step_is_listed_and_left_out_and_the_run_goes_on(
+def test_a_step_without_figures_keeps_its_row_with_the_reason_and_the_run_goes_on(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
+    import math
+
     from bundle.errors import BundleError
 
     def fake_sweep(target: Target, config: SweepConfig, *args: object, **kwargs: object) -> list[StepResult]:
         if target.label == "broken" and config.concurrency == (2,):
-            raise BundleError("no latency results")
+            raise BundleError("no latency results\nsee locust.log")
         return [_step(target, config)]
 
     monkeypatch.setattr(runs, "run_sweep", fake_sweep)
@@ -235,8 +238,49 @@ def test_a_failed_step_is_listed_and_left_out_and_the_run_goes_on(
     failed: list[str] = []
     options = runs.RunOptions(batch_sizes=(8,), concurrency=(1, 2))
     steps = runs._interleaved_steps(targets, "m", options, tmp_path, tmp_path / "p.npz", failed=failed)
-    assert [(s.label, s.concurrency) for s in steps] == [("triton", 1), ("broken", 1), ("triton", 2)]
-    assert failed == ["locust m grpc B=8 c=2: no latency results"]
+    assert [(s.label, s.concurrency, s.measured) for s in steps] == [
+        ("triton", 1, True), ("broken", 1, True), ("triton", 2, True), ("broken", 2, False),
+    ]  # fmt: skip
+    missing = steps[-1]
+    assert missing.failure == "no latency results; see locust.log" and missing.engine == "locust"
+    assert missing.requests == 0 and math.isnan(missing.samples_per_s) and math.isnan(missing.p99_ms)
+    # Its row says it all: nothing else to note.
+    assert failed == []
+    # Read back from a report's JSON (NaN there is null), it is the same step.
+    from loadtest.engine.writer import json_safe
+
+    again = StepResult.from_dict(json_safe(missing.as_dict()))
+    assert again.failure == missing.failure and math.isnan(again.samples_per_s)
+
+
+def test_rounds_without_figures_leave_the_median_to_the_others_and_are_noted(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    from bundle.errors import BundleError
+
+    calls: dict[str, int] = {}
+
+    def fake_sweep(target: Target, config: SweepConfig, *args: object, **kwargs: object) -> list[StepResult]:
+        calls[target.label] = calls.get(target.label, 0) + 1
+        # "flaky" has no figures in its second round of three, "dead" in none of them.
+        if target.label == "dead" or (target.label == "flaky" and calls["flaky"] == 2):
+            raise BundleError("perf_analyzer exited with code 2: Failed to obtain stable measurement")
+        return [_step(target, config)]
+
+    monkeypatch.setattr(runs, "run_sweep", fake_sweep)
+    targets = [Target("127.0.0.1:1", "grpc", "flaky"), Target("127.0.0.1:2", "grpc", "dead")]
+    failed: list[str] = []
+    options = runs.RunOptions(batch_sizes=(8,), concurrency=(1,), rounds=3)
+    flaky, dead = runs._interleaved_steps(targets, "m", options, tmp_path, tmp_path / "p.npz", failed=failed)
+    assert flaky.measured and flaky.rounds == 2 and flaky.requests == 2
+    assert not dead.measured
+    assert dead.failure == "no figures in any of 3 rounds: perf_analyzer exited with code 2: " + (
+        "Failed to obtain stable measurement"
+    )
+    assert failed == [
+        "flaky m grpc B=8 c=1: 1 of 3 rounds gave no figures, the step's are the median of the others: "
+        "perf_analyzer exited with code 2: Failed to obtain stable measurement"
+    ]
 
 
 @pytest.mark.parametrize(

@@ -116,6 +116,200 @@ def test_its_figures_are_read_from_its_own_csv_and_summary(tmp_path: Path) -> No
         perf_analyzer.read_figures(tmp_path / "missing.csv", "Failed to obtain stable measurement.\n")
 
 
+#: perf_analyzer 2.51's own output (the bundle's pinned build), captured against the local
+#: tritonserver (trailing blanks trimmed): a run whose windows never agreed (exit code 2, no CSV
+#: written) ...
+UNSTABLE_OUTPUT = """ Successfully read data for 1 stream/streams with 64 step/steps.
+*** Measurement Settings ***
+  Batch size: 1
+  Service Kind: TRITON
+  Using "time_windows" mode for stabilization
+  Stabilizing using average latency and throughput
+  Measurement window: 50 msec
+  Using synchronous calls for inference
+
+Request concurrency: 1
+Failed to obtain stable measurement within 3 measurement windows for concurrency 1. Please try to \
+increase the --measurement-interval.
+Failed to obtain stable measurement.
+
+"""
+UNSTABLE_LINE = (
+    "Failed to obtain stable measurement within 3 measurement windows for concurrency 1. "
+    "Please try to increase the --measurement-interval."
+)
+#: ... runs refused before any load (exit code 99) ...
+UNKNOWN_MODEL_OUTPUT = (
+    "error: failed to get model metadata: Request for unknown model: 'nosuch' is not found\n"
+)
+NO_SERVER_OUTPUT = "error: failed to get model metadata: HTTP client failed: Couldn't connect to server\n"
+#: ... and a run that measured: its summary and its ``-f --verbose-csv`` file.
+MEASURED_OUTPUT = """ Successfully read data for 1 stream/streams with 64 step/steps.
+*** Measurement Settings ***
+  Batch size: 1
+  Service Kind: TRITON
+  Using "time_windows" mode for stabilization
+  Stabilizing using average latency and throughput
+  Measurement window: 500 msec
+  Using synchronous calls for inference
+
+Request concurrency: 1
+  Client:
+    Request count: 7480
+    Throughput: 4125.28 infer/sec
+    Avg latency: 239 usec (standard deviation 116 usec)
+    p50 latency: 222 usec
+    p90 latency: 324 usec
+    p95 latency: 344 usec
+    p99 latency: 609 usec
+    Avg HTTP time: 235 usec (send/recv 24 usec + response wait 211 usec)
+  Server:
+    Inference count: 7480
+    Execution count: 7480
+    Successful request count: 7480
+    Avg request latency: 139 usec (overhead 1 usec + queue 23 usec + compute input 7 usec + compute \
+infer 82 usec + compute output 25 usec)
+
+Inferences/Second vs. Client Average Batch Latency
+Concurrency: 1, throughput: 4125.28 infer/sec, latency 239 usec
+"""
+MEASURED_CSV = (
+    "Concurrency,Inferences/Second,Client Send,Network+Server Send/Recv,Server Queue,Server Compute Input,"
+    "Server Compute Infer,Server Compute Output,Client Recv,p50 latency,p90 latency,p95 latency,p99 latency,"
+    "Avg latency,request/response,response wait\n"
+    "1,4125.28,24,75,23,7,82,25,0,222,324,344,609,239,24,211\n"
+)
+
+
+@pytest.mark.parametrize(
+    ("returncode", "output", "reason"),
+    [
+        (2, UNSTABLE_OUTPUT, f"perf_analyzer exited with code 2: {UNSTABLE_LINE}"),
+        (99, UNKNOWN_MODEL_OUTPUT, f"perf_analyzer exited with code 99: {UNKNOWN_MODEL_OUTPUT.strip()}"),
+        (99, NO_SERVER_OUTPUT, f"perf_analyzer exited with code 99: {NO_SERVER_OUTPUT.strip()}"),
+        (
+            -11,
+            "Request concurrency: 1\n",
+            "perf_analyzer was killed by SIGSEGV; its last line: Request concurrency: 1",
+        ),
+        (-6, "", "perf_analyzer was killed by SIGABRT, having printed nothing"),
+        (0, "# perf_analyzer -m m\n", "perf_analyzer wrote no result, printing nothing"),
+    ],
+)
+def test_a_run_without_figures_says_why_in_one_line(returncode: int, output: str, reason: str) -> None:
+    """Its exit, and the line of its own output that says most (the step log's first line, the
+    command, is not one of them)."""
+    assert perf_analyzer.failure_reason(returncode, output) == reason
+
+
+def _fake_perf_analyzer(folder: Path, body: str) -> Path:
+    """An executable that answers ``--version`` as perf_analyzer does (so :func:`locate` takes it)
+    and otherwise runs ``body`` (sh), its arguments parsed into ``$csv`` (``-f``) and ``$protocol``
+    (``-i``)."""
+    script = folder / "perf_analyzer"
+    script.write_text(
+        "#!/bin/sh\n"
+        '[ "$1" = --version ] && { echo "Perf Analyzer Version 2.51.0"; exit 0; }\n'
+        "csv= protocol=\n"
+        'while [ $# -gt 0 ]; do case "$1" in -f) csv=$2 ;; -i) protocol=$2 ;; esac; shift; done\n'
+        f"{body}\n"
+    )
+    script.chmod(0o755)
+    return script
+
+
+def test_a_crashed_run_is_one_line_naming_the_signal(tmp_path: Path) -> None:
+    binary = _fake_perf_analyzer(tmp_path, 'echo "Request concurrency: 1"; kill -SEGV $$')
+    with pytest.raises(BundleError) as error:
+        perf_analyzer.run_step(
+            binary, "127.0.0.1:1", "http", "m", 1, 1, 0.1, tmp_path / "in.json", tmp_path / "step",
+            timeout_s=30.0,
+        )  # fmt: skip
+    assert str(error.value) == "perf_analyzer was killed by SIGSEGV; its last line: Request concurrency: 1"
+
+
+def test_a_sweep_step_perf_analyzer_gives_no_figures_for_keeps_its_row_with_the_reason(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two perf_analyzer steps through the whole sweep (its real outputs, from a stand-in binary):
+    over gRPC it measures, over HTTP its windows never agree. Both steps are in report.json,
+    steps.csv and report.md, the HTTP one without figures and with perf_analyzer's own line, the
+    gRPC one with the figures of its CSV; the charts skip the step without figures."""
+    import csv
+    import json
+
+    from loadtest.sweeps import runs
+
+    (tmp_path / "measured.csv").write_text(MEASURED_CSV)
+    (tmp_path / "measured.txt").write_text(MEASURED_OUTPUT)
+    (tmp_path / "unstable.txt").write_text(UNSTABLE_OUTPUT)
+    binary = _fake_perf_analyzer(
+        tmp_path,
+        f'case "$protocol" in\n'
+        f'  grpc) cp {tmp_path}/measured.csv "$csv"; cat {tmp_path}/measured.txt ;;\n'
+        f"  *) cat {tmp_path}/unstable.txt; exit 2 ;;\n"
+        "esac",
+    )
+    monkeypatch.setenv("PERF_ANALYZER", str(binary))
+    out = tmp_path / "sweep"
+    options = runs.RunOptions(
+        batch_sizes=(16,), concurrency=(1,), duration_s=0.3, baseline=False, engines=("perf_analyzer",)
+    )
+    # A raw-row model: its input needs nothing of the (absent) server.
+    _, paths = runs.sweep_run(
+        ["dlrm_onnx_int8_raw"], ["grpc", "http"], ["127.0.0.1:1", "127.0.0.1:2"], None, options, out,
+        "t", "test",
+    )  # fmt: skip
+
+    steps = {step["protocol"]: step for step in json.loads(paths["json"].read_text())["steps"]}
+    assert set(steps) == {"grpc", "http"}
+    measured, unstable = steps["grpc"], steps["http"]
+    assert measured["failure"] == "" and measured["engine"] == unstable["engine"] == "perf_analyzer"
+    assert measured["samples_per_s"] == pytest.approx(4125.28) and measured["requests"] == 7480
+    assert measured["p50_ms"] == pytest.approx(0.222) and measured["p99_ms"] == pytest.approx(0.609)
+    assert measured["server"]["queue_ms"] == pytest.approx(0.023)
+    reason = f"perf_analyzer exited with code 2: {UNSTABLE_LINE}"
+    assert unstable["failure"] == reason
+    assert unstable["requests"] == 0 and unstable["samples_per_s"] is None and unstable["p99_ms"] is None
+    # The same rows in steps.csv, the reason in its own column.
+    rows = {row["protocol"]: row for row in csv.DictReader(paths["csv"].open(newline=""))}
+    assert rows["http"]["failure"] == reason and rows["grpc"]["failure"] == ""
+    assert float(rows["grpc"]["samples_per_s"]) == pytest.approx(4125.28)
+    # In report.md: under the heading, and as a row of the step table whose client column says why.
+    text = paths["markdown"].read_text()
+    assert f"- **No figures**: triton dlrm_onnx_int8_raw http B=16 [perf_analyzer] c=1: {reason}" in text
+    (row,) = [line for line in text.splitlines() if line.startswith("| triton |") and "| http |" in line]
+    assert row.endswith(f"| no figures: {reason} | - | - | - |") and "| - | - | - | - |" in row
+    # The summaries are of the measured step only; the charts were drawn.
+    (best,) = json.loads(paths["json"].read_text())["summary"]["throughput"]
+    assert best["protocol"] == "grpc" and best["served_samples_per_s"] == pytest.approx(4125.28)
+    assert paths["throughput_png"].stat().st_size > 0 and paths["p99_png"].stat().st_size > 0
+    # The report written again from its JSON says the same.
+    from loadtest.sweeps.report import Report, markdown
+
+    assert markdown(Report.load(paths["json"])) == text
+
+
+def test_a_sweep_whose_every_step_gives_no_figures_writes_its_report_and_fails_saying_why(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from loadtest.sweeps import runs
+
+    (tmp_path / "unstable.txt").write_text(UNSTABLE_OUTPUT)
+    binary = _fake_perf_analyzer(tmp_path, f"cat {tmp_path}/unstable.txt; exit 2")
+    monkeypatch.setenv("PERF_ANALYZER", str(binary))
+    options = runs.RunOptions(
+        batch_sizes=(16,), concurrency=(1, 2), duration_s=0.3, baseline=False, engines=("perf_analyzer",)
+    )
+    with pytest.raises(BundleError, match=r"no step gave figures; the first, .* c=1: perf_analyzer exited"):
+        runs.sweep_run(
+            ["dlrm_onnx_int8_raw"], ["http"], ["127.0.0.1:1"], None, options, tmp_path / "sweep", "t", "test"
+        )
+    text = (tmp_path / "sweep" / "report.md").read_text()
+    assert text.count("- **No figures**: ") == 2 and UNSTABLE_LINE in text
+    assert (tmp_path / "sweep" / "latency_vs_throughput.png").stat().st_size > 0
+
+
 def test_input_data_holds_one_batch_one_entry_per_row(tmp_path: Path) -> None:
     import json
 
