@@ -2,8 +2,11 @@
 
 No Docker daemon and no GPU here, so the path is checked statically, as a user would walk it:
 
-- every variable ``docker-compose.yml`` requires (``${VAR:?...}``) is set in ``.env`` or named in
-  the quickstart;
+- every variable ``docker-compose.yml`` requires (``${VAR:?...}``) is set in the ``.env`` that the
+  quickstart's ``bash deploy/make-env.sh`` makes (run here, in a copy), or exported on the page,
+  and named in the quickstart;
+- a client on another machine reaches the published loopback ports through the quickstart's SSH
+  tunnel, which forwards the ports the page sends to;
 - the quickstart's own export commands, run as written (only the checkpoint, SavedModel and
   repository paths swapped for tiny trained models and a temporary folder), write a repository
   that its own ``check-release`` line passes for the pinned release;
@@ -15,8 +18,10 @@ The ``python -m`` commands' options are checked for every page by ``test_documen
 
 from __future__ import annotations
 
+import os
 import re
 import shlex
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -50,25 +55,63 @@ def _quickstart() -> tuple[str, list[list[str]]]:
     return section, commands
 
 
-def _env_file() -> dict[str, str]:
+def _env_file(path: Path) -> dict[str, str]:
     values = {}
-    for line in (ROOT / ".env").read_text().splitlines():
+    for line in path.read_text().splitlines():
         if line.strip() and not line.lstrip().startswith("#") and "=" in line:
             key, _, value = line.partition("=")
             values[key.strip()] = value.strip()
     return values
 
 
-def test_every_variable_compose_requires_is_set_or_named_on_the_page() -> None:
+def _made_env(folder: Path, commands: list[list[str]]) -> dict[str, str]:
+    """The .env that the quickstart's own ``bash deploy/make-env.sh`` makes, run in a copy of the
+    files it reads (the shell's own secrets left out); empty when the page does not run it."""
+    if ["bash", "deploy/make-env.sh"] not in commands:
+        return {}
+    (folder / "deploy").mkdir()
+    shutil.copy(ROOT / "deploy" / "make-env.sh", folder / "deploy")
+    shutil.copy(ROOT / ".env.example", folder)
+    env = {key: value for key, value in os.environ.items() if not key.endswith(("_ADMIN_KEY", "_PASSWORD"))}
+    done = subprocess.run(["bash", "deploy/make-env.sh"], cwd=folder, env=env, capture_output=True, text=True,
+                          check=False, timeout=60)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    return _env_file(folder / ".env")
+
+
+def test_every_variable_compose_requires_is_set_or_named_on_the_page(tmp_path: Path) -> None:
     section, commands = _quickstart()
     required = set(re.findall(r"\$\{(\w+):?\?", COMPOSE_FILE.read_text()))
-    assert required, "compose requires no variable: the check would pass on nothing"
+    assert {"TRITON_ADMIN_KEY", "GRAFANA_ADMIN_PASSWORD"} <= required, (
+        "compose requires the key and a password"
+    )
     exported = {word.split("=", 1)[0] for words in commands if words[0] == "export" for word in words[1:]}
+    made = _made_env(tmp_path, commands)
     for variable in sorted(required):
-        assert variable in _env_file() or variable in exported, (
-            f"{variable}: neither in .env nor set on the page"
+        assert made.get(variable) or variable in exported, (
+            f"{variable}: neither in the .env the page makes nor set on the page"
         )
         assert f"`{variable}`" in section or variable in exported, variable
+    # The secrets come from the made .env, never from the tracked example.
+    assert not required & set(_env_file(ROOT / ".env.example"))
+
+
+def test_a_client_elsewhere_reaches_the_ports_the_page_sends_to_through_its_tunnel() -> None:
+    """Compose publishes on the GPU host's loopback only; the quickstart's ``ssh -L`` forwards each
+    port the page's requests (and its client block) go to, to that loopback."""
+    section, commands = _quickstart()
+    tunnels = [words for words in commands if words[0] == "ssh"]
+    assert len(tunnels) == 1, commands
+    forwarded = {
+        tunnels[0][i + 1].split(":", 1)[0]: tunnels[0][i + 1].split(":", 1)[1]
+        for i, word in enumerate(tunnels[0])
+        if word == "-L"
+    }
+    sent = set(re.findall(r"127\.0\.0\.1:(\d+)", section))
+    assert sent and sent <= set(forwarded), f"ports sent to {sent}, forwarded {forwarded}"
+    for port in sent:
+        assert forwarded[port] == f"127.0.0.1:{port}", "to the same port on the GPU host's loopback"
+    assert "`TRITON_BIND=" in section, "the page also says how to publish the ports instead"
 
 
 def test_compose_commands_and_ports_are_the_files() -> None:
