@@ -14,6 +14,11 @@ GPU_STAMP := $(VENV)/.installed-gpu-$(shell cat requirements.txt requirements-gp
 # --no-deps: it declares fbgemm-gpu (CUDA), where fbgemm-gpu-cpu serves the same module.
 TR_STAMP := $(VENV)/.installed-torchrec-$(shell cat requirements.txt requirements-torchrec.txt | sha1sum | cut -c1-12)
 PA_STAMP := $(VENV)/.installed-perf-analyzer-$(shell cat requirements.txt requirements-perf-analyzer.txt | sha1sum | cut -c1-12)
+# promtool, the checker tests/unit/test_alerts.py runs over the compose stack's alert rules: no PyPI
+# package ships it, so Debian's prometheus package (requirements-promtool.txt, 19 MB) is downloaded,
+# checked by hash and only its promtool unpacked into .venv/bin, no root. Where it cannot be had, setup
+# says so in one line and goes on; those tests then skip with their line.
+PROMTOOL_STAMP := $(VENV)/.installed-promtool-$(shell cat requirements.txt requirements-promtool.txt | sha1sum | cut -c1-12)
 export PYTHONPATH := $(CURDIR)
 export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 
@@ -44,6 +49,10 @@ $(TR_STAMP): $(STAMP) requirements-torchrec.txt
 $(PA_STAMP): $(STAMP) requirements-perf-analyzer.txt
 	$(PYTHON) -m loadtest perf-analyzer install --optional
 	test -x $(VENV)/bin/perf_analyzer && touch $@ || true
+
+$(PROMTOOL_STAMP): $(STAMP) requirements-promtool.txt
+	$(PYTHON) -m server promtool install --optional
+	test -x $(VENV)/bin/promtool && touch $@ || true
 
 # The compiled stages (server/stages/CMakeLists.txt): Triton C++ backends built with the machine's
 # C++ compiler and cmake into build/stages, which git ignores; the launcher puts each backend
@@ -78,7 +87,7 @@ stages-sanitize: $(STAMP)
 		$(PYTHON) -m pytest -q -p no:cacheprovider tests/integration/test_raw_rows_native.py tests/integration/test_embedding_native.py tests/integration/test_stage_fuzz.py \
 			tests/unit/test_embedding_native_store.py
 
-setup: $(STAMP) $(TR_STAMP) $(PA_STAMP) stages $(if $(filter 1,$(GPU)),$(GPU_STAMP))
+setup: $(STAMP) $(TR_STAMP) $(PA_STAMP) $(PROMTOOL_STAMP) stages $(if $(filter 1,$(GPU)),$(GPU_STAMP))
 
 demo: setup
 	$(VENV)/bin/triton-recsys demo

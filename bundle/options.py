@@ -91,3 +91,13 @@ ReportOut = Annotated[
     _T,
     typer.Option("--out", help="Folder for the report: its Markdown, JSON and figures.", file_okay=False),
 ]
+
+# ------------------------------------------------------------------ tools fetched during set-up
+OptionalInstall = Annotated[
+    bool,
+    typer.Option(
+        "--optional",
+        help="Where it cannot be had (no network, a hash that does not match, another platform), say why "
+        "in one line and exit 0.",
+    ),
+]

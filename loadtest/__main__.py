@@ -38,7 +38,7 @@ from rich.table import Table
 
 from bundle.cli import new_app, run, shared_options
 from bundle.errors import ConfigError
-from bundle.options import Model, RawRequests, ReportOut, Repository
+from bundle.options import Model, OptionalInstall, RawRequests, ReportOut, Repository
 from bundle.records import command_line
 from loadtest.engine.writer import write_json
 from loadtest.options import (
@@ -372,15 +372,7 @@ app.add_typer(perf_analyzer_app, name="perf-analyzer")
 
 
 @perf_analyzer_app.command("install")
-def perf_analyzer_install(
-    optional: Annotated[
-        bool,
-        typer.Option(
-            "--optional",
-            help="Where it cannot be had (no network, another platform), say why in one line and exit 0.",
-        ),
-    ] = False,
-) -> None:
+def perf_analyzer_install(optional: OptionalInstall = False) -> None:
     """Download the pinned perf_analyzer and its libraries (requirements-perf-analyzer.txt) into the venv."""
     from bundle.errors import BundleError
     from loadtest.sweeps.perf_analyzer_install import install

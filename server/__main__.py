@@ -6,6 +6,9 @@ python stub), the command starts it again on the same ports, a bounded number of
 its own. A model whose python stub dies is reloaded in place (``--model-control-mode
 explicit``) or takes the server down (``none``); ``--on-dead-model`` chooses (see
 :mod:`server.dead_models`).
+
+``python -m server promtool install`` fetches promtool, the checker of the compose stack's alert
+rules, into the venv (:mod:`server.promtool`).
 """
 
 from __future__ import annotations
@@ -16,11 +19,12 @@ from typing import Annotated
 import typer
 
 from bundle.cli import new_app, run
-from bundle.errors import ServerError
-from bundle.options import GrpcPort, HttpPort, MetricsPort, TritonLog
+from bundle.errors import BundleError, ServerError
+from bundle.options import GrpcPort, HttpPort, MetricsPort, OptionalInstall, TritonLog
 from server.config import DEFAULT_LOG_FILE, ModelControlMode, ServerConfig
 from server.dead_models import DeadModelAction
 from server.launcher import LocalServer, run_tritonserver
+from server.promtool import install as install_promtool
 from server.security import ADMIN_HEADER, ADMIN_KEY_ENV, GRPC_ADMIN_HEADER, read_admin_key
 from server.supervisor import (
     DEFAULT_MAX_RESTARTS,
@@ -188,6 +192,26 @@ def tritonserver(context: typer.Context) -> None:
     the environment its stubs need: for tools that start tritonserver themselves, e.g. Model
     Analyzer's --triton-server-path (through a one-line script that runs this command)."""
     raise typer.Exit(run_tritonserver(list(context.args)))
+
+
+promtool_app = new_app(
+    "promtool, Prometheus's rule checker, which the tests run over the compose stack's alert rules."
+)
+app.add_typer(promtool_app, name="promtool")
+
+
+@promtool_app.command("install")
+def promtool_install(optional: OptionalInstall = False) -> None:
+    """Download Debian's prometheus package pinned in requirements-promtool.txt, check its SHA-256, and
+    unpack its promtool into the venv's bin folder (no root)."""
+    try:
+        path, version = install_promtool(progress=lambda line: print(f"promtool: {line}", flush=True))
+    except BundleError as exc:
+        if not optional:
+            raise
+        print(f"promtool not installed: {exc}; the promtool tests of tests/unit/test_alerts.py will skip")
+        return
+    print(f"promtool: {path} ({version})")
 
 
 if __name__ == "__main__":

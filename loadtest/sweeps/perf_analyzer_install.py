@@ -7,7 +7,8 @@ and PyPI's ``perf-analyzer`` needs glibc 2.38). It links ``libcudart.so.12``
 the three pinned files of ``requirements-perf-analyzer.txt``, checks their
 SHA-256, and unpacks the binary and both libraries into
 ``<venv>/lib/perf_analyzer/``; ``<venv>/bin/perf_analyzer`` runs it with
-them. No root, no system package: the Debian package is unpacked, not installed.
+them. No root, no system package: the Debian package is unpacked, not installed
+(:mod:`bundle.downloads`).
 
 :func:`locate` finds a working binary (``$PERF_ANALYZER``, the venv's, or one
 on ``PATH``, as in NGC's SDK image); :func:`require` raises one line that says
@@ -16,22 +17,19 @@ how to get one.
 
 from __future__ import annotations
 
-import hashlib
-import io
 import os
 import re
 import shutil
 import subprocess
 import sys
-import tarfile
 import tempfile
-import urllib.request
 import zipfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 import loadtest
+from bundle.downloads import DebPin, fetch_deb_file, parse_deb_pin
 from bundle.errors import BundleError, ConfigError
 from bundle.staging import write_file_atomically
 
@@ -45,11 +43,12 @@ HOW_TO_GET = (
     "install it with `make setup` or `python -m loadtest perf-analyzer install`, or set PERF_ANALYZER "
     "to a perf_analyzer binary (NGC's tritonserver SDK image has one: docker compose --profile sdk)"
 )
-_DEB_LINE = re.compile(r"^#\s*deb\s+(?P<url>\S+)\s+sha256=(?P<sha>[0-9a-f]{64})\s*$")
 _MEMBERS = {
     "tritonclient": ("bin/perf_analyzer", "perf_analyzer"),
     "nvidia-cuda-runtime-cu12": ("nvidia/cuda_runtime/lib/libcudart.so.12", "libcudart.so.12"),
 }
+#: Where Debian's libb64-0d installs the library.
+LIBB64_PATH = "usr/lib/x86_64-linux-gnu/libb64.so.0d"
 
 
 @dataclass(frozen=True)
@@ -58,30 +57,28 @@ class Pins:
 
     Attributes:
         wheels: pip requirement lines (``name==version --hash=sha256:...``).
-        deb_url: the Debian package carrying ``libb64.so.0d``.
-        deb_sha256: its SHA-256.
+        deb: the Debian package carrying ``libb64.so.0d``, by URL and SHA-256.
     """
 
     wheels: tuple[str, ...]
-    deb_url: str
-    deb_sha256: str
+    deb: DebPin
 
 
 def read_pins(path: Path = PINS_FILE) -> Pins:
     """The pins of ``requirements-perf-analyzer.txt``."""
     wheels: list[str] = []
-    deb: re.Match[str] | None = None
+    debs: list[DebPin] = []
     for line in path.read_text().splitlines():
         line = line.strip()
-        if match := _DEB_LINE.match(line):
-            deb = match
+        if pin := parse_deb_pin(line):
+            debs.append(pin)
         elif line and not line.startswith("#"):
             wheels.append(line)
     names = {re.split(r"[=<> ]", line, maxsplit=1)[0] for line in wheels}
-    if deb is None or names != set(_MEMBERS):
+    if len(debs) != 1 or names != set(_MEMBERS):
         wanted = ", ".join(sorted(_MEMBERS))
         raise ConfigError(f"{path} must pin {wanted} and hold one '# deb URL sha256=...' line")
-    return Pins(tuple(wheels), deb["url"], deb["sha"])
+    return Pins(tuple(wheels), debs[0])
 
 
 def venv_home(prefix: Path | None = None) -> Path:
@@ -147,41 +144,6 @@ def require() -> Path:
     return binary
 
 
-def _verified(data: bytes, sha256: str, what: str) -> bytes:
-    digest = hashlib.sha256(data).hexdigest()
-    if digest != sha256:
-        raise BundleError(f"{what} has SHA-256 {digest}, expected {sha256}: not unpacked")
-    return data
-
-
-def _deb_member(deb: bytes, name: str) -> bytes:
-    """File ``name`` (its basename) from a Debian package's data archive (an ar archive holding a tar)."""
-    if not deb.startswith(b"!<arch>\n"):
-        raise BundleError("the Debian package is not an ar archive")
-    offset = 8
-    while offset + 60 <= len(deb):
-        header = deb[offset : offset + 60]
-        member, size = header[:16].decode().strip().rstrip("/"), int(header[48:58])
-        body = deb[offset + 60 : offset + 60 + size]
-        if member.startswith("data.tar"):
-            with tarfile.open(fileobj=io.BytesIO(body), mode="r:*") as archive:
-                for info in archive.getmembers():
-                    if info.isfile() and Path(info.name).name == name:
-                        handle = archive.extractfile(info)
-                        if handle is not None:
-                            return handle.read()
-        offset += 60 + size + (size % 2)
-    raise BundleError(f"the Debian package holds no {name}")
-
-
-def _download(url: str) -> bytes:
-    try:
-        with urllib.request.urlopen(url, timeout=60) as response:
-            return bytes(response.read())
-    except OSError as exc:
-        raise BundleError(f"cannot download {url}: {exc}") from None
-
-
 def install(prefix: Path | None = None, progress: Callable[[str], None] = lambda _: None) -> Path:
     """Download, check and unpack perf_analyzer and its two libraries into ``prefix`` (the venv).
 
@@ -220,9 +182,7 @@ def install(prefix: Path | None = None, progress: Callable[[str], None] = lambda
                 if member is None:
                     raise BundleError(f"{wheel.name} holds no {inside}")
                 (staged / name).write_bytes(archive.read(member))
-        progress("downloading Debian's libb64-0d")
-        deb = _verified(_download(pins.deb_url), pins.deb_sha256, pins.deb_url)
-        (staged / "libb64.so.0d").write_bytes(_deb_member(deb, "libb64.so.0d"))
+        (staged / "libb64.so.0d").write_bytes(fetch_deb_file(pins.deb, LIBB64_PATH, progress))
         (staged / "perf_analyzer").chmod(0o755)
         reason = check_with_libraries(staged)
         if reason is not None:

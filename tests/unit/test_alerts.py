@@ -14,23 +14,25 @@ Where a metric comes from:
 
 promtool (Prometheus's own checker) runs ``check config``, ``check rules`` and ``test rules``
 (``alerts.test.yml``: each alert fires on the series it is written for, and not on the healthy ones
-beside them) where it is installed: on ``PATH``, or named by ``PROMTOOL``. No registry the bundle
-installs from ships it as a package pip can install (Debian's ``prometheus`` package has it);
-elsewhere those tests skip and say so.
+beside them). No package pip installs carries it: ``make setup`` (``python -m server promtool
+install``) unpacks the one in Debian's ``prometheus`` package, pinned by hash in
+``requirements-promtool.txt``, into ``.venv/bin``. The tests run that one, or the one ``PROMTOOL``
+names, or one on ``PATH`` (:func:`server.promtool.locate`); where there is none (set-up could not
+download it) they skip and say so.
 """
 
 from __future__ import annotations
 
 import json
-import os
 import re
-import shutil
 import subprocess
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
+
+from server.promtool import HOW_TO_GET, locate
 
 ROOT = Path(__file__).resolve().parents[2]
 PROMETHEUS = ROOT / "deploy" / "prometheus"
@@ -188,10 +190,10 @@ def test_prometheus_loads_the_rules_compose_mounts() -> None:
 
 
 def _promtool() -> str:
-    promtool = os.environ.get("PROMTOOL") or shutil.which("promtool")
-    if not promtool:
-        pytest.skip("promtool is not installed (Debian: apt-get install prometheus; or set PROMTOOL)")
-    return promtool
+    promtool = locate()
+    if promtool is None:
+        pytest.skip(f"promtool is not installed: {HOW_TO_GET}")
+    return str(promtool)
 
 
 @pytest.mark.parametrize(

@@ -1,12 +1,11 @@
-"""perf_analyzer as the reference engine, without a server: its pins, the unpacking of its
-library, reading its own output, and the client-bound rule every engine shares."""
+"""perf_analyzer as the reference engine, without a server: its pins, reading its own output, and
+the client-bound rule every engine shares. Unpacking its library from Debian's package is
+bundle/downloads.py's, tested in test_downloads.py."""
 
 from __future__ import annotations
 
-import io
 import math
 import os
-import tarfile
 import time
 from pathlib import Path
 
@@ -51,7 +50,7 @@ def test_the_pins_name_two_wheels_by_hash_and_one_debian_package() -> None:
     pins = perf_analyzer_install.read_pins()
     assert sorted(line.split("==")[0] for line in pins.wheels) == ["nvidia-cuda-runtime-cu12", "tritonclient"]
     assert all("--hash=sha256:" in line for line in pins.wheels)
-    assert pins.deb_url.endswith(".deb") and len(pins.deb_sha256) == 64
+    assert pins.deb.filename == "libb64-0d_1.2-5+b1_amd64.deb" and len(pins.deb.sha256) == 64
 
 
 def test_a_pins_file_without_the_debian_line_is_refused(tmp_path: Path) -> None:
@@ -59,32 +58,6 @@ def test_a_pins_file_without_the_debian_line_is_refused(tmp_path: Path) -> None:
     path.write_text("tritonclient==2.51.0\nnvidia-cuda-runtime-cu12==12.9.79\n")
     with pytest.raises(ConfigError, match="deb URL sha256"):
         perf_analyzer_install.read_pins(path)
-
-
-def _deb(files: dict[str, bytes]) -> bytes:
-    """A Debian package: an ar archive holding debian-binary and a data.tar.xz."""
-    data = io.BytesIO()
-    with tarfile.open(fileobj=data, mode="w:xz") as archive:
-        for name, body in files.items():
-            info = tarfile.TarInfo(name)
-            info.size = len(body)
-            archive.addfile(info, io.BytesIO(body))
-    out = b"!<arch>\n"
-    for name, body in (("debian-binary", b"2.0\n"), ("data.tar.xz", data.getvalue())):
-        out += f"{name:<16}{0:<12}{0:<6}{0:<6}{100644:<8}{len(body):<10}`\n".encode() + body
-        out += b"\n" if len(body) % 2 else b""
-    return out
-
-
-def test_the_library_is_unpacked_from_the_debian_package_and_a_bad_hash_stops_it() -> None:
-    deb = _deb({"./usr/lib/x86_64-linux-gnu/libb64.so.0d": b"ELF library"})
-    assert perf_analyzer_install._deb_member(deb, "libb64.so.0d") == b"ELF library"
-    with pytest.raises(BundleError, match=r"holds no libother\.so"):
-        perf_analyzer_install._deb_member(deb, "libother.so")
-    with pytest.raises(BundleError, match="not an ar archive"):
-        perf_analyzer_install._deb_member(b"PK\x03\x04", "libb64.so.0d")
-    with pytest.raises(BundleError, match="SHA-256"):
-        perf_analyzer_install._verified(deb, "0" * 64, "libb64")
 
 
 def test_a_binary_that_does_not_run_is_reported_in_one_line_with_how_to_get_one(
