@@ -24,7 +24,8 @@
 #   2. the parts from transfer.sh joined and installed into the interpreter (transfer.sh join,
 #      install); on the GPU host, the compiled stages built unless build/stages holds them;
 #   3. the DLRM exported three ways at once: the gpu profile as shipped (dlrm_onnx FP32,
-#      dlrm_onnx_fp16, dlrm_torch; KIND_GPU instances), the cpu profile's INT8 (the CPU default), and
+#      dlrm_onnx_fp16, dlrm_torch; KIND_GPU instances) with dlrm_aoti, its AOTInductor package
+#      compiled for the GPU and checked against eager, the cpu profile's INT8 (the CPU default), and
 #      hot/cold in the gpu profile (hot rows in the dense model on the GPU, the stage on the CPU,
 #      checked against the all-in-graph model); Wide & Deep's gpu and INT8 variants from the payload;
 #   4. lab gpu on the gpu profile: every DLRM and Wide & Deep variant at batch 1 (p50), 1024 and 8192,
@@ -33,20 +34,22 @@
 #   5. lab gpu on the cpu profile's INT8 models (DLRM's FP32 should its INT8 gate refuse it), served on
 #      the same host's cores; then lab gpu-vs-cpu:
 #      batch-1 p50 and best throughput, GPU against CPU, per family;
-#   6. lab gpu on the hot/cold model (an ensemble, served only) at 1024 and 8192.
+#   6. lab gpu on the hot/cold model (an ensemble, served only) at 1024 and 8192;
+#   7. lab gpu on dlrm_aoti (an ensemble around the package, served only), on its own.
 # Not yet timed on an H100 as a whole: steps.tsv gives each step's seconds (GPU_STEPS and LAB_ARGS
 # weigh most: about 5 steps of 1 + 2 x 1 s and a model load per variant).
-# OUT stays small, at most 8 files: run.log (from the tee above), steps.tsv, results.tar.gz (every
+# OUT stays small, at most 9 files: run.log (from the tee above), steps.tsv, results.tar.gz (every
 # result file, the export reports and the server logs; rewritten after each step and every 20 s, so
-# a run cut short still leaves what it measured), gpu.md, cpu.md, gpu_vs_cpu.md, hot_cold.md.
+# a run cut short still leaves what it measured), gpu.md, cpu.md, gpu_vs_cpu.md, hot_cold.md, aoti.md.
 #
 # The committed results of earlier GPU runs (result.*, instances/, fp16/, kernels.txt) came from this
 # script's previous version (git history); this one writes nothing under benchmarks/.
 #
 # Knobs (environment): PYTHON, WORK (models and data), OUT, PAYLOAD (the joined parts), ROWS,
-# TABLE_SIZE, PRESET, HOT_BUDGET, GPU_STEPS / CPU_STEPS / HOT_COLD_STEPS (BATCHxCONCURRENCY lists),
+# TABLE_SIZE, PRESET, HOT_BUDGET, AOTI_ARGS (--aoti, or empty to leave dlrm_aoti out),
+# GPU_STEPS / CPU_STEPS / HOT_COLD_STEPS (BATCHxCONCURRENCY lists),
 # LAB_ARGS (options of every lab gpu call), SKIP (step names not to run: train install stages export
-# gpu cpu hot_cold), WIDE_DEEP_GPU_REPO and WIDE_DEEP_CPU_REPO (repositories holding the Wide & Deep models).
+# gpu cpu hot_cold aoti), WIDE_DEEP_GPU_REPO and WIDE_DEEP_CPU_REPO (repositories holding the Wide & Deep models).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 MODE=gpu
@@ -65,6 +68,8 @@ if [[ $MODE == gpu ]]; then
   : "${PROFILE:=gpu}" "${MAX_BATCH_SIZE:=16384}" "${HOT_BUDGET:=512M}"
   : "${GPU_STEPS:=1x1 1024x16 8192x16 8192x32}" "${CPU_STEPS:=1x1 1024x4 1024x16}"
   : "${HOT_COLD_STEPS:=1024x16 8192x16}"
+  # dlrm_aoti: the AOTInductor package compiled for the host's GPU, checked against eager by the export
+  : "${AOTI_ARGS=--aoti}"
   : "${LAB_ARGS:=--seconds 1 --repeats 2 --warmup 1 --baseline-seconds 0.5 --baseline-repeats 2 --processes 12 --profile-calls 10}"
 else
   PYTHON=${PYTHON:-python}
@@ -77,6 +82,7 @@ else
   : "${LAB_ARGS:=--seconds 0.5 --repeats 1 --warmup 0.5 --baseline-seconds 0.1 --baseline-repeats 1 --processes 2 --profile-calls 2}"
   # the tiny, barely trained models check the path, not accuracy: INT8's gate opened wide
   : "${EXPORT_ARGS:=--int8-auc-tolerance 1.0}"
+  : "${AOTI_ARGS=--aoti}"  # a tiny package compiles for the CPU in about half a minute
   export WD_PRESET=tiny WD_TABLE_SIZE=$TABLE_SIZE WD_ROWS=$ROWS CHECK_ROWS WD_GPU_PROFILE=$PROFILE \
     MAX_BATCH_SIZE WD_EXPORT_ARGS=${EXPORT_ARGS}
 fi
@@ -93,7 +99,7 @@ pack() {  # every result file into OUT/results.tar.gz, the reports' markdown bes
   # written beside, then moved: the packer in the background and a step's end may pack at once
   tar -czf "$WORK/results.$BASHPID.tar.gz" -C "$RESULTS" . && mv "$WORK/results.$BASHPID.tar.gz" "$OUT/results.tar.gz"
   local name
-  for name in gpu cpu hot_cold; do
+  for name in gpu cpu hot_cold aoti; do
     [[ -f $RESULTS/$name/result.md ]] && cp "$RESULTS/$name/result.md" "$OUT/$name.md"
   done
   [[ -f $RESULTS/gpu_vs_cpu.md ]] && cp "$RESULTS/gpu_vs_cpu.md" "$OUT/gpu_vs_cpu.md"
@@ -175,7 +181,8 @@ export_all() {  # the three DLRM exports at once (each its own log), then Wide &
     --max-batch-size "$MAX_BATCH_SIZE")
   rm -rf "$WORK/repo-gpu" "$WORK/repo-cpu" "$WORK/repo-hot-cold"
   # shellcheck disable=SC2086  # EXPORT_ARGS: extra options, split on purpose
-  "$PYTHON" -m export dlrm "${common[@]}" --profile "$PROFILE" --torch --repository "$WORK/repo-gpu" \
+  # shellcheck disable=SC2086  # AOTI_ARGS: --aoti by default, empty to leave dlrm_aoti out
+  "$PYTHON" -m export dlrm "${common[@]}" --profile "$PROFILE" --torch $AOTI_ARGS --repository "$WORK/repo-gpu" \
     ${EXPORT_ARGS:-} >"$WORK/logs/export-gpu.log" 2>&1 &
   local gpu=$!
   # shellcheck disable=SC2086
@@ -225,6 +232,10 @@ step gpu lab_gpu gpu "$WORK/repo-gpu" "$GPU_STEPS" dlrm_onnx dlrm_onnx_fp16 dlrm
 step cpu lab_gpu cpu "$WORK/repo-cpu" "$CPU_STEPS" "dlrm_onnx_int8|dlrm_onnx" "wide_deep_onnx_int8" || status=1
 step gpu_vs_cpu gpu_vs_cpu || status=1
 step hot_cold lab_gpu hot_cold "$WORK/repo-hot-cold" "$HOT_COLD_STEPS" dlrm_onnx || status=1
+# last and on its own: a package that fails to load on the GPU costs only its own figures
+if [[ -n $AOTI_ARGS ]]; then
+  step aoti lab_gpu aoti "$WORK/repo-gpu" "$GPU_STEPS" dlrm_aoti || status=1
+fi
 cp -r logs/loadtest-gpu-tritonserver.log "$RESULTS/" 2>/dev/null || true
 pack
 cat "$OUT/steps.tsv"

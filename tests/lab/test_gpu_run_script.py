@@ -24,7 +24,7 @@ ROOT = Path(__file__).resolve().parents[2]
 SCRIPTS = ROOT / "benchmarks" / "gpu"
 #: OUT stays small and plain, as run.sh's header promises: at most this many files, named in these
 #: characters.
-MAX_OUT_FILES = 8
+MAX_OUT_FILES = 9
 OUT_NAME = re.compile(r"[A-Za-z0-9._-]+")
 
 
@@ -53,16 +53,17 @@ def test_cpu_mode_takes_every_figure_and_writes_what_comes_back(tmp_path: Path) 
     assert run.returncode == 0, (run.stdout + run.stderr)[-4000:]
     steps = [line.split("\t") for line in (out / "steps.tsv").read_text().splitlines()[1:]]
     assert [s[0] for s in steps] == [
-        "machine", "train", "install", "export", "gpu", "cpu", "gpu_vs_cpu", "hot_cold",
+        "machine", "train", "install", "export", "gpu", "cpu", "gpu_vs_cpu", "hot_cold", "aoti",
     ]  # fmt: skip
     assert all(s[2] == "ok" for s in steps), steps
     files = sorted(p.name for p in out.iterdir())
     assert len(files) <= MAX_OUT_FILES and all(OUT_NAME.fullmatch(name) for name in files), files
-    assert {"results.tar.gz", "gpu.md", "cpu.md", "gpu_vs_cpu.md", "hot_cold.md"} <= set(files)
+    assert {"results.tar.gz", "gpu.md", "cpu.md", "gpu_vs_cpu.md", "hot_cold.md", "aoti.md"} <= set(files)
     with tarfile.open(out / "results.tar.gz") as archive:
         gpu = _member(archive, "gpu/result.json")
         cpu = _member(archive, "cpu/result.json")
         hot_cold = _member(archive, "hot_cold/result.json")
+        aoti = _member(archive, "aoti/result.json")
         devices = _member(archive, "gpu_vs_cpu.json")
         names = archive.getnames()
     # 1. every variant of both families, at batch 1 and the larger batch, in-process beside served
@@ -90,6 +91,11 @@ def test_cpu_mode_takes_every_figure_and_writes_what_comes_back(tmp_path: Path) 
     assert ensemble["file"] == "ensemble" and ensemble["in_process"] == {}
     assert ensemble["gate"]["checked_against"] == "onnx_fp32_in_graph" and ensemble["gate"]["passes"]
     assert {s["batch_size"] for s in ensemble["served"]} == {64, 256}
+    # 5. the AOTInductor package (CUDA on a GPU host, the CPU here) served, gated against eager
+    (package,) = aoti["results"]
+    assert package["model"] == "dlrm_aoti" and package["file"] == "ensemble" and package["gate"]["passes"]
+    assert {s["batch_size"] for s in package["served"]} == {1, 256}
+    assert all(s["samples_per_s"] > 0 and s["errors"] == 0 for s in package["served"])
     assert "./exports/repo-gpu-dlrm_onnx.json" in names and "./machine.txt" in names
     assert "GPU / CPU throughput" in (out / "gpu_vs_cpu.md").read_text()
 
