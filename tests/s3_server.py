@@ -13,8 +13,12 @@ environment (boto3 and tritonserver both read them from there).
 from __future__ import annotations
 
 import contextlib
+import os
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
+
+import pytest
 
 CREDENTIALS = {
     "AWS_ACCESS_KEY_ID": "test-access-key",
@@ -35,6 +39,44 @@ def s3_server() -> Iterator[str]:
         yield f"{host}:{port}"
     finally:
         server.stop()
+
+
+#: The models of :func:`two_model_repository`.
+MODELS = ("dlrm_onnx", "wide_deep_onnx")
+
+
+@contextlib.contextmanager
+def s3_endpoint(*buckets: str) -> Iterator[str]:
+    """:func:`s3_server` with :data:`CREDENTIALS` in this process's environment for its duration (so
+    that boto3, and the tritonservers and commands started here, read them) and ``buckets`` made."""
+    with pytest.MonkeyPatch.context() as patch:
+        for name, value in CREDENTIALS.items():
+            patch.setenv(name, value)
+        with s3_server() as address:
+            for bucket in buckets:
+                create_bucket(address, bucket)
+            yield address
+
+
+def two_model_repository(repository: Path, parameters: dict[str, str] | None = None) -> Path:
+    """A repository of ``dlrm_onnx`` and ``wide_deep_onnx`` at ``repository`` to publish and fetch:
+    configs (with ``parameters``) and random model files; no server reads it."""
+    from google.protobuf import text_format
+    from tritonclient.grpc import model_config_pb2
+
+    for name in MODELS:
+        config = model_config_pb2.ModelConfig(name=name, backend="onnxruntime", max_batch_size=8)
+        for key, value in (parameters or {}).items():
+            config.parameters[key].string_value = value
+        (repository / name / "1").mkdir(parents=True)
+        (repository / name / "config.pbtxt").write_text(text_format.MessageToString(config))
+        (repository / name / "1" / "model.onnx").write_bytes(os.urandom(3000) + name.encode())
+    return repository
+
+
+def files(root: Path) -> dict[str, bytes]:
+    """Every file under ``root`` by its path from there, with its bytes."""
+    return {p.relative_to(root).as_posix(): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
 
 
 def client(endpoint: str) -> Any:

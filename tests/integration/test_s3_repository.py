@@ -28,7 +28,7 @@ from bundle.errors import ServerError
 from clients.verify import verify_repository
 from criteo.tsv import read_batch
 from server import LocalServer, free_ports
-from tests.s3_server import CREDENTIALS, create_bucket, keys, s3_server
+from tests.s3_server import CREDENTIALS, keys, s3_endpoint
 
 pytestmark = pytest.mark.integration
 
@@ -62,12 +62,8 @@ def repository(tmp_path_factory: pytest.TempPathFactory, labeled_file: Path) -> 
 def endpoint() -> Iterator[str]:
     """moto's S3 server on 127.0.0.1 with the bucket; the credentials in this process's environment,
     so that the tritonservers started here read them."""
-    with pytest.MonkeyPatch.context() as patch:
-        for name, value in CREDENTIALS.items():
-            patch.setenv(name, value)
-        with s3_server() as address:
-            create_bucket(address, BUCKET)
-            yield address
+    with s3_endpoint(BUCKET) as address:
+        yield address
 
 
 @pytest.fixture(scope="module")

@@ -55,14 +55,12 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 import pytest
-from google.protobuf import text_format
-from tritonclient.grpc import model_config_pb2
 
 from bundle.s3 import S3Url
 from bundle.staging import staging_root
 from export.publish import publish_repository
-from tests.s3_server import CREDENTIALS, create_bucket, s3_server
-from tests.unit.test_k8s_manifests import K8S, OVERLAYS, _pod, _render, _server
+from tests.k8s_manifests import K8S, OVERLAYS, pod_spec, render, server_container
+from tests.s3_server import CREDENTIALS, MODELS, create_bucket, files, s3_endpoint, two_model_repository
 
 ROOT = Path(__file__).resolve().parents[2]
 #: The fake values of the Secrets the docs tell a user to create, by (Secret, key).
@@ -77,7 +75,6 @@ INIT_ENTRYPOINT = '["python3", "-m", "export"]'
 #: Where tritonserver copies an s3:// repository before it loads it (triton core's
 #: LocalizePath: mkdtemp of "/tmp/folderXXXXXX").
 LOCALIZED = PurePosixPath("/tmp/folderXXXXXX")
-MODELS = ("dlrm_onnx", "wide_deep_onnx")
 #: What a probe reports of each path: its entries, and whether a new folder can be made in it.
 PROBE = """
 import errno, json, os, sys, tempfile
@@ -171,7 +168,7 @@ def _stub_url(url: str, endpoint: str) -> str:
 
 
 def _init_containers(overlay: str) -> list[dict[str, Any]]:
-    return list(_pod(overlay).get("initContainers", []))
+    return list(pod_spec(overlay).get("initContainers", []))
 
 
 def _init_args(container: dict[str, Any], env: dict[str, str]) -> list[str]:
@@ -182,7 +179,7 @@ def _init_args(container: dict[str, Any], env: dict[str, str]) -> list[str]:
 
 
 def _repository_of_server(overlay: str, env: dict[str, str]) -> str:
-    return _option([_expand(arg, env) for arg in _server(overlay)["args"]], "--model-repository")
+    return _option([_expand(arg, env) for arg in server_container(overlay)["args"]], "--model-repository")
 
 
 def _writable(mounts: list[Mount], path: PurePosixPath, pod: dict[str, Any]) -> Mount | None:
@@ -196,8 +193,8 @@ def _writable(mounts: list[Mount], path: PurePosixPath, pod: dict[str, Any]) -> 
 
 @pytest.mark.parametrize("overlay", OVERLAYS)
 def test_every_write_of_the_pod_lands_in_one_writable_mount(overlay: str) -> None:
-    pod = _pod(overlay)
-    resources = _render(overlay)
+    pod = pod_spec(overlay)
+    resources = render(overlay)
     for volume in pod["volumes"]:
         # An emptyDir is what the layout check reproduces; another kind needs its reproduction here.
         assert set(volume) == {"name", "emptyDir"}, volume
@@ -222,7 +219,7 @@ def test_every_write_of_the_pod_lands_in_one_writable_mount(overlay: str) -> Non
         assert "HOME" in env, f"{name}: no HOME (boto3 and TensorRT read and write there)"
         assert _writable(mounts, PurePosixPath(env["HOME"]), pod), f"{name}: HOME={env['HOME']} is read-only"
         filled.add(_place(mounts, repository))
-    server = _server(overlay)
+    server = server_container(overlay)
     mounts = _mounts(server)
     served = _repository_of_server(overlay, _environment(server, resources, {}))
     if served.startswith("s3://"):
@@ -323,28 +320,10 @@ def _probe(
     return dict(json.loads(done.stdout))
 
 
-def _published(root: Path) -> Path:
-    """A two-model repository (configs and model files; no server reads it here)."""
-    repository = root / "published"
-    for name in MODELS:
-        config = model_config_pb2.ModelConfig(name=name, backend="onnxruntime", max_batch_size=8)
-        (repository / name / "1").mkdir(parents=True)
-        (repository / name / "config.pbtxt").write_text(text_format.MessageToString(config))
-        (repository / name / "1" / "model.onnx").write_bytes(os.urandom(2000) + name.encode())
-    return repository
-
-
-def _files(root: Path) -> dict[str, bytes]:
-    return {p.relative_to(root).as_posix(): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
-
-
 @pytest.fixture(scope="module")
 def endpoint() -> Iterator[str]:
-    with pytest.MonkeyPatch.context() as patch:
-        for name, value in CREDENTIALS.items():
-            patch.setenv(name, value)
-        with s3_server() as address:
-            yield address
+    with s3_endpoint() as address:
+        yield address
 
 
 @pytest.mark.parametrize("overlay", OVERLAYS)
@@ -354,7 +333,7 @@ def test_the_init_containers_fill_what_the_server_serves_in_the_pods_own_layout(
     refused = _namespaces_refused()
     if refused:
         pytest.skip(f"the pod's layout needs a user and mount namespace: {refused}")
-    pod, resources = _pod(overlay), _render(overlay)
+    pod, resources = pod_spec(overlay), render(overlay)
     (config,) = [r["data"] for r in resources if r["kind"] == "ConfigMap"]
     overrides = {
         name: _stub_url(value, endpoint) for name, value in config.items() if value.startswith("s3://")
@@ -364,7 +343,7 @@ def test_the_init_containers_fill_what_the_server_serves_in_the_pods_own_layout(
     for volume in pod["volumes"]:
         (volumes / volume["name"]).mkdir(parents=True)
         (volumes / volume["name"]).chmod(0o777)  # as the kubelet makes an emptyDir
-    published = _published(tmp_path)
+    published = two_model_repository(tmp_path / "published")
     filled: tuple[str, PurePosixPath] | None = None
     for container in _init_containers(overlay):
         name, mounts = container["name"], _mounts(container)
@@ -380,11 +359,11 @@ def test_the_init_containers_fill_what_the_server_serves_in_the_pods_own_layout(
                 f"{overlay}: init container {name}: python -m export {' '.join(args)} failed in the "
                 f"pod's layout:\n{done.stdout}{done.stderr}"
             )
-            assert f"fetched {len(_files(published))} files" in done.stdout, done.stdout
+            assert f"fetched {len(files(published))} files" in done.stdout, done.stdout
             filled = _place(mounts, repository)
             assert filled is not None
             volume, folder = filled
-            assert _files(volumes / volume / folder) == _files(published)
+            assert files(volumes / volume / folder) == files(published)
             # Nothing else is left in the volume: the staging folder went with the last move.
             left = sorted(p.name for p in (volumes / volume).iterdir())
             assert left == (list(folder.parts[:1]) or sorted(MODELS)), left
@@ -395,7 +374,7 @@ def test_the_init_containers_fill_what_the_server_serves_in_the_pods_own_layout(
             assert report[str(repository)]["entries"] == sorted(MODELS), (name, report)
             assert report[str(repository)]["write"] == "ok", (name, report)
             assert _place(mounts, repository) == filled, f"{name} writes another folder than the fetch"
-    server = _server(overlay)
+    server = server_container(overlay)
     env = _environment(server, resources, overrides)
     served = _repository_of_server(overlay, env)
     mounts = _mounts(server)

