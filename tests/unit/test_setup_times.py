@@ -11,6 +11,8 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+from bundle.snippets import section_end, section_start
+
 ROOT = Path(__file__).resolve().parents[2]
 RESULT = ROOT / "benchmarks" / "setup_times" / "result.md"
 README = ROOT / "README.md"
@@ -23,7 +25,7 @@ def section(text: str, start: str, end: str) -> list[str]:
 
 
 def recorded() -> list[str]:
-    return section(RESULT.read_text(), "<!-- --8<-- [start:results] -->", "<!-- --8<-- [end:results] -->")
+    return section(RESULT.read_text(), section_start("results"), section_end("results"))
 
 
 def test_the_record_names_its_command_machine_and_both_times() -> None:
