@@ -37,6 +37,11 @@ CORE_SHARE = 0.75
 MACHINE_SHARE = 0.25
 #: A closed-loop user whose client CPU takes more than this share of its request cycle.
 USER_SHARE = 0.2
+#: A closed-loop step whose serial client time per request is more than this share of its mean
+#: latency is client-limited.
+SERIAL_SHARE = 0.10
+#: Words every serial-time reason starts with (reports pick the flag's short form by it).
+SERIAL_REASON = "of serial client time per request"
 
 
 def process_cpu_s() -> float:
@@ -104,7 +109,9 @@ def threshold_line(cores: int | None = None) -> str:
         f"for a CPU more than {CORE_SHARE:g} of a core (its threads together), or all of them more than "
         f"{CORE_SHARE:g} of each core they may use, or all of them using more than {MACHINE_SHARE:.0%} "
         f"of this machine's {cores} cores, or more than {USER_SHARE:.0%} of each closed-loop user's "
-        "request cycle spent on the client's CPU; or the load generator running on cores the server "
+        "request cycle spent on the client's CPU, or a serial client time per request (from an "
+        f"answer's arrival to the next request's send) above {SERIAL_SHARE:.0%} of the mean latency; "
+        "or the load generator running on cores the server "
         f"may use, those cores at least {SHARED_BUSY:.0%} busy, and the load generator above "
         f"{SHARED_SHARE:.0%} of the CPU used there"
     )
@@ -124,6 +131,10 @@ class ClientCpu:
         cores: the machine's cores (the base of the machine share).
         allowed: the cores the load generator may run on.
         users: closed-loop users (requests in flight).
+        serial_us: the mean serial client time per request (us): from an answer's arrival to the
+            sender's next request going out (perf_analyzer: its client send plus receive); NaN
+            where not measured.
+        mean_ms: the mean latency of the window's answers (ms), what ``serial_us`` is judged against.
     """
 
     cpu_s: float
@@ -134,6 +145,8 @@ class ClientCpu:
     cores: int
     allowed: int
     users: int = 1
+    serial_us: float = math.nan
+    mean_ms: float = math.nan
 
     @classmethod
     def of_processes(
@@ -142,13 +155,18 @@ class ClientCpu:
         requests: int,
         allowed: int | None = None,
         users: int = 1,
+        serial_us: float = math.nan,
+        mean_ms: float = math.nan,
     ) -> ClientCpu:
         """From ``(cpu seconds, window seconds, demand)`` of each process, on ``allowed`` cores
-        (None: all of this machine's), driving ``users`` closed-loop users."""
+        (None: all of this machine's), driving ``users`` closed-loop users, with their serial
+        client time per request and mean latency (see the attributes)."""
         cores = machine_cores()
         allowed = allowed or cores
         if not per_process:
-            return cls(math.nan, math.nan, math.nan, math.nan, requests, cores, allowed, users)
+            return cls(
+                math.nan, math.nan, math.nan, math.nan, requests, cores, allowed, users, serial_us, mean_ms
+            )
         demands = [demand for _, _, demand in per_process if not math.isnan(demand)]
         return cls(
             cpu_s=sum(cpu for cpu, _, _ in per_process),
@@ -159,6 +177,8 @@ class ClientCpu:
             cores=cores,
             allowed=allowed,
             users=users,
+            serial_us=serial_us,
+            mean_ms=mean_ms,
         )
 
     @property
@@ -170,6 +190,11 @@ class ClientCpu:
     def per_request_us(self) -> float:
         """CPU microseconds per request."""
         return self.cpu_s / self.requests * 1e6 if self.requests else math.nan
+
+    @property
+    def serial_share(self) -> float:
+        """The serial client time per request as a share of the mean latency (NaN: not measured)."""
+        return self.serial_us / 1000.0 / self.mean_ms if self.mean_ms > 0 else math.nan
 
     @property
     def bound(self) -> bool:
@@ -197,5 +222,10 @@ class ClientCpu:
             return (
                 f"{self.share / self.users:.0%} of each closed-loop user's request cycle was spent "
                 f"on the client's CPU (above {USER_SHARE:.0%})"
+            )
+        if self.serial_share > SERIAL_SHARE:
+            return (
+                f"{self.serial_us:.0f} us {SERIAL_REASON}, {self.serial_share:.0%} of the mean "
+                f"latency of {self.mean_ms:.3g} ms (above {SERIAL_SHARE:.0%})"
             )
         return ""

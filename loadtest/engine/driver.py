@@ -24,6 +24,7 @@ next ``seconds``.
 from __future__ import annotations
 
 import logging
+import math
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -46,10 +47,14 @@ class Answer(NamedTuple):
     Attributes:
         rows: rows answered (samples/s count these).
         label: which accepted answer it matched (e.g. a model version), None for a wrong answer.
+        serial_s: the client's time from the sender's previous answer arriving to this request
+            going out (:class:`~loadtest.engine.wire.Turnaround`); NaN where not measured (the
+            first request of a connection, a sender that does not measure it).
     """
 
     rows: int = 1
     label: str | None = "ok"
+    serial_s: float = math.nan
 
 
 #: One worker's request: its sequence number (0, 1, ... per worker) in, the answer out.
@@ -151,7 +156,8 @@ class Driver:
     def measure(self, seconds: float) -> Tally:
         """The requests that complete in the next ``seconds`` (the window ends early when the
         workers do); its ``seconds`` is the window's length, its ``client`` this process's CPU
-        over the window (the driver's threads are the load generator)."""
+        over the window (the driver's threads are the load generator), judged with the window's
+        serial client time and mean latency as well."""
         if not seconds > 0:
             raise ConfigError(f"a window needs seconds > 0, got {seconds}")
         window = Tally()
@@ -167,7 +173,11 @@ class Driver:
             window.seconds = time.perf_counter() - opened
         demand = process_demand(busy, thread_busy_s(), window.seconds)
         window.client = ClientCpu.of_processes(
-            [(process_cpu_s() - cpu, window.seconds, demand)], window.requests, users=self._workers
+            [(process_cpu_s() - cpu, window.seconds, demand)],
+            window.requests,
+            users=self._workers,
+            serial_us=window.serial_us,
+            mean_ms=window.histogram.mean_ms,
         )
         return window
 
@@ -263,7 +273,9 @@ class Driver:
         latency_ms = (done - sent) * 1000.0
         with self._lock:
             self.total.answer(latency_ms, answer.rows, answer.label)
+            self.total.serial(answer.serial_s)
             if self._window is not None:
                 self._window.answer(latency_ms, answer.rows, answer.label)
+                self._window.serial(answer.serial_s)
             if answer.label is not None:
                 self.timelines[index].append((done - self._started, answer.label))

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import _socket
 import contextlib
+import math
 import struct
 import threading
 import time
@@ -39,9 +40,18 @@ import urllib.parse
 
 import grpc
 import hpack
+import numpy as np
 
 from bundle.errors import ClientError, ConfigError, DataError
-from loadtest.engine.wire import MODEL_INFER, check_answer, connected_socket, send_whole, socket_address
+from loadtest.engine.wire import (
+    MODEL_INFER,
+    Turnaround,
+    answer_scores,
+    check_answer,
+    connected_socket,
+    send_whole,
+    socket_address,
+)
 
 #: The client connection preface (RFC 9113 section 3.4).
 PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
@@ -125,10 +135,15 @@ class _Call:
     """One call on a connection: what of its message is left to send, and what its answer has
     brought so far."""
 
-    __slots__ = ("body", "ended", "error", "headers", "message", "received", "sent", "trailers", "window")
+    __slots__ = (
+        "arrived_at", "body", "ended", "error", "headers", "message", "received", "sent", "sent_at",
+        "trailers", "window",
+    )  # fmt: skip
 
     def __init__(self, message: bytes, window: int) -> None:
         self.message = message
+        #: When its first frames went out, and when its stream's end was read (``perf_counter``).
+        self.sent_at = self.arrived_at = math.nan
         #: Bytes of ``message`` sent so far.
         self.sent = 0
         self.headers: dict[str, str] | None = None
@@ -224,6 +239,7 @@ class Connection:
                 self._next_stream += 2
                 call = self._calls[stream] = _Call(message, self._initial_window)
                 frames = [frame(HEADERS, END_HEADERS, stream, self._block), *self._data_frames(stream, call)]
+            call.sent_at = time.perf_counter()
             self._send_frames(frames)
         try:
             while not call.ended:
@@ -418,6 +434,7 @@ class Connection:
         """End ``call`` if ``flags`` say its stream ended, and wake its thread (state lock held)."""
         if flags & END_STREAM:
             call.ended = True
+            call.arrived_at = time.perf_counter()
             self._state.notify_all()
 
     def _apply_settings(self, payload: bytes) -> None:
@@ -455,7 +472,7 @@ class _Slot:
         self.connection: Connection | None = None
 
 
-class SocketGrpcInfer:
+class SocketGrpcInfer(Turnaround):
     """A sender's inference calls to Triton's gRPC endpoint, on an HTTP/2 connection it may share
     with other senders (:class:`GrpcSockets`), serialised ``ModelInferRequest`` bytes in, the
     answer's length out (the module's docstring says how).
@@ -471,11 +488,13 @@ class SocketGrpcInfer:
     """
 
     def __init__(self, url: str, timeout_s: float, slot: _Slot | None = None) -> None:
+        super().__init__()
         self.url = url
         self._address = socket_address(url)
         self._timeout_s = timeout_s
         self._block = request_headers(url, timeout_s=timeout_s)
         self._own = slot is None
+        self._last = b""
         self._slot = _Slot() if slot is None else slot
         if self._own:
             self._slot.users = 1
@@ -501,15 +520,25 @@ class SocketGrpcInfer:
                 and the server's message).
             DataError: the answer does not hold ``rows`` scores.
         """
-        connection = self._connection()
+        try:
+            connection = self._connection()
+        except ClientError:
+            self.failed()
+            raise
         deadline = time.monotonic() + self._timeout_s
         try:
             call = connection.call(_MESSAGE.pack(0, len(request)) + request, deadline)
         except _Broken as exc:
+            self.failed()
             raise ClientError(f"{self.url}: {exc}") from None
         except TimeoutError:
+            self.failed()
             raise ClientError(f"{self.url}: no answer within {self._timeout_s:g} s") from None
-        return self._answer(call, rows)
+        self.sending(call.sent_at)
+        self.failed()  # until the answer has passed its checks
+        length = self._answer(call, rows)
+        self.arrived(call.arrived_at)
+        return length
 
     def _answer(self, call: _Call, rows: int) -> int:
         """The call's answer checked: HTTP 200, gRPC OK, one message of ``rows`` scores."""
@@ -536,8 +565,14 @@ class SocketGrpcInfer:
                 f"{self.url}: the answer is not one uncompressed gRPC message "
                 f"(flag {compressed}, {length} bytes said, {len(body) - _MESSAGE.size} read)"
             )
-        check_answer(bytes(body[_MESSAGE.size :]), rows, self.url)
+        answer = bytes(body[_MESSAGE.size :])
+        check_answer(answer, rows, self.url)
+        self._last = answer
         return length
+
+    def last_scores(self) -> np.ndarray:
+        """The scores of the last answer that passed its checks (FP32, one per row)."""
+        return answer_scores(self._last)
 
     def close(self) -> None:
         """Leave the connection: a sender of its own closes it (the next request opens another),

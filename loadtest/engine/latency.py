@@ -191,6 +191,9 @@ class Tally:
         first_error_s, last_error_s: when errors came, in the clock of whoever records them.
         client: the load generator's CPU over the window, where its recorder measured it (the
             closed-loop driver does; a merged tally has none).
+        serial_s, serial_count: the serial client time of the answered requests whose sender
+            measured it (from its previous answer's arrival to this request's send), added up,
+            and how many they were.
     """
 
     histogram: LatencyHistogram = field(default_factory=LatencyHistogram)
@@ -204,6 +207,8 @@ class Tally:
     first_error_s: float | None = None
     last_error_s: float | None = None
     client: ClientCpu | None = None
+    serial_s: float = 0.0
+    serial_count: int = 0
 
     @property
     def requests(self) -> int:
@@ -225,6 +230,17 @@ class Tally:
         self.rows += rows
         self.labels[label] += 1
 
+    def serial(self, seconds: float) -> None:
+        """Count one request's serial client time (a NaN, not measured, is not counted)."""
+        if seconds == seconds:
+            self.serial_s += seconds
+            self.serial_count += 1
+
+    @property
+    def serial_us(self) -> float:
+        """The mean serial client time per request (us; NaN: none measured)."""
+        return self.serial_s / self.serial_count * 1e6 if self.serial_count else math.nan
+
     def error(self, error: BaseException | str, at_s: float | None = None) -> None:
         """Count one failed request (``at_s``: when, for the first and last error times)."""
         self.errors += 1
@@ -243,6 +259,8 @@ class Tally:
         self.labels.update(other.labels)
         self.error_kinds.update(other.error_kinds)
         self.seconds += other.seconds
+        self.serial_s += other.serial_s
+        self.serial_count += other.serial_count
         firsts = [t for t in (self.first_error_s, other.first_error_s) if t is not None]
         lasts = [t for t in (self.last_error_s, other.last_error_s) if t is not None]
         self.first_error_s = min(firsts) if firsts else None
@@ -296,6 +314,8 @@ class Tally:
             "seconds": self.seconds,
             "first_error_s": self.first_error_s,
             "last_error_s": self.last_error_s,
+            "serial_s": self.serial_s,
+            "serial_count": self.serial_count,
         }
 
     @classmethod
@@ -312,6 +332,8 @@ class Tally:
                 seconds=float(document.get("seconds", 0.0)),
                 first_error_s=document.get("first_error_s"),
                 last_error_s=document.get("last_error_s"),
+                serial_s=float(document.get("serial_s", 0.0)),
+                serial_count=int(document.get("serial_count", 0)),
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise DataError(f"not a tally: {exc}") from None

@@ -20,7 +20,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 from bundle.errors import ClientError, ConfigError
 from bundle.schema import is_raw_model
@@ -31,16 +31,7 @@ from loadtest.engine.driver import Answer, Connect, Driver, Request
 from loadtest.engine.grpc_socket import GrpcSockets, SocketGrpcInfer
 from loadtest.engine.latency import Tally, merged_tallies
 from loadtest.engine.payload import PayloadPool
-from loadtest.engine.wire import (
-    RawGrpcInfer,
-    RawHttpInfer,
-    http_bodies,
-    http_header_length,
-    serialised_requests,
-)
-
-#: How a worker's gRPC calls go out: through grpcio, or as HTTP/2 frames on a plain socket.
-GrpcWire = Literal["grpcio", "socket"]
+from loadtest.engine.wire import RawHttpInfer, http_bodies, http_header_length, serialised_requests
 
 
 @dataclass(frozen=True)
@@ -79,7 +70,6 @@ def triton_requests(
     shared_memory: SharedMemory = "none",
     first: int = 0,
     stride: int = 0,
-    grpc_wire: GrpcWire = "grpcio",
 ) -> Connect:
     """Each worker's connection: its own client, sending the pool's batches in turn.
 
@@ -87,20 +77,16 @@ def triton_requests(
     ``workers``), so requests in flight at one moment carry different rows (with
     several client processes, each gets its own ``first`` and the total as
     ``stride``). Requests are not retried and not checked against the model's
-    metadata: the load measures the server. ``shared_memory="system"`` puts each
-    worker's inputs and output in its own registered region. Without shared memory,
-    requests are serialised once and sent as bytes (the least client work per request, as
-    the sweep's locust users send them); ``grpc_wire``: over gRPC, each worker's calls go through
-    grpcio (a channel each) or, with ``"socket"``, as HTTP/2 frames on a plain socket
-    (:class:`~loadtest.engine.grpc_socket.GrpcSockets`).
+    metadata: the load measures the server. Without shared memory, requests are serialised
+    once and sent as bytes on the socket senders (:func:`raw_connection`: the least client work
+    per request, as the sweep's locust users send them). ``shared_memory="system"`` puts each
+    worker's inputs and output in its own registered region, through the bundle's client
+    (tritonclient, over grpcio for gRPC): that path is what a user's own shared-memory client
+    runs, and what such a load measures with the server.
     """
     step = stride or workers
     if shared_memory == "none":
-        return _raw_requests(url, protocol, model, pool, timeout_s, first, step, grpc_wire)
-    if grpc_wire != "grpcio":
-        raise ConfigError(
-            f"gRPC calls on a socket are for requests sent as bytes, not with {shared_memory} shared memory"
-        )
+        return _raw_requests(url, protocol, model, pool, timeout_s, first, step)
 
     @contextmanager
     def connect(worker: int) -> Iterator[Request]:
@@ -131,27 +117,25 @@ def raw_connection(
     timeout_s: float,
     rows: int,
     message: Callable[[int, int], bytes],
-    grpc_wire: GrpcWire = "grpcio",
 ) -> Connect:
-    """Each worker's own raw connection (:mod:`loadtest.engine.wire`): its request ``sequence``
-    sends ``message(worker, sequence)`` (a serialised ``ModelInferRequest``, or an HTTP body whose
-    JSON header is ``header_length`` bytes), its answer checked to hold ``rows`` scores; gRPC calls
-    through grpcio or on a socket (``grpc_wire``), a connection shared by up to
-    :data:`~loadtest.engine.grpc_socket.SHARE` workers."""
-    sockets = GrpcSockets(url, timeout_s) if protocol == "grpc" and grpc_wire == "socket" else None
+    """Each worker's own sender on a plain socket (:mod:`loadtest.engine.wire`): its request
+    ``sequence`` sends ``message(worker, sequence)`` (a serialised ``ModelInferRequest``, or an
+    HTTP body whose JSON header is ``header_length`` bytes), its answer checked to hold ``rows``
+    scores and its serial client time in the :class:`Answer`; gRPC calls as HTTP/2 frames, a
+    connection shared by up to :data:`~loadtest.engine.grpc_socket.SHARE` workers (as
+    perf_analyzer's client shares a channel), HTTP on a keep-alive connection each."""
+    sockets = GrpcSockets(url, timeout_s) if protocol == "grpc" else None
 
     @contextmanager
     def connect(worker: int) -> Iterator[Request]:
-        infer: RawGrpcInfer | SocketGrpcInfer | RawHttpInfer
-        if protocol == "grpc":
-            infer = sockets.open() if sockets is not None else RawGrpcInfer(url, timeout_s)
-        else:
-            infer = RawHttpInfer(url, model, header_length, timeout_s)
+        infer: SocketGrpcInfer | RawHttpInfer = (
+            sockets.open() if sockets is not None else RawHttpInfer(url, model, header_length, timeout_s)
+        )
         try:
 
             def request(sequence: int) -> Answer:
                 infer(message(worker, sequence), rows)
-                return Answer(rows)
+                return Answer(rows, serial_s=infer.serial_s)
 
             yield request
         finally:
@@ -168,7 +152,6 @@ def _raw_requests(
     timeout_s: float,
     first: int,
     step: int,
-    grpc_wire: GrpcWire,
 ) -> Connect:
     """Requests without tritonclient in the timed path: each batch serialised once, sent as bytes
     on the worker's own connection, its answer checked by length (:func:`raw_connection`)."""
@@ -181,7 +164,7 @@ def _raw_requests(
     def message(worker: int, sequence: int) -> bytes:
         return messages[(first + worker + sequence * step) % len(messages)]
 
-    return raw_connection(url, protocol, model, header_length, timeout_s, pool.batch_size, message, grpc_wire)
+    return raw_connection(url, protocol, model, header_length, timeout_s, pool.batch_size, message)
 
 
 def _check_load(protocol: str, concurrency: int, repeats: int, seconds: float, warmup_s: float) -> None:

@@ -7,18 +7,20 @@ starts: a gRPC ``ModelInferRequest``, or an HTTP body in Triton's binary-data
 extension (JSON header, then the raw tensors). A request is then one call
 with those bytes, and the answer is checked by one length (``B`` FP32
 scores), so a wrong or empty answer still fails the request. The server sees
-the bytes tritonclient would send. gRPC's requests go through grpcio here
-(:class:`RawGrpcInfer`), or on a plain socket
-(:class:`~loadtest.engine.grpc_socket.SocketGrpcInfer`, the open loop's).
+the bytes tritonclient would send. Both protocols go out on plain sockets: HTTP/1.1 here
+(:class:`RawHttpInfer`), gRPC as HTTP/2 frames
+(:class:`~loadtest.engine.grpc_socket.SocketGrpcInfer`); every load engine of the bundle sends
+through them (the closed-loop driver, locust's users, the open loop). Each sender also measures
+its serial client time (:class:`Turnaround`).
 """
 
 from __future__ import annotations
 
 import _socket
 import json
-from typing import Any
+import math
+import time
 
-import grpc
 import numpy as np
 from tritonclient.grpc import service_pb2
 from tritonclient.utils import serialize_byte_tensor
@@ -30,14 +32,6 @@ from loadtest.engine.payload import PayloadPool
 
 #: Triton's gRPC inference method.
 MODEL_INFER = "/inference.GRPCInferenceService/ModelInfer"
-#: The load generator's channel: no message size limit, and no retry machinery (a load test never
-#: retries; gRPC's retry filter keeps a copy of every request, client CPU that every call pays
-#: and that a batch-1 step notices).
-CHANNEL_OPTIONS = [
-    ("grpc.max_receive_message_length", -1),
-    ("grpc.max_send_message_length", -1),
-    ("grpc.enable_retries", 0),
-]
 #: Bytes an HTTP answer is read by, at most, per call.
 _RECEIVE_BYTES = 1 << 16
 #: Bytes per score of the output (FP32).
@@ -88,6 +82,12 @@ def check_answer(answer: bytes, rows: int, url: str) -> None:
     check_scores([len(c) for c in response.raw_output_contents], rows)
 
 
+def answer_scores(answer: bytes) -> np.ndarray:
+    """The scores of a serialised ``ModelInferResponse`` (its one output, FP32)."""
+    response = service_pb2.ModelInferResponse.FromString(answer)
+    return np.frombuffer(response.raw_output_contents[0], dtype="<f4")
+
+
 def socket_address(url: str) -> tuple[str, int]:
     """``host:port`` as a socket address: no host is 127.0.0.1, an IPv6 host loses its brackets.
 
@@ -131,44 +131,32 @@ def send_whole(sock: _socket.socket, parts: list[bytes]) -> None:
         sock.sendall(b"".join(parts)[sent:])
 
 
-def open_channel(url: str) -> grpc.Channel:
-    """A load generator's channel to ``url`` (:data:`CHANNEL_OPTIONS`)."""
-    return grpc.insecure_channel(url, options=CHANNEL_OPTIONS)
+class Turnaround:
+    """A sender's serial client time: from its last answer's arrival (its last byte read) to its
+    next request going out (its first ``sendmsg``). In a closed loop that time is spent on the
+    client alone, every request, at any concurrency: the answer's check, the engine's
+    bookkeeping, the next request's bytes (:data:`~loadtest.engine.client_cpu.SERIAL_SHARE`).
 
-
-class RawGrpcInfer:
-    """One channel to Triton's gRPC endpoint and its inference method, bytes in, bytes out.
-
-    Args:
-        url: ``host:port``.
-        timeout_s: a request slower than this fails.
+    Attributes:
+        serial_s: that time before the request last sent (NaN: no answer before it on this
+            sender, or the one before it failed).
     """
 
-    def __init__(self, url: str, timeout_s: float) -> None:
-        self.url = url
-        self._timeout_s = timeout_s
-        self._channel = open_channel(url)
-        # No serialiser: the requests are bytes already, and the answer is read below.
-        self._call: Any = self._channel.unary_unary(MODEL_INFER)
+    def __init__(self) -> None:
+        self.serial_s = math.nan
+        self._arrived = math.nan
 
-    def __call__(self, request: bytes, rows: int) -> int:
-        """Send one serialised request of ``rows`` rows; the answer's size in bytes.
+    def sending(self, at: float) -> None:
+        """A request goes out at ``at`` (``time.perf_counter()``)."""
+        self.serial_s = at - self._arrived
 
-        Raises:
-            ClientError: the server answered with an error (its gRPC status and message).
-            DataError: the answer does not hold ``rows`` scores.
-        """
-        try:
-            answer: bytes = self._call(request, timeout=self._timeout_s)
-        except grpc.RpcError as exc:
-            code = exc.code() if hasattr(exc, "code") else None
-            details = exc.details() if hasattr(exc, "details") else str(exc)
-            raise ClientError(f"{self.url}: {getattr(code, 'name', code)} {details}") from None
-        check_answer(answer, rows, self.url)
-        return len(answer)
+    def arrived(self, at: float) -> None:
+        """Its answer arrived whole at ``at`` and passed its checks."""
+        self._arrived = at
 
-    def close(self) -> None:
-        self._channel.close()
+    def failed(self) -> None:
+        """Its request failed: the next one has no answer before it to count from."""
+        self._arrived = math.nan
 
 
 #: The HTTP header that says how long the JSON part of a binary-data body is.
@@ -238,7 +226,7 @@ def http_header_length(pool: PayloadPool, raw: bool = False) -> int:
     )  # fmt: skip
 
 
-class RawHttpInfer:
+class RawHttpInfer(Turnaround):
     """One keep-alive HTTP/1.1 connection to Triton's HTTP endpoint, bodies in, the answer's
     length out, on a plain blocking socket.
 
@@ -258,6 +246,7 @@ class RawHttpInfer:
     """
 
     def __init__(self, url: str, model: str, header_length: int, timeout_s: float) -> None:
+        super().__init__()
         self.url = url
         self._address = socket_address(url)
         self._timeout_s = timeout_s
@@ -269,6 +258,10 @@ class RawHttpInfer:
         self._heads: dict[int, bytes] = {}
         self._socket: _socket.socket | None = None
         self._buffer = bytearray()
+        #: When the last answer's last byte was read (``time.perf_counter()``).
+        self._read_at = math.nan
+        #: The last answer that passed its checks, and the length of its JSON header.
+        self._last: tuple[bytes, int] = (b"", 0)
 
     def _connect(self) -> _socket.socket:
         try:
@@ -290,19 +283,29 @@ class RawHttpInfer:
         head = self._heads.get(len(body))
         if head is None:
             head = self._heads[len(body)] = self._prefix + b"%d\r\n\r\n" % len(body)
+        self.sending(time.perf_counter())
         try:
             send_whole(sock, [head, body])
             status, headers, answer = self._read_answer(sock)
         except (OSError, ValueError) as exc:
             self.close()
+            self.failed()
             raise ClientError(f"{self.url}: {exc or type(exc).__name__}") from None
         if headers.get("connection", "").lower() == "close":
             self.close()
+        self.failed()  # until the answer has passed its checks
         if status != 200:
             raise ClientError(f"{self.url}: HTTP {status} {answer[:200].decode(errors='replace')}")
         json_length = int(headers.get(HEADER_LENGTH.lower(), len(answer)))
         check_scores([len(answer) - json_length], rows)
+        self.arrived(self._read_at)
+        self._last = (answer, json_length)
         return len(answer)
+
+    def last_scores(self) -> np.ndarray:
+        """The scores of the last answer that passed its checks (FP32, one per row)."""
+        answer, json_length = self._last
+        return np.frombuffer(answer, dtype="<f4", offset=json_length)
 
     def _read_answer(self, sock: _socket.socket) -> tuple[int, dict[str, str], bytes]:
         """One answer: its status, its headers (names lower-case) and its body.
@@ -332,6 +335,7 @@ class RawHttpInfer:
         stop = end + 4 + int(headers["content-length"])
         while len(buffer) < stop:
             self._receive(sock)
+        self._read_at = time.perf_counter()
         answer = bytes(buffer[end + 4 : stop])
         del buffer[:stop]
         return status, headers, answer

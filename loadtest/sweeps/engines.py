@@ -103,6 +103,7 @@ def perf_analyzer_step(
         client_demand=run.cpu.total_demand,
         client_bound=run.cpu.bound,
         bound_reason=run.cpu.reason(),
+        client_serial_us=run.cpu.serial_us,
         samples_per_s_min=samples_per_s,
         samples_per_s_max=samples_per_s,
     ).beside_server(shared_cores(server_cpu_between(before, after), run.cpu.share, config.client_cpus))
@@ -142,8 +143,9 @@ def driver_step(
     """One step driven by the closed-loop driver (:mod:`loadtest.engine.driver`), in this process:
     ``concurrency`` worker threads, ``config.warmup_s`` then one window of ``config.duration_s``.
 
-    Its client CPU is this process's over the window (the sweep does nothing else meanwhile;
-    the server is another process).
+    Its workers send on the socket senders (:func:`~loadtest.engine.served.raw_connection`). Its
+    client CPU is this process's over the window (the sweep does nothing else meanwhile; the
+    server is another process), its serial client time the senders' own measure.
     """
     wire: Literal["grpc", "http"] = "grpc" if target.protocol == "grpc" else "http"
     first_rows: list[int] = []
@@ -175,7 +177,10 @@ def driver_step(
     if config.stream is not None:
         rows_sent, distinct_rows = config.stream.record(np.asarray(first_rows, np.int64), config.batch_size)
     demand = process_demand(busy0, busy1, seconds)
-    cpu = ClientCpu.of_processes([(cpu1 - cpu0, seconds, demand)], tally.requests, allowed, concurrency)
+    cpu = ClientCpu.of_processes(
+        [(cpu1 - cpu0, seconds, demand)], tally.requests, allowed, concurrency,
+        serial_us=tally.serial_us, mean_ms=tally.histogram.mean_ms,
+    )  # fmt: skip
     document = record_server(folder, model, before, after)
     server = ServerTimes.from_delta(document["delta"]) if document is not None else None
     rate = tally.ok / tally.seconds if tally.seconds > 0 else 0.0

@@ -1,21 +1,21 @@
-"""locust's command line for users that send from native threads (HTTP users, and gRPC users
-with ``--grpc-blocking``).
+"""locust's command line for users that send from native threads (the bundle's users, on plain
+sockets: :mod:`loadtest.sweeps.locustfile`).
 
 ``python -m loadtest.sweeps.locust_main`` takes locust's own arguments. It
 sets gRPC's I/O for a load generator, lets gevent patch everything but
 threads, then runs locust, which then patches nothing
 (``LOCUST_SKIP_MONKEY_PATCH``):
 
-- gRPC's calls do their I/O on the calling thread (:mod:`bundle.grpc_client`),
+- gRPC's calls (the model's metadata and Triton's statistics, through tritonclient; requests
+  go out on the users' own sockets) do their I/O on the calling thread (:mod:`bundle.grpc_client`),
   not on gRPC's EventEngine threads, which hand every answer over to the
   caller: with grpcio 1.85, a batch-1 call costs the client less CPU that
   way, at one call in flight and at two. gRPC reads this
   when it is imported, so it is set first; a ``GRPC_EXPERIMENTS`` already in
   the environment is kept.
 - Sockets, sleeps and subprocesses stay cooperative, so locust's runners and
-  its master and workers work as usual, while gRPC's Python keeps the real
-  thread locks: on gevent's locks each batch-1 call costs the client more
-  CPU.
+  its master and workers work as usual, while the users' native threads keep the real
+  thread locks (the senders that share a gRPC connection take them).
 """
 
 import os

@@ -8,12 +8,14 @@ sending pre-built batches of real-format rows back to back: ``N`` users keep
         --host 127.0.0.1:8000 --model dlrm_onnx --batch-size 64 \\
         --results-dir reports/step --warmup 2 --window 15 --server-stats http
 
-Users send from native threads (HTTP users always, gRPC users with
-``--grpc-blocking``): they cost the client least under the launcher that
-leaves thread locks unpatched (:mod:`loadtest.sweeps.locust_main`)::
+Users send from native threads, on the socket senders every load engine of the bundle uses
+(:mod:`loadtest.engine.wire`: HTTP/1.1, and gRPC as HTTP/2 frames, a connection shared by up to
+six users of a process as perf_analyzer's client shares a channel); they still report to
+locust's events, so its UI, its web mode and its CSV read as usual. They cost the client least
+under the launcher that leaves thread locks unpatched (:mod:`loadtest.sweeps.locust_main`)::
 
     python -m loadtest.sweeps.locust_main -f loadtest/sweeps/locustfile.py GrpcTritonUser \\
-        --headless -u 4 -r 4 -t 20s --host 127.0.0.1:8001 --model dlrm_onnx --grpc-blocking
+        --headless -u 4 -r 4 -t 20s --host 127.0.0.1:8001 --model dlrm_onnx
 
 ``python -m loadtest sweep`` runs it step by step. The options (listed under
 "Triton load test" in ``--help``) also come from ``LOCUST_MODEL``-style
@@ -36,7 +38,8 @@ from bundle.schema import is_raw_model
 from clients.options import Protocol
 from clients.retry import RetryPolicy
 from clients.triton import TritonClient
-from loadtest.engine.wire import RawGrpcInfer, RawHttpInfer, http_body, http_header_length, serialised_request
+from loadtest.engine.grpc_socket import GrpcSockets, SocketGrpcInfer
+from loadtest.engine.wire import RawHttpInfer, http_body, http_header_length, serialised_request
 from loadtest.sweeps.recorder import fire_failures, next_stream_row, options, payload_pool, timed_request
 
 #: Seconds a raw user sends requests back to back before its task returns to locust. A return
@@ -51,6 +54,8 @@ TASK_SLICE_S = 0.5
 _MESSAGES: dict[str, list[bytes]] = {}
 #: Users of this process that send from native threads (the thread pool grows to fit them).
 _THREADED_USERS = [0]
+#: The gRPC connections of this process's users, by host (users share them, six to one).
+_GRPC_SOCKETS: dict[str, GrpcSockets] = {}
 
 
 class TritonUser(User):
@@ -102,12 +107,6 @@ class TritonUser(User):
         stop = row + self._batch_size
         return pool.rows(row, stop)
 
-    def infer_with_client(self) -> None:
-        """One request through the bundle's client (tritonclient underneath)."""
-        inputs = self._batches[self._next % len(self._batches)]
-        self._next += 1
-        self._timed(self._model, lambda client: client.infer(self._model, inputs))
-
     def _timed(self, name: str, call: Any, report_success: bool = True) -> None:
         client = self._client
         if client is None:
@@ -125,17 +124,14 @@ class TritonUser(User):
 
 class RawTritonUser(TritonUser):
     """A user whose requests are serialised once, at start (:mod:`loadtest.engine.wire`): a
-    request is one call with those bytes, its answer checked by length. A streamed step builds
-    each request from the stream's next rows when it is sent."""
+    request is one call with those bytes on a plain socket, from the user's native thread (a
+    thread of gevent's pool), its answer checked by length, its serial client time recorded. A
+    streamed step builds each request from the stream's next rows when it is sent."""
 
     abstract = True
 
-    def open(self) -> tuple[Callable[[dict[str, Any]], bytes], RawGrpcInfer | RawHttpInfer]:
-        """How a batch becomes a request's bytes, and the connection that sends them."""
-        raise NotImplementedError
-
-    def threaded(self) -> bool:
-        """Whether this user sends from a native thread (else on gevent's loop)."""
+    def open(self) -> tuple[Callable[[dict[str, Any]], bytes], SocketGrpcInfer | RawHttpInfer]:
+        """How a batch becomes a request's bytes, and the sender that sends them."""
         raise NotImplementedError
 
     def on_start(self) -> None:
@@ -144,18 +140,13 @@ class RawTritonUser(TritonUser):
         if not self._stream and self.protocol not in _MESSAGES:
             _MESSAGES[self.protocol] = [self._encode(b) for b in payload_pool().batches(self._as_text)]
         self._messages = [] if self._stream else _MESSAGES[self.protocol]
-        self._threaded = self.threaded()
-        if self._threaded:
-            threads = gevent.get_hub().threadpool
-            _THREADED_USERS[0] += 1
-            threads.maxsize = max(threads.maxsize, _THREADED_USERS[0] + 1)
+        threads = gevent.get_hub().threadpool
+        _THREADED_USERS[0] += 1
+        threads.maxsize = max(threads.maxsize, _THREADED_USERS[0] + 1)
 
     def send(self) -> None:
-        """The task: one slice of requests, from this user's native thread when it has one (its
-        failures then reach locust from this greenlet)."""
-        if not self._threaded:
-            self.send_for_a_slice()
-            return
+        """The task: one slice of requests, from this user's native thread (its failures then
+        reach locust from this greenlet)."""
         failures: list[dict[str, Any]] = []
         try:
             gevent.get_hub().threadpool.apply(self.send_for_a_slice, (failures,))
@@ -181,29 +172,29 @@ class RawTritonUser(TritonUser):
         else:
             message = self._messages[self._next % len(self._messages)]
             self._next += 1
-        rows = self._batch_size
+        rows, raw = self._batch_size, self._raw
         timed_request(
-            self.environment, self.protocol.upper(), self._model, lambda: self._raw(message, rows),
-            rows, self.host, failures=failures,
+            self.environment, self.protocol.upper(), self._model, lambda: raw(message, rows),
+            rows, self.host, failures=failures, serial=lambda: raw.serial_s,
         )  # fmt: skip
 
 
 class GrpcTritonUser(RawTritonUser):
     """Triton's gRPC endpoint (``--host 127.0.0.1:8001``); tensors as raw bytes in the message.
 
-    With ``--grpc-blocking`` each user sends its requests from a native thread of gevent's
-    thread pool, a slice at a time, with gRPC's blocking calls: they release the GIL, so the
-    users of one process overlap, and a batch-1 call costs the client less CPU than one on
-    gevent's loop. Else the calls run on gevent's loop (``grpc.experimental.gevent``).
+    Each user sends its requests from a native thread of gevent's thread pool, a slice at a
+    time, as HTTP/2 frames on a plain socket (:class:`~loadtest.engine.grpc_socket.SocketGrpcInfer`),
+    on a connection it shares with up to five other users of its process.
     """
 
     protocol = "grpc"
 
-    def open(self) -> tuple[Callable[[dict[str, Any]], bytes], RawGrpcInfer | RawHttpInfer]:
-        return partial(serialised_request, self._model), RawGrpcInfer(self.host or "", self._timeout_s)
-
-    def threaded(self) -> bool:
-        return bool(options(self.environment).grpc_blocking)
+    def open(self) -> tuple[Callable[[dict[str, Any]], bytes], SocketGrpcInfer | RawHttpInfer]:
+        host = self.host or ""
+        sockets = _GRPC_SOCKETS.get(host)
+        if sockets is None:
+            sockets = _GRPC_SOCKETS[host] = GrpcSockets(host, self._timeout_s)
+        return partial(serialised_request, self._model), sockets.open()
 
     @task
     def infer(self) -> None:
@@ -219,13 +210,10 @@ class HttpTritonUser(RawTritonUser):
 
     protocol = "http"
 
-    def open(self) -> tuple[Callable[[dict[str, Any]], bytes], RawGrpcInfer | RawHttpInfer]:
+    def open(self) -> tuple[Callable[[dict[str, Any]], bytes], SocketGrpcInfer | RawHttpInfer]:
         length = http_header_length(payload_pool(), self._as_text)
         encode = partial(http_body, header_length=length)
         return encode, RawHttpInfer(self.host or "", self._model, length, self._timeout_s)
-
-    def threaded(self) -> bool:
-        return True
 
     @task
     def infer(self) -> None:

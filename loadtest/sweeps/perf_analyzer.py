@@ -144,6 +144,9 @@ class Figures:
     server: dict[str, float]
     #: In request-rate mode, the share of requests it could not send on schedule (0: none said).
     delayed_percent: float = 0.0
+    #: Its client time per request (ms): its CSV's "Client Send" plus "Client Recv", the time its
+    #: client spends building and sending a request and reading its answer (NaN: not in the CSV).
+    client_ms: float = math.nan
 
 
 def failure_reason(returncode: int, output: str) -> str:
@@ -195,7 +198,12 @@ def read_figures(csv_path: Path, stdout: str) -> Figures:
     if match := _SERVER_LINE.search(section):
         server.update({key: float(value) / 1000.0 for key, value in match.groupdict().items()})
     delayed = re.search(r"([\d.]+)% of the requests were delayed", stdout)
+    try:
+        client_ms = ms("Client Send") + ms("Client Recv")
+    except (KeyError, TypeError, ValueError):
+        client_ms = math.nan
     return Figures(
+        client_ms=client_ms,
         delayed_percent=float(delayed[1]) if delayed else 0.0,
         samples_per_s=float(row["Inferences/Second"]),
         requests=int(count[1]) if count else 0,
@@ -316,7 +324,12 @@ def run_step(
     span = last_at - first_at
     demand = process_demand(first, last, span) if span > 1.0 else math.nan
     allowed = None if cpus is None else len(cpus)
-    cpu = ClientCpu.of_processes([(cpu_s, wall, demand)], sent, allowed, concurrency)
+    # Its serial client time is its own client send and receive, judged as every engine's is (a
+    # request-rate run is an open loop, where the client's time is not serial).
+    serial_us = figures.client_ms * 1000.0 if request_rate <= 0 else math.nan
+    cpu = ClientCpu.of_processes(
+        [(cpu_s, wall, demand)], sent, allowed, concurrency, serial_us=serial_us, mean_ms=figures.mean_ms
+    )
     return Run(figures, cpu, wall)
 
 

@@ -286,9 +286,7 @@ def rate_step(
     arrival, connections, request_timeout_s = load.arrival, load.connections, load.request_timeout_s
     wire: Literal["grpc", "http"] = "grpc" if target.protocol == "grpc" else "http"
     pool = PayloadPool.load(payload).rebatched(batch_size)
-    connect = triton_requests(
-        target.url, wire, model, pool, connections, timeout_s=request_timeout_s, grpc_wire="socket"
-    )
+    connect = triton_requests(target.url, wire, model, pool, connections, timeout_s=request_timeout_s)
     stats = TritonClient(target.url, wire, timeout_s=10.0, retry=RetryPolicy(max_tries=2))
     affinity = os.sched_getaffinity(0)
     try:

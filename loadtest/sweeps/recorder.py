@@ -8,12 +8,11 @@ listeners, once per process:
   ``--batch-size``, ``--payload``, ``--results-dir``, ``--warmup``,
   ``--window``, ``--server-stats``, ``--request-timeout``), which locust also
   reads from ``LOCUST_*`` environment variables and ``locust.conf``;
-- ``init``: switches gRPC to gevent (before any channel exists) and loads the
-  payload pool, in every process that runs users;
+- ``init``: loads the payload pool, in every process that runs users;
 - ``request``: counts every request that *completes inside the measurement
   window* (``warmup`` seconds after the test starts, for ``window`` seconds)
   in a :class:`~loadtest.engine.latency.Tally`: its exact latency in the one
-  latency histogram, errors by kind (the closed-loop driver,
+  latency histogram, its sender's serial client time, errors by kind (the closed-loop driver,
   :mod:`loadtest.engine.driver`, keeps the same tally). With
   ``--skip-locust-stats`` (what the sweep runs) an answered request skips
   locust's event and its statistics: its latency is appended to a list, counted
@@ -35,6 +34,7 @@ from __future__ import annotations
 import itertools
 import json
 import logging
+import math
 import os
 import time
 from collections.abc import Callable
@@ -106,11 +106,13 @@ class Recording:
         start, end = self.window_pc
         return start <= ended_pc < end
 
-    def answered(self, latency_ms: float, ended_pc: float) -> None:
-        """One answered request that ended at ``ended_pc``: kept if inside the window. The least
-        work per request: one comparison and one append."""
+    def answered(self, latency_ms: float, ended_pc: float, serial_s: float = math.nan) -> None:
+        """One answered request that ended at ``ended_pc``, its sender's serial client time before
+        it ``serial_s`` (NaN: not measured): kept if inside the window. The least work per
+        request: one comparison, one append, one addition."""
         if self.inside(ended_pc):
             self.pending_ms.append(latency_ms)
+            self.tally.serial(serial_s)
 
     def settle(self) -> None:
         """Count the kept latencies into ``tally``."""
@@ -245,13 +247,6 @@ def _add_options(parser: Any) -> None:
         "locust's statistics: a locust event per request costs the client a fifth of a batch-1 "
         "gRPC call. Failures are reported to locust either way.",
     )
-    group.add_argument(
-        "--grpc-blocking",
-        action="store_true",
-        help="gRPC calls block a native thread per user (gevent's thread pool), not gevent's loop: "
-        "gRPC on gevent's loop costs the client several times the CPU per request. Run locust "
-        "as `python -m loadtest.sweeps.locust_main` then, which leaves the thread locks unpatched.",
-    )
 
 
 def options(environment: Environment) -> Any:
@@ -278,12 +273,6 @@ def _measures_server(environment: Environment) -> bool:
 @events.init.add_listener
 def _on_init(environment: Environment, **_: Any) -> None:
     parsed = options(environment)
-    if not parsed.grpc_blocking:
-        import grpc.experimental.gevent
-
-        # gRPC must run on gevent's loop before any channel exists, else a blocking
-        # call would block every user of this process.
-        grpc.experimental.gevent.init_gevent()
     _recording.record_only = bool(parsed.skip_locust_stats)
     if _runs_users(environment) and "pool" not in _pool:
         started = time.perf_counter()
@@ -307,6 +296,7 @@ def timed_request(
     url: str | None,
     report_success: bool = True,
     failures: list[dict[str, Any]] | None = None,
+    serial: Callable[[], float] | None = None,
 ) -> None:
     """Run one request, time it, and fire locust's ``request`` event with its exact latency.
 
@@ -316,7 +306,9 @@ def timed_request(
     a failure (a set-up call such as the model's metadata). With
     ``failures`` (a request sent from a native thread, where locust's
     events must not fire), a failure's event is appended there instead, for
-    :func:`fire_failures` to fire from the user's greenlet.
+    :func:`fire_failures` to fire from the user's greenlet. ``serial``: the sender's serial
+    client time before this request (:class:`~loadtest.engine.wire.Turnaround`), read after an
+    answer.
     """
     start_time = time.time()
     started = time.perf_counter()
@@ -328,9 +320,10 @@ def timed_request(
         exception = exc
     ended = time.perf_counter()
     elapsed_ms = (ended - started) * 1000.0
+    serial_s = serial() if serial is not None and exception is None else math.nan
     if exception is None and (_recording.record_only or not report_success):
         if report_success:
-            _recording.answered(elapsed_ms, ended)
+            _recording.answered(elapsed_ms, ended, serial_s)
         return
     event = {
         "request_type": request_type,
@@ -338,7 +331,7 @@ def timed_request(
         "response_time": elapsed_ms,
         "response_length": length,
         "response": None,
-        "context": {"batch_size": batch_size},
+        "context": {"batch_size": batch_size, "serial_s": serial_s},
         "exception": exception,
         "start_time": start_time,
         "url": url,
@@ -383,10 +376,15 @@ def _window_cpu() -> None:
 
 
 @events.request.add_listener
-def _on_request(response_time: float, exception: BaseException | None = None, **_: Any) -> None:
+def _on_request(
+    response_time: float,
+    exception: BaseException | None = None,
+    context: dict[str, Any] | None = None,
+    **_: Any,
+) -> None:
     ended = time.perf_counter()
     if exception is None:
-        _recording.answered(response_time, ended)
+        _recording.answered(response_time, ended, (context or {}).get("serial_s", math.nan))
         return
     _recording.errors_total += 1
     if _recording.inside(ended):

@@ -34,7 +34,7 @@ from bundle.errors import DataError
 from bundle.records import RunRecord
 from bundle.snippets import section_end, section_start
 from loadtest.engine.baseline import BaselineResult, ratio
-from loadtest.engine.client_cpu import threshold_line
+from loadtest.engine.client_cpu import SERIAL_REASON, threshold_line
 from loadtest.engine.server_cpu import SHARED_REASON
 from loadtest.engine.writer import Panel, Series, plot, table, write_json, write_markdown
 from loadtest.sweeps.steps import StepResult
@@ -54,6 +54,8 @@ SECTION_RESULTS = "results"
 SECTION_SERVED_VS_IN_PROCESS = "served-vs-in-process"
 SECTION_PEERS = "peers"
 SECTION_ENGINES = "engines"
+#: What each engine's client costs per request, by protocol and batch size.
+SECTION_CLIENT_COSTS = "client-costs"
 SECTION_STEPS = "steps"
 
 #: The served / in-process throughput that a step at batch 1024 or more should reach, where a
@@ -109,6 +111,7 @@ class Report:
                 "latency": latency_ratios(self),
                 "peers": peer_comparison(self),
                 "engines": engine_comparison(self),
+                "client_costs": client_costs(self) if engine_comparison(self) else [],
             },
         }
 
@@ -295,12 +298,54 @@ def engine_comparison(report: Report) -> list[dict[str, Any]]:
                 "client_cpu_us": step.client_cpu_us,
                 "reference_client_cpu_us": ref.client_cpu_us,
                 "client_cpu_ratio": ratio(step.client_cpu_us, ref.client_cpu_us),
+                "client_serial_us": step.client_serial_us,
+                "reference_client_serial_us": ref.client_serial_us,
                 "client_bound": step.client_bound,
                 "reference_client_bound": ref.client_bound,
+                "flag": _flag(step),
+                "reference_flag": _flag(ref),
                 "agrees": (abs(throughput - 1.0) <= 0.10 and p50_close) if both_server_bound else None,
             }
         )
     return rows
+
+
+def client_costs(report: Report) -> list[dict[str, Any]]:
+    """Per protocol, batch size and engine: the median client CPU and serial client time per
+    request over its measured steps, and the CPU's ratio to perf_analyzer's at the same batch
+    and protocol (NaN where perf_analyzer has none)."""
+    groups: dict[tuple[str, int, str], list[StepResult]] = defaultdict(list)
+    for step in _measured(report.steps):
+        groups[(step.protocol, step.batch_size, step.engine)].append(step)
+    rows: list[dict[str, Any]] = []
+    cpu_of: dict[tuple[str, int], float] = {}
+    for (protocol, batch_size, engine), steps in sorted(groups.items(), key=lambda item: item[0]):
+        cpu_us = _median([s.client_cpu_us for s in steps])
+        if engine == "perf_analyzer":
+            cpu_of[(protocol, batch_size)] = cpu_us
+        rows.append(
+            {
+                "protocol": protocol,
+                "batch_size": batch_size,
+                "engine": engine,
+                "steps": len(steps),
+                "client_cpu_us": cpu_us,
+                "client_serial_us": _median([s.client_serial_us for s in steps]),
+            }
+        )
+    for row in rows:
+        base = cpu_of.get((row["protocol"], row["batch_size"]), math.nan)
+        row["cpu_ratio"] = ratio(row["client_cpu_us"], base) if not math.isnan(base) else math.nan
+    return rows
+
+
+def _median(values: list[float]) -> float:
+    """The median of the values that are numbers (NaN: none is)."""
+    numbers = sorted(v for v in values if not math.isnan(v))
+    if not numbers:
+        return math.nan
+    middle = len(numbers) // 2
+    return numbers[middle] if len(numbers) % 2 else (numbers[middle - 1] + numbers[middle]) / 2
 
 
 def _agreement_counts(rows: list[dict[str, Any]]) -> str:
@@ -323,6 +368,11 @@ def _flag(step: StepResult) -> str:
         return ""
     if SHARED_REASON in step.bound_reason:
         return f"client-bound: shares cores with the server, {step.shared_share:.0%} of their CPU"
+    if SERIAL_REASON in step.bound_reason:
+        return (
+            f"client-limited: {step.client_serial_us:.0f} us of serial client time per request, "
+            f"{step.client_serial_us / 1000 / step.mean_ms:.0%} of its mean latency"
+        )
     return "client-bound: its own CPU"
 
 
@@ -514,13 +564,15 @@ def markdown(report: Report) -> str:
         lines += table(
             ["model", "protocol", "batch", "concurrency", "engine", "samples/s", "perf_analyzer samples/s",
              "ratio", "p50 ms", "perf_analyzer p50 ms", "client CPU us/request", "perf_analyzer us/request",
-             "client-bound (engine / perf_analyzer)", "agrees"],
+             "serial client us/request", "perf_analyzer client us/request",
+             "flag (engine)", "flag (perf_analyzer)", "agrees"],
             [
                 [r["model"], r["protocol"], r["batch_size"], r["concurrency"], r["engine"],
                  r["samples_per_s"], r["reference_samples_per_s"], r["throughput_ratio"], r["p50_ms"],
                  r["reference_p50_ms"],
                  r["client_cpu_us"], r["reference_client_cpu_us"],
-                 f"{'yes' if r['client_bound'] else 'no'} / {'yes' if r['reference_client_bound'] else 'no'}",
+                 r["client_serial_us"], r["reference_client_serial_us"],
+                 r["flag"].replace("|", "\\|") or "-", r["reference_flag"].replace("|", "\\|") or "-",
                  "-" if r["agrees"] is None else ("yes" if r["agrees"] else "no")]
                 for r in engines
             ],
@@ -528,10 +580,30 @@ def markdown(report: Report) -> str:
         lines += [
             "",
             "Agrees: samples/s within 10 % of perf_analyzer's and p50 within 10 % or 0.2 ms, judged only "
-            "where neither engine was client-bound. " + _agreement_counts(engines),
+            "where neither engine was client-bound. " + _agreement_counts(engines) + " Serial client "
+            "time: the bundle's engines measure it from an answer's arrival to the next request's "
+            "send; perf_analyzer's is its own client send plus receive (its CSV).",
             section_end(SECTION_ENGINES),
             "",
             f"![each engine beside perf_analyzer]({ENGINES_PNG})",
+            "",
+        ]
+        costs = client_costs(report)
+        lines += ["## What each engine's client costs per request", "", section_start(SECTION_CLIENT_COSTS)]
+        lines += table(
+            ["protocol", "batch", "engine", "steps", "client CPU us/request (median)",
+             "serial client us/request (median)", "CPU against perf_analyzer"],
+            [
+                [r["protocol"], r["batch_size"], r["engine"], r["steps"], r["client_cpu_us"],
+                 r["client_serial_us"], r["cpu_ratio"]]
+                for r in costs
+            ],
+        )  # fmt: skip
+        lines += [
+            "",
+            "Medians over the steps of each batch size (every concurrency and model); CPU against "
+            "perf_analyzer: the engine's median over perf_analyzer's.",
+            section_end(SECTION_CLIENT_COSTS),
             "",
         ]
     if report.baselines:

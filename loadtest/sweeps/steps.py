@@ -148,8 +148,8 @@ class SweepConfig:
 
     def processes_for(self, concurrency: int) -> int:
         """locust processes for a step of ``concurrency`` users: up to
-        :data:`USERS_PER_PROCESS` users each (gRPC users send from native threads,
-        ``--grpc-blocking``), at most one per core, or ``--processes``."""
+        :data:`USERS_PER_PROCESS` users each (users send from native threads), at most one per
+        core, or ``--processes``."""
         if self.processes:
             return min(self.processes, concurrency)
         return max(1, min(os.cpu_count() or 1, math.ceil(concurrency / USERS_PER_PROCESS)))
@@ -246,6 +246,9 @@ class StepResult:
         client_cores: cores it used on average over the window, all processes together.
         client_demand: core-seconds per second the load generator's processes were running or
             waiting for a CPU, all together.
+        client_serial_us: its serial client time per request (us): from an answer's arrival to
+            the next request's send (perf_analyzer: its client send plus receive); NaN where not
+            measured (:data:`~loadtest.engine.client_cpu.SERIAL_SHARE` says when it flags a step).
         client_bound: whether the load generator, not the server, limited the step
             (:mod:`loadtest.engine.client_cpu`), or took CPU the server needed on cores the two
             share (:mod:`loadtest.engine.server_cpu`).
@@ -288,6 +291,7 @@ class StepResult:
     client_cpu_us: float = math.nan
     client_cores: float = math.nan
     client_demand: float = math.nan
+    client_serial_us: float = math.nan
     client_bound: bool = False
     bound_reason: str = ""
     server_cores: float = math.nan
@@ -345,7 +349,7 @@ class StepResult:
             max_ms=histogram.max_ms if histogram.count else math.nan,
             error_kinds=dict(tally.error_kinds.most_common(5)),
             client_cpu_us=cpu.per_request_us, client_cores=cpu.share, client_demand=cpu.total_demand,
-            client_bound=cpu.bound, bound_reason=cpu.reason(),
+            client_serial_us=cpu.serial_us, client_bound=cpu.bound, bound_reason=cpu.reason(),
             samples_per_s_min=samples_per_s, samples_per_s_max=samples_per_s,
             **fields,
         )  # fmt: skip
@@ -437,6 +441,12 @@ def median_server(rounds: Sequence[ServerTimes | None]) -> ServerTimes | None:
     )
 
 
+#: The load generator's figures that a step's rounds combine into by their median.
+_CLIENT_MEDIANS = (
+    "client_cpu_us", "client_cores", "client_demand", "client_serial_us", "server_cores", "shared_share"
+)  # fmt: skip
+
+
 def median_step(rounds: Sequence[StepResult]) -> StepResult:
     """One step from several rounds of the same (server, model, protocol, batch, concurrency, engine):
     rates, percentiles, means, client CPU and Triton's times are the median over the rounds;
@@ -480,7 +490,7 @@ def median_step(rounds: Sequence[StepResult]) -> StepResult:
         server=server,
         errors_total=sum(r.errors_total for r in rounds),
         error_kinds=kinds,
-        **medians(rounds, "client_cpu_us", "client_cores", "client_demand", "server_cores", "shared_share"),
+        **medians(rounds, *_CLIENT_MEDIANS),
         bound_reason=next((r.bound_reason for r in rounds if r.bound_reason), "") if bound else "",
         client_bound=bound,
         rounds=sum(r.rounds for r in rounds),

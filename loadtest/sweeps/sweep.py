@@ -126,6 +126,8 @@ def collect_step(
         tally.ok + tally.errors,
         None if client_cpus is None else len(client_cpus),
         concurrency,
+        serial_us=tally.serial_us,
+        mean_ms=tally.histogram.mean_ms,
     )
     step = StepResult.of_tally(
         target, model, batch_size, concurrency, tally, rate, cpu, processes=processes,
@@ -150,7 +152,8 @@ def locust_command(
     payload, folder = payload.resolve(), folder.resolve()
     locustfile, user_class = USERS[target.protocol]
     processes = config.processes_for(concurrency)
-    # The users send from native threads, under a launcher that leaves thread locks unpatched.
+    # The users send from native threads on plain sockets, under a launcher that leaves thread
+    # locks unpatched.
     command = [
         sys.executable, "-m", "loadtest.sweeps.locust_main", "-f", str(locustfile), user_class,
         "--headless", "--users", str(concurrency), "--spawn-rate", str(concurrency),
@@ -171,8 +174,6 @@ def locust_command(
         server_pid = listening_pid(target.url)
         if server_pid is not None:
             command += ["--server-pid", str(server_pid)]
-    if target.protocol == "grpc":
-        command += ["--grpc-blocking"]
     if config.stream is not None:
         command += ["--stream-start", str(config.stream.next_row), "--stream-stride", str(processes)]
     if processes > 1:

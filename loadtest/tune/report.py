@@ -21,7 +21,8 @@ def _step(trial: dict[str, Any]) -> list[Any]:
         f"{trial['samples_per_s']:,.0f} [{trial['rate_low']:,.0f}, {trial['rate_high']:,.0f}]",
         f"{trial['p99_ms']:.2f}",
         f"{trial['p50_ms']:.2f}",
-        trial["stop"] + (", client-bound" if trial.get("client_bound") else ""),
+        trial["stop"]
+        + (f", client-bound: {trial.get('bound_reason') or 'its CPU'}" if trial.get("client_bound") else ""),
     ]
 
 

@@ -221,6 +221,9 @@ class Trial:
         client_bound: the load generator, not the server, limited at least half of its windows
             (:mod:`loadtest.engine.client_cpu`): never a winner, never the server's best.
         client_cpu_us: the load generator's CPU per request (median of the windows).
+        client_serial_us: its serial client time per request, from an answer's arrival to the
+            next request's send (median of the windows).
+        bound_reason: why it was client-bound, in words (empty: it was not).
         first_error: the most common error of its failed requests (None without errors).
         stop: why the step ended: ``over budget``, ``decided``, ``dominated``, ``near budget`` (every
             window: feasible, but its p99 interval reaches within ``p99_margin`` of the budget),
@@ -245,6 +248,8 @@ class Trial:
     budget_ms: float
     client_bound: bool = False
     client_cpu_us: float = math.nan
+    client_serial_us: float = math.nan
+    bound_reason: str = ""
     first_error: str | None = None
 
     @property
@@ -321,6 +326,9 @@ def run_trial(
     if stop == "max windows" and policy.adaptive and _near_budget(step, policy):
         stop = "near budget"
     clients = [w.client for w in windows if w.client is not None]
+    # The client's CPU or its serial time per request limited at least half of the windows: such
+    # a step's rate is the client's, and it never wins on it.
+    bound = bool(clients) and 2 * sum(c.bound for c in clients) >= len(clients)
     return Trial(
         server=server,
         client=client,
@@ -337,8 +345,10 @@ def run_trial(
         measured_s=measured,
         stop="errors" if step.errors else stop,
         budget_ms=policy.budget_ms,
-        client_bound=bool(clients) and 2 * sum(c.bound for c in clients) >= len(clients),
+        client_bound=bound,
         client_cpu_us=statistics.median(c.per_request_us for c in clients) if clients else math.nan,
+        client_serial_us=statistics.median(c.serial_us for c in clients) if clients else math.nan,
+        bound_reason=next((c.reason() for c in clients if c.bound), "") if bound else "",
         first_error=_most_common_error(windows),
     )
 

@@ -73,9 +73,13 @@ def test_perf_analyzer_and_locust_interleaved_on_one_server(
     assert ours["samples_per_s"] == pytest.approx(float(row["Inferences/Second"]))
     assert ours["p50_ms"] == pytest.approx(float(row["p50 latency"]) / 1000)
     assert ours["p99_ms"] == pytest.approx(float(row["p99 latency"]) / 1000)
+    # Its client time per request is its own client send plus receive, set beside locust's serial time.
+    assert ours["client_serial_us"] == pytest.approx(float(row["Client Send"]) + float(row["Client Recv"]))
+    assert steps["locust"]["client_serial_us"] > 0
     # Side by side in the report, and in the CSV with its engine.
     (compared,) = report["summary"]["engines"]
     assert compared["engine"] == "locust" and compared["reference_samples_per_s"] == ours["samples_per_s"]
+    assert compared["reference_client_serial_us"] == ours["client_serial_us"]
     with open(out / "steps.csv", newline="") as handle:
         assert {r["engine"] for r in csv.DictReader(handle)} == {"locust", "perf_analyzer"}
     assert "The engines against perf_analyzer" in (out / "report.md").read_text()

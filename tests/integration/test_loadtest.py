@@ -210,30 +210,32 @@ def test_the_raw_http_client_checks_answers_and_fails_bad_ones_in_one_line(
 def test_grpc_on_a_socket_answers_as_grpcio_does_and_fails_bad_calls_in_one_line(
     exported_server: LocalServer,
 ) -> None:
-    """The open loop's gRPC client (HTTP/2 frames on a plain socket) against the real server,
-    beside grpcio: the same answers, a request larger than the server's first flow-control
+    """The load engines' gRPC client (HTTP/2 frames on a plain socket) against the real server,
+    beside grpcio: the same scores, a request larger than the server's first flow-control
     window and frame size sent whole, and the same one-line errors for an unknown model, bytes
     that are no request and a server that is not there; the connection then serves on."""
     from bundle.errors import ClientError, DataError
     from loadtest.engine.grpc_socket import SocketGrpcInfer
     from loadtest.engine.payload import build_pool
-    from loadtest.engine.wire import RawGrpcInfer, serialised_request
+    from loadtest.engine.wire import serialised_request
+    from tests.grpcio_reference import GrpcioInfer
 
     url = exported_server.grpc_url
     small = serialised_request(MODEL, build_pool(BATCH, batches=1).batch(0))
     large = serialised_request(MODEL, build_pool(1024, batches=1).batch(0))
     assert len(large) > 4 * 65_535  # several windows and frames of HTTP/2's defaults
-    ours, theirs = SocketGrpcInfer(url, timeout_s=30), RawGrpcInfer(url, timeout_s=30)
+    ours, theirs = SocketGrpcInfer(url, timeout_s=30), GrpcioInfer(url, timeout_s=30)
     try:
         for _ in range(3):
-            assert ours(small, BATCH) == theirs(small, BATCH) > BATCH * 4
-            assert ours(large, 1024) == theirs(large, 1024) > 1024 * 4
+            for request, rows in ((small, BATCH), (large, 1024)):
+                assert ours(request, rows) > rows * 4
+                assert np.array_equal(ours.last_scores(), theirs.scores(request))
         with pytest.raises(DataError, match=f"expected {(BATCH + 1) * 4}"):
             ours(small, BATCH + 1)
         unknown = serialised_request("no_such_model", build_pool(BATCH, batches=1).batch(0))
         for bad in (unknown, b"\xff\xfe not a request"):
             with pytest.raises(ClientError) as expected:
-                theirs(bad, BATCH)
+                theirs.scores(bad)
             with pytest.raises(ClientError) as error:
                 ours(bad, BATCH)
             assert str(error.value) == str(expected.value) and "\n" not in str(error.value)

@@ -16,6 +16,8 @@ from bundle.records import RunRecord
 from loadtest.engine.client_cpu import (
     CORE_SHARE,
     MACHINE_SHARE,
+    SERIAL_REASON,
+    SERIAL_SHARE,
     ClientCpu,
     process_demand,
     thread_busy_s,
@@ -85,6 +87,8 @@ def test_its_figures_are_read_from_its_own_csv_and_summary(tmp_path: Path) -> No
     assert figures.mean_ms == pytest.approx(6.015)
     assert figures.server["execution_count"] == 1195 and figures.server["queue"] == pytest.approx(0.277)
     assert figures.server["infer"] == pytest.approx(4.780)
+    # Its client time per request: its own client send plus receive.
+    assert figures.client_ms == pytest.approx(0.101)
     with pytest.raises(BundleError, match="Failed to obtain stable measurement"):
         perf_analyzer.read_figures(tmp_path / "missing.csv", "Failed to obtain stable measurement.\n")
 
@@ -342,6 +346,32 @@ def test_client_bound_when_saturated_starved_or_taking_the_machine() -> None:
     assert f"{CORE_SHARE:g} of a core" in threshold_line(2) and "2 cores" in threshold_line(2)
 
 
+def test_a_step_whose_serial_client_time_is_over_a_tenth_of_its_latency_is_client_limited() -> None:
+    # 841 us of serial client time against a mean latency of 6.74 ms: 12 %, with little CPU.
+    slow = ClientCpu.of_processes([(0.12, 1.0, 0.12)], requests=150, serial_us=841.0, mean_ms=6.74)
+    assert slow.bound and slow.serial_share == pytest.approx(0.841 / 6.74)
+    assert SERIAL_REASON in slow.reason() and "841 us" in slow.reason() and "12% of the mean" in slow.reason()
+    fast = ClientCpu.of_processes([(0.12, 1.0, 0.12)], requests=150, serial_us=300.0, mean_ms=6.74)
+    assert not fast.bound and fast.reason() == ""
+    unmeasured = ClientCpu.of_processes([(0.12, 1.0, 0.12)], requests=150)
+    assert math.isnan(unmeasured.serial_share) and not unmeasured.bound
+    assert f"above {SERIAL_SHARE:.0%} of the mean latency" in threshold_line(2)
+
+
+def test_a_tally_adds_up_serial_client_time_across_windows_and_files() -> None:
+    from loadtest.engine.latency import Tally, merged_tallies
+
+    first, second = Tally(), Tally()
+    for tally, seconds in ((first, 0.001), (first, 0.003), (second, 0.002), (second, math.nan)):
+        tally.answer(5.0)
+        tally.serial(seconds)
+    assert first.serial_count == 2 and first.serial_us == pytest.approx(2000.0)
+    assert second.serial_count == 1  # a request whose sender measured nothing is not counted
+    merged = merged_tallies([first, Tally.from_json(second.to_json())])
+    assert merged.serial_count == 3 and merged.serial_us == pytest.approx(2000.0)
+    assert math.isnan(Tally().serial_us)
+
+
 def test_thread_busy_time_is_read_for_this_process() -> None:
     before = thread_busy_s()
     deadline = time.perf_counter() + 0.3
@@ -378,6 +408,31 @@ def test_engines_are_compared_step_by_step_and_client_bound_steps_are_not_judged
     assert best["locust"]["at_concurrency"] == 1 and not best["locust"]["client_bound"]
     text = markdown(report)
     assert "client-bound" in text and "The engines against perf_analyzer" in text
+
+
+def test_the_comparison_sets_each_engines_serial_client_time_beside_perf_analyzers() -> None:
+    from dataclasses import replace
+
+    from loadtest.engine.client_cpu import SERIAL_REASON
+
+    reason = f"841 us {SERIAL_REASON}, 12% of the mean latency of 6.74 ms (above 10%)"
+    steps = [
+        replace(_step("perf_analyzer", 1, 1000.0, 6.74), client_serial_us=101.0, client_cpu_us=90.0),
+        replace(
+            _step("locust", 1, 780.0, 6.74, bound=True),
+            client_serial_us=841.0,
+            bound_reason=reason,
+            client_cpu_us=180.0,
+        ),
+    ]
+    report = Report("t", RunRecord.begin("cmd"), steps)
+    (row,) = engine_comparison(report)
+    assert row["client_serial_us"] == 841.0 and row["reference_client_serial_us"] == 101.0
+    assert row["agrees"] is None and row["flag"].startswith("client-limited: 841 us of serial client time")
+    costs = {r["engine"]: r for r in report.to_json()["summary"]["client_costs"]}
+    assert costs["locust"]["cpu_ratio"] == pytest.approx(2.0) and costs["perf_analyzer"]["cpu_ratio"] == 1.0
+    text = markdown(report)
+    assert "perf_analyzer client us/request" in text and "What each engine's client costs" in text
 
 
 def test_a_perf_analyzer_target_speaks_triton_only() -> None:
