@@ -22,7 +22,7 @@ PROMTOOL_STAMP := $(VENV)/.installed-promtool-$(shell cat requirements.txt requi
 export PYTHONPATH := $(CURDIR)
 export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 
-.PHONY: setup demo test test-all lint docs clean stages stages-sanitize
+.PHONY: setup demo test test-all lint format-cpp docs clean stages stages-sanitize
 
 $(STAMP): requirements.txt pyproject.toml
 	@$(PY) -c 'import sys; sys.exit(0 if sys.version_info[:2] == (3, 11) else "Python 3.11 is required")'
@@ -54,11 +54,11 @@ $(PROMTOOL_STAMP): $(STAMP) requirements-promtool.txt
 	$(PYTHON) -m server promtool install --optional
 	test -x $(VENV)/bin/promtool && touch $@ || true
 
-# The compiled stages (server/stages/CMakeLists.txt): Triton C++ backends built with the machine's
+# The compiled stages (backends/CMakeLists.txt): Triton C++ backends built with the machine's
 # C++ compiler and cmake into build/stages, which git ignores; the launcher puts each backend
 # beside the python backend. A missing tool or a failed build says in one line what to install.
 # CXX picks the compiler (make's default: g++; e.g. `make stages CXX=clang++`).
-STAGES_SOURCE := server/stages
+STAGES_SOURCE := backends
 STAGES_BUILD := build/stages
 STAGES_SANITIZE_BUILD := build/stages-asan
 # $(call build_stages,<build folder>,<cmake options>): configure and build, the output in <folder>.log.
@@ -66,6 +66,8 @@ define build_stages
 	@command -v cmake >/dev/null 2>&1 || { echo "error: cmake not found: install cmake (Debian: apt-get install cmake; or pip install cmake)" >&2; exit 1; }
 	@command -v $(CXX) >/dev/null 2>&1 || { echo "error: no C++ compiler ($(CXX)) found: install one (Debian: apt-get install build-essential)" >&2; exit 1; }
 	@mkdir -p $(dir $(1))
+	@# A build configured from another source folder (the stages lay under server/ once) starts afresh.
+	@test ! -f $(1)/CMakeCache.txt || grep -q "^CMAKE_HOME_DIRECTORY:INTERNAL=$(abspath $(STAGES_SOURCE))$$" $(1)/CMakeCache.txt || rm -rf $(1)
 	@{ cmake -S $(STAGES_SOURCE) -B $(1) -DCMAKE_CXX_COMPILER=$$(command -v $(CXX)) $(2) && cmake --build $(1) --parallel 2; } >$(1).log 2>&1 || { echo "error: building the compiled stages failed (see $(1).log): they need a C++17 compiler and cmake >= 3.18 (Debian: build-essential cmake)" >&2; exit 1; }
 	@echo "compiled stages built in $(1)"
 endef
@@ -102,10 +104,17 @@ test: setup lint docs
 test-all: setup
 	$(PYTHON) -m pytest
 
+# The C++ sources of backends/, as clang-format (.clang-format) lays them out.
+CPP_SOURCES = $(shell git ls-files 'backends/*.cc' 'backends/*.h')
+
 lint: setup
 	$(PYTHON) -m ruff check .
 	$(PYTHON) -m ruff format --check .
 	$(PYTHON) -m mypy bundle criteo models export server clients loadtest lab triton_recsys
+	$(VENV)/bin/clang-format --dry-run --Werror $(CPP_SOURCES)
+
+format-cpp: setup
+	$(VENV)/bin/clang-format -i $(CPP_SOURCES)
 
 # The documentation site (mkdocs.yml, docs/) into site/; --strict turns a broken link, a missing
 # benchmark file behind a snippet or a module the API reference names into a failed build. No

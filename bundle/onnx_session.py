@@ -4,7 +4,7 @@ The export's checks, the clients' in-process reference, the load test's baseline
 benchmarks all open their sessions here, so a file that is not an ONNX model, or a GPU run
 on an onnxruntime without CUDA, fails the same way everywhere: one line naming the file and
 what to do. The defaults are those of the local Triton backend
-(``server/backends/onnxruntime/model.py``, which builds its own session because it runs
+(``backends/onnxruntime/model.py``, which builds its own session because it runs
 inside the stub, where the bundle is not installed): all graph optimizations, ONNX
 Runtime's own thread counts, the CPU execution provider.
 

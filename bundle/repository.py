@@ -58,14 +58,14 @@ TRT_SUFFIX = "_trt"
 #: The TorchScript file of a ``<family>_torch`` model.
 TORCHSCRIPT_FILE = "model.pt"
 #: The platform of a TorchScript model: the NGC image's LibTorch backend; locally,
-#: ``server/backends/pytorch/model.py`` (Triton maps the platform to backend ``pytorch``).
+#: ``backends/pytorch/model.py`` (Triton maps the platform to backend ``pytorch``).
 TORCH_PLATFORM = "pytorch_libtorch"
 #: Suffix of the TorchScript (FP16) model of a PyTorch family (``dlrm_torch``).
 TORCH_SUFFIX = "_torch"
 #: The AOTInductor package of a ``<family>_aoti`` model (PyTorch 2: compiled, no Python to serve).
 AOTI_FILE = "model.pt2"
 #: The platform of an AOTInductor package: the NGC image's pytorch backend from 26.03
-#: (``backend: "pytorch"``); locally, ``server/backends/pytorch/model.py``.
+#: (``backend: "pytorch"``); locally, ``backends/pytorch/model.py``.
 AOTI_PLATFORM = "torch_aoti"
 #: Suffix of the AOTInductor model of a PyTorch family (``dlrm_aoti``): an ensemble with the
 #: schema's tensors around the package model (:func:`build_aoti_ensemble_config`).

@@ -30,7 +30,7 @@ from bundle.schema import (
     raw_model_name,
 )
 
-#: The config parameter that lets a model take NaN/Inf (the local backend's, see server/backends).
+#: The config parameter that lets a model take NaN/Inf (see backends/onnxruntime/model.py).
 ALLOW_NON_FINITE = "allow_non_finite_inputs"
 
 # Triton wire dtypes by numpy dtype, for the types a request can carry.

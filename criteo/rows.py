@@ -13,7 +13,7 @@ categorical ids ``C1..C26`` in hex, separated by tabs. The rules:
 A row that breaks a rule is refused with a :class:`RowError` naming the row
 and the field; nothing is guessed. The file reader (:mod:`criteo.tsv`) and the
 clients parse with :func:`parse_rows`; the server's raw-row stage, compiled
-(``server/stages/raw_rows/parse.cc``), applies the same rules, and a differential
+(``backends/raw_rows/parse.cc``), applies the same rules, and a differential
 test holds it to this module on a fuzz corpus, answers and errors alike
 (:func:`request_inputs` is what the stage answers for a request's rows).
 """
@@ -260,7 +260,7 @@ def join_rows(rows: Sequence[bytes]) -> bytes:
     A row may come with its own line end: where any row holds a line break, each loses a
     trailing ``\\r\\n``, or its trailing ``\\n`` s, first, so that a line break left inside a row
     splits it (and :func:`parse_rows` refuses it, counting rows). The compiled stage joins them
-    the same way (``server/stages/raw_rows/parse.cc``).
+    the same way (``backends/raw_rows/parse.cc``).
     """
     data = b"\n".join(rows)
     if data.count(b"\n") != len(rows) - 1:

@@ -9,7 +9,7 @@ from typing import Annotated, TypeVar
 
 import typer
 
-from server.stages.embedding.hot_cold_lookup import STORE_DTYPES
+from export.stage.hot_cold_lookup import STORE_DTYPES
 
 _T = TypeVar("_T")
 

@@ -16,7 +16,7 @@ from pathlib import Path
 from bundle.errors import ConfigError
 from bundle.repository import ServingConfig
 from export.graphs.quantize import QuantizeOptions
-from server.stages.embedding.hot_cold_lookup import STORE_DTYPES
+from export.stage.hot_cold_lookup import STORE_DTYPES
 
 #: How the export places embedding tables (``--embeddings``).
 PLACEMENTS: tuple[str, ...] = ("auto", "in-graph", "hot-cold")

@@ -25,7 +25,7 @@ from bundle.errors import ConfigError, StorageError
 from bundle.repository import CONFIG_NAME, read_config
 from bundle.s3 import S3Url
 from bundle.staging import RepositoryWrite
-from server.stages.embedding.hot_cold_lookup import PARAM_ROW_STORE
+from export.stage.hot_cold_lookup import PARAM_ROW_STORE
 
 log = logging.getLogger(__name__)
 

@@ -4,7 +4,7 @@ For each model an export serves (``dlrm_onnx``, ``dlrm_onnx_int8``, a hot/cold
 ensemble, ``dlrm_torch``, ...), :func:`write_raw_models` writes ``<model>_raw``:
 a Triton ensemble of two steps,
 
-1. ``criteo_rows``: the raw-row stage (``server/stages/raw_rows``), which parses
+1. ``criteo_rows``: the raw-row stage (``backends/raw_rows``), which parses
    ``raw_rows`` (``B x 1`` BYTES, one unlabeled TSV row per element) into
    ``dense_features`` and ``categorical_ids`` by the rules of :mod:`criteo.rows`. It is
    the compiled stage, the Triton C++ backend ``raw_rows`` (``backend.cc``, built by

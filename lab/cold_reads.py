@@ -3,8 +3,8 @@
 ``python -m lab cold-reads --repository DIR --data HELDOUT.tsv`` opens the row
 store and hot set of a hot/cold model's embedding stage (its ``config.pbtxt``
 names them) and, in this process, places requests of held-out rows the way the
-stage does (:meth:`~server.stages.embedding.hot_cold_lookup.HotColdLookup.place`),
-once per way of reading cold rows (:class:`~server.stages.embedding.hot_cold_lookup.ColdReads`):
+stage does (:meth:`~export.stage.hot_cold_lookup.HotColdLookup.place`),
+once per way of reading cold rows (:class:`~export.stage.hot_cold_lookup.ColdReads`):
 
 - *cold*: the store is evicted from the page cache first (this process's mapping
   dropped, then ``posix_fadvise(DONTNEED)``; :func:`resident_bytes` checks it), and
@@ -40,9 +40,7 @@ from bundle.records import RunRecord, machine_with_flags
 from bundle.repository import read_config
 from bundle.snippets import section_end, section_start
 from criteo.tsv import iter_batches
-from loadtest.engine.client_cpu import process_cpu_s
-from loadtest.engine.writer import Panel, Series, plot, table, write_json, write_markdown
-from server.stages.embedding.hot_cold_lookup import (
+from export.stage.hot_cold_lookup import (
     COLD_READ_URING,
     COLD_READS,
     DEFAULT_COLD_READ_THREADS,
@@ -56,6 +54,8 @@ from server.stages.embedding.hot_cold_lookup import (
     open_store,
     read_hot_ids,
 )
+from loadtest.engine.client_cpu import process_cpu_s
+from loadtest.engine.writer import Panel, Series, plot, table, write_json, write_markdown
 
 logger = logging.getLogger(__name__)
 

@@ -3,7 +3,7 @@
 ``python -m lab cold-tier --repository DIR --data HELDOUT.tsv`` starts the local
 tritonserver on a repository holding a hot/cold model (an ensemble of the
 embedding stage and the dense model) and, for each way of reading cold rows
-(:class:`~server.stages.embedding.hot_cold_lookup.ColdReads`, loaded into the stage
+(:class:`~export.stage.hot_cold_lookup.ColdReads`, loaded into the stage
 by a config override), batch size and concurrency, measures two conditions in turn:
 
 - **cold**: the stage unloaded and loaded again (its load reads the whole store to
@@ -49,16 +49,7 @@ from bundle.records import RunRecord, machine_with_flags
 from bundle.schema import CATEGORICAL_INPUT, DENSE_INPUT
 from bundle.snippets import section_end, section_start
 from criteo.tsv import iter_batches
-from lab.cold_reads import disk_table, evict, probe_disk, resident_bytes, stage_files
-from loadtest.engine.driver import Driver
-from loadtest.engine.served import raw_connection
-from loadtest.engine.session import THREADS_PARAMETER
-from loadtest.engine.wire import serialised_request
-from loadtest.engine.writer import Panel, Series, plot, table, write_json, write_markdown
-from server.config import ServerConfig
-from server.launcher import LocalServer
-from server.processes import tree_cpu_s, tree_read_bytes
-from server.stages.embedding.hot_cold_lookup import (
+from export.stage.hot_cold_lookup import (
     COLD_READ_FAULT,
     COLD_READS,
     PAGE_BYTES,
@@ -69,6 +60,15 @@ from server.stages.embedding.hot_cold_lookup import (
     StoreRows,
     open_store,
 )
+from lab.cold_reads import disk_table, evict, probe_disk, resident_bytes, stage_files
+from loadtest.engine.driver import Driver
+from loadtest.engine.served import raw_connection
+from loadtest.engine.session import THREADS_PARAMETER
+from loadtest.engine.wire import serialised_request
+from loadtest.engine.writer import Panel, Series, plot, table, write_json, write_markdown
+from server.config import ServerConfig
+from server.launcher import LocalServer
+from server.processes import tree_cpu_s, tree_read_bytes
 
 #: The two conditions, in the order each step takes them.
 CONDITIONS = ("cold", "warm")

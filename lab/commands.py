@@ -13,6 +13,8 @@ result under ``benchmarks/``.
   beside the disk's own random-read rate (:mod:`lab.cold_reads`).
 - ``cold-tier``: a hot/cold model served with its store evicted and in memory, side by side
   (:mod:`lab.cold_tier`).
+- ``stage-speed``: the compiled stages per warm request, served, in process and against a copy
+  bound (:mod:`lab.stage_speed`).
 - ``model-analyzer``: ``loadtest tune`` beside Triton Model Analyzer, same model, space and budgets
   (:mod:`lab.model_analyzer`).
 - ``raw-rows``: raw rows against tensors through the server (:mod:`lab.raw_rows`).
@@ -441,6 +443,39 @@ def cold_tier(
         task = progress.add_task("cold tier", total=steps)
         report = run_cold_tier(options, command_line("lab"), lambda: progress.advance(task))
     paths = write_cold_tier(report, out)
+    print(f"report: {paths['markdown']}")
+
+
+def stage_speed(
+    batch_size: BatchSizes = "1,64,1024",
+    requests: Requests = 200,
+    rounds: Rounds = 5,
+    in_process: Annotated[
+        int, typer.Option(help="Lookups timed in process per set-up and batch size.")
+    ] = 400,
+    log_file: TritonLog = Path("logs/stage-speed-tritonserver.log"),
+    out: ReportOut[Path] = Path("reports/stage_speed"),
+) -> None:
+    """The compiled stages' time per warm request, served (Triton's statistics), beside the embedding
+    stage's lookup in process and a memory-copy bound of its bytes (a benchmark): --requests per
+    stage, batch size and round, one at a time."""
+    from rich.progress import Progress
+
+    from lab.stage_speed import HOT_SHARES, StageSpeedOptions, run_stage_speed, write_stage_speed
+
+    options = StageSpeedOptions(
+        batch_sizes=parse_ints(batch_size, "--batch-size"),
+        requests=requests,
+        rounds=rounds,
+        in_process=in_process,
+        log_file=log_file,
+    )
+    with Progress(transient=True) as progress:
+        task = progress.add_task(
+            "stage speed", total=(1 + len(HOT_SHARES)) * len(options.batch_sizes) * options.rounds
+        )
+        report = run_stage_speed(options, command_line("lab"), lambda: progress.advance(task))
+    paths = write_stage_speed(report, out)
     print(f"report: {paths['markdown']}")
 
 

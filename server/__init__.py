@@ -1,7 +1,7 @@
 """The no-Docker local server: the nvidia-pytriton wheel's tritonserver.
 
 ``LocalServer`` starts the real tritonserver on a model repository, with
-Python-based ``onnxruntime`` and ``pytorch`` backends (``server/backends/*/model.py``)
+Python-based ``onnxruntime`` and ``pytorch`` backends (``backends/*/model.py``)
 so configs written for the NGC container's C++ backends serve unchanged.
 ``python -m server serve --repository DIR`` is the command-line front end. A model
 whose backend process dies is reloaded or takes the server out of service

@@ -13,15 +13,15 @@ runs outside its container when (verified on this project's machines):
 3. this interpreter's ``bin`` is first on ``PATH``: the embedded interpreter
    finds its prefix (and so the venv's numpy and onnxruntime) through it.
 
-Python-based backends (``server/backends/<name>/model.py``) are copied next to
+Python-based backends (``backends/<name>/model.py``) are copied next to
 ``python/`` as ``<name>/model.py``; tritonserver then serves every model whose
 config says ``backend: "<name>"`` (or a platform Triton maps to it, e.g.
 ``pytorch_libtorch`` -> ``pytorch``) with that file, without a model.py per
-model. The modules they share (``server/backends/*.py``, e.g.
+model. The modules they share (``backends/*.py``, e.g.
 ``batched_model.py``) are copied beside each ``model.py``: the python backend
 puts that folder on ``sys.path``.
 
-The bundle's compiled stages (Triton C++ backends, ``server/stages/CMakeLists.txt``,
+The bundle's compiled stages (Triton C++ backends, ``backends/CMakeLists.txt``,
 built by ``make stages`` into ``build/stages``) are copied in too where they are built:
 ``build/stages/<stage>/libtriton_<stage>.so`` becomes ``<stage>/libtriton_<stage>.so``, so a
 config that says ``backend: "<stage>"`` loads it. They link no Triton library: the server
@@ -45,7 +45,7 @@ from bundle.errors import ServerError
 logger = logging.getLogger(__name__)
 
 # Our Python-based backends: one folder per backend name, each with a model.py.
-BACKENDS_SOURCE = Path(__file__).resolve().parent / "backends"
+BACKENDS_SOURCE = Path(__file__).resolve().parents[1] / "backends"
 # Where `make stages` builds the compiled stages: <stage>/libtriton_<stage>.so each.
 # STAGES_BUILD_ENV names another build (`make stages-sanitize` points it at the ASan + UBSan one,
 # and STAGES_PRELOAD_ENV at the sanitizer runtime tritonserver must load first).

@@ -4,7 +4,7 @@ Seen with the local server: tritonserver 2.51 (the nvidia-pytriton wheel, Triton
 model whose config says ``platform: "torch_aoti"`` with ``backend: "pytorch"`` ("unexpected 'platform' and
 'backend' pair, got:torch_aoti, pytorch"): the platform came with 26.03. The same config without
 its ``platform`` line loads, on the backend it names: locally the bundle's Python-based
-``pytorch`` backend (``server/backends/pytorch/model.py``), which recognises the package by its
+``pytorch`` backend (``backends/pytorch/model.py``), which recognises the package by its
 ``.pt2`` file. The repository itself must stay what the NGC image serves, so the launcher gives
 tritonserver a view of it instead: a folder of symbolic links to every entry of the repository,
 except that the folder of a ``torch_aoti`` model holds its config without the platform (nothing

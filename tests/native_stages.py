@@ -4,8 +4,8 @@ raw-row stage calls), bit for bit.
 
 The references: the raw-row stage answers a request's rows as :func:`criteo.rows.request_inputs`
 does, or refuses them with its :class:`~criteo.rows.RowError`'s text; the embedding stage answers
-ids as :class:`~server.stages.embedding.hot_cold_lookup.HotColdLookup` places them, or refuses
-them with its :class:`~server.stages.embedding.hot_cold_lookup.RequestError`'s text.
+ids as :class:`~export.stage.hot_cold_lookup.HotColdLookup` places them, or refuses
+them with its :class:`~export.stage.hot_cold_lookup.RequestError`'s text.
 
 Where numpy's ``log1p`` is libm's, the compiled stage's dense features must equal the rules' bit
 for bit; where numpy takes a SIMD version of its own (some builds do on AVX-512 machines), within
@@ -22,7 +22,7 @@ import numpy as np
 
 from bundle.schema import CATEGORICAL_INPUT, COLD_POSITIONS, COLD_ROWS, DENSE_INPUT, HOT_SLOTS
 from criteo.rows import RowError, request_inputs
-from server.stages.embedding.hot_cold_lookup import HotColdLookup, RequestError
+from export.stage.hot_cold_lookup import HotColdLookup, RequestError
 
 Arrays = dict[str, np.ndarray]
 

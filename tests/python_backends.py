@@ -1,4 +1,4 @@
-"""The bundle's python backends (``server/backends``), imported in a test as the stub imports them.
+"""The bundle's python backends (``backends``), imported in a test as the stub imports them.
 
 A backend runs inside tritonserver's python stub, where ``triton_python_backend_utils`` exists;
 here a stand-in module with the few names ``initialize`` uses takes its place.
@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-BACKENDS = Path(__file__).resolve().parents[1] / "server" / "backends"
+BACKENDS = Path(__file__).resolve().parents[1] / "backends"
 
 
 class ModelException(Exception):
@@ -33,11 +33,11 @@ def stand_in_utils(warnings: list[str]) -> types.ModuleType:
 
 
 def import_backend(monkeypatch: pytest.MonkeyPatch, backend: str, name: str) -> types.ModuleType:
-    """``server/backends/<backend>/model.py`` imported as module ``name``, after the
+    """``backends/<backend>/model.py`` imported as module ``name``, after the
     ``batched_model.py`` the server copies beside it, with the stand-in utilities; all in
     ``sys.modules`` for this test only. The module's ``warnings`` lists what it logged as a warning.
 
-    ``server/backends`` itself is not put on ``sys.path``, where its ``onnxruntime/`` folder
+    ``backends`` itself is not put on ``sys.path``, where its ``onnxruntime/`` folder
     would shadow the onnxruntime package.
     """
     warnings: list[str] = []

@@ -4,7 +4,7 @@ PyTorch 2 serves without Python through AOTInductor: :func:`torch.export.export`
 module's graph and :func:`torch._inductor.aoti_compile_and_package` compiles it into C++ code and
 a shared library, packed with the weights into one PT2 archive. The NGC image's pytorch backend
 loads such a package from 26.03 on (``platform: "torch_aoti"``, ``backend: "pytorch"``); the
-local server loads it with the Python-based backend ``server/backends/pytorch/model.py``.
+local server loads it with the Python-based backend ``backends/pytorch/model.py``.
 
 The module is the exporter's own (:class:`export.framework.TorchServing`), wrapped as the
 TorchScript variant wraps it (:class:`export.engines.torchscript.TorchScriptServing`), in FP32:

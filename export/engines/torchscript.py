@@ -2,7 +2,7 @@
 
 What the NGC image's PyTorch (LibTorch) backend serves is a TorchScript file
 (``platform: "pytorch_libtorch"``, ``model.pt``); the local server serves the
-same file with the Python-based backend ``server/backends/pytorch/model.py``.
+same file with the Python-based backend ``backends/pytorch/model.py``.
 The module is traced (:func:`torch.jit.trace`) from a copy of the exporter's own
 module (:class:`export.framework.TorchServing`), wrapped in
 :class:`TorchScriptServing`:

@@ -4,7 +4,7 @@ A model whose embedding tables are larger than memory keeps its family's name,
 ``<family>_onnx``, as a Triton ensemble of two steps:
 
 1. ``<family>_embedding``: the embedding stage, the compiled Triton backend ``embedding``
-   (``server/stages/embedding/backend.cc``, built by ``make stages``; in compose by the image's
+   (``backends/embedding/backend.cc``, built by ``make stages``; in compose by the image's
    build stage; KIND_CPU), that maps the row store read-only and, for the request's
    ``categorical_ids`` (``B x 26`` int64, any value), answers ``hot_slots``
    (``B x 26``), ``cold_positions`` (``N``) and ``cold_rows`` (``N x W`` float32);
@@ -66,10 +66,7 @@ from bundle.schema import (
     inputs_for,
 )
 from export.graphs.onnx_io import save_model
-from export.tables.hot_cold_graph import lookup_graph
-from export.tables.hot_rows import HotSet
-from export.tables.row_store import RowStore
-from server.stages.embedding.hot_cold_lookup import (
+from export.stage.hot_cold_lookup import (
     COLD_READ_THREADS,
     COLD_READS,
     DEFAULT_COLD_READ_THREADS,
@@ -83,6 +80,9 @@ from server.stages.embedding.hot_cold_lookup import (
     PARAM_TABLE_SIZES,
     STORE_FINGERPRINT_KEY,
 )
+from export.tables.hot_cold_graph import lookup_graph
+from export.tables.hot_rows import HotSet
+from export.tables.row_store import RowStore
 
 #: Suffix of a family's embedding stage (``dlrm_embedding``).
 EMBEDDING_SUFFIX = "_embedding"
@@ -102,7 +102,7 @@ HOT_SET_FILE = "hot_set.npz"
 #: (:func:`export.tables.hot_cold_graph.lookup_graph`): a new hot set's dense model is built from it.
 LOOKUP_GRAPH_FILE = "lookup_graph.onnx"
 #: The embedding stage's backend: tritonserver opens
-#: ``<backends>/embedding/libtriton_embedding.so`` (``server/stages/embedding/backend.cc``).
+#: ``<backends>/embedding/libtriton_embedding.so`` (``backends/embedding/backend.cc``).
 STAGE_BACKEND = "embedding"
 
 #: Versions of the stage and of the dense model that may be loaded at once: the serving
@@ -208,7 +208,7 @@ def build_embedding_config(
         store_fingerprint: the store's fingerprint (its ``store.json``): the stage refuses
             another store found under the same path ("" for none, e.g. an older store).
         cold_reads: how the stage reads cold rows from the store (``io_uring``, ``prefetch``,
-            ``threads`` or ``fault``: :class:`server.stages.embedding.hot_cold_lookup.ColdReads`).
+            ``threads`` or ``fault``: :class:`export.stage.hot_cold_lookup.ColdReads`).
         cold_read_threads: threads of the ``threads`` way (written only for it).
         hotness: a multi-hot model's ids per bag of each table (None: one id each): the
             ids and ``hot_slots`` are then ``-1 x H``, ``H`` their sum.

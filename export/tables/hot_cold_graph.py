@@ -193,7 +193,7 @@ def stage_reference(
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """The embedding stage in-process: raw ids -> ``hot_slots``, ``cold_positions``, ``cold_rows``.
 
-    Runs the stage's definition in Python (``server/stages/embedding/hot_cold_lookup.py``,
+    Runs the stage's definition in Python (``export/stage/hot_cold_lookup.py``,
     to which the differential tests hold the compiled ``<family>_embedding``), so the
     export's checks verify the split that will serve: each id reduced into its table (``np.mod``, the
     divisor's sign as ONNX ``Mod(fmod=0)``), looked up among its table's hot ids,
@@ -214,7 +214,7 @@ def stage_reference(
         ConfigError: ``hot`` or ``store`` made for other table sizes.
         DataError: ``ids`` not ``B x 26`` (``B x H``).
     """
-    from server.stages.embedding.hot_cold_lookup import HotColdLookup
+    from export.stage.hot_cold_lookup import HotColdLookup
 
     sizes = check_table_sizes(table_sizes)
     if hot.table_sizes != sizes or store.spec.table_sizes != sizes:

@@ -67,6 +67,7 @@ from criteo.tsv import Batch, read_batch
 from export.graphs.onnx_io import save_model
 from export.graphs.parity import ParityResult, compare, extreme_id_rows
 from export.options import current_placement
+from export.stage.hot_cold_lookup import PARAM_HOTNESS
 from export.tables.ensemble import (
     ENSEMBLE_PLATFORM,
     ENSEMBLE_SUFFIX,
@@ -92,7 +93,6 @@ from export.tables.hot_cold_variants import (
 from export.tables.hot_rows import HotSet, choose_hot_rows
 from export.tables.placement import FP32_STORE_TOLERANCE, run_hot_cold
 from export.tables.row_store import RowStore, format_bytes
-from server.stages.embedding.hot_cold_lookup import PARAM_HOTNESS
 
 log = logging.getLogger(__name__)
 

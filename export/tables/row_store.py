@@ -16,7 +16,7 @@ On disk a store is one folder:
   ``deep_table``/``wide_table`` (:mod:`models.wide_deep`). An ``int8`` store
   holds each row quantized row-wise instead: ``width`` uint8 codes, then a
   float32 scale and bias per column (FBGEMM's 8-bit row-wise tables, defined in
-  the serving stage: :func:`~server.stages.embedding.hot_cold_lookup.quantize_rows`);
+  the serving stage: :func:`~export.stage.hot_cold_lookup.quantize_rows`);
   at D 128 a row takes 136 bytes against 256 in ``float16``. Reads return its
   values dequantized, as float32.
 - ``store.json``: the format version, the :class:`RowStoreSpec`, the file size,
@@ -26,12 +26,12 @@ On disk a store is one folder:
   :meth:`RowStore.open` checks the size and the sample (a truncated or swapped
   ``rows.bin`` fails there, in one line); :func:`verify_checksums` reads
   everything and checks each chunk, in parallel threads (what the serving stage
-  runs at every load, see ``server/stages/embedding/hot_cold_lookup.py``);
+  runs at every load, see ``export/stage/hot_cold_lookup.py``);
   :meth:`RowStore.verify` checks the full SHA-256, slower, on one thread.
 
 The checksums and the fingerprint are computed by the serving stage's own
-functions (:class:`~server.stages.embedding.hot_cold_lookup.ChunkChecksums`,
-:func:`~server.stages.embedding.hot_cold_lookup.store_fingerprint`), so the
+functions (:class:`~export.stage.hot_cold_lookup.ChunkChecksums`,
+:func:`~export.stage.hot_cold_lookup.store_fingerprint`), so the
 writer and the reader cannot disagree. A store written before them (format
 version 1 without ``checksums``) still opens; the stage checks its SHA-256
 instead.
@@ -71,7 +71,7 @@ from bundle.errors import ConfigError, DataError, ExportError
 from bundle.schema import NUM_CATEGORICAL
 from criteo.schema import CATEGORICAL_COLUMNS
 from criteo.tables import check_table_sizes, table_offsets
-from server.stages.embedding import hot_cold_lookup as stage_format
+from export.stage import hot_cold_lookup as stage_format
 
 logger = logging.getLogger(__name__)
 
@@ -323,7 +323,7 @@ def verify_checksums(
     The check the serving stage runs at every load (same code), in threads: from the
     page cache it runs at the rate of all the cores together, faster than
     :meth:`RowStore.verify`'s SHA-256 on one thread (see
-    ``server/stages/embedding/hot_cold_lookup.py``).
+    ``export/stage/hot_cold_lookup.py``).
 
     Args:
         path: the store's folder.

@@ -66,9 +66,9 @@ from clients.reference import OnnxReference
 from clients.triton import TritonClient
 from clients.verify import sample_rows
 from criteo.tsv import Batch
+from export.stage import hot_cold_lookup as stage_format
 from lab.faults import FaultResult
 from server import LocalServer, ServerConfig, TritonInstallation
-from server.stages.embedding import hot_cold_lookup as stage_format
 
 logger = logging.getLogger(__name__)
 

@@ -1,7 +1,7 @@
 """ONNX Runtime sessions set up as the local Triton backend sets up its own.
 
 The in-process baseline and the peer servers run the same ``model.onnx``
-with the options of ``server/backends/onnxruntime/model.py`` (the defaults of
+with the options of ``backends/onnxruntime/model.py`` (the defaults of
 :func:`bundle.onnx_session.inference_session`): all graph optimizations, the
 execution provider of the device it is served on, and the intra-op thread count
 that the model's config.pbtxt asks for (0: ONNX Runtime's default, one

@@ -265,11 +265,17 @@ def peer_comparison(report: Report) -> list[dict[str, Any]]:
     return rows
 
 
+#: How close an engine's samples/s must come to perf_analyzer's to agree (a share of theirs).
+AGREEMENT = 0.10
+
+
 def engine_comparison(report: Report) -> list[dict[str, Any]]:
     """Each engine's step against perf_analyzer's at the same (model, protocol, batch, concurrency).
 
-    ``agrees`` holds where neither engine was client-bound: samples/s within 10 % and p50
-    within 10 % or 0.2 ms.
+    ``agrees`` is judged where neither engine was client-bound and neither side's rounds spread
+    more than :data:`AGREEMENT` (a measurement whose own repeats differ by more than the tolerance
+    cannot tell it apart; ``noisy`` then says by how much): samples/s within 10 % and p50 within
+    10 % or 0.2 ms. Otherwise ``agrees`` is None.
     """
     measured = _measured(report.steps)
     reference: dict[tuple[str, str, int, int], StepResult] = {
@@ -281,6 +287,8 @@ def engine_comparison(report: Report) -> list[dict[str, Any]]:
         if step.engine == "perf_analyzer" or ref is None:
             continue
         both_server_bound = not (step.client_bound or ref.client_bound)
+        spread = max(step.spread, ref.spread)
+        noisy = both_server_bound and spread > AGREEMENT
         throughput = ratio(step.samples_per_s, ref.samples_per_s)
         p50_close = abs(step.p50_ms - ref.p50_ms) <= max(0.2, 0.1 * ref.p50_ms)
         rows.append(
@@ -304,7 +312,13 @@ def engine_comparison(report: Report) -> list[dict[str, Any]]:
                 "reference_client_bound": ref.client_bound,
                 "flag": _flag(step),
                 "reference_flag": _flag(ref),
-                "agrees": (abs(throughput - 1.0) <= 0.10 and p50_close) if both_server_bound else None,
+                "spread": spread,
+                "noisy": noisy,
+                "agrees": (
+                    (abs(throughput - 1.0) <= AGREEMENT and p50_close)
+                    if both_server_bound and not noisy
+                    else None
+                ),
             }
         )
     return rows
@@ -349,16 +363,24 @@ def _median(values: list[float]) -> float:
 
 
 def _agreement_counts(rows: list[dict[str, Any]]) -> str:
-    """Per engine: how many judged steps agree with perf_analyzer, and how many were not judged."""
+    """Per engine: how many judged steps agree with perf_analyzer, and why the others were not judged."""
     parts = []
     for engine in dict.fromkeys(row["engine"] for row in rows):
-        verdicts = [row["agrees"] for row in rows if row["engine"] == engine]
-        judged = [v for v in verdicts if v is not None]
+        mine = [row for row in rows if row["engine"] == engine]
+        judged = [row["agrees"] for row in mine if row["agrees"] is not None]
+        noisy = sum(1 for row in mine if row["noisy"])
         parts.append(
-            f"{engine}: {sum(judged)} of {len(judged)} judged steps agree, {len(verdicts) - len(judged)} "
-            "client-bound"
+            f"{engine}: {sum(judged)} of {len(judged)} judged steps agree, {len(mine) - len(judged) - noisy} "
+            f"client-bound, {noisy} too noisy to judge"
         )
     return "; ".join(parts) + "."
+
+
+def _verdict(row: dict[str, Any]) -> str:
+    """The comparison's last column: yes, no, noisy (by how much), or - (client-bound)."""
+    if row["noisy"]:
+        return f"noisy: rounds spread {row['spread']:.0%}"
+    return "-" if row["agrees"] is None else ("yes" if row["agrees"] else "no")
 
 
 def _flag(step: StepResult) -> str:
@@ -573,14 +595,16 @@ def markdown(report: Report) -> str:
                  r["client_cpu_us"], r["reference_client_cpu_us"],
                  r["client_serial_us"], r["reference_client_serial_us"],
                  r["flag"].replace("|", "\\|") or "-", r["reference_flag"].replace("|", "\\|") or "-",
-                 "-" if r["agrees"] is None else ("yes" if r["agrees"] else "no")]
+                 _verdict(r)]
                 for r in engines
             ],
         )  # fmt: skip
         lines += [
             "",
             "Agrees: samples/s within 10 % of perf_analyzer's and p50 within 10 % or 0.2 ms, judged only "
-            "where neither engine was client-bound. " + _agreement_counts(engines) + " Serial client "
+            "where neither engine was client-bound and neither side's rounds spread more than 10 % "
+            "(noisy: the server's own speed moved between the rounds by more than the tolerance, so the "
+            "step cannot tell it apart). " + _agreement_counts(engines) + " Serial client "
             "time: the bundle's engines measure it from an answer's arrival to the next request's "
             "send; perf_analyzer's is its own client send plus receive (its CSV).",
             section_end(SECTION_ENGINES),

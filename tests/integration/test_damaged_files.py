@@ -47,6 +47,7 @@ from bundle.schema import (
 )
 from clients.verify import sample_rows
 from criteo.tsv import Batch
+from export.stage.hot_cold_lookup import PARAM_ROW_STORE_FINGERPRINT, HotColdLookup
 from export.tables.ensemble import (
     dense_model_name,
     embedding_model_name,
@@ -60,7 +61,6 @@ from export.tables.row_store import RowStoreSpec, write_arrays
 from lab.faults import FaultResult
 from lab.faults.damaged import DAMAGES, ROWS, Damage, healthy_answers, run_damage
 from server import TritonInstallation
-from server.stages.embedding.hot_cold_lookup import PARAM_ROW_STORE_FINGERPRINT, HotColdLookup
 
 pytestmark = pytest.mark.integration
 

@@ -6,7 +6,7 @@ Two stages are written by :func:`export.tables.ensemble.write_embedding_stage`: 
 ``wide_deep_embedding`` (an int8 store of two columns, bags of 1 to 3 ids per table, read the
 ``prefetch`` way). Over HTTP and gRPC, for real rows and wild ids (negative, huge, the int64
 extremes), all-hot and all-cold requests at batch 1, 64 and 1024, each answers the tensors of
-:class:`~server.stages.embedding.hot_cold_lookup.HotColdLookup` over the same files, bit for bit; a
+:class:`~export.stage.hot_cold_lookup.HotColdLookup` over the same files, bit for bit; a
 request the stage refuses (an empty batch) gets the reference's error text, and one of another
 type or shape Triton's own error naming the input; a bad parameter or a damaged store fails only
 that model's load, in the words the tests pin and the file named; an unverified store and an
@@ -36,13 +36,7 @@ from tritonclient.utils import InferenceServerException
 
 from bundle.repository import CONFIG_NAME, read_config, write_config
 from bundle.schema import CATEGORICAL_INPUT, COLD_POSITIONS, COLD_ROWS, HOT_SLOTS, NUM_CATEGORICAL
-from export.tables.ensemble import HOT_SET_FILE, embedding_model_name, write_embedding_stage
-from export.tables.hot_rows import HotSet
-from export.tables.row_store import RowStoreSpec, write_arrays
-from server import LocalServer
-from server.config import ModelControlMode
-from server.installation import COMPILED_STAGES
-from server.stages.embedding.hot_cold_lookup import (
+from export.stage.hot_cold_lookup import (
     COLD_READ_FAULT,
     PARAM_COLD_CACHE_BYTES,
     PARAM_COLD_READ_HINT_ROWS,
@@ -58,6 +52,12 @@ from server.stages.embedding.hot_cold_lookup import (
     HotColdLookup,
     StageError,
 )
+from export.tables.ensemble import HOT_SET_FILE, embedding_model_name, write_embedding_stage
+from export.tables.hot_rows import HotSet
+from export.tables.row_store import RowStoreSpec, write_arrays
+from server import LocalServer
+from server.config import ModelControlMode
+from server.installation import COMPILED_STAGES
 from tests.native_stages import ids_reference
 
 pytestmark = [
@@ -335,16 +335,18 @@ def _by_tier(counters: dict[tuple[str, ...], float], model: str) -> dict[str, fl
     return tiers
 
 
-def test_a_cache_counts_its_distinct_cold_rows_by_source(
-    server: LocalServer, stages: tuple[Path, list[Stage]]
+@pytest.mark.parametrize("tier", ["default", "small"])
+def test_a_tier_counts_the_cold_lookups_by_source(
+    server: LocalServer, stages: tuple[Path, list[Stage]], tier: str
 ) -> None:
-    """The cached stage's distinct cold rows of each request, from its cache or from the store:
-    the same request twice, its second time partly from the cache. A stage without a cache has no
-    such counters."""
-    stage = next(stage for stage in stages[1] if stage.model.endswith("_cached"))
+    """Each request's cold lookups by where their rows came from, the memory tier or the store:
+    together every cold lookup. The same request twice: with the default tier (the whole store) the
+    second time wholly from the tier, with a small one partly."""
+    suffix = "_cached" if tier == "small" else ""
+    stage = next(stage for stage in stages[1] if stage.model == f"dlrm_embedding{suffix}")
     ids = _ids(stage, np.random.default_rng(9), 1, "cold")
-    distinct = stage.lookup.place(ids).cold_distinct_rows
-    assert distinct > 0
+    cold = stage.lookup.place(ids).cold_lookups
+    assert cold > 0
     sources = []
     for _ in range(2):
         before = _by_tier(_counters(server, ROWS_METRIC, "source"), stage.model)
@@ -353,10 +355,10 @@ def test_a_cache_counts_its_distinct_cold_rows_by_source(
         sources.append(
             {source: after.get(source, 0.0) - before.get(source, 0.0) for source in ("cache", "store")}
         )
-    assert all(counts["cache"] + counts["store"] == distinct for counts in sources), (distinct, sources)
+    assert all(counts["cache"] + counts["store"] == cold for counts in sources), (cold, sources)
     assert sources[1]["cache"] > 0, sources
-    models = {key[0] for key in _counters(server, ROWS_METRIC, "source")}
-    assert models == {stage.model}, models
+    if tier == "default":
+        assert sources[1] == {"cache": cold, "store": 0.0}, sources
 
 
 def test_the_counters_appear_under_their_family_and_labels(
@@ -492,5 +494,18 @@ def test_warnings_and_the_load_line_are_logged(server: LocalServer, stages: tupl
         lines = [line for line in log.splitlines() if f"{stage.model}_0_" in line and ": row store " in line]
         assert len(lines) == 2, lines
         assert "hot rows from " in lines[0] and "; cold reads: " in lines[0], lines[0]
-        cache = f"; a cache of {CACHE_ROWS} cold rows ({CACHE_ROWS * 16} bytes), its misses read "
-        assert (cache in lines[0]) == stage.model.endswith("_cached"), lines[0]
+        if stage.model.endswith("_cached"):
+            tier = (
+                f"; a memory tier of {CACHE_ROWS} cold rows ({CACHE_ROWS * 16} bytes, "
+                f"{PARAM_COLD_CACHE_BYTES} {CACHE_ROWS * 16}), its misses read "
+            )
+        else:
+            rows = sum(stage.sizes)
+            store = stage.lookup.store
+            assert store is not None
+            row_bytes = store.data.shape[1] * store.data.itemsize
+            tier = (
+                f"; a memory tier of the whole store, {rows} cold rows ({rows * row_bytes} bytes, "
+                "by default: the store fits a quarter of the "
+            )
+        assert tier in lines[0], lines[0]

@@ -42,6 +42,7 @@ from bundle.schema import (
 )
 from clients.options import Protocol, SharedMemory
 from clients.triton import TritonClient
+from export.stage.hot_cold_lookup import PARAM_COLD_READ_HINT_ROWS, PARAM_COLD_READS
 from export.tables.ensemble import (
     dense_model_name,
     embedding_model_name,
@@ -53,7 +54,6 @@ from export.tables.ensemble import (
 from export.tables.hot_rows import HotSet
 from export.tables.row_store import RowStoreSpec, write_arrays
 from server import LocalServer
-from server.stages.embedding.hot_cold_lookup import PARAM_COLD_READ_HINT_ROWS, PARAM_COLD_READS
 
 pytestmark = pytest.mark.integration
 

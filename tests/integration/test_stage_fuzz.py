@@ -17,7 +17,7 @@ What each must get:
 
 - a request the stage can take gets the answer of the stage's in-process reference, exactly (raw
   rows: :func:`criteo.rows.request_inputs`, the dense features within 4 ULP where numpy's float32
-  ``log1p`` is not libm's; ids: :class:`server.stages.embedding.hot_cold_lookup.HotColdLookup`; see
+  ``log1p`` is not libm's; ids: :class:`export.stage.hot_cold_lookup.HotColdLookup`; see
   :mod:`tests.native_stages`), or the reference's error text;
 - any other request its own error: HTTP 400, or 500 where tritonserver could not parse the body
   (its parser's message, as ``test_fuzz.py`` pins), or gRPC INVALID_ARGUMENT; always with a message;
@@ -78,12 +78,12 @@ from bundle.schema import (
     RAW_ROWS_INPUT,
 )
 from export.raw_rows import STAGE_MODEL, write_stage
+from export.stage.hot_cold_lookup import COLD_READ_FAULT, HotColdLookup
 from export.tables.ensemble import HOT_SET_FILE, embedding_model_name, write_embedding_stage
 from export.tables.hot_rows import HotSet
 from export.tables.row_store import RowStoreSpec, write_arrays
 from server import LocalServer
 from server.installation import COMPILED_STAGES
-from server.stages.embedding.hot_cold_lookup import COLD_READ_FAULT, HotColdLookup
 from tests.native_stages import LOG1P_IS_LIBMS, Arrays, ids_reference, rows_reference
 
 LIBRARIES = ("raw_rows/libtriton_raw_rows.so", "embedding/libtriton_embedding.so")

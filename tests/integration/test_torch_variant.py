@@ -3,7 +3,7 @@
 The tiny DLRM is exported with the TorchScript variant on KIND_CPU instances
 (``--profile cpu --torch``): the config is the one the NGC image's PyTorch
 backend serves (``platform: "pytorch_libtorch"``), here taken by
-``server/backends/pytorch/model.py``. Served answers must be what the same
+``backends/pytorch/model.py``. Served answers must be what the same
 TorchScript file gives in this process, over HTTP and gRPC, ids far outside the
 tables included; a request of the wrong dtype gets one clear error and the
 server keeps answering.

@@ -11,18 +11,8 @@ import numpy as np
 import pytest
 
 from bundle.schema import NUM_CATEGORICAL
-from export.tables.ensemble import write_embedding_stage
-from export.tables.hot_rows import HotSet
-from export.tables.row_store import RowStoreSpec, write_arrays
-from lab.cold_reads import (
-    WAYS,
-    ColdReadOptions,
-    evict,
-    resident_bytes,
-    run_cold_reads,
-)
-from server.stages.embedding import hot_cold_lookup
-from server.stages.embedding.hot_cold_lookup import (
+from export.stage import hot_cold_lookup
+from export.stage.hot_cold_lookup import (
     COLD_READS,
     PAGE_BYTES,
     ColdReads,
@@ -33,6 +23,16 @@ from server.stages.embedding.hot_cold_lookup import (
     open_store,
     page_runs,
     quantize_rows,
+)
+from export.tables.ensemble import write_embedding_stage
+from export.tables.hot_rows import HotSet
+from export.tables.row_store import RowStoreSpec, write_arrays
+from lab.cold_reads import (
+    WAYS,
+    ColdReadOptions,
+    evict,
+    resident_bytes,
+    run_cold_reads,
 )
 from tests.stage_contract import stage_contract
 

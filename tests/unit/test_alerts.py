@@ -41,7 +41,7 @@ ALERTS_TEST = PROMETHEUS / "alerts.test.yml"
 CONFIG = PROMETHEUS / "prometheus.yml"
 COMPOSE_FILE = ROOT / "docker-compose.yml"
 DASHBOARD = ROOT / "deploy" / "grafana" / "dashboards" / "triton.json"
-STAGE_BACKEND = ROOT / "server" / "stages" / "embedding" / "backend.cc"
+STAGE_BACKEND = ROOT / "backends" / "embedding" / "backend.cc"
 METRICS_PAGE = ROOT / "docs" / "metrics.md"
 
 #: Triton's metric families, from its metrics documentation (counts, latencies as counters and as

@@ -54,7 +54,7 @@ ENV_EXAMPLE = ROOT / ".env.example"
 MAKE_ENV = ROOT / "deploy" / "make-env.sh"
 DASHBOARD = ROOT / "deploy" / "grafana" / "dashboards" / "triton.json"
 SERVER_DOCKERFILE = ROOT / "deploy" / "tritonserver" / "Dockerfile"
-STAGES_SOURCE = ROOT / "server" / "stages"
+STAGES_SOURCE = ROOT / "backends"
 #: The compiled stages, by the backend name a config.pbtxt gives (``backend: "raw_rows"``).
 COMPILED_STAGES = {RAW_ROWS_BACKEND, "embedding"}
 #: Where the NGC image's tritonserver looks for the backend ``<name>``.
@@ -318,7 +318,7 @@ def _dockerfile_args(dockerfile: Path) -> dict[str, str]:
 
 
 def test_servers_run_the_ngc_image_with_the_compiled_stages_built_in(services: dict[str, Any]) -> None:
-    """Both servers: one image, built (never pulled) from server/stages by the Dockerfile, of the
+    """Both servers: one image, built (never pulled) from backends by the Dockerfile, of the
     NGC release of every other NVIDIA image of the file."""
     for name in SERVERS:
         server = services[name]
@@ -342,7 +342,7 @@ def test_the_build_stage_builds_and_checks_the_stages_against_the_images_headers
     assert build_from[0] == serve[0][1] == "nvcr.io/nvidia/tritonserver:${NGC_RELEASE}-py3"
     assert build_from[1:] == ["AS", "stages"]
     runs = " && ".join(arguments for keyword, arguments in build if keyword == "RUN")
-    assert ("COPY", ". /src/stages") in build, "the context (server/stages) is the CMake project"
+    assert ("COPY", ". /src/stages") in build, "the context (backends) is the CMake project"
     assert "apt-get install -y --no-install-recommends cmake g++ make" in runs
     configure = re.search(r"cmake -S /src/stages -B /build/stages (.*?) &&", runs)
     assert configure, runs
@@ -381,7 +381,7 @@ def test_warnings_are_errors_in_the_bundles_own_builds_only(tmp_path: Path) -> N
 def test_each_compiled_stage_lands_where_its_backend_name_points() -> None:
     """``backend: "<stage>"`` makes tritonserver open ``backends/<stage>/libtriton_<stage>.so``;
     CMake builds that library as ``<build>/<stage>/libtriton_<stage>.so`` (target
-    ``triton_<stage>`` of ``server/stages/<stage>/CMakeLists.txt``)."""
+    ``triton_<stage>`` of ``backends/<stage>/CMakeLists.txt``)."""
     copied: dict[str, str] = {}
     for keyword, arguments in _dockerfile(SERVER_DOCKERFILE):
         if keyword == "COPY" and arguments.startswith("--from=stages "):

@@ -220,12 +220,12 @@ def test_the_repository_root_context_carries_no_local_state() -> None:
     for path in ROOT_EXCLUDED:
         assert excluded(patterns, path), f".dockerignore lets {path} into the build context"
     # A name that only starts like an excluded folder stays in (patterns are anchored, not prefixes).
-    for path in ("models/dlrm.py", "server/stages/embedding/store.cc", "export/tables/row_store.py"):
+    for path in ("models/dlrm.py", "backends/embedding/store.cc", "export/tables/row_store.py"):
         assert not excluded(patterns, path), path
 
 
 def test_the_stages_context_leaves_out_python_caches_only() -> None:
-    context = ROOT / "server" / "stages"
+    context = ROOT / "backends"
     patterns = read_dockerignore(context / ".dockerignore")
     assert excluded(patterns, "embedding/__pycache__/uring.cpython-311.pyc")
     assert excluded(patterns, "build/CMakeCache.txt")

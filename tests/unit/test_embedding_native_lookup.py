@@ -1,9 +1,9 @@
 """The compiled embedding lookup against its Python definition, on random stores: the same bytes.
 
-The C++ stage (``server/stages/embedding``: ``lookup.cc``, ``cold_reads.cc``, ``uring.cc``) places
+The C++ stage (``backends/embedding``: ``lookup.cc``, ``cold_reads.cc``, ``uring.cc``) places
 a request's lookups and reads its cold rows in a second language. Its test driver (built by
 ``make stages``) opens a row store and a hot set as the backend does and answers requests of raw
-ids; :meth:`HotColdLookup.open(...).place <server.stages.embedding.hot_cold_lookup.HotColdLookup.place>`
+ids; :meth:`HotColdLookup.open(...).place <export.stage.hot_cold_lookup.HotColdLookup.place>`
 answers the same requests. Every answer must be identical, byte for byte: the hot slots, the cold
 positions and the cold rows (float32 copied, float16 cast, int8 dequantized per column), for each
 of the four ways of reading, with ids of any int64 value (negative, huge, ``INT64_MIN``,
@@ -31,15 +31,15 @@ import numpy as np
 import pytest
 
 from bundle.schema import NUM_CATEGORICAL
-from export.tables.hot_rows import HotSet
-from export.tables.row_store import RowStoreSpec, write_arrays
-from server.stages.embedding.hot_cold_lookup import (
+from export.stage.hot_cold_lookup import (
     COLD_READS,
     STORE_META_FILE,
     STORE_ROWS_FILE,
     HotColdLookup,
     StageError,
 )
+from export.tables.hot_rows import HotSet
+from export.tables.row_store import RowStoreSpec, write_arrays
 
 ROOT = Path(__file__).resolve().parents[2]
 DRIVER = Path(
@@ -66,7 +66,7 @@ class Answer:
     cold_rows: np.ndarray
     rows_read: int
     calls: int
-    #: Distinct rows a cache of cold rows answered (the driver says with a cache only).
+    #: Cold lookups whose rows the memory tier held (the driver says with a tier only).
     hits: int = 0
 
 
@@ -177,7 +177,7 @@ def _parse(output: str) -> tuple[dict[str, str], list[Answer | str]]:
     fields: dict[str, list[str]] = {}
     for line in output.splitlines():
         key, _, rest = line.partition(" ")
-        if key in ("fallback", "slot_map", "direct"):
+        if key in ("fallback", "slot_map", "direct", "tier"):
             header[key] = rest
         elif key == "error":
             answers.append(rest)
@@ -450,8 +450,8 @@ def test_a_store_truncated_under_the_lookup_fails_the_request_not_the_process(
         extra = ["cache_bytes 100000"] if cache else []
         driver.stdin.write(_case(spec, "c1", way, [], extra=extra) + request([5, 4000, 5]))
         driver.stdin.flush()
-        # slot_map (and direct), then one answer (with hits)
-        lines = [driver.stdout.readline() for _ in range(7 if cache else 5)]
+        # slot_map (and tier, direct), then one answer (with hits)
+        lines = [driver.stdout.readline() for _ in range(8 if cache else 5)]
         assert lines[0].startswith("slot_map") and lines[-1].startswith("reads 2 "), lines
         # Cut rows.bin to its first 1024 rows (the 25 one-row tables lie after them).
         os.truncate(store / STORE_ROWS_FILE, 1024 * 16)
@@ -483,19 +483,29 @@ def _reads_direct(path: Path) -> bool:
         os.close(fd)
 
 
+def _cold_keys(tables: Tables, ids: np.ndarray, positions: np.ndarray) -> np.ndarray:
+    """The store row of each cold lookup of ``ids`` (one id per table) at ``positions``."""
+    sizes = np.asarray(tables.sizes, dtype=np.int64)
+    offsets = np.concatenate([[0], np.cumsum(sizes)[:-1]])
+    columns = positions % len(sizes)
+    return np.mod(ids.reshape(-1)[positions], sizes[columns]) + offsets[columns]
+
+
 @pytest.mark.parametrize("dtype", ["float32", "float16", "int8"])
 @pytest.mark.parametrize("way", ["io_uring", "prefetch", "threads"])
-def test_a_cache_of_cold_rows_answers_as_the_python_stage(
+def test_a_tier_of_the_whole_store_answers_as_the_python_stage(
     stores: dict[str, Tables], dtype: str, way: str
 ) -> None:
-    """With a cache large enough for all of them, the same bytes; each request's distinct rows
-    split between the cache and the store; the same requests again read nothing. The io_uring way
-    reads what the cache misses with O_DIRECT where the file system allows it."""
+    """A tier larger than the store holds every row in its place: the same bytes; each request's
+    cold lookups whose rows an earlier request read come from the tier, the store reads the
+    others' distinct rows; the same requests again read nothing. The io_uring way reads what the
+    tier misses with O_DIRECT where the file system allows it."""
     tables = stores[dtype]
     requests = _requests(tables, seed=21)
     header, got = _drive(_case(tables, "some", way, [*requests, *requests], extra=["cache_bytes 10000000"]))
     expected = _expected(tables, "some", way, requests)
     _assert_same(got, [*expected, *expected], counts=False)
+    assert header.get("tier") == f"whole {sum(tables.sizes)}", header
     if way == "io_uring" and _reads_direct(tables.store / STORE_ROWS_FILE):
         assert header.get("direct") == "with O_DIRECT", header
     elif way == "io_uring":
@@ -505,32 +515,51 @@ def test_a_cache_of_cold_rows_answers_as_the_python_stage(
             f"through the page cache (O_DIRECT reads go through io_uring, and the way is {way})"
         ), header
     first, again = got[: len(requests)], got[len(requests) :]
-    for answer, want in zip(first, expected, strict=True):
+    seen: set[int] = set()
+    for answer, want, ids in zip(first, expected, requests, strict=True):
         assert isinstance(answer, Answer)
-        assert answer.hits + answer.rows_read == want.rows_read
+        keys = _cold_keys(tables, ids, want.cold_positions).tolist()
+        new = set(keys) - seen
+        assert (answer.hits, answer.rows_read) == (sum(key in seen for key in keys), len(new))
+        seen |= new
     assert any(isinstance(answer, Answer) and answer.hits > 0 for answer in first)  # rows shared
     for answer, want in zip(again, expected, strict=True):
         assert isinstance(answer, Answer)
-        assert (answer.hits, answer.rows_read, answer.calls) == (want.rows_read, 0, 0)
+        assert (answer.hits, answer.rows_read, answer.calls) == (want.cold_positions.size, 0, 0)
+
+
+def test_the_default_tier_holds_a_small_store_whole(stores: dict[str, Tables]) -> None:
+    """``cache_bytes default``, the backend's default: a store far smaller than a quarter of the
+    machine's memory is held whole."""
+    tables = stores["float32"]
+    requests = _requests(tables, seed=26)
+    header, got = _drive(_case(tables, "some", "io_uring", requests, extra=["cache_bytes default"]))
+    assert header.get("tier") == f"whole {sum(tables.sizes)}", header
+    _assert_same(got, _expected(tables, "some", "io_uring", requests), counts=False)
 
 
 @pytest.mark.parametrize("rows", [1, 7, 300])
 def test_a_cache_smaller_than_the_traffic_gives_up_rows_and_answers_the_same(
     stores: dict[str, Tables], rows: int
 ) -> None:
-    """Caches of 1, 7 and 300 rows (one shard, more shards than rows... shards of a few rows),
-    under requests that keep replacing what they hold: every answer the same bytes, the rows the
-    cache keeps among them."""
+    """Tiers of 1, 7 and 300 rows, smaller than the store (one shard, more shards than rows...
+    shards of a few rows), under requests that keep replacing what they hold: every answer the same
+    bytes; a request's distinct rows read are at most those it would read without a tier, and a
+    request whose rows are all distinct and new to the tier reads them all."""
     tables = stores["float32"]
     requests = [*_requests(tables, seed=22), *_requests(tables, seed=23), *_requests(tables, seed=22)]
     row_bytes = tables.width * 4
-    _, got = _drive(_case(tables, "some", "io_uring", requests, extra=[f"cache_bytes {rows * row_bytes}"]))
+    tier = [f"cache_bytes {rows * row_bytes}"]
+    header, got = _drive(_case(tables, "some", "io_uring", requests, extra=tier))
+    assert header.get("tier") == f"rows {rows}", header
     expected = _expected(tables, "some", "io_uring", requests)
     _assert_same(got, expected, counts=False)
     for answer, want in zip(got, expected, strict=True):
         assert isinstance(answer, Answer)
-        assert answer.hits + answer.rows_read == want.rows_read
-        assert answer.hits <= rows
+        assert answer.rows_read <= want.rows_read
+        assert answer.hits <= want.cold_positions.size
+    first = got[0]
+    assert isinstance(first, Answer) and (first.hits, first.rows_read) == (0, expected[0].rows_read)
     assert any(isinstance(answer, Answer) and answer.hits > 0 for answer in got)
 
 

@@ -1,8 +1,8 @@
 """The compiled embedding stage's load against its Python definition's, on the same files.
 
-The C++ stage (``server/stages/embedding/store.cc``, ``hot_set.cc``) opens the row store and reads
-the hot set as :func:`~server.stages.embedding.hot_cold_lookup.open_store` and
-:func:`~server.stages.embedding.hot_cold_lookup.read_hot_ids` do. Its test driver
+The C++ stage (``backends/embedding/store.cc``, ``hot_set.cc``) opens the row store and reads
+the hot set as :func:`~export.stage.hot_cold_lookup.open_store` and
+:func:`~export.stage.hot_cold_lookup.read_hot_ids` do. Its test driver
 (``embedding_store_driver``) prints what it found, or the load error, as one JSON line; each case
 here goes to both, and the answers must agree: the same tables, width, dtype, columns, fingerprint,
 verified flag, check and bytes, or the same error text, word for word.
@@ -39,11 +39,11 @@ import numpy as np
 import pytest
 
 from bundle.schema import NUM_CATEGORICAL
+from export.stage import hot_cold_lookup as stage
+from export.stage.hot_cold_lookup import StageError, open_store, read_hot_ids
 from export.tables.hot_rows import HotSet
 from export.tables.row_store import META_FILE, ROWS_FILE, RowStoreSpec, write_arrays
 from server.installation import COMPILED_STAGES
-from server.stages.embedding import hot_cold_lookup as stage
-from server.stages.embedding.hot_cold_lookup import StageError, open_store, read_hot_ids
 
 DRIVER_TARGET = "embedding_store_driver"
 SIZES = tuple(5 + t for t in range(NUM_CATEGORICAL))

@@ -20,6 +20,8 @@ from bundle.schema import (
     NUM_CATEGORICAL,
     OUTPUT,
 )
+from export.stage import hot_cold_lookup as stage
+from export.stage.hot_cold_lookup import HotColdLookup, RequestError, StageError
 from export.tables import row_store
 from export.tables.ensemble import (
     HOT_SET_FILE,
@@ -36,8 +38,6 @@ from export.tables.ensemble import (
 )
 from export.tables.hot_rows import HotSet
 from export.tables.row_store import RowStore, RowStoreSpec, write_arrays
-from server.stages.embedding import hot_cold_lookup as stage
-from server.stages.embedding.hot_cold_lookup import HotColdLookup, RequestError, StageError
 
 WIDTH = 4
 #: 26 tables of 2 .. 27 rows.

@@ -9,9 +9,7 @@ import pytest
 
 from bundle.errors import ConfigError, ExportError
 from bundle.schema import NUM_CATEGORICAL
-from export.tables.hot_rows import HotSet
-from export.tables.row_store import RowStore, RowStoreSpec, random_store, write_arrays
-from server.stages.embedding.hot_cold_lookup import (
+from export.stage.hot_cold_lookup import (
     COLD_READS,
     INT8_LEVELS,
     HotColdLookup,
@@ -19,6 +17,8 @@ from server.stages.embedding.hot_cold_lookup import (
     open_store,
     quantize_rows,
 )
+from export.tables.hot_rows import HotSet
+from export.tables.row_store import RowStore, RowStoreSpec, random_store, write_arrays
 
 SIZES = tuple(5 + 3 * t for t in range(NUM_CATEGORICAL))
 

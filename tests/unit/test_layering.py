@@ -99,39 +99,6 @@ def test_a_stage_imports_only_the_stages_below_it(stage: str) -> None:
     assert not wrong, f"{stage} may import only {sorted(ALLOWED[stage])}:\n" + "\n".join(wrong)
 
 
-def _imported_modules(path: Path) -> list[tuple[str, int]]:
-    """Every absolute module ``path`` imports, with its line."""
-    found = []
-    for node in ast.walk(ast.parse(path.read_text(), str(path))):
-        if isinstance(node, ast.Import):
-            found += [(alias.name, node.lineno) for alias in node.names]
-        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
-            found.append((node.module, node.lineno))
-    return found
-
-
-def test_export_takes_only_the_served_stages_from_the_server() -> None:
-    wrong = [
-        f"{path.relative_to(ROOT)}:{line} imports {module}"
-        for path in sorted((ROOT / "export").rglob("*.py"))
-        for module, line in _imported_modules(path)
-        if module.split(".")[0] == "server" and not module.startswith("server.stages")
-    ]
-    assert not wrong, "export may import server.stages only:\n" + "\n".join(wrong)
-
-
-def test_backends_and_stages_import_nothing_of_the_bundle() -> None:
-    """They run inside the NGC image too, where the bundle is not installed."""
-    wrong = [
-        f"{path.relative_to(ROOT)}:{line} imports {other}"
-        for folder in ("server/backends", "server/stages")
-        for path in sorted((ROOT / folder).rglob("*.py"))
-        for other, line in imported_stages(path).items()
-        if other != "server"
-    ]
-    assert not wrong, "\n".join(wrong)
-
-
 def test_benchmarks_holds_results_and_scripts_but_no_code() -> None:
     modules = sorted(str(p.relative_to(ROOT)) for p in (ROOT / "benchmarks").rglob("*.py"))
     assert not modules, f"code belongs in a package with tests, not in benchmarks/: {modules}"

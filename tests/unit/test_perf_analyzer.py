@@ -410,6 +410,33 @@ def test_engines_are_compared_step_by_step_and_client_bound_steps_are_not_judged
     assert "client-bound" in text and "The engines against perf_analyzer" in text
 
 
+def test_a_step_whose_rounds_spread_more_than_the_tolerance_is_not_judged_but_said_noisy() -> None:
+    from dataclasses import replace
+
+    steps = [
+        replace(
+            _step("perf_analyzer", 1, 1000.0, 1.0),
+            rounds=2,
+            samples_per_s_min=880.0,
+            samples_per_s_max=1120.0,
+        ),
+        _step("locust", 1, 700.0, 1.4),
+        _step("perf_analyzer", 2, 2000.0, 1.0),
+        replace(
+            _step("driver", 2, 1500.0, 1.3), rounds=2, samples_per_s_min=1460.0, samples_per_s_max=1540.0
+        ),
+    ]
+    report = Report("t", RunRecord.begin("cmd"), steps)
+    rows = {row["concurrency"]: row for row in engine_comparison(report)}
+    assert rows[1]["noisy"] and rows[1]["agrees"] is None and rows[1]["spread"] == pytest.approx(0.24)
+    # Rounds within 10 % of each other: judged, and 0.75 of perf_analyzer's does not agree.
+    assert not rows[2]["noisy"] and rows[2]["agrees"] is False
+    text = markdown(report)
+    assert "| noisy: rounds spread 24% |" in text
+    assert "locust: 0 of 0 judged steps agree, 0 client-bound, 1 too noisy to judge" in text
+    assert "driver: 0 of 1 judged steps agree, 0 client-bound, 0 too noisy to judge" in text
+
+
 def test_the_comparison_sets_each_engines_serial_client_time_beside_perf_analyzers() -> None:
     from dataclasses import replace
 

@@ -14,8 +14,8 @@ import pytest
 from bundle.errors import ConfigError, StorageError
 from bundle.s3 import S3Url
 from export.publish import fetch_repository, publish_repository
+from export.stage.hot_cold_lookup import PARAM_ROW_STORE
 from server import ServerConfig
-from server.stages.embedding.hot_cold_lookup import PARAM_ROW_STORE
 from tests.s3_server import CREDENTIALS, files, keys, s3_endpoint, two_model_repository
 
 BUCKET = "models"

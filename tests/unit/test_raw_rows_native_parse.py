@@ -1,6 +1,6 @@
 """The compiled raw-row parse against the python rules, on one random corpus.
 
-The C++ stage (``server/stages/raw_rows``) applies the rules of :mod:`criteo.rows` in a second
+The C++ stage (``backends/raw_rows``) applies the rules of :mod:`criteo.rows` in a second
 language. Its test driver (built by ``make stages``) parses the same texts as
 :func:`criteo.rows.parse_rows`: random fields, stray bytes, overflowing counts, missing fields,
 extreme ids, wrong field and row counts, labels, line ends. Every answer must be identical: the

@@ -11,6 +11,14 @@ import pytest
 
 from bundle.errors import ExportError
 from bundle.schema import NUM_CATEGORICAL
+from export.stage import hot_cold_lookup as stage
+from export.stage.hot_cold_lookup import (
+    ChunkChecksums,
+    HotColdLookup,
+    StageError,
+    open_store,
+    store_fingerprint,
+)
 from export.tables.row_store import (
     META_FILE,
     ROWS_FILE,
@@ -18,14 +26,6 @@ from export.tables.row_store import (
     RowStoreWriter,
     verify_checksums,
     write_arrays,
-)
-from server.stages.embedding import hot_cold_lookup as stage
-from server.stages.embedding.hot_cold_lookup import (
-    ChunkChecksums,
-    HotColdLookup,
-    StageError,
-    open_store,
-    store_fingerprint,
 )
 
 SIZES = tuple(5 + t for t in range(NUM_CATEGORICAL))

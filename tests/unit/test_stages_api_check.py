@@ -1,6 +1,6 @@
 """The check of the compiled stages' C API declarations against Triton's own headers.
 
-``server/stages/common/api_check.cc`` compiles only where Triton's ``tritonserver.h`` and
+``backends/common/api_check.cc`` compiles only where Triton's ``tritonserver.h`` and
 ``tritonbackend.h`` are given (``-DTRITON_INCLUDE_DIR``; the compose image's build stage), and
 neither those headers nor Docker are here. What is checked here instead:
 
@@ -24,7 +24,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-STAGES = ROOT / "server" / "stages"
+STAGES = ROOT / "backends"
 COMMON = STAGES / "common"
 API = COMMON / "triton_api.h"
 CHECK = COMMON / "api_check.cc"

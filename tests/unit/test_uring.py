@@ -9,9 +9,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from server.stages.embedding import hot_cold_lookup
-from server.stages.embedding.hot_cold_lookup import COLD_READ_PREFETCH, COLD_READ_URING, ColdReads
-from server.stages.embedding.uring import Ring, RingUnavailable
+from export.stage import hot_cold_lookup
+from export.stage.hot_cold_lookup import COLD_READ_PREFETCH, COLD_READ_URING, ColdReads
+from export.stage.uring import Ring, RingUnavailable
 
 
 @pytest.fixture

@@ -1,0 +1,395 @@
+"""What every Python-based backend of the local server shares: one model file run on whole batches.
+
+The wheel's tritonserver has only the python backend; ``backends/<name>/model.py``
+makes ``backend: "<name>"`` (or the platform Triton maps to it) load locally, and
+the same config serves unchanged in the NGC container, where the real C++
+backend takes it. :class:`BatchedModel` is the part that does not depend on the
+framework: it reads the config, checks each request on its own, concatenates
+the good ones along the batch axis (``B = sum(B_i)``), runs the subclass's model
+once and splits the outputs back; a bad request gets an error response of its
+own and never costs the others theirs. The python backend does not batch for
+you: ``execute`` gets the list of requests the dynamic batcher gathered.
+
+Config ``parameters`` read here (string values): ``allow_non_finite_inputs``
+(``"true"``/``"false"``, default false), the bundle's own; and ``hotness``: ``variable``
+marks a model of bags of any size (``bundle.schema``'s values and lengths), whose
+requests are checked here before the model runs: a negative length (named by row and
+table), lengths that do not add up to the values, or rows that disagree between the
+dense features and the lengths get one INVALID_ARGUMENT line. (The exported graph
+refuses such inputs too, with ONNX Runtime's index error, where this check does not
+run: in the NGC container.)
+
+Non-finite inputs. A floating-point input holding NaN or +-Inf is refused with
+INVALID_ARGUMENT naming the input, row and column, and the other requests of
+the batch are answered as usual. Through a CTR model such a value turns the
+row's probability into NaN, and one NaN among the scores of a ranking request
+breaks the sort of the whole list; a refusal is the answer a caller can act on.
+``allow_non_finite_inputs: "true"`` passes them to the model (for models that
+use NaN as "missing"). The NGC container's C++ backends have no such check:
+there that row's answer is NaN.
+
+Error codes. A request that does not fit the model (missing or unexpected
+input, wrong dtype or shape, non-finite values) gets INVALID_ARGUMENT (HTTP
+400); a failure inside the framework gets INTERNAL (HTTP 500).
+
+The server's backend directory gets a copy of this file in each backend's
+folder, beside its ``model.py`` (the python backend puts that folder on
+``sys.path``). It runs inside ``triton_python_backend_stub``, not in the bundle:
+``triton_python_backend_utils`` exists only there.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+#: Names of a variable-bag model's tensors, as ``bundle.schema`` names them (the stub cannot
+#: import the bundle in every image; ``tests/unit/test_onnxruntime_backend.py`` checks they agree).
+BAG_DENSE, BAG_VALUES, BAG_LENGTHS = "dense_features", "categorical_values", "categorical_lengths"
+#: The ``hotness`` parameter of such a model.
+VARIABLE_HOTNESS = "variable"
+
+
+class RequestError(Exception):
+    """A request this model cannot answer; becomes that request's error response.
+
+    Args:
+        message: the error text the client sees.
+        invalid_argument: the request itself is wrong (INVALID_ARGUMENT), as
+            opposed to a failure while running it (INTERNAL).
+    """
+
+    def __init__(self, message: str, invalid_argument: bool = True) -> None:
+        super().__init__(message)
+        self.invalid_argument = invalid_argument
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    """One input or output as config.pbtxt declares it.
+
+    Args:
+        name: the tensor's name, shared by config.pbtxt and the model file.
+        triton_type: the config's data type, e.g. ``TYPE_FP32``.
+        dtype: the numpy dtype of that type.
+        dims: the shape without the batch dimension (``-1`` = any size).
+    """
+
+    name: str
+    triton_type: str
+    dtype: np.dtype[Any]
+    dims: tuple[int, ...]
+
+    @classmethod
+    def from_config(cls, entry: dict[str, Any], backend: str) -> TensorSpec:
+        """Read one ``input``/``output`` entry of the model config JSON (``backend`` names this one)."""
+        if "reshape" in entry:
+            raise pb_utils.TritonModelException(
+                f"tensor '{entry['name']}': 'reshape' is not supported by the local {backend} backend"
+            )
+        triton_type = str(entry["data_type"])
+        if triton_type in ("TYPE_STRING", "TYPE_BF16"):
+            raise pb_utils.TritonModelException(
+                f"tensor '{entry['name']}': {triton_type} is not supported by the local {backend} backend"
+            )
+        return cls(
+            name=str(entry["name"]),
+            triton_type=triton_type,
+            dtype=np.dtype(pb_utils.triton_string_to_numpy(triton_type)),
+            dims=tuple(int(dim) for dim in entry["dims"]),
+        )
+
+    def full_shape(self, batched: bool) -> tuple[int, ...]:
+        """The shape including the batch dimension (``-1``) when batching."""
+        return (-1, *self.dims) if batched else self.dims
+
+    def check(self, array: np.ndarray[Any, Any], batched: bool) -> None:
+        """Raise RequestError unless ``array`` has this tensor's dtype and shape."""
+        if array.dtype != self.dtype:
+            raise RequestError(
+                f"input '{self.name}' has data type {array.dtype}, expected {self.triton_type} ({self.dtype})"
+            )
+        expected = self.full_shape(batched)
+        matches = len(array.shape) == len(expected) and all(
+            want in (-1, got) for want, got in zip(expected, array.shape, strict=True)
+        )
+        if not matches:
+            raise RequestError(
+                f"input '{self.name}' has shape {list(array.shape)}, expected {list(expected)}"
+            )
+        if batched and array.shape[0] < 1:
+            raise RequestError(f"input '{self.name}' is an empty batch (shape {list(array.shape)})")
+
+    def check_finite(self, array: np.ndarray[Any, Any]) -> None:
+        """Raise RequestError naming the first NaN or +-Inf of a floating-point input."""
+        if array.dtype.kind != "f":
+            return
+        finite = np.isfinite(array)
+        if finite.all():
+            return
+        first = tuple(int(i) for i in np.argwhere(~finite)[0])
+        count = int(finite.size - np.count_nonzero(finite))
+        raise RequestError(
+            f"input '{self.name}' holds {count} non-finite value(s) (NaN or Inf), the first "
+            f"{array[first]} at index {list(first)}; send finite values, or set the model's "
+            f'config parameter allow_non_finite_inputs to "true"'
+        )
+
+
+def check_bags(feeds: dict[str, np.ndarray[Any, Any]]) -> None:
+    """A variable-bag request's lengths against its values and dense rows.
+
+    Raises:
+        RequestError: a negative length (its row and table), lengths that add up to another
+            count than the values', or another number of rows than the dense features'.
+    """
+    lengths, values = feeds.get(BAG_LENGTHS), feeds.get(BAG_VALUES)
+    if lengths is None or values is None:
+        return
+    negative = np.argwhere(lengths < 0)
+    if negative.size:
+        row, table = (int(v) for v in negative[0])
+        raise RequestError(
+            f"input '{BAG_LENGTHS}': row {row}, table C{table + 1} has a negative bag length "
+            f"({int(lengths[row, table])})"
+        )
+    total = int(lengths.sum())
+    if total != values.size:
+        raise RequestError(
+            f"input '{BAG_LENGTHS}' adds up to {total} ids, but '{BAG_VALUES}' holds {values.size}"
+        )
+    dense = feeds.get(BAG_DENSE)
+    if dense is not None and dense.shape[0] != lengths.shape[0]:
+        raise RequestError(
+            f"input '{BAG_DENSE}' has {dense.shape[0]} rows, '{BAG_LENGTHS}' has {lengths.shape[0]}"
+        )
+
+
+def error_response(error: RequestError) -> Any:
+    """The error response of one request."""
+    code = pb_utils.TritonError.INVALID_ARG if error.invalid_argument else pb_utils.TritonError.INTERNAL
+    return pb_utils.InferenceResponse(output_tensors=[], error=pb_utils.TritonError(str(error), code))
+
+
+def int_parameter(parameters: dict[str, Any], key: str) -> int:
+    """A non-negative integer config parameter (``{"string_value": "2"}``); 0 when absent."""
+    raw = parameters.get(key, {}).get("string_value", "")
+    if raw == "":
+        return 0
+    try:
+        value = int(raw)
+    except ValueError:
+        raise pb_utils.TritonModelException(f"parameter {key} must be an integer, got {raw!r}") from None
+    if value < 0:
+        raise pb_utils.TritonModelException(f"parameter {key} must be >= 0, got {value}")
+    return value
+
+
+def flag_parameter(parameters: dict[str, Any], key: str, default: bool = False) -> bool:
+    """A boolean config parameter (``"true"``/``"false"``, any case); ``default`` when absent."""
+    raw = parameters.get(key, {}).get("string_value", "").strip().lower()
+    if raw == "":
+        return default
+    if raw in ("false", "0", "no"):
+        return False
+    if raw in ("true", "1", "yes"):
+        return True
+    raise pb_utils.TritonModelException(f"parameter {key} must be true or false, got {raw!r}")
+
+
+class BatchedModel:
+    """One model file of one Triton model instance, run on the requests of each ``execute`` call at once.
+
+    Subclasses set :attr:`BACKEND` and :attr:`DEFAULT_FILE`, and implement
+    :meth:`_load` and :meth:`_infer`. Inputs and outputs are those of config.pbtxt;
+    with ``max_batch_size > 0`` every tensor is ``B x dims``.
+    """
+
+    #: The backend's name, for messages (``onnxruntime``, ``pytorch``).
+    BACKEND = ""
+    #: The model file when the config names none (``model.onnx``, ``model.pt``).
+    DEFAULT_FILE = ""
+
+    def initialize(self, args: dict[str, str]) -> None:
+        """Read the config, then load the model file (:meth:`_load`).
+
+        Args:
+            args: from the python backend: ``model_config`` (JSON),
+                ``model_repository`` (this model's folder), ``model_version``,
+                ``model_name``, ``model_instance_name``, ``model_instance_kind``,
+                ``model_instance_device_id``.
+
+        Raises:
+            TritonModelException: a missing or unreadable model file, or a config
+                the model disagrees with; fails this model's load.
+        """
+        config = json.loads(args["model_config"])
+        self._name = args["model_name"]
+        if int(np.__version__.split(".")[0]) >= 2:
+            # Seen with tritonserver 2.51's python backend (the nvidia-pytriton 0.7 wheel): under
+            # numpy 2 every response left the stub with an empty output and no error anywhere.
+            raise pb_utils.TritonModelException(
+                f"model '{self._name}': the python backend stub's interpreter has numpy {np.__version__}; "
+                "this backend needs numpy<2 (requirements.txt pins 1.26.4): under numpy 2 the "
+                "responses of this tritonserver come back empty"
+            )
+        self._batched = int(config.get("max_batch_size", 0)) > 0
+        self._inputs = [TensorSpec.from_config(entry, self.BACKEND) for entry in config.get("input", [])]
+        self._outputs = [TensorSpec.from_config(entry, self.BACKEND) for entry in config.get("output", [])]
+        self._output_names = [spec.name for spec in self._outputs]
+
+        filename = config.get("default_model_filename") or self.DEFAULT_FILE
+        path = Path(args["model_repository"]) / args["model_version"] / filename
+        if not path.is_file():
+            raise pb_utils.TritonModelException(f"model '{self._name}': model file {path} not found")
+
+        parameters = config.get("parameters", {})
+        self._allow_non_finite = flag_parameter(parameters, "allow_non_finite_inputs")
+        hotness = str(parameters.get("hotness", {}).get("string_value", "")).strip()
+        self._bags = hotness == VARIABLE_HOTNESS
+        loaded = self._load(path, args, parameters)
+        pb_utils.Logger.log_info(
+            f"{args['model_instance_name']}: {path} {loaded}, "
+            f"inputs {[spec.name for spec in self._inputs]}, outputs {self._output_names}, "
+            f"batching={'on' if self._batched else 'off'}, "
+            f"non-finite inputs {'allowed' if self._allow_non_finite else 'refused'}"
+        )
+
+    def _load(self, path: Path, args: dict[str, str], parameters: dict[str, Any]) -> str:
+        """Load the model file at ``path`` and check it against the config.
+
+        Returns:
+            How it runs, for the load's log line (``on CPUExecutionProvider, ...``).
+
+        Raises:
+            TritonModelException: it does not load, or disagrees with the config.
+        """
+        raise NotImplementedError
+
+    def _infer(self, feeds: dict[str, np.ndarray[Any, Any]]) -> list[Any]:
+        """Run the model on ``feeds`` (by input name); its outputs in config order.
+
+        Raises:
+            RequestError: the framework failed (``invalid_argument=False``).
+        """
+        raise NotImplementedError
+
+    def _read_request(self, request: Any) -> dict[str, np.ndarray[Any, Any]]:
+        """The request's inputs by name, checked against the config.
+
+        Raises:
+            RequestError: an input is missing, unexpected, of the wrong dtype
+                or shape, holds NaN or Inf (unless allowed), or the inputs
+                disagree on the batch size.
+        """
+        feeds: dict[str, np.ndarray[Any, Any]] = {}
+        for spec in self._inputs:
+            tensor = pb_utils.get_input_tensor_by_name(request, spec.name)
+            if tensor is None:
+                raise RequestError(
+                    f"input '{spec.name}' is missing; model '{self._name}' expects "
+                    f"{[s.name for s in self._inputs]}"
+                )
+            array = tensor.as_numpy()
+            spec.check(array, self._batched)
+            if not self._allow_non_finite:
+                spec.check_finite(array)
+            feeds[spec.name] = array
+        unexpected = sorted({t.name() for t in request.inputs()} - set(feeds))
+        if unexpected:
+            raise RequestError(f"unexpected inputs {unexpected} for model '{self._name}'")
+        if self._batched:
+            sizes = {name: array.shape[0] for name, array in feeds.items()}
+            if len(set(sizes.values())) > 1:
+                raise RequestError(f"inputs disagree on the batch size: {sizes}")
+        if self._bags:
+            check_bags(feeds)
+        return feeds
+
+    def _run(self, feeds: dict[str, np.ndarray[Any, Any]]) -> list[np.ndarray[Any, Any]]:
+        """:meth:`_infer`, its outputs checked: the config's dtypes, and the batch size.
+
+        Raises:
+            RequestError: the framework failed, or an output has another dtype or batch size.
+        """
+        results = self._infer(feeds)
+        outputs = [np.asarray(result) for result in results]
+        for spec, output in zip(self._outputs, outputs, strict=True):
+            if output.dtype != spec.dtype:
+                raise RequestError(
+                    f"output '{spec.name}' of model '{self._name}' is {output.dtype}, "
+                    f"but config.pbtxt says {spec.triton_type}",
+                    invalid_argument=False,
+                )
+        if self._batched:
+            batch = next(iter(feeds.values())).shape[0]
+            for spec, output in zip(self._outputs, outputs, strict=True):
+                if output.ndim == 0 or output.shape[0] != batch:
+                    raise RequestError(
+                        f"output '{spec.name}' of model '{self._name}' has shape "
+                        f"{list(output.shape)} for a batch of {batch}",
+                        invalid_argument=False,
+                    )
+        return outputs
+
+    def _response(self, outputs: list[np.ndarray[Any, Any]]) -> Any:
+        tensors = [
+            pb_utils.Tensor(spec.name, np.ascontiguousarray(output))
+            for spec, output in zip(self._outputs, outputs, strict=True)
+        ]
+        return pb_utils.InferenceResponse(output_tensors=tensors)
+
+    def _run_one(self, feeds: dict[str, np.ndarray[Any, Any]]) -> Any:
+        try:
+            return self._response(self._run(feeds))
+        except RequestError as exc:
+            pb_utils.Logger.log_warn(str(exc))
+            return error_response(exc)
+
+    def execute(self, requests: list[Any]) -> list[Any]:
+        """Answer one scheduler batch of requests, one response per request.
+
+        Args:
+            requests: ``pb_utils.InferenceRequest`` objects; with batching each
+                input is ``B_i x dims``.
+
+        Returns:
+            ``pb_utils.InferenceResponse`` per request, in order: outputs
+            ``B_i x dims``, or an error for that request alone.
+        """
+        responses: list[Any] = [None] * len(requests)
+        valid: list[tuple[int, dict[str, np.ndarray[Any, Any]]]] = []
+        for index, request in enumerate(requests):
+            try:
+                valid.append((index, self._read_request(request)))
+            except RequestError as exc:
+                responses[index] = error_response(exc)
+
+        if self._batched and len(valid) > 1:
+            sizes = [next(iter(feeds.values())).shape[0] for _, feeds in valid]
+            batch = {
+                spec.name: np.concatenate([feeds[spec.name] for _, feeds in valid], axis=0)
+                for spec in self._inputs
+            }
+            try:
+                outputs = self._run(batch)
+            except RequestError as exc:
+                # One request may hold the value that made the whole batch fail:
+                # run them one by one so only that one gets the error.
+                pb_utils.Logger.log_warn(f"{exc}; retrying the {len(valid)} requests one by one")
+                for index, feeds in valid:
+                    responses[index] = self._run_one(feeds)
+            else:
+                bounds = np.cumsum(sizes)[:-1]
+                per_output = [np.split(output, bounds, axis=0) for output in outputs]
+                for position, (index, _) in enumerate(valid):
+                    responses[index] = self._response([parts[position] for parts in per_output])
+        else:
+            for index, feeds in valid:
+                responses[index] = self._run_one(feeds)
+        return responses
