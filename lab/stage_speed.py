@@ -502,50 +502,31 @@ def report_lines(document: dict[str, Any]) -> list[str]:
 
 def write_stage_speed(document: dict[str, Any], out: Path) -> dict[str, Path]:
     """``stage_speed.json``, ``stage_speed.md`` and ``stage_speed.png`` in ``out``."""
+    # One panel per stage: the embedding set-ups with their in-process and copy curves, then the
+    # raw-row stage, served alone.
     panels = []
-    for setup in HOT_SHARES:
-        mine = [step for step in document["steps"] if step["stage"] == setup]
+    titles = {**{setup: f"embedding stage, {setup}" for setup in HOT_SHARES}, "raw rows": "raw-row stage"}
+    curves = (
+        ("served: the stage's time (Triton)", "stage_us", "served"),
+        ("in process: its lookup alone", "lookup_us", "process"),
+        ("memcpy of its bytes", "copy_us", "copy"),
+    )
+    for stage, title in titles.items():
+        mine = [step for step in document["steps"] if step["stage"] == stage]
         if not mine:
             continue
         x = [float(step["batch_size"]) for step in mine]
+        series = [
+            Series(label, x, [s[key] for s in mine], color_key=color)
+            for label, key, color in curves
+            if key in mine[0]
+        ]
         panels.append(
             Panel(
-                title=f"embedding stage, {setup}",
+                title=title,
                 xlabel="rows per request",
                 ylabel="us per warm request (median)",
-                series=[
-                    Series(
-                        "served: the stage's time (Triton)",
-                        x,
-                        [s["stage_us"] for s in mine],
-                        color_key="served",
-                    ),
-                    Series(
-                        "in process: its lookup alone", x, [s["lookup_us"] for s in mine], color_key="process"
-                    ),
-                    Series("memcpy of its bytes", x, [s["copy_us"] for s in mine], color_key="copy"),
-                ],
-                xlog2=True,
-                ylog=True,
-                xticks=x,
-            )
-        )
-    raw = [step for step in document["steps"] if step["stage"] == "raw rows"]
-    if raw:
-        x = [float(step["batch_size"]) for step in raw]
-        panels.append(
-            Panel(
-                title="raw-row stage",
-                xlabel="rows per request",
-                ylabel="us per warm request (median)",
-                series=[
-                    Series(
-                        "served: the stage's time (Triton)",
-                        x,
-                        [s["stage_us"] for s in raw],
-                        color_key="served",
-                    )
-                ],
+                series=series,
                 xlog2=True,
                 ylog=True,
                 xticks=x,
