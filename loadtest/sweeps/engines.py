@@ -106,6 +106,7 @@ def perf_analyzer_step(
         client_serial_us=run.cpu.serial_us,
         samples_per_s_min=samples_per_s,
         samples_per_s_max=samples_per_s,
+        round_rates=(samples_per_s,),
     ).beside_server(shared_cores(server_cpu_between(before, after), run.cpu.share, config.client_cpus))
 
 

@@ -37,7 +37,7 @@ from loadtest.engine.baseline import BaselineResult, ratio
 from loadtest.engine.client_cpu import SERIAL_REASON, threshold_line
 from loadtest.engine.server_cpu import SHARED_REASON
 from loadtest.engine.writer import Panel, Series, plot, table, write_json, write_markdown
-from loadtest.sweeps.steps import StepResult
+from loadtest.sweeps.steps import StepResult, paired_ratios
 
 CSV_FILE = "steps.csv"
 JSON_FILE = "report.json"
@@ -272,10 +272,18 @@ AGREEMENT = 0.10
 def engine_comparison(report: Report) -> list[dict[str, Any]]:
     """Each engine's step against perf_analyzer's at the same (model, protocol, batch, concurrency).
 
-    ``agrees`` is judged where neither engine was client-bound and neither side's rounds spread
-    more than :data:`AGREEMENT` (a measurement whose own repeats differ by more than the tolerance
-    cannot tell it apart; ``noisy`` then says by how much): samples/s within 10 % and p50 within
-    10 % or 0.2 ms. Otherwise ``agrees`` is None.
+    The sweep runs each round of a step for every engine back to back, so the engines' rates are
+    set beside each other round by round (:func:`~loadtest.sweeps.steps.paired_ratios`): the
+    ``throughput_ratio`` is the median of those paired ratios, and ``spread`` is theirs
+    (``(max - min) / median``), what the engines' difference moved by from round to round once
+    the machine's own drift, which both saw, is divided out. Where the two steps do not have
+    rounds to pair (one round, or a report written before rounds were recorded), the ratio is of
+    their medians and the spread the larger of each side's own.
+
+    ``agrees`` is judged where neither engine was client-bound: samples/s within
+    :data:`AGREEMENT` and p50 within 10 % or 0.2 ms. A step whose spread is above the tolerance
+    and whose rounds do not all give the same verdict on samples/s is ``noisy`` instead (its
+    rounds cannot tell the engines apart) and ``agrees`` is None, as it is for a client-bound one.
     """
     measured = _measured(report.steps)
     reference: dict[tuple[str, str, int, int], StepResult] = {
@@ -287,9 +295,16 @@ def engine_comparison(report: Report) -> list[dict[str, Any]]:
         if step.engine == "perf_analyzer" or ref is None:
             continue
         both_server_bound = not (step.client_bound or ref.client_bound)
-        spread = max(step.spread, ref.spread)
-        noisy = both_server_bound and spread > AGREEMENT
-        throughput = ratio(step.samples_per_s, ref.samples_per_s)
+        pairs = paired_ratios(step, ref)
+        if len(pairs) >= 2:
+            throughput = _median(pairs)
+            spread = (max(pairs) - min(pairs)) / throughput
+            verdicts = {abs(pair - 1.0) <= AGREEMENT for pair in pairs}
+        else:
+            throughput = ratio(step.samples_per_s, ref.samples_per_s)
+            spread = max(step.spread, ref.spread)
+            verdicts = {True, False}  # the rounds' own verdicts are not known
+        noisy = both_server_bound and spread > AGREEMENT and len(verdicts) > 1
         p50_close = abs(step.p50_ms - ref.p50_ms) <= max(0.2, 0.1 * ref.p50_ms)
         rows.append(
             {
@@ -312,6 +327,7 @@ def engine_comparison(report: Report) -> list[dict[str, Any]]:
                 "reference_client_bound": ref.client_bound,
                 "flag": _flag(step),
                 "reference_flag": _flag(ref),
+                "round_ratios": pairs,
                 "spread": spread,
                 "noisy": noisy,
                 "agrees": (
@@ -379,7 +395,8 @@ def _agreement_counts(rows: list[dict[str, Any]]) -> str:
 def _verdict(row: dict[str, Any]) -> str:
     """The comparison's last column: yes, no, noisy (by how much), or - (client-bound)."""
     if row["noisy"]:
-        return f"noisy: rounds spread {row['spread']:.0%}"
+        paired = "paired rounds" if len(row.get("round_ratios") or ()) >= 2 else "rounds"
+        return f"noisy: {paired} spread {row['spread']:.0%}"
     return "-" if row["agrees"] is None else ("yes" if row["agrees"] else "no")
 
 
@@ -602,9 +619,10 @@ def markdown(report: Report) -> str:
         lines += [
             "",
             "Agrees: samples/s within 10 % of perf_analyzer's and p50 within 10 % or 0.2 ms, judged only "
-            "where neither engine was client-bound and neither side's rounds spread more than 10 % "
-            "(noisy: the server's own speed moved between the rounds by more than the tolerance, so the "
-            "step cannot tell it apart). " + _agreement_counts(engines) + " Serial client "
+            "where neither engine was client-bound. The ratio is the median over the rounds of the "
+            "engine's samples/s over perf_analyzer's in the same round (the two ran back to back); "
+            "noisy: those ratios spread more than 10 % and the rounds disagree on the verdict, so the "
+            "step cannot tell the engines apart. " + _agreement_counts(engines) + " Serial client "
             "time: the bundle's engines measure it from an answer's arrival to the next request's "
             "send; perf_analyzer's is its own client send plus receive (its CSV).",
             section_end(SECTION_ENGINES),

@@ -261,6 +261,9 @@ class StepResult:
         distinct_rows: how many of them were distinct (fewer once the stream wrapped).
         rounds: repeats of the step that its figures are the median of.
         samples_per_s_min, samples_per_s_max: the lowest and highest rate over those repeats.
+        round_rates: samples/s of each repeat in the order they ran (NaN: that repeat gave no
+            figures), so a step can be set beside another's repeat by repeat (the sweep runs the
+            engines' rounds back to back: :func:`paired_ratios`).
         failure: why the step has no figures, in one line (empty: it has them): its engine gave
             none (perf_analyzer found no stable measurement, a load generator crashed or
             overran its time). Such a step keeps its row in every report, its figures NaN
@@ -301,6 +304,7 @@ class StepResult:
     rounds: int = 1
     samples_per_s_min: float = math.nan
     samples_per_s_max: float = math.nan
+    round_rates: tuple[float, ...] = ()
     failure: str = ""
 
     @property
@@ -351,7 +355,7 @@ class StepResult:
             client_cpu_us=cpu.per_request_us, client_cores=cpu.share, client_demand=cpu.total_demand,
             client_serial_us=cpu.serial_us, client_bound=cpu.bound, bound_reason=cpu.reason(),
             samples_per_s_min=samples_per_s, samples_per_s_max=samples_per_s,
-            **fields,
+            round_rates=(samples_per_s,), **fields,
         )  # fmt: skip
 
     @classmethod
@@ -365,7 +369,8 @@ class StepResult:
             label=target.label, model=model, protocol=target.protocol, batch_size=batch_size,
             concurrency=concurrency, processes=0, seconds=0.0, requests=0, errors=0,
             requests_per_s=nan, samples_per_s=nan, p50_ms=nan, p90_ms=nan, p95_ms=nan, p99_ms=nan,
-            mean_ms=nan, max_ms=nan, engine=target.engine, failure=one_line(reason) or "no reason given",
+            mean_ms=nan, max_ms=nan, engine=target.engine, round_rates=(nan,),
+            failure=one_line(reason) or "no reason given",
         )  # fmt: skip
 
     def beside_server(self, shared: SharedCores | None) -> StepResult:
@@ -394,6 +399,7 @@ class StepResult:
         # JSON holds a NaN figure as null: read it back as NaN, so arithmetic on it stays defined.
         for name in _FLOAT_FIELDS & values.keys():
             values[name] = _number(values[name])
+        values["round_rates"] = tuple(_number(v) for v in values.get("round_rates") or ())
         return cls(server=ServerTimes(**server) if server else None, **values)
 
 
@@ -464,10 +470,11 @@ def median_step(rounds: Sequence[StepResult]) -> StepResult:
     if len(keys) > 1:
         raise ValueError(f"rounds of different steps: {sorted(keys)}")
     measured = [r for r in rounds if r.measured]
+    every_rate = tuple(rate for r in rounds for rate in r.round_rates)
     if not measured:
         return replace(rounds[0], failure=f"no figures in any of {len(rounds)} rounds: {rounds[0].failure}")
     if len(measured) < len(rounds):
-        return median_step(measured)
+        return replace(median_step(measured), round_rates=every_rate)
     first = rounds[0]
 
     server = median_server([r.server for r in rounds])
@@ -496,7 +503,23 @@ def median_step(rounds: Sequence[StepResult]) -> StepResult:
         rounds=sum(r.rounds for r in rounds),
         samples_per_s_min=min(r.samples_per_s_min for r in rounds),
         samples_per_s_max=max(r.samples_per_s_max for r in rounds),
+        round_rates=every_rate,
     )
+
+
+def paired_ratios(step: StepResult, reference: StepResult) -> list[float]:
+    """``step``'s rate over ``reference``'s, repeat by repeat: the rounds that both measured, in
+    the order they ran (empty: the two do not have the same number of repeats recorded, e.g. a
+    report written before repeats were). Rounds taken back to back see the same state of a shared
+    machine, so their ratio keeps what the engines differ by and drops most of what the machine
+    drifted by between rounds."""
+    if len(step.round_rates) != len(reference.round_rates):
+        return []
+    return [
+        ours / theirs
+        for ours, theirs in zip(step.round_rates, reference.round_rates, strict=True)
+        if ours > 0 and theirs > 0
+    ]
 
 
 @dataclass

@@ -4,8 +4,10 @@ bundle/downloads.py's, tested in test_downloads.py."""
 
 from __future__ import annotations
 
+import json
 import math
 import os
+import statistics
 import time
 from pathlib import Path
 
@@ -24,9 +26,10 @@ from loadtest.engine.client_cpu import (
     threshold_line,
 )
 from loadtest.engine.payload import build_pool
+from loadtest.engine.writer import json_safe
 from loadtest.sweeps import perf_analyzer, perf_analyzer_install
 from loadtest.sweeps.report import Report, engine_comparison, markdown, throughput_ratios
-from loadtest.sweeps.steps import StepResult, Target
+from loadtest.sweeps.steps import StepResult, Target, median_step
 
 CSV = (
     "Concurrency,Inferences/Second,Client Send,Network+Server Send/Recv,Server Queue,Server Compute Input,"
@@ -435,6 +438,64 @@ def test_a_step_whose_rounds_spread_more_than_the_tolerance_is_not_judged_but_sa
     assert "| noisy: rounds spread 24% |" in text
     assert "locust: 0 of 0 judged steps agree, 0 client-bound, 1 too noisy to judge" in text
     assert "driver: 0 of 1 judged steps agree, 0 client-bound, 0 too noisy to judge" in text
+
+
+def _rounds(engine: str, concurrency: int, *rates: float) -> StepResult:
+    """A step of several rounds at ``rates`` samples/s, in the order they ran (NaN: no figures)."""
+    from dataclasses import replace
+
+    measured = [rate for rate in rates if not math.isnan(rate)]
+    return replace(
+        _step(engine, concurrency, statistics.median(measured), 1.0), rounds=len(rates),
+        round_rates=tuple(rates), samples_per_s_min=min(measured), samples_per_s_max=max(measured),
+    )  # fmt: skip
+
+
+def test_engines_are_judged_round_by_round_against_perf_analyzers_round_beside_them() -> None:
+    steps = [
+        # The machine slowed by a fifth between the rounds, for both engines alike: each side's
+        # own rounds spread 22 %, and the paired ratios (0.95, 0.96) agree.
+        _rounds("perf_analyzer", 1, 1250.0, 1000.0),
+        _rounds("locust", 1, 1187.5, 960.0),
+        # Every round within the tolerance, though the ratios spread 18 %: agrees.
+        _rounds("perf_analyzer", 2, 1000.0, 1000.0),
+        _rounds("locust", 2, 910.0, 1090.0),
+        # One round in, one out, 16 % apart: noisy, not judged.
+        _rounds("perf_analyzer", 4, 1000.0, 1000.0),
+        _rounds("locust", 4, 850.0, 1000.0),
+        # Both rounds below: does not agree, whatever the spread.
+        _rounds("perf_analyzer", 8, 1000.0, 1000.0),
+        _rounds("locust", 8, 700.0, 850.0),
+        # A round without figures on one side: paired on the round both measured only, so one
+        # ratio, and judged on the medians' ratio.
+        _rounds("perf_analyzer", 16, 1000.0, float("nan")),
+        _rounds("locust", 16, 980.0, 990.0),
+    ]
+    report = Report("t", RunRecord.begin("cmd"), steps)
+    rows = {row["concurrency"]: row for row in engine_comparison(report)}
+    assert rows[1]["round_ratios"] == pytest.approx([0.95, 0.96])
+    assert rows[1]["throughput_ratio"] == pytest.approx(0.955) and rows[1]["agrees"] is True
+    assert rows[1]["spread"] == pytest.approx(0.01 / 0.955)
+    assert rows[2]["agrees"] is True and rows[2]["spread"] == pytest.approx(0.18)
+    assert rows[4]["noisy"] and rows[4]["agrees"] is None and rows[4]["spread"] == pytest.approx(0.15 / 0.925)
+    assert not rows[8]["noisy"] and rows[8]["agrees"] is False
+    assert rows[16]["round_ratios"] == [0.98] and rows[16]["agrees"] is True
+    text = markdown(report)
+    assert "| noisy: paired rounds spread 16% |" in text
+    assert "locust: 3 of 4 judged steps agree, 0 client-bound, 1 too noisy to judge" in text
+
+
+def test_a_steps_rounds_keep_their_rates_in_order_through_the_median_and_its_json() -> None:
+    from dataclasses import replace
+
+    first, second = _step("locust", 1, 900.0, 1.0), _step("locust", 1, 1100.0, 1.0)
+    first, second = replace(first, round_rates=(900.0,)), replace(second, round_rates=(1100.0,))
+    failed = replace(first, samples_per_s=float("nan"), round_rates=(float("nan"),), failure="crashed")
+    combined = median_step([first, failed, second])
+    assert combined.round_rates[0] == 900.0 and math.isnan(combined.round_rates[1])
+    assert combined.round_rates[2] == 1100.0 and combined.samples_per_s == 1000.0
+    again = StepResult.from_dict(json.loads(json.dumps(json_safe(combined.as_dict()))))
+    assert again.round_rates[::2] == (900.0, 1100.0) and math.isnan(again.round_rates[1])
 
 
 def test_the_comparison_sets_each_engines_serial_client_time_beside_perf_analyzers() -> None:
