@@ -284,6 +284,9 @@ def engine_comparison(report: Report) -> list[dict[str, Any]]:
     :data:`AGREEMENT` and p50 within 10 % or 0.2 ms. A step whose spread is above the tolerance
     and whose rounds do not all give the same verdict on samples/s is ``noisy`` instead (its
     rounds cannot tell the engines apart) and ``agrees`` is None, as it is for a client-bound one.
+    So it is where ``server_differs``: the server's own compute time per row over the two steps'
+    windows (``server_compute_ratio``, perf_analyzer's over the engine's) is outside the tolerance,
+    so the two rates are of a server running at two speeds, not of two ways to measure one.
     """
     measured = _measured(report.steps)
     reference: dict[tuple[str, str, int, int], StepResult] = {
@@ -305,6 +308,8 @@ def engine_comparison(report: Report) -> list[dict[str, Any]]:
             spread = max(step.spread, ref.spread)
             verdicts = {True, False}  # the rounds' own verdicts are not known
         noisy = both_server_bound and spread > AGREEMENT and len(verdicts) > 1
+        server_ratio = ratio(_compute_per_row(ref), _compute_per_row(step))
+        server_differs = both_server_bound and not noisy and abs(server_ratio - 1.0) > AGREEMENT
         p50_close = abs(step.p50_ms - ref.p50_ms) <= max(0.2, 0.1 * ref.p50_ms)
         rows.append(
             {
@@ -330,14 +335,26 @@ def engine_comparison(report: Report) -> list[dict[str, Any]]:
                 "round_ratios": pairs,
                 "spread": spread,
                 "noisy": noisy,
+                "server_compute_ratio": server_ratio,
+                "server_differs": server_differs,
                 "agrees": (
                     (abs(throughput - 1.0) <= AGREEMENT and p50_close)
-                    if both_server_bound and not noisy
+                    if both_server_bound and not noisy and not server_differs
                     else None
                 ),
             }
         )
     return rows
+
+
+def _compute_per_row(step: StepResult) -> float:
+    """The server's own compute time per row of a step (input, inference and output, by its
+    statistics over the step's window): a request shares its batch's time, so the mean per
+    request over the rows per execution."""
+    server = step.server
+    if server is None or not server.batch > 0:
+        return math.nan
+    return (server.compute_input_ms + server.compute_infer_ms + server.compute_output_ms) / server.batch
 
 
 def client_costs(report: Report) -> list[dict[str, Any]]:
@@ -385,18 +402,24 @@ def _agreement_counts(rows: list[dict[str, Any]]) -> str:
         mine = [row for row in rows if row["engine"] == engine]
         judged = [row["agrees"] for row in mine if row["agrees"] is not None]
         noisy = sum(1 for row in mine if row["noisy"])
+        differs = sum(1 for row in mine if row.get("server_differs"))
         parts.append(
-            f"{engine}: {sum(judged)} of {len(judged)} judged steps agree, {len(mine) - len(judged) - noisy} "
-            f"client-bound, {noisy} too noisy to judge"
+            f"{engine}: {sum(judged)} of {len(judged)} judged steps agree, "
+            f"{len(mine) - len(judged) - noisy - differs} client-bound, {noisy} too noisy to judge, "
+            f"{differs} on a server that computed at another speed"
         )
     return "; ".join(parts) + "."
 
 
 def _verdict(row: dict[str, Any]) -> str:
-    """The comparison's last column: yes, no, noisy (by how much), or - (client-bound)."""
+    """The comparison's last column: yes, no, noisy (by how much), server differs (by how much),
+    or - (client-bound)."""
     if row["noisy"]:
         paired = "paired rounds" if len(row.get("round_ratios") or ()) >= 2 else "rounds"
         return f"noisy: {paired} spread {row['spread']:.0%}"
+    if row.get("server_differs"):
+        times = row["server_compute_ratio"]
+        return f"server differs: its compute per row under perf_analyzer {times:.2f} of this engine's"
     return "-" if row["agrees"] is None else ("yes" if row["agrees"] else "no")
 
 
@@ -622,7 +645,11 @@ def markdown(report: Report) -> str:
             "where neither engine was client-bound. The ratio is the median over the rounds of the "
             "engine's samples/s over perf_analyzer's in the same round (the two ran back to back); "
             "noisy: those ratios spread more than 10 % and the rounds disagree on the verdict, so the "
-            "step cannot tell the engines apart. " + _agreement_counts(engines) + " Serial client "
+            "step cannot tell the engines apart; server differs: the server's own compute time per "
+            "row (its statistics over each step's window) differed by more than 10 % between the two "
+            "steps, so their rates measure two speeds of the server, not the engines. "
+            + _agreement_counts(engines)
+            + " Serial client "
             "time: the bundle's engines measure it from an answer's arrival to the next request's "
             "send; perf_analyzer's is its own client send plus receive (its CSV).",
             section_end(SECTION_ENGINES),

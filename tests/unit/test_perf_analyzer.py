@@ -29,7 +29,7 @@ from loadtest.engine.payload import build_pool
 from loadtest.engine.writer import json_safe
 from loadtest.sweeps import perf_analyzer, perf_analyzer_install
 from loadtest.sweeps.report import Report, engine_comparison, markdown, throughput_ratios
-from loadtest.sweeps.steps import StepResult, Target, median_step
+from loadtest.sweeps.steps import ServerTimes, StepResult, Target, median_step
 
 CSV = (
     "Concurrency,Inferences/Second,Client Send,Network+Server Send/Recv,Server Queue,Server Compute Input,"
@@ -436,8 +436,8 @@ def test_a_step_whose_rounds_spread_more_than_the_tolerance_is_not_judged_but_sa
     assert not rows[2]["noisy"] and rows[2]["agrees"] is False
     text = markdown(report)
     assert "| noisy: rounds spread 24% |" in text
-    assert "locust: 0 of 0 judged steps agree, 0 client-bound, 1 too noisy to judge" in text
-    assert "driver: 0 of 1 judged steps agree, 0 client-bound, 0 too noisy to judge" in text
+    assert "locust: 0 of 0 judged steps agree, 0 client-bound, 1 too noisy to judge, 0 on a server" in text
+    assert "driver: 0 of 1 judged steps agree, 0 client-bound, 0 too noisy to judge, 0 on a server" in text
 
 
 def _rounds(engine: str, concurrency: int, *rates: float) -> StepResult:
@@ -482,7 +482,40 @@ def test_engines_are_judged_round_by_round_against_perf_analyzers_round_beside_t
     assert rows[16]["round_ratios"] == [0.98] and rows[16]["agrees"] is True
     text = markdown(report)
     assert "| noisy: paired rounds spread 16% |" in text
-    assert "locust: 3 of 4 judged steps agree, 0 client-bound, 1 too noisy to judge" in text
+    assert "locust: 3 of 4 judged steps agree, 0 client-bound, 1 too noisy to judge, 0 on a server" in text
+
+
+def _served(step: StepResult, compute_ms: float, batch: float) -> StepResult:
+    """The step with the server's statistics: ``compute_ms`` of inference per request, ``batch``
+    rows per execution."""
+    from dataclasses import replace
+
+    times = ServerTimes(
+        requests=10, executions=10, queue_ms=0.1, compute_input_ms=0.0, compute_infer_ms=compute_ms,
+        compute_output_ms=0.0, request_ms=compute_ms + 0.1, batch=batch,
+    )  # fmt: skip
+    return replace(step, server=times)
+
+
+def test_a_step_where_the_server_computed_at_another_speed_under_each_engine_is_not_judged() -> None:
+    steps = [
+        # The server took 1.15 times as long per row under perf_analyzer: the engine's 1.15 is
+        # the server's speed, not the engine's measurement.
+        _served(_rounds("perf_analyzer", 1, 1000.0, 1000.0), 1.15, 64.0),
+        _served(_rounds("driver", 1, 1150.0, 1150.0), 1.0, 64.0),
+        # Per row the same (bigger batches, longer executions): judged, and 0.8 does not agree.
+        _served(_rounds("perf_analyzer", 2, 1000.0, 1000.0), 2.0, 128.0),
+        _served(_rounds("driver", 2, 800.0, 800.0), 1.0, 64.0),
+    ]
+    report = Report("t", RunRecord.begin("cmd"), steps)
+    rows = {row["concurrency"]: row for row in engine_comparison(report)}
+    assert rows[1]["server_differs"] and rows[1]["agrees"] is None
+    assert rows[1]["server_compute_ratio"] == pytest.approx(1.15)
+    assert not rows[2]["server_differs"] and rows[2]["agrees"] is False
+    assert rows[2]["server_compute_ratio"] == pytest.approx(1.0)
+    text = markdown(report)
+    assert "| server differs: its compute per row under perf_analyzer 1.15 of this engine's |" in text
+    assert "driver: 0 of 1 judged steps agree, 0 client-bound, 0 too noisy to judge, 1 on a server" in text
 
 
 def test_a_steps_rounds_keep_their_rates_in_order_through_the_median_and_its_json() -> None:
