@@ -101,9 +101,7 @@ class ServerProbe:
                 f"tritonserver at {self._host}:{self._port} did not answer {path}: {exc}"
             ) from exc
         if status != 200:
-            raise ServerError(
-                f"tritonserver answered {path} with HTTP {status}: {body.decode(errors='replace')}"
-            )
+            raise ServerError(f"tritonserver answered {path} with HTTP {status}: {_error_text(body)}")
         return json.loads(body) if body else None
 
     def server_metadata(self) -> dict[str, Any]:
@@ -167,3 +165,15 @@ class ServerProbe:
             if time.monotonic() >= deadline:
                 raise ServerError(f"model '{name}' loaded but did not report ready within {timeout_s:g} s")
             time.sleep(_POLL_S)
+
+
+def _error_text(body: bytes) -> str:
+    """What an error answer says, in one line: the text of its ``{"error": ...}``, or the body."""
+    text = body.decode(errors="replace")
+    try:
+        decoded = json.loads(body)
+    except ValueError:
+        decoded = None
+    if isinstance(decoded, dict) and isinstance(decoded.get("error"), str):
+        text = decoded["error"]
+    return " ".join(line.strip() for line in text.splitlines() if line.strip())

@@ -555,4 +555,37 @@ std::string PythonFloatRepr(double value) {
   return out;
 }
 
+bool ValidUtf8(std::string_view text) {
+  for (size_t at = 0; at < text.size();) {
+    const auto lead = static_cast<unsigned char>(text[at]);
+    if (lead < 0x80) {
+      ++at;
+      continue;
+    }
+    // The bytes that follow a lead, and the range of the first of them (the rest 0x80..0xBF).
+    size_t length = 0;
+    unsigned char low = 0x80, high = 0xBF;
+    if (lead >= 0xC2 && lead <= 0xDF) {
+      length = 1;
+    } else if (lead >= 0xE0 && lead <= 0xEF) {
+      length = 2;
+      if (lead == 0xE0) low = 0xA0;   // no overlong form
+      if (lead == 0xED) high = 0x9F;  // no surrogate
+    } else if (lead >= 0xF0 && lead <= 0xF4) {
+      length = 3;
+      if (lead == 0xF0) low = 0x90;   // no overlong form
+      if (lead == 0xF4) high = 0x8F;  // nothing above U+10FFFF
+    } else {
+      return false;
+    }
+    if (text.size() - at - 1 < length) return false;
+    for (size_t index = 1; index <= length; ++index) {
+      const auto byte = static_cast<unsigned char>(text[at + index]);
+      if (byte < (index == 1 ? low : 0x80) || byte > (index == 1 ? high : 0xBF)) return false;
+    }
+    at += length + 1;
+  }
+  return true;
+}
+
 }  // namespace stages

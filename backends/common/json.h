@@ -62,6 +62,10 @@ std::string CanonicalJson(const Json& value);
 // (\u00XX); a surrogate encoded on its own (as the reader keeps a lone \uD8XX) as itself.
 std::string JsonString(std::string_view text);
 
+// Whether `text` is UTF-8 as RFC 3629 defines it: no overlong form, no surrogate, nothing above
+// U+10FFFF.
+bool ValidUtf8(std::string_view text);
+
 // Python's repr() of a float: the shortest digits that read back as `value` (the nearest such, where
 // several are as short), in fixed notation from 1e-4 up to 1e16 ("0.0001", "1e+16", "2.0", "-0.0",
 // "1.5e-05"), "inf", "-inf" or "nan".

@@ -1,6 +1,5 @@
-// What both compiled stages write into their error texts and statistics: the texts are those of
-// the python stages they replaced, word for word, so values are quoted as Python's str() and
-// list() and numpy's dtype names show them.
+// What both compiled stages write into their error texts and statistics: a config value, a list of
+// dims and a tensor's data type, each shown one way in every message.
 #pragma once
 
 #include <chrono>
@@ -20,13 +19,24 @@ inline uint64_t NowNs() {
                                    .count());
 }
 
-// How str() shows a config value a check quotes: a string as itself, anything else (absent) as None.
-inline std::string PythonText(const Json* value) {
-  return value != nullptr && value->is_string() ? value->text() : "None";
+// A config value a check quotes: a string as itself, anything else (absent, or not a string) as
+// "(none)".
+inline std::string ConfigText(const Json* value) {
+  return value != nullptr && value->is_string() ? value->text() : "(none)";
 }
 
-// How str() shows a list of ints: [1, 2, 3].
-inline std::string PythonList(const std::vector<int64_t>& values) {
+// A value of the user's in double quotes ("abc"), a quote or backslash in it escaped.
+inline std::string Quoted(const std::string& text) {
+  std::string out = "\"";
+  for (const char c : text) {
+    if (c == '"' || c == '\\') out += '\\';
+    out += c;
+  }
+  return out + "\"";
+}
+
+// A list of ints: [1, 2, 3].
+inline std::string ListText(const std::vector<int64_t>& values) {
   std::string out = "[";
   for (size_t index = 0; index < values.size(); ++index) {
     if (index) out += ", ";
@@ -35,7 +45,7 @@ inline std::string PythonList(const std::vector<int64_t>& values) {
   return out + "]";
 }
 
-// numpy's name of a tensor's data type, as the python stages' errors quoted it.
+// numpy's name of a tensor's data type (what a client's array of that type is called).
 inline const char* NumpyName(TRITONSERVER_DataType type) {
   switch (type) {
     case TRITONSERVER_TYPE_BOOL:

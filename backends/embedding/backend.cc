@@ -1,8 +1,9 @@
 // The hot/cold embedding stage as a Triton backend (`embedding`): for a request's `B x H` int64
 // raw ids (`categorical_ids`), `hot_slots` (B x H int64), `cold_positions` (N int64) and
 // `cold_rows` (N x W float32), as lookup.h and cold_reads.h compute them, by the stage's definition
-// in Python (export/stage/hot_cold_lookup.py): its config parameters, its checks at load and its
-// error texts per request; its counters on the metrics page.
+// in Python (export/stage/hot_cold_lookup.py, which the differential tests hold it to): its config
+// parameters and its checks at load; an error per request in one line; its counters on the
+// metrics page.
 //
 // Three lifetimes, as the C API defines them: the backend (the metric family that every model's
 // counters belong to), the model (its config read and checked once, the store opened and verified
@@ -27,7 +28,7 @@
 #include "cold_reads.h"
 #include "json.h"
 #include "lookup.h"
-#include "python_values.h"
+#include "request_io.h"
 #include "store.h"
 #include "triton_api.h"
 #include "triton_support.h"
@@ -68,33 +69,33 @@ constexpr const char* kRowsHelp =
     "(cache), or reads of the row store (store)";
 
 // ---------------------------------------------------------------------------------------------
-// Python's texts: the stage's error texts (those of the python stage it replaced, word for word)
-// quote values as Python's str(), repr() and list() do.
+// The config's parameters: strings, their integers read one way.
 
-bool PythonSpace(char c) { return c == ' ' || (c >= '\t' && c <= '\r') || (c >= '\x1c' && c <= '\x1f'); }
+bool Space(char c) { return c == ' ' || (c >= '\t' && c <= '\r'); }
 
-// str.strip() of the ASCII whitespace Python strips.
+// `text` without the ASCII whitespace around it.
 std::string_view Strip(std::string_view text) {
-  while (!text.empty() && PythonSpace(text.front())) text.remove_prefix(1);
-  while (!text.empty() && PythonSpace(text.back())) text.remove_suffix(1);
+  while (!text.empty() && Space(text.front())) text.remove_prefix(1);
+  while (!text.empty() && Space(text.back())) text.remove_suffix(1);
   return text;
 }
 
-// int(text) as Python reads a str (py::ToInt): nothing where Python raises ValueError; `overflow`
-// where the value needs more than 64 bits (Python's int would take it).
-std::optional<int64_t> PythonInt(std::string_view text, bool* overflow = nullptr) {
-  if (overflow != nullptr) *overflow = false;
-  py::Int value = 0;
-  try {
-    value = py::ToInt(py::Value::Str(std::string(text)));
-  } catch (const py::Exception&) {
-    return std::nullopt;
+// A decimal integer, a sign allowed, whitespace around it ignored; nothing where `text` is no
+// integer or one beyond 64 bits.
+std::optional<int64_t> ParseInt(std::string_view text) {
+  text = Strip(text);
+  const bool negative = !text.empty() && text.front() == '-';
+  if (!text.empty() && (text.front() == '-' || text.front() == '+')) text.remove_prefix(1);
+  if (text.empty() || text.find_first_not_of("0123456789") != std::string_view::npos) return std::nullopt;
+  uint64_t value = 0;
+  for (const char digit : text) {
+    const auto next = static_cast<uint64_t>(digit - '0');
+    if (value > (UINT64_MAX - next) / 10) return std::nullopt;
+    value = value * 10 + next;
   }
-  if (value > INT64_MAX || value < INT64_MIN) {
-    if (overflow != nullptr) *overflow = true;
-    return value < 0 ? INT64_MIN : INT64_MAX;
-  }
-  return static_cast<int64_t>(value);
+  const uint64_t limit = negative ? uint64_t{1} << 63 : static_cast<uint64_t>(INT64_MAX);
+  if (value > limit) return std::nullopt;
+  return negative ? static_cast<int64_t>(0 - value) : static_cast<int64_t>(value);
 }
 
 std::vector<std::string_view> Split(std::string_view text, char separator) {
@@ -108,8 +109,8 @@ std::vector<std::string_view> Split(std::string_view text, char separator) {
 }
 
 // ---------------------------------------------------------------------------------------------
-// Paths: parameters are resolved against the version folder as Python's Path.resolve() does (the
-// python stage this replaced did, and a load error names the file as it did).
+// Paths: parameters are resolved against the version folder, so that a load error names the file
+// as it lies on disk.
 
 // os.path.realpath(path, strict=False): absolute, symbolic links resolved where they exist, `.`
 // and `..` taken out, and the part that does not exist kept as written.
@@ -380,18 +381,17 @@ class ModelState {
   std::vector<int64_t> TableSizes(const std::string& raw) const {
     std::vector<int64_t> sizes;
     for (std::string_view part : Split(raw, ',')) {
-      bool overflow = false;
-      const std::optional<int64_t> size = PythonInt(part, &overflow);
-      if (!size || overflow) {
+      const std::optional<int64_t> size = ParseInt(part);
+      if (!size) {
         throw LoadFailure(name_, std::string("parameter '") + kParamTableSizes +
-                                     "' must be comma-separated integers, got " + py::ReprText(raw));
+                                     "' must be comma-separated integers, got " + Quoted(raw));
       }
       sizes.push_back(*size);
     }
     for (int64_t size : sizes) {
       if (size < 1) {
         throw LoadFailure(name_, std::string("every table needs at least 1 row, got ") + kParamTableSizes +
-                                     "=" + py::ReprText(raw));
+                                     "=" + Quoted(raw));
       }
     }
     return sizes;
@@ -399,10 +399,10 @@ class ModelState {
 
   int64_t IntParameter(const Json& config, const char* key, int64_t fallback, int64_t minimum) const {
     const std::string raw = Parameter(config, key);
-    std::optional<int64_t> value = raw.empty() ? std::optional<int64_t>(fallback) : PythonInt(raw);
+    std::optional<int64_t> value = raw.empty() ? std::optional<int64_t>(fallback) : ParseInt(raw);
     if (!value || *value < minimum) {
       throw LoadFailure(name_, std::string("parameter '") + key + "' must be an integer >= " +
-                                   std::to_string(minimum) + ", got " + py::ReprText(raw));
+                                   std::to_string(minimum) + ", got " + Quoted(raw));
     }
     return *value;
   }
@@ -412,9 +412,8 @@ class ModelState {
     if (raw.empty()) return {};
     std::vector<int64_t> counts;
     for (std::string_view part : Split(raw, ',')) {
-      bool overflow = false;
-      const std::optional<int64_t> count = PythonInt(part, &overflow);
-      if (!count || overflow) {
+      const std::optional<int64_t> count = ParseInt(part);
+      if (!count) {
         counts.clear();
         break;
       }
@@ -425,7 +424,7 @@ class ModelState {
     if (!valid) {
       throw LoadFailure(name_, std::string("parameter '") + kParamHotness + "' must be " +
                                    std::to_string(tables) + " comma-separated counts >= 1, got " +
-                                   py::ReprText(raw));
+                                   Quoted(raw));
     }
     return counts;
   }
@@ -461,11 +460,11 @@ class ModelState {
       if (const Json* found = tensor.entry->member("dims"); found != nullptr) {
         for (const Json& dim : found->items()) dims.push_back(dim.integer().value_or(0));
       }
-      const std::string type = PythonText(tensor.entry->member("data_type"));
+      const std::string type = ConfigText(tensor.entry->member("data_type"));
       if (type != tensor.data_type || dims != tensor.dims) {
-        problems.push_back("'" + PythonText(tensor.entry->member("name")) + "' is " + type + " " +
-                           PythonList(dims) + ", the stage answers " + tensor.data_type + " " +
-                           PythonList(tensor.dims));
+        problems.push_back("'" + ConfigText(tensor.entry->member("name")) + "' is " + type + " " +
+                           ListText(dims) + ", the stage answers " + tensor.data_type + " " +
+                           ListText(tensor.dims));
       }
     }
     return problems;
@@ -489,8 +488,7 @@ class ModelState {
     const std::optional<ColdReadWay> way = ParseColdReadWay(how.empty() ? "io_uring" : how);
     if (!way) {
       throw LoadFailure(name_, std::string("parameter '") + kParamColdReads +
-                                   "' must be one of io_uring, prefetch, threads, fault, got " +
-                                   py::ReprText(how));
+                                   "' must be one of io_uring, prefetch, threads, fault, got " + Quoted(how));
     }
     way_ = *way;
     threads_ = IntParameter(config, kParamColdReadThreads, kDefaultColdReadThreads, 1);
@@ -553,9 +551,9 @@ class ModelState {
       for (size_t index = 0; index < problems.size(); ++index) text += (index ? "; " : "") + problems[index];
       throw LoadFailure(name_, text);
     }
-    input_ = PythonText(Items(config, "input")[0].member("name"));
+    input_ = ConfigText(Items(config, "input")[0].member("name"));
     for (size_t index = 0; index < 3; ++index) {
-      outputs_[index] = PythonText(Items(config, "output")[index].member("name"));
+      outputs_[index] = ConfigText(Items(config, "output")[index].member("name"));
     }
   }
 
@@ -613,112 +611,65 @@ class InstanceState {
     STAGE_LOG(TRITONSERVER_LOG_INFO, model.LoadLine(name, reads_->direct()));
   }
 
-  // Answers and releases every request; noexcept, because once one is released an error returned
-  // to Triton would hand the requests back a second time.
+  // Answers and releases every request. Compute is the placement and the reads; output, the
+  // response sent (Triton serializes it). A request's lookups are counted before its response is
+  // sent, so a client that reads the counters after its answer sees them.
   void Execute(TRITONBACKEND_Request** requests, uint32_t count) noexcept {
-    const uint64_t exec_start = NowNs();
-    for (uint32_t index = 0; index < count; ++index) {
-      TRITONBACKEND_Request* request = requests[index];
-      // Compute: the placement and the reads; output: the response sent (Triton serializes it).
-      uint64_t compute_start = 0;
-      uint64_t compute_end = 0;
-      const bool success = Answer(request, &compute_start, &compute_end);
-      const uint64_t end = NowNs();
-      ErrorPtr ignored(TRITONBACKEND_ModelInstanceReportStatistics(instance_, request, success, exec_start,
-                                                                   compute_start, compute_end, end));
-      ErrorPtr released(TRITONBACKEND_RequestRelease(request, TRITONSERVER_REQUEST_RELEASE_ALL));
-      if (released) {
-        STAGE_LOG(TRITONSERVER_LOG_ERROR, "model '" + model_.name() + "': releasing a request: " +
-                                              TRITONSERVER_ErrorMessage(released.get()));
-      }
-    }
-    const uint64_t exec_end = NowNs();
-    ErrorPtr ignored(TRITONBACKEND_ModelInstanceReportBatchStatistics(instance_, count, exec_start,
-                                                                      exec_start, exec_end, exec_end));
+    stages::AnswerAll(instance_, model_.name(), requests, count,
+                      [this](TRITONBACKEND_Request* request, stages::ComputeTimes* times) {
+                        uint64_t hot = 0;
+                        uint64_t cold = 0;
+                        return stages::Respond(
+                            request, model_.name(),
+                            [&](TRITONBACKEND_Response* response) { Fill(request, response, &hot, &cold); },
+                            [&](bool failed) {
+                              times->end = NowNs();
+                              counters_->Add(hot, cold);
+                              if (!failed && cold > 0)
+                                counters_->AddRows(reads_->last_hits(), reads_->last_misses());
+                            });
+                      });
   }
 
  private:
-  // Answers one request (its outputs, or its error); whether it succeeded. Its lookups are counted
-  // before its response is sent, so a client that reads the counters after its answer sees them.
-  bool Answer(TRITONBACKEND_Request* request, uint64_t* compute_start, uint64_t* compute_end) noexcept {
-    *compute_start = NowNs();
-    *compute_end = *compute_start;
-    TRITONBACKEND_Response* response = nullptr;
-    ErrorPtr created(TRITONBACKEND_ResponseNew(&response, request));
-    if (created) {
-      STAGE_LOG(TRITONSERVER_LOG_ERROR, "model '" + model_.name() + "': no response for a request: " +
-                                            TRITONSERVER_ErrorMessage(created.get()));
-      return false;
-    }
-    ErrorPtr error;
-    uint64_t hot = 0;
-    uint64_t cold = 0;
-    try {
-      Fill(request, response, &hot, &cold);
-    } catch (...) {
-      error.reset(stages::ToError(std::current_exception()));
-      const bool refused = TRITONSERVER_ErrorCode(error.get()) == TRITONSERVER_ERROR_INVALID_ARG;
-      STAGE_LOG(refused ? TRITONSERVER_LOG_WARN : TRITONSERVER_LOG_ERROR,
-                "model '" + model_.name() + "': " + TRITONSERVER_ErrorMessage(error.get()));
-    }
-    *compute_end = NowNs();
-    counters_->Add(hot, cold);
-    if (!error && cold > 0) counters_->AddRows(reads_->last_hits(), reads_->last_misses());
-    ErrorPtr sent(TRITONBACKEND_ResponseSend(response, TRITONSERVER_RESPONSE_COMPLETE_FINAL, error.get()));
-    if (sent) {
-      STAGE_LOG(TRITONSERVER_LOG_ERROR, "model '" + model_.name() + "': sending a response: " +
-                                            TRITONSERVER_ErrorMessage(sent.get()));
-      return false;
-    }
-    return !error;
-  }
-
   // The request's ids (hot_cold_lookup.check_ids's checks and texts) at ids_in_: Triton's own
   // buffer where it is one, in CPU memory and aligned for int64, else a copy in ids_; its rows B.
   size_t ReadIds(TRITONBACKEND_Request* request) {
     const std::string& name = model_.input();
-    TRITONBACKEND_Input* input = nullptr;
-    ErrorPtr missing(TRITONBACKEND_RequestInput(request, name.c_str(), &input));
-    if (missing || input == nullptr) {
-      throw Refused("input '" + name + "' is missing; model '" + model_.name() + "' expects it");
-    }
-    TRITONSERVER_DataType type = TRITONSERVER_TYPE_INVALID;
-    const int64_t* shape = nullptr;
-    uint32_t dims = 0;
-    uint64_t byte_size = 0;
-    uint32_t buffers = 0;
-    Check(TRITONBACKEND_InputProperties(input, nullptr, &type, &shape, &dims, &byte_size, &buffers),
-          "reading the input");
+    const stages::RequestInput input = stages::InputOf(
+        request, name, "input '" + name + "' is missing; model '" + model_.name() + "' expects it");
+    const TRITONSERVER_DataType type = input.type;
+    const int64_t* shape = input.shape;
+    const uint32_t dims = input.dims;
+    const uint64_t byte_size = input.byte_size;
+    const uint32_t buffers = input.buffers;
     const std::vector<int64_t> got(shape, shape + dims);
     if (type != TRITONSERVER_TYPE_INT64) {
       throw Refused("input '" + name + "' has data type " + NumpyName(type) + ", expected INT64 (int64)");
     }
     const auto positions = static_cast<int64_t>(model_.lookup().positions());
     if (dims != 2 || shape[1] != positions) {
-      throw Refused("input '" + name + "' has shape " + PythonList(got) + ", expected [-1, " +
+      throw Refused("input '" + name + "' has shape " + ListText(got) + ", expected [-1, " +
                     std::to_string(positions) + "]");
     }
-    if (shape[0] < 1) throw Refused("input '" + name + "' is an empty batch (shape " + PythonList(got) + ")");
+    if (shape[0] < 1) throw Refused("input '" + name + "' is an empty batch (shape " + ListText(got) + ")");
     const auto rows = static_cast<uint64_t>(shape[0]);
     const uint64_t row_bytes = static_cast<uint64_t>(positions) * sizeof(int64_t);
     // tritonserver's own size check multiplies in 64 bits and may wrap: a shape whose bytes pass
     // 2**64 reaches the stage with a few bytes, and is refused here in words that say so.
     if (rows > UINT64_MAX / row_bytes) {
       throw Refused("input '" + name + "' holds " + std::to_string(byte_size) + " bytes, its shape " +
-                    PythonList(got) + " needs more than 2**64");
+                    ListText(got) + " needs more than 2**64");
     }
     if (byte_size != rows * row_bytes) {
       throw Refused("input '" + name + "' holds " + std::to_string(byte_size) + " bytes, its shape " +
-                    PythonList(got) + " needs " + std::to_string(rows * row_bytes));
+                    ListText(got) + " needs " + std::to_string(rows * row_bytes));
     }
     ids_count_ = static_cast<size_t>(byte_size / sizeof(int64_t));
     if (buffers == 1) {
-      const void* buffer = nullptr;
       uint64_t size = 0;
-      TRITONSERVER_MemoryType memory = TRITONSERVER_MEMORY_CPU;
-      int64_t memory_id = 0;
-      Check(TRITONBACKEND_InputBuffer(input, 0, &buffer, &size, &memory, &memory_id), "reading the input");
-      if (memory != TRITONSERVER_MEMORY_GPU && size == byte_size && buffer != nullptr &&
+      const void* buffer = input.Buffer(0, name, &size);
+      if (size == byte_size && buffer != nullptr &&
           reinterpret_cast<uintptr_t>(buffer) % alignof(int64_t) == 0) {
         ids_in_ = static_cast<const int64_t*>(buffer);
         return static_cast<size_t>(rows);
@@ -729,13 +680,8 @@ class InstanceState {
     auto* out = reinterpret_cast<uint8_t*>(ids_.data());
     uint64_t filled = 0;
     for (uint32_t index = 0; index < buffers; ++index) {
-      const void* buffer = nullptr;
       uint64_t size = 0;
-      TRITONSERVER_MemoryType memory = TRITONSERVER_MEMORY_CPU;
-      int64_t memory_id = 0;
-      Check(TRITONBACKEND_InputBuffer(input, index, &buffer, &size, &memory, &memory_id),
-            "reading the input");
-      if (memory == TRITONSERVER_MEMORY_GPU) throw Refused("input '" + name + "' is not in CPU memory");
+      const void* buffer = input.Buffer(index, name, &size);
       if (size > byte_size - filled) {
         throw Refused("input '" + name + "' holds more bytes than its shape needs");
       }
@@ -749,22 +695,8 @@ class InstanceState {
   // A requested output's buffer of `bytes`, in CPU memory.
   void* OutputBuffer(TRITONBACKEND_Response* response, size_t which, TRITONSERVER_DataType type,
                      const std::vector<int64_t>& shape, uint64_t bytes) {
-    const std::string& name = model_.output(which);
-    TRITONBACKEND_Output* output = nullptr;
-    Check(TRITONBACKEND_ResponseOutput(response, &output, name.c_str(), type, shape.data(),
-                                       static_cast<uint32_t>(shape.size())),
-          "creating an output");
-    void* buffer = nullptr;
-    TRITONSERVER_MemoryType memory = TRITONSERVER_MEMORY_CPU;
-    int64_t memory_id = 0;
-    Check(TRITONBACKEND_OutputBuffer(output, &buffer, bytes, &memory, &memory_id), "allocating an output");
-    if (memory == TRITONSERVER_MEMORY_GPU) {
-      throw StageError(TRITONSERVER_ERROR_UNSUPPORTED, "output '" + name + "' is not in CPU memory");
-    }
-    if (bytes > 0 && buffer == nullptr) {
-      throw StageError(TRITONSERVER_ERROR_INTERNAL, "output '" + name + "' got no buffer");
-    }
-    return buffer;
+    return stages::OutputBuffer(response, model_.output(which), type, shape.data(),
+                                static_cast<uint32_t>(shape.size()), bytes);
   }
 
   // Places the request's lookups, reads its cold rows and writes the requested outputs.

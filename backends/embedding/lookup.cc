@@ -20,7 +20,7 @@ HotColdLookup::HotColdLookup(std::vector<int64_t> table_sizes,
     }
     total += size;
   }
-  if (!valid) throw LoadError("table sizes must be one or more ints >= 1, got " + PythonList(sizes_));
+  if (!valid) throw LoadError("table sizes must be one or more ints >= 1, got " + ListText(sizes_));
   if (hot_ids.size() != sizes_.size()) {
     throw LoadError("hot ids for " + std::to_string(hot_ids.size()) + " tables, the stage has " +
                     std::to_string(sizes_.size()));
@@ -39,7 +39,7 @@ HotColdLookup::HotColdLookup(std::vector<int64_t> table_sizes,
   }
   if (!counts_valid) {
     throw LoadError("hotness must be " + std::to_string(sizes_.size()) + " counts >= 1, got " +
-                    PythonList(counts));
+                    ListText(counts));
   }
   std::vector<int64_t> offsets(sizes_.size());
   for (size_t table = 0, offset = 0; table < sizes_.size(); ++table) {
@@ -133,8 +133,8 @@ OpenedLookup OpenLookup(const std::string& store_dir, const std::string& hot_set
   const Store& store = *opened.store;
   const std::string rows_path = store_dir + "/rows.bin";
   if (store.table_sizes != table_sizes) {
-    throw LoadError("row store " + rows_path + " has table sizes " + PythonList(store.table_sizes) +
-                    ", not " + PythonList(table_sizes));
+    throw LoadError("row store " + rows_path + " has table sizes " + ListText(store.table_sizes) + ", not " +
+                    ListText(table_sizes));
   }
   if (!fingerprint.empty() && store.fingerprint != fingerprint) {
     const std::string found =
@@ -145,8 +145,8 @@ OpenedLookup OpenLookup(const std::string& store_dir, const std::string& hot_set
   }
   HotSet hot = ReadHotSet(hot_set, table_sizes.size());
   if (hot.table_sizes != table_sizes) {
-    throw LoadError("hot set " + hot_set + " has table sizes " + PythonList(hot.table_sizes) + ", not " +
-                    PythonList(table_sizes));
+    throw LoadError("hot set " + hot_set + " has table sizes " + ListText(hot.table_sizes) + ", not " +
+                    ListText(table_sizes));
   }
   opened.lookup = std::make_unique<HotColdLookup>(table_sizes, hot.ids, store.rows, hotness);
   return opened;

@@ -1,6 +1,8 @@
-// The row store, opened as hot_cold_lookup.open_store opens it: store.json's description, the
-// size of rows.bin, its content (chunk CRC-32s in threads and the fingerprint, or an older store's
-// SHA-256), then a read-only mapping. Each failure says what the Python definition says.
+// The row store: store.json's description checked field by field, the size of rows.bin, its content
+// (chunk CRC-32s in threads and the fingerprint, or an older store's SHA-256), then a read-only
+// mapping. Each failure is one line naming the file, the field, the value found and what the
+// format expects; the stage's Python definition (export/stage/hot_cold_lookup.py, read_store_meta
+// and open_store) checks the same fields in the same order and says the same lines.
 #include "store.h"
 
 #include <fcntl.h>
@@ -16,20 +18,17 @@
 #include <cstdio>
 #include <cstring>
 #include <functional>
+#include <optional>
 #include <system_error>
 #include <thread>
 
 #include "crc32.h"
 #include "json.h"
-#include "python_values.h"
 #include "sha256.h"
 
 namespace stages::embedding {
 
 namespace {
-
-using py::Int;
-using py::Value;
 
 constexpr char kRowsFile[] = "rows.bin";
 constexpr char kMetaFile[] = "store.json";
@@ -60,31 +59,52 @@ class Descriptor {
   int fd_;
 };
 
-// A store.json field the Python definition found unusable inside store_columns (its StageError).
-class ColumnsError : public std::runtime_error {
- public:
-  using std::runtime_error::runtime_error;
-};
+// The most characters of a store.json value an error line shows (its compact JSON), "..." after.
+constexpr size_t kShownChars = 60;
 
-[[noreturn]] void Overflow(const std::string& where) {
-  throw LoadError(where + ": invalid row store spec (OverflowError: int too large for this reader)");
+using Wide = unsigned __int128;
+
+// A value as an error line shows it: compact JSON, keys sorted, ASCII only (as Python's
+// json.dumps(value, sort_keys=True, separators=(",", ":")) writes it, so that the stage's Python
+// definition says the same line), at most kShownChars characters; "nothing" for an absent field.
+std::string Shown(const Json* value) {
+  if (value == nullptr) return "nothing";
+  const std::string text = CanonicalJson(*value);
+  return text.size() <= kShownChars ? text : text.substr(0, kShownChars - 3) + "...";
 }
 
-Int Add(Int a, Int b, const std::string& where) {
-  Int sum;
-  if (__builtin_add_overflow(a, b, &sum)) Overflow(where);
-  return sum;
+std::string Truncated(const std::string& text) {
+  return text.size() <= kShownChars ? text : text.substr(0, kShownChars - 3) + "...";
 }
 
-Int Multiply(Int a, Int b, const std::string& where) {
-  Int product;
-  if (__builtin_mul_overflow(a, b, &product)) Overflow(where);
-  return product;
+// A JSON integer (a number without a fraction or exponent, not a bool) that fits an int64.
+std::optional<int64_t> IntegerOf(const Json* value) {
+  if (value == nullptr || value->kind() != Json::Kind::kNumber) return std::nullopt;
+  return value->integer();
 }
 
-int64_t ToInt64(Int value, const std::string& where) {
-  if (value > INT64_MAX || value < INT64_MIN) Overflow(where);
-  return static_cast<int64_t>(value);
+bool IsNull(const Json* value) { return value != nullptr && value->kind() == Json::Kind::kNull; }
+
+std::string Digits(Wide value) {
+  std::string digits;
+  do {
+    digits.insert(digits.begin(), static_cast<char>('0' + static_cast<int>(value % 10)));
+    value /= 10;
+  } while (value != 0);
+  return digits;
+}
+
+// "<store.json>: <field> must be <expected>, got <value>".
+[[noreturn]] void FieldError(const std::string& meta_path, const std::string& field, const Json* value,
+                             const std::string& expected) {
+  throw LoadError(meta_path + ": " + field + " must be " + expected + ", got " + Shown(value));
+}
+
+// `folder`/`name`, the folder's trailing slashes dropped.
+std::string JoinPath(std::string folder, const char* name) {
+  while (folder.size() > 1 && folder.back() == '/') folder.pop_back();
+  if (folder.empty()) folder = ".";
+  return (folder == "/" ? folder : folder + "/") + name;
 }
 
 // The CPUs this process may run on (len(os.sched_getaffinity(0))), 1 where that is unknown.
@@ -103,118 +123,63 @@ int UsableCpus() {
   return 1;
 }
 
-// Reads store.json's text as Path.read_text() would, or throws open_store's error.
+// store.json's bytes, or the load error that says why they cannot be read.
 std::string ReadMeta(const std::string& folder, const std::string& meta_path) {
   const int fd = open(meta_path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) {
     if (errno == ENOENT) throw LoadError("no row store at " + folder + ": " + kMetaFile + " is missing");
-    throw LoadError("cannot read " + meta_path + ": " + py::OsErrorText(errno, meta_path));
+    throw LoadError("cannot read " + meta_path + ": " + std::strerror(errno));
   }
   const Descriptor owner(fd);
-  struct stat status;
-  if (fstat(fd, &status) == 0 && S_ISDIR(status.st_mode)) {
-    throw LoadError("cannot read " + meta_path + ": " + py::OsErrorText(EISDIR, meta_path));
-  }
   std::string text;
   char piece[1 << 16];
   while (true) {
     const ssize_t got = read(fd, piece, sizeof(piece));
     if (got < 0 && errno == EINTR) continue;
-    if (got < 0) throw LoadError("cannot read " + meta_path + ": " + py::OsErrorText(errno));
+    if (got < 0) throw LoadError("cannot read " + meta_path + ": " + std::strerror(errno));
     if (got == 0) break;
     text.append(piece, static_cast<size_t>(got));
   }
-  if (const std::optional<std::string> error = py::Utf8Error(text)) {
-    throw LoadError("cannot read " + meta_path + ": " + *error);
-  }
-  // Universal newlines, as read_text gives the text: "\r\n" and "\r" read as "\n" (which moves the
-  // positions json.loads' errors name).
-  std::string lines;
-  lines.reserve(text.size());
-  for (size_t at = 0; at < text.size(); ++at) {
-    if (text[at] != '\r') {
-      lines += text[at];
-    } else {
-      lines += '\n';
-      if (at + 1 < text.size() && text[at + 1] == '\n') ++at;
-    }
-  }
-  return lines;
+  if (!ValidUtf8(text)) throw LoadError("cannot read " + meta_path + ": not UTF-8 text");
+  return text;
 }
 
-// dict(value), as Python builds it: from a dict, or from pairs.
-Value DictOf(const Value& value) {
-  if (value.kind == Value::Kind::kDict) return value;
-  Value out;
-  out.kind = Value::Kind::kDict;
-  const std::vector<Value> elements = py::Iterate(value);
-  for (size_t index = 0; index < elements.size(); ++index) {
-    const Value& element = elements[index];
-    std::vector<Value> pair;
-    try {
-      pair = py::Iterate(element);
-    } catch (const py::Exception&) {
-      throw py::Exception("TypeError", "cannot convert dictionary update sequence element #" +
-                                           std::to_string(index) + " to a sequence");
-    }
-    if (pair.size() != 2) {
-      throw py::Exception("ValueError", "dictionary update sequence element #" + std::to_string(index) +
-                                            " has length " + std::to_string(pair.size()) + "; 2 is required");
-    }
-    out.Put(pair[0], pair[1]);
+// The columns of a spec in row order, tiling [0, width): "columns" absent, null or an object of
+// [start, stop] pairs of integers (one column, the whole row, where it names none).
+std::vector<std::pair<int64_t, int64_t>> StoreColumns(const std::string& meta_path, const Json& spec,
+                                                      int64_t width) {
+  const Json* named = spec.member("columns");
+  if (named == nullptr || IsNull(named)) return {{0, width}};
+  std::vector<std::pair<int64_t, int64_t>> columns;
+  bool valid = named->is_object();
+  std::vector<std::string> seen;
+  for (const auto& [name, ignored] : named->members()) {
+    if (!valid) break;
+    if (std::find(seen.begin(), seen.end(), name) != seen.end()) continue;
+    seen.push_back(name);
+    const Json& pair = *named->member(name);  // a repeated name's last value
+    const std::optional<int64_t> start =
+        pair.is_array() && pair.items().size() == 2 ? IntegerOf(&pair.items()[0]) : std::nullopt;
+    const std::optional<int64_t> stop = start ? IntegerOf(&pair.items()[1]) : std::nullopt;
+    valid = start && stop;
+    if (valid) columns.emplace_back(*start, *stop);
   }
-  return out;
-}
-
-// `a, b = value`.
-std::pair<Value, Value> Unpack2(const Value& value) {
-  std::vector<Value> items;
-  try {
-    items = py::Iterate(value);
-  } catch (const py::Exception&) {
-    throw py::Exception("TypeError", "cannot unpack non-iterable " + py::TypeName(value) + " object");
-  }
-  if (items.size() < 2) {
-    throw py::Exception("ValueError",
-                        "not enough values to unpack (expected 2, got " + std::to_string(items.size()) + ")");
-  }
-  if (items.size() > 2) throw py::Exception("ValueError", "too many values to unpack (expected 2)");
-  return {items[0], items[1]};
-}
-
-// hot_cold_lookup.store_columns: the columns of a spec in row order, tiling [0, width).
-std::vector<std::pair<Int, Int>> StoreColumns(const Value& spec, Int width) {
-  std::vector<std::pair<Int, Int>> columns;
-  try {
-    // dict(spec.get("columns") or {})
-    const Value* named = py::Find(spec, "columns");
-    Value empty;
-    empty.kind = Value::Kind::kDict;
-    const Value mapping = DictOf(named != nullptr && py::Truth(*named) ? *named : empty);
-    for (size_t index = 1; index < mapping.items.size(); index += 2) {
-      const auto [start, stop] = Unpack2(mapping.items[index]);
-      const Int a = py::ToInt(start);
-      columns.emplace_back(a, py::ToInt(stop));
-    }
-  } catch (const py::Exception& error) {
-    if (error.type() != "TypeError" && error.type() != "ValueError") throw;
-    throw ColumnsError("invalid row store columns (" + error.Described() + ")");
-  }
+  if (!valid) FieldError(meta_path, "spec.columns", named, "an object of [start, stop] pairs of integers");
   std::sort(columns.begin(), columns.end());
   if (columns.empty()) return {{0, width}};
   bool tiles = columns.back().second == width;
   for (size_t index = 0; index < columns.size(); ++index) {
-    const Int edge = index == 0 ? 0 : columns[index - 1].second;
+    const int64_t edge = index == 0 ? 0 : columns[index - 1].second;
     tiles = tiles && columns[index].first == edge && columns[index].first < columns[index].second;
   }
   if (!tiles) {
     std::string listed = "[";
     for (size_t index = 0; index < columns.size(); ++index) {
-      if (index) listed += ", ";
-      listed += "(" + py::FormatInt(columns[index].first) + ", " + py::FormatInt(columns[index].second) + ")";
+      listed += (index ? ",[" : "[") + std::to_string(columns[index].first) + "," +
+                std::to_string(columns[index].second) + "]";
     }
-    throw ColumnsError("row store columns " + listed + "] do not tile a row of " + py::FormatInt(width) +
-                       " values");
+    throw LoadError(meta_path + ": spec.columns " + Truncated(listed + "]") + " do not tile a row of " +
+                    std::to_string(width) + " values");
   }
   return columns;
 }
@@ -245,28 +210,32 @@ struct ChunkResult {
 // hot_cold_lookup.verify_checksums over the open rows.bin: each chunk's CRC-32 against
 // `checksums` ({"kind": "crc32", "chunk_bytes": n, "values": [...]}), in threads. Returns the
 // seconds it took.
-double VerifyChecksums(int fd, const std::string& rows_path, const Value& checksums, int64_t size,
-                       int threads) {
-  Value kind;
-  Int chunk_bytes = 0;
-  std::vector<Int> expected;
-  try {
-    kind = py::Subscript(checksums, "kind");
-    chunk_bytes = py::ToInt(py::Subscript(checksums, "chunk_bytes"));
-    for (const Value& value : py::Iterate(py::Subscript(checksums, "values")))
-      expected.push_back(py::ToInt(value));
-  } catch (const py::Exception& error) {
-    throw LoadError("invalid checksums for " + rows_path + " (" + error.Described() + ")");
+double VerifyChecksums(int fd, const std::string& rows_path, const std::string& meta_path,
+                       const Json& checksums, int64_t size, int threads) {
+  const Json* kind = checksums.member("kind");
+  if (kind == nullptr || !kind->is_string() || kind->text() != kChecksumKind) {
+    FieldError(meta_path, "checksums.kind", kind, std::string("\"") + kChecksumKind + "\"");
   }
-  if (kind.kind != Value::Kind::kStr || kind.text != kChecksumKind || chunk_bytes < 1) {
-    throw LoadError("checksums of " + rows_path + " are " + py::Repr(kind) + " per " +
-                    py::FormatInt(chunk_bytes) + " bytes; expected " + kChecksumKind);
+  const std::optional<int64_t> chunk_bytes = IntegerOf(checksums.member("chunk_bytes"));
+  if (!chunk_bytes || *chunk_bytes < 1) {
+    FieldError(meta_path, "checksums.chunk_bytes", checksums.member("chunk_bytes"), "an integer >= 1");
   }
-  const Int chunks = size == 0 ? 0 : (size - 1) / chunk_bytes + 1;
-  if (static_cast<Int>(expected.size()) != chunks) {
+  const Json* values = checksums.member("values");
+  std::vector<int64_t> expected;
+  bool valid = values != nullptr && values->is_array();
+  for (size_t index = 0; valid && index < values->items().size(); ++index) {
+    const std::optional<int64_t> value = IntegerOf(&values->items()[index]);
+    valid = value && *value >= 0 && *value <= 0xFFFFFFFFll;
+    if (valid) expected.push_back(*value);
+  }
+  if (!valid)
+    FieldError(meta_path, "checksums.values", values, "a list of CRC-32s (integers 0 to 4294967295)");
+  const int64_t chunk = *chunk_bytes;
+  const int64_t chunks = size == 0 ? 0 : (size - 1) / chunk + 1;
+  if (static_cast<int64_t>(expected.size()) != chunks) {
     throw LoadError(rows_path + ": " + std::to_string(expected.size()) + " checksums recorded, " +
-                    std::to_string(size) + " bytes need " + py::FormatInt(chunks) + " (chunks of " +
-                    py::FormatInt(chunk_bytes) + " bytes)");
+                    std::to_string(size) + " bytes need " + std::to_string(chunks) + " (chunks of " +
+                    std::to_string(chunk) + " bytes)");
   }
   const auto started = std::chrono::steady_clock::now();
   const size_t count = expected.size();
@@ -283,14 +252,14 @@ double VerifyChecksums(int fd, const std::string& rows_path, const Value& checks
     while (true) {
       const size_t index = next.fetch_add(1);
       if (index >= count || index > first_failure.load()) return;
-      const Int start = static_cast<Int>(index) * chunk_bytes;
-      const Int length = std::min<Int>(chunk_bytes, size - start);
+      const int64_t start = static_cast<int64_t>(index) * chunk;
+      const int64_t length = std::min<int64_t>(chunk, size - start);
       ChunkResult& result = results[index];
       uint32_t crc = 0;
-      Int done = 0;
+      int64_t done = 0;
       result.crc = -2;
       while (done < length) {
-        const size_t want = static_cast<size_t>(std::min<Int>(kCheckReadBytes, length - done));
+        const size_t want = static_cast<size_t>(std::min<int64_t>(kCheckReadBytes, length - done));
         const ssize_t got = pread(fd, buffer.data(), want, static_cast<off_t>(start + done));
         if (got < 0 && errno == EINTR) continue;
         if (got < 0) {
@@ -324,10 +293,10 @@ double VerifyChecksums(int fd, const std::string& rows_path, const Value& checks
   const size_t failed = first_failure.load();
   if (failed < count) {
     const ChunkResult& result = results[failed];
-    if (result.error != 0) throw LoadError(py::OsErrorText(result.error));
-    const Int start = static_cast<Int>(failed) * chunk_bytes;
-    const Int stop = std::min<Int>(start + chunk_bytes, size) - 1;
-    throw LoadError(rows_path + " is damaged: bytes " + py::FormatInt(start) + ".." + py::FormatInt(stop) +
+    if (result.error != 0) throw LoadError("cannot read " + rows_path + ": " + std::strerror(result.error));
+    const int64_t start = static_cast<int64_t>(failed) * chunk;
+    const int64_t stop = std::min<int64_t>(start + chunk, size) - 1;
+    throw LoadError(rows_path + " is damaged: bytes " + std::to_string(start) + ".." + std::to_string(stop) +
                     " (chunk " + std::to_string(failed + 1) + " of " + std::to_string(count) +
                     ") do not match " + kMetaFile + " (" +
                     (result.crc < 0 ? "the file ends before it" : "their CRC-32 differs") + ")");
@@ -344,7 +313,7 @@ double VerifySha256(int fd, const std::string& rows_path, const std::string& exp
     const size_t want = static_cast<size_t>(std::min<int64_t>(kSha256ReadBytes, size - offset));
     const ssize_t got = pread(fd, buffer.data(), want, offset);
     if (got < 0 && errno == EINTR) continue;
-    if (got < 0) throw LoadError(py::OsErrorText(errno));
+    if (got < 0) throw LoadError("cannot read " + rows_path + ": " + std::strerror(errno));
     if (got == 0) break;
     digest.Update(buffer.data(), static_cast<size_t>(got));
     offset += got;
@@ -361,36 +330,36 @@ struct Content {
   std::string check;
 };
 
-// _verify_content: every byte of rows.bin as its description allows.
-Content VerifyContent(int fd, const std::string& rows_path, const std::string& meta_path,
-                      const Json& meta_json, const Value& meta, int64_t size, int threads) {
-  const Value* checksums = py::Find(meta, "checksums");
-  if (checksums != nullptr && checksums->kind != Value::Kind::kNone) {
-    if (checksums->kind != Value::Kind::kDict) {
-      throw LoadError(meta_path + ": 'checksums' is not an object");
-    }
-    // store_fingerprint: json.dumps({"spec": spec, "checksums": checksums}, sort_keys=True, ...).
-    const Json* spec = meta_json.member("spec");
-    const std::string canonical =
-        "{\"checksums\":" + CanonicalJson(*meta_json.member("checksums")) +
-        ",\"spec\":" + (spec != nullptr && spec->is_object() ? CanonicalJson(*spec) : "{}") + "}";
+// Every byte of rows.bin as its description allows: against its chunk checksums (and its
+// fingerprint recomputed), an older store's SHA-256, or none (loaded unverified, and said so).
+Content VerifyContent(int fd, const std::string& rows_path, const std::string& meta_path, const Json& meta,
+                      int64_t size, int threads) {
+  const Json* checksums = meta.member("checksums");
+  if (checksums != nullptr && !IsNull(checksums)) {
+    if (!checksums->is_object()) FieldError(meta_path, "checksums", checksums, "an object");
+    // The fingerprint: SHA-256 of {"checksums": ..., "spec": ...} as canonical JSON.
+    const std::string canonical = "{\"checksums\":" + CanonicalJson(*checksums) +
+                                  ",\"spec\":" + CanonicalJson(*meta.member("spec")) + "}";
     Content content;
     content.fingerprint = Sha256Hex(canonical);
-    const Value* recorded = py::Find(meta, "fingerprint");
-    if (recorded != nullptr && recorded->kind != Value::Kind::kNone &&
-        !(recorded->kind == Value::Kind::kStr && recorded->text == content.fingerprint)) {
+    const Json* recorded = meta.member("fingerprint");
+    if (recorded != nullptr && !IsNull(recorded) &&
+        !(recorded->is_string() && recorded->text() == content.fingerprint)) {
       throw LoadError(meta_path +
                       ": its fingerprint does not match its own spec and checksums (edited by hand?)");
     }
-    const double seconds = VerifyChecksums(fd, rows_path, *checksums, size, threads);
+    const double seconds = VerifyChecksums(fd, rows_path, meta_path, *checksums, size, threads);
     content.verified = true;
-    content.check = "CRC-32 of " + std::to_string(py::Iterate(py::Subscript(*checksums, "values")).size()) +
+    content.check = "CRC-32 of " + std::to_string(checksums->member("values")->items().size()) +
                     " chunk(s) verified (" + Rate(size, seconds) + ")";
     return content;
   }
-  const Value* sha256 = py::Find(meta, "sha256");
-  if (sha256 != nullptr && py::Truth(*sha256)) {
-    const double seconds = VerifySha256(fd, rows_path, py::Str(*sha256), size);
+  const Json* sha256 = meta.member("sha256");
+  if (sha256 != nullptr && !IsNull(sha256) && !sha256->is_string()) {
+    FieldError(meta_path, "sha256", sha256, "a string");
+  }
+  if (sha256 != nullptr && sha256->is_string() && !sha256->text().empty()) {
+    const double seconds = VerifySha256(fd, rows_path, sha256->text(), size);
     return {"", true, "SHA-256 verified, no chunk checksums (older store; " + Rate(size, seconds) + ")"};
   }
   return {"", false,
@@ -406,101 +375,96 @@ Store::~Store() {
 }
 
 std::unique_ptr<Store> OpenStore(const std::string& dir, bool verify, int threads) {
-  const std::string folder = py::PathText(dir);
-  const std::string meta_path = py::JoinPath(folder, kMetaFile);
-  const std::string rows_path = py::JoinPath(folder, kRowsFile);
-  const std::string text = ReadMeta(folder, meta_path);
+  const std::string meta_path = JoinPath(dir, kMetaFile);
+  const std::string rows_path = JoinPath(dir, kRowsFile);
+  std::string folder = dir;
+  while (folder.size() > 1 && folder.back() == '/') folder.pop_back();
+  const std::string text = ReadMeta(folder.empty() ? "." : folder, meta_path);
   std::string why;
-  const std::optional<Json> meta_json = Json::Parse(text, &why);
-  if (!meta_json) {
-    // json.loads' words where it refuses the text too (it reads NaN and Infinity, which this reader
-    // refuses: the reader's words then).
-    throw LoadError("cannot read " + meta_path + ": " + py::JsonLoadsError(text).value_or(why));
-  }
-  const Value meta = py::FromJson(*meta_json);
-  const Value* format = py::Find(meta, "format");
-  if (meta.kind != Value::Kind::kDict || format == nullptr || !py::Equal(*format, Value::Str(kFormat))) {
+  const std::optional<Json> parsed = Json::Parse(text, &why);
+  if (!parsed) throw LoadError("cannot read " + meta_path + ": not JSON (" + why + ")");
+  const Json& meta = *parsed;
+  const Json* format = meta.member("format");
+  if (!meta.is_object() || format == nullptr || !format->is_string() || format->text() != kFormat) {
     throw LoadError(meta_path + " is not a row store description");
   }
-  const Value* version = py::Find(meta, "version");
-  if (version == nullptr || !py::Equal(*version, Value::Integer(kFormatVersion))) {
-    throw LoadError(meta_path + " has row store format version " +
-                    py::Repr(version ? *version : Value::None()) + "; this stage reads version " +
-                    std::to_string(kFormatVersion));
+  const Json* version = meta.member("version");
+  if (IntegerOf(version) != kFormatVersion) {
+    throw LoadError(meta_path + " has row store format version " + Shown(version) +
+                    "; this stage reads version " + std::to_string(kFormatVersion));
   }
+  const Json* spec = meta.member("spec");
+  if (spec == nullptr || !spec->is_object()) FieldError(meta_path, "spec", spec, "an object");
 
   auto store = std::make_unique<Store>();
   store->path = dir;
-  std::vector<Int> sizes;
-  Int width = 0;
-  std::vector<std::pair<Int, Int>> columns;
-  try {
-    const Value& spec = py::Subscript(meta, "spec");
-    for (const Value& size : py::Iterate(py::Subscript(spec, "table_sizes")))
-      sizes.push_back(py::ToInt(size));
-    width = py::ToInt(py::Subscript(spec, "width"));
-    const std::string dtype = py::Str(py::Subscript(spec, "dtype"));
-    if (dtype == "float32") {
-      store->dtype = StoreDtype::kFloat32;
-    } else if (dtype == "float16") {
-      store->dtype = StoreDtype::kFloat16;
-    } else if (dtype == "int8") {
-      store->dtype = StoreDtype::kInt8;
-    } else {
-      throw py::Exception("ValueError",
-                          "dtype " + py::ReprText(dtype) + " is not one of float32, float16, int8");
-    }
-    columns = StoreColumns(spec, width);
-  } catch (const ColumnsError& error) {
-    throw LoadError(meta_path + ": " + error.what());
-  } catch (const py::Exception& error) {
-    throw LoadError(meta_path + ": invalid row store spec (" + error.Described() + ")");
+  const Json* sizes = spec->member("table_sizes");
+  bool valid = sizes != nullptr && sizes->is_array() && !sizes->items().empty();
+  for (size_t index = 0; valid && index < sizes->items().size(); ++index) {
+    const std::optional<int64_t> size = IntegerOf(&sizes->items()[index]);
+    valid = size && *size >= 1;
+    if (valid) store->table_sizes.push_back(*size);
   }
+  if (!valid) FieldError(meta_path, "spec.table_sizes", sizes, "a list of integers >= 1");
+  const std::optional<int64_t> width = IntegerOf(spec->member("width"));
+  if (!width || *width < 1) FieldError(meta_path, "spec.width", spec->member("width"), "an integer >= 1");
+  store->width = *width;
+  const Json* dtype = spec->member("dtype");
+  const std::string dtype_name = dtype != nullptr && dtype->is_string() ? dtype->text() : "";
+  if (dtype_name == "float32") {
+    store->dtype = StoreDtype::kFloat32;
+  } else if (dtype_name == "float16") {
+    store->dtype = StoreDtype::kFloat16;
+  } else if (dtype_name == "int8") {
+    store->dtype = StoreDtype::kInt8;
+  } else {
+    FieldError(meta_path, "spec.dtype", dtype, "one of float32, float16, int8");
+  }
+  store->columns = StoreColumns(meta_path, *spec, store->width);
 
-  Int rows = 0;
-  for (const Int size : sizes) rows = Add(rows, size, meta_path);
+  // Sizes in 128 bits: a spec that needs more than a file can hold is an error, not an overflow.
+  Wide rows = 0;
+  for (const int64_t size : store->table_sizes) rows += static_cast<Wide>(size);
   const bool int8 = store->dtype == StoreDtype::kInt8;
-  const Int row_items =
-      int8 ? Add(width, Multiply(kInt8ParamBytes, static_cast<Int>(columns.size()), meta_path), meta_path)
-           : width;
-  const Int item_bytes = int8 ? 1 : store->dtype == StoreDtype::kFloat32 ? 4 : 2;
-  const Int expected = Multiply(Multiply(rows, row_items, meta_path), item_bytes, meta_path);
+  const Wide item_bytes = int8 ? 1 : store->dtype == StoreDtype::kFloat32 ? 4 : 2;
+  const Wide row_bytes = (static_cast<Wide>(store->width) +
+                          (int8 ? static_cast<Wide>(kInt8ParamBytes) * store->columns.size() : 0)) *
+                         item_bytes;
+  const bool huge = row_bytes != 0 && rows > (~Wide{0}) / row_bytes;
+  const Wide needed = huge ? 0 : rows * row_bytes;
+  if (huge || needed > static_cast<Wide>(INT64_MAX)) {
+    throw LoadError(meta_path + ": its spec needs " +
+                    (huge ? std::string("more than 2**128") : Digits(needed)) +
+                    " bytes, more than a file can hold");
+  }
+  const auto expected = static_cast<int64_t>(needed);
+  const Json* file_bytes = meta.member("file_bytes");
+  if (IntegerOf(file_bytes) != expected) {
+    throw LoadError(meta_path + ": file_bytes is " + Shown(file_bytes) + ", its spec needs " +
+                    std::to_string(expected));
+  }
 
   const int fd = open(rows_path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) throw LoadError("cannot open " + rows_path + ": " + std::strerror(errno));
   const Descriptor owner(fd);
   struct stat status;
-  if (fstat(fd, &status) != 0) throw LoadError(py::OsErrorText(errno));
+  if (fstat(fd, &status) != 0) throw LoadError("cannot read " + rows_path + ": " + std::strerror(errno));
   const int64_t size = status.st_size;
-  const Value* file_bytes = py::Find(meta, "file_bytes");
-  if (size != expected || file_bytes == nullptr || !py::Equal(*file_bytes, Value::Integer(expected))) {
+  if (size != expected) {
     throw LoadError(rows_path + " has " + std::to_string(size) + " bytes, " + kMetaFile + " says " +
-                    py::Str(file_bytes ? *file_bytes : Value::None()) + " and its spec needs " +
-                    py::FormatInt(expected) + " (truncated, or from another store)");
+                    std::to_string(expected) + " (truncated, or from another store)");
   }
   store->check = "content not checked";
   if (verify) {
-    Content content = VerifyContent(fd, rows_path, meta_path, *meta_json, meta, size, threads);
+    Content content = VerifyContent(fd, rows_path, meta_path, meta, size, threads);
     store->fingerprint = std::move(content.fingerprint);
     store->verified = content.verified;
     store->check = std::move(content.check);
   }
-  if (size == 0) throw LoadError("cannot mmap an empty file");
-  // The Python definition reshapes the mapping into rows of row_items: negative counts that multiplied
-  // to the file's size fail there.
-  if (rows < 0 || row_items < 0) {
-    throw LoadError("cannot reshape " + std::to_string(size) + " bytes into " + py::FormatInt(rows) +
-                    " rows of " + py::FormatInt(row_items) + " items");
-  }
-  for (const Int table_size : sizes) store->table_sizes.push_back(ToInt64(table_size, meta_path));
-  store->rows = ToInt64(rows, meta_path);
-  store->width = ToInt64(width, meta_path);
-  for (const auto& [start, stop] : columns) {
-    store->columns.emplace_back(ToInt64(start, meta_path), ToInt64(stop, meta_path));
-  }
-  store->row_bytes = static_cast<size_t>(row_items * item_bytes);
+  store->rows = static_cast<int64_t>(rows);
+  store->row_bytes = static_cast<size_t>(row_bytes);
   void* mapped = mmap(nullptr, static_cast<size_t>(size), PROT_READ, MAP_SHARED, fd, 0);
-  if (mapped == MAP_FAILED) throw LoadError(py::OsErrorText(errno));
+  if (mapped == MAP_FAILED) throw LoadError("cannot map " + rows_path + ": " + std::strerror(errno));
   store->data = static_cast<const uint8_t*>(mapped);
   store->size = static_cast<size_t>(size);
   // A cold lookup then reads one page, not the kernel's read-ahead window.

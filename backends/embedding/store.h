@@ -1,6 +1,7 @@
 // The embedding stage's files, read at load: the row store (rows.bin + store.json) and the hot
 // set (.npz). The format is the one export/stage/hot_cold_lookup.py defines and
-// export/tables/row_store.py writes; the error texts are that module's, word for word.
+// export/tables/row_store.py writes; each load error is one line that names the file and what is
+// wrong in it (for store.json, the same line as that module's read_store_meta says).
 #pragma once
 
 #include <cstddef>
@@ -49,12 +50,12 @@ struct Store {
 // `verify`, its content: every byte against store.json's chunk CRC-32s (in up to `threads`
 // threads; 0: the CPUs this process may use, at most 8), with its fingerprint recomputed and
 // compared; an older store against its whole-file SHA-256; a store with neither loads unverified
-// (`verified` false, `check` says so). Throws LoadError with hot_cold_lookup.open_store's texts.
+// (`verified` false, `check` says so). Throws LoadError.
 std::unique_ptr<Store> OpenStore(const std::string& dir, bool verify = true, int threads = 0);
 
 // The table sizes and each table's hot ids (hottest first) of a hot-set .npz
 // (export/tables/hot_rows.py's HotSet.save: numpy's savez, entries `table_sizes` and
-// `ids_C1`..`ids_C<num_tables>`). Throws LoadError as hot_cold_lookup.read_hot_ids does.
+// `ids_C1`..`ids_C<num_tables>`, each a 1-D integer array: npz.h). Throws LoadError.
 struct HotSet {
   std::vector<int64_t> table_sizes;
   std::vector<std::vector<int64_t>> ids;

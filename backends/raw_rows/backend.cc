@@ -1,8 +1,8 @@
 // The raw-row stage as a Triton backend: `raw_rows` (B x 1 BYTES, one unlabeled Criteo TSV row
 // per element) in, `dense_features` (B x 13 float32) and `categorical_ids` (B x 26 int64) out,
-// by the rules of parse.h (criteo/rows.py's, in C++). It keeps the contract of the python stage it
-// replaced: the same config check at load, the same error texts, and a row that breaks a rule fails its own
-// request with INVALID_ARGUMENT while the other requests of the batch are answered.
+// by the rules of parse.h (criteo/rows.py's, in C++): its config checked at load, one error line per
+// bad request, and a row that breaks a rule fails its own request with INVALID_ARGUMENT while the
+// other requests of the batch are answered.
 //
 // Three lifetimes, as the C API defines them: the backend (nothing of its own), the model (its
 // config read and checked once: the tensor names) and the model instance (scratch reused by
@@ -17,6 +17,7 @@
 
 #include "json.h"
 #include "parse.h"
+#include "request_io.h"
 #include "stage_texts.h"
 #include "triton_api.h"
 #include "triton_support.h"
@@ -25,13 +26,13 @@ namespace raw_rows {
 namespace {
 
 using stages::Check;
+using stages::ConfigText;
 using stages::ErrorPtr;
 using stages::Json;
+using stages::ListText;
 using stages::MessagePtr;
 using stages::NowNs;
 using stages::NumpyName;
-using stages::PythonList;
-using stages::PythonText;
 using stages::StageError;
 
 // The outputs the stage answers, in config order: data type and width.
@@ -79,12 +80,12 @@ class ModelState {
     return found != nullptr && found->is_array() ? found->items() : kNone;
   }
 
-  // The config check, problem by problem, in the replaced python stage's words.
+  // The config check: every problem found, each in one line.
   void ReadConfig(const Json& config) {
     const std::vector<Json>& inputs = Items(config, "input");
     const std::vector<Json>& outputs = Items(config, "output");
     std::vector<std::string> problems;
-    if (inputs.size() != 1 || PythonText(inputs[0].member("data_type")) != "TYPE_STRING") {
+    if (inputs.size() != 1 || ConfigText(inputs[0].member("data_type")) != "TYPE_STRING") {
       problems.emplace_back("one TYPE_STRING input expected");
     }
     if (outputs.size() != kOutputCount) {
@@ -98,10 +99,10 @@ class ModelState {
       if (const Json* found = entry.member("dims"); found != nullptr) {
         for (const Json& dim : found->items()) dims.push_back(dim.integer().value_or(0));
       }
-      const std::string type = PythonText(entry.member("data_type"));
+      const std::string type = ConfigText(entry.member("data_type"));
       if (type != expected.data_type || dims != std::vector<int64_t>{static_cast<int64_t>(expected.width)}) {
-        problems.push_back("output '" + PythonText(entry.member("name")) + "' must be " + expected.data_type +
-                           " [" + std::to_string(expected.width) + "], got " + type + " " + PythonList(dims));
+        problems.push_back("output '" + ConfigText(entry.member("name")) + "' must be " + expected.data_type +
+                           " [" + std::to_string(expected.width) + "], got " + type + " " + ListText(dims));
       }
     }
     if (!problems.empty()) {
@@ -112,9 +113,9 @@ class ModelState {
       }
       throw StageError(TRITONSERVER_ERROR_INVALID_ARG, message);
     }
-    input_ = PythonText(inputs[0].member("name"));
+    input_ = ConfigText(inputs[0].member("name"));
     for (size_t index = 0; index < kOutputCount; ++index) {
-      outputs_[index] = PythonText(outputs[index].member("name"));
+      outputs_[index] = ConfigText(outputs[index].member("name"));
     }
   }
 
@@ -132,86 +133,36 @@ class InstanceState {
   InstanceState(const ModelState& model, TRITONBACKEND_ModelInstance* instance)
       : model_(model), instance_(instance) {}
 
-  // Answers and releases every request; noexcept, because once one is released an error
-  // returned to Triton would hand the requests back a second time.
+  // Answers and releases every request; the batch's statistics count its rows.
   void Execute(TRITONBACKEND_Request** requests, uint32_t count) noexcept {
-    const uint64_t exec_start = NowNs();
-    size_t batch_rows = 0;
-    for (uint32_t index = 0; index < count; ++index) {
-      TRITONBACKEND_Request* request = requests[index];
-      const uint64_t compute_start = NowNs();
-      const bool success = Answer(request, &batch_rows);
-      const uint64_t end = NowNs();
-      ErrorPtr ignored(TRITONBACKEND_ModelInstanceReportStatistics(instance_, request, success, exec_start,
-                                                                   compute_start, end, end));
-      ErrorPtr released(TRITONBACKEND_RequestRelease(request, TRITONSERVER_REQUEST_RELEASE_ALL));
-      if (released) {
-        STAGE_LOG(TRITONSERVER_LOG_ERROR, "model '" + model_.name() + "': releasing a request: " +
-                                              TRITONSERVER_ErrorMessage(released.get()));
-      }
-    }
-    const uint64_t exec_end = NowNs();
-    ErrorPtr ignored(TRITONBACKEND_ModelInstanceReportBatchStatistics(instance_, batch_rows, exec_start,
-                                                                      exec_start, exec_end, exec_end));
+    uint64_t batch_rows = 0;
+    stages::AnswerAll(
+        instance_, model_.name(), requests, count,
+        [this, &batch_rows](TRITONBACKEND_Request* request, stages::ComputeTimes* times) {
+          return stages::Respond(
+              request, model_.name(),
+              [&](TRITONBACKEND_Response* response) { batch_rows += Fill(request, response); },
+              [times](bool) { times->end = NowNs(); });
+        },
+        &batch_rows);
   }
 
  private:
-  // Answers one request (its outputs, or its error); whether it succeeded.
-  bool Answer(TRITONBACKEND_Request* request, size_t* batch_rows) noexcept {
-    TRITONBACKEND_Response* response = nullptr;
-    ErrorPtr created(TRITONBACKEND_ResponseNew(&response, request));
-    if (created) {
-      STAGE_LOG(TRITONSERVER_LOG_ERROR, "model '" + model_.name() + "': no response for a request: " +
-                                            TRITONSERVER_ErrorMessage(created.get()));
-      return false;
-    }
-    ErrorPtr error;
-    try {
-      *batch_rows += Fill(request, response);
-    } catch (...) {
-      error.reset(stages::ToError(std::current_exception()));
-      if (TRITONSERVER_ErrorCode(error.get()) == TRITONSERVER_ERROR_INVALID_ARG) {
-        STAGE_LOG(TRITONSERVER_LOG_WARN,
-                  "model '" + model_.name() + "': " + TRITONSERVER_ErrorMessage(error.get()));
-      } else {
-        STAGE_LOG(TRITONSERVER_LOG_ERROR,
-                  "model '" + model_.name() + "': " + TRITONSERVER_ErrorMessage(error.get()));
-      }
-    }
-    ErrorPtr sent(TRITONBACKEND_ResponseSend(response, TRITONSERVER_RESPONSE_COMPLETE_FINAL, error.get()));
-    if (sent) {
-      STAGE_LOG(TRITONSERVER_LOG_ERROR, "model '" + model_.name() + "': sending a response: " +
-                                            TRITONSERVER_ErrorMessage(sent.get()));
-      return false;
-    }
-    return !error;
-  }
-
   // The request's rows, one view per element, into rows_ (views into Triton's buffers or gathered_).
-  // The python backend checks a BYTES input's framing before its stage sees the input, so that
-  // comes first here too (in its words), then the checks of shape and type.
+  // A BYTES input's framing is checked first (a wrong framing makes every other check moot), then
+  // its shape and type.
   void ReadRows(TRITONBACKEND_Request* request) {
     const std::string& name = model_.input();
-    TRITONBACKEND_Input* input = nullptr;
-    ErrorPtr missing(TRITONBACKEND_RequestInput(request, name.c_str(), &input));
-    if (missing || input == nullptr) throw Refused("input '" + name + "' is missing");
-    TRITONSERVER_DataType type = TRITONSERVER_TYPE_INVALID;
-    const int64_t* shape = nullptr;
-    uint32_t dims = 0;
-    uint64_t byte_size = 0;
-    uint32_t buffers = 0;
-    Check(TRITONBACKEND_InputProperties(input, nullptr, &type, &shape, &dims, &byte_size, &buffers),
-          "reading the input");
+    const stages::RequestInput input = stages::InputOf(request, name, "input '" + name + "' is missing");
+    const TRITONSERVER_DataType type = input.type;
+    const int64_t* shape = input.shape;
+    const uint32_t dims = input.dims;
+    const uint32_t buffers = input.buffers;
     std::string_view data;
     gathered_.clear();
     for (uint32_t index = 0; index < buffers; ++index) {
-      const void* buffer = nullptr;
       uint64_t size = 0;
-      TRITONSERVER_MemoryType memory = TRITONSERVER_MEMORY_CPU;
-      int64_t memory_id = 0;
-      Check(TRITONBACKEND_InputBuffer(input, index, &buffer, &size, &memory, &memory_id),
-            "reading the input");
-      if (memory == TRITONSERVER_MEMORY_GPU) throw Refused("input '" + name + "' is not in CPU memory");
+      const void* buffer = input.Buffer(index, name, &size);
       if (size == 0) continue;
       if (buffers == 1) {
         data = std::string_view(static_cast<const char*>(buffer), size);
@@ -224,15 +175,15 @@ class InstanceState {
     if (type == TRITONSERVER_TYPE_BYTES) SplitElements(name, ElementCount(shape, dims), data);
     if (dims != 2 || shape[1] != 1 || shape[0] < 1) {
       throw Refused("input '" + name + "' must be B x 1 (one row per element, B >= 1), got " +
-                    PythonList(std::vector<int64_t>(shape, shape + dims)));
+                    ListText(std::vector<int64_t>(shape, shape + dims)));
     }
     if (type != TRITONSERVER_TYPE_BYTES) {
       throw Refused("input '" + name + "' must be BYTES, got " + NumpyName(type));
     }
   }
 
-  // The elements a shape holds, as the python backend counts them: the product of the dims,
-  // wrapping as its int64 product does (Triton's own checks leave the dims far below that).
+  // The elements a shape holds: the product of the dims, wrapping as an int64 product does
+  // (Triton's own checks leave the dims far below that).
   static uint64_t ElementCount(const int64_t* shape, uint32_t dims) {
     uint64_t count = 1;
     for (uint32_t index = 0; index < dims; ++index) count *= static_cast<uint64_t>(shape[index]);
@@ -240,8 +191,9 @@ class InstanceState {
   }
 
   // BYTES: each element a 4-byte little-endian length, then its bytes; one view per element into
-  // rows_. Checked as the python backend checks them (Triton's backend_common ValidateStringBuffer),
-  // in its order and words: Triton's own check lets a last element longer than the data through.
+  // rows_. Every length is checked against the data left (Triton's backend_common
+  // ValidateStringBuffer checks the same; Triton's own check lets a last element longer than the
+  // data through).
   void SplitElements(const std::string& name, uint64_t expected, std::string_view data) {
     // Every element takes 4 bytes at least: `data` bounds the reservation, not the shape.
     rows_.reserve(static_cast<size_t>(std::min<uint64_t>(expected, data.size() / 4)));
@@ -265,7 +217,7 @@ class InstanceState {
       position += length;
     }
     if (rows_.size() != expected) {
-      // INTERNAL, as the python backend answers it.
+      // INTERNAL: Triton's framing gave fewer elements than the shape, not the client.
       throw StageError(TRITONSERVER_ERROR_INTERNAL, "expected " + std::to_string(expected) +
                                                         " strings for inference input '" + name + "', got " +
                                                         std::to_string(rows_.size()));
@@ -277,20 +229,10 @@ class InstanceState {
   T* OutputBuffer(TRITONBACKEND_Response* response, const std::string& name, TRITONSERVER_DataType type,
                   size_t rows, size_t width) {
     const int64_t shape[2] = {static_cast<int64_t>(rows), static_cast<int64_t>(width)};
-    TRITONBACKEND_Output* output = nullptr;
-    Check(TRITONBACKEND_ResponseOutput(response, &output, name.c_str(), type, shape, 2),
-          "creating an output");
     // rows <= the input's bytes / 4 (each element takes 4 at least) and width <= 26: the
     // product cannot overflow.
     const uint64_t size = static_cast<uint64_t>(rows) * width * sizeof(T);
-    void* buffer = nullptr;
-    TRITONSERVER_MemoryType memory = TRITONSERVER_MEMORY_CPU;
-    int64_t memory_id = 0;
-    Check(TRITONBACKEND_OutputBuffer(output, &buffer, size, &memory, &memory_id), "allocating an output");
-    if (memory == TRITONSERVER_MEMORY_GPU) {
-      throw StageError(TRITONSERVER_ERROR_UNSUPPORTED, "output '" + name + "' is not in CPU memory");
-    }
-    return static_cast<T*>(buffer);
+    return static_cast<T*>(stages::OutputBuffer(response, name, type, shape, 2, size));
   }
 
   // Parses the request's rows into the requested outputs of `response`; its row count.

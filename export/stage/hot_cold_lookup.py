@@ -18,9 +18,10 @@ The served stage is compiled (the Triton C++ backend ``embedding``: ``lookup.cc`
 definition in Python, run in process: the export checks a hot/cold model with it
 (:func:`export.tables.hot_cold_graph.stage_reference`), ``python -m lab cold-reads`` times its
 ways of reading cold rows, and the differential tests hold the compiled stage to it, answers
-and errors alike. It imports only numpy and the standard library, and reads the two file
-formats on its own (``tests/unit/test_ensemble.py`` checks that its readers and
-:mod:`export.tables.row_store`'s agree).
+and the store's load errors alike. It imports only numpy and the standard library, and reads
+the two file formats on its own: :func:`read_store_meta` is the one reader of ``store.json`` in
+Python (:meth:`export.tables.row_store.RowStore.open` starts from it too), and
+:func:`read_hot_ids` reads a hot set as ``numpy.savez`` writes it, as the compiled stage does.
 
 The store's checksums are defined here, once: :mod:`export.tables.row_store` writes them
 with these functions and the stage verifies them when it loads
@@ -53,6 +54,7 @@ import mmap
 import os
 import threading
 import time
+import zipfile
 import zlib
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -207,22 +209,158 @@ def dequantize_rows(raw: np.ndarray, width: int, columns: Sequence[tuple[int, in
     return values
 
 
+#: The most characters of a ``store.json`` value an error line shows (its compact JSON), "..." after.
+_SHOWN_CHARS = 60
+#: A field ``store.json`` does not have, as an error line names it.
+_ABSENT: Any = object()
+#: Integers in ``store.json`` are 64-bit signed, as the compiled stage reads them.
+_INT64 = 2**63
+
+
+def shown_json(value: Any) -> str:
+    """A ``store.json`` value as an error line shows it: compact JSON (keys sorted, ASCII only),
+    at most 60 characters; ``nothing`` for a field that is absent. The compiled stage writes the
+    same text of the same value."""
+    if value is _ABSENT:
+        return "nothing"
+    text = json.dumps(value, sort_keys=True, separators=(",", ":"))
+    return text if len(text) <= _SHOWN_CHARS else text[: _SHOWN_CHARS - 3] + "..."
+
+
+def _is_int(value: Any, minimum: int = -_INT64, maximum: int = _INT64 - 1) -> bool:
+    """Whether ``value`` is a JSON integer (not a bool, not a float) in ``[minimum, maximum]``."""
+    return type(value) is int and minimum <= value <= maximum
+
+
+def _field(meta_path: Path, name: str, value: Any, expected: str) -> StageError:
+    """The error of a ``store.json`` field that is not what the format says."""
+    return StageError(f"{meta_path}: {name} must be {expected}, got {shown_json(value)}")
+
+
 def store_columns(spec: dict[str, Any], width: int) -> tuple[tuple[int, int], ...]:
     """The columns of a store's spec (``store.json``), in row order; they must tile ``[0, width)``.
 
+    ``spec["columns"]`` is absent, null or an object of ``[start, stop]`` pairs of integers
+    (one column, the whole row, where it names none).
+
     Raises:
-        StageError: columns that overlap, leave a gap or pass the row's end.
+        StageError: columns of another form, or that overlap, leave a gap or pass the row's end
+            (without the file's name: :func:`read_store_meta` puts it in front).
     """
-    try:
-        columns = sorted((int(a), int(b)) for a, b in dict(spec.get("columns") or {}).values())
-    except (TypeError, ValueError) as exc:
-        raise StageError(f"invalid row store columns ({type(exc).__name__}: {exc})") from None
+    named = spec.get("columns", _ABSENT)
+    if named is _ABSENT or named is None:
+        return ((0, width),)
+    if not isinstance(named, dict) or not all(
+        isinstance(pair, list) and len(pair) == 2 and all(_is_int(bound) for bound in pair)
+        for pair in named.values()
+    ):
+        raise StageError(
+            f"spec.columns must be an object of [start, stop] pairs of integers, got {shown_json(named)}"
+        )
+    columns = sorted((int(a), int(b)) for a, b in named.values())
     if not columns:
         return ((0, width),)
     edges = [0] + [b for _, b in columns]
     if [a for a, _ in columns] != edges[:-1] or edges[-1] != width or any(a >= b for a, b in columns):
-        raise StageError(f"row store columns {columns} do not tile a row of {width} values")
+        listed = shown_json([list(column) for column in columns])
+        raise StageError(f"spec.columns {listed} do not tile a row of {width} values")
     return tuple(columns)
+
+
+@dataclass(frozen=True)
+class StoreMeta:
+    """A row store's ``store.json``, read and checked (:func:`read_store_meta`).
+
+    Attributes:
+        path: the store's folder.
+        meta_path, rows_path: its ``store.json`` and ``rows.bin``.
+        meta: the whole description, as JSON values.
+        table_sizes: rows of each table (each at least 1).
+        width: values per row.
+        dtype: one of :data:`STORE_DTYPES`.
+        columns: each column's ``(start, stop)``, in row order, tiling ``[0, width)``.
+        row_bytes: bytes of one row in ``rows.bin``.
+        file_bytes: bytes of ``rows.bin`` (what its spec needs, and ``store.json`` says).
+    """
+
+    path: Path
+    meta_path: Path
+    rows_path: Path
+    meta: dict[str, Any]
+    table_sizes: tuple[int, ...]
+    width: int
+    dtype: str
+    columns: tuple[tuple[int, int], ...]
+    row_bytes: int
+    file_bytes: int
+
+
+def _refuse_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a JSON number")
+
+
+def read_store_meta(path: Path) -> StoreMeta:
+    """Read the row store description at ``path`` (``store.json``) and check it field by field:
+    the one reader of the format in Python (:func:`open_store` and
+    :meth:`export.tables.row_store.RowStore.open` both start here; the compiled stage's
+    ``store.cc`` is the one in C++ and says the same lines).
+
+    Raises:
+        StageError: one line that names the file, the field, the value found (its compact
+            JSON) and what the format expects.
+    """
+    path = Path(path)
+    meta_path, rows_path = path / STORE_META_FILE, path / STORE_ROWS_FILE
+    try:
+        raw = meta_path.read_bytes()
+    except FileNotFoundError:
+        raise StageError(f"no row store at {path}: {STORE_META_FILE} is missing") from None
+    except OSError as exc:
+        raise StageError(f"cannot read {meta_path}: {exc.strerror}") from None
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError:
+        raise StageError(f"cannot read {meta_path}: not UTF-8 text") from None
+    try:
+        meta = json.loads(text, parse_constant=_refuse_constant)
+    except ValueError as exc:
+        raise StageError(f"cannot read {meta_path}: not JSON ({exc})") from None
+    if not isinstance(meta, dict) or meta.get("format") != STORE_FORMAT:
+        raise StageError(f"{meta_path} is not a row store description")
+    version = meta.get("version", _ABSENT)
+    if not _is_int(version) or version != STORE_FORMAT_VERSION:
+        raise StageError(
+            f"{meta_path} has row store format version {shown_json(version)}; "
+            f"this stage reads version {STORE_FORMAT_VERSION}"
+        )
+    spec = meta.get("spec", _ABSENT)
+    if not isinstance(spec, dict):
+        raise _field(meta_path, "spec", spec, "an object")
+    sizes = spec.get("table_sizes", _ABSENT)
+    if not isinstance(sizes, list) or not sizes or not all(_is_int(size, 1) for size in sizes):
+        raise _field(meta_path, "spec.table_sizes", sizes, "a list of integers >= 1")
+    width = spec.get("width", _ABSENT)
+    if not _is_int(width, 1):
+        raise _field(meta_path, "spec.width", width, "an integer >= 1")
+    dtype = spec.get("dtype", _ABSENT)
+    if dtype not in STORE_DTYPES or not isinstance(dtype, str):
+        raise _field(meta_path, "spec.dtype", dtype, f"one of {', '.join(STORE_DTYPES)}")
+    try:
+        columns = store_columns(spec, width)
+    except StageError as exc:
+        raise StageError(f"{meta_path}: {exc}") from None
+    if dtype == STORE_INT8:
+        row_bytes = int8_row_bytes(width, len(columns))
+    else:
+        row_bytes = width * _FLOAT_DTYPES[dtype].itemsize
+    needed = sum(sizes) * row_bytes
+    if needed >= _INT64:
+        shown = "more than 2**128" if needed >= 2**128 else str(needed)
+        raise StageError(f"{meta_path}: its spec needs {shown} bytes, more than a file can hold")
+    file_bytes = meta.get("file_bytes", _ABSENT)
+    if not _is_int(file_bytes) or file_bytes != needed:
+        raise StageError(f"{meta_path}: file_bytes is {shown_json(file_bytes)}, its spec needs {needed}")
+    return StoreMeta(path, meta_path, rows_path, meta, tuple(sizes), width, dtype, columns, row_bytes, needed)
 
 
 @dataclass(frozen=True)
@@ -347,16 +485,16 @@ def verify_checksums(
             or a chunk that differs or that the file ends before (the first one is named,
             by byte range).
     """
-    try:
-        kind = checksums["kind"]
-        chunk_bytes = int(checksums["chunk_bytes"])
-        expected = [int(value) for value in checksums["values"]]
-    except (KeyError, TypeError, ValueError) as exc:
-        raise StageError(f"invalid checksums for {rows_path} ({type(exc).__name__}: {exc})") from None
-    if kind != CHECKSUM_KIND or chunk_bytes < 1:
-        raise StageError(
-            f"checksums of {rows_path} are {kind!r} per {chunk_bytes} bytes; expected {CHECKSUM_KIND}"
-        )
+    meta_path = rows_path.parent / STORE_META_FILE
+    kind = checksums.get("kind", _ABSENT)
+    if kind != CHECKSUM_KIND:
+        raise _field(meta_path, "checksums.kind", kind, shown_json(CHECKSUM_KIND))
+    chunk_bytes = checksums.get("chunk_bytes", _ABSENT)
+    if not _is_int(chunk_bytes, 1):
+        raise _field(meta_path, "checksums.chunk_bytes", chunk_bytes, "an integer >= 1")
+    expected = checksums.get("values", _ABSENT)
+    if not isinstance(expected, list) or not all(_is_int(value, 0, 0xFFFFFFFF) for value in expected):
+        raise _field(meta_path, "checksums.values", expected, "a list of CRC-32s (integers 0 to 4294967295)")
     chunks = -(-size // chunk_bytes)
     if len(expected) != chunks:
         raise StageError(
@@ -430,26 +568,25 @@ def _rate(size: int, seconds: float) -> str:
     )
 
 
-def _verify_content(rows_path: Path, meta: dict[str, Any], size: int) -> tuple[str, bool, str]:
+def _verify_content(described: StoreMeta) -> tuple[str, bool, str]:
     """Check ``rows.bin``'s every byte as its description allows: ``(fingerprint, verified, how)``.
 
     A store with chunk checksums is checked against them; a store written by an older
     bundle (no checksums) against its whole-file SHA-256, on one thread; a store with
     neither (written with ``digest=False`` by an older bundle) is loaded unverified.
     """
+    meta, meta_path, rows_path, size = (
+        described.meta, described.meta_path, described.rows_path, described.file_bytes
+    )  # fmt: skip
     checksums = meta.get(STORE_CHECKSUMS_KEY)
     if checksums is not None:
         if not isinstance(checksums, dict):
-            raise StageError(
-                f"{rows_path.parent / STORE_META_FILE}: '{STORE_CHECKSUMS_KEY}' is not an object"
-            )
-        spec = meta.get("spec")
-        fingerprint = store_fingerprint(spec if isinstance(spec, dict) else {}, checksums)
+            raise _field(meta_path, STORE_CHECKSUMS_KEY, checksums, "an object")
+        fingerprint = store_fingerprint(meta["spec"], checksums)
         recorded = meta.get(STORE_FINGERPRINT_KEY)
         if recorded is not None and recorded != fingerprint:
             raise StageError(
-                f"{rows_path.parent / STORE_META_FILE}: its fingerprint does not match its own spec and "
-                "checksums (edited by hand?)"
+                f"{meta_path}: its fingerprint does not match its own spec and checksums (edited by hand?)"
             )
         seconds = verify_checksums(rows_path, checksums, size)
         return (
@@ -457,8 +594,11 @@ def _verify_content(rows_path: Path, meta: dict[str, Any], size: int) -> tuple[s
             True,
             f"CRC-32 of {len(checksums['values'])} chunk(s) verified ({_rate(size, seconds)})",
         )
-    if meta.get("sha256"):
-        seconds = _verify_sha256(rows_path, str(meta["sha256"]), size)
+    sha256 = meta.get("sha256")
+    if sha256 is not None and not isinstance(sha256, str):
+        raise _field(meta_path, "sha256", sha256, "a string")
+    if sha256:
+        seconds = _verify_sha256(rows_path, sha256, size)
         return "", True, f"SHA-256 verified, no chunk checksums (older store; {_rate(size, seconds)})"
     return (
         "",
@@ -475,95 +615,121 @@ def open_store(path: Path, verify: bool = True) -> StoreRows:
 
     ``export`` opened the store with :meth:`export.tables.row_store.RowStore.open` when it
     wrote the stage; this checks that the store found at serving time is still a
-    complete, undamaged store of the same format: every byte against the chunk
-    checksums of ``store.json`` (see :func:`_verify_content` for older stores).
+    complete, undamaged store of the same format: its description field by field
+    (:func:`read_store_meta`), then every byte against the chunk checksums of
+    ``store.json`` (see :func:`_verify_content` for older stores).
 
     Args:
         path: the store's folder.
         verify: check the content (``False``: description and size only).
 
     Raises:
-        StageError: no finished store there, another format version, a ``rows.bin``
-            whose size differs from its description, or whose content differs from
-            its checksums (the message names ``rows.bin``).
+        StageError: in one line: no finished store there, a field of its description that is not
+            what the format says, a ``rows.bin`` whose size differs from its description, or
+            whose content differs from its checksums (the message names ``rows.bin``).
     """
-    meta_path, rows_path = path / STORE_META_FILE, path / STORE_ROWS_FILE
-    try:
-        meta = json.loads(meta_path.read_text())
-    except FileNotFoundError:
-        raise StageError(f"no row store at {path}: {STORE_META_FILE} is missing") from None
-    except (OSError, ValueError) as exc:
-        raise StageError(f"cannot read {meta_path}: {exc}") from None
-    if not isinstance(meta, dict) or meta.get("format") != STORE_FORMAT:
-        raise StageError(f"{meta_path} is not a row store description")
-    if meta.get("version") != STORE_FORMAT_VERSION:
-        raise StageError(
-            f"{meta_path} has row store format version {meta.get('version')!r}; "
-            f"this stage reads version {STORE_FORMAT_VERSION}"
-        )
-    try:
-        spec = meta["spec"]
-        table_sizes = tuple(int(size) for size in spec["table_sizes"])
-        width = int(spec["width"])
-        dtype_name = str(spec["dtype"])
-        if dtype_name not in STORE_DTYPES:
-            raise ValueError(f"dtype {dtype_name!r} is not one of {', '.join(STORE_DTYPES)}")
-        columns = store_columns(spec, width)
-    except StageError as exc:
-        raise StageError(f"{meta_path}: {exc}") from None
-    except (KeyError, TypeError, ValueError) as exc:
-        raise StageError(f"{meta_path}: invalid row store spec ({type(exc).__name__}: {exc})") from None
-    if dtype_name == STORE_INT8:
-        dtype, row_items = np.dtype(np.uint8), int8_row_bytes(width, len(columns))
-    else:
-        dtype, row_items = _FLOAT_DTYPES[dtype_name], width
-    expected = sum(table_sizes) * row_items * dtype.itemsize
+    described = read_store_meta(path)
+    rows_path = described.rows_path
     try:
         fd = os.open(rows_path, os.O_RDONLY)
     except OSError as exc:
         raise StageError(f"cannot open {rows_path}: {exc.strerror}") from None
     try:
         size = os.fstat(fd).st_size
-        if size != expected or meta.get("file_bytes") != expected:
+        if size != described.file_bytes:
             raise StageError(
-                f"{rows_path} has {size} bytes, {STORE_META_FILE} says {meta.get('file_bytes')} and its "
-                f"spec needs {expected} (truncated, or from another store)"
+                f"{rows_path} has {size} bytes, {STORE_META_FILE} says {described.file_bytes} "
+                "(truncated, or from another store)"
             )
         fingerprint, verified, check = "", False, "content not checked"
         if verify:
-            fingerprint, verified, check = _verify_content(rows_path, meta, size)
+            fingerprint, verified, check = _verify_content(described)
         mapped = mmap.mmap(fd, size, access=mmap.ACCESS_READ)
     finally:
         os.close(fd)
     # A cold lookup then reads one page, not the kernel's read-ahead window.
     if hasattr(mmap, "MADV_RANDOM"):
         mapped.madvise(mmap.MADV_RANDOM)
-    data = np.frombuffer(mapped, dtype=dtype).reshape(sum(table_sizes), row_items)
+    dtype = np.dtype(np.uint8) if described.dtype == STORE_INT8 else _FLOAT_DTYPES[described.dtype]
+    rows = sum(described.table_sizes)
+    data = np.frombuffer(mapped, dtype=dtype).reshape(rows, described.row_bytes // dtype.itemsize)
     return StoreRows(
-        path, table_sizes, width, data, fingerprint, verified, check, mapped, dtype_name, columns
-    )
+        described.path, described.table_sizes, described.width, data, fingerprint, verified, check,
+        mapped, described.dtype, described.columns,
+    )  # fmt: skip
+
+
+#: The integer dtypes a hot set's arrays may have (what numpy writes for ids).
+_HOT_SET_KINDS = "iu"
+#: What zipfile and numpy raise of a file that is no archive numpy.savez wrote, or a damaged one.
+_UNREADABLE = (ValueError, OSError, EOFError, KeyError, RuntimeError, NotImplementedError, zipfile.BadZipFile)
 
 
 def read_hot_ids(path: Path, num_tables: int) -> tuple[tuple[int, ...], tuple[np.ndarray, ...]]:
     """The table sizes and each table's hot ids (hottest first) of a hot-set ``.npz``.
 
-    Reads the file :meth:`export.tables.hot_rows.HotSet.save` writes: ``table_sizes`` and
-    ``ids_C1`` .. ``ids_C<num_tables>``.
+    Reads the file :meth:`export.tables.hot_rows.HotSet.save` writes with ``numpy.savez``:
+    ``table_sizes`` and ``ids_C1`` .. ``ids_C<num_tables>``, each a 1-D array of integers, the
+    archive's members stored, not compressed. The compiled stage (``npz.cc``) reads no other
+    form either.
 
     Raises:
-        StageError: the file is missing or not a hot set of ``num_tables`` tables.
+        StageError: the file is missing or not such a hot set of ``num_tables`` tables, in one
+            line that names the file and the member.
     """
+    path = Path(path)
     if not path.is_file():
-        raise StageError(f"no hot-set file: {path}")
+        raise StageError(f"no hot-set file: {path}" + (" is not a file" if path.exists() else ""))
+
+    def refused(reason: str) -> StageError:
+        return StageError(f"{path}: not a hot-set file ({reason})")
+
+    try:
+        with zipfile.ZipFile(path) as archive:
+            stored = {info.filename: info.compress_type == zipfile.ZIP_STORED for info in archive.infolist()}
+    except _UNREADABLE as exc:
+        raise refused(f"no ZIP archive numpy.savez writes: {_first_line(exc)}") from None
+
+    def member(data: Any, name: str) -> np.ndarray:
+        entry = f"{name}.npy" if f"{name}.npy" in stored else name
+        if entry not in stored:
+            raise refused(f"no member {name}.npy")
+        if not stored[entry]:
+            raise refused(
+                f"member {entry} is compressed: save the hot set with numpy.savez, not savez_compressed"
+            )
+        try:
+            values = np.asarray(data[name])
+        except _UNREADABLE as exc:
+            raise refused(f"member {entry}: {_first_line(exc)}") from None
+        if values.dtype.kind not in _HOT_SET_KINDS:
+            raise refused(
+                f"member {entry}: dtype '{values.dtype.str}', expected integers (a numpy int or uint dtype)"
+            )
+        if values.ndim != 1:
+            raise refused(f"member {entry}: shape {values.shape}, expected one dimension")
+        if values.dtype.kind == "u" and values.size and int(values.max()) >= _INT64:
+            position = int(np.argmax(values >= _INT64))
+            raise refused(
+                f"member {entry}: value {int(values[position])} at position {position} does not fit an int64"
+            )
+        return values.astype(np.int64)
+
     try:
         with np.load(path, allow_pickle=False) as data:
-            sizes = tuple(int(size) for size in data["table_sizes"])
-            ids = tuple(np.asarray(data[f"ids_C{t + 1}"], dtype=np.int64) for t in range(num_tables))
-    except (KeyError, ValueError, OSError) as exc:
-        raise StageError(f"{path}: not a hot-set file ({exc})") from None
-    if len(sizes) != num_tables:
-        raise StageError(f"{path}: a hot set of {len(sizes)} tables, the stage has {num_tables}")
+            sizes = tuple(int(size) for size in member(data, "table_sizes"))
+            if len(sizes) != num_tables:
+                raise StageError(f"{path}: a hot set of {len(sizes)} tables, the stage has {num_tables}")
+            ids = tuple(member(data, f"ids_C{t + 1}") for t in range(num_tables))
+    except _UNREADABLE as exc:
+        raise refused(_first_line(exc)) from None
     return sizes, ids
+
+
+def _first_line(exc: BaseException) -> str:
+    """An exception's text in one line (its type's name where it has none)."""
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
 
 
 #: Every float16 bit pattern's float32 value (256 KiB, built on first use): a gather from

@@ -159,7 +159,7 @@ class RowStoreSpec:
             checked[name] = (start, stop)
         if self.dtype == INT8:
             try:
-                stage_format.store_columns({"columns": checked}, self.width)
+                stage_format.store_columns({"columns": {n: list(b) for n, b in checked.items()}}, self.width)
             except stage_format.StageError as exc:
                 raise ConfigError(f"an int8 row store's columns must tile its rows: {exc}") from None
         object.__setattr__(self, "columns", MappingProxyType(checked))
@@ -246,7 +246,8 @@ class RowStoreSpec:
             ConfigError: a field missing or invalid.
         """
         try:
-            columns = {str(name): (int(a), int(b)) for name, (a, b) in dict(data["columns"]).items()}
+            named = dict(data.get("columns") or {})
+            columns = {str(name): (int(a), int(b)) for name, (a, b) in named.items()}
             return cls(tuple(data["table_sizes"]), int(data["width"]), str(data["dtype"]), columns)
         except (KeyError, TypeError, ValueError) as exc:
             raise ConfigError(f"invalid row store spec ({type(exc).__name__}: {exc})") from None
@@ -615,8 +616,9 @@ class RowStore:
     def open(cls, path: Path, random_access: bool = True) -> RowStore:
         """Map the store at ``path`` after checking ``rows.bin`` against ``store.json``.
 
-        Checks the format version, the file size and a sample of rows (cheap at any
-        size; :meth:`verify` checks every byte).
+        Checks the description field by field (the stage's own reader,
+        :func:`export.stage.hot_cold_lookup.read_store_meta`), the file size and a sample of
+        rows (cheap at any size; :meth:`verify` checks every byte).
 
         Args:
             path: the store's folder.
@@ -626,29 +628,15 @@ class RowStore:
         Raises:
             ExportError: no finished store there, or ``rows.bin`` does not match ``store.json``.
         """
-        path = Path(path)
-        meta_path, rows_path = path / META_FILE, path / ROWS_FILE
         try:
-            meta = json.loads(meta_path.read_text())
-        except FileNotFoundError:
-            raise ExportError(f"no row store at {path}: {META_FILE} is missing (never finished?)") from None
-        except (OSError, ValueError) as exc:
-            raise ExportError(f"cannot read {meta_path}: {exc}") from None
-        if not isinstance(meta, dict) or meta.get("format") != FORMAT:
-            raise ExportError(f"{meta_path} is not a row store description")
-        if meta.get("version") != FORMAT_VERSION:
-            raise ExportError(
-                f"{meta_path} has row store format version {meta.get('version')!r}; "
-                f"this code reads version {FORMAT_VERSION}"
-            )
+            described = stage_format.read_store_meta(Path(path))
+        except stage_format.StageError as exc:
+            raise ExportError(str(exc)) from None
+        path, meta, rows_path = described.path, described.meta, described.rows_path
         try:
             spec = RowStoreSpec.from_json(meta["spec"])
-        except (ConfigError, KeyError) as exc:
-            raise ExportError(f"{meta_path}: {exc}") from None
-        if meta.get("file_bytes") != spec.total_bytes:
-            raise ExportError(
-                f"{meta_path} says {meta.get('file_bytes')} bytes but its spec needs {spec.total_bytes}"
-            )
+        except ConfigError as exc:
+            raise ExportError(f"{described.meta_path}: {exc}") from None
         try:
             fd = os.open(rows_path, os.O_RDONLY)
         except OSError as exc:

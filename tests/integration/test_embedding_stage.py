@@ -402,9 +402,9 @@ def test_the_bundle_client_infers_on_the_ensemble(
         (
             PARAM_COLD_READS,
             "mmap",
-            "'cold_reads' must be one of io_uring, prefetch, threads, fault, got 'mmap'",
+            "'cold_reads' must be one of io_uring, prefetch, threads, fault, got \"mmap\"",
         ),
-        (PARAM_COLD_READ_HINT_ROWS, "many", "'cold_read_hint_rows' must be an integer >= 0, got 'many'"),
+        (PARAM_COLD_READ_HINT_ROWS, "many", "'cold_read_hint_rows' must be an integer >= 0, got \"many\""),
     ],
 )
 def test_a_bad_way_of_reading_cold_rows_fails_the_stage_in_one_line(

@@ -222,7 +222,7 @@ def test_truncated_swapped_or_mismatched_files_are_refused_at_open(tmp_path: Pat
     meta = json.loads(good_meta)
     meta["spec"]["table_sizes"][0] += 1
     meta_path.write_text(json.dumps(meta))
-    refused("says 37648 bytes but its spec needs 37664")
+    refused("file_bytes is 37648, its spec needs 37664")
     meta["file_bytes"] = 37664
     meta_path.write_text(json.dumps(meta))
     refused("has 37648 bytes, store.json says 37664")
