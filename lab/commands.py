@@ -120,6 +120,14 @@ RunStageInstances = Annotated[
 def soak(
     repository: ServedRepository[Path] = Path("model_repository"),
     model: Model[list[str] | None] = None,
+    reference: Annotated[
+        list[str] | None,
+        typer.Option(
+            help="MODEL=ONNX: the in-graph model whose in-process answers MODEL must give, for a model "
+            "without an ONNX file of its own (a hot/cold ensemble: the same checkpoint exported in-graph); "
+            "MODEL_raw is checked against MODEL's. Repeatable."
+        ),
+    ] = None,
     duration: SoakDuration = 600.0,
     warmup: Warmup = 60.0,
     rate: Annotated[float, typer.Option(help="Requests per second over all client threads.")] = 100.0,
@@ -136,9 +144,16 @@ def soak(
     taken after --warmup."""
     from lab.soak import MAX_RSS_GROWTH, SoakConfig, SoakFailed, run_soak, write_result
 
+    pairs = []
+    for given in reference or ():
+        name, sep, path = given.partition("=")
+        if not sep or not name or not path:
+            raise ConfigError(f"--reference takes MODEL=PATH to an ONNX file, got {given!r}")
+        pairs.append((name, Path(path)))
     config = SoakConfig(
         repository=repository,
         models=tuple(model or ()),
+        references=tuple(pairs),
         duration_s=duration,
         warmup_s=warmup,
         rate=rate,

@@ -41,6 +41,7 @@ import numpy as np
 from bundle.errors import BundleError, ConfigError
 from bundle.records import RunRecord
 from bundle.repository import MODEL_FILE, version_dir
+from bundle.schema import RAW_MODEL_SUFFIX, is_raw_model
 from bundle.snippets import section, section_end, section_start
 from clients.options import Protocol
 from clients.reference import OnnxReference
@@ -48,7 +49,7 @@ from clients.retry import RetryPolicy
 from clients.triton import TritonClient
 from clients.verify import repository_models
 from criteo.synth import SynthConfig, write_tsv
-from criteo.tsv import Batch, RowText, read_batch
+from criteo.tsv import Batch, RowText, iter_row_text, read_batch
 from loadtest.engine.driver import Answer, Connect, Driver, Request
 from loadtest.engine.writer import Panel, Series, plot, table, write_json, write_markdown
 
@@ -151,7 +152,13 @@ class SoakConfig:
 
     Args:
         repository: the model repository to serve.
-        models: models to load and send to; every ONNX model of the repository when empty.
+        models: models to load and send to; every ONNX model of the repository when empty. A
+            raw-row model (``<model>_raw``) is sent its rows' text and checked against its base
+            model's reference on the same rows.
+        references: ``(model, ONNX file)`` pairs: the in-graph model whose in-process answers a
+            served model must give, for a model without an ONNX file of its own (a hot/cold
+            ensemble: the same checkpoint exported in-graph); every other model is checked
+            against its own ``model.onnx``.
         duration_s: length of the load, warm-up included.
         warmup_s: the RSS baseline is the first sample at or after this time.
         rate: requests per second over all client threads.
@@ -165,6 +172,7 @@ class SoakConfig:
 
     repository: Path
     models: tuple[str, ...] = ()
+    references: tuple[tuple[str, Path], ...] = ()
     duration_s: float = 600.0
     warmup_s: float = 60.0
     rate: float = 100.0
@@ -179,6 +187,7 @@ class SoakConfig:
         object.__setattr__(self, "repository", Path(self.repository))
         object.__setattr__(self, "models", tuple(self.models))
         object.__setattr__(self, "batch_sizes", tuple(self.batch_sizes))
+        object.__setattr__(self, "references", tuple((str(m), Path(f)) for m, f in self.references))
         if not self.duration_s > 0:
             raise ConfigError(f"duration_s must be > 0, got {self.duration_s!r}")
         if not 0 <= self.warmup_s < self.duration_s:
@@ -284,29 +293,53 @@ class SoakResult:
         }
 
 
-def _rows(config: SoakConfig, count: int) -> Batch:
+def _rows(config: SoakConfig, count: int) -> tuple[Batch, RowText]:
+    """``count`` rows, parsed and as their text (the same rows)."""
     if config.data is not None:
-        return read_batch(config.data, count)
+        return read_batch(config.data, count), next(iter_row_text(config.data, chunk_rows=count))
     path = config.log_file.parent / "soak-rows.tsv"
     path.parent.mkdir(parents=True, exist_ok=True)
     write_tsv(SynthConfig(rows=count, seed=config.seed + 1000), path)
     try:
-        return read_batch(path)
+        return read_batch(path), next(iter_row_text(path, chunk_rows=count))
     finally:
         path.unlink()
 
 
+def reference_file(config: SoakConfig, model: str) -> Path:
+    """The ONNX file whose in-process answers ``model`` must give (:attr:`SoakConfig.references`).
+
+    Raises:
+        ConfigError: a model without an ONNX file of its own that no reference names.
+    """
+    named = dict(config.references)
+    base = model[: -len(RAW_MODEL_SUFFIX)] if is_raw_model(model) else model
+    for key in (model, base):
+        if key in named:
+            if not named[key].is_file():
+                raise ConfigError(f"the reference of model {key!r} is not a file: {named[key]}")
+            return named[key]
+    own = version_dir(config.repository, base) / MODEL_FILE
+    if not own.is_file():
+        raise ConfigError(
+            f"model {base!r} has no {MODEL_FILE} to check its answers against (a hot/cold ensemble?): "
+            f"name the in-graph export of the same checkpoint with --reference {base}=PATH/{MODEL_FILE}"
+        )
+    return own
+
+
 def _cases(config: SoakConfig, models: list[str]) -> list[Case]:
     """Per model and batch size, a slice of real rows and ONNX Runtime's answer for it."""
-    rows = _rows(config, sum(config.batch_sizes))
+    rows, text = _rows(config, sum(config.batch_sizes))
     cases = []
     for model in models:
-        reference = OnnxReference(version_dir(config.repository, model) / MODEL_FILE)
+        reference = OnnxReference(reference_file(config, model))
         start = 0
         for size in config.batch_sizes:
             batch = rows.slice(start, start + size)
+            sent = text.slice(start, start + size) if is_raw_model(model) else batch
             start += size
-            cases.append(Case(model, batch, {"in_process": reference.predict(batch)}))
+            cases.append(Case(model, sent, {"in_process": reference.predict(batch)}))
     return cases
 
 
@@ -416,7 +449,10 @@ def run_soak(config: SoakConfig, command: str) -> SoakResult:
         (i for i, s in enumerate(sampler.samples) if s.t_s >= config.warmup_s), len(sampler.samples) - 1
     )
     return SoakResult(
-        config={k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(config).items()},
+        config={
+            **{k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(config).items()},
+            "references": {model: str(path) for model, path in config.references},
+        },
         record=record.finish(),
         tritonserver=version,
         models=models,
@@ -459,7 +495,10 @@ def markdown(result: SoakResult) -> list[str]:
         f"backend; models: {', '.join(result.models)}",
         f"- **Load**: {config['rate']:.0f} requests/s over {config['threads']} client threads "
         f"({'gRPC and HTTP' if config['threads'] > 1 else 'gRPC'}), batch sizes {config['batch_sizes']}, "
-        "every answer compared with ONNX Runtime in process",
+        "every answer compared with ONNX Runtime in process"
+        + "".join(
+            f"; {model}'s with `{path}`" for model, path in sorted((config.get("references") or {}).items())
+        ),
         "",
         *table(
             ["", "value"],
@@ -480,7 +519,8 @@ def markdown(result: SoakResult) -> list[str]:
             ],
         ),
         "",
-        "Server-side counts during the load (statistics API): "
+        "Server-side counts during the load (statistics API; a model an ensemble calls counts those "
+        "calls too): "
         + ", ".join(
             f"{name} {c['success']} ok / {c['fail']} failed" for name, c in result.server_counts.items()
         ),

@@ -240,3 +240,31 @@ def test_model_analyzer_and_tune_answer_the_same_tiny_space(
     text = json.dumps(document)
     assert "Model Analyzer" in text and "tune" in text
     assert (tmp_path / "out" / "report.md").is_file()
+
+
+def test_soak_checks_an_ensemble_against_the_reference_it_is_given(tmp_path: Path) -> None:
+    from bundle.errors import ConfigError
+    from lab.soak import SoakConfig, reference_file
+
+    repo = tmp_path / "repo"
+    (repo / "plain" / "1").mkdir(parents=True)
+    (repo / "plain" / "1" / "model.onnx").write_bytes(b"onnx")
+    (repo / "ensemble" / "1").mkdir(parents=True)
+    config = SoakConfig(repository=repo, references=(("ensemble", repo / "plain" / "1" / "model.onnx"),))
+    own = repo / "plain" / "1" / "model.onnx"
+    # A model with an ONNX file of its own is checked against it; a raw-row model against its base's.
+    assert reference_file(config, "plain") == own and reference_file(config, "plain_raw") == own
+    # An ensemble (no model.onnx) against the reference named for it, its raw-row model too.
+    assert reference_file(config, "ensemble") == own and reference_file(config, "ensemble_raw") == own
+    with pytest.raises(ConfigError, match=r"model 'lonely' has no model.onnx .* --reference lonely="):
+        reference_file(SoakConfig(repository=repo), "lonely")
+    missing = SoakConfig(repository=repo, references=(("ensemble", tmp_path / "gone.onnx"),))
+    with pytest.raises(ConfigError, match=r"the reference of model 'ensemble' is not a file: .*gone.onnx"):
+        reference_file(missing, "ensemble_raw")
+
+
+def test_soak_reference_without_a_model_name_is_one_line(tmp_path: Path) -> None:
+    run = lab("soak", "--repository", str(tmp_path), "--reference", "model.onnx", timeout=120)
+    lines = [line for line in run.stderr.splitlines() if line.strip()]
+    assert run.returncode != 0 and "Traceback" not in run.stderr, run.stderr
+    assert "--reference takes MODEL=PATH to an ONNX file, got 'model.onnx'" in lines[-1], run.stderr
