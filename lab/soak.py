@@ -47,9 +47,8 @@ from clients.options import Protocol
 from clients.reference import OnnxReference
 from clients.retry import RetryPolicy
 from clients.triton import TritonClient
-from clients.verify import repository_models
-from criteo.synth import SynthConfig, write_tsv
-from criteo.tsv import Batch, RowText, iter_row_text, read_batch
+from clients.verify import repository_models, sample_rows_with_text
+from criteo.tsv import Batch, RowText
 from loadtest.engine.driver import Answer, Connect, Driver, Request
 from loadtest.engine.writer import Panel, Series, plot, table, write_json, write_markdown
 
@@ -294,16 +293,11 @@ class SoakResult:
 
 
 def _rows(config: SoakConfig, count: int) -> tuple[Batch, RowText]:
-    """``count`` rows, parsed and as their text (the same rows)."""
-    if config.data is not None:
-        return read_batch(config.data, count), next(iter_row_text(config.data, chunk_rows=count))
-    path = config.log_file.parent / "soak-rows.tsv"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    write_tsv(SynthConfig(rows=count, seed=config.seed + 1000), path)
-    try:
-        return read_batch(path), next(iter_row_text(path, chunk_rows=count))
-    finally:
-        path.unlink()
+    """``count`` rows, parsed and as their text (the same rows, read or generated once)."""
+    batch, text = sample_rows_with_text(config.data, count, seed=config.seed + 1000)
+    rows = np.empty((len(text), 1), dtype=np.object_)
+    rows[:, 0] = text.tolist()
+    return batch, RowText(rows, 1, str(config.data or "<synthetic>"))
 
 
 def reference_file(config: SoakConfig, model: str) -> Path:
@@ -313,7 +307,7 @@ def reference_file(config: SoakConfig, model: str) -> Path:
         ConfigError: a model without an ONNX file of its own that no reference names.
     """
     named = dict(config.references)
-    base = model[: -len(RAW_MODEL_SUFFIX)] if is_raw_model(model) else model
+    base = model.removesuffix(RAW_MODEL_SUFFIX)
     for key in (model, base):
         if key in named:
             if not named[key].is_file():
