@@ -71,6 +71,13 @@ InputOption = Annotated[
 ModeOption = Annotated[ModeName, typer.Option("--mode", help="sync: one request in flight; async: asyncio.")]
 InFlightOption = Annotated[int, typer.Option("--max-in-flight", help="Requests pending at once (async).")]
 JsonOption = Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")]
+# A flag that lab soak takes with another meaning (MODEL=PATH pairs).
+ReferenceOnnx = Annotated[
+    Path | None,
+    typer.Option(
+        "--reference", help="ONNX file to run in-process (ONNX Runtime) on the same rows.", dir_okay=False
+    ),
+]
 
 
 def _options(
@@ -248,12 +255,7 @@ def evaluate(
     input_file: InputOption,
     protocol: ProtocolOption = ProtocolName.GRPC,
     url: UrlOption = None,
-    reference: Annotated[
-        Path | None,
-        typer.Option(
-            "--reference", help="ONNX file to run in-process (ONNX Runtime) on the same rows.", dir_okay=False
-        ),
-    ] = None,
+    reference: ReferenceOnnx = None,
     batch_size: RowsPerRequest[int] = 1024,
     mode: ModeOption = ModeName.SYNC,
     max_in_flight: InFlightOption = 4,

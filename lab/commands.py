@@ -111,6 +111,15 @@ CpuResult = Annotated[
 SoakDuration = Annotated[float, typer.Option("--duration", help="Seconds of load, warm-up included.")]
 ClientThreads = Annotated[int, typer.Option("--threads", help="Client threads (alternating gRPC and HTTP).")]
 WarmupRequests = Annotated[int, typer.Option("--warmup", help="Warm-up requests per case.")]
+SoakReference = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--reference",
+        help="MODEL=ONNX: the in-graph model whose in-process answers MODEL must give, for a model "
+        "without an ONNX file of its own (a hot/cold ensemble: the same checkpoint exported in-graph); "
+        "MODEL_raw is checked against MODEL's. Repeatable.",
+    ),
+]
 RunStageInstances = Annotated[
     int,
     typer.Option("--stage-instances", help="Instances of the embedding stage for the run (0: as exported)."),
@@ -120,14 +129,7 @@ RunStageInstances = Annotated[
 def soak(
     repository: ServedRepository[Path] = Path("model_repository"),
     model: Model[list[str] | None] = None,
-    reference: Annotated[
-        list[str] | None,
-        typer.Option(
-            help="MODEL=ONNX: the in-graph model whose in-process answers MODEL must give, for a model "
-            "without an ONNX file of its own (a hot/cold ensemble: the same checkpoint exported in-graph); "
-            "MODEL_raw is checked against MODEL's. Repeatable."
-        ),
-    ] = None,
+    reference: SoakReference = None,
     duration: SoakDuration = 600.0,
     warmup: Warmup = 60.0,
     rate: Annotated[float, typer.Option(help="Requests per second over all client threads.")] = 100.0,
