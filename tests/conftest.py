@@ -18,6 +18,7 @@ import itertools
 import subprocess
 import sys
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -53,7 +54,7 @@ def start_triton(
     ``ServerConfig`` fields (``model_control_mode``, ``load_models``, ...).
     A failed start raises ``ServerError`` with the server already stopped.
     Every server still running at the end of the session is stopped by its
-    process id (SIGTERM, then SIGKILL of its process group after a timeout).
+    process id (SIGTERM, then SIGKILL of its process group after a timeout), all of them at once.
     """
     servers: list[LocalServer] = []
     logs = tmp_path_factory.mktemp("tritonserver-logs")
@@ -70,8 +71,9 @@ def start_triton(
         return server.start()
 
     yield start
-    for server in servers:
-        server.stop()
+    # All at once: each drains and unloads on its own, so the session does not wait them out in turn.
+    with ThreadPoolExecutor(max_workers=max(1, len(servers))) as pool:
+        list(pool.map(lambda server: server.stop(), servers))
 
 
 def _run_stage(*args: str) -> None:
