@@ -15,14 +15,19 @@
 
 namespace stages {
 
-// When one request's work ran: what Triton's statistics call compute.
+// When one request's work ran: what Triton's statistics call compute; and when its response was
+// complete, handed to Triton: the request's execution end. As Triton's own backends (onnxruntime,
+// openvino) take it, that is before the send: the hand-off to the next step or to the client's
+// connection is the server's time around the model, not the model's.
 struct ComputeTimes {
   uint64_t start = 0;
   uint64_t end = 0;
+  uint64_t handed = 0;  // 0: not reached (no response); the execution ends when answer() returns
 };
 
 // Answers and releases every request of an execution: `answer(request, &times)` answers one
-// (true where it succeeded) and says when its compute ran; each request's statistics are reported
+// (true where it succeeded) and says when its compute ran and its response was handed over; each
+// request's statistics are reported
 // and it is released, whatever happened to another. `batch_size` is what the batch's statistics
 // count (requests, or rows) once all are answered. Never throws: once a request is released an
 // error returned to Triton would hand it back a second time.
@@ -31,13 +36,15 @@ void AnswerAll(TRITONBACKEND_ModelInstance* instance, const std::string& model,
                TRITONBACKEND_Request** requests, uint32_t count, Answer&& answer,
                const uint64_t* batch_size = nullptr) noexcept {
   const uint64_t exec_start = NowNs();
+  uint64_t exec_end = exec_start;
   for (uint32_t index = 0; index < count; ++index) {
     TRITONBACKEND_Request* request = requests[index];
     ComputeTimes times;
     times.start = NowNs();
     times.end = times.start;
     const bool success = answer(request, &times);
-    const uint64_t end = NowNs();
+    const uint64_t end = times.handed != 0 ? times.handed : NowNs();
+    exec_end = end;
     ErrorPtr ignored(TRITONBACKEND_ModelInstanceReportStatistics(instance, request, success, exec_start,
                                                                  times.start, times.end, end));
     ErrorPtr released(TRITONBACKEND_RequestRelease(request, TRITONSERVER_REQUEST_RELEASE_ALL));
@@ -46,7 +53,6 @@ void AnswerAll(TRITONBACKEND_ModelInstance* instance, const std::string& model,
                 "model '" + model + "': releasing a request: " + TRITONSERVER_ErrorMessage(released.get()));
     }
   }
-  const uint64_t exec_end = NowNs();
   ErrorPtr ignored(TRITONBACKEND_ModelInstanceReportBatchStatistics(
       instance, batch_size != nullptr ? *batch_size : count, exec_start, exec_start, exec_end, exec_end));
 }
@@ -54,10 +60,11 @@ void AnswerAll(TRITONBACKEND_ModelInstance* instance, const std::string& model,
 // One request's response: created, `fill(response)` run, and sent with the error it threw, if any
 // (a refused request, INVALID_ARG, logged as a warning; any other failure as an error).
 // `before_send(failed)` runs between the two (a stage's counters, read by a client after its
-// answer). Whether the request was answered without an error. Never throws.
+// answer); `*handed` is the time right after it, before the send. Whether the request was
+// answered without an error. Never throws.
 template <typename Fill, typename BeforeSend>
-bool Respond(TRITONBACKEND_Request* request, const std::string& model, Fill&& fill,
-             BeforeSend&& before_send) noexcept {
+bool Respond(TRITONBACKEND_Request* request, const std::string& model, Fill&& fill, BeforeSend&& before_send,
+             uint64_t* handed) noexcept {
   TRITONBACKEND_Response* response = nullptr;
   ErrorPtr created(TRITONBACKEND_ResponseNew(&response, request));
   if (created) {
@@ -75,6 +82,7 @@ bool Respond(TRITONBACKEND_Request* request, const std::string& model, Fill&& fi
               "model '" + model + "': " + TRITONSERVER_ErrorMessage(error.get()));
   }
   before_send(error != nullptr);
+  *handed = NowNs();
   ErrorPtr sent(TRITONBACKEND_ResponseSend(response, TRITONSERVER_RESPONSE_COMPLETE_FINAL, error.get()));
   if (sent) {
     STAGE_LOG(TRITONSERVER_LOG_ERROR,

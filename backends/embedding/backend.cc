@@ -612,8 +612,9 @@ class InstanceState {
   }
 
   // Answers and releases every request. Compute is the placement and the reads; output, the
-  // response sent (Triton serializes it). A request's lookups are counted before its response is
-  // sent, so a client that reads the counters after its answer sees them.
+  // counters; the execution ends as the complete response is handed to Triton, before its send (as
+  // Triton's own backends count it). A request's lookups are counted before its response is sent,
+  // so a client that reads the counters after its answer sees them.
   void Execute(TRITONBACKEND_Request** requests, uint32_t count) noexcept {
     stages::AnswerAll(instance_, model_.name(), requests, count,
                       [this](TRITONBACKEND_Request* request, stages::ComputeTimes* times) {
@@ -627,7 +628,8 @@ class InstanceState {
                               counters_->Add(hot, cold);
                               if (!failed && cold > 0)
                                 counters_->AddRows(reads_->last_hits(), reads_->last_misses());
-                            });
+                            },
+                            &times->handed);
                       });
   }
 

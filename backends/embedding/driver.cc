@@ -21,6 +21,7 @@
 // The lookup is opened at the first `ids` line. The answer, on stdout, one line each:
 //   fallback <why>                   where io_uring reads the prefetch way
 //   slot_map <0|1>                   whether the lookup indexes a slot map
+//   hot_bits <0|1>                   whether it tells hot rows by a bit a row
 //   tier <whole|rows> <rows>         with a tier: its form and the rows it holds at most
 //   direct <how>                     with a tier: how its misses are read
 //   hot_slots <B> <H> <hex>          then, per request: the outputs' bytes (little-endian), as hex
@@ -233,6 +234,7 @@ int main() {
       }
       if (!reads->fallback().empty()) std::cout << "fallback " << reads->fallback() << "\n";
       std::cout << "slot_map " << (lookup->uses_slot_map() ? 1 : 0) << "\n";
+      std::cout << "hot_bits " << (lookup->uses_hot_bits() ? 1 : 0) << "\n";
       if (cache) {
         std::cout << "tier " << (cache->whole() ? "whole " : "rows ") << cache->capacity_rows() << "\n";
         std::cout << "direct " << reads->direct() << "\n";

@@ -80,6 +80,13 @@ HotColdLookup::HotColdLookup(std::vector<int64_t> table_sizes,
       slot_map_[static_cast<size_t>(keys_[index])] = static_cast<uint32_t>(slots_[index]);
     }
   }
+  // A bit a row, 1 where it is hot: a 32nd of the slot map, so it stays in the CPU's caches where
+  // the map and the rows do not, and a cold lookup (the many, where the hot set is small) never
+  // reads the map or searches the keys.
+  if (!slots_.empty() && static_cast<uint64_t>(total) / 8 <= slot_map_max_bytes) {
+    hot_bits_.assign((static_cast<size_t>(total) + 63) / 64, 0);
+    for (int64_t key : keys_) hot_bits_[static_cast<size_t>(key) >> 6] |= uint64_t{1} << (key & 63);
+  }
 }
 
 void HotColdLookup::Place(const int64_t* ids, size_t batch, int64_t* hot_slots,
@@ -90,10 +97,12 @@ void HotColdLookup::Place(const int64_t* ids, size_t batch, int64_t* hot_slots,
   const int64_t* sizes = position_sizes_.data();
   const int64_t* offsets = position_offsets_.data();
   const uint32_t* slot_map = slot_map_.empty() ? nullptr : slot_map_.data();
+  const uint64_t* bits = hot_bits_.empty() ? nullptr : hot_bits_.data();
   size_t position = 0;
   for (size_t row = 0; row < batch; ++row) {
-    // Each of the row's keys first (held in its slot's place meanwhile), its slot-map entry asked
-    // for ahead: the row's lookups of the map then overlap instead of waiting on memory in turn.
+    // Each of the row's keys first, held in its slot's place meanwhile (a hot one as ~key, < 0),
+    // a hot key's slot-map entry asked for ahead: the row's lookups of the map then overlap
+    // instead of waiting on memory in turn.
     const size_t first = position;
     for (size_t column = 0; column < width; ++column, ++position) {
       // numpy's mod: the remainder takes the divisor's sign (sizes are >= 1, so never -1).
@@ -104,17 +113,22 @@ void HotColdLookup::Place(const int64_t* ids, size_t batch, int64_t* hot_slots,
         if (reduced < 0) reduced += sizes[column];
       }
       const int64_t key = reduced + offsets[column];
-      hot_slots[position] = key;
-      if (slot_map != nullptr) __builtin_prefetch(slot_map + key);
+      const bool hot = bits == nullptr || ((bits[static_cast<size_t>(key) >> 6] >> (key & 63)) & 1) != 0;
+      hot_slots[position] = hot ? ~key : key;
+      if (hot && slot_map != nullptr) __builtin_prefetch(slot_map + key);
     }
     for (size_t at = first; at < position; ++at) {
-      const int64_t key = hot_slots[at];
+      int64_t key = hot_slots[at];
       int64_t slot = 0;
-      if (slot_map != nullptr) {
-        slot = slot_map[key];
-      } else if (!keys_.empty()) {
-        const auto found = std::lower_bound(keys_.begin(), keys_.end(), key);
-        if (found != keys_.end() && *found == key) slot = slots_[static_cast<size_t>(found - keys_.begin())];
+      if (key < 0) {
+        key = ~key;
+        if (slot_map != nullptr) {
+          slot = slot_map[key];
+        } else if (!keys_.empty()) {
+          const auto found = std::lower_bound(keys_.begin(), keys_.end(), key);
+          if (found != keys_.end() && *found == key)
+            slot = slots_[static_cast<size_t>(found - keys_.begin())];
+        }
       }
       hot_slots[at] = slot;
       if (slot == 0) {

@@ -44,6 +44,8 @@ class HotColdLookup {
   const std::vector<int64_t>& table_sizes() const { return sizes_; }
   const std::vector<int64_t>& hotness() const { return hotness_; }
   bool uses_slot_map() const { return !slot_map_.empty(); }
+  // Whether a bit a store row says which are hot (where it fits: slot_map_max_bytes / 8).
+  bool uses_hot_bits() const { return !hot_bits_.empty(); }
 
   // Places `batch x positions()` ids: writes `hot_slots` (batch x positions()) and replaces
   // `cold_positions` and `cold_keys` by the cold lookups, ascending by position. Thread-safe
@@ -59,6 +61,7 @@ class HotColdLookup {
   std::vector<int64_t> keys_;              // hot keys (table offset + id), ascending
   std::vector<int64_t> slots_;             // their slots
   std::vector<uint32_t> slot_map_;         // slot of every store row (0: cold), where it fits
+  std::vector<uint64_t> hot_bits_;         // a bit a store row: hot, where it fits (as slot_map_ / 8)
 };
 
 // What hot_cold_lookup.HotColdLookup.open checks and builds: the store (opened and verified by

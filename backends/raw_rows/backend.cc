@@ -142,7 +142,7 @@ class InstanceState {
           return stages::Respond(
               request, model_.name(),
               [&](TRITONBACKEND_Response* response) { batch_rows += Fill(request, response); },
-              [times](bool) { times->end = NowNs(); });
+              [times](bool) { times->end = NowNs(); }, &times->handed);
         },
         &batch_rows);
   }

@@ -171,13 +171,14 @@ def _case(
 
 
 def _parse(output: str) -> tuple[dict[str, str], list[Answer | str]]:
-    """The driver's header lines (``fallback``, ``slot_map``) and one answer or error per request."""
+    """The driver's header lines (``fallback``, ``slot_map``, ``hot_bits``) and one answer or error per
+    request."""
     header: dict[str, str] = {}
     answers: list[Answer | str] = []
     fields: dict[str, list[str]] = {}
     for line in output.splitlines():
         key, _, rest = line.partition(" ")
-        if key in ("fallback", "slot_map", "direct", "tier"):
+        if key in ("fallback", "slot_map", "hot_bits", "direct", "tier"):
             header[key] = rest
         elif key == "error":
             answers.append(rest)
@@ -271,7 +272,9 @@ def test_every_way_answers_as_the_python_stage(stores: dict[str, Tables], dtype:
     tables = stores[dtype]
     requests = _requests(tables, seed=len(way) * 7 + len(dtype))
     header, got = _drive(_case(tables, "some", way, requests))
-    assert header.get("slot_map") == "1" and "fallback" not in header, header
+    assert header.get("slot_map") == "1" and header.get("hot_bits") == "1" and "fallback" not in header, (
+        header
+    )
     _assert_same(got, _expected(tables, "some", way, requests))
 
 
@@ -304,7 +307,18 @@ def test_the_binary_search_answers_as_the_slot_map(stores: dict[str, Tables]) ->
     tables = stores["float32"]
     requests = _requests(tables, seed=4)
     header, got = _drive(_case(tables, "some", "prefetch", requests, extra=["slot_map_max_bytes 0"]))
-    assert header.get("slot_map") == "0", header
+    assert header.get("slot_map") == "0" and header.get("hot_bits") == "0", header
+    _assert_same(got, _expected(tables, "some", "prefetch", requests))
+
+
+def test_the_hot_bits_before_the_binary_search_answer_as_the_slot_map(stores: dict[str, Tables]) -> None:
+    """Where a bit a row fits the limit and the slot map does not, the bits tell the cold lookups
+    and only the hot ones search the keys."""
+    tables = stores["float32"]
+    requests = _requests(tables, seed=5)
+    limit = (sum(tables.sizes) + 7) // 8
+    header, got = _drive(_case(tables, "some", "prefetch", requests, extra=[f"slot_map_max_bytes {limit}"]))
+    assert header.get("slot_map") == "0" and header.get("hot_bits") == "1", header
     _assert_same(got, _expected(tables, "some", "prefetch", requests))
 
 
@@ -450,8 +464,8 @@ def test_a_store_truncated_under_the_lookup_fails_the_request_not_the_process(
         extra = ["cache_bytes 100000"] if cache else []
         driver.stdin.write(_case(spec, "c1", way, [], extra=extra) + request([5, 4000, 5]))
         driver.stdin.flush()
-        # slot_map (and tier, direct), then one answer (with hits)
-        lines = [driver.stdout.readline() for _ in range(8 if cache else 5)]
+        # slot_map, hot_bits (and tier, direct), then one answer (with hits)
+        lines = [driver.stdout.readline() for _ in range(9 if cache else 6)]
         assert lines[0].startswith("slot_map") and lines[-1].startswith("reads 2 "), lines
         # Cut rows.bin to its first 1024 rows (the 25 one-row tables lie after them).
         os.truncate(store / STORE_ROWS_FILE, 1024 * 16)
