@@ -27,10 +27,9 @@ struct ComputeTimes {
 
 // Answers and releases every request of an execution: `answer(request, &times)` answers one
 // (true where it succeeded) and says when its compute ran and its response was handed over; each
-// request's statistics are reported
-// and it is released, whatever happened to another. `batch_size` is what the batch's statistics
-// count (requests, or rows) once all are answered. Never throws: once a request is released an
-// error returned to Triton would hand it back a second time.
+// request's statistics are reported and it is released, whatever happened to another. `batch_size`
+// is what the batch's statistics count (requests, or rows) once all are answered. Never throws: once a
+// request is released an error returned to Triton would hand it back a second time.
 template <typename Answer>
 void AnswerAll(TRITONBACKEND_ModelInstance* instance, const std::string& model,
                TRITONBACKEND_Request** requests, uint32_t count, Answer&& answer,
