@@ -59,11 +59,11 @@ void AnswerAll(TRITONBACKEND_ModelInstance* instance, const std::string& model,
 // One request's response: created, `fill(response)` run, and sent with the error it threw, if any
 // (a refused request, INVALID_ARG, logged as a warning; any other failure as an error).
 // `before_send(failed)` runs between the two (a stage's counters, read by a client after its
-// answer); `*handed` is the time right after it, before the send. Whether the request was
-// answered without an error. Never throws.
+// answer); `times` gets the compute's end right before it and the hand-over right after it, before
+// the send. Whether the request was answered without an error. Never throws.
 template <typename Fill, typename BeforeSend>
 bool Respond(TRITONBACKEND_Request* request, const std::string& model, Fill&& fill, BeforeSend&& before_send,
-             uint64_t* handed) noexcept {
+             ComputeTimes* times) noexcept {
   TRITONBACKEND_Response* response = nullptr;
   ErrorPtr created(TRITONBACKEND_ResponseNew(&response, request));
   if (created) {
@@ -80,8 +80,9 @@ bool Respond(TRITONBACKEND_Request* request, const std::string& model, Fill&& fi
     STAGE_LOG(refused ? TRITONSERVER_LOG_WARN : TRITONSERVER_LOG_ERROR,
               "model '" + model + "': " + TRITONSERVER_ErrorMessage(error.get()));
   }
+  times->end = NowNs();
   before_send(error != nullptr);
-  *handed = NowNs();
+  times->handed = NowNs();
   ErrorPtr sent(TRITONBACKEND_ResponseSend(response, TRITONSERVER_RESPONSE_COMPLETE_FINAL, error.get()));
   if (sent) {
     STAGE_LOG(TRITONSERVER_LOG_ERROR,

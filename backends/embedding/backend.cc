@@ -624,12 +624,11 @@ class InstanceState {
                             request, model_.name(),
                             [&](TRITONBACKEND_Response* response) { Fill(request, response, &hot, &cold); },
                             [&](bool failed) {
-                              times->end = NowNs();
                               counters_->Add(hot, cold);
                               if (!failed && cold > 0)
                                 counters_->AddRows(reads_->last_hits(), reads_->last_misses());
                             },
-                            &times->handed);
+                            times);
                       });
   }
 

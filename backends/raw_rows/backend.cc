@@ -31,7 +31,6 @@ using stages::ErrorPtr;
 using stages::Json;
 using stages::ListText;
 using stages::MessagePtr;
-using stages::NowNs;
 using stages::NumpyName;
 using stages::StageError;
 
@@ -141,8 +140,8 @@ class InstanceState {
         [this, &batch_rows](TRITONBACKEND_Request* request, stages::ComputeTimes* times) {
           return stages::Respond(
               request, model_.name(),
-              [&](TRITONBACKEND_Response* response) { batch_rows += Fill(request, response); },
-              [times](bool) { times->end = NowNs(); }, &times->handed);
+              [&](TRITONBACKEND_Response* response) { batch_rows += Fill(request, response); }, [](bool) {},
+              times);
         },
         &batch_rows);
   }
