@@ -19,6 +19,19 @@ dense features and the lengths get one INVALID_ARGUMENT line. (The exported grap
 refuses such inputs too, with ONNX Runtime's index error, where this check does not
 run: in the NGC container.)
 
+Ragged batching, as Triton's C++ backends do it. An input with ``allow_ragged_batch`` may
+differ in shape from request to request: the model gets every request's values
+concatenated and flattened (1-D), and each ``batch_input`` of the config (its kinds:
+element counts, accumulated counts with or without a leading zero, the largest count as a
+shape, each request's shape or those shapes flattened) is computed here from its source
+input. A ``batch_output`` of kind ``BATCH_SCATTER_WITH_INPUT_SHAPE`` is cut back into the
+requests by their source input's shape (each ``-1`` of the output's dims takes the
+source's dim at that place). Unlike Triton, a request whose ragged input holds no value is
+refused here: the NGC image's backends copy the inputs of a batch only up to such a
+request, so its batch-mates would be answered from values never written. A ranking model
+(config parameter ``user_features``) also needs its ragged inputs to agree on their
+candidates (their first dim after the batch).
+
 Non-finite inputs. A floating-point input holding NaN or +-Inf is refused with
 INVALID_ARGUMENT naming the input, row and column, and the other requests of
 the batch are answered as usual. Through a CTR model such a value turns the
@@ -84,6 +97,7 @@ class TensorSpec:
     triton_type: str
     dtype: np.dtype[Any]
     dims: tuple[int, ...]
+    ragged: bool = False
 
     @classmethod
     def from_config(cls, entry: dict[str, Any], backend: str) -> TensorSpec:
@@ -102,6 +116,7 @@ class TensorSpec:
             triton_type=triton_type,
             dtype=np.dtype(pb_utils.triton_string_to_numpy(triton_type)),
             dims=tuple(int(dim) for dim in entry["dims"]),
+            ragged=bool(entry.get("allow_ragged_batch", False)),
         )
 
     def full_shape(self, batched: bool) -> tuple[int, ...]:
@@ -124,6 +139,8 @@ class TensorSpec:
             )
         if batched and array.shape[0] < 1:
             raise RequestError(f"input '{self.name}' is an empty batch (shape {list(array.shape)})")
+        if self.ragged and array.size == 0:
+            raise RequestError(f"input '{self.name}' holds no values (shape {list(array.shape)})")
 
     def check_finite(self, array: np.ndarray[Any, Any]) -> None:
         """Raise RequestError naming the first NaN or +-Inf of a floating-point input."""
@@ -138,6 +155,123 @@ class TensorSpec:
             f"input '{self.name}' holds {count} non-finite value(s) (NaN or Inf), the first "
             f"{array[first]} at index {list(first)}; send finite values, or set the model's "
             f'config parameter allow_non_finite_inputs to "true"'
+        )
+
+
+#: How each ``batch_input`` kind of Triton's model config is computed from its source input's
+#: request tensors (each with its batch dimension), as Triton's C++ backends give it to a model.
+BATCH_INPUT_KINDS = (
+    "BATCH_ELEMENT_COUNT",
+    "BATCH_ACCUMULATED_ELEMENT_COUNT",
+    "BATCH_ACCUMULATED_ELEMENT_COUNT_WITH_ZERO",
+    "BATCH_MAX_ELEMENT_COUNT_AS_SHAPE",
+    "BATCH_ITEM_SHAPE",
+    "BATCH_ITEM_SHAPE_FLATTEN",
+)
+#: The one ``batch_output`` kind.
+SCATTER_KIND = "BATCH_SCATTER_WITH_INPUT_SHAPE"
+#: The config parameter of a ranking model (its user's features); its ragged inputs must agree.
+USER_FEATURES_PARAMETER = "user_features"
+
+
+def _one(entry: dict[str, Any], key: str, what: str) -> str:
+    values = entry.get(key) or []
+    if isinstance(values, str):
+        values = [values]
+    if len(values) != 1:
+        raise pb_utils.TritonModelException(f"{what}: {key} must name one tensor, got {values}")
+    return str(values[0])
+
+
+@dataclass(frozen=True)
+class BatchInputSpec:
+    """One ``batch_input`` entry: an input of the model that no request sends, made for each batch.
+
+    Args:
+        kind: one of :data:`BATCH_INPUT_KINDS`.
+        targets: the model inputs that get it.
+        dtype: int32 or float32.
+        source: the request input it describes.
+    """
+
+    kind: str
+    targets: tuple[str, ...]
+    dtype: np.dtype[Any]
+    source: str
+
+    @classmethod
+    def from_config(cls, entry: dict[str, Any], inputs: list[TensorSpec], backend: str) -> BatchInputSpec:
+        kind = str(entry.get("kind", BATCH_INPUT_KINDS[0]))
+        targets = tuple(str(name) for name in entry.get("target_name", []))
+        what = f"batch_input {list(targets)}"
+        if kind not in BATCH_INPUT_KINDS:
+            raise pb_utils.TritonModelException(
+                f"{what}: kind {kind} is not supported by the local {backend} backend"
+            )
+        data_type = str(entry.get("data_type", "TYPE_INT32"))
+        if data_type not in ("TYPE_INT32", "TYPE_FP32") or not targets:
+            raise pb_utils.TritonModelException(
+                f"{what}: needs a target name and data type TYPE_INT32 or TYPE_FP32, got {data_type}"
+            )
+        source = _one(entry, "source_input", what)
+        if source not in {spec.name for spec in inputs}:
+            raise pb_utils.TritonModelException(f"{what}: source input '{source}' is not an input")
+        return cls(kind, targets, np.dtype(np.int32 if data_type == "TYPE_INT32" else np.float32), source)
+
+    def value(self, arrays: list[np.ndarray[Any, Any]]) -> np.ndarray[Any, Any]:
+        """Its tensor for a batch whose requests hold ``arrays`` for the source input."""
+        counts = np.asarray([array.size for array in arrays], dtype=np.int64)
+        if self.kind == "BATCH_ELEMENT_COUNT":
+            value = counts
+        elif self.kind == "BATCH_ACCUMULATED_ELEMENT_COUNT":
+            value = np.cumsum(counts)
+        elif self.kind == "BATCH_ACCUMULATED_ELEMENT_COUNT_WITH_ZERO":
+            value = np.concatenate([[0], np.cumsum(counts)])
+        elif self.kind == "BATCH_MAX_ELEMENT_COUNT_AS_SHAPE":
+            value = np.zeros(int(counts.max()), dtype=np.int64)
+        else:
+            # Each request's shape after its batch dimension, once per row of its batch.
+            rows = [
+                np.asarray(array.shape[1:], dtype=np.int64) for array in arrays for _ in range(array.shape[0])
+            ]
+            value = np.stack(rows) if rows else np.zeros((0, 0), dtype=np.int64)
+            if self.kind == "BATCH_ITEM_SHAPE_FLATTEN":
+                value = value.reshape(-1)
+        return value.astype(self.dtype)
+
+
+@dataclass(frozen=True)
+class BatchOutputSpec:
+    """One ``batch_output`` entry: outputs cut into the requests by a ragged input's shapes."""
+
+    targets: tuple[str, ...]
+    source: str
+
+    @classmethod
+    def from_config(
+        cls, entry: dict[str, Any], inputs: list[TensorSpec], outputs: list[TensorSpec]
+    ) -> BatchOutputSpec:
+        targets = tuple(str(name) for name in entry.get("target_name", []))
+        what = f"batch_output {list(targets)}"
+        kind = str(entry.get("kind", SCATTER_KIND))
+        if kind != SCATTER_KIND:
+            raise pb_utils.TritonModelException(f"{what}: kind must be {SCATTER_KIND}, got {kind}")
+        unknown = sorted(set(targets) - {spec.name for spec in outputs})
+        if not targets or unknown:
+            raise pb_utils.TritonModelException(f"{what}: targets must be outputs; {unknown} are not")
+        source = _one(entry, "source_input", what)
+        if source not in {spec.name for spec in inputs}:
+            raise pb_utils.TritonModelException(f"{what}: source input '{source}' is not an input")
+        return cls(targets, source)
+
+    @staticmethod
+    def shape(output: TensorSpec, source_shape: tuple[int, ...]) -> tuple[int, ...]:
+        """One request's shape of ``output``: each ``-1`` of its full dims (the batch first)
+        takes the source input's dim at that place."""
+        dims = (-1, *output.dims)
+        return tuple(
+            (source_shape[index] if index < len(source_shape) else 1) if dim == -1 else dim
+            for index, dim in enumerate(dims)
         )
 
 
@@ -242,6 +376,23 @@ class BatchedModel:
         self._inputs = [TensorSpec.from_config(entry, self.BACKEND) for entry in config.get("input", [])]
         self._outputs = [TensorSpec.from_config(entry, self.BACKEND) for entry in config.get("output", [])]
         self._output_names = [spec.name for spec in self._outputs]
+        self._batch_inputs = [
+            BatchInputSpec.from_config(entry, self._inputs, self.BACKEND)
+            for entry in config.get("batch_input", [])
+        ]
+        self._scatter = {
+            target: spec
+            for spec in (
+                BatchOutputSpec.from_config(entry, self._inputs, self._outputs)
+                for entry in config.get("batch_output", [])
+            )
+            for target in spec.targets
+        }
+        self._ragged = [spec.name for spec in self._inputs if spec.ragged]
+        if (self._ragged or self._scatter) and not self._batched:
+            raise pb_utils.TritonModelException(
+                f"model '{config.get('name', '')}': ragged inputs and batch outputs need max_batch_size > 0"
+            )
 
         filename = config.get("default_model_filename") or self.DEFAULT_FILE
         path = Path(args["model_repository"]) / args["model_version"] / filename
@@ -252,6 +403,7 @@ class BatchedModel:
         self._allow_non_finite = flag_parameter(parameters, "allow_non_finite_inputs")
         hotness = str(parameters.get("hotness", {}).get("string_value", "")).strip()
         self._bags = hotness == VARIABLE_HOTNESS
+        self._ranking = USER_FEATURES_PARAMETER in parameters
         loaded = self._load(path, args, parameters)
         pb_utils.Logger.log_info(
             f"{args['model_instance_name']}: {path} {loaded}, "
@@ -309,15 +461,38 @@ class BatchedModel:
                 raise RequestError(f"inputs disagree on the batch size: {sizes}")
         if self._bags:
             check_bags(feeds)
+        if self._ranking and len(self._ragged) > 1:
+            candidates = {name: feeds[name].shape[1] for name in self._ragged if feeds[name].ndim > 1}
+            if len(set(candidates.values())) > 1:
+                raise RequestError(f"the candidate inputs disagree on the number of candidates: {candidates}")
         return feeds
 
-    def _run(self, feeds: dict[str, np.ndarray[Any, Any]]) -> list[np.ndarray[Any, Any]]:
-        """:meth:`_infer`, its outputs checked: the config's dtypes, and the batch size.
+    def _model_feeds(
+        self, requests: list[dict[str, np.ndarray[Any, Any]]]
+    ) -> dict[str, np.ndarray[Any, Any]]:
+        """The model's inputs for these requests' inputs: batched ones concatenated along the
+        batch, ragged ones flattened and concatenated, and the config's batch inputs."""
+        feeds: dict[str, np.ndarray[Any, Any]] = {}
+        for spec in self._inputs:
+            parts = [request[spec.name] for request in requests]
+            if spec.ragged:
+                feeds[spec.name] = np.concatenate([part.reshape(-1) for part in parts])
+            else:
+                feeds[spec.name] = parts[0] if len(parts) == 1 else np.concatenate(parts, axis=0)
+        for batch_input in self._batch_inputs:
+            value = batch_input.value([request[batch_input.source] for request in requests])
+            for target in batch_input.targets:
+                feeds[target] = value
+        return feeds
+
+    def _run(self, requests: list[dict[str, np.ndarray[Any, Any]]]) -> list[list[np.ndarray[Any, Any]]]:
+        """:meth:`_infer` on these requests at once, its outputs checked (the config's dtypes, the
+        batch's size) and cut back into each request's.
 
         Raises:
-            RequestError: the framework failed, or an output has another dtype or batch size.
+            RequestError: the framework failed, or an output has another dtype or size.
         """
-        results = self._infer(feeds)
+        results = self._infer(self._model_feeds(requests))
         outputs = [np.asarray(result) for result in results]
         for spec, output in zip(self._outputs, outputs, strict=True):
             if output.dtype != spec.dtype:
@@ -326,16 +501,36 @@ class BatchedModel:
                     f"but config.pbtxt says {spec.triton_type}",
                     invalid_argument=False,
                 )
-        if self._batched:
-            batch = next(iter(feeds.values())).shape[0]
-            for spec, output in zip(self._outputs, outputs, strict=True):
-                if output.ndim == 0 or output.shape[0] != batch:
+        answers: list[list[np.ndarray[Any, Any]]] = [[] for _ in requests]
+        sizes = [next(iter(request.values())).shape[0] for request in requests] if self._batched else []
+        for spec, output in zip(self._outputs, outputs, strict=True):
+            scatter = self._scatter.get(spec.name)
+            if scatter is not None:
+                shapes = [scatter.shape(spec, request[scatter.source].shape) for request in requests]
+                counts = [int(np.prod(shape)) for shape in shapes]
+                if output.size != sum(counts):
                     raise RequestError(
-                        f"output '{spec.name}' of model '{self._name}' has shape "
-                        f"{list(output.shape)} for a batch of {batch}",
+                        f"output '{spec.name}' of model '{self._name}' holds {output.size} values; "
+                        f"its requests' {scatter.source} need {sum(counts)}",
                         invalid_argument=False,
                     )
-        return outputs
+                parts = np.split(output.reshape(-1), np.cumsum(counts)[:-1])
+                for answer, part, shape in zip(answers, parts, shapes, strict=True):
+                    answer.append(part.reshape(shape))
+            elif self._batched:
+                if output.ndim == 0 or output.shape[0] != sum(sizes):
+                    raise RequestError(
+                        f"output '{spec.name}' of model '{self._name}' has shape "
+                        f"{list(output.shape)} for a batch of {sum(sizes)}",
+                        invalid_argument=False,
+                    )
+                for answer, part in zip(
+                    answers, np.split(output, np.cumsum(sizes)[:-1], axis=0), strict=True
+                ):
+                    answer.append(part)
+            else:
+                answers[0].append(output)
+        return answers
 
     def _response(self, outputs: list[np.ndarray[Any, Any]]) -> Any:
         tensors = [
@@ -346,7 +541,7 @@ class BatchedModel:
 
     def _run_one(self, feeds: dict[str, np.ndarray[Any, Any]]) -> Any:
         try:
-            return self._response(self._run(feeds))
+            return self._response(self._run([feeds])[0])
         except RequestError as exc:
             pb_utils.Logger.log_warn(str(exc))
             return error_response(exc)
@@ -360,7 +555,8 @@ class BatchedModel:
 
         Returns:
             ``pb_utils.InferenceResponse`` per request, in order: outputs
-            ``B_i x dims``, or an error for that request alone.
+            ``B_i x dims`` (a batch output: its source input's shape), or an error
+            for that request alone.
         """
         responses: list[Any] = [None] * len(requests)
         valid: list[tuple[int, dict[str, np.ndarray[Any, Any]]]] = []
@@ -371,13 +567,8 @@ class BatchedModel:
                 responses[index] = error_response(exc)
 
         if self._batched and len(valid) > 1:
-            sizes = [next(iter(feeds.values())).shape[0] for _, feeds in valid]
-            batch = {
-                spec.name: np.concatenate([feeds[spec.name] for _, feeds in valid], axis=0)
-                for spec in self._inputs
-            }
             try:
-                outputs = self._run(batch)
+                answers = self._run([feeds for _, feeds in valid])
             except RequestError as exc:
                 # One request may hold the value that made the whole batch fail:
                 # run them one by one so only that one gets the error.
@@ -385,10 +576,8 @@ class BatchedModel:
                 for index, feeds in valid:
                     responses[index] = self._run_one(feeds)
             else:
-                bounds = np.cumsum(sizes)[:-1]
-                per_output = [np.split(output, bounds, axis=0) for output in outputs]
-                for position, (index, _) in enumerate(valid):
-                    responses[index] = self._response([parts[position] for parts in per_output])
+                for (index, _), answer in zip(valid, answers, strict=True):
+                    responses[index] = self._response(answer)
         else:
             for index, feeds in valid:
                 responses[index] = self._run_one(feeds)

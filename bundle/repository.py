@@ -34,11 +34,18 @@ from bundle.errors import ConfigError
 from bundle.schema import (
     BAG_INPUTS,
     BAG_OUTPUTS,
+    CANDIDATE_CATEGORICAL_INPUT,
+    CANDIDATE_DENSE_INPUT,
+    CANDIDATE_DENSE_SHAPE_INPUT,
+    CANDIDATE_SHAPE_INPUT,
     HOTNESS_PARAMETER,
     INPUTS,
     NUM_CATEGORICAL,
+    OUTPUT,
     OUTPUTS,
+    USER_FEATURES_PARAMETER,
     VARIABLE_HOTNESS,
+    FeatureSplit,
     TensorSpec,
     inputs_for,
     parse_hotness_parameter,
@@ -399,6 +406,98 @@ def build_config(name: str, serving: ServingConfig, fp16: bool = False) -> mc.Mo
     if serving.ort_trt:
         _add_ort_tensorrt(config, name, serving, fp16)
     return config
+
+
+#: Users a ranking model's batch holds at most (each with its own candidates): Triton's dynamic
+#: batcher counts a ranking request as one, whatever its candidates.
+RANKING_MAX_USERS = 64
+#: Candidates of each user in a ranking model's warmup request.
+RANKING_WARMUP_CANDIDATES = 8
+
+
+def build_ranking_config(
+    name: str,
+    serving: ServingConfig,
+    split: FeatureSplit,
+    hotness: tuple[int, ...] | None = None,
+    fp16: bool = False,
+) -> mc.ModelConfig:
+    """The ModelConfig of a ranking model (:mod:`bundle.schema`'s ranking tensors): a batch of
+    users, each request one user with its candidates.
+
+    The user's parts are batched as usual (``[1, Du]`` a request, ``U`` rows a batch); the
+    candidates' are ragged inputs (``[1, C, Dc]`` a request, every user's values concatenated
+    for the model); ``candidate_shape`` is a ``batch_input`` (``BATCH_ITEM_SHAPE``: each user's
+    ``(C, width)``), and the answer, ``[1, C, 1]`` a request, a ``batch_output``
+    (``BATCH_SCATTER_WITH_INPUT_SHAPE``) cut from the model's ``N x 1`` by the same input.
+    Where both candidate parts exist, ``candidate_dense_shape`` gives the dense part's shapes
+    too, so the model can refuse a user whose two parts disagree. The config records the
+    split (``user_features``) and, for a multi-hot model, its ``hotness``.
+    """
+    config = mc.ModelConfig(name=name, max_batch_size=min(RANKING_MAX_USERS, serving.max_batch_size))
+    config.backend = ONNX_BACKEND
+    config.default_model_filename = MODEL_FILE
+    specs = split.inputs(hotness)
+    for spec in specs:
+        entry = config.input.add()
+        _tensor(spec, entry)
+        entry.allow_ragged_batch = spec.name in (CANDIDATE_DENSE_INPUT, CANDIDATE_CATEGORICAL_INPUT)
+    source = split.shape_source(hotness)
+    shapes = [(CANDIDATE_SHAPE_INPUT, source)]
+    if source == CANDIDATE_CATEGORICAL_INPUT and split.candidate_dense:
+        shapes.append((CANDIDATE_DENSE_SHAPE_INPUT, CANDIDATE_DENSE_INPUT))
+    for target, shaped in shapes:
+        config.batch_input.add(
+            kind=mc.BatchInput.BATCH_ITEM_SHAPE,
+            target_name=[target],
+            data_type=mc.TYPE_INT32,
+            source_input=[shaped],
+        )
+    output = config.output.add(name=OUTPUT, data_type=mc.TYPE_FP32)
+    output.dims.extend([-1, 1])
+    config.batch_output.add(
+        target_name=[OUTPUT], kind=mc.BatchOutput.BATCH_SCATTER_WITH_INPUT_SHAPE, source_input=[source]
+    )
+    config.parameters[USER_FEATURES_PARAMETER].string_value = split.text
+    if hotness is not None:
+        config.parameters[HOTNESS_PARAMETER].string_value = ",".join(map(str, hotness))
+    config.dynamic_batching.max_queue_delay_microseconds = serving.max_queue_delay_us
+    config.dynamic_batching.SetInParent()
+    group = config.instance_group.add()
+    group.count = serving.instances
+    group.kind = serving.instance_kind
+    warmup = config.model_warmup.add(
+        name=f"zeros_one_user_{RANKING_WARMUP_CANDIDATES}_candidates", batch_size=1
+    )
+    for spec in specs:
+        data = warmup.inputs[spec.name]
+        data.data_type = _DATA_TYPES[spec.triton_dtype]
+        data.dims.extend(RANKING_WARMUP_CANDIDATES if dim == -1 else dim for dim in spec.shape)
+        data.zero_data = True
+    set_ort_threading(config, serving)
+    if serving.ort_trt:
+        _add_ort_tensorrt(config, name, serving, fp16)
+    return config
+
+
+def add_ranking_model(
+    repository: Path,
+    name: str,
+    serving: ServingConfig,
+    split: FeatureSplit,
+    report: dict[str, Any] | None = None,
+    hotness: tuple[int, ...] | None = None,
+    fp16: bool = False,
+    version: int = 1,
+) -> Path:
+    """Write the config of ranking model ``name`` (:func:`build_ranking_config`), whose ONNX file
+    is already in its version folder; ``report`` beside it as ``export_report.json``."""
+    onnx_path = version_dir(repository, name, version) / MODEL_FILE
+    if not onnx_path.is_file():
+        raise ConfigError(f"{onnx_path} is missing: export the model before writing its config")
+    if report is not None:
+        write_report(repository, name, report)
+    return write_config(repository / name, build_ranking_config(name, serving, split, hotness, fp16))
 
 
 def set_ort_threading(config: mc.ModelConfig, serving: ServingConfig) -> None:

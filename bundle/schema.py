@@ -148,3 +148,222 @@ HOT_SLOTS = "hot_slots"
 COLD_POSITIONS = "cold_positions"
 #: ``N x W`` float32: the row-store row of each cold lookup, in the order of ``cold_positions``.
 COLD_ROWS = "cold_rows"
+
+
+# Ranking requests: one user's features once, and its candidates'.
+#: ``U x Du`` float32: the user's dense columns (the data contract's order among them).
+USER_DENSE_INPUT = "user_dense_features"
+#: ``U x Hu`` int64: the user's ids (a multi-hot model's whole bags, C-order among them).
+USER_CATEGORICAL_INPUT = "user_categorical_ids"
+#: ``C x Dc`` float32 per user: its candidates' dense columns.
+CANDIDATE_DENSE_INPUT = "candidate_dense_features"
+#: ``C x Hc`` int64 per user: its candidates' ids.
+CANDIDATE_CATEGORICAL_INPUT = "candidate_categorical_ids"
+#: The model's own input that Triton fills for a batch of users (a ``batch_input`` of kind
+#: ``BATCH_ITEM_SHAPE``): per user, its candidate part's shape, ``(C, width)``; no client sends it.
+CANDIDATE_SHAPE_INPUT = "candidate_shape"
+#: Where a model has both candidate parts, the same for its dense part (``U x 2``): the model
+#: refuses a batch where a user's two parts disagree on its candidates.
+CANDIDATE_DENSE_SHAPE_INPUT = "candidate_dense_shape"
+#: A ranking model's name is its flat model's with this suffix (``dlrm_onnx_int8_ranking``).
+RANKING_SUFFIX = "_ranking"
+#: The config parameter that records which features are the user's (:meth:`FeatureSplit.text`).
+USER_FEATURES_PARAMETER = "user_features"
+#: The data contract's column names, by position (``criteo.rows`` holds the same).
+DENSE_NAMES = tuple(f"I{index}" for index in range(1, NUM_DENSE + 1))
+CATEGORICAL_NAMES = tuple(f"C{index}" for index in range(1, NUM_CATEGORICAL + 1))
+
+
+def ranking_model_name(model: str) -> str:
+    """The ranking variant of served model ``model``."""
+    return f"{model}{RANKING_SUFFIX}"
+
+
+def is_ranking_model(model: str) -> bool:
+    """Whether ``model`` is a ranking variant, by the repository's names."""
+    return model.endswith(RANKING_SUFFIX)
+
+
+def _columns_of(part: str, names: tuple[str, ...], prefix: str) -> list[int] | None:
+    """The positions ``part`` names (``C3`` or ``C3-C9``) among ``names``; None: not of ``prefix``."""
+    first, _, last = part.partition("-")
+    if not first.startswith(prefix) or (last and not last.startswith(prefix)):
+        return None
+    if first not in names or (last and last not in names):
+        raise ConfigError(f"user features: {part!r} names no column; columns are {names[0]}..{names[-1]}")
+    start, stop = names.index(first), names.index(last or first)
+    if stop < start:
+        raise ConfigError(f"user features: the range {part!r} runs backwards")
+    return list(range(start, stop + 1))
+
+
+def _ranges(prefix: str, columns: tuple[int, ...]) -> list[str]:
+    """``columns`` (positions, ascending) as names with runs of three or more as ranges."""
+    parts: list[str] = []
+    index = 0
+    while index < len(columns):
+        end = index
+        while end + 1 < len(columns) and columns[end + 1] == columns[end] + 1:
+            end += 1
+        first, last = f"{prefix}{columns[index] + 1}", f"{prefix}{columns[end] + 1}"
+        if end - index >= 2:
+            parts.append(f"{first}-{last}")
+        else:
+            parts.extend(f"{prefix}{c + 1}" for c in columns[index : end + 1])
+        index = end + 1
+    return parts
+
+
+@dataclass(frozen=True)
+class FeatureSplit:
+    """Which of a row's features are the user's (sent once per request) and which its candidates'.
+
+    Attributes:
+        user_dense: positions among I1..I13 (0 = I1), ascending.
+        user_categorical: tables among C1..C26 (0 = C1), ascending; a multi-hot model's whole bag.
+    """
+
+    user_dense: tuple[int, ...]
+    user_categorical: tuple[int, ...]
+
+    def __post_init__(self) -> None:
+        for columns, count in ((self.user_dense, NUM_DENSE), (self.user_categorical, NUM_CATEGORICAL)):
+            if list(columns) != sorted(set(columns)) or any(not 0 <= c < count for c in columns):
+                raise ConfigError(
+                    f"user feature positions must ascend, each once, in 0..{count - 1}: {columns}"
+                )
+        if not self.user_dense and not self.user_categorical:
+            raise ConfigError("user features: none named; a ranking request needs at least one of the user's")
+        if len(self.user_dense) == NUM_DENSE and len(self.user_categorical) == NUM_CATEGORICAL:
+            raise ConfigError("user features: every feature is the user's; the candidates would have none")
+
+    @classmethod
+    def parse(cls, text: str) -> FeatureSplit:
+        """``I1,I2,C1,C3-C9``: the data contract's column names, ranges within one kind.
+
+        Raises:
+            ConfigError: an unknown name, a backwards range, a column named twice, none named,
+                or every column named.
+        """
+        dense: list[int] = []
+        categorical: list[int] = []
+        for raw in text.split(","):
+            part = raw.strip().upper()
+            if not part:
+                continue
+            found = _columns_of(part, DENSE_NAMES, "I")
+            target = dense
+            if found is None:
+                found, target = _columns_of(part, CATEGORICAL_NAMES, "C"), categorical
+            if found is None:
+                raise ConfigError(
+                    f"user features: {raw.strip()!r} is not a column name "
+                    "(I1..I13 dense, C1..C26 categorical)"
+                )
+            twice = sorted(set(found) & set(target))
+            if twice:
+                raise ConfigError(f"user features: {raw.strip()!r} names a column named before")
+            target.extend(found)
+        return cls(tuple(sorted(dense)), tuple(sorted(categorical)))
+
+    @property
+    def text(self) -> str:
+        """The split as :meth:`parse` reads it, runs written as ranges (``I1,I2,C1,C3-C9``)."""
+        return ",".join([*_ranges("I", self.user_dense), *_ranges("C", self.user_categorical)])
+
+    @property
+    def candidate_dense(self) -> tuple[int, ...]:
+        return tuple(c for c in range(NUM_DENSE) if c not in self.user_dense)
+
+    @property
+    def candidate_categorical(self) -> tuple[int, ...]:
+        return tuple(c for c in range(NUM_CATEGORICAL) if c not in self.user_categorical)
+
+    def positions(self, hotness: tuple[int, ...] | None = None) -> tuple[tuple[int, ...], tuple[int, ...]]:
+        """The positions of ``categorical_ids``' last axis (``H`` of a multi-hot model) that the
+        user's tables fill, and those its candidates' fill, each ascending."""
+        counts = hotness or (1,) * NUM_CATEGORICAL
+        user: list[int] = []
+        candidate: list[int] = []
+        position = 0
+        for table, count in enumerate(counts):
+            (user if table in self.user_categorical else candidate).extend(range(position, position + count))
+            position += count
+        return tuple(user), tuple(candidate)
+
+    def inputs(self, hotness: tuple[int, ...] | None = None) -> tuple[TensorSpec, ...]:
+        """A ranking model's request inputs, each shape per user (no batch): the user's parts
+        ``(Du,)`` and ``(Hu,)``, the candidates' ``(-1, Dc)`` and ``(-1, Hc)``; a part with no
+        column is left out."""
+        user, candidate = self.positions(hotness)
+        specs = [
+            (USER_DENSE_INPUT, np.float32, (len(self.user_dense),)),
+            (USER_CATEGORICAL_INPUT, np.int64, (len(user),)),
+            (CANDIDATE_DENSE_INPUT, np.float32, (-1, len(self.candidate_dense))),
+            (CANDIDATE_CATEGORICAL_INPUT, np.int64, (-1, len(candidate))),
+        ]
+        return tuple(TensorSpec(name, dtype, shape) for name, dtype, shape in specs if shape[-1] > 0)
+
+    def shape_source(self, hotness: tuple[int, ...] | None = None) -> str:
+        """The candidate input whose shape tells a user's candidate count (its ids where it has any)."""
+        return CANDIDATE_CATEGORICAL_INPUT if self.positions(hotness)[1] else CANDIDATE_DENSE_INPUT
+
+    def split(
+        self, dense: np.ndarray, ids: np.ndarray, hotness: tuple[int, ...] | None = None
+    ) -> dict[str, np.ndarray]:
+        """One user's request from flat rows that share its features: the user's parts from the
+        first row (``1 x Du``, ``1 x Hu``), the candidates' from every row (``1 x C x Dc``, ...)."""
+        user, candidate = self.positions(hotness)
+        parts = {
+            USER_DENSE_INPUT: dense[:1, list(self.user_dense)],
+            USER_CATEGORICAL_INPUT: ids[:1, list(user)],
+            CANDIDATE_DENSE_INPUT: dense[None, :, list(self.candidate_dense)],
+            CANDIDATE_CATEGORICAL_INPUT: ids[None, :, list(candidate)],
+        }
+        names = {spec.name for spec in self.inputs(hotness)}
+        return {name: np.ascontiguousarray(value) for name, value in parts.items() if name in names}
+
+    def tile(
+        self, request: dict[str, np.ndarray], hotness: tuple[int, ...] | None = None
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """The flat rows a one-user request stands for: its user part repeated on each of its
+        candidates (``C x 13`` float32, ``C x H`` int64)."""
+        user, candidate = self.positions(hotness)
+        source = request[self.shape_source(hotness)]
+        count = source.shape[1]
+        dense = np.empty((count, NUM_DENSE), np.float32)
+        ids = np.empty((count, len(user) + len(candidate)), np.int64)
+        if self.user_dense:
+            dense[:, list(self.user_dense)] = request[USER_DENSE_INPUT][0]
+        if self.candidate_dense:
+            dense[:, list(self.candidate_dense)] = request[CANDIDATE_DENSE_INPUT][0]
+        if user:
+            ids[:, list(user)] = request[USER_CATEGORICAL_INPUT][0]
+        if candidate:
+            ids[:, list(candidate)] = request[CANDIDATE_CATEGORICAL_INPUT][0]
+        return dense, ids
+
+
+def ranking_feeds(
+    requests: list[dict[str, np.ndarray]], split: FeatureSplit, hotness: tuple[int, ...] | None = None
+) -> dict[str, np.ndarray]:
+    """A ranking model's inputs for a batch of one-user requests, as Triton hands them to it: the
+    user parts stacked (``U x Du``, ``U x Hu``), the candidate parts concatenated and flattened
+    (ragged inputs), and ``candidate_shape`` (``U x 2`` int32, each user's shape of
+    :meth:`FeatureSplit.shape_source` without its batch dimension; ``candidate_dense_shape`` the
+    same of the dense part where there are both)."""
+    if not requests:
+        raise ConfigError("no requests to batch")
+    feeds: dict[str, np.ndarray] = {}
+    for spec in split.inputs(hotness):
+        parts = [request[spec.name] for request in requests]
+        if spec.name in (USER_DENSE_INPUT, USER_CATEGORICAL_INPUT):
+            feeds[spec.name] = np.concatenate(parts, axis=0)
+        else:
+            feeds[spec.name] = np.concatenate([part.reshape(-1) for part in parts])
+    source = split.shape_source(hotness)
+    feeds[CANDIDATE_SHAPE_INPUT] = np.asarray([request[source].shape[1:] for request in requests], np.int32)
+    if source == CANDIDATE_CATEGORICAL_INPUT and split.candidate_dense:
+        shapes = [request[CANDIDATE_DENSE_INPUT].shape[1:] for request in requests]
+        feeds[CANDIDATE_DENSE_SHAPE_INPUT] = np.asarray(shapes, np.int32)
+    return feeds

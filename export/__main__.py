@@ -19,6 +19,7 @@ from bundle.ngc import PINNED_RELEASE, check_release
 from bundle.ngc import release as ngc_release
 from bundle.options import AdminKey, MaxBatchSize, MaxQueueDelay, Model, OrtThreads, Repository, RepositoryOut
 from bundle.repository import CONFIG_NAME, ORT_TRT_CACHE_DIR, QUEUE_DELAY_US, ServingConfig, trt_model_name
+from bundle.schema import FeatureSplit
 from criteo.multihot import parse_bags
 from criteo.options import Hotness, TableSizes
 from criteo.tables import parse_table_sizes
@@ -221,6 +222,15 @@ RawRows = Annotated[
         "(raw_rows, one BYTES element per row) and preprocesses them in the server (criteo_rows).",
     ),
 ]
+UserFeatures = Annotated[
+    str | None,
+    typer.Option(
+        help="Also write <model>_ranking for each ONNX model: one user and its candidates a request, "
+        "these features (the data contract's column names, e.g. I1,I2,C1,C3-C9) sent once per user and "
+        "its embedding lookups made once, users batched by Triton (ragged batching); checked against "
+        "the model on the tiled rows. Default: none written.",
+    ),
+]
 
 
 def _graph_sizes(text: str | None) -> tuple[int, ...] | None:
@@ -274,6 +284,7 @@ def _export_options(
     torch_dtype: TorchDtype = "float16",
     aoti: Aoti = False,
     raw_rows: RawRows = True,
+    user_features: UserFeatures = None,
     verbose: VerboseOption = False,
 ) -> tuple[ExportOptions, SourceOptions]:
     """The options every export command shares, declared once (see :func:`bundle.cli.shared_options`)."""
@@ -325,6 +336,7 @@ def _export_options(
         torch_dtype=torch_dtype,
         aoti=aoti,
         raw_rows=raw_rows,
+        user_features=None if user_features is None else FeatureSplit.parse(user_features),
     )
     sizes = None if table_sizes is None else parse_table_sizes(table_sizes)
     return options, SourceOptions(table_sizes=sizes, logits=logits)

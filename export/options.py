@@ -15,6 +15,7 @@ from pathlib import Path
 
 from bundle.errors import ConfigError
 from bundle.repository import ServingConfig
+from bundle.schema import FeatureSplit
 from export.graphs.quantize import QuantizeOptions
 from export.stage.hot_cold_lookup import STORE_DTYPES
 
@@ -181,6 +182,8 @@ class ExportOptions:
             CUDA in the gpu profile where torch sees a GPU (KIND_GPU instances), else for the CPU
             (KIND_CPU instances).
         raw_rows: also write ``<model>_raw`` for each model (:mod:`export.raw_rows`).
+        user_features: also write ``<model>_ranking`` for each ONNX model, these features the
+            user's (:mod:`export.ranking`); None: none written.
         auc_target: MLPerf's accuracy rule in place of the AUC tolerances: a variant gated on
             AUC (FP16, INT8, TorchScript, AOTInductor) passes when its AUC on the check rows is at
             least this percent of FP32's (99 or 99.9 for MLPerf's two targets); None: the
@@ -205,6 +208,7 @@ class ExportOptions:
     torch_dtype: str = "float16"
     aoti: bool = False
     raw_rows: bool = True
+    user_features: FeatureSplit | None = None
     auc_target: float | None = None
 
     @property

@@ -51,7 +51,7 @@ from bundle.repository import (
     version_dir,
     write_report,
 )
-from bundle.schema import raw_model_name
+from bundle.schema import ranking_model_name, raw_model_name
 from bundle.staging import RepositoryWrite
 from criteo.multihot import fixed_bags, read_bags
 from criteo.tsv import Batch, read_batch
@@ -69,6 +69,7 @@ from export.graphs.parity import (
 )
 from export.graphs.quantize import quantize_int8
 from export.options import ExportOptions
+from export.ranking.variants import write_ranking_variant
 from export.raw_rows import STAGE_MODEL, write_raw_models
 from export.tables.ensemble import PRECISIONS, dense_model_name, embedding_model_name, ensemble_model_name
 from export.tables.placement import place_embeddings, place_streamed
@@ -214,7 +215,9 @@ def export_family(exporter: FrameworkExporter, options: ExportOptions) -> list[E
     family = exporter.family
     with RepositoryWrite(repository, f"export {family}") as write:
         staged = dataclasses.replace(options, repository=write.staged)
-        results = _export_family(exporter, staged)
+        rows = _check_batch(exporter, staged)
+        results = _export_family(exporter, staged, rows)
+        results += _export_ranking(family, staged, rows)
         if options.raw_rows:
             served = [name for name in served_models(family) if (write.staged / name).is_dir()]
             # The family's own raw-row model feeds the first of these: INT8, else FP32, ...
@@ -254,6 +257,7 @@ def family_models(family: str) -> tuple[str, ...]:
         aoti_package_name(family),
         *(raw_model_name(name) for name in served_models(family)),
         raw_model_name(family),
+        *(ranking_model_name(ensemble_model_name(family, precision)) for precision in PRECISIONS),
     )
 
 
@@ -276,16 +280,47 @@ def model_rows(exporter: FrameworkExporter, batch: Batch) -> Batch:
     return adapt(batch) if adapt is not None else batch
 
 
-def _export_family(exporter: FrameworkExporter, options: ExportOptions) -> list[ExportedModel]:
-    """:func:`export_family` into ``options.repository`` (the staging repository)."""
+def _check_batch(exporter: FrameworkExporter, options: ExportOptions) -> Batch:
+    """The rows every check of the export runs on: the check data's first ``check_rows``, or
+    synthetic rows."""
     if options.check_data is not None:
         rows = read_rows(exporter, options.check_data, options.check_rows)
         if len(rows) < options.check_rows:
             raise ExportError(
                 f"{options.check_data} has {len(rows)} rows; the checks need {options.check_rows}"
             )
-    else:
-        rows = model_rows(exporter, check_rows(None, options.check_rows))
+        return rows
+    return model_rows(exporter, check_rows(None, options.check_rows))
+
+
+def _export_ranking(family: str, options: ExportOptions, rows: Batch) -> list[ExportedModel]:
+    """``<model>_ranking`` beside each ONNX model of the family in ``options.repository`` (the
+    staging repository), as ``options.user_features`` splits the features."""
+    split = options.user_features
+    if split is None:
+        return []
+    if options.serving.variable_bags:
+        log.info("no ranking variants: a model of bags of any size takes no fixed user part")
+        return []
+    written = []
+    for precision in PRECISIONS:
+        name = ensemble_model_name(family, precision)
+        if not (version_dir(options.repository, name, 1) / MODEL_FILE).is_file():
+            if (options.repository / name).is_dir():
+                log.info("no ranking variant of %s: it is an ensemble (hot/cold tables)", name)
+            continue
+        report = {"source": name, "opset": options.opset}
+        made = write_ranking_variant(
+            options.repository, name, split, options.serving, rows, report, fp16=precision == "fp16"
+        )
+        parity = made.parity
+        summary = f"{made.name}: {made.once} of {made.lookups} lookups once per user"
+        written.append(ExportedModel(made.name, made.path, f"{name} (tiled)", parity, made.seconds, summary))
+    return written
+
+
+def _export_family(exporter: FrameworkExporter, options: ExportOptions, rows: Batch) -> list[ExportedModel]:
+    """:func:`export_family` into ``options.repository`` (the staging repository)."""
     if options.placement.stream_tables:  # no all-in-graph graph: the tables may not fit in memory
         streamed = place_streamed(exporter, rows, options)
         ensemble = ExportedModel(

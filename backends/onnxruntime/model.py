@@ -105,10 +105,14 @@ class TritonPythonModel(BatchedModel):
         graph_inputs = {node.name: node for node in self._session.get_inputs()}
         graph_outputs = {node.name: node for node in self._session.get_outputs()}
         config_inputs = {spec.name for spec in self._inputs}
+        batch_inputs = {target for spec in self._batch_inputs for target in spec.targets}
         problems = []
-        missing = sorted(set(graph_inputs) - config_inputs)
+        missing = sorted(set(graph_inputs) - config_inputs - batch_inputs)
         if missing:
             problems.append(f"graph inputs {missing} are not in config.pbtxt")
+        absent = sorted(batch_inputs - set(graph_inputs))
+        if absent:
+            problems.append(f"batch inputs {absent} are not inputs of the graph")
         for specs, nodes, kind in (
             (self._inputs, graph_inputs, "input"),
             (self._outputs, graph_outputs, "output"),
@@ -128,6 +132,13 @@ class TritonPythonModel(BatchedModel):
                 if kind == "output" or node.shape is None:
                     continue
                 graph_rank = len(node.shape)
+                if spec.ragged:  # the batch's values concatenated, as Triton's backends take them
+                    if graph_rank != 1:
+                        problems.append(
+                            f"ragged input '{spec.name}' has shape {node.shape} in the graph; "
+                            "a ragged input is 1-D there"
+                        )
+                    continue
                 if graph_rank != len(spec.full_shape(self._batched)):
                     problems.append(
                         f"{kind} '{spec.name}' has rank {graph_rank} in the graph "

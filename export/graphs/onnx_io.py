@@ -11,9 +11,9 @@ held in memory whole.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
-from typing import BinaryIO
+from typing import Any, BinaryIO
 
 import onnx
 
@@ -150,3 +150,36 @@ def model_files(path: Path) -> list[Path]:
     """The graph file and, if present, its external data file."""
     data_file = path.with_name(path.name + ".data")
     return [path, data_file] if data_file.exists() else [path]
+
+
+def inputs_of(node: onnx.NodeProto) -> set[str]:
+    """Names a node reads, including those its subgraphs (If, Loop, Scan) read from outer scope."""
+    names = {name for name in node.input if name}
+    for attribute in node.attribute:
+        for graph in [attribute.g] if attribute.type == onnx.AttributeProto.GRAPH else list(attribute.graphs):
+            for inner in graph.node:
+                names |= inputs_of(inner)
+    return names
+
+
+def _remove(field: Any, keep: Callable[[int], bool]) -> None:
+    """Delete the elements of a repeated field whose index ``keep`` rejects, in place (nothing copied)."""
+    for i in reversed(range(len(field))):
+        if not keep(i):
+            del field[i]
+
+
+def prune(graph: onnx.GraphProto, keep_inputs: set[str]) -> None:
+    """Drop the nodes, initializers, value infos and initializer-inputs nothing reads any more."""
+    needed = {value.name for value in graph.output} | keep_inputs
+    live = [False] * len(graph.node)
+    for i in reversed(range(len(graph.node))):
+        node = graph.node[i]
+        if any(name in needed for name in node.output if name):
+            live[i] = True
+            needed |= inputs_of(node)
+    produced = {name for i, node in enumerate(graph.node) if live[i] for name in node.output}
+    _remove(graph.node, lambda i: live[i])
+    _remove(graph.initializer, lambda i: graph.initializer[i].name in needed)
+    _remove(graph.input, lambda i: graph.input[i].name in needed)
+    _remove(graph.value_info, lambda i: graph.value_info[i].name in produced)

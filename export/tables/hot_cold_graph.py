@@ -54,7 +54,7 @@ from bundle.errors import ConfigError, DataError, ExportError
 from bundle.schema import CATEGORICAL_INPUT, COLD_POSITIONS, COLD_ROWS, HOT_SLOTS, NUM_CATEGORICAL
 from criteo.tables import check_table_sizes
 from export.graphs.ids import input_columns
-from export.graphs.onnx_io import EXTERNAL_DATA_THRESHOLD, weights_bytes
+from export.graphs.onnx_io import EXTERNAL_DATA_THRESHOLD, inputs_of, prune, weights_bytes
 from export.tables.hot_rows import HotSet
 from export.tables.lookups import Lookup, check_sizes, find_lookups, load_graph, store_spec, table_values
 from export.tables.row_store import CHUNK_BYTES, RowStore, RowStoreSpec, RowStoreWriter
@@ -458,39 +458,6 @@ def _opset(model: onnx.ModelProto) -> int:
     raise ExportError("the graph imports no default-domain opset")
 
 
-def _inputs_of(node: onnx.NodeProto) -> set[str]:
-    """Names a node reads, including those its subgraphs (If, Loop, Scan) read from outer scope."""
-    names = {name for name in node.input if name}
-    for attribute in node.attribute:
-        for graph in [attribute.g] if attribute.type == onnx.AttributeProto.GRAPH else list(attribute.graphs):
-            for inner in graph.node:
-                names |= _inputs_of(inner)
-    return names
-
-
-def _remove(field: Any, keep: Callable[[int], bool]) -> None:
-    """Delete the elements of a repeated field whose index ``keep`` rejects, in place (nothing copied)."""
-    for i in reversed(range(len(field))):
-        if not keep(i):
-            del field[i]
-
-
-def _prune(graph: onnx.GraphProto, keep_inputs: set[str]) -> None:
-    """Drop the nodes, initializers, value infos and initializer-inputs nothing reads any more."""
-    needed = {value.name for value in graph.output} | keep_inputs
-    live = [False] * len(graph.node)
-    for i in reversed(range(len(graph.node))):
-        node = graph.node[i]
-        if any(name in needed for name in node.output if name):
-            live[i] = True
-            needed |= _inputs_of(node)
-    produced = {name for i, node in enumerate(graph.node) if live[i] for name in node.output}
-    _remove(graph.node, lambda i: live[i])
-    _remove(graph.initializer, lambda i: graph.initializer[i].name in needed)
-    _remove(graph.input, lambda i: graph.input[i].name in needed)
-    _remove(graph.value_info, lambda i: graph.value_info[i].name in produced)
-
-
 def _new_inputs(
     model: onnx.ModelProto, width: int, positions: int = NUM_CATEGORICAL
 ) -> list[onnx.ValueInfoProto]:
@@ -592,7 +559,7 @@ def split_lookups(
     out.output.extend(source.graph.output)
     out.value_info.extend(v for v in source.graph.value_info if v.name not in replaced)
     kept_inputs = {value.name for value in out.input if value.name not in tensors}
-    _prune(out, kept_inputs)
+    prune(out, kept_inputs)
     _check_dense(out, tables)
     for tensor in out.initializer:
         if tensor.data_location == TensorProto.EXTERNAL:
@@ -661,7 +628,7 @@ def _check_dense(graph: onnx.GraphProto, tables: set[str]) -> None:
     """Nothing but the replaced lookups read ``categorical_ids`` or the old tables."""
     readers: dict[str, str] = {}
     for node in graph.node:
-        for name in _inputs_of(node) & (tables | {CATEGORICAL_INPUT}):
+        for name in inputs_of(node) & (tables | {CATEGORICAL_INPUT}):
             readers.setdefault(name, node.name or node.op_type)
     if readers:
         detail = ", ".join(f"{name} by {node}" for name, node in sorted(readers.items()))
