@@ -296,13 +296,13 @@ class FeatureSplit:
         ``(Du,)`` and ``(Hu,)``, the candidates' ``(-1, Dc)`` and ``(-1, Hc)``; a part with no
         column is left out."""
         user, candidate = self.positions(hotness)
-        specs = [
-            (USER_DENSE_INPUT, np.float32, (len(self.user_dense),)),
-            (USER_CATEGORICAL_INPUT, np.int64, (len(user),)),
-            (CANDIDATE_DENSE_INPUT, np.float32, (-1, len(self.candidate_dense))),
-            (CANDIDATE_CATEGORICAL_INPUT, np.int64, (-1, len(candidate))),
-        ]
-        return tuple(TensorSpec(name, dtype, shape) for name, dtype, shape in specs if shape[-1] > 0)
+        specs = (
+            TensorSpec(USER_DENSE_INPUT, np.float32, (len(self.user_dense),)),
+            TensorSpec(USER_CATEGORICAL_INPUT, np.int64, (len(user),)),
+            TensorSpec(CANDIDATE_DENSE_INPUT, np.float32, (-1, len(self.candidate_dense))),
+            TensorSpec(CANDIDATE_CATEGORICAL_INPUT, np.int64, (-1, len(candidate))),
+        )
+        return tuple(spec for spec in specs if spec.shape[-1] > 0)
 
     def shape_source(self, hotness: tuple[int, ...] | None = None) -> str:
         """The candidate input whose shape tells a user's candidate count (its ids where it has any)."""
