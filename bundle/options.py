@@ -34,6 +34,14 @@ Model = Annotated[
     _T, typer.Option("--model", help="Model name, as the server serves it (its folder in the repository).")
 ]
 TableSize = Annotated[_T, typer.Option("--table-size", help="Rows of every one of the 26 tables.")]
+UserFeatures = Annotated[
+    _T,
+    typer.Option(
+        "--user-features",
+        help="The user's features in a ranking request (one user and its candidates), by the data "
+        "contract's column names, ranges within one kind: e.g. I1,I2,C1,C3-C9.",
+    ),
+]
 SyntheticRows = Annotated[int, typer.Option("--rows", help="Rows of synthetic Criteo data to write.")]
 Seed = Annotated[int, typer.Option("--seed", help="Random seed: the same seed, the same values.")]
 

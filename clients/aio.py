@@ -24,7 +24,7 @@ from typing import Any, TypeVar
 import numpy as np
 
 from bundle.errors import BundleError, ClientError
-from clients import failures, request, retry
+from clients import failures, ranking, request, retry
 from clients import protocol as wire
 from clients.batching import RowsT, located, ordered
 from clients.connection import Connection
@@ -156,6 +156,10 @@ class AsyncTritonClient(Connection):
 
     async def _infer(self, model: str, inputs: Mapping[str, np.ndarray], version: str) -> np.ndarray:
         spec = await self.model_spec(model, version) if self.options.validate else None
+        if spec is not None and spec.user_features is not None and ranking.is_flat(inputs):
+            requests = ranking.user_requests(spec.user_features, spec.hotness, inputs)
+            parts = await asyncio.gather(*(self._infer(model, request, version) for request in requests))
+            return ranking.answers(list(parts))
         pairs, rows = spec.validate(inputs) if spec is not None else request.unchecked_inputs(inputs)
         output = request.output_for(spec)
         if self.options.shared_memory != "system":

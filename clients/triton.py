@@ -23,7 +23,7 @@ from typing import Any, TypeVar
 import numpy as np
 
 from bundle.errors import BundleError, ClientError
-from clients import failures, request, retry
+from clients import failures, ranking, request, retry
 from clients import protocol as wire
 from clients.batching import RowsT, located
 from clients.connection import Connection
@@ -156,12 +156,18 @@ class TritonClient(Connection):
             version: model version ("" for the server's choice).
 
         Returns:
-            ``B x 1`` float32 probabilities.
+            ``B x 1`` float32 probabilities (a ranking request: ``1 x C x 1``). Flat rows sent
+            to a ranking model go as one request per run of rows that share a user's features
+            (:mod:`clients.ranking`), their answers back in the rows' order.
 
         Raises:
             ClientError: invalid inputs (nothing sent), server down, unknown or
                 not-ready model, or the server rejected the request.
         """
+        spec = self.model_spec(model, version) if self.options.validate else None
+        if spec is not None and spec.user_features is not None and ranking.is_flat(inputs):
+            requests = ranking.user_requests(spec.user_features, spec.hotness, inputs)
+            return ranking.answers([self.infer(model, request, version) for request in requests])
         prepared = self.prepare(model, inputs, version)
         try:
             result = self.send(prepared)

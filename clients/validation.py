@@ -18,17 +18,20 @@ from typing import Any
 
 import numpy as np
 
-from bundle.errors import ClientError
+from bundle.errors import ClientError, ConfigError
 from bundle.schema import (
     HOTNESS_PARAMETER,
     LENGTHS_INPUT,
     OUTPUT,
     RAW_ROWS_INPUT,
+    USER_FEATURES_PARAMETER,
     VALUES_INPUT,
     VARIABLE_HOTNESS,
+    FeatureSplit,
     parse_hotness_parameter,
     raw_model_name,
 )
+from clients.ranking import check_request
 
 #: The config parameter that lets a model take NaN/Inf (see backends/onnxruntime/model.py).
 ALLOW_NON_FINITE = "allow_non_finite_inputs"
@@ -120,6 +123,12 @@ def _hotness(parameters: Mapping[str, Any], model: str) -> tuple[int, ...] | Non
     return parse_hotness_parameter(str(text), model)
 
 
+def _user_features(parameters: Mapping[str, Any]) -> FeatureSplit | None:
+    """A ranking model's split of the features (its ``user_features`` parameter; None: not one)."""
+    text = (parameters.get(USER_FEATURES_PARAMETER) or {}).get("string_value")
+    return FeatureSplit.parse(str(text)) if text else None
+
+
 def _variable_bags(parameters: Mapping[str, Any]) -> bool:
     """The ``hotness`` parameter says bags of any size."""
     return str((parameters.get(HOTNESS_PARAMETER) or {}).get("string_value", "")) == VARIABLE_HOTNESS
@@ -193,6 +202,8 @@ class ModelSpec:
     hotness: tuple[int, ...] | None = None
     #: The model takes bags of any size: values and lengths (``hotness`` is ``variable``).
     variable_bags: bool = False
+    #: A ranking model's split of the features (one user and its candidates a request); None: flat.
+    user_features: FeatureSplit | None = None
 
     @classmethod
     def from_server(cls, metadata: Mapping[str, Any], config: Mapping[str, Any]) -> ModelSpec:
@@ -214,8 +225,9 @@ class ModelSpec:
                 allow_non_finite=_flag(config.get("parameters") or {}, ALLOW_NON_FINITE),
                 hotness=_hotness(config.get("parameters") or {}, str(metadata["name"])),
                 variable_bags=_variable_bags(config.get("parameters") or {}),
+                user_features=_user_features(config.get("parameters") or {}),
             )
-        except (KeyError, TypeError, ValueError, AttributeError) as exc:
+        except (KeyError, TypeError, ValueError, AttributeError, ConfigError) as exc:
             raise ClientError(
                 f"unexpected model metadata from the server ({exc!r}): {dict(metadata)}"
             ) from None
@@ -316,6 +328,8 @@ class ModelSpec:
             pairs.append((tensor, np.ascontiguousarray(array)))
         if self.variable_bags:
             check_bags(prefix, np.asarray(inputs[VALUES_INPUT]), np.asarray(inputs[LENGTHS_INPUT]))
+        if self.user_features is not None:
+            check_request(prefix, inputs)
         counted = len(self.inputs) - (1 if self.variable_bags else 0)
         if not rows or (not self.batched and len(rows) < counted):
             return pairs, 1

@@ -12,7 +12,8 @@ from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeEl
 
 from bundle.cli import new_app, run
 from bundle.errors import ConfigError
-from bundle.options import ReportOut, Seed, SyntheticRows
+from bundle.options import ReportOut, Seed, SyntheticRows, UserFeatures
+from bundle.schema import FeatureSplit
 from criteo.coverage import (
     DEFAULT_FRACTIONS,
     CoverageConfig,
@@ -24,7 +25,7 @@ from criteo.coverage import (
 from criteo.multihot import is_single_hot, parse_bags
 from criteo.options import CriteoFile, Hotness, MaxRows, TableSizes
 from criteo.profile import AccessProfile, profile_file
-from criteo.synth import SynthConfig, write_tsv
+from criteo.synth import SPREADS, SynthConfig, UserRequests, write_tsv
 from criteo.tables import TABLE_SIZE_PRESETS, parse_table_sizes
 
 app = new_app("Criteo-format data: synthetic generator, access-skew profiling.")
@@ -58,10 +59,25 @@ def synth(
     ] = None,
     max_vocabulary: Annotated[int, typer.Option(help="Cap on any table's distinct ids.")] = 200_000,
     hotness: Hotness = "1",
+    user_features: UserFeatures[str | None] = None,
+    candidates: Annotated[
+        int, typer.Option(help="With --user-features: candidates per user request (their mean, drawn).")
+    ] = 128,
+    candidate_spread: Annotated[
+        str, typer.Option(help=f"With --user-features: {' or '.join(SPREADS)} candidates per request.")
+    ] = "fixed",
+    users: Annotated[
+        int, typer.Option(help="With --user-features: distinct users, drawn with a power-law popularity.")
+    ] = 10_000,
 ) -> None:
     """Write skewed synthetic click logs in the Criteo TSV format (or its multi-hot form); --seed
-    draws the rows, --model-seed the hidden model that labels them."""
+    draws the rows, --model-seed the hidden model that labels them. With --user-features, the rows
+    come as ranking requests: runs of rows that share one user's features, a row per candidate."""
     bags = parse_bags(hotness)
+    requests = None
+    if user_features is not None:
+        split = FeatureSplit.parse(user_features)
+        requests = UserRequests(split, candidates=candidates, spread=candidate_spread, users=users)
     config = SynthConfig(
         rows=rows,
         seed=seed,
@@ -70,6 +86,7 @@ def synth(
         max_vocabulary=max_vocabulary,
         vocabulary=None if vocabulary is None else parse_table_sizes(vocabulary),
         bags=None if not isinstance(bags, str) and is_single_hot(bags) else bags,
+        users=requests,
     )
     with Progress(transient=True) as progress:
         task = progress.add_task(f"writing {out}", total=rows)

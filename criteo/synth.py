@@ -12,6 +12,13 @@ With ``bags`` (:class:`SynthConfig`) each row holds a bag of ids per table, writ
 in the multi-hot text format of :mod:`criteo.multihot` (a field's ids separated by
 commas, an empty field an empty bag); the hidden model then scores a bag by the
 mean of its ids' weights, so every id of it carries signal.
+
+With ``users`` (:class:`UserRequests`) the rows come as ranking requests: runs of
+consecutive rows, one run per request, each run sharing one user's features (the split's
+columns) and each row one candidate. Users are drawn from a pool with a power-law
+popularity (a few users make many requests), the run lengths from
+:attr:`UserRequests.spread`; labels are drawn after the user's features are in place, so
+they follow the hidden model on the rows as written.
 """
 
 from __future__ import annotations
@@ -23,8 +30,49 @@ from pathlib import Path
 import numpy as np
 
 from bundle.errors import ConfigError
-from bundle.schema import NUM_CATEGORICAL, NUM_DENSE, VARIABLE_HOTNESS
+from bundle.schema import NUM_CATEGORICAL, NUM_DENSE, VARIABLE_HOTNESS, FeatureSplit
 from criteo.tables import check_table_sizes
+
+#: How many candidates each request holds: all the mean, or drawn (geometric, of that mean).
+SPREADS = ("fixed", "geometric")
+
+
+@dataclass(frozen=True)
+class UserRequests:
+    """Rows written as ranking requests (see the module docstring).
+
+    Args:
+        split: which features are the user's.
+        candidates: candidates per request (the mean, for a drawn spread).
+        spread: ``fixed`` or ``geometric`` (:data:`SPREADS`).
+        users: distinct users in the pool.
+        exponent: power-law exponent of the users' popularity (> 0).
+    """
+
+    split: FeatureSplit
+    candidates: int = 128
+    spread: str = "fixed"
+    users: int = 10_000
+    exponent: float = 1.05
+
+    def __post_init__(self) -> None:
+        if self.candidates < 1 or self.users < 1:
+            raise ConfigError(f"candidates and users must be >= 1, got {self.candidates} and {self.users}")
+        if self.spread not in SPREADS:
+            raise ConfigError(f"candidate spread must be one of {', '.join(SPREADS)}, got {self.spread!r}")
+        if not 0.0 < self.exponent <= 4.0:
+            raise ConfigError(f"the users' popularity exponent must be in (0, 4], got {self.exponent}")
+
+    def run_lengths(self, rng: np.random.Generator, rows: int) -> np.ndarray:
+        """Candidates of each request covering ``rows`` rows (the last one cut to fit)."""
+        lengths: list[int] = []
+        total = 0
+        while total < rows:
+            count = self.candidates if self.spread == "fixed" else int(rng.geometric(1.0 / self.candidates))
+            count = min(count, rows - total)
+            lengths.append(count)
+            total += count
+        return np.asarray(lengths, dtype=np.int64)
 
 
 @dataclass(frozen=True)
@@ -45,6 +93,7 @@ class SynthConfig:
             fixed size per table (MLPerf's hotness, say); or
             :data:`bundle.schema.VARIABLE_HOTNESS` for bags of any size, table ``t``'s drawn
             uniformly from 0 to twice MLPerf's hotness for it (empty bags included).
+        users: write the rows as ranking requests (None: independent rows).
     """
 
     rows: int
@@ -55,8 +104,11 @@ class SynthConfig:
     vocabulary: tuple[int, ...] | None = None
     chunk_rows: int = 50_000
     bags: tuple[int, ...] | str | None = None
+    users: UserRequests | None = None
 
     def __post_init__(self) -> None:
+        if self.users is not None and self.bags is not None:
+            raise ConfigError("ranking requests are written with one id per table; drop the bags")
         if isinstance(self.bags, str) and self.bags != VARIABLE_HOTNESS:
             raise ConfigError(f"bags must be 26 counts or {VARIABLE_HOTNESS!r}, got {self.bags!r}")
         if isinstance(self.bags, tuple) and (len(self.bags) != NUM_CATEGORICAL or min(self.bags) < 1):
@@ -130,6 +182,13 @@ class HiddenModel:
             labels ``n`` int, counts ``n x 13`` int64, count-missing mask ``n x 13``,
             ranks ``n x 26`` int64 (0-based), id-missing mask ``n x 26``.
         """
+        features = self.features(rng, n)
+        return (self.label(rng, *features), *features)
+
+    def features(
+        self, rng: np.random.Generator, n: int
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """``n`` rows' features, unlabeled: counts, count-missing mask, ranks, id-missing mask."""
         counts = np.floor(rng.lognormal(self.count_mu, self.count_sigma, (n, NUM_DENSE))).astype(np.int64)
         # Criteo's second count column holds small negative values now and then.
         negative = rng.random(n) < 0.02
@@ -139,10 +198,20 @@ class HiddenModel:
         for t, cdf in enumerate(self.cdf):
             ranks[:, t] = np.minimum(np.searchsorted(cdf, rng.random(n)), cdf.size - 1)
         id_missing = rng.random((n, NUM_CATEGORICAL)) < self.id_missing
+        return counts, count_missing, ranks, id_missing
+
+    def label(
+        self,
+        rng: np.random.Generator,
+        counts: np.ndarray,
+        count_missing: np.ndarray,
+        ranks: np.ndarray,
+        id_missing: np.ndarray,
+    ) -> np.ndarray:
+        """Labels of rows of these features."""
         id_w = np.stack([w[ranks[:, t]] for t, w in enumerate(self.id_weights)], axis=1)
         id_w[id_missing] = 0.0
-        labels = self.draw_labels(rng, counts, count_missing, id_w)
-        return labels, counts, count_missing, ranks, id_missing
+        return self.draw_labels(rng, counts, count_missing, id_w)
 
     def draw_labels(
         self, rng: np.random.Generator, counts: np.ndarray, count_missing: np.ndarray, id_weight: np.ndarray
@@ -162,6 +231,7 @@ def generate_lines(config: SynthConfig) -> Iterator[list[str]]:
     """Yield chunks of TSV lines (with trailing newline) for ``config.rows`` rows."""
     model = HiddenModel(config.model_seed, config.exponent, config.max_vocabulary, config.vocabulary_sizes)
     rng = np.random.default_rng(config.seed)
+    pool = _UserPool(model, config.users, rng) if config.users is not None else None
     remaining = config.rows
     while remaining > 0:
         n = min(config.chunk_rows, remaining)
@@ -169,7 +239,11 @@ def generate_lines(config: SynthConfig) -> Iterator[list[str]]:
             yield _bag_lines(model, rng, n, config.bags)
             remaining -= n
             continue
-        labels, counts, count_missing, ranks, id_missing = model.sample(rng, n)
+        if pool is None:
+            labels, counts, count_missing, ranks, id_missing = model.sample(rng, n)
+        else:
+            counts, count_missing, ranks, id_missing = pool.rows(rng, n)
+            labels = model.label(rng, counts, count_missing, ranks, id_missing)
         count_text = counts.astype(str).astype(object)
         count_text[count_missing] = ""
         id_text = np.empty((n, NUM_CATEGORICAL), dtype=object)
@@ -179,6 +253,31 @@ def generate_lines(config: SynthConfig) -> Iterator[list[str]]:
         columns = np.concatenate([labels.astype(str).astype(object)[:, None], count_text, id_text], axis=1)
         yield ["\t".join(row) + "\n" for row in columns.tolist()]
         remaining -= n
+
+
+class _UserPool:
+    """The users of ranking requests: their features drawn once, their popularity a power law."""
+
+    def __init__(self, model: HiddenModel, users: UserRequests, rng: np.random.Generator) -> None:
+        self.model = model
+        self.users = users
+        self.features = model.features(rng, users.users)
+        weights = np.arange(1, users.users + 1, dtype=np.float64) ** -users.exponent
+        self.cdf = np.cumsum(weights) / weights.sum()
+
+    def rows(self, rng: np.random.Generator, n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """``n`` rows of requests: candidates' features drawn, each run's user columns its user's."""
+        counts, count_missing, ranks, id_missing = self.model.features(rng, n)
+        lengths = self.users.run_lengths(rng, n)
+        drawn = np.minimum(np.searchsorted(self.cdf, rng.random(len(lengths))), self.cdf.size - 1)
+        user_of_row = np.repeat(drawn, lengths)
+        dense, tables = list(self.users.split.user_dense), list(self.users.split.user_categorical)
+        pool_counts, pool_count_missing, pool_ranks, pool_id_missing = self.features
+        counts[:, dense] = pool_counts[user_of_row][:, dense]
+        count_missing[:, dense] = pool_count_missing[user_of_row][:, dense]
+        ranks[:, tables] = pool_ranks[user_of_row][:, tables]
+        id_missing[:, tables] = pool_id_missing[user_of_row][:, tables]
+        return counts, count_missing, ranks, id_missing
 
 
 def _bag_lines(

@@ -17,7 +17,16 @@ from bundle.errors import ConfigError
 from bundle.memory import PeakMemory
 from bundle.ngc import PINNED_RELEASE, check_release
 from bundle.ngc import release as ngc_release
-from bundle.options import AdminKey, MaxBatchSize, MaxQueueDelay, Model, OrtThreads, Repository, RepositoryOut
+from bundle.options import (
+    AdminKey,
+    MaxBatchSize,
+    MaxQueueDelay,
+    Model,
+    OrtThreads,
+    Repository,
+    RepositoryOut,
+    UserFeatures,
+)
 from bundle.repository import CONFIG_NAME, ORT_TRT_CACHE_DIR, QUEUE_DELAY_US, ServingConfig, trt_model_name
 from bundle.schema import FeatureSplit
 from criteo.multihot import parse_bags
@@ -222,15 +231,6 @@ RawRows = Annotated[
         "(raw_rows, one BYTES element per row) and preprocesses them in the server (criteo_rows).",
     ),
 ]
-UserFeatures = Annotated[
-    str | None,
-    typer.Option(
-        help="Also write <model>_ranking for each ONNX model: one user and its candidates a request, "
-        "these features (the data contract's column names, e.g. I1,I2,C1,C3-C9) sent once per user and "
-        "its embedding lookups made once, users batched by Triton (ragged batching); checked against "
-        "the model on the tiled rows. Default: none written.",
-    ),
-]
 
 
 def _graph_sizes(text: str | None) -> tuple[int, ...] | None:
@@ -284,7 +284,7 @@ def _export_options(
     torch_dtype: TorchDtype = "float16",
     aoti: Aoti = False,
     raw_rows: RawRows = True,
-    user_features: UserFeatures = None,
+    user_features: UserFeatures[str | None] = None,
     verbose: VerboseOption = False,
 ) -> tuple[ExportOptions, SourceOptions]:
     """The options every export command shares, declared once (see :func:`bundle.cli.shared_options`)."""
@@ -423,7 +423,9 @@ def dlrm(
 
     --hotness is that of a multi-hot model (TorchRec or facebookresearch state dicts); --table-sizes
     is needed only when the model does not reduce ids into its tables itself and its graph does not
-    show the sizes."""
+    show the sizes. --user-features also writes <model>_ranking beside each ONNX model: one user and
+    its candidates a request, the user's features sent once and looked up once, users batched by
+    Triton; checked against the model on the tiled rows."""
     options, source = shared
     if checkpoint is None and factory is None:
         raise ConfigError(
@@ -465,7 +467,9 @@ def wide_deep(
     ] = None,
 ) -> None:
     """Export a TensorFlow/Keras Wide & Deep (tf2onnx) as wide_deep_onnx, wide_deep_onnx_fp16 and,
-    in the cpu profile, wide_deep_onnx_int8 (in the gpu profile: the config of wide_deep_trt instead)."""
+    in the cpu profile, wide_deep_onnx_int8 (in the gpu profile: the config of wide_deep_trt instead).
+    --user-features also writes <model>_ranking beside each ONNX model (one user and its candidates a
+    request), checked against the model on the tiled rows."""
     options, source = shared
     source = replace(source, input_map=parse_input_map(input_map or []))
     from export.importers.keras_sources import open_wide_deep_source

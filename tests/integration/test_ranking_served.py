@@ -11,6 +11,7 @@ answers the next request.
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
@@ -25,6 +26,7 @@ import tritonclient.http as triton_http
 from tritonclient.grpc import model_config_pb2 as mc
 from tritonclient.utils import InferenceServerException
 
+from bundle.errors import ClientError
 from bundle.repository import read_config
 from bundle.schema import (
     CANDIDATE_CATEGORICAL_INPUT,
@@ -40,7 +42,9 @@ from bundle.schema import (
     FeatureSplit,
     ranking_model_name,
 )
+from clients.triton import TritonClient
 from criteo.multihot import MLPERF_HOTNESS, expand
+from criteo.tsv import read_batch
 from server import LocalServer
 from tests.torchrec_dcn import make_dcn, train_state
 
@@ -205,3 +209,35 @@ def test_the_config_records_the_split_and_batches_users(repositories: dict[str, 
     assert ragged == {CANDIDATE_DENSE_INPUT, CANDIDATE_CATEGORICAL_INPUT}
     assert [entry.kind for entry in config.batch_input] == [mc.BatchInput.BATCH_ITEM_SHAPE] * 2
     assert [entry.kind for entry in config.batch_output] == [mc.BatchOutput.BATCH_SCATTER_WITH_INPUT_SHAPE]
+
+
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+def test_the_bundles_clients_send_a_file_of_users_as_one_request_per_user(
+    servers: dict[str, LocalServer], tmp_path: Path, protocol: str
+) -> None:
+    """A synthetic file written as ranking requests, through ``clients evaluate`` as a user runs it:
+    the ranking model scores every row as the flat model does."""
+    data = tmp_path / "users.tsv"
+    _run("criteo", "synth", "--rows", "3000", "--out", str(data), "--user-features", FEATURES,
+         "--candidates", "40", "--candidate-spread", "geometric", "--users", "50")  # fmt: skip
+    server = servers["flat"]
+    url = server.http_url if protocol == "http" else server.grpc_url
+    command = [sys.executable, "-m", "clients", "evaluate", "--protocol", protocol, "--url", url,
+               "--input", str(data), "--model", "dlrm_onnx", "--model", "dlrm_onnx_ranking",
+               "--json"]  # fmt: skip
+    done = subprocess.run(command, capture_output=True, text=True, check=False, cwd=ROOT)
+    assert done.returncode == 0, done.stderr[-2000:]
+    scores = {score["name"]: score for score in json.loads(done.stdout)["scores"]}
+    assert scores["dlrm_onnx_ranking"]["rows"] == scores["dlrm_onnx"]["rows"] == 3000
+    assert abs(scores["dlrm_onnx_ranking"]["auc"] - scores["dlrm_onnx"]["auc"]) <= 1e-6
+    assert abs(scores["dlrm_onnx_ranking"]["logloss"] - scores["dlrm_onnx"]["logloss"]) <= 1e-6
+    with TritonClient(url, protocol) as client:  # type: ignore[arg-type]
+        rows = read_batch(data, 500)
+        flat = client.infer("dlrm_onnx", rows.inputs())
+        ranked = client.infer("dlrm_onnx_ranking", rows.inputs())
+        assert ranked.shape == flat.shape == (500, 1)
+        np.testing.assert_allclose(ranked, flat, rtol=0, atol=TOLERANCE)
+        empty = SPLIT.split(*_rows(2, 3, None))
+        empty[CANDIDATE_DENSE_INPUT] = empty[CANDIDATE_DENSE_INPUT][:, :0]
+        with pytest.raises(ClientError, match="holds no candidates"):
+            client.infer("dlrm_onnx_ranking", empty)

@@ -247,3 +247,33 @@ def test_a_batch_output_takes_its_source_inputs_shape(backend: Any) -> None:
     batched = sys.modules["batched_model"]
     output = batched.TensorSpec("click_probability", "TYPE_FP32", np.dtype(np.float32), (-1, 1))
     assert batched.BatchOutputSpec.shape(output, (1, 7, 18)) == (1, 7, 1)
+
+
+def test_a_synthetic_file_of_users_holds_runs_that_share_the_users_features(tmp_path: Path) -> None:
+    from clients.ranking import user_runs
+    from criteo.synth import SynthConfig, UserRequests, write_tsv
+    from criteo.tsv import read_batch
+
+    split = FeatureSplit.parse("I1-I4,C1-C6,C20")
+    requests = UserRequests(split, candidates=25, spread="geometric", users=30)
+    write_tsv(SynthConfig(rows=4000, seed=3, users=requests), tmp_path / "users.tsv")
+    rows = read_batch(tmp_path / "users.tsv", 4000)
+    runs = user_runs(split, None, rows.dense, rows.categorical)
+    lengths = np.asarray([stop - start for start, stop in runs])
+    # Runs of a drawn length around the mean; two requests of one popular user in a row are one run.
+    assert lengths.sum() == 4000 and 15 < lengths.mean() < 60
+    user, candidate = split.positions()
+    for start, stop in runs[:20]:
+        assert (rows.categorical[start:stop, list(user)] == rows.categorical[start, list(user)]).all()
+        assert (
+            rows.dense[start:stop, list(split.user_dense)] == rows.dense[start, list(split.user_dense)]
+        ).all()
+    # The candidates' own features vary within a run, and the popular users come back.
+    start, stop = max(runs, key=lambda run: run[1] - run[0])
+    assert len(np.unique(rows.categorical[start:stop, candidate[-1]])) > 1
+    keys = {tuple(rows.categorical[start, list(user)]) for start, _ in runs}
+    assert len(keys) < len(runs)
+    assert rows.labels is not None and 0.05 < float(rows.labels.mean()) < 0.6
+    plain = tmp_path / "plain.tsv"
+    write_tsv(SynthConfig(rows=100, seed=3), plain)
+    assert len(user_runs(split, None, *read_batch(plain, 100).inputs().values())) > 90
