@@ -476,7 +476,8 @@ class BatchedModel:
         for spec in self._inputs:
             parts = [request[spec.name] for request in requests]
             if spec.ragged:
-                feeds[spec.name] = np.concatenate([part.reshape(-1) for part in parts])
+                flat = [part.reshape(-1) for part in parts]
+                feeds[spec.name] = flat[0] if len(flat) == 1 else np.concatenate(flat)
             else:
                 feeds[spec.name] = parts[0] if len(parts) == 1 else np.concatenate(parts, axis=0)
         for batch_input in self._batch_inputs:

@@ -15,6 +15,8 @@ result under ``benchmarks/``.
   (:mod:`lab.cold_tier`).
 - ``stage-speed``: the compiled stages per warm request, served, in process and against a copy
   bound (:mod:`lab.stage_speed`).
+- ``ranking-speed``: ranking requests (one user and its candidates) against flat ones through the
+  server (:mod:`lab.ranking_speed`).
 - ``model-analyzer``: ``loadtest tune`` beside Triton Model Analyzer, same model, space and budgets
   (:mod:`lab.model_analyzer`).
 - ``raw-rows``: raw rows against tensors through the server (:mod:`lab.raw_rows`).
@@ -34,7 +36,7 @@ from typing import Annotated, TypeVar
 import typer
 
 from bundle.errors import ConfigError
-from bundle.options import Model, ReportOut, Repository, RowsPerRequest, SharedMemory, TritonLog
+from bundle.options import Model, ReportOut, Repository, RowsPerRequest, SharedMemory, TritonLog, UserFeatures
 from bundle.records import command_line
 from lab.faults.table import FAULTS
 from loadtest.options import (
@@ -493,6 +495,40 @@ def stage_speed(
         )
         report = run_stage_speed(options, command_line("lab"), lambda: progress.advance(task))
     paths = write_stage_speed(report, out)
+    print(f"report: {paths['markdown']}")
+
+
+def ranking_speed(
+    candidates: Annotated[str, typer.Option(help="Candidates per user, one step each.")] = "16,128,1024",
+    concurrency: Concurrency = "1,4",
+    duration: Duration = 5.0,
+    rounds: Rounds = 3,
+    user_features: UserFeatures[str] = "I1-I6,C1-C13",
+    log_file: TritonLog = Path("logs/ranking-speed-tritonserver.log"),
+    out: ReportOut[Path] = Path("reports/ranking_speed"),
+) -> None:
+    """Ranking requests (one user and its candidates, the user's features sent once) against flat
+    requests of the same candidates, through one local tritonserver (a benchmark): candidates/s,
+    latency per user, bytes and client CPU per candidate. Exports an untrained DLRM (INT8) with its
+    ranking variant under artifacts/ranking first."""
+    from rich.progress import Progress
+
+    from lab.ranking_speed import RankingSpeedOptions, candidate_sizes, run_ranking_speed, write_ranking_speed
+
+    options = RankingSpeedOptions(
+        candidates=candidate_sizes(candidates),
+        concurrency=parse_ints(concurrency, "--concurrency"),
+        seconds=duration,
+        rounds=rounds,
+        user_features=user_features,
+        log_file=log_file,
+    )
+    with Progress(transient=True) as progress:
+        task = progress.add_task(
+            "ranking speed", total=len(options.candidates) * len(options.concurrency) * options.rounds
+        )
+        report = run_ranking_speed(options, command_line("lab"), lambda: progress.advance(task))
+    paths = write_ranking_speed(report, out)
     print(f"report: {paths['markdown']}")
 
 

@@ -142,16 +142,9 @@ def _opset(model: onnx.ModelProto) -> int:
     raise ExportError("the graph imports no default-domain opset")
 
 
-def _guard(b: _Builder, holds: str, hint: str) -> str:
-    """A ``[1]`` int64 zero that fails the run where ``holds`` (``[1]`` int64, 1 or 0) is 0: it
-    reads place ``1 - holds`` of a one-value tensor, so the error (an index out of bounds) names
-    the node (``hint``)."""
-    return b.op("Gather", [b.ints(0), b.op("Sub", [b.ints(1), holds], hint)], hint)
-
-
 def _counts(b: _Builder, shapes: str, hint: str) -> str:
-    counts = b.op("Gather", [shapes, b.scalar(0)], hint, axis=1)
-    return b.op("Cast", [counts], hint, to=TensorProto.INT64)
+    """``U`` int32: each user's candidates, from a ``U x 2`` batch input of shapes."""
+    return b.op("Gather", [shapes, b.scalar(0)], hint, axis=1)
 
 
 def _user_of(b: _Builder, opset: int, dense_shapes: bool) -> str:
@@ -159,39 +152,37 @@ def _user_of(b: _Builder, opset: int, dense_shapes: bool) -> str:
 
     It fails the run where a user has no candidate (in Triton's C++ backends, a batch holding
     such a request gets its batch-mates' ragged inputs only up to it), or, with
-    ``dense_shapes``, where a user's dense part holds another number of candidates than its ids.
+    ``dense_shapes``, where a user's dense part holds another number of candidates than its ids:
+    a one-value tensor read at place ``1 - holds``, so that the error (an index out of bounds)
+    names the node ``ranking/every_user_needs_candidates_its_two_parts_agree_on``.
     """
-    counts = _counts(b, CANDIDATE_SHAPE_INPUT, "counts")
-    fewest = b.op("ReduceMin", [counts], "fewest", keepdims=1)
-    guards = [_guard(b, b.op("Min", [fewest, b.ints(1)], "fewest"), "every_user_needs_a_candidate")]
+    raw = _counts(b, CANDIDATE_SHAPE_INPUT, "counts")
+    counts = b.op("Cast", [raw], "counts", to=TensorProto.INT64)
+    holds = b.op("Min", [b.op("ReduceMin", [counts], "fewest", keepdims=1), b.ints(1)], "holds")
     if dense_shapes:
-        dense = _counts(b, CANDIDATE_DENSE_SHAPE_INPUT, "dense_counts")
-        apart = b.op(
-            "ReduceMax", [b.op("Abs", [b.op("Sub", [dense, counts], "apart")], "apart")], "apart", keepdims=1
-        )
-        agree = b.op("Sub", [b.ints(1), b.op("Min", [apart, b.ints(1)], "apart")], "agree")
-        guards.append(_guard(b, agree, "candidate_parts_agree_on_candidates"))
+        same = b.op("Equal", [_counts(b, CANDIDATE_DENSE_SHAPE_INPUT, "dense_counts"), raw], "agree")
+        agree = b.op("ReduceMin", [b.op("Cast", [same], "agree", to=TensorProto.INT64)], "agree", keepdims=1)
+        holds = b.op("Min", [holds, agree], "holds")
+    hint = "every_user_needs_candidates_its_two_parts_agree_on"
+    guard = b.op("Gather", [b.ints(0), b.op("Sub", [b.ints(1), holds], hint)], hint)
     ends = b.op("CumSum", [counts, b.scalar(0)], "ends")
     total = b.op("ReduceSum", [counts], "total", keepdims=1)  # [N]
     if opset >= SCATTER_ADD_OPSET:
-        # A mark at each user's first candidate (users of no candidate add theirs to the next
-        # one's; a last one's falls on the extra place N), then their running sum.
-        starts = b.op("Sub", [ends, counts], "starts")
+        # A mark where each user's candidates end (users of no candidate add theirs to the same
+        # place; the last one's falls on the extra place N): up to a candidate, as many marks
+        # as users that ended at or before it.
         places = b.op("Add", [total, b.ints(1)], "places")
         zeros = b.op(
             "ConstantOfShape", [places], "marks", value=helper.make_tensor("", TensorProto.INT64, [1], [0])
         )
-        ones = b.op("ConstantOfShape", [b.op("Shape", [starts], "ones")], "ones",
+        ones = b.op("ConstantOfShape", [b.op("Shape", [ends], "ones")], "ones",
                     value=helper.make_tensor("", TensorProto.INT64, [1], [1]))  # fmt: skip
-        marks = b.op("ScatterElements", [zeros, starts, ones], "marks", axis=0, reduction="add")
+        marks = b.op("ScatterElements", [zeros, ends, ones], "marks", axis=0, reduction="add")
         running = b.op("CumSum", [marks, b.scalar(0)], "running")
-        first = b.op("Slice", [running, b.ints(0), total, b.ints(0)], "running")
-        user_of = b.op("Sub", [first, b.scalar(1)], "user_of")
+        user_of = b.op("Slice", [running, b.ints(0), total, b.ints(0)], "user_of")
     else:
         user_of = _compared_user_of(b, counts, ends, total)
-    for guard in guards:
-        user_of = b.op("Add", [user_of, guard], "user_of")
-    return user_of
+    return b.op("Add", [user_of, guard], "user_of")
 
 
 def _compared_user_of(b: _Builder, counts: str, ends: str, total: str) -> str:
@@ -329,8 +320,11 @@ def _once(
         "Gather", [node.input[1], b.constant(np.asarray(theirs, np.int64))], f"{hint}/ids", axis=1
     )
     their_rows = b.op("Gather", [table, their_ids], f"{hint}/rows")
-    joined = b.op("Concat", [spread, their_rows], f"{hint}/joined", axis=1)
     order = np.argsort(np.asarray([*mine, *theirs])).astype(np.int64)
+    if (order == np.arange(order.size)).all():  # the user's positions first: the concat is the rows
+        b.op("Concat", [spread, their_rows], hint, output=lookup.output, axis=1)
+        return True
+    joined = b.op("Concat", [spread, their_rows], f"{hint}/joined", axis=1)
     b.op("Gather", [joined, b.constant(order)], hint, output=lookup.output, axis=1)
     return True
 
