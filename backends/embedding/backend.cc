@@ -52,6 +52,7 @@ constexpr const char* kParamColdReadThreads = "cold_read_threads";
 constexpr const char* kParamHintRows = "cold_read_hint_rows";
 constexpr const char* kParamHotness = "hotness";
 constexpr const char* kParamColdCacheBytes = "cold_cache_bytes";
+constexpr const char* kParamTierCopyThreads = "tier_copy_threads";
 // The most threads the `threads` way starts (the Python definition's pool starts them lazily; this one
 // starts all at load, so an absurd count fails the load instead of the machine).
 constexpr int64_t kMaxColdReadThreads = 1024;
@@ -338,6 +339,7 @@ class ModelState {
   ColdReadWay way() const { return way_; }
   int64_t threads() const { return threads_; }
   int64_t hint_rows() const { return hint_rows_; }
+  int64_t copy_threads() const { return copy_threads_; }
   // The memory tier of cold rows every instance shares (null: none).
   RowCache* cache() const { return cache_.get(); }
   const std::string& input() const { return input_; }
@@ -356,6 +358,10 @@ class ModelState {
       line += "; a memory tier of " + std::string(cache_->whole() ? "the whole store, " : "") +
               std::to_string(cache_->capacity_rows()) + " cold rows (" + std::to_string(bytes) + " bytes, " +
               tier_reason_ + "), its misses read " + direct;
+      if (cache_->whole() && copy_threads_ > 1) {
+        line += "; a request of " + std::to_string(kParallelTierLookups) + " lookups or more copied by " +
+                std::to_string(copy_threads_) + " threads";
+      }
     } else {
       line += "; no memory tier of cold rows (" + tier_reason_ + ")";
     }
@@ -493,6 +499,11 @@ class ModelState {
     way_ = *way;
     threads_ = IntParameter(config, kParamColdReadThreads, kDefaultColdReadThreads, 1);
     hint_rows_ = IntParameter(config, kParamHintRows, kDefaultColdReadHintRows, 0);
+    copy_threads_ = IntParameter(config, kParamTierCopyThreads, kDefaultTierCopyThreads, 1);
+    if (copy_threads_ > kMaxColdReadThreads) {
+      throw LoadFailure(name_, std::string("parameter '") + kParamTierCopyThreads + "' must be at most " +
+                                   std::to_string(kMaxColdReadThreads) + ", got " + std::to_string(copy_threads_));
+    }
     const bool tier_given = !Parameter(config, kParamColdCacheBytes).empty();
     const int64_t cache_bytes = IntParameter(config, kParamColdCacheBytes, 0, 0);
     hotness_ = Hotness(config, sizes.size());
@@ -565,6 +576,7 @@ class ModelState {
   ColdReadWay way_ = ColdReadWay::kUring;
   int64_t threads_ = kDefaultColdReadThreads;
   int64_t hint_rows_ = kDefaultColdReadHintRows;
+  int64_t copy_threads_ = kDefaultTierCopyThreads;
   std::vector<int64_t> hotness_;
   OpenedLookup opened_;
   std::unique_ptr<RowCache> cache_;
@@ -597,7 +609,7 @@ class InstanceState {
     Check(TRITONBACKEND_ModelInstanceName(instance, &name), "reading the instance's name");
     try {
       reads_ = std::make_unique<ColdReads>(model.store(), model.way(), model.threads(), model.hint_rows(),
-                                           Ring::kDefaultEntries, model.cache());
+                                           Ring::kDefaultEntries, model.cache(), model.copy_threads());
     } catch (const LoadError& error) {
       throw LoadFailure(model.name(), error.what());
     }

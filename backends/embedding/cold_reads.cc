@@ -135,8 +135,8 @@ class ReadPool {
   }
   ~ReadPool() { Stop(); }
 
-  // Runs task(i) for every i < count on the pool's threads; returns when all are done, rethrowing
-  // the first failure.
+  // Runs task(i) for every i < count on the pool's threads and the calling one; returns when all
+  // are done, rethrowing the first failure.
   void Run(size_t count, const std::function<void(size_t)>& task) {
     if (count == 0) return;
     std::unique_lock<std::mutex> lock(mutex_);
@@ -146,6 +146,7 @@ class ReadPool {
     count_ = count;
     failure_ = nullptr;
     wake_.notify_all();
+    while (next_ < count_) RunOne(lock);
     done_.wait(lock, [this] { return finished_ == count_; });
     count_ = next_ = finished_ = 0;
     task_ = nullptr;
@@ -158,19 +159,24 @@ class ReadPool {
     for (;;) {
       wake_.wait(lock, [this] { return stop_ || next_ < count_; });
       if (stop_) return;
-      const size_t index = next_++;
-      const std::function<void(size_t)>* task = task_;
-      lock.unlock();
-      std::exception_ptr failure;
-      try {
-        (*task)(index);
-      } catch (...) {
-        failure = std::current_exception();
-      }
-      lock.lock();
-      if (failure && !failure_) failure_ = failure;
-      if (++finished_ == count_) done_.notify_all();
+      RunOne(lock);
     }
+  }
+
+  // Takes the next task and runs it with the lock released (held on entry and on return).
+  void RunOne(std::unique_lock<std::mutex>& lock) {
+    const size_t index = next_++;
+    const std::function<void(size_t)>* task = task_;
+    lock.unlock();
+    std::exception_ptr failure;
+    try {
+      (*task)(index);
+    } catch (...) {
+      failure = std::current_exception();
+    }
+    lock.lock();
+    if (failure && !failure_) failure_ = failure;
+    if (++finished_ == count_) done_.notify_all();
   }
 
   void Stop() {
@@ -198,9 +204,10 @@ class ReadPool {
 void ColdReads::FreeBuffer::operator()(uint8_t* buffer) const { std::free(buffer); }
 
 ColdReads::ColdReads(const Store& store, ColdReadWay way, int64_t threads, int64_t hint_rows,
-                     unsigned ring_entries, RowCache* cache)
+                     unsigned ring_entries, RowCache* cache, int64_t copy_threads)
     : store_(store), way_(way), threads_(threads), hint_rows_(hint_rows), decoder_(store), cache_(cache) {
   if (threads < 1) throw LoadError("cold read threads must be >= 1, got " + std::to_string(threads));
+  if (copy_threads < 1) throw LoadError("tier copy threads must be >= 1, got " + std::to_string(copy_threads));
   if (hint_rows < 0) throw LoadError("cold read hint rows must be >= 0, got " + std::to_string(hint_rows));
   if (cache != nullptr && !CacheWayProblem(way).empty())
     throw LoadError("a cold row cache " + CacheWayProblem(way));
@@ -226,6 +233,18 @@ ColdReads::ColdReads(const Store& store, ColdReadWay way, int64_t threads, int64
     posix_fadvise(fd_, 0, 0, POSIX_FADV_RANDOM);
     if (cache != nullptr) OpenDirect(rows_path);
   }
+  if (cache != nullptr && cache->whole() && copy_threads > 1) {
+    try {
+      copy_pool_ = std::make_unique<ReadPool>(static_cast<size_t>(copy_threads - 1));
+    } catch (const std::exception& error) {
+      if (fd_ >= 0) close(fd_);
+      if (direct_fd_ >= 0) close(direct_fd_);
+      throw LoadError("cannot start " + std::to_string(copy_threads - 1) + " tier copy threads: " + error.what());
+    }
+    copy_shares_ = static_cast<size_t>(copy_threads);
+    share_misses_.resize(copy_shares_);
+    share_places_.resize(copy_shares_);
+  }
   if (way == ColdReadWay::kThreads) {
     try {
       pool_ = std::make_unique<ReadPool>(static_cast<size_t>(threads));
@@ -237,6 +256,7 @@ ColdReads::ColdReads(const Store& store, ColdReadWay way, int64_t threads, int64
 }
 
 ColdReads::~ColdReads() {
+  copy_pool_.reset();
   pool_.reset();
   ring_.reset();
   if (fd_ >= 0) close(fd_);
@@ -480,6 +500,23 @@ void ColdReads::Read(const int64_t* keys, size_t count, float* out) {
   }
 }
 
+void ColdReads::CopyFromTier(const int64_t* keys, size_t first, size_t last, float* out,
+                             std::vector<int64_t>* misses, std::vector<size_t>* places) const {
+  const size_t width = decoder_.width();
+  // The rows asked for a few lookups ahead: their loads from memory overlap.
+  constexpr size_t kAhead = 8;
+  for (size_t index = first; index < std::min(last, first + kAhead); ++index) cache_->Prefetch(keys[index]);
+  for (size_t index = first; index < last; ++index) {
+    if (index + kAhead < last) cache_->Prefetch(keys[index + kAhead]);
+    if (const uint8_t* row = cache_->Find(keys[index])) {
+      decoder_.Decode(row, out + index * width);
+      continue;
+    }
+    misses->push_back(keys[index]);
+    places->push_back(index);
+  }
+}
+
 void ColdReads::ReadThroughTier(const int64_t* keys, size_t count, float* out) {
   const size_t width = decoder_.width();
   const size_t row_bytes = store_.row_bytes;
@@ -488,29 +525,34 @@ void ColdReads::ReadThroughTier(const int64_t* keys, size_t count, float* out) {
   misses_.clear();
   miss_places_.clear();
   const bool copies = decoder_.copies();
-  const bool whole = cache_->whole();
   scratch_row_.resize(row_bytes);
-  // A whole tier's rows asked for a few lookups ahead: their loads from memory overlap.
-  constexpr size_t kAhead = 8;
-  if (whole) {
-    for (size_t index = 0; index < std::min(count, kAhead); ++index) cache_->Prefetch(keys[index]);
-  }
-  for (size_t index = 0; index < count; ++index) {
-    float* place = out + index * width;
-    if (whole) {
-      if (index + kAhead < count) cache_->Prefetch(keys[index + kAhead]);
-      if (const uint8_t* row = cache_->Find(keys[index])) {
-        decoder_.Decode(row, place);
+  if (cache_->whole() && copy_pool_ != nullptr && count >= kParallelTierLookups) {
+    // A large request in contiguous shares, one a thread; the misses joined in the keys' order.
+    const size_t shares = copy_shares_;
+    copy_pool_->Run(shares, [&](size_t share) {
+      share_misses_[share].clear();
+      share_places_[share].clear();
+      CopyFromTier(keys, share * count / shares, (share + 1) * count / shares, out, &share_misses_[share],
+                   &share_places_[share]);
+    });
+    for (size_t share = 0; share < shares; ++share) {
+      misses_.insert(misses_.end(), share_misses_[share].begin(), share_misses_[share].end());
+      miss_places_.insert(miss_places_.end(), share_places_[share].begin(), share_places_[share].end());
+    }
+  } else if (cache_->whole()) {
+    CopyFromTier(keys, 0, count, out, &misses_, &miss_places_);
+  } else {
+    for (size_t index = 0; index < count; ++index) {
+      float* place = out + index * width;
+      if (copies) {
+        if (cache_->Get(keys[index], reinterpret_cast<uint8_t*>(place))) continue;
+      } else if (cache_->Get(keys[index], scratch_row_.data())) {
+        decoder_.Decode(scratch_row_.data(), place);
         continue;
       }
-    } else if (copies) {
-      if (cache_->Get(keys[index], reinterpret_cast<uint8_t*>(place))) continue;
-    } else if (cache_->Get(keys[index], scratch_row_.data())) {
-      decoder_.Decode(scratch_row_.data(), place);
-      continue;
+      misses_.push_back(keys[index]);
+      miss_places_.push_back(index);
     }
-    misses_.push_back(keys[index]);
-    miss_places_.push_back(index);
   }
   last_hits_ = count - misses_.size();
   last_misses_ = misses_.size();

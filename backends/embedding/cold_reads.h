@@ -42,6 +42,11 @@ std::optional<ColdReadWay> ParseColdReadWay(std::string_view name);
 std::string CacheWayProblem(ColdReadWay way);
 
 inline constexpr int64_t kDefaultColdReadThreads = 8;
+// Threads that copy a large request's rows out of a whole memory tier (the instance's own thread
+// one of them): the rows lie anywhere in memory, and one thread waits on each load in turn where
+// several overlap theirs. Only a request of at least kParallelTierLookups lookups is shared out.
+inline constexpr int64_t kDefaultTierCopyThreads = 2;
+inline constexpr size_t kParallelTierLookups = 4096;
 // Measured by `python -m lab cold-reads` (hot_cold_lookup.DEFAULT_COLD_READ_HINT_ROWS).
 inline constexpr int64_t kDefaultColdReadHintRows = 256;
 
@@ -80,9 +85,10 @@ class ColdReads {
   // every instance shares and which outlives them; with it the io_uring way reads the rows it
   // misses with O_DIRECT, past the page cache, where the file system allows (direct() says).
   // Throws LoadError also for a cache with the fault way (the mapping is its own cache).
+  // `copy_threads`: kDefaultTierCopyThreads's threads for a whole tier (1: the instance's alone).
   ColdReads(const Store& store, ColdReadWay way, int64_t threads = kDefaultColdReadThreads,
             int64_t hint_rows = kDefaultColdReadHintRows, unsigned ring_entries = Ring::kDefaultEntries,
-            RowCache* cache = nullptr);
+            RowCache* cache = nullptr, int64_t copy_threads = kDefaultTierCopyThreads);
   ~ColdReads();
   ColdReads(const ColdReads&) = delete;
   ColdReads& operator=(const ColdReads&) = delete;
@@ -122,6 +128,10 @@ class ColdReads {
   // Read with a memory tier: its rows copied, the rest read (the way's reads of the distinct
   // misses) and kept.
   void ReadThroughTier(const int64_t* keys, size_t count, float* out);
+  // The whole tier's rows of keys[first..last) into their places in `out`; the others noted in
+  // `misses` and `places` (their indices).
+  void CopyFromTier(const int64_t* keys, size_t first, size_t last, float* out, std::vector<int64_t>* misses,
+                    std::vector<size_t>* places) const;
   // The rows `keys` (distinct, ascending) into out (row_bytes each), the way's reads; the
   // system calls they took.
   size_t ReadKeys(const std::vector<int64_t>& keys, uint8_t* out);
@@ -137,6 +147,9 @@ class ColdReads {
   int fd_ = -1;
   std::unique_ptr<Ring> ring_;
   std::unique_ptr<ReadPool> pool_;
+  // The threads besides the instance's that copy a large request from a whole tier (null: none).
+  std::unique_ptr<ReadPool> copy_pool_;
+  size_t copy_shares_ = 1;
   std::string fallback_;
   RowCache* cache_ = nullptr;
   int direct_fd_ = -1;
@@ -157,6 +170,8 @@ class ColdReads {
   std::vector<size_t> bounds_;
   std::vector<int64_t> misses_;
   std::vector<size_t> miss_places_;
+  std::vector<std::vector<int64_t>> share_misses_;
+  std::vector<std::vector<size_t>> share_places_;
   std::vector<uint8_t> miss_raw_;
   std::vector<uint8_t> scratch_row_;
   // The O_DIRECT reads of a request: aligned byte ranges, each covering one or more rows.

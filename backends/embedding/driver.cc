@@ -15,6 +15,7 @@
 //   ring_entries <n>                 optional (1024; one the kernel refuses: the fallback)
 //   cache_bytes <n|default>          optional (0: no memory tier of cold rows; default: the
 //                                    backend's default tier)
+//   copy_threads <n>                 optional (2): threads copying a large request from a whole tier
 //   ids <B> <H> <B*H decimal int64s> a request; any number of them, answered in order
 //   time <n>                         the requests since the last `time` again, in turn, n lookups
 //                                    in all, timed
@@ -72,6 +73,7 @@ struct Case {
   unsigned ring_entries = stages::embedding::Ring::kDefaultEntries;
   int64_t cache_bytes = 0;
   bool default_cache = false;
+  int64_t copy_threads = stages::embedding::kDefaultTierCopyThreads;
 };
 
 [[noreturn]] void Malformed(const std::string& why) {
@@ -188,6 +190,8 @@ int main() {
       } else if (key == "cache_bytes") {
         spec.default_cache = value == "default";
         spec.cache_bytes = spec.default_cache ? 0 : Integer(value);
+      } else if (key == "copy_threads") {
+        spec.copy_threads = Integer(value);
       } else if (key == "ring_entries") {
         spec.ring_entries = static_cast<unsigned>(Integer(value));
       } else if (key == "slot_map_max_bytes") {
@@ -227,7 +231,7 @@ int main() {
           cache = std::make_unique<RowCache>(cache_bytes, store.row_bytes, static_cast<uint64_t>(store.rows));
         }
         reads = std::make_unique<ColdReads>(*opened.store, spec.way, spec.threads, spec.hint_rows,
-                                            spec.ring_entries, cache.get());
+                                            spec.ring_entries, cache.get(), spec.copy_threads);
       } catch (const LoadError& error) {
         std::cout << "error load " << error.what() << "\n";
         return 1;

@@ -118,6 +118,12 @@ PARAM_COLD_READ_HINT_ROWS = "cold_read_hint_rows"
 #: ``io_uring`` way; the ``fault`` way takes none (its mapping is its own cache). The compiled
 #: stage's alone: the answers are the same with or without it.
 PARAM_COLD_CACHE_BYTES = "cold_cache_bytes"
+#: Threads that copy a request of many lookups out of a memory tier that holds the whole store
+#: (optional; default :data:`DEFAULT_TIER_COPY_THREADS`, the instance's own among them; 1: its
+#: alone). The compiled stage's alone: the answers are the same with any number.
+PARAM_TIER_COPY_THREADS = "tier_copy_threads"
+#: The compiled stage's default of :data:`PARAM_TIER_COPY_THREADS`.
+DEFAULT_TIER_COPY_THREADS = 2
 #: Config parameter: ids per bag of each table, C1's first (26 comma-separated counts; absent:
 #: one id per table), as the dense models' configs write it.
 PARAM_HOTNESS = "hotness"

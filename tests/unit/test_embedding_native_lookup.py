@@ -610,3 +610,23 @@ def test_a_cache_that_cannot_be_fails_the_load(
         _case(tables, "some", way, _requests(tables, seed=25)[:1], extra=[f"cache_bytes {cache_bytes}"])
     )
     assert got == [f"load {says}"], (header, got)
+
+
+@pytest.mark.parametrize("copy_threads", [1, 3])
+def test_a_large_request_copied_by_several_threads_answers_the_same(
+    stores: dict[str, Tables], copy_threads: int
+) -> None:
+    """A request of 2,000 rows (thousands of cold lookups, past the stage's share-out size) copied out
+    of a whole tier by one thread and by three, each a share: the same bytes and counts as the
+    Python stage."""
+    tables = stores["float16"]
+    rng = np.random.default_rng(31)
+    requests = [*_requests(tables, seed=31), _ids(rng, tables.sizes, (1,) * NUM_CATEGORICAL, 2000)]
+    extra = ["cache_bytes 10000000", f"copy_threads {copy_threads}"]
+    header, got = _drive(_case(tables, "some", "io_uring", [*requests, *requests], extra=extra))
+    assert header.get("tier") == f"whole {sum(tables.sizes)}", header
+    expected = _expected(tables, "some", "io_uring", requests)
+    _assert_same(got, [*expected, *expected], counts=False)
+    for answer, want in zip(got[len(requests) :], expected, strict=True):
+        assert isinstance(answer, Answer)
+        assert (answer.hits, answer.rows_read) == (want.cold_positions.size, 0)
