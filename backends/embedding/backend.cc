@@ -502,7 +502,8 @@ class ModelState {
     copy_threads_ = IntParameter(config, kParamTierCopyThreads, kDefaultTierCopyThreads, 1);
     if (copy_threads_ > kMaxColdReadThreads) {
       throw LoadFailure(name_, std::string("parameter '") + kParamTierCopyThreads + "' must be at most " +
-                                   std::to_string(kMaxColdReadThreads) + ", got " + std::to_string(copy_threads_));
+                                   std::to_string(kMaxColdReadThreads) + ", got " +
+                                   std::to_string(copy_threads_));
     }
     const bool tier_given = !Parameter(config, kParamColdCacheBytes).empty();
     const int64_t cache_bytes = IntParameter(config, kParamColdCacheBytes, 0, 0);

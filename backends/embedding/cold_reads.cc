@@ -207,7 +207,8 @@ ColdReads::ColdReads(const Store& store, ColdReadWay way, int64_t threads, int64
                      unsigned ring_entries, RowCache* cache, int64_t copy_threads)
     : store_(store), way_(way), threads_(threads), hint_rows_(hint_rows), decoder_(store), cache_(cache) {
   if (threads < 1) throw LoadError("cold read threads must be >= 1, got " + std::to_string(threads));
-  if (copy_threads < 1) throw LoadError("tier copy threads must be >= 1, got " + std::to_string(copy_threads));
+  if (copy_threads < 1)
+    throw LoadError("tier copy threads must be >= 1, got " + std::to_string(copy_threads));
   if (hint_rows < 0) throw LoadError("cold read hint rows must be >= 0, got " + std::to_string(hint_rows));
   if (cache != nullptr && !CacheWayProblem(way).empty())
     throw LoadError("a cold row cache " + CacheWayProblem(way));
@@ -239,7 +240,8 @@ ColdReads::ColdReads(const Store& store, ColdReadWay way, int64_t threads, int64
     } catch (const std::exception& error) {
       if (fd_ >= 0) close(fd_);
       if (direct_fd_ >= 0) close(direct_fd_);
-      throw LoadError("cannot start " + std::to_string(copy_threads - 1) + " tier copy threads: " + error.what());
+      throw LoadError("cannot start " + std::to_string(copy_threads - 1) +
+                      " tier copy threads: " + error.what());
     }
     copy_shares_ = static_cast<size_t>(copy_threads);
     share_misses_.resize(copy_shares_);
