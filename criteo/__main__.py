@@ -36,6 +36,13 @@ ProfileOut = Annotated[
     Path,
     typer.Option("--out", help="Folder for counts.npz (read by --profile), profile.json and coverage.png."),
 ]
+# ``--candidates`` of python -m lab ranking-speed is a list of sizes, one step each.
+Candidates = Annotated[
+    int,
+    typer.Option(
+        "--candidates", help="With --user-features: candidates per user request (their mean, drawn)."
+    ),
+]
 # ``--profile`` of python -m export is the serving profile.
 AccessProfileDir = Annotated[
     Path, typer.Option("--profile", help="Folder that `python -m criteo profile` wrote.")
@@ -60,9 +67,7 @@ def synth(
     max_vocabulary: Annotated[int, typer.Option(help="Cap on any table's distinct ids.")] = 200_000,
     hotness: Hotness = "1",
     user_features: UserFeatures[str | None] = None,
-    candidates: Annotated[
-        int, typer.Option(help="With --user-features: candidates per user request (their mean, drawn).")
-    ] = 128,
+    candidates: Candidates = 128,
     candidate_spread: Annotated[
         str, typer.Option(help=f"With --user-features: {' or '.join(SPREADS)} candidates per request.")
     ] = "fixed",

@@ -91,6 +91,10 @@ Stage = Annotated[str, typer.Option("--stage", help="The hot/cold embedding stag
 Ways = Annotated[list[str] | None, typer.Option("--way", help="A way of reading cold rows (repeatable).")]
 WayThreads = Annotated[int, typer.Option("--threads", help="Threads of the 'threads' way.")]
 Requests = Annotated[int, typer.Option("--requests", help="Measured requests per compared case.")]
+# ``--candidates`` of python -m criteo synth is one size (a request's mean).
+CandidateSizes = Annotated[
+    str, typer.Option("--candidates", help="Candidates per user, comma-separated, one step each.")
+]
 Steps = Annotated[
     list[str] | None,
     typer.Option("--step", help="A measured step BATCHxCONCURRENCY, e.g. 1024x4 (repeatable)."),
@@ -499,7 +503,7 @@ def stage_speed(
 
 
 def ranking_speed(
-    candidates: Annotated[str, typer.Option(help="Candidates per user, one step each.")] = "16,128,1024",
+    candidates: CandidateSizes = "16,128,1024",
     concurrency: Concurrency = "1,4",
     duration: Duration = 5.0,
     rounds: Rounds = 3,

@@ -291,7 +291,13 @@ def _user_ids(b: _Builder, split: FeatureSplit, hotness: tuple[int, ...] | None)
 
 
 def _once(
-    b: _Builder, cloner: _Cloner, lookup: Lookup, node: onnx.NodeProto, user: set[int], user_of: str
+    b: _Builder,
+    cloner: _Cloner,
+    lookup: Lookup,
+    node: onnx.NodeProto,
+    user: set[int],
+    user_of: str,
+    splices: dict[str, list[str]],
 ) -> bool:
     """Rewrite ``lookup`` (its ``Gather`` ``node``) to read the user's positions once per user.
 
@@ -323,10 +329,26 @@ def _once(
     order = np.argsort(np.asarray([*mine, *theirs])).astype(np.int64)
     if (order == np.arange(order.size)).all():  # the user's positions first: the concat is the rows
         b.op("Concat", [spread, their_rows], hint, output=lookup.output, axis=1)
+        splices[lookup.output] = [spread, their_rows]
         return True
     joined = b.op("Concat", [spread, their_rows], f"{hint}/joined", axis=1)
     b.op("Gather", [joined, b.constant(order)], hint, output=lookup.output, axis=1)
     return True
+
+
+def _splice(nodes: list[onnx.NodeProto], splices: dict[str, list[str]]) -> None:
+    """A ``Concat`` on axis 1 that reads a split lookup's rows reads their two parts instead (DLRM's
+    interaction joins the bottom MLP's output and the lookups so): one copy of the rows, not two."""
+    if not splices:
+        return
+    for node in nodes:
+        if node.op_type != "Concat" or not any(name in splices for name in node.input):
+            continue
+        if next((a.i for a in node.attribute if a.name == "axis"), None) != 1:
+            continue
+        inputs = [part for name in node.input for part in splices.get(name, [name])]
+        del node.input[:]
+        node.input.extend(inputs)
 
 
 def _inputs(split: FeatureSplit, hotness: tuple[int, ...] | None) -> list[onnx.ValueInfoProto]:
@@ -430,6 +452,7 @@ def ranking_graph(model: onnx.ModelProto, split: FeatureSplit) -> RankingGraph:
     assert len(split.user_dense) + len(split.candidate_dense) == NUM_DENSE
     once, tiled = 0, []
     replaced: set[str] = set()
+    splices: dict[str, list[str]] = {}
     if user_positions:
         cloner = _Cloner(b, model.graph, _user_ids(b, split, hotness))
         gathers = {node.output[0]: node for node in model.graph.node if node.op_type == "Gather"}
@@ -437,7 +460,7 @@ def ranking_graph(model: onnx.ModelProto, split: FeatureSplit) -> RankingGraph:
         for lookup in lookups:
             mark = len(b.nodes)
             try:
-                if _once(b, cloner, lookup, gathers[lookup.output], user_tables, user_of):
+                if _once(b, cloner, lookup, gathers[lookup.output], user_tables, user_of, splices):
                     once += 1
                     replaced.add(lookup.output)
             except ExportError as exc:
@@ -447,6 +470,7 @@ def ranking_graph(model: onnx.ModelProto, split: FeatureSplit) -> RankingGraph:
                 }
                 tiled.append(f"{lookup.name}: {exc}")
     kept = [node for node in graph.node if not (node.op_type == "Gather" and node.output[0] in replaced)]
+    _splice(kept, splices)
     inputs = [value for value in graph.input if value.name not in (DENSE_INPUT, CATEGORICAL_INPUT)]
     new_inputs = _inputs(split, hotness)
     del graph.input[:]
