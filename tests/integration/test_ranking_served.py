@@ -209,6 +209,12 @@ def test_the_config_records_the_split_and_batches_users(repositories: dict[str, 
     assert ragged == {CANDIDATE_DENSE_INPUT, CANDIDATE_CATEGORICAL_INPUT}
     assert [entry.kind for entry in config.batch_input] == [mc.BatchInput.BATCH_ITEM_SHAPE] * 2
     assert [entry.kind for entry in config.batch_output] == [mc.BatchOutput.BATCH_SCATTER_WITH_INPUT_SHAPE]
+    # Every family's lookups of the user's tables read its ids once, none tiled.
+    for where, flat, _ in CASES.values():
+        path = repositories[where] / ranking_model_name(flat) / "export_report.json"
+        report = json.loads(path.read_text())
+        assert report["lookups_tiled"] == [] and report["lookups_once"] >= 1, report
+        assert report["parity"]["max_abs_diff"] <= TOLERANCE
 
 
 @pytest.mark.parametrize("protocol", ["http", "grpc"])

@@ -25,7 +25,7 @@ ROOT = Path(__file__).resolve().parents[2]
 #: The benchmark commands ``python -m lab`` offers.
 LAB_COMMANDS = {
     "soak", "client-cost", "precision", "serving-defaults", "gpu", "gpu-vs-cpu", "kernels", "cold-reads",
-    "cold-tier", "stage-speed", "model-analyzer", "raw-rows", "open-loop", "faults",
+    "cold-tier", "stage-speed", "ranking-speed", "model-analyzer", "raw-rows", "open-loop", "faults",
 }  # fmt: skip
 #: What a user load-tests with: the only commands ``python -m loadtest`` offers.
 LOADTEST_COMMANDS = {
