@@ -311,7 +311,7 @@ def test_the_backend_answers_as_the_package_by_either_naming_convention(
     expected = run_aoti(package, held_out)
     feeds = {aoti_input_name(name): array for name, array in held_out.inputs().items()}
     instance = _load(backend, package.parents[1], config)
-    (served,) = instance._run(feeds)
+    ((served,),) = instance._run([feeds])
     np.testing.assert_array_equal(served, expected)
     # Ordinal names, and the config as the local server's view gives it (no platform: the file decides).
     for tensor, name in zip(config.input, ("INPUT__0", "INPUT__1"), strict=True):
@@ -320,7 +320,9 @@ def test_the_backend_answers_as_the_package_by_either_naming_convention(
     config.ClearField("model_warmup")
     config.ClearField("platform")
     ordinal = _load(backend, package.parents[1], config)
-    (served,) = ordinal._run(dict(zip(("INPUT__0", "INPUT__1"), held_out.inputs().values(), strict=True)))
+    ((served,),) = ordinal._run(
+        [dict(zip(("INPUT__0", "INPUT__1"), held_out.inputs().values(), strict=True))]
+    )
     np.testing.assert_array_equal(served, expected)
     assert not backend.warnings
 
