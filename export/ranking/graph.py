@@ -33,7 +33,6 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 import onnx
@@ -52,6 +51,7 @@ from bundle.schema import (
     USER_DENSE_INPUT,
     FeatureSplit,
 )
+from export.graphs.builder import GraphBuilder, default_opset, taken_names
 from export.graphs.ids import graph_hotness
 from export.graphs.onnx_io import inputs_of, prune
 from export.tables.lookups import Lookup, find_lookups
@@ -86,68 +86,12 @@ class RankingGraph:
     tiled: tuple[str, ...]
 
 
-class _Builder:
-    """Nodes and constants the variant adds, uniquely named under :data:`PREFIX`."""
-
-    def __init__(self, graph: onnx.GraphProto) -> None:
-        self.graph = graph
-        self.taken = {name for node in graph.node for name in [*node.input, *node.output, node.name]}
-        self.taken |= {t.name for t in graph.initializer} | {v.name for v in graph.input}
-        self.nodes: list[onnx.NodeProto] = []
-        self.constants: dict[tuple[Any, ...], str] = {}
-
-    def fresh(self, hint: str) -> str:
-        base = f"{PREFIX}/{hint}"
-        name, count = base, 0
-        while name in self.taken:
-            count += 1
-            name = f"{base}_{count}"
-        self.taken.add(name)
-        return name
-
-    def constant(self, value: np.ndarray) -> str:
-        key = (value.dtype.str, value.shape, value.tobytes())
-        if key not in self.constants:
-            tensor = helper.make_tensor(
-                self.fresh("constant"), helper.np_dtype_to_tensor_dtype(value.dtype), value.shape,
-                value.tobytes(), raw=True,
-            )  # fmt: skip
-            self.graph.initializer.append(tensor)
-            self.constants[key] = tensor.name
-        return self.constants[key]
-
-    def ints(self, *values: int) -> str:
-        return self.constant(np.asarray(values, dtype=np.int64))
-
-    def scalar(self, value: int) -> str:
-        return self.constant(np.asarray(value, dtype=np.int64))
-
-    def op(
-        self, op_type: str, inputs: Sequence[str], hint: str, output: str | None = None, **attrs: Any
-    ) -> str:
-        out = output or self.fresh(hint)
-        self.nodes.append(
-            helper.make_node(op_type, list(inputs), [out], name=self.fresh(f"{hint}/{op_type}"), **attrs)
-        )
-        return out
-
-    def node(self, node: onnx.NodeProto) -> None:
-        self.nodes.append(node)
-
-
-def _opset(model: onnx.ModelProto) -> int:
-    for entry in model.opset_import:
-        if entry.domain in ("", "ai.onnx"):
-            return int(entry.version)
-    raise ExportError("the graph imports no default-domain opset")
-
-
-def _counts(b: _Builder, shapes: str, hint: str) -> str:
+def _counts(b: GraphBuilder, shapes: str, hint: str) -> str:
     """``U`` int32: each user's candidates, from a ``U x 2`` batch input of shapes."""
     return b.op("Gather", [shapes, b.scalar(0)], hint, axis=1)
 
 
-def _user_of(b: _Builder, opset: int, dense_shapes: bool) -> str:
+def _user_of(b: GraphBuilder, opset: int, dense_shapes: bool) -> str:
     """``N`` int64: the user (``0..U-1``) of each candidate, from ``candidate_shape``.
 
     It fails the run where a user has no candidate (in Triton's C++ backends, a batch holding
@@ -185,7 +129,7 @@ def _user_of(b: _Builder, opset: int, dense_shapes: bool) -> str:
     return b.op("Add", [user_of, guard], "user_of")
 
 
-def _compared_user_of(b: _Builder, counts: str, ends: str, total: str) -> str:
+def _compared_user_of(b: GraphBuilder, counts: str, ends: str, total: str) -> str:
     """:func:`_user_of`'s map before opset 16: a candidate's user is the number of users that end
     at or before it."""
     scalar_total = b.op("Squeeze", [total, b.ints(0)], "total")
@@ -199,7 +143,7 @@ def _compared_user_of(b: _Builder, counts: str, ends: str, total: str) -> str:
 
 
 def _flat(
-    b: _Builder,
+    b: GraphBuilder,
     user: str | None,
     user_columns: Sequence[int],
     candidate: str | None,
@@ -220,13 +164,13 @@ def _flat(
     if identity:
         b.op("Identity", [joined], output, output=output)
     else:
-        b.op("Gather", [joined, b.constant(order)], output, output=output, axis=1)
+        b.op("Gather", [joined, b.constant("order", order)], output, output=output, axis=1)
 
 
 class _Cloner:
     """Clones the nodes between ``categorical_ids`` and a lookup's ids onto the users' ids."""
 
-    def __init__(self, b: _Builder, graph: onnx.GraphProto, user_ids: str) -> None:
+    def __init__(self, b: GraphBuilder, graph: onnx.GraphProto, user_ids: str) -> None:
         self.b = b
         self.user_ids = user_ids
         self.producer = {name: node for node in graph.node for name in node.output if name}
@@ -269,11 +213,11 @@ class _Cloner:
         copy.input.extend(inputs)
         copy.output.extend(outputs)
         copy.name = self.b.fresh(f"user/{node.name or node.op_type}")
-        self.b.node(copy)
+        self.b.nodes.append(copy)
         return self.cloned[name]
 
 
-def _user_ids(b: _Builder, split: FeatureSplit, hotness: tuple[int, ...] | None) -> str:
+def _user_ids(b: GraphBuilder, split: FeatureSplit, hotness: tuple[int, ...] | None) -> str:
     """``U x H`` int64: each user's ids at its positions, 0 at the candidates' (the flat ids' layout)."""
     user, candidate = split.positions(hotness)
     if not candidate:
@@ -287,11 +231,11 @@ def _user_ids(b: _Builder, split: FeatureSplit, hotness: tuple[int, ...] | None)
     )
     joined = b.op("Concat", [USER_CATEGORICAL_INPUT, zeros], "user_ids", axis=1)
     order = np.argsort(np.asarray([*user, *candidate])).astype(np.int64)
-    return b.op("Gather", [joined, b.constant(order)], "user_ids", axis=1)
+    return b.op("Gather", [joined, b.constant("order", order)], "user_ids", axis=1)
 
 
 def _once(
-    b: _Builder,
+    b: GraphBuilder,
     cloner: _Cloner,
     lookup: Lookup,
     node: onnx.NodeProto,
@@ -319,11 +263,16 @@ def _once(
     shape = lookup.id_shape
     if shape is None or len(shape) != 2 or shape[1] != len(lookup.columns):
         raise ExportError(f"its ids have shape {shape}, not rows x {len(lookup.columns)} positions")
-    user_ids = b.op("Gather", [ids, b.constant(np.asarray(mine, np.int64))], f"{hint}/user_ids", axis=1)
+    user_ids = b.op(
+        "Gather", [ids, b.constant("positions", np.asarray(mine, np.int64))], f"{hint}/user_ids", axis=1
+    )
     user_rows = b.op("Gather", [table, user_ids], f"{hint}/user_rows")
     spread = b.op("Gather", [user_rows, user_of], f"{hint}/user_rows", axis=0)
     their_ids = b.op(
-        "Gather", [node.input[1], b.constant(np.asarray(theirs, np.int64))], f"{hint}/ids", axis=1
+        "Gather",
+        [node.input[1], b.constant("positions", np.asarray(theirs, np.int64))],
+        f"{hint}/ids",
+        axis=1,
     )
     their_rows = b.op("Gather", [table, their_ids], f"{hint}/rows")
     order = np.argsort(np.asarray([*mine, *theirs])).astype(np.int64)
@@ -332,7 +281,7 @@ def _once(
         splices[lookup.output] = [spread, their_rows]
         return True
     joined = b.op("Concat", [spread, their_rows], f"{hint}/joined", axis=1)
-    b.op("Gather", [joined, b.constant(order)], hint, output=lookup.output, axis=1)
+    b.op("Gather", [joined, b.constant("order", order)], hint, output=lookup.output, axis=1)
     return True
 
 
@@ -414,7 +363,7 @@ def ranking_graph(model: onnx.ModelProto, split: FeatureSplit) -> RankingGraph:
     Raises:
         ExportError: not a flat model of the schema's inputs, or an opset below :data:`MIN_OPSET`.
     """
-    opset = _opset(model)
+    opset = default_opset(model)
     if opset < MIN_OPSET:
         raise ExportError(f"a ranking variant needs opset >= {MIN_OPSET}; the graph has {opset}")
     names = {value.name for value in model.graph.input}
@@ -428,7 +377,7 @@ def ranking_graph(model: onnx.ModelProto, split: FeatureSplit) -> RankingGraph:
     out = onnx.ModelProto()
     out.CopyFrom(model)
     graph = out.graph
-    b = _Builder(graph)
+    b = GraphBuilder(graph, taken_names(graph), PREFIX)
     user_positions, candidate_positions = split.positions(hotness)
     user_of = _user_of(b, opset, bool(candidate_positions and split.candidate_dense))
     _flat(

@@ -53,6 +53,7 @@ from onnx.external_data_helper import load_external_data_for_tensor
 from bundle.errors import ConfigError, DataError, ExportError
 from bundle.schema import CATEGORICAL_INPUT, COLD_POSITIONS, COLD_ROWS, HOT_SLOTS, NUM_CATEGORICAL
 from criteo.tables import check_table_sizes
+from export.graphs.builder import GraphBuilder, default_opset
 from export.graphs.ids import input_columns
 from export.graphs.onnx_io import EXTERNAL_DATA_THRESHOLD, inputs_of, prune, weights_bytes
 from export.tables.hot_rows import HotSet
@@ -228,67 +229,18 @@ def stage_reference(
     return split.hot_slots, split.cold_positions, split.cold_rows
 
 
-class _Builder:
+class _Builder(GraphBuilder):
     """The nodes and initializers the split adds, named uniquely under :data:`PREFIX`."""
 
     def __init__(
         self, graph: onnx.GraphProto, taken: set[str], opset: int, width: int, columns: tuple[int, ...]
     ) -> None:
-        self.graph = graph
-        self.taken = taken
+        super().__init__(graph, taken, PREFIX)
         self.width = width
         #: The input column at each position of ``categorical_ids`` (and of ``hot_slots``).
         self.columns = columns
         # ScatterND's reduction attribute exists from opset 16; "none" is also the earlier behaviour.
         self.scatter: dict[str, Any] = {"reduction": "none"} if opset >= 16 else {}
-        self.nodes: list[onnx.NodeProto] = []
-        self.shared: dict[tuple[Any, ...], str] = {}
-
-    def fresh(self, hint: str) -> str:
-        base = f"{PREFIX}/{hint}"
-        name, count = base, 0
-        while name in self.taken:
-            count += 1
-            name = f"{base}_{count}"
-        self.taken.add(name)
-        return name
-
-    def constant(self, hint: str, value: np.ndarray, share: bool = True) -> str:
-        """An initializer of ``value``; small ones (``share``) made once per value."""
-        key = ("constant", value.dtype.str, value.shape, value.tobytes()) if share else None
-        if key is None or key not in self.shared:
-            # Written in place: copying a tensor message over 2 GB (a big hot table) fails.
-            tensor = self.graph.initializer.add()
-            tensor.name = self.fresh(hint)
-            tensor.data_type = helper.np_dtype_to_tensor_dtype(value.dtype)
-            tensor.dims.extend(value.shape)
-            tensor.raw_data = np.ascontiguousarray(value, dtype=value.dtype.newbyteorder("<")).tobytes()
-            if key is None:
-                return tensor.name
-            self.shared[key] = tensor.name
-        return self.shared[key]
-
-    def ints(self, *values: int) -> str:
-        """A 1-D int64 constant."""
-        return self.constant("ints", np.asarray(values, dtype=np.int64))
-
-    def scalar(self, value: int) -> str:
-        return self.constant("scalar", np.asarray(value, dtype=np.int64))
-
-    def op(
-        self, op_type: str, inputs: Sequence[str], hint: str, output: str | None = None, **attrs: Any
-    ) -> str:
-        out = output or self.fresh(hint)
-        self.nodes.append(
-            helper.make_node(op_type, list(inputs), [out], name=self.fresh(f"{hint}/{op_type}"), **attrs)
-        )
-        return out
-
-    def once(self, key: tuple[Any, ...], make: Callable[[], str]) -> str:
-        """The value of ``key``, made on first use (cold-row intermediates shared by lookups)."""
-        if key not in self.shared:
-            self.shared[key] = make()
-        return self.shared[key]
 
     def cold_batch(self) -> str:
         """``cold_positions // 26`` (``// H``): the row of each cold lookup."""
@@ -451,13 +403,6 @@ def _extra_dims(lookup: Lookup, positions: int = NUM_CATEGORICAL) -> tuple[int, 
     return extra
 
 
-def _opset(model: onnx.ModelProto) -> int:
-    for entry in model.opset_import:
-        if entry.domain in ("", "ai.onnx"):
-            return int(entry.version)
-    raise ExportError("the graph imports no default-domain opset")
-
-
 def _new_inputs(
     model: onnx.ModelProto, width: int, positions: int = NUM_CATEGORICAL
 ) -> list[onnx.ValueInfoProto]:
@@ -524,7 +469,7 @@ def split_lookups(
     sizes = check_sizes(lookups, table_sizes) if rows is None else _check_store(lookups, table_sizes, rows)
     if hot.table_sizes != sizes:
         raise ConfigError(f"the hot set was chosen for table sizes {hot.table_sizes}, not {sizes}")
-    opset = _opset(source)
+    opset = default_opset(source)
     if opset < MIN_OPSET:
         raise ExportError(f"the hot/cold split needs opset >= {MIN_OPSET} (ScatterND); the graph has {opset}")
     columns = input_columns(source)
