@@ -61,7 +61,7 @@ def user_requests(
         ClientError: the rows are not ``B x 13`` float32 and ``B x H`` int64 (``H`` the model's).
     """
     dense, ids = np.asarray(inputs[DENSE_INPUT]), np.asarray(inputs[CATEGORICAL_INPUT])
-    width = sum(hotness) if hotness else len(split.positions(hotness)[0]) + len(split.positions(hotness)[1])
+    width = sum(len(positions) for positions in split.positions(hotness))
     if dense.ndim != 2 or ids.ndim != 2 or dense.shape[0] != ids.shape[0] or ids.shape[1] != width:
         raise ClientError(
             f"rows for a ranking model must be B x 13 {DENSE_INPUT} and B x {width} {CATEGORICAL_INPUT}, "

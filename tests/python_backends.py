@@ -10,9 +10,12 @@ import importlib.util
 import sys
 import types
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
+from google.protobuf import json_format
+from tritonclient.grpc import model_config_pb2 as mc
 
 BACKENDS = Path(__file__).resolve().parents[1] / "backends"
 
@@ -56,3 +59,21 @@ def _import(monkeypatch: pytest.MonkeyPatch, name: str, path: Path) -> types.Mod
     monkeypatch.setitem(sys.modules, name, module)
     spec.loader.exec_module(module)
     return module
+
+
+def load_instance(backend: types.ModuleType, folder: Path, config: mc.ModelConfig) -> Any:
+    """An instance of ``backend``'s model initialized as the stub does it, on the CPU: ``config``
+    for the model whose version 1 lies in ``folder``."""
+    instance = backend.TritonPythonModel()
+    instance.initialize(
+        {
+            "model_config": json_format.MessageToJson(config, preserving_proto_field_name=True),
+            "model_repository": str(folder),
+            "model_version": "1",
+            "model_name": config.name,
+            "model_instance_name": f"{config.name}_0",
+            "model_instance_kind": "CPU",
+            "model_instance_device_id": "0",
+        }
+    )
+    return instance

@@ -24,7 +24,6 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
-from google.protobuf import json_format
 from tritonclient.grpc import model_config_pb2 as mc
 
 from bundle.errors import ConfigError, ExportError
@@ -55,7 +54,7 @@ from export.options import ExportOptions
 from export.pipeline import AOTI_MAX_ABS_DIFF, _aoti_gate, _export_aoti, export_family
 from models.config import DLRMConfig, TrainConfig
 from models.train_dlrm import train_dlrm
-from tests.python_backends import ModelException, import_backend
+from tests.python_backends import ModelException, import_backend, load_instance
 
 NAME, PACKAGE = aoti_model_name("dlrm"), aoti_package_name("dlrm")
 CHECK_ROWS = 1024
@@ -288,29 +287,13 @@ def backend(monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
     yield import_backend(monkeypatch, "pytorch", "pytorch_backend_model")
 
 
-def _load(backend: Any, folder: Path, config: mc.ModelConfig) -> Any:
-    instance = backend.TritonPythonModel()
-    instance.initialize(
-        {
-            "model_config": json_format.MessageToJson(config, preserving_proto_field_name=True),
-            "model_repository": str(folder),
-            "model_version": "1",
-            "model_name": config.name,
-            "model_instance_name": f"{config.name}_0",
-            "model_instance_kind": "CPU",
-            "model_instance_device_id": "0",
-        }
-    )
-    return instance
-
-
 def test_the_backend_answers_as_the_package_by_either_naming_convention(
     backend: Any, package: Path, held_out: Batch
 ) -> None:
     config = build_aoti_config(PACKAGE, ServingConfig())
     expected = run_aoti(package, held_out)
     feeds = {aoti_input_name(name): array for name, array in held_out.inputs().items()}
-    instance = _load(backend, package.parents[1], config)
+    instance = load_instance(backend, package.parents[1], config)
     ((served,),) = instance._run([feeds])
     np.testing.assert_array_equal(served, expected)
     # Ordinal names, and the config as the local server's view gives it (no platform: the file decides).
@@ -319,7 +302,7 @@ def test_the_backend_answers_as_the_package_by_either_naming_convention(
     config.output[0].name = "OUTPUT__0"
     config.ClearField("model_warmup")
     config.ClearField("platform")
-    ordinal = _load(backend, package.parents[1], config)
+    ordinal = load_instance(backend, package.parents[1], config)
     ((served,),) = ordinal._run(
         [dict(zip(("INPUT__0", "INPUT__1"), held_out.inputs().values(), strict=True))]
     )
@@ -332,7 +315,7 @@ def test_the_backend_refuses_names_the_call_spec_lacks_in_one_line(backend: Any,
     config.input[0].name = "KWARGS[dense]"
     config.ClearField("model_warmup")
     with pytest.raises(ModelException, match=r"KWARGS\[dense\]") as error:
-        _load(backend, package.parents[1], config)
+        load_instance(backend, package.parents[1], config)
     assert _one_line(str(error.value)) and "KWARGS[dense_features]" in str(error.value)
 
 
@@ -351,7 +334,7 @@ def test_the_backend_refuses_another_torchs_package_and_another_devices(
 
     older = _copy_package(package, tmp_path / "older" / "1" / AOTI_FILE, producer("2.9.1+cu128"))
     with pytest.raises(ModelException, match=r"compiled by torch 2\.9\.1\+cu128.*torch is ") as error:
-        _load(backend, older.parents[1], config)
+        load_instance(backend, older.parents[1], config)
     assert _one_line(str(error.value)) and torch.__version__ in str(error.value)
 
     def for_cuda(name: str, data: bytes) -> bytes:
@@ -361,20 +344,20 @@ def test_the_backend_refuses_another_torchs_package_and_another_devices(
 
     cuda = _copy_package(package, tmp_path / "cuda" / "1" / AOTI_FILE, for_cuda)
     with pytest.raises(ModelException, match="compiled for cuda, but its instance is KIND_CPU") as error:
-        _load(backend, cuda.parents[1], config)
+        load_instance(backend, cuda.parents[1], config)
     assert _one_line(str(error.value))
     # The same release under another local label (a CUDA build of it) is the same torch.
     same = _copy_package(
         package, tmp_path / "same" / "1" / AOTI_FILE, producer(torch.__version__.split("+")[0])
     )
-    _load(backend, same.parents[1], config)
+    load_instance(backend, same.parents[1], config)
     # A package without the record loads, with a warning that its torch is unknown.
     unrecorded = _copy_package(
         package,
         tmp_path / "unrecorded" / "1" / AOTI_FILE,
         lambda name, data: None if name.endswith(f"/extra/{TORCHSCRIPT_PRODUCER_RECORD}") else data,
     )
-    _load(backend, unrecorded.parents[1], config)
+    load_instance(backend, unrecorded.parents[1], config)
     assert len(backend.warnings) == 1 and "no producer record" in backend.warnings[0]
 
 
@@ -383,6 +366,6 @@ def test_the_backend_names_a_damaged_package_in_one_line(backend: Any, tmp_path:
     path.parent.mkdir()
     path.write_bytes(os.urandom(2048))
     with pytest.raises(ModelException, match="not a PT2 archive") as error:
-        _load(backend, tmp_path, build_aoti_config(PACKAGE, ServingConfig()))
+        load_instance(backend, tmp_path, build_aoti_config(PACKAGE, ServingConfig()))
     assert _one_line(str(error.value))
     assert backend.PRODUCER_RECORD == TORCHSCRIPT_PRODUCER_RECORD and backend.AOTI_PLATFORM == AOTI_PLATFORM

@@ -19,7 +19,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from bundle.repository import MODEL_FILE, ORT_SPINNING_KEY, ServingConfig, build_config
 from bundle.schema import CATEGORICAL_INPUT, DENSE_INPUT, NUM_CATEGORICAL, NUM_DENSE, OUTPUT
-from tests.python_backends import ModelException, import_backend
+from tests.python_backends import ModelException, import_backend, load_instance
 
 
 @pytest.fixture
@@ -55,20 +55,7 @@ def _tiny_model(path: Path) -> None:
 
 def _load(backend: Any, tmp_path: Path, serving: ServingConfig) -> Any:
     _tiny_model(tmp_path / "1" / MODEL_FILE)
-    config = build_config("dlrm_onnx_int8", serving)
-    instance = backend.TritonPythonModel()
-    instance.initialize(
-        {
-            "model_config": json_format.MessageToJson(config, preserving_proto_field_name=True),
-            "model_repository": str(tmp_path),
-            "model_version": "1",
-            "model_name": config.name,
-            "model_instance_name": f"{config.name}_0",
-            "model_instance_kind": "CPU",
-            "model_instance_device_id": "0",
-        }
-    )
-    return instance
+    return load_instance(backend, tmp_path, build_config("dlrm_onnx_int8", serving))
 
 
 @pytest.mark.parametrize("spinning", [False, True])

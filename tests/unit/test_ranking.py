@@ -19,7 +19,6 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
-from google.protobuf import json_format
 
 from bundle.errors import ConfigError
 from bundle.repository import MODEL_FILE, ServingConfig, build_ranking_config
@@ -40,7 +39,7 @@ from bundle.schema import (
 )
 from criteo.rows import CATEGORICAL_COLUMNS, DENSE_COLUMNS
 from export.ranking.graph import ranking_graph
-from tests.python_backends import import_backend
+from tests.python_backends import import_backend, load_instance
 
 ROOT = Path(__file__).resolve().parents[2]
 SPLITS = ("I1,I2,C1,C3-C9", "C5", "I1-I13,C1-C25", "I1-I13", "C1-C26,I7")
@@ -166,18 +165,7 @@ def test_the_local_backend_batches_users_and_answers_each_its_own(
     (tmp_path / "1").mkdir()
     onnx.save(made.model, tmp_path / "1" / MODEL_FILE)
     config = build_ranking_config("dlrm_onnx_ranking", ServingConfig(), split)
-    instance = backend.TritonPythonModel()
-    instance.initialize(
-        {
-            "model_config": json_format.MessageToJson(config, preserving_proto_field_name=True),
-            "model_repository": str(tmp_path),
-            "model_version": "1",
-            "model_name": config.name,
-            "model_instance_name": f"{config.name}_0",
-            "model_instance_kind": "CPU",
-            "model_instance_device_id": "0",
-        }
-    )
+    instance = load_instance(backend, tmp_path, config)
     requests = _requests(split, SIZES, seed=5)
     answers = instance._run(requests)  # what execute answers a batch of these requests with
     expected = _flat(_session(flat_models[17]), split, requests)
