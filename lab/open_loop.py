@@ -146,14 +146,11 @@ def _plain(value: Any) -> Any:
 def run_open_loop(options: OpenLoopOptions, out: Path, command: str) -> dict[str, Any]:
     """Measure (see the module); the JSON-ready result. LoadGen's logs go to ``out/loadgen``."""
     from loadtest.sweeps.rates import open_endpoints
-    from loadtest.sweeps.runs import models_hotness
-    from loadtest.sweeps.sweep import make_payload
+    from loadtest.sweeps.runs import models_payload
 
     record = RunRecord.begin(command)
     raw = out / "raw"
-    payload = make_payload(
-        raw, options.data, False, models_hotness(options.repository, [], [options.protocol], [options.model])
-    )
+    payload = models_payload(raw, options.data, options.repository, [], [options.protocol], [options.model])
     load = RateLoad(
         connections=options.connections, duration_s=options.duration_s, warmup_s=options.warmup_s,
         client_cpus=options.client_cpus, min_requests=options.min_requests,

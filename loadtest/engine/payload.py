@@ -7,13 +7,20 @@ the model's two input arrays, and as the rows' text for a raw-row model
 only pick a batch; no row is parsed, generated or preprocessed while requests
 are timed. The sweep writes the pool to one ``.npz`` file that every locust
 process loads.
+
+A pool that knows a ranking model's split of the features (:class:`bundle.schema.FeatureSplit`)
+holds users: each batch of ``B`` rows is one user and its ``B`` candidates, the user's features
+those of the batch's first row. A ranking model gets the batch as one request of that user
+(:meth:`PayloadPool.batch` with ``form="ranking"``), a flat model the same candidates as the tiled
+rows, so that both kinds of request stand for the same work and the same answers.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import cached_property
 from pathlib import Path
+from typing import Literal
 
 import numpy as np
 
@@ -27,6 +34,9 @@ from bundle.schema import (
     RAW_ROWS_INPUT,
     VALUES_INPUT,
     VARIABLE_HOTNESS,
+    FeatureSplit,
+    is_ranking_model,
+    is_raw_model,
 )
 from clients.verify import sample_rows_with_text
 
@@ -38,6 +48,16 @@ DEFAULT_POOL_BATCHES = 64
 MAX_POOL_ROWS = 32_768
 #: Rows a stream holds, at most (about 520 MB): a file's rows sent in order, each once.
 STREAM_MAX_ROWS = 2_000_000
+#: How a model takes a batch: the schema's tensors (``rows``), the rows' text (``text``, a
+#: raw-row model), or one user and its candidates (``ranking``, a ranking model).
+RequestForm = Literal["rows", "text", "ranking"]
+
+
+def request_form(model: str) -> RequestForm:
+    """The form of request served model ``model`` takes, by the repository's names."""
+    if is_raw_model(model):
+        return "text"
+    return "ranking" if is_ranking_model(model) else "rows"
 
 
 @dataclass(frozen=True)
@@ -55,6 +75,10 @@ class PayloadPool:
             None when the pool was made without it (a streamed file's).
         lengths: for a model of bags of any size, each bag's size, ``(batches * batch_size) x 26``
             int64 (0: empty); None otherwise.
+        split: a ranking model's split of the features: each batch is then one user (see the
+            module's notes); None: rows as they are.
+        hotness: the ids per table of :attr:`categorical`'s rows where ``split`` is set and the
+            model is multi-hot (26 counts); None: one id each.
     """
 
     dense: np.ndarray
@@ -63,6 +87,8 @@ class PayloadPool:
     source: str
     text: np.ndarray | None = None
     lengths: np.ndarray | None = None
+    split: FeatureSplit | None = None
+    hotness: tuple[int, ...] | None = None
 
     def __post_init__(self) -> None:
         if self.batch_size < 1:
@@ -79,8 +105,17 @@ class PayloadPool:
                 f"payload row text is {self.text.dtype} {list(self.text.shape)}, expected bytes [{rows}]"
             )
         if self.lengths is not None:
+            if self.split is not None:
+                raise ConfigError("a ranking model takes bags of a fixed size, not bags of any size")
             self._check_bags(self.lengths)
             return
+        if self.split is not None and self.categorical.ndim == 2:
+            width = sum(self.hotness) if self.hotness is not None else NUM_CATEGORICAL
+            if len(self.hotness or ()) not in (0, NUM_CATEGORICAL) or self.categorical.shape[1] != width:
+                raise DataError(
+                    f"payload ids are {list(self.categorical.shape)}, the split's hotness "
+                    f"{list(self.hotness or [])} needs {width} a row"
+                )
         # A multi-hot model's ids are N x H (its bags, C1's first): any width of at least 26.
         width = max(int(self.categorical.shape[1]), INPUTS[1].shape[0]) if self.categorical.ndim == 2 else 0
         for spec, shape, array in zip(
@@ -124,8 +159,21 @@ class PayloadPool:
         """The number of batches."""
         return int(self.dense.shape[0]) // self.batch_size
 
-    def rows(self, start: int, stop: int) -> dict[str, np.ndarray]:
-        """Rows ``start:stop`` as the model's inputs, ``{tensor name: array}`` contiguous views."""
+    def rows(self, start: int, stop: int, form: RequestForm = "rows") -> dict[str, np.ndarray]:
+        """Rows ``start:stop`` as the model's inputs, ``{tensor name: array}`` contiguous views;
+        with a split (:attr:`split`), one user's: its request (``form="ranking"``) or the tiled
+        rows it stands for (``rows``)."""
+        if self.split is not None:
+            request = self.split.split(self.dense[start:stop], self.categorical[start:stop], self.hotness)
+            if form == "ranking":
+                return request
+            dense, ids = self.split.tile(request, self.hotness)
+            return {DENSE_INPUT: dense, CATEGORICAL_INPUT: ids}
+        if form == "ranking":
+            raise DataError(
+                f"the payload from {self.source} knows no split of the features: a ranking model's "
+                "requests are built from its config (its user_features)"
+            )
         if self.lengths is None:
             return {DENSE_INPUT: self.dense[start:stop], CATEGORICAL_INPUT: self.categorical[start:stop]}
         starts = self._row_starts
@@ -135,24 +183,26 @@ class PayloadPool:
             LENGTHS_INPUT: self.lengths[start:stop],
         }
 
-    def batch(self, index: int, raw: bool = False) -> dict[str, np.ndarray]:
+    def batch(self, index: int, form: RequestForm = "rows") -> dict[str, np.ndarray]:
         """Batch ``index`` (modulo the pool's length) as ``{tensor name: B x ...}`` contiguous views
-        (:meth:`rows`), or with ``raw`` as a raw-row model's input, ``{raw_rows: B x 1 bytes objects}``.
+        (:meth:`rows`), as a raw-row model's input (``form="text"``: ``{raw_rows: B x 1 bytes
+        objects}``), or as one user's ranking request (``ranking``: :meth:`rows`).
 
         Raises:
-            DataError: ``raw`` from a pool made without the rows' text.
+            DataError: ``text`` from a pool made without the rows' text, ``ranking`` from one
+                without a split.
         """
         start = (index % len(self)) * self.batch_size
         stop = start + self.batch_size
-        if raw:
+        if form == "text":
             if self.text is None:
                 raise DataError(f"the payload from {self.source} holds no row text for a raw-row model")
             return {RAW_ROWS_INPUT: self.text[start:stop].astype(np.object_).reshape(-1, 1)}
-        return self.rows(start, stop)
+        return self.rows(start, stop, form)
 
-    def batches(self, raw: bool = False) -> list[dict[str, np.ndarray]]:
-        """Every batch, in order (``raw``: see :meth:`batch`)."""
-        return [self.batch(i, raw) for i in range(len(self))]
+    def batches(self, form: RequestForm = "rows") -> list[dict[str, np.ndarray]]:
+        """Every batch, in order (``form``: see :meth:`batch`)."""
+        return [self.batch(i, form) for i in range(len(self))]
 
     def save(self, path: Path) -> Path:
         """Write the pool as an uncompressed ``.npz`` file (loads in milliseconds)."""
@@ -166,6 +216,8 @@ class PayloadPool:
                 source=np.array(self.source),
                 **({} if self.text is None else {"text": self.text}),
                 **({} if self.lengths is None else {"lengths": self.lengths}),
+                **({} if self.split is None else {"split": np.array(self.split.text)}),
+                **({} if self.hotness is None else {"hotness": np.asarray(self.hotness, np.int64)}),
             )
         return path
 
@@ -181,6 +233,8 @@ class PayloadPool:
                     str(data["source"]),
                     data["text"] if "text" in data.files else None,
                     np.ascontiguousarray(data["lengths"]) if "lengths" in data.files else None,
+                    FeatureSplit.parse(str(data["split"])) if "split" in data.files else None,
+                    tuple(int(n) for n in data["hotness"]) if "hotness" in data.files else None,
                 )
         except (OSError, KeyError, ValueError) as exc:
             raise DataError(f"cannot read payload pool {path}: {exc}") from None
@@ -192,7 +246,7 @@ class PayloadPool:
         one id per table)."""
         if hotness is None:
             return self
-        if self.lengths is not None:
+        if self.lengths is not None or self.split is not None:
             raise ConfigError("the payload holds bags already")
         if hotness == VARIABLE_HOTNESS:
             from criteo.multihot import draw_bags
@@ -228,7 +282,23 @@ class PayloadPool:
             self.source,
             None if text is None else np.ascontiguousarray(text[:keep]),
             None if lengths is None else np.ascontiguousarray(lengths[:keep]),
+            self.split,
+            self.hotness,
         )
+
+    def ranked(self, split: FeatureSplit | None, hotness: Hotness = None) -> PayloadPool:
+        """The same rows as users of a ranking model's ``split`` (None: as they are), the rows'
+        ids ``hotness`` per table (26 counts, or None for one each; bags of any size have no
+        ranking variant): each batch one user and its candidates (see the module's notes).
+
+        Raises:
+            ConfigError: bags of any size.
+        """
+        if split is None:
+            return self
+        if isinstance(hotness, str) or self.lengths is not None:
+            raise ConfigError("a ranking model takes bags of a fixed size, not bags of any size")
+        return replace(self, split=split, hotness=hotness)
 
 
 def saved_bags(path: Path) -> bool:

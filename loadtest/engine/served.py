@@ -23,14 +23,13 @@ from pathlib import Path
 from typing import Any
 
 from bundle.errors import ClientError, ConfigError
-from bundle.schema import is_raw_model
 from clients.options import Protocol, SharedMemory
 from clients.retry import RetryPolicy
 from clients.triton import TritonClient
 from loadtest.engine.driver import Answer, Connect, Driver, Request
 from loadtest.engine.grpc_socket import GrpcSockets, SocketGrpcInfer
 from loadtest.engine.latency import Tally, merged_tallies
-from loadtest.engine.payload import PayloadPool
+from loadtest.engine.payload import PayloadPool, request_form
 from loadtest.engine.wire import RawHttpInfer, http_bodies, http_header_length, serialised_requests
 
 
@@ -90,7 +89,7 @@ def triton_requests(
 
     @contextmanager
     def connect(worker: int) -> Iterator[Request]:
-        batches = pool.batches(is_raw_model(model))
+        batches = pool.batches(request_form(model))
         with TritonClient(
             url,
             protocol,
@@ -158,8 +157,8 @@ def _raw_requests(
     if protocol == "grpc":
         messages, header_length = serialised_requests(model, pool), 0
     else:
-        raw = is_raw_model(model)
-        messages, header_length = http_bodies(pool, raw), http_header_length(pool, raw)
+        form = request_form(model)
+        messages, header_length = http_bodies(pool, form), http_header_length(pool, form)
 
     def message(worker: int, sequence: int) -> bytes:
         return messages[(first + worker + sequence * step) % len(messages)]

@@ -26,9 +26,9 @@ from tritonclient.grpc import service_pb2
 from tritonclient.utils import serialize_byte_tensor
 
 from bundle.errors import ClientError, DataError
-from bundle.schema import OUTPUT, VALUES_INPUT, is_raw_model
+from bundle.schema import OUTPUT, VALUES_INPUT
 from clients.validation import triton_dtype
-from loadtest.engine.payload import PayloadPool
+from loadtest.engine.payload import PayloadPool, RequestForm, request_form
 
 #: Triton's gRPC inference method.
 MODEL_INFER = "/inference.GRPCInferenceService/ModelInfer"
@@ -60,8 +60,8 @@ def serialised_request(model: str, batch: dict[str, np.ndarray], version: str = 
 
 def serialised_requests(model: str, pool: PayloadPool, version: str = "") -> list[bytes]:
     """Every batch of ``pool`` as a serialised ``ModelInferRequest`` for ``model`` (its rows' text
-    for a raw-row model)."""
-    return [serialised_request(model, batch, version) for batch in pool.batches(is_raw_model(model))]
+    for a raw-row model, one user's request for a ranking model: :func:`request_form`)."""
+    return [serialised_request(model, batch, version) for batch in pool.batches(request_form(model))]
 
 
 def check_scores(output_bytes: list[int], rows: int) -> None:
@@ -197,21 +197,21 @@ def http_body(batch: dict[str, np.ndarray], header_length: int | None = None) ->
     return header + b"".join(contents)
 
 
-def http_bodies(pool: PayloadPool, raw: bool = False) -> list[bytes]:
-    """Every batch of ``pool`` as an HTTP body (its rows' text with ``raw``), its JSON header's
-    length the same for every batch (:func:`http_header_length`)."""
-    length = http_header_length(pool, raw)
-    return [http_body(batch, length) for batch in pool.batches(raw)]
+def http_bodies(pool: PayloadPool, form: RequestForm = "rows") -> list[bytes]:
+    """Every batch of ``pool`` as an HTTP body in a model's ``form`` (:meth:`PayloadPool.batch`),
+    its JSON header's length the same for every batch (:func:`http_header_length`)."""
+    length = http_header_length(pool, form)
+    return [http_body(batch, length) for batch in pool.batches(form)]
 
 
-def http_header_length(pool: PayloadPool, raw: bool = False) -> int:
-    """The length of the JSON header of :func:`http_body` for ``pool``'s batches: one shape for
-    tensors; the longest for rows as text (``raw``), whose sizes vary; for bags of any size, the
-    header of a request holding every id of the pool (any ``B`` rows of it, from any row, hold
-    no more)."""
-    if raw:
-        return max(len(_http_parts(batch)[0]) for batch in pool.batches(raw))
-    batch = pool.batch(0)
+def http_header_length(pool: PayloadPool, form: RequestForm = "rows") -> int:
+    """The length of the JSON header of :func:`http_body` for ``pool``'s batches in ``form``: one
+    shape for tensors (a ranking request's too: every user of a pool has ``B`` candidates); the
+    longest for rows as text, whose sizes vary; for bags of any size, the header of a request
+    holding every id of the pool (any ``B`` rows of it, from any row, hold no more)."""
+    if form == "text":
+        return max(len(_http_parts(batch)[0]) for batch in pool.batches(form))
+    batch = pool.batch(0, form)
     if not pool.variable_bags:
         return len(_http_parts(batch)[0])
     most = pool.categorical
@@ -224,6 +224,24 @@ def http_header_length(pool: PayloadPool, raw: bool = False) -> int:
             ]
         )
     )  # fmt: skip
+
+
+#: Batches a request's mean size on the wire is taken over, at most.
+_SIZED_BATCHES = 16
+
+
+def request_bytes(pool: PayloadPool, model: str, protocol: str) -> float:
+    """The mean size of ``model``'s requests of ``pool`` as the socket senders send them: the
+    serialised ``ModelInferRequest`` (gRPC), or the HTTP body (its JSON header and binary
+    tensors), over the pool's first batches."""
+    form = request_form(model)
+    count = min(len(pool), _SIZED_BATCHES)
+    if protocol == "grpc":
+        sizes = [len(serialised_request(model, pool.batch(index, form))) for index in range(count)]
+    else:
+        length = http_header_length(pool, form)
+        sizes = [len(http_body(pool.batch(index, form), length)) for index in range(count)]
+    return sum(sizes) / len(sizes)
 
 
 class RawHttpInfer(Turnaround):

@@ -271,8 +271,7 @@ def capacity_run(
     Raises:
         ConfigError: see :func:`search_capacity`; no server to load.
     """
-    from loadtest.sweeps.runs import models_hotness
-    from loadtest.sweeps.sweep import make_payload
+    from loadtest.sweeps.runs import models_payload, wire_settings
 
     if load.arrival != "poisson":
         raise ConfigError(f"the capacity is searched with Poisson arrivals, not {load.arrival!r}")
@@ -282,7 +281,7 @@ def capacity_run(
     raw = out / "raw"
     out.mkdir(parents=True, exist_ok=True)
     record = RunRecord.begin(command)
-    payload = make_payload(raw, data, False, models_hotness(repository, urls, [protocol], [model]))
+    payload = models_payload(raw, data, repository, urls, [protocol], [model])
     with contextlib.ExitStack() as stack:
         ((_, endpoint),) = open_endpoints(stack, [model], [protocol], urls, repository, raw, load.client_cpus)
         target = Target(endpoint, protocol, "triton", engine="driver")
@@ -294,6 +293,7 @@ def capacity_run(
         "per step": f"{load.per_step()}, Poisson arrivals",
         "request rows": str(data or "synthetic data (criteo.synth)"),
         "timer": woke.line(),
+        **wire_settings(payload, [model], [protocol], [batch_size]),
     }
     paths = write_capacity_report(capacity, title, record.finish().to_json(), settings, out)
     return capacity, paths

@@ -15,12 +15,11 @@ from typing import Literal
 import numpy as np
 
 from bundle.errors import ConfigError
-from bundle.schema import is_raw_model
 from clients.retry import RetryPolicy
 from clients.triton import TritonClient
 from loadtest.engine.client_cpu import ClientCpu, process_cpu_s, process_demand, thread_busy_s
 from loadtest.engine.driver import Connect, Driver
-from loadtest.engine.payload import PayloadPool, saved_bags
+from loadtest.engine.payload import PayloadPool, request_form
 from loadtest.engine.served import raw_connection, triton_requests
 from loadtest.engine.server_cpu import listening_pid
 from loadtest.engine.wire import http_body, http_header_length, serialised_request
@@ -42,16 +41,7 @@ def perf_analyzer_step(
     cover the step's measured seconds like every other engine's (``config.warmup_s`` is not
     used: its first windows are its warm-up).
     """
-    raw = is_raw_model(model)
-    variable = saved_bags(payload)
-    # Bags of any size: each entry is a whole request, so the file is one per batch size.
-    name = "raw" if raw else (f"bags-b{config.batch_size}" if variable else "")
-    input_data = payload.with_name(f"perf_analyzer-input{'-' + name if name else ''}.json")
-    if not input_data.is_file():
-        perf_analyzer.write_input_data(
-            PayloadPool.load(payload), input_data, raw=raw, batch_size=config.batch_size
-        )
-    requests_of = perf_analyzer.batch_flag(variable, config.batch_size)
+    input_data, requests_of = perf_analyzer.input_data_for(payload, model, config.batch_size)
     # Its windows until three agree, at most MAX_TRIALS of them.
     window_s = perf_analyzer.window_for(config.duration_s)
     windows_s = (perf_analyzer.MAX_TRIALS + 1) * window_s
@@ -127,12 +117,13 @@ def _streamed_requests(
     if cursor is None:
         raise ConfigError("a streamed step needs the run's stream cursor")
     start, span = cursor.next_row, max(1, len(stream.dense) - batch_size + 1)
-    header_length = http_header_length(stream.rebatched(batch_size))
+    form = request_form(model)
+    header_length = http_header_length(stream.rebatched(batch_size), form)
 
     def message(worker: int, sequence: int) -> bytes:
         row = (start + (worker + sequence * workers) * batch_size) % span
         first_rows.append(row)
-        rows = stream.rows(row, row + batch_size)
+        rows = stream.rows(row, row + batch_size, form)
         return serialised_request(model, rows) if protocol == "grpc" else http_body(rows, header_length)
 
     return raw_connection(url, protocol, model, header_length, config.request_timeout_s, batch_size, message)

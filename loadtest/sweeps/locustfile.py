@@ -34,11 +34,11 @@ from typing import Any, ClassVar
 import gevent
 from locust import User, constant, task
 
-from bundle.schema import is_raw_model
 from clients.options import Protocol
 from clients.retry import RetryPolicy
 from clients.triton import TritonClient
 from loadtest.engine.grpc_socket import GrpcSockets, SocketGrpcInfer
+from loadtest.engine.payload import request_form
 from loadtest.engine.wire import RawHttpInfer, http_body, http_header_length, serialised_request
 from loadtest.sweeps.recorder import fire_failures, next_stream_row, options, payload_pool, timed_request
 
@@ -81,9 +81,10 @@ class TritonUser(User):
         self._timeout_s: float = parsed.request_timeout
         #: Streamed: each request takes the stream's next rows (built then); else the pool's batches.
         self._stream: bool = parsed.stream_start >= 0
-        #: A raw-row model takes the rows' text (the pool holds both forms).
-        self._as_text = is_raw_model(self._model)
-        self._batches = [] if self._stream else payload_pool().batches(self._as_text)
+        #: A raw-row model takes the rows' text (the pool holds both forms), a ranking model one
+        #: user's request a batch.
+        self._form = request_form(self._model)
+        self._batches = [] if self._stream else payload_pool().batches(self._form)
         # Users start at different batches so that concurrent requests differ.
         self._next = random.randrange(len(self._batches)) if self._batches else 0
         self._client: TritonClient | None = None
@@ -105,7 +106,7 @@ class TritonUser(User):
         pool = payload_pool()
         row = next_stream_row(self.environment, self._batch_size)
         stop = row + self._batch_size
-        return pool.rows(row, stop)
+        return pool.rows(row, stop, self._form)
 
     def _timed(self, name: str, call: Any, report_success: bool = True) -> None:
         client = self._client
@@ -138,7 +139,7 @@ class RawTritonUser(TritonUser):
         super().on_start()
         self._encode, self._raw = self.open()
         if not self._stream and self.protocol not in _MESSAGES:
-            _MESSAGES[self.protocol] = [self._encode(b) for b in payload_pool().batches(self._as_text)]
+            _MESSAGES[self.protocol] = [self._encode(b) for b in payload_pool().batches(self._form)]
         self._messages = [] if self._stream else _MESSAGES[self.protocol]
         threads = gevent.get_hub().threadpool
         _THREADED_USERS[0] += 1
@@ -211,7 +212,7 @@ class HttpTritonUser(RawTritonUser):
     protocol = "http"
 
     def open(self) -> tuple[Callable[[dict[str, Any]], bytes], SocketGrpcInfer | RawHttpInfer]:
-        length = http_header_length(payload_pool(), self._as_text)
+        length = http_header_length(payload_pool(), self._form)
         encode = partial(http_body, header_length=length)
         return encode, RawHttpInfer(self.host or "", self._model, length, self._timeout_s)
 

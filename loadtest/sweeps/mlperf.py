@@ -30,9 +30,10 @@ from typing import Any, Literal
 
 import numpy as np
 
-from bundle.errors import BundleError, ConfigError
+from bundle.errors import BundleError, ConfigError, DataError
+from bundle.schema import CATEGORICAL_INPUT, DENSE_INPUT
 from loadtest.engine.collector import collector_held
-from loadtest.engine.payload import PayloadPool
+from loadtest.engine.payload import PayloadPool, RequestForm, request_form
 
 #: LoadGen's scenarios this command runs.
 SCENARIOS = ("server", "offline")
@@ -128,14 +129,28 @@ class PairsPerQuery:
 
 class QuerySamples:
     """LoadGen's query samples, each ``sizes[i]`` consecutive rows of ``rows`` (wrapping around),
-    held ready as model inputs."""
+    held ready as model inputs in ``form``: a pool of users (:attr:`PayloadPool.split`) makes each
+    sample one user (its first row's) and its candidates, a ranking request or the tiled rows."""
 
-    def __init__(self, rows: PayloadPool, sizes: np.ndarray) -> None:
+    def __init__(self, rows: PayloadPool, sizes: np.ndarray, form: RequestForm = "rows") -> None:
         total = rows.dense.shape[0]
         self.sizes = sizes
+        self.form = form
         self._samples: list[dict[str, np.ndarray]] = []
         start = 0
         for size in sizes.tolist():
+            if rows.split is not None:
+                at = (start + np.arange(size)) % total
+                request = rows.split.split(rows.dense[at], rows.categorical[at], rows.hotness)
+                if form == "ranking":
+                    self._samples.append(request)
+                else:
+                    dense, ids = rows.split.tile(request, rows.hotness)
+                    self._samples.append({DENSE_INPUT: dense, CATEGORICAL_INPUT: ids})
+                start = (start + size) % total
+                continue
+            if form == "ranking":
+                raise DataError(f"the payload from {rows.source} knows no split of the features")
             # Runs of consecutive rows (PayloadPool.rows), cut where the rows wrap around.
             pieces, left = [], size
             while left:
@@ -150,8 +165,14 @@ class QuerySamples:
     def __len__(self) -> int:
         return len(self._samples)
 
-    def batch(self, index: int) -> dict[str, np.ndarray]:
-        """Sample ``index``'s inputs."""
+    def batch(self, index: int, form: RequestForm = "rows") -> dict[str, np.ndarray]:
+        """Sample ``index``'s inputs (held in :attr:`form` only).
+
+        Raises:
+            ConfigError: another form than the samples were made in.
+        """
+        if form != self.form:
+            raise ConfigError(f"the query samples are held as {self.form!r} requests, not {form!r}")
         return self._samples[index % len(self._samples)]
 
 
@@ -159,12 +180,14 @@ class QuerySamples:
 ONE_PAIR = PairsPerQuery((1,), "fixed", "1")
 
 
-def query_samples(pool: PayloadPool, pairs: PairsPerQuery, seed: int = 0) -> PayloadPool | QuerySamples:
-    """The pool's rows as LoadGen's samples: batches of the fixed count, or :data:`VARIABLE_SAMPLES`
-    samples of drawn counts."""
+def query_samples(
+    pool: PayloadPool, pairs: PairsPerQuery, seed: int = 0, form: RequestForm = "rows"
+) -> PayloadPool | QuerySamples:
+    """The pool's rows as LoadGen's samples in a model's ``form``: batches of the fixed count, or
+    :data:`VARIABLE_SAMPLES` samples of drawn counts."""
     if pairs.spread == "fixed":
         return pool.rebatched(pairs.counts[0])
-    return QuerySamples(pool, pairs.draw(VARIABLE_SAMPLES, np.random.default_rng(seed)))
+    return QuerySamples(pool, pairs.draw(VARIABLE_SAMPLES, np.random.default_rng(seed)), form)
 
 
 def loadgen() -> Any:
@@ -248,9 +271,12 @@ def run_loadgen(
     min_queries: int = 1024,
     batch_size: int = 64,
     connections: int = 8,
+    form: RequestForm = "rows",
 ) -> LoadGenRun:
-    """Run LoadGen's ``scenario`` over ``pool``'s samples (each :meth:`batch` one query sample),
-    each query sent by ``send(inputs)`` (which raises :class:`BundleError` for a refused request).
+    """Run LoadGen's ``scenario`` over ``pool``'s samples (each :meth:`batch` one query sample, in
+    the model's ``form``), each query sent by ``send(inputs)`` (which raises :class:`BundleError`
+    for a refused request). Offline, ``batch_size`` samples go in one request; a ranking model's
+    samples, each one user, go one a request (the server batches users).
 
     Raises:
         ConfigError: an unknown scenario, or figures that are not > 0.
@@ -283,7 +309,7 @@ def run_loadgen(
 
     def handle(chunk: Sequence[Any]) -> None:
         nonlocal failed
-        rows = [pool.batch(int(sample.index)) for sample in chunk]
+        rows = [pool.batch(int(sample.index), form) for sample in chunk]
         inputs = {name: np.concatenate([r[name] for r in rows]) for name in rows[0]}
         try:
             send(inputs)
@@ -293,7 +319,7 @@ def run_loadgen(
         lg.QuerySamplesComplete([lg.QuerySampleResponse(sample.id, 0, 0) for sample in chunk])
 
     def issue(query_samples: Sequence[Any]) -> None:
-        step = 1 if scenario == "server" else batch_size
+        step = 1 if scenario == "server" or form == "ranking" else batch_size
         for start in range(0, len(query_samples), step):
             executor.submit(handle, query_samples[start : start + step])
 
@@ -366,8 +392,7 @@ def mlperf_run(
     """Each of ``scenarios`` under LoadGen against a running server (``url``) or a local
     tritonserver serving ``repository``; LoadGen's logs under ``out/<scenario>``."""
     from loadtest.sweeps.rates import open_endpoints
-    from loadtest.sweeps.runs import models_hotness
-    from loadtest.sweeps.sweep import make_payload
+    from loadtest.sweeps.runs import models_payload
 
     loadgen()
     unknown = [name for name in scenarios if name not in SCENARIOS]
@@ -377,15 +402,16 @@ def mlperf_run(
         )
     urls = [url] if url else []
     raw = out / "raw"
-    payload = make_payload(raw, data, False, models_hotness(repository, urls, [protocol], [model]))
-    pool = query_samples(PayloadPool.load(payload), pairs)
+    payload = models_payload(raw, data, repository, urls, [protocol], [model])
+    form = request_form(model)
+    pool = query_samples(PayloadPool.load(payload), pairs, form=form)
     runs = []
     with contextlib.ExitStack() as stack:
         ((_, endpoint),) = open_endpoints(stack, [model], [protocol], urls, repository, raw, None)
         send = stack.enter_context(triton_sender(endpoint, protocol, model))
         options: dict[str, Any] = {
             "target_qps": target_qps, "latency_bound_ms": latency_bound_ms, "duration_s": duration_s,
-            "min_queries": min_queries, "batch_size": batch_size, "connections": connections,
+            "min_queries": min_queries, "batch_size": batch_size, "connections": connections, "form": form,
         }  # fmt: skip
         for name in scenarios:
             runs.append(run_loadgen(send, pool, name, out / name, **options))

@@ -25,12 +25,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
+import numpy as np
+
 from bundle.errors import BundleError, DataError
 from bundle.schema import CATEGORICAL_INPUT, DENSE_INPUT, RAW_ROWS_INPUT
 from clients.retry import RetryPolicy
 from clients.triton import TritonClient
 from loadtest.engine.client_cpu import ClientCpu, process_demand, thread_busy_s
-from loadtest.engine.payload import PayloadPool
+from loadtest.engine.payload import PayloadPool, RequestForm, request_form, saved_bags
 from loadtest.sweeps.stepfiles import server_counters
 
 #: Rows written into perf_analyzer's input data (it builds each batch from consecutive rows).
@@ -61,42 +63,74 @@ def window_for(measured_s: float) -> float:
 
 
 def write_input_data(
-    pool: PayloadPool, path: Path, rows: int = INPUT_ROWS, raw: bool = False, batch_size: int = 1
+    pool: PayloadPool, path: Path, rows: int = INPUT_ROWS, form: RequestForm = "rows", batch_size: int = 1
 ) -> Path:
     """The pool's first ``rows`` rows as perf_analyzer's JSON input data, one batch-1 entry per row;
-    with ``raw``, each row's text for a raw-row model (its one BYTES element). For bags of any size
-    (a model without Triton's batching, run with ``-b 1``: :func:`batch_flag`), one entry per
-    request of ``batch_size`` rows, each tensor with its shape."""
+    for a raw-row model (``form="text"``), each row's text (its one BYTES element). For bags of any
+    size (a model without Triton's batching) and for a ranking model (``form="ranking"``: one user
+    and its ``batch_size`` candidates a request, under Triton's batch dimension), both run with
+    ``-b 1`` (:func:`batch_flag`), one entry per request of ``batch_size`` rows, each tensor with
+    its shape (a ranking request's without its batch dimension of one user)."""
     count = min(rows, pool.dense.shape[0])
     path.parent.mkdir(parents=True, exist_ok=True)
-    if raw:
+    if form == "text":
         if pool.text is None:
             raise DataError(f"the payload from {pool.source} holds no row text for a raw-row model")
         texts = [row.decode("ascii") for row in pool.text[:count].tolist()]
         path.write_text(json.dumps({"data": [{RAW_ROWS_INPUT: [text]} for text in texts]}))
         return path
-    if pool.variable_bags:
+    if pool.variable_bags or form == "ranking":
         batches = pool.rebatched(batch_size)
-        requests = [batches.batch(index) for index in range(max(1, min(len(batches), count // batch_size)))]
+        requests = [
+            batches.batch(index, form) for index in range(max(1, min(len(batches), count // batch_size)))
+        ]
+        # A ranking request's tensors lead with its one user, which perf_analyzer's -b 1 adds.
+        drop = 1 if form == "ranking" else 0
         entries: list[dict[str, Any]] = [
             {
-                name: {"content": array.reshape(-1).tolist(), "shape": list(array.shape)}
+                name: {"content": array.reshape(-1).tolist(), "shape": list(array.shape[drop:])}
                 for name, array in request.items()
             }
             for request in requests
         ]
         path.write_text(json.dumps({"data": entries}))
         return path
-    dense, categorical = pool.dense[:count].tolist(), pool.categorical[:count].tolist()
+    dense_rows, id_rows = _flat_rows(pool if pool.split is None else pool.rebatched(batch_size), count)
+    dense, categorical = dense_rows.tolist(), id_rows.tolist()
     entries = [{DENSE_INPUT: d, CATEGORICAL_INPUT: c} for d, c in zip(dense, categorical, strict=True)]
     path.write_text(json.dumps({"data": entries}))
     return path
 
 
-def batch_flag(variable_bags: bool, batch_size: int) -> int:
+def input_data_for(payload: Path, model: str, batch_size: int) -> tuple[Path, int]:
+    """perf_analyzer's input data for ``model``'s requests of ``batch_size`` rows from a sweep's
+    payload pool (:func:`write_input_data`, written once beside it, one file per form and batch
+    size), and the ``-b`` it runs with (:func:`batch_flag`: its samples/s then count requests of
+    ``-b`` rows, which the caller scales by ``batch_size / -b``)."""
+    form = request_form(model)
+    variable = saved_bags(payload)
+    name = "raw" if form == "text" else f"{form}-b{batch_size}"
+    input_data = payload.with_name(f"perf_analyzer-input-{name}.json")
+    if not input_data.is_file():
+        write_input_data(PayloadPool.load(payload), input_data, form=form, batch_size=batch_size)
+    return input_data, batch_flag(variable, batch_size, form == "ranking")
+
+
+def _flat_rows(pool: PayloadPool, count: int) -> tuple[np.ndarray, np.ndarray]:
+    """The pool's first ``count`` rows as a flat model takes them: as they are, or with a split
+    (:attr:`PayloadPool.split`) each batch's tiled rows."""
+    if pool.split is None:
+        return pool.dense[:count], pool.categorical[:count]
+    parts = [pool.batch(index) for index in range(-(-count // pool.batch_size))]
+    dense = np.concatenate([part[DENSE_INPUT] for part in parts])[:count]
+    return dense, np.concatenate([part[CATEGORICAL_INPUT] for part in parts])[:count]
+
+
+def batch_flag(variable_bags: bool, batch_size: int, ranking: bool = False) -> int:
     """perf_analyzer's ``-b`` for requests of ``batch_size`` rows: 1 where each input-data entry is
-    a whole request (a pool of bags of any size), else the rows it stacks into one."""
-    return 1 if variable_bags else batch_size
+    a whole request (a pool of bags of any size, a ranking model's users), else the rows it stacks
+    into one."""
+    return 1 if variable_bags or ranking else batch_size
 
 
 def command(

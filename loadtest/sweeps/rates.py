@@ -346,16 +346,12 @@ def perf_analyzer_rate_step(
     from loadtest.sweeps import perf_analyzer
     from loadtest.sweeps.perf_analyzer_install import require
 
-    input_data = payload.with_name("perf_analyzer-input.json")
-    if not input_data.is_file():
-        perf_analyzer.write_input_data(
-            PayloadPool.load(payload), input_data, raw=False, batch_size=batch_size
-        )
+    input_data, requests_of = perf_analyzer.input_data_for(payload, model, batch_size)
     arrival, connections = load.arrival, load.connections
     window_s = perf_analyzer.window_for(load.window_s(rate))
     try:
         run = perf_analyzer.run_step(
-            require(), target.url, target.protocol, model, batch_size, connections, window_s, input_data,
+            require(), target.url, target.protocol, model, requests_of, connections, window_s, input_data,
             folder, timeout_s=(perf_analyzer.MAX_TRIALS + 1) * window_s + load.request_timeout_s + 60.0,
             cpus=load.client_cpus, request_rate=rate, arrival=arrival,
         )  # fmt: skip
@@ -375,13 +371,14 @@ def perf_analyzer_rate_step(
         )  # fmt: skip
     (folder / "perf_analyzer.json").write_text(json.dumps(perf_analyzer.describe(run)))
     figures = run.figures
-    answered = figures.samples_per_s / batch_size
+    # perf_analyzer counts inferences of its -b: for whole-request entries, requests.
+    answered = figures.samples_per_s / requests_of
     delayed = figures.delayed_percent / 100.0
     flag = f"perf_analyzer delayed {delayed:.1%} of the requests" if delayed > MAX_LATE_SHARE else ""
     return RateStep(
         label=target.label, model=model, protocol=target.protocol, batch_size=batch_size, arrival=arrival,
         request_rate=rate, scheduled_rate=rate, achieved_rate=answered, answered_per_s=answered,
-        samples_per_s=figures.samples_per_s, connections=connections,
+        samples_per_s=answered * batch_size, connections=connections,
         seconds=figures.requests / answered if answered > 0 else 0.0, requests=figures.requests, errors=0,
         late=round(delayed * figures.requests), unfinished=0, in_flight_mean=math.nan, in_flight_max=0,
         p50_ms=figures.p50_ms, p90_ms=figures.p90_ms, p99_ms=figures.p99_ms, p999_ms=math.nan,
@@ -709,8 +706,7 @@ def rate_run(
     that goes first rotating), and each step is the median of its rounds (:func:`median_rate_step`)."""
     if rounds < 1:
         raise ConfigError(f"--rounds must be >= 1, got {rounds}")
-    from loadtest.sweeps.runs import models_hotness
-    from loadtest.sweeps.sweep import make_payload
+    from loadtest.sweeps.runs import models_payload, wire_settings
 
     if not engines or any(engine not in RATE_ENGINES for engine in engines):
         raise ConfigError(
@@ -722,7 +718,7 @@ def rate_run(
     raw = raw or out / "raw"
     out.mkdir(parents=True, exist_ok=True)
     record = RunRecord.begin(command)
-    payload = make_payload(raw, data, False, models_hotness(repository, urls, protocols, models))
+    payload = models_payload(raw, data, repository, urls, protocols, models)
     steps: list[RateStep] = []
     with contextlib.ExitStack() as stack:
         endpoints = open_endpoints(stack, models, protocols, urls, repository, raw, load.client_cpus)
@@ -742,6 +738,7 @@ def rate_run(
             else ""
         ),
         "request rows": str(data or "synthetic data (criteo.synth)"),
+        **wire_settings(payload, models, protocols, batch_sizes),
     }
     paths = write_rate_report(title, record.finish().to_json(), settings, steps, out, budget_ms)
     return steps, paths

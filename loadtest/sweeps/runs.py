@@ -29,11 +29,20 @@ from rich.console import Console
 from bundle.errors import BundleError, ConfigError
 from bundle.records import RunRecord
 from bundle.repository import CONFIG_NAME, config_bags, read_config
-from bundle.schema import LENGTHS_INPUT, VALUES_INPUT, VARIABLE_HOTNESS, is_raw_model
+from bundle.schema import (
+    LENGTHS_INPUT,
+    USER_FEATURES_PARAMETER,
+    VALUES_INPUT,
+    VARIABLE_HOTNESS,
+    FeatureSplit,
+    is_ranking_model,
+    is_raw_model,
+)
 from loadtest.engine.baseline import BaselineConfig, BaselineResult, InProcessModel
 from loadtest.engine.client_cpu import threshold_line
 from loadtest.engine.payload import MAX_POOL_ROWS, Hotness, PayloadPool
 from loadtest.engine.session import serving_settings
+from loadtest.engine.wire import request_bytes
 from loadtest.sweeps.peers.process import PeerProcess
 from loadtest.sweeps.perf_analyzer import MAX_TRIALS, STABILITY_PERCENT, window_for
 from loadtest.sweeps.perf_analyzer_install import require as require_perf_analyzer
@@ -221,6 +230,66 @@ def models_hotness(
     return found.pop() if found else None
 
 
+def models_split(
+    repository: Path | None, urls: Sequence[str], protocols: Sequence[str], models: Sequence[str]
+) -> FeatureSplit | None:
+    """The ranking models' split of the features (their ``user_features`` parameter) among the
+    swept ``models``, from their configs in ``repository`` or, without one, from the server at
+    ``urls[0]``; None where none is a ranking model. The payload then holds users
+    (:meth:`~loadtest.engine.payload.PayloadPool.ranked`), and the flat models swept beside them
+    get the same candidates as tiled rows.
+
+    Raises:
+        ConfigError: ranking models with different splits (sweep them one at a time).
+    """
+    found: set[FeatureSplit] = set()
+    for model in models:
+        if not is_ranking_model(model):
+            continue
+        if repository is not None and (repository / model / CONFIG_NAME).is_file():
+            parameters = read_config(repository / model / CONFIG_NAME).parameters
+            text = (
+                parameters[USER_FEATURES_PARAMETER].string_value
+                if USER_FEATURES_PARAMETER in parameters
+                else ""
+            )
+            if not text:
+                raise ConfigError(
+                    f"{model}: its config records no {USER_FEATURES_PARAMETER} (is it a ranking model?)"
+                )
+            found.add(FeatureSplit.parse(text))
+        elif urls:
+            from clients.triton import TritonClient
+
+            with TritonClient(urls[0], protocols[0]) as client:  # type: ignore[arg-type]
+                split = client.model_spec(model).user_features
+            if split is None:
+                raise ConfigError(f"{model}: the server's config records no {USER_FEATURES_PARAMETER}")
+            found.add(split)
+    if len(found) > 1:
+        raise ConfigError(
+            f"the ranking models {', '.join(m for m in models if is_ranking_model(m))} split the features "
+            f"differently ({'; '.join(sorted(split.text for split in found))}): sweep them one at a time"
+        )
+    return found.pop() if found else None
+
+
+def models_payload(
+    out: Path,
+    data: Path | None,
+    repository: Path | None,
+    urls: Sequence[str],
+    protocols: Sequence[str],
+    models: Sequence[str],
+    stream: bool = False,
+) -> Path:
+    """The payload every step sends to ``models`` (:func:`~loadtest.sweeps.sweep.make_payload`),
+    in the inputs they take: their ids per table (:func:`models_hotness`) and, where one is a
+    ranking model, users of its split (:func:`models_split`)."""
+    hotness = models_hotness(repository, urls, protocols, models)
+    return make_payload(out, data, stream, hotness, models_split(repository, urls, protocols, models))
+
+
 def in_process_models(
     repository: Path | None, models: Sequence[str], options: RunOptions
 ) -> dict[str, InProcessModel]:
@@ -270,6 +339,34 @@ def _serving(repository: Path | None, models: Sequence[str]) -> dict[str, Any]:
                 f"{s['instances']} instance(s), intra-op threads {s['threads'] or 'default'}, "
                 f"max queue delay {s['max_queue_delay_us']} us (config.pbtxt)"
             )
+    return settings
+
+
+def wire_settings(
+    payload: Path, models: Sequence[str], protocols: Sequence[str], batch_sizes: Sequence[int]
+) -> dict[str, str]:
+    """The report's lines on what a request carries: per model, protocol and batch size, the bytes
+    a request sends and their share per sample; for a ranking model (one user and its ``B``
+    candidates a request), that its samples are candidates and its requests users."""
+    pool = PayloadPool.load(payload)
+    sizes = []
+    for model in models:
+        for protocol in protocols:
+            for batch_size in batch_sizes:
+                size = request_bytes(pool.rebatched(batch_size), model, protocol)
+                sizes.append(f"{model} {protocol} B={batch_size}: {size:,.0f} ({size / batch_size:,.1f})")
+    settings = {"Bytes a request sends (per sample)": "; ".join(sizes)}
+    ranking = [model for model in models if is_ranking_model(model)]
+    if ranking and pool.split is not None:
+        settings["Ranking requests"] = (
+            f"{', '.join(ranking)}: one user and its B candidates a request, the user's features "
+            f"{pool.split.text} sent once: samples/s are candidates/s, requests/s users/s"
+            + (
+                "; the flat models get the same candidates as the tiled rows"
+                if len(ranking) < len(models)
+                else ""
+            )
+        )
     return settings
 
 
@@ -414,9 +511,7 @@ def sweep_run(
     out.mkdir(parents=True, exist_ok=True)
     record = RunRecord.begin(command)
     failed: list[str] = []
-    payload = make_payload(
-        raw, options.data, options.stream, models_hotness(repository, urls, protocols, models)
-    )
+    payload = models_payload(raw, options.data, repository, urls, protocols, models, options.stream)
     cursor = StreamCursor(len(PayloadPool.load(payload).dense)) if options.stream else None
     sessions = in_process_models(repository, models, options)
     in_process: dict[str, list[BaselineResult]] = {}
@@ -438,7 +533,12 @@ def sweep_run(
             # tritonserver and its python stubs (which hold the ONNX Runtime sessions), after the load.
             memory[SERVER_RSS] = round(sum(server.memory().values()) / 2**20, 1)
             memory[SERVER_ANON] = round(sum(server.memory(anonymous=True).values()) / 2**20, 1)
-    settings = {**options.settings(), **_serving(repository, models), **memory}
+    settings = {
+        **options.settings(),
+        **_serving(repository, models),
+        **wire_settings(payload, models, protocols, options.batch_sizes),
+        **memory,
+    }
     if cursor is not None:
         settings["Rows streamed"] = (
             f"{cursor.sent:,} sent over the run, {cursor.distinct:,} of them distinct, "
@@ -534,7 +634,7 @@ def compare_run(
     out.mkdir(parents=True, exist_ok=True)
     record = RunRecord.begin(command)
     failed: list[str] = []
-    payload = make_payload(raw, options.data, hotness=models_hotness(repository, [], [], [model]))
+    payload = models_payload(raw, options.data, repository, [], [], [model])
     in_process: dict[str, list[BaselineResult]] = {}
     # Timed once, before any server runs: the peers are compared with each other.
     measure_in_process(

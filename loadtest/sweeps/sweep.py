@@ -38,6 +38,7 @@ import numpy as np
 
 import loadtest
 from bundle.errors import BundleError, ConfigError
+from bundle.schema import FeatureSplit
 from criteo.multihot import holds_bags
 from loadtest.engine.client_cpu import ClientCpu
 from loadtest.engine.latency import Tally, merged_tallies
@@ -251,20 +252,29 @@ def _wait_for_group(group: int, timeout_s: float) -> None:
         os.killpg(group, signal.SIGKILL)
 
 
-def make_payload(out: Path, data: Path | None, stream: bool = False, hotness: Hotness = None) -> Path:
+def make_payload(
+    out: Path,
+    data: Path | None,
+    stream: bool = False,
+    hotness: Hotness = None,
+    split: FeatureSplit | None = None,
+) -> Path:
     """Build the rows every step sends (once) and write them to ``out/payload.npz``: a pool of at
     most :data:`MAX_POOL_ROWS` rows, cycled; or with ``stream``, every row of ``data`` in order.
     For a multi-hot model (``hotness``: 26 counts, or ``variable`` for bags of any size), a file
     of the multi-hot text format gives its own bags (:func:`build_bag_pool`); a Criteo file's rows,
-    or synthetic ones, get bags made from their ids (:meth:`PayloadPool.multi_hot`)."""
+    or synthetic ones, get bags made from their ids (:meth:`PayloadPool.multi_hot`). With a ranking
+    model's ``split``, each request's rows are one user and its candidates
+    (:meth:`PayloadPool.ranked`)."""
     if stream and data is None:
         raise ConfigError("--stream sends the rows of a file: give --data FILE")
     if hotness is not None and data is not None and holds_bags(data):
         pool = build_bag_pool(data, hotness, STREAM_MAX_ROWS if stream else MAX_POOL_ROWS)
-        return pool.save(out / "payload.npz")
-    if stream and data is not None:
-        return build_stream(data).multi_hot(hotness).save(out / "payload.npz")
-    return build_pool(1, data=data, batches=MAX_POOL_ROWS).multi_hot(hotness).save(out / "payload.npz")
+    elif stream and data is not None:
+        pool = build_stream(data).multi_hot(hotness)
+    else:
+        pool = build_pool(1, data=data, batches=MAX_POOL_ROWS).multi_hot(hotness)
+    return pool.ranked(split, hotness).save(out / "payload.npz")
 
 
 def step_folder(out: Path, target: Target, model: str, batch_size: int, concurrency: int) -> Path:

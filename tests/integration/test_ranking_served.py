@@ -247,3 +247,67 @@ def test_the_bundles_clients_send_a_file_of_users_as_one_request_per_user(
         empty[CANDIDATE_DENSE_INPUT] = empty[CANDIDATE_DENSE_INPUT][:, :0]
         with pytest.raises(ClientError, match="holds no candidates"):
             client.infer("dlrm_onnx_ranking", empty)
+
+
+def _loadtest(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "loadtest", *args], capture_output=True, text=True, check=False, cwd=ROOT
+    )
+
+
+def test_the_load_tests_send_ranking_requests_beside_the_flat_model(
+    servers: dict[str, LocalServer], repositories: dict[str, Path], tmp_path: Path
+) -> None:
+    """The sweep (locust, the driver and perf_analyzer where installed, over gRPC and HTTP), the
+    open loop and LoadGen with drawn pairs per query send the ranking model one user and its
+    candidates a request, and the flat model beside it the same candidates as tiled rows: every
+    request answered, none refused, and the report says what a request carries."""
+    from loadtest.sweeps.perf_analyzer import UNSTABLE
+    from loadtest.sweeps.perf_analyzer_install import locate
+
+    server, ranking = servers["flat"], ranking_model_name("dlrm_onnx")
+    engines = "locust,driver" + (",perf_analyzer" if locate()[0] is not None else "")
+    common = ["--model", "dlrm_onnx", "--model", ranking, "--url", server.grpc_url, "--url", server.http_url,
+              "--protocol", "grpc", "--protocol", "http", "--batch-size", "24", "--duration", "1",
+              "--warmup", "0.3", "--repository", str(repositories["flat"]), "--no-baseline"]  # fmt: skip
+    failed_before = _failed(server, ranking)
+    swept = _loadtest(
+        "sweep", *common, "--concurrency", "2", "--engine", engines, "--out", str(tmp_path / "s")
+    )
+    assert swept.returncode == 0, swept.stdout[-2000:] + swept.stderr[-3000:]
+    report = json.loads((tmp_path / "s" / "report.json").read_text())
+    assert {(s["model"], s["protocol"], s["engine"]) for s in report["steps"]} == {
+        (m, p, e) for m in ("dlrm_onnx", ranking) for p in ("grpc", "http") for e in engines.split(",")
+    }
+    for step in report["steps"]:
+        if step["failure"]:
+            assert step["engine"] == "perf_analyzer" and UNSTABLE in step["failure"], step
+            continue
+        assert step["requests"] > 0 and step["errors"] == 0, step
+        assert step["samples_per_s"] == pytest.approx(24 * step["requests_per_s"], rel=1e-6), step
+    settings = report["settings"]
+    assert f"{ranking}: one user and its B candidates a request" in settings["Ranking requests"]
+    assert FEATURES.split(",")[0] in settings["Ranking requests"]
+    sizes = dict(part.rsplit(": ", 1) for part in settings["Bytes a request sends (per sample)"].split("; "))
+    for protocol in ("grpc", "http"):
+        flat = float(sizes[f"dlrm_onnx {protocol} B=24"].split("(")[1].rstrip(")").replace(",", ""))
+        ranked = float(sizes[f"{ranking} {protocol} B=24"].split("(")[1].rstrip(")").replace(",", ""))
+        assert 0.3 * flat < ranked < 0.8 * flat, sizes
+    rates = _loadtest("sweep", *common, "--request-rate", "40", "--out", str(tmp_path / "r"))
+    assert rates.returncode == 0, rates.stdout[-2000:] + rates.stderr[-3000:]
+    for step in json.loads((tmp_path / "r" / "rates.json").read_text())["steps"]:
+        assert step["requests"] > 0 and step["errors"] == 0, step
+    pairs = _loadtest(
+        "mlperf", "--url", server.grpc_url, "--model", ranking, "--target-qps", "40",
+        "--latency-bound-ms", "200", "--min-duration", "1", "--min-queries", "40", "--pairs", "1:60",
+        "--out", str(tmp_path / "m"),
+    )  # fmt: skip
+    assert pairs.returncode == 0, pairs.stderr[-3000:]
+    assert "LoadGen server: Result is" in pairs.stdout and "refused" not in pairs.stdout, pairs.stdout
+    assert _failed(server, ranking) == failed_before
+
+
+def _failed(server: LocalServer, model: str) -> int:
+    """Requests ``model`` refused since the server started (the bad-request test sends some)."""
+    with TritonClient(server.grpc_url, "grpc") as client:
+        return sum(stats.fail_count for stats in client.statistics(model))

@@ -116,7 +116,7 @@ def test_a_pool_holds_the_same_rows_as_tensors_and_as_text(labeled: Path, tmp_pa
         dense, ids = _tensors(list(pool.text))
         np.testing.assert_array_equal(dense, pool.dense)
         np.testing.assert_array_equal(ids, pool.categorical)
-        batch = pool.batch(1, raw=True)[RAW_ROWS_INPUT]
+        batch = pool.batch(1, "text")[RAW_ROWS_INPUT]
         assert batch.dtype == np.object_ and batch.shape == (8, 1) and batch[0, 0] == pool.text[8]
         loaded = PayloadPool.load(pool.save(tmp_path / "pool.npz"))
         assert loaded.text is not None and list(loaded.text) == list(pool.text)
@@ -125,7 +125,7 @@ def test_a_pool_holds_the_same_rows_as_tensors_and_as_text(labeled: Path, tmp_pa
         np.testing.assert_array_equal(_tensors(list(grown.text))[1], grown.categorical)
     stream = PayloadPool(pool.dense, pool.categorical, 8, "stream")
     with pytest.raises(DataError, match="holds no row text for a raw-row model"):
-        stream.batch(0, raw=True)
+        stream.batch(0, "text")
 
 
 def test_requests_for_a_raw_row_model_carry_the_text(tmp_path: Path) -> None:
@@ -140,14 +140,14 @@ def test_requests_for_a_raw_row_model_carry_the_text(tmp_path: Path) -> None:
     plain = service_pb2.ModelInferRequest.FromString(serialised_requests("dlrm_onnx", pool)[0])
     assert [t.name for t in plain.inputs] == [DENSE_INPUT, CATEGORICAL_INPUT]
     # HTTP: the rows' sizes vary, the JSON headers are padded to one length.
-    length = http_header_length(pool, raw=True)
-    for index, body in enumerate(http_bodies(pool, raw=True)):
+    length = http_header_length(pool, "text")
+    for index, body in enumerate(http_bodies(pool, "text")):
         header = json.loads(body[:length])
         (entry,) = header["inputs"]
         content = body[length:]
         assert entry["parameters"]["binary_data_size"] == len(content)
-        assert content == tensor_bytes(pool.batch(index, raw=True)[RAW_ROWS_INPUT])
+        assert content == tensor_bytes(pool.batch(index, "text")[RAW_ROWS_INPUT])
     # perf_analyzer: one row's text per entry.
-    path = write_input_data(pool, tmp_path / "input.json", rows=5, raw=True)
+    path = write_input_data(pool, tmp_path / "input.json", rows=5, form="text")
     entries = json.loads(path.read_text())["data"]
     assert [e[RAW_ROWS_INPUT] for e in entries] == [[row.decode()] for row in pool.text[:5]]
