@@ -1,5 +1,6 @@
 """``python -m models train dlrm|wide-deep``: train a reference architecture on Criteo TSV;
-``python -m models random-dlrm``: an untrained DLRM checkpoint of any size."""
+``python -m models random-dlrm``: an untrained DLRM checkpoint of any size;
+``python -m models random-dlrmv3``: a DLRMv3 (HSTU) of any config with seeded random weights."""
 
 from __future__ import annotations
 
@@ -109,6 +110,28 @@ def random_dlrm(
         path = write_random_dlrm(config, out, seed, on_rows=lambda n: progress.advance(task, n))
     rows, size = config.embedding_rows, path.stat().st_size / 1e9
     print(f"dlrm: untrained, {rows:,} table rows x D {config.embedding_dim}; {path} ({size:.2f} GB)")
+
+
+@app.command("random-dlrmv3")
+def random_dlrmv3(
+    config: Annotated[
+        Path,
+        typer.Option("--config", help="The model's config: JSON of hstu_config, tables, multitask_configs."),
+    ],
+    out: ModelOut,
+    seed: Seed = 0,
+    scale: Annotated[float, typer.Option(help="Weights uniform in +-scale.")] = 0.1,
+) -> None:
+    """A DLRMv3 (HSTU) of any config with seeded random weights: config.json and model.pt, the
+    reference's state_dict key names, as a user's checkpoint of that config holds them."""
+    from models.dlrmv3 import Dlrmv3, Dlrmv3Config, parameter_count, write_random_dlrmv3
+
+    path = write_random_dlrmv3(config, out, seed, scale)
+    count = parameter_count(Dlrmv3(Dlrmv3Config.load(config)))
+    print(
+        f"dlrmv3: random weights (seed {seed}), {count:,} parameters; "
+        f"{path} ({path.stat().st_size / 1e6:.1f} MB)"
+    )
 
 
 @app.command("torchrec-dcn")
