@@ -123,8 +123,9 @@ class TensorSpec:
         """The shape including the batch dimension (``-1``) when batching."""
         return (-1, *self.dims) if batched else self.dims
 
-    def check(self, array: np.ndarray[Any, Any], batched: bool) -> None:
-        """Raise RequestError unless ``array`` has this tensor's dtype and shape."""
+    def check(self, array: np.ndarray[Any, Any], batched: bool, may_be_empty: bool = False) -> None:
+        """Raise RequestError unless ``array`` has this tensor's dtype and shape (a ragged input
+        holds a value unless ``may_be_empty``)."""
         if array.dtype != self.dtype:
             raise RequestError(
                 f"input '{self.name}' has data type {array.dtype}, expected {self.triton_type} ({self.dtype})"
@@ -139,7 +140,7 @@ class TensorSpec:
             )
         if batched and array.shape[0] < 1:
             raise RequestError(f"input '{self.name}' is an empty batch (shape {list(array.shape)})")
-        if self.ragged and array.size == 0:
+        if self.ragged and array.size == 0 and not may_be_empty:
             raise RequestError(f"input '{self.name}' holds no values (shape {list(array.shape)})")
 
     def check_finite(self, array: np.ndarray[Any, Any]) -> None:
@@ -172,6 +173,78 @@ BATCH_INPUT_KINDS = (
 SCATTER_KIND = "BATCH_SCATTER_WITH_INPUT_SHAPE"
 #: The config parameter of a ranking model (its user's features); its ragged inputs must agree.
 USER_FEATURES_PARAMETER = "user_features"
+#: Config parameters that check a request's ragged inputs (a DLRMv3 user's history and candidates):
+#: inputs that may hold no value (``a,b``); groups whose element counts must agree (``a,b;c,d``);
+#: the most values an input may hold (``c:2048``); inputs whose values must be >= 0 (``a``).
+EMPTY_RAGGED_PARAMETER = "ragged_may_be_empty"
+AGREE_PARAMETER = "ragged_agree"
+MAX_ELEMENTS_PARAMETER = "ragged_max_elements"
+NON_NEGATIVE_PARAMETER = "non_negative_inputs"
+
+
+def _names(parameters: dict[str, Any], key: str) -> list[str]:
+    text = str(parameters.get(key, {}).get("string_value", ""))
+    return [name.strip() for name in text.split(",") if name.strip()]
+
+
+@dataclass(frozen=True)
+class RaggedChecks:
+    """What a model's config asks of each request's ragged inputs beyond their dtype and shape."""
+
+    may_be_empty: frozenset[str] = frozenset()
+    agree: tuple[tuple[str, ...], ...] = ()
+    max_elements: tuple[tuple[str, int], ...] = ()
+    non_negative: tuple[str, ...] = ()
+
+    @classmethod
+    def from_parameters(
+        cls, parameters: dict[str, Any], inputs: list[TensorSpec], model: str
+    ) -> RaggedChecks:
+        known = {spec.name for spec in inputs}
+        groups = tuple(
+            tuple(name.strip() for name in group.split(",") if name.strip())
+            for group in str(parameters.get(AGREE_PARAMETER, {}).get("string_value", "")).split(";")
+            if group.strip()
+        )
+        limits = []
+        for entry in _names(parameters, MAX_ELEMENTS_PARAMETER):
+            name, _, count = entry.partition(":")
+            if not count.strip().isdigit():
+                raise pb_utils.TritonModelException(
+                    f"model '{model}': {MAX_ELEMENTS_PARAMETER} entries are input:count, got {entry!r}"
+                )
+            limits.append((name.strip(), int(count)))
+        checks = cls(
+            frozenset(_names(parameters, EMPTY_RAGGED_PARAMETER)),
+            groups,
+            tuple(limits),
+            tuple(_names(parameters, NON_NEGATIVE_PARAMETER)),
+        )
+        named = set(checks.may_be_empty) | {n for g in groups for n in g} | {n for n, _ in limits}
+        unknown = sorted((named | set(checks.non_negative)) - known)
+        if unknown:
+            raise pb_utils.TritonModelException(
+                f"model '{model}': ragged checks name unknown inputs {unknown}"
+            )
+        return checks
+
+    def check(self, feeds: dict[str, np.ndarray[Any, Any]]) -> None:
+        """Raise RequestError where a request's inputs break one of the checks."""
+        for group in self.agree:
+            counts = {name: int(feeds[name].size) for name in group}
+            if len(set(counts.values())) > 1:
+                raise RequestError(f"inputs disagree on their number of values: {counts}")
+        for name, most in self.max_elements:
+            if feeds[name].size > most:
+                raise RequestError(
+                    f"input '{name}' holds {feeds[name].size} values; the model takes at most {most}"
+                )
+        for name in self.non_negative:
+            negative = np.flatnonzero(feeds[name].reshape(-1) < 0)
+            if negative.size:
+                first = int(negative[0])
+                value = feeds[name].reshape(-1)[first]
+                raise RequestError(f"input '{name}' holds a negative value, {value} at index {first}")
 
 
 def _one(entry: dict[str, Any], key: str, what: str) -> str:
@@ -404,6 +477,7 @@ class BatchedModel:
         hotness = str(parameters.get("hotness", {}).get("string_value", "")).strip()
         self._bags = hotness == VARIABLE_HOTNESS
         self._ranking = USER_FEATURES_PARAMETER in parameters
+        self._ragged_checks = RaggedChecks.from_parameters(parameters, self._inputs, self._name)
         loaded = self._load(path, args, parameters)
         pb_utils.Logger.log_info(
             f"{args['model_instance_name']}: {path} {loaded}, "
@@ -448,7 +522,7 @@ class BatchedModel:
                     f"{[s.name for s in self._inputs]}"
                 )
             array = tensor.as_numpy()
-            spec.check(array, self._batched)
+            spec.check(array, self._batched, spec.name in self._ragged_checks.may_be_empty)
             if not self._allow_non_finite:
                 spec.check_finite(array)
             feeds[spec.name] = array
@@ -461,6 +535,7 @@ class BatchedModel:
                 raise RequestError(f"inputs disagree on the batch size: {sizes}")
         if self._bags:
             check_bags(feeds)
+        self._ragged_checks.check(feeds)
         if self._ranking and len(self._ragged) > 1:
             candidates = {name: feeds[name].shape[1] for name in self._ragged if feeds[name].ndim > 1}
             if len(set(candidates.values())) > 1:

@@ -32,14 +32,25 @@ from tritonclient.grpc import model_config_pb2 as mc
 
 from bundle.errors import ConfigError
 from bundle.schema import (
+    AGREE_PARAMETER,
     BAG_INPUTS,
     BAG_OUTPUTS,
     CANDIDATE_CATEGORICAL_INPUT,
     CANDIDATE_DENSE_INPUT,
     CANDIDATE_DENSE_SHAPE_INPUT,
     CANDIDATE_SHAPE_INPUT,
+    DLRMV3_CANDIDATE_INPUTS,
+    DLRMV3_CANDIDATE_LENGTHS,
+    DLRMV3_CANDIDATE_WIDTH,
+    DLRMV3_HISTORY_INPUTS,
+    DLRMV3_HISTORY_LENGTHS,
+    DLRMV3_HISTORY_WIDTH,
+    DLRMV3_USER_INPUT,
+    EMPTY_RAGGED_PARAMETER,
     HOTNESS_PARAMETER,
     INPUTS,
+    MAX_ELEMENTS_PARAMETER,
+    NON_NEGATIVE_PARAMETER,
     NUM_CATEGORICAL,
     OUTPUT,
     OUTPUTS,
@@ -47,6 +58,8 @@ from bundle.schema import (
     VARIABLE_HOTNESS,
     FeatureSplit,
     TensorSpec,
+    dlrmv3_inputs,
+    dlrmv3_outputs,
     inputs_for,
     parse_hotness_parameter,
 )
@@ -498,6 +511,75 @@ def add_ranking_model(
     if report is not None:
         write_report(repository, name, report)
     return write_config(repository / name, build_ranking_config(name, serving, split, hotness, fp16))
+
+
+#: Users a DLRMv3 batch holds at most, and the candidates of its warmup user.
+DLRMV3_MAX_USERS = 32
+DLRMV3_WARMUP_CANDIDATES = 8
+
+
+def build_dlrmv3_config(
+    name: str,
+    serving: ServingConfig,
+    tasks: tuple[str, ...],
+    max_candidates: int,
+    max_users: int = DLRMV3_MAX_USERS,
+) -> mc.ModelConfig:
+    """The ModelConfig of a DLRMv3 ONNX model (:func:`bundle.schema.dlrmv3_inputs`): a batch of
+    users, each request one user.
+
+    ``user_id`` is batched as usual (``[1, 1]`` a request); the history and candidate inputs are
+    ragged (``[1, L]`` and ``[1, C]`` a request, every user's values concatenated for the model;
+    a history may be empty, which the config's ``ragged_may_be_empty`` parameter says); the
+    model's ``batch_input``s are each user's counts (``BATCH_ELEMENT_COUNT``) and the batch's
+    longest of each as a shape (``BATCH_MAX_ELEMENT_COUNT_AS_SHAPE``); each task's output,
+    ``[1, C]`` a request, is a ``batch_output`` cut by the candidates' shapes."""
+    config = mc.ModelConfig(name=name, max_batch_size=min(max_users, serving.max_batch_size))
+    config.backend = ONNX_BACKEND
+    config.default_model_filename = MODEL_FILE
+    for spec in dlrmv3_inputs():
+        entry = config.input.add()
+        _tensor(spec, entry)
+        entry.allow_ragged_batch = spec.name != DLRMV3_USER_INPUT
+    for target, kind, source in (
+        (DLRMV3_HISTORY_LENGTHS, mc.BatchInput.BATCH_ELEMENT_COUNT, DLRMV3_HISTORY_INPUTS[0]),
+        (DLRMV3_CANDIDATE_LENGTHS, mc.BatchInput.BATCH_ELEMENT_COUNT, DLRMV3_CANDIDATE_INPUTS[0]),
+        (DLRMV3_HISTORY_WIDTH, mc.BatchInput.BATCH_MAX_ELEMENT_COUNT_AS_SHAPE, DLRMV3_HISTORY_INPUTS[0]),
+        (DLRMV3_CANDIDATE_WIDTH, mc.BatchInput.BATCH_MAX_ELEMENT_COUNT_AS_SHAPE, DLRMV3_CANDIDATE_INPUTS[0]),
+    ):
+        config.batch_input.add(
+            kind=kind, target_name=[target], data_type=mc.TYPE_INT32, source_input=[source]
+        )
+    outputs = dlrmv3_outputs(tasks)
+    for spec in outputs:
+        _tensor(spec, config.output.add())
+    config.batch_output.add(
+        target_name=[spec.name for spec in outputs],
+        kind=mc.BatchOutput.BATCH_SCATTER_WITH_INPUT_SHAPE,
+        source_input=[DLRMV3_CANDIDATE_INPUTS[0]],
+    )
+    # What the local server's backends check of each user (the graph reduces ids into its tables).
+    config.parameters[EMPTY_RAGGED_PARAMETER].string_value = ",".join(DLRMV3_HISTORY_INPUTS)
+    config.parameters[AGREE_PARAMETER].string_value = ";".join(
+        ",".join(group) for group in (DLRMV3_HISTORY_INPUTS, DLRMV3_CANDIDATE_INPUTS)
+    )
+    config.parameters[MAX_ELEMENTS_PARAMETER].string_value = f"{DLRMV3_CANDIDATE_INPUTS[0]}:{max_candidates}"
+    config.parameters[NON_NEGATIVE_PARAMETER].string_value = DLRMV3_HISTORY_INPUTS[2]
+    config.dynamic_batching.max_queue_delay_microseconds = serving.max_queue_delay_us
+    config.dynamic_batching.SetInParent()
+    group = config.instance_group.add()
+    group.count = serving.instances
+    group.kind = serving.instance_kind
+    warmup = config.model_warmup.add(
+        name=f"zeros_one_user_{DLRMV3_WARMUP_CANDIDATES}_candidates", batch_size=1
+    )
+    for spec in dlrmv3_inputs():
+        data = warmup.inputs[spec.name]
+        data.data_type = _DATA_TYPES[spec.triton_dtype]
+        data.dims.extend(DLRMV3_WARMUP_CANDIDATES if dim == -1 else dim for dim in spec.shape)
+        data.zero_data = True
+    set_ort_threading(config, serving)
+    return config
 
 
 def set_ort_threading(config: mc.ModelConfig, serving: ServingConfig) -> None:

@@ -367,3 +367,52 @@ def ranking_feeds(
         shapes = [request[CANDIDATE_DENSE_INPUT].shape[1:] for request in requests]
         feeds[CANDIDATE_DENSE_SHAPE_INPUT] = np.asarray(shapes, np.int32)
     return feeds
+
+
+# ------------------------------------------------------------------ DLRMv3 (HSTU)
+#: A DLRMv3 request is one user, every input INT64 under Triton's batch dimension (the users):
+#: its id (1 value), its history (L values each, L may be 0) and its candidates (C values each,
+#: C >= 1). The history and candidate inputs are ragged: a batch of users holds their values
+#: concatenated.
+DLRMV3_USER_INPUT = "user_id"
+DLRMV3_HISTORY_INPUTS = ("uih_item_id", "uih_category_id", "uih_timestamp", "uih_action_weight")
+DLRMV3_CANDIDATE_INPUTS = ("candidate_item_id", "candidate_category_id")
+#: The model's own inputs that Triton makes for a batch of users (``batch_input``, INT32): each
+#: user's history and candidate counts, and tensors whose one dim is the batch's longest of each.
+DLRMV3_HISTORY_LENGTHS = "uih_lengths"
+DLRMV3_CANDIDATE_LENGTHS = "candidate_lengths"
+DLRMV3_HISTORY_WIDTH = "uih_width"
+DLRMV3_CANDIDATE_WIDTH = "candidate_width"
+#: The served name of a DLRMv3 model (the entry model users call).
+DLRMV3_MODEL = "dlrmv3"
+#: Config parameters the local server's backends check a request's ragged inputs by (the NGC
+#: image's backends do not read them): inputs that may hold no value (a user with no history),
+#: groups whose value counts must agree (``a,b;c,d``), the most values an input may hold
+#: (``c:2048``), inputs whose values must be >= 0.
+EMPTY_RAGGED_PARAMETER = "ragged_may_be_empty"
+AGREE_PARAMETER = "ragged_agree"
+MAX_ELEMENTS_PARAMETER = "ragged_max_elements"
+NON_NEGATIVE_PARAMETER = "non_negative_inputs"
+
+
+def dlrmv3_inputs() -> tuple[TensorSpec, ...]:
+    """A DLRMv3 model's request inputs, each shape per user (no batch)."""
+    return (
+        TensorSpec(DLRMV3_USER_INPUT, np.int64, (1,)),
+        *(TensorSpec(name, np.int64, (-1,)) for name in DLRMV3_HISTORY_INPUTS + DLRMV3_CANDIDATE_INPUTS),
+    )
+
+
+def dlrmv3_outputs(tasks: tuple[str, ...]) -> tuple[TensorSpec, ...]:
+    """One FP32 output per task, named by the task: a value per candidate (``C`` a user).
+
+    Raises:
+        ConfigError: a task named as an input, or two tasks of one name.
+    """
+    taken = {spec.name for spec in dlrmv3_inputs()} | {
+        DLRMV3_HISTORY_LENGTHS, DLRMV3_CANDIDATE_LENGTHS, DLRMV3_HISTORY_WIDTH, DLRMV3_CANDIDATE_WIDTH,
+    }  # fmt: skip
+    clashes = sorted(set(tasks) & taken)
+    if clashes or len(set(tasks)) != len(tasks):
+        raise ConfigError(f"DLRMv3 task names must differ from each other and from the inputs: {list(tasks)}")
+    return tuple(TensorSpec(task, np.float32, (-1,)) for task in tasks)

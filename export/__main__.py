@@ -32,7 +32,16 @@ from bundle.schema import FeatureSplit
 from criteo.multihot import parse_bags
 from criteo.options import Hotness, TableSizes
 from criteo.tables import parse_table_sizes
-from export.cli_options import HotBudget, Instances, Opset, ProfileData, StageInstances, StoreDtype
+from export.cli_options import (
+    DlrmCheckpoint,
+    Dlrmv3Checkpoint,
+    HotBudget,
+    Instances,
+    Opset,
+    ProfileData,
+    StageInstances,
+    StoreDtype,
+)
 from export.engines.trt_build import EngineResult, TensorRTOptions, build_engines
 from export.framework import FrameworkExporter
 from export.graphs.quantize import DEFAULT_METHOD, INT8_METHODS, QuantizeOptions
@@ -52,6 +61,7 @@ from export.tables.hot_rows import parse_size
 from export.tables.row_store import format_bytes
 from export.tables.row_store_cli import app as row_store_app
 from export.tables.synthetic_model_cli import synthetic_hot_cold
+from models.options import Dlrmv3ConfigFile
 
 log = logging.getLogger(__name__)
 
@@ -391,15 +401,7 @@ def _export(exporter: FrameworkExporter, options: ExportOptions) -> None:
 @shared_options(shared=_export_options)
 def dlrm(
     shared: tuple[ExportOptions, SourceOptions],
-    checkpoint: Annotated[
-        Path | None,
-        typer.Option(
-            help="What to export: a directory written by `models train dlrm`, a facebookresearch/dlrm "
-            "checkpoint (--save-model) or its state dict, a TorchRec DLRM or DLRM_DCN state dict or "
-            "torch.distributed.checkpoint folder, a TorchScript file, or a torch.export program (.pt2); "
-            "the format is detected from the file."
-        ),
-    ] = None,
+    checkpoint: DlrmCheckpoint[Path | None] = None,
     factory: Annotated[
         str | None,
         typer.Option(
@@ -443,6 +445,34 @@ def dlrm(
     from export.importers.dlrm_sources import open_dlrm_source
 
     _export(open_dlrm_source(checkpoint, source), options)
+
+
+@app.command()
+def dlrmv3(
+    checkpoint: Dlrmv3Checkpoint,
+    config: Dlrmv3ConfigFile,
+    repository: RepositoryOut = Path("model_repository"),
+    max_queue_delay_us: MaxQueueDelay[int] = QUEUE_DELAY_US["cpu"],
+    threads: OrtThreads = 0,
+    verbose: VerboseOption = False,
+) -> None:
+    """Export a DLRMv3 (HSTU) checkpoint as dlrmv3: ONNX FP32, one user a request, users batched by
+    Triton's ragged batching; checked under ONNX Runtime against the bundle's eager model (single
+    users: an empty history, the longest kept and past it, the most candidates; and a batch) before
+    it moves into the repository."""
+    set_verbose(verbose)
+    from export.dlrmv3 import export_dlrmv3
+
+    serving = ServingConfig(max_queue_delay_us=max_queue_delay_us, intra_op_threads=threads)
+    report = export_dlrmv3(checkpoint, config, repository, serving)
+    onnx = report["variants"]["onnx_fp32"]
+    Console().print(
+        f"dlrmv3: ONNX FP32 (opset {onnx['opset']}), within {onnx['max_abs_diff']:.2g} of the eager model "
+        f"(at most {onnx['tolerance']:g}); tasks {', '.join(report['tasks'])}; "
+        f"histories kept to {report['max_uih_len']} items, at most "
+        f"{report['max_num_candidates_inference']} candidates a user; {repository / 'dlrmv3'}",
+        highlight=False,
+    )
 
 
 @app.command("wide-deep")

@@ -5,6 +5,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Annotated, TypeVar
 
 import typer
@@ -14,6 +15,25 @@ from export.stage.hot_cold_lookup import STORE_DTYPES
 _T = TypeVar("_T")
 
 Opset = Annotated[int, typer.Option("--opset", help="ONNX opset.")]
+# ------------------------------------------------------------------ what to export
+DlrmCheckpoint = Annotated[
+    _T,
+    typer.Option(
+        "--checkpoint",
+        help="What to export: a directory written by `models train dlrm`, a facebookresearch/dlrm "
+        "checkpoint (--save-model) or its state dict, a TorchRec DLRM or DLRM_DCN state dict or "
+        "torch.distributed.checkpoint folder, a TorchScript file, or a torch.export program (.pt2); "
+        "the format is detected from the file.",
+    ),
+]
+Dlrmv3Checkpoint = Annotated[
+    Path,
+    typer.Option(
+        "--checkpoint",
+        help="A DLRMv3 checkpoint: a torch.save of the model's state_dict, the reference's key names "
+        "(`models random-dlrmv3` writes one).",
+    ),
+]
 Instances = Annotated[
     int,
     typer.Option(

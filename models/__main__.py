@@ -18,7 +18,7 @@ from criteo.multihot import parse_hotness
 from criteo.options import CriteoFile, Hotness, MaxRows, TableSizes
 from criteo.tables import parse_table_sizes
 from models.config import DLRMConfig, TrainConfig, WideDeepConfig
-from models.options import Preset
+from models.options import Dlrmv3ConfigFile, Preset
 
 app = new_app("Train DLRM (PyTorch) or Wide & Deep (Keras) on Criteo-format data.")
 
@@ -114,10 +114,7 @@ def random_dlrm(
 
 @app.command("random-dlrmv3")
 def random_dlrmv3(
-    config: Annotated[
-        Path,
-        typer.Option("--config", help="The model's config: JSON of hstu_config, tables, multitask_configs."),
-    ],
+    config: Dlrmv3ConfigFile,
     out: ModelOut,
     seed: Seed = 0,
     scale: Annotated[float, typer.Option(help="Weights uniform in +-scale.")] = 0.1,

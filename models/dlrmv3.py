@@ -329,10 +329,11 @@ class _Norm(nn.Module):
         self.bias = nn.Parameter(torch.zeros(dim))
         self._swish = swish
         self._eps = eps
+        self._shape = (dim,)  # static: an exported graph's norm needs its width as a constant
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = x.to(torch.float32)
-        normed = F.layer_norm(x, (x.shape[-1],), self.weight.float(), self.bias.float(), self._eps)
+        normed = F.layer_norm(x, self._shape, self.weight.float(), self.bias.float(), self._eps)
         return x * torch.sigmoid(normed) if self._swish else normed
 
 
@@ -393,6 +394,23 @@ class _PositionalEncoder(nn.Module):
         self._timestamp_embeddings_weight = nn.Parameter(torch.zeros(TIME_BUCKETS + 1, dim))
 
 
+def _floor_divide(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """Float ``a // b`` as PyTorch computes it (from the exact ``fmod``, not ``floor(a / b)``,
+    which rounds up where ``a / b`` lies within an ulp below an integer), in ops that export as
+    they run, so an exported graph keeps the reference's hour and day of a timestamp."""
+    mod = torch.fmod(a, b)
+    div = (a - mod) / b
+    div = torch.where((mod != 0) & ((b < 0) != (mod < 0)), div - 1, div)
+    floored = torch.floor(div)
+    return torch.where(div - floored > 0.5, floored + 1, floored)
+
+
+def _remainder(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """Float ``a % b`` with the divisor's sign, as PyTorch computes it (from the exact ``fmod``)."""
+    mod = torch.fmod(a, b)
+    return torch.where((mod != 0) & ((b < 0) != (mod < 0)), mod + b, mod)
+
+
 class _TimestampPostprocessor(nn.Module):
     _period_units: torch.Tensor
     _units_per_period: torch.Tensor
@@ -406,8 +424,8 @@ class _TimestampPostprocessor(nn.Module):
 
     def forward(self, embeddings: torch.Tensor, timestamps: torch.Tensor) -> torch.Tensor:
         """``embeddings`` (M, D), ``timestamps`` (M,) int64."""
-        since = torch.div(timestamps.unsqueeze(-1), self._period_units, rounding_mode="floor")
-        elapsed = torch.remainder(since, self._units_per_period) / self._units_per_period * 2 * 3.14
+        since = _floor_divide(timestamps.unsqueeze(-1).to(torch.float32), self._period_units)
+        elapsed = _remainder(since, self._units_per_period) / self._units_per_period * 2 * 3.14
         # (cos, sin) of each period's angle, interleaved as torch.polar then view_as_real lays them.
         angles = elapsed.to(torch.float32)
         features = torch.stack([torch.cos(angles), torch.sin(angles)], dim=-1).flatten(-2, -1)
@@ -421,6 +439,7 @@ class _StuLayer(nn.Module):
         dim, heads = config.embedding_dim, config.num_heads
         self._heads, self._hidden, self._attention = heads, config.linear_dim, config.qk_dim
         self._alpha = 1.0 / (config.qk_dim**0.5)
+        self._dim, self._attended = (dim,), (config.linear_dim * heads,)
         width = (config.linear_dim * 2 + config.qk_dim * 2) * heads
         self._uvqk_weight = nn.Parameter(torch.zeros(dim, width))
         self._uvqk_beta = nn.Parameter(torch.zeros(width))
@@ -437,7 +456,7 @@ class _StuLayer(nn.Module):
         heads, hidden, attention = self._heads, self._hidden, self._attention
         rows = x.reshape(batch * seq, dim)
         normed = F.layer_norm(
-            rows.float(), (dim,), self._input_norm_weight.float(), self._input_norm_bias.float(), 1e-6
+            rows.float(), self._dim, self._input_norm_weight.float(), self._input_norm_bias.float(), 1e-6
         )
         uvqk = torch.addmm(self._uvqk_beta, normed, self._uvqk_weight)
         u, v, q, k = torch.split(
@@ -457,7 +476,7 @@ class _StuLayer(nn.Module):
         )
         normed_attention = F.layer_norm(
             attended,
-            (heads * hidden,),
+            self._attended,
             self._output_norm_weight.float(),
             self._output_norm_bias.float(),
             1e-6,
@@ -539,11 +558,9 @@ class Dlrmv3(nn.Module):
         pre = transducer._input_preprocessor
         batch = user_id.shape[0]
         device = user_id.device
-        # The history as the reference's dataset keeps it: its first max_uih_len items.
-        keep = config.max_uih_len
-        uih_item_id, uih_category_id = uih_item_id[:, :keep], uih_category_id[:, :keep]
-        uih_timestamp, uih_action_weight = uih_timestamp[:, :keep], uih_action_weight[:, :keep]
-        history = torch.clamp(uih_lengths, max=keep)
+        # The history as the reference's dataset keeps it: its first max_uih_len items (those
+        # past them are padding here, so that no shape depends on the limit).
+        history = torch.clamp(uih_lengths, max=config.max_uih_len)
         width_l, width_c = uih_item_id.shape[1], candidate_item_id.shape[1]
         ctx = config.contextual_len
         lengths = ctx + history + candidate_lengths  # each user's sequence
@@ -588,7 +605,7 @@ class Dlrmv3(nn.Module):
             embeddings = embeddings + pre._action_embedding_mlp(place(actions, targets))
         # The query time of a user's candidates: its kept history's latest timestamp (0 without one).
         latest = torch.where(in_history, uih_timestamp, torch.zeros_like(uih_timestamp))
-        query_time = latest.max(dim=1).values if width_l > 0 else torch.zeros(batch, dtype=torch.int64)
+        query_time = torch.cat([torch.zeros_like(user_id).view(-1, 1), latest], dim=1).max(dim=1).values
         times = place(uih_timestamp.unsqueeze(-1), query_time.view(-1, 1, 1).expand(-1, width_c, 1)).squeeze(
             -1
         )
@@ -668,11 +685,11 @@ class Dlrmv3(nn.Module):
         """(B, N, N): a row attends to itself and to every row before it in the history, the
         candidates to the whole history and themselves, not to each other (the reference's
         causal, target-aware mask)."""
-        ids = torch.arange(seq, device=lengths.device).view(1, seq)
-        ids = torch.minimum(ids, (lengths - candidates).view(-1, 1))
+        rows = torch.arange(seq, device=lengths.device).view(1, seq)
+        ids = torch.minimum(rows, (lengths - candidates).view(-1, 1))
         distance = ids.unsqueeze(2) - ids.unsqueeze(1)
-        eye = torch.eye(seq, dtype=torch.bool, device=lengths.device).unsqueeze(0)
-        return torch.logical_or(eye, distance > 0)
+        itself = (rows.view(seq, 1) == rows).unsqueeze(0)
+        return torch.logical_or(itself, distance > 0)
 
 
 def load_state(model: Dlrmv3, path: Path) -> None:
@@ -682,10 +699,15 @@ def load_state(model: Dlrmv3, path: Path) -> None:
         ConfigError: not a state dict, or keys or shapes that are not the config's model
             (the first few named).
     """
+    import zipfile
+
+    if not Path(path).is_file() or not zipfile.is_zipfile(path):
+        raise ConfigError(f"{path} is no PyTorch state dict (not a file torch.save writes)")
     try:
         state = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as exc:  # torch raises many kinds for a file that is no checkpoint
-        raise ConfigError(f"{path} is no PyTorch state dict: {exc}") from None
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        raise ConfigError(f"{path} is no PyTorch state dict: {first}") from None
     if not isinstance(state, dict):
         raise ConfigError(f"{path} holds a {type(state).__name__}, not a state dict")
     own = model.state_dict()
@@ -709,6 +731,9 @@ def parameter_count(model: Dlrmv3) -> int:
     return sum(math.prod(p.shape) for p in model.parameters())
 
 
+#: The narrowest padded history and candidate list :func:`pad_users` makes (torch.export
+#: specialises dims of 0 and 1).
+MIN_WIDTH = 2
 #: The request's inputs, every one int64, in :meth:`Dlrmv3.forward`'s order after ``user_id``.
 HISTORY_INPUTS = ("uih_item_id", "uih_category_id", "uih_timestamp", "uih_action_weight")
 CANDIDATE_INPUTS = ("candidate_item_id", "candidate_category_id")
@@ -745,8 +770,9 @@ def pad_users(users: list[dict[str, Any]]) -> dict[str, torch.Tensor]:
     """One-user requests (``user_id`` and the lists of :data:`HISTORY_INPUTS` and
     :data:`CANDIDATE_INPUTS`) as :meth:`Dlrmv3.forward`'s padded batch."""
     count = len(users)
-    longest = max((len(user["uih_item_id"]) for user in users), default=0)
-    most = max((len(user["candidate_item_id"]) for user in users), default=0)
+    # At least MIN_WIDTH wide (the rest is padding): an exported program's dims start there.
+    longest = max([MIN_WIDTH, *(len(user["uih_item_id"]) for user in users)])
+    most = max([MIN_WIDTH, *(len(user["candidate_item_id"]) for user in users)])
     batch = {"user_id": torch.tensor([int(user["user_id"]) for user in users], dtype=torch.int64)}
     for names, width, lengths in (
         (HISTORY_INPUTS, longest, "uih_lengths"),
@@ -778,3 +804,54 @@ def write_random_dlrmv3(config_path: Path, out: Path, seed: int = 0, scale: floa
     (out / "config.json").write_text(json.dumps(config.raw, indent=1) + "\n")
     torch.save(state, out / "model.pt")
     return out / "model.pt"
+
+
+def synthetic_users(
+    config: Dlrmv3Config,
+    count: int,
+    seed: int = 0,
+    history: tuple[int, int] | None = None,
+    candidates: tuple[int, int] | None = None,
+) -> list[dict[str, Any]]:
+    """``count`` seeded users for ``config``'s tables: item ids of a Zipf-like popularity (a few
+    items most users saw), each item's category fixed by its id, timestamps increasing from
+    about 1.7e9 s by exponential gaps, action bitmasks drawn over ``action_weights``; history
+    lengths uniform in ``history`` (default 0 to the model's limit) and candidates in
+    ``candidates`` (default 1 to ``max_num_candidates_inference``)."""
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    items = config.table_of(config.post_id_feature).rows
+    categories = config.table_of(config.category_feature).rows if config.category_feature is not None else 1
+    users_rows = (
+        config.table_of(config.contextual_max_length[0][0]).rows if config.contextual_max_length else 1
+    )
+    low_h, high_h = history or (0, config.max_uih_len)
+    low_c, high_c = candidates or (1, config.max_num_candidates_inference)
+    bits = np.asarray(config.action_weights or [1], dtype=np.int64)
+    per_category = max(1, items // categories)
+
+    def item_ids(size: int) -> np.ndarray:
+        return np.minimum(rng.zipf(1.2, size) - 1, items - 1).astype(np.int64)
+
+    users = []
+    for _ in range(count):
+        length = int(rng.integers(low_h, high_h + 1))
+        chosen = int(rng.integers(low_c, high_c + 1))
+        uih = item_ids(length)
+        gaps = rng.exponential(3600.0, length).astype(np.int64) + 1
+        stamps = 1_700_000_000 + int(rng.integers(0, 10_000_000)) + np.cumsum(gaps)
+        actions = (rng.random((length, len(bits))) < 0.3).astype(np.int64) @ bits
+        cands = item_ids(chosen)
+        users.append(
+            {
+                "user_id": int(rng.integers(0, users_rows)),
+                "uih_item_id": uih.tolist(),
+                "uih_category_id": (np.minimum(uih // per_category, categories - 1)).tolist(),
+                "uih_timestamp": stamps.tolist(),
+                "uih_action_weight": actions.tolist(),
+                "candidate_item_id": cands.tolist(),
+                "candidate_category_id": (np.minimum(cands // per_category, categories - 1)).tolist(),
+            }
+        )
+    return users

@@ -4,6 +4,7 @@ because its help names the presets of :mod:`models.config`."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Annotated
 
 import typer
@@ -16,5 +17,15 @@ Preset = Annotated[
         "--preset",
         help=f"Architecture preset (layers and table sizes): {', '.join(PRESETS)}; DLRM-DCNv2 (dlrm "
         f"only): {', '.join(DCN_PRESETS)}.",
+    ),
+]
+
+#: A DLRMv3 model's config file (``python -m models random-dlrmv3``, ``python -m export dlrmv3``).
+Dlrmv3ConfigFile = Annotated[
+    Path,
+    typer.Option(
+        "--config",
+        help="The DLRMv3 model's config: JSON of hstu_config, tables and multitask_configs, the "
+        "reference's field names.",
     ),
 ]

@@ -16,6 +16,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 import torch
 
@@ -130,3 +131,38 @@ def test_a_random_checkpoint_loads_by_the_references_key_names(tmp_path: Path) -
     other = Dlrmv3(Dlrmv3Config.from_dict(_reference("tiny")["config"]))
     with pytest.raises(ConfigError, match=r"does not match the config's DLRMv3|the config's model needs"):
         load_state(other, tmp_path / "m" / "model.pt")
+
+
+def test_the_export_writes_a_checked_model_or_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import export.dlrmv3 as exporter
+    from bundle.errors import ExportError
+    from bundle.repository import read_config, read_report
+
+    document = _reference("tiny")
+    model = _model(document)
+    torch.save(model.state_dict(), tmp_path / "model.pt")
+    config = REFERENCE / "config-tiny.json"
+    repository = tmp_path / "repo"
+    monkeypatch.setattr(exporter, "TOLERANCE", -1.0)  # no file can pass: the export must leave nothing
+    with pytest.raises(ExportError, match="differs from the eager model"):
+        exporter.export_dlrmv3(tmp_path / "model.pt", config, repository)
+    assert not (repository / "dlrmv3").exists()
+    monkeypatch.undo()
+    report = exporter.export_dlrmv3(tmp_path / "model.pt", config, repository)
+    assert report["variants"]["onnx_fp32"]["max_abs_diff"] <= exporter.TOLERANCE
+    assert read_report(repository, "dlrmv3")["tasks"] == ["rating", "engagement"]
+    served = read_config(repository / "dlrmv3" / "config.pbtxt")
+    assert [output.name for output in served.output] == ["rating", "engagement"]
+    assert {entry.target_name[0] for entry in served.batch_input} == {
+        "uih_lengths", "candidate_lengths", "uih_width", "candidate_width",
+    }  # fmt: skip
+    # The ONNX file, run as Triton's ragged batching feeds it, scores a batch as each user alone.
+    import onnxruntime as ort
+
+    session = ort.InferenceSession(str(repository / "dlrmv3" / "1" / "model.onnx"))
+    users = document["users"]
+    served_scores = session.run(None, exporter.ragged_feeds(users))
+    expected = np.concatenate([_expected(model, user).numpy() for user in users])
+    assert np.abs(np.stack(served_scores, axis=1) - expected).max() <= TOLERANCE

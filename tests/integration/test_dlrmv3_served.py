@@ -1,0 +1,180 @@
+"""DLRMv3 (HSTU) through the real local tritonserver, over HTTP and gRPC.
+
+The checkpoint is MLCommons' reference model of ``tests/reference/dlrmv3/tiny.json`` (its seeded
+weights rebuilt from the numbers there), exported by the real CLI. Each user is one request;
+its scores must be the reference's scores of that user run alone (histories past the limit cut
+as the reference cuts them), one user at a time and eight clients at once, whoever the server
+batches it with. A bad request gets one error line and the server answers the next.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+import tritonclient.grpc as triton_grpc
+import tritonclient.http as triton_http
+from tritonclient.utils import InferenceServerException
+
+from bundle.repository import read_config
+from bundle.schema import DLRMV3_CANDIDATE_INPUTS, DLRMV3_HISTORY_INPUTS, DLRMV3_MODEL, DLRMV3_USER_INPUT
+from models.dlrmv3 import Dlrmv3, Dlrmv3Config, fill_uniform
+from server import LocalServer
+
+pytestmark = pytest.mark.integration
+
+ROOT = Path(__file__).resolve().parents[2]
+REFERENCE = ROOT / "tests" / "reference" / "dlrmv3"
+TOLERANCE = 1e-5
+PROTOCOLS = ("http", "grpc")
+
+
+@pytest.fixture(scope="module")
+def reference() -> dict[str, Any]:
+    return json.loads((REFERENCE / "tiny.json").read_text())
+
+
+@pytest.fixture(scope="module")
+def server(
+    start_triton: Any, tmp_path_factory: pytest.TempPathFactory, reference: dict[str, Any]
+) -> LocalServer:
+    root = tmp_path_factory.mktemp("dlrmv3")
+    config = REFERENCE / reference["config"]
+    model = Dlrmv3(Dlrmv3Config.load(config))
+    fill_uniform(model, reference["fill"]["seed"], reference["fill"]["scale"])
+    torch.save(model.state_dict(), root / "model.pt")
+    command = [sys.executable, "-m", "export", "dlrmv3", "--checkpoint", str(root / "model.pt"),
+               "--config", str(config), "--repository", str(root / "repo")]  # fmt: skip
+    done = subprocess.run(command, capture_output=True, text=True, check=False, cwd=ROOT)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
+    assert "dlrmv3: ONNX FP32" in done.stdout
+    return start_triton(root / "repo")
+
+
+def _client(server: LocalServer, protocol: str) -> Any:
+    if protocol == "http":
+        return triton_http.InferenceServerClient(server.http_url.removeprefix("http://"))
+    return triton_grpc.InferenceServerClient(server.grpc_url.removeprefix("grpc://"))
+
+
+def _request(user: dict[str, Any]) -> dict[str, np.ndarray]:
+    inputs = {DLRMV3_USER_INPUT: np.asarray([[user[DLRMV3_USER_INPUT]]], dtype=np.int64)}
+    for name in DLRMV3_HISTORY_INPUTS + DLRMV3_CANDIDATE_INPUTS:
+        inputs[name] = np.asarray(user[name], dtype=np.int64).reshape(1, -1)
+    return inputs
+
+
+def _infer(client: Any, inputs: dict[str, np.ndarray], tasks: list[str]) -> dict[str, np.ndarray]:
+    module = triton_http if isinstance(client, triton_http.InferenceServerClient) else triton_grpc
+    tensors = []
+    for name, array in inputs.items():
+        kind = {np.dtype(np.int64): "INT64", np.dtype(np.int32): "INT32", np.dtype(np.float32): "FP32"}[
+            array.dtype
+        ]
+        tensor = module.InferInput(name, list(array.shape), kind)
+        tensor.set_data_from_numpy(array)
+        tensors.append(tensor)
+    result = client.infer(DLRMV3_MODEL, tensors)
+    return {task: result.as_numpy(task) for task in tasks}
+
+
+def _tasks(reference: dict[str, Any]) -> list[str]:
+    return [
+        task["task_name"]
+        for task in json.loads((REFERENCE / reference["config"]).read_text())["multitask_configs"]
+    ]
+
+
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+def test_each_user_gets_the_references_scores_of_it_alone(
+    server: LocalServer, reference: dict[str, Any], protocol: str
+) -> None:
+    tasks = _tasks(reference)
+    with _client(server, protocol) as client:
+        for user in reference["users"]:
+            answer = _infer(client, _request(user), tasks)
+            count = len(user["candidate_item_id"])
+            for task in tasks:
+                assert answer[task].shape == (1, count), (user["label"], answer[task].shape)
+                expected = np.asarray(user["scores"][task], dtype=np.float32)
+                assert np.abs(answer[task][0] - expected).max() <= TOLERANCE, (user["label"], task)
+
+
+def test_eight_clients_at_once_each_get_their_users_scores(
+    server: LocalServer, reference: dict[str, Any]
+) -> None:
+    """Concurrent users are batched by the server (ragged batching); none's scores move."""
+    tasks, users = _tasks(reference), reference["users"]
+
+    def send(worker: int) -> list[tuple[str, float]]:
+        worst = []
+        with _client(server, PROTOCOLS[worker % 2]) as client:
+            for _ in range(3):
+                for user in users[worker % 4 :: 2] + users[: worker % 3]:
+                    answer = _infer(client, _request(user), tasks)
+                    for task in tasks:
+                        expected = np.asarray(user["scores"][task], dtype=np.float32)
+                        worst.append((user["label"], float(np.abs(answer[task][0] - expected).max())))
+        return worst
+
+    with ThreadPoolExecutor(8) as pool:
+        results = [item for part in pool.map(send, range(8)) for item in part]
+    assert max(difference for _, difference in results) <= TOLERANCE, max(results, key=lambda r: r[1])
+    with _client(server, "grpc") as client:
+        stats = client.get_inference_statistics(DLRMV3_MODEL, as_json=True)["model_stats"][0]
+    executions, inferences = int(stats["execution_count"]), int(stats["inference_count"])
+    assert inferences > executions, "the server batched no two users together"
+
+
+def test_the_config_batches_users_and_says_what_it_checks(server: LocalServer) -> None:
+    config = read_config(Path(server.config.repository) / DLRMV3_MODEL / "config.pbtxt")
+    assert config.max_batch_size > 1
+    assert {entry.name for entry in config.input if entry.allow_ragged_batch} == set(
+        DLRMV3_HISTORY_INPUTS + DLRMV3_CANDIDATE_INPUTS
+    )
+    assert config.parameters["ragged_max_elements"].string_value == "candidate_item_id:16"
+
+
+def _bad_requests(user: dict[str, Any]) -> list[tuple[str, dict[str, np.ndarray], str]]:
+    good = _request(user)
+    many = {**user, "candidate_item_id": list(range(17)), "candidate_category_id": [1] * 17}
+    short = {**good, "uih_timestamp": good["uih_timestamp"][:, :-1]}
+    negative = {**good, "uih_timestamp": -good["uih_timestamp"]}
+    empty = {
+        **good,
+        "candidate_item_id": good["candidate_item_id"][:, :0],
+        "candidate_category_id": good["candidate_category_id"][:, :0],
+    }
+    floats = {**good, "uih_item_id": good["uih_item_id"].astype(np.float32)}
+    missing = {k: v for k, v in good.items() if k != "candidate_category_id"}
+    return [
+        ("too many candidates", _request(many), "at most 16"),
+        ("lengths that disagree", short, "disagree on their number of values"),
+        ("negative timestamps", negative, "negative value"),
+        ("no candidate", empty, "holds no values"),
+        ("a float id", floats, "data-type"),
+        ("a missing input", missing, "candidate_category_id"),
+    ]
+
+
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+def test_a_bad_request_is_one_error_line_and_the_server_answers_the_next(
+    server: LocalServer, reference: dict[str, Any], protocol: str
+) -> None:
+    tasks, user = _tasks(reference), reference["users"][7]
+    with _client(server, protocol) as client:
+        for what, inputs, says in _bad_requests(user):
+            with pytest.raises(InferenceServerException) as caught:
+                _infer(client, inputs, tasks)
+            message = str(caught.value.message() if hasattr(caught.value, "message") else caught.value)
+            assert says in message and "\n" not in message.strip(), (what, message)
+            assert client.is_model_ready(DLRMV3_MODEL), what
+            answer = _infer(client, _request(user), tasks)
+            assert np.abs(answer[tasks[0]][0] - np.asarray(user["scores"][tasks[0]])).max() <= TOLERANCE
