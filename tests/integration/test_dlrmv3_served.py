@@ -1,7 +1,7 @@
 """DLRMv3 (HSTU) through the real local tritonserver, over HTTP and gRPC.
 
-The checkpoint is MLCommons' reference model of ``tests/reference/dlrmv3/tiny.json`` (its seeded
-weights rebuilt from the numbers there), exported by the real CLI. Each user is one request;
+The checkpoints are MLCommons' reference models of ``tests/reference/dlrmv3/`` (two shapes, their
+seeded weights rebuilt from the numbers there), exported by the real CLI. Each user is one request;
 its scores must be the reference's scores of that user run alone (histories past the limit cut
 as the reference cuts them), one user at a time and eight clients at once, whoever the server
 batches it with. A bad request gets one error line and the server answers the next.
@@ -36,9 +36,10 @@ TOLERANCE = 1e-5
 PROTOCOLS = ("http", "grpc")
 
 
-@pytest.fixture(scope="module")
-def reference() -> dict[str, Any]:
-    return json.loads((REFERENCE / "tiny.json").read_text())
+@pytest.fixture(scope="module", params=["tiny", "small"])
+def reference(request: pytest.FixtureRequest) -> dict[str, Any]:
+    """Each shape's reference run (two shapes: 2 layers of width 32, 3 of width 48 with 4 heads)."""
+    return json.loads((REFERENCE / f"{request.param}.json").read_text())
 
 
 @pytest.fixture(scope="module")
@@ -133,18 +134,25 @@ def test_eight_clients_at_once_each_get_their_users_scores(
     assert inferences > executions, "the server batched no two users together"
 
 
-def test_the_config_batches_users_and_says_what_it_checks(server: LocalServer) -> None:
+def _limit(reference: dict[str, Any]) -> int:
+    config = json.loads((REFERENCE / reference["config"]).read_text())
+    return int(config["hstu_config"]["max_num_candidates_inference"])
+
+
+def test_the_config_batches_users_and_says_what_it_checks(
+    server: LocalServer, reference: dict[str, Any]
+) -> None:
     config = read_config(Path(server.config.repository) / DLRMV3_MODEL / "config.pbtxt")
     assert config.max_batch_size > 1
     assert {entry.name for entry in config.input if entry.allow_ragged_batch} == set(
         DLRMV3_HISTORY_INPUTS + DLRMV3_CANDIDATE_INPUTS
     )
-    assert config.parameters["ragged_max_elements"].string_value == "candidate_item_id:16"
+    assert config.parameters["ragged_max_elements"].string_value == f"candidate_item_id:{_limit(reference)}"
 
 
-def _bad_requests(user: dict[str, Any]) -> list[tuple[str, dict[str, np.ndarray], str]]:
+def _bad_requests(user: dict[str, Any], limit: int) -> list[tuple[str, dict[str, np.ndarray], str]]:
     good = _request(user)
-    many = {**user, "candidate_item_id": list(range(17)), "candidate_category_id": [1] * 17}
+    many = {**user, "candidate_item_id": list(range(limit + 1)), "candidate_category_id": [1] * (limit + 1)}
     short = {**good, "uih_timestamp": good["uih_timestamp"][:, :-1]}
     negative = {**good, "uih_timestamp": -good["uih_timestamp"]}
     empty = {
@@ -155,7 +163,7 @@ def _bad_requests(user: dict[str, Any]) -> list[tuple[str, dict[str, np.ndarray]
     floats = {**good, "uih_item_id": good["uih_item_id"].astype(np.float32)}
     missing = {k: v for k, v in good.items() if k != "candidate_category_id"}
     return [
-        ("too many candidates", _request(many), "at most 16"),
+        ("too many candidates", _request(many), f"at most {limit}"),
         ("lengths that disagree", short, "disagree on their number of values"),
         ("negative timestamps", negative, "negative value"),
         ("no candidate", empty, "holds no values"),
@@ -170,7 +178,7 @@ def test_a_bad_request_is_one_error_line_and_the_server_answers_the_next(
 ) -> None:
     tasks, user = _tasks(reference), reference["users"][7]
     with _client(server, protocol) as client:
-        for what, inputs, says in _bad_requests(user):
+        for what, inputs, says in _bad_requests(user, _limit(reference)):
             with pytest.raises(InferenceServerException) as caught:
                 _infer(client, inputs, tasks)
             message = str(caught.value.message() if hasattr(caught.value, "message") else caught.value)
