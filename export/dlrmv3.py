@@ -111,8 +111,14 @@ class RaggedDlrmv3(nn.Module):
             _padded(candidate_category_id, candidates, width_c),
             candidates,
         )
-        valid = torch.arange(width_c, device=scores.device).view(1, -1) < candidates.view(-1, 1)
-        chosen = scores[valid]  # (sum(C), T), users in order, each user's candidates in order
+        # Each of the batch's candidates (users in order, each user's in order): its user and its
+        # place among that user's, from the inputs' shapes alone (no shape depends on values).
+        flat = torch.arange(candidate_item_id.shape[0], device=scores.device)
+        starts = torch.cumsum(candidates, 0) - candidates
+        owner = (flat.view(-1, 1) >= starts.view(1, -1)).sum(dim=1) - 1
+        owner = torch.clamp(owner, min=0)
+        place = flat - starts[owner]  # < that user's count <= width_c
+        chosen = scores[owner, place]  # (sum(C), T)
         return tuple(chosen[:, task] for task in range(scores.shape[-1]))
 
 
