@@ -66,7 +66,13 @@ TriesOption = Annotated[
 ]
 ModelOption = Annotated[_T, typer.Option("--model", "-m", help="Model name in the repository.")]
 InputOption = Annotated[
-    Path, typer.Option("--input", "-i", help="Criteo TSV file (labeled or not; .gz too).", dir_okay=False)
+    Path,
+    typer.Option(
+        "--input",
+        "-i",
+        help="Criteo TSV file (labeled or not; .gz too); for a DLRMv3 model, a users file (JSON Lines).",
+        dir_okay=False,
+    ),
 ]
 ModeOption = Annotated[ModeName, typer.Option("--mode", help="sync: one request in flight; async: asyncio.")]
 InFlightOption = Annotated[int, typer.Option("--max-in-flight", help="Requests pending at once (async).")]
@@ -113,6 +119,29 @@ def _table(header: list[str], rows: list[list[str]]) -> str:
         for row in [header, *rows]
     ]
     return "\n".join(lines)
+
+
+#: The suffixes of a DLRMv3 users file (JSON Lines); any other input is Criteo rows.
+USERS_SUFFIXES = (".jsonl", ".json")
+
+
+def _dlrmv3(options: ClientOptions, model: str, input_file: Path) -> bool:
+    """Whether ``input_file`` is a users file for DLRMv3 ``model``.
+
+    Raises:
+        ClientError: a users file for a model that takes rows, or rows for a DLRMv3 model.
+    """
+    if input_file.suffix.lower() not in USERS_SUFFIXES:
+        return False
+    from clients.dlrmv3 import is_dlrmv3
+    from clients.triton import TritonClient
+
+    with TritonClient.from_options(options) as probe:
+        if not is_dlrmv3(probe.model_spec(model)):
+            raise ClientError(
+                f"{input_file} is a users file (JSON Lines) for a DLRMv3 model; {model!r} is not one"
+            )
+    return True
 
 
 @app.command()
@@ -236,11 +265,26 @@ def infer(
     timeout: TimeoutOption = 30.0,
     tries: TriesOption = 4,
 ) -> None:
-    """Probability of a click for every row of a Criteo TSV file, one per line, in input order."""
+    """Probability of a click for every row of a Criteo TSV file, one per line, in input order; for a
+    DLRMv3 model, every user of a users file (JSON Lines), one request a user, a line of its scores
+    per task out."""
     from clients.predict import predict_file
 
     options = _predict_options(batch_size, mode, max_in_flight, max_rows, raw)
     client = _options(protocol, url, timeout, tries, shared_memory, admin_key)
+    if _dlrmv3(client, model, input_file):
+        from clients.dlrmv3 import infer_file
+        from clients.triton import TritonClient
+
+        with TritonClient.from_options(client) as connection:
+            done = infer_file(connection, model, input_file, output, max_rows)
+        if output is not None:
+            rate = done.users / max(done.seconds, 1e-9)
+            print(
+                f"wrote the scores of {done.users} users ({done.candidates} candidates) to {output} "
+                f"({model} over {client.endpoint}, {done.seconds:.2f} s, {rate:,.0f} users/s)"
+            )
+        return
     summary = predict_file(client, model, input_file, options, output)
     if output is not None:
         print(
@@ -267,11 +311,42 @@ def evaluate(
     timeout: TimeoutOption = 30.0,
     tries: TriesOption = 4,
 ) -> None:
-    """AUC and logloss of served predictions on a labeled file, side by side per model (and reference)."""
+    """AUC and logloss of served predictions on a labeled file, side by side per model (and reference);
+    for DLRMv3 models, AUC and normalized entropy per task over a users file's labeled candidates."""
     from clients.evaluate import evaluate as run_evaluation
 
     options = _predict_options(batch_size, mode, max_in_flight, max_rows, raw)
     client = _options(protocol, url, timeout, tries, shared_memory, admin_key)
+    if model and _dlrmv3(client, model[0], input_file):
+        from clients.dlrmv3 import evaluate_file
+        from clients.triton import TritonClient
+
+        with TritonClient.from_options(client) as connection:
+            results = evaluate_file(connection, model, input_file, max_rows)
+        if as_json:
+            print(
+                json.dumps(
+                    {"input": str(input_file), "endpoint": client.endpoint, "scores": results}, indent=2
+                )
+            )
+            return
+        header = [
+            "model",
+            "task",
+            "users",
+            "candidates",
+            "positive rate",
+            "AUC",
+            "normalized entropy",
+            "seconds",
+        ]
+        rows = [
+            [r["model"], r["task"], str(r["users"]), str(r["candidates"]), f"{r['positive_rate']:.4f}",
+             f"{r['auc']:.6f}", f"{r['normalized_entropy']:.6f}", f"{r['seconds']:.2f}"]
+            for r in results
+        ]  # fmt: skip
+        print(_table(header, rows))
+        return
     result = run_evaluation(client, model, input_file, options, reference)
     if as_json:
         print(json.dumps(result.as_dict(), indent=2))

@@ -28,6 +28,13 @@ from criteo.profile import AccessProfile, profile_file
 from criteo.synth import SPREADS, SynthConfig, UserRequests, write_tsv
 from criteo.tables import TABLE_SIZE_PRESETS, parse_table_sizes
 
+#: ``--users`` here: how many users a ranking file's rows are drawn from (``models dlrmv3-users``
+#: takes the flag as the count of users to write).
+DistinctUsers = Annotated[
+    int,
+    typer.Option("--users", help="With --user-features: distinct users, drawn with a power-law popularity."),
+]
+
 app = new_app("Criteo-format data: synthetic generator, access-skew profiling.")
 
 # ``--out`` means another thing in each command (others take it too: see bundle.options).
@@ -71,9 +78,7 @@ def synth(
     candidate_spread: Annotated[
         str, typer.Option(help=f"With --user-features: {' or '.join(SPREADS)} candidates per request.")
     ] = "fixed",
-    users: Annotated[
-        int, typer.Option(help="With --user-features: distinct users, drawn with a power-law popularity.")
-    ] = 10_000,
+    users: DistinctUsers = 10_000,
 ) -> None:
     """Write skewed synthetic click logs in the Criteo TSV format (or its multi-hot form); --seed
     draws the rows, --model-seed the hidden model that labels them. With --user-features, the rows

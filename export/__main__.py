@@ -34,7 +34,6 @@ from criteo.options import Hotness, TableSizes
 from criteo.tables import parse_table_sizes
 from export.cli_options import (
     DlrmCheckpoint,
-    Dlrmv3Checkpoint,
     HotBudget,
     Instances,
     Opset,
@@ -61,7 +60,7 @@ from export.tables.hot_rows import parse_size
 from export.tables.row_store import format_bytes
 from export.tables.row_store_cli import app as row_store_app
 from export.tables.synthetic_model_cli import synthetic_hot_cold
-from models.options import Dlrmv3ConfigFile
+from models.options import Dlrmv3Checkpoint, Dlrmv3ConfigFile
 
 log = logging.getLogger(__name__)
 

@@ -5,7 +5,6 @@
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Annotated, TypeVar
 
 import typer
@@ -24,14 +23,6 @@ DlrmCheckpoint = Annotated[
         "checkpoint (--save-model) or its state dict, a TorchRec DLRM or DLRM_DCN state dict or "
         "torch.distributed.checkpoint folder, a TorchScript file, or a torch.export program (.pt2); "
         "the format is detected from the file.",
-    ),
-]
-Dlrmv3Checkpoint = Annotated[
-    Path,
-    typer.Option(
-        "--checkpoint",
-        help="A DLRMv3 checkpoint: a torch.save of the model's state_dict, the reference's key names "
-        "(`models random-dlrmv3` writes one).",
     ),
 ]
 Instances = Annotated[

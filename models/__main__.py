@@ -131,6 +131,44 @@ def random_dlrmv3(
     )
 
 
+UsersOut = Annotated[
+    Path, typer.Option("--out", help="The users file to write (JSON Lines).", dir_okay=False)
+]
+#: ``--users`` here: the count of users to write (``criteo synth`` takes it as its distinct users).
+UsersToWrite = Annotated[int, typer.Option("--users", help="Users to write.")]
+
+
+@app.command("dlrmv3-users")
+def dlrmv3_users(
+    config: Dlrmv3ConfigFile,
+    out: UsersOut,
+    users: UsersToWrite = 1000,
+    seed: Seed = 0,
+    checkpoint: Annotated[
+        Path | None,
+        typer.Option(
+            "--labels-from",
+            help="A DLRMv3 checkpoint of the config whose own probabilities draw the labels "
+            "(default: a fixed rate).",
+        ),
+    ] = None,
+) -> None:
+    """Synthetic users for a DLRMv3 config, one a line (JSON Lines): a Zipf-like item popularity,
+    categories, increasing timestamps, action bitmasks, histories of 0 to the model's limit and
+    1 to its most candidates, each candidate's label per task; what `clients infer` and
+    `clients evaluate` send a DLRMv3 model."""
+    from models.dlrmv3 import Dlrmv3, Dlrmv3Config, load_state, write_users
+
+    loaded = Dlrmv3Config.load(config)
+    model = None
+    if checkpoint is not None:
+        model = Dlrmv3(loaded)
+        load_state(model, checkpoint)
+    rates = write_users(loaded, out, users, seed, model)
+    shown = ", ".join(f"{task} {rate:.3f}" for task, rate in rates.items())
+    print(f"{out}: {users} users; positive rate per task: {shown}")
+
+
 @app.command("torchrec-dcn")
 def torchrec_dcn(
     out: StateDictOut,

@@ -855,3 +855,40 @@ def synthetic_users(
             }
         )
     return users
+
+
+def write_users(
+    config: Dlrmv3Config, out: Path, count: int, seed: int = 0, model: Dlrmv3 | None = None
+) -> dict[str, float]:
+    """A users file (JSON Lines, one user a line: :func:`synthetic_users`) with each task's label
+    per candidate: drawn from ``model``'s own probability where a model is given (so a served
+    model's AUC means something), else from a fixed rate of :data:`LABEL_RATE`; each task's
+    positive rate."""
+    import numpy as np
+
+    users = synthetic_users(config, count, seed)
+    rng = np.random.default_rng(seed + 1)
+    positives = {task.name: 0 for task in config.tasks}
+    total = 0
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with open(out, "w", encoding="utf-8") as handle:
+        for start in range(0, len(users), 64):
+            chunk = users[start : start + 64]
+            if model is not None:
+                with torch.no_grad():
+                    scores = model.eval()(**pad_users(chunk)).numpy()
+            for row, user in enumerate(chunk):
+                candidates = len(user["candidate_item_id"])
+                labels = {}
+                for task_index, task in enumerate(config.tasks):
+                    rate = scores[row, :candidates, task_index] if model is not None else LABEL_RATE
+                    drawn = (rng.random(candidates) < rate).astype(int).tolist()
+                    labels[task.name] = drawn
+                    positives[task.name] += sum(drawn)
+                total += candidates
+                handle.write(json.dumps({**user, "labels": labels}) + "\n")
+    return {name: count / max(total, 1) for name, count in positives.items()}
+
+
+#: The positive rate of a users file's labels without a model to draw them from.
+LABEL_RATE = 0.25

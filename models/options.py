@@ -29,3 +29,11 @@ Dlrmv3ConfigFile = Annotated[
         "reference's field names.",
     ),
 ]
+Dlrmv3Checkpoint = Annotated[
+    Path,
+    typer.Option(
+        "--checkpoint",
+        help="A DLRMv3 checkpoint: a torch.save of the model's state_dict, the reference's key names "
+        "(`models random-dlrmv3` writes one).",
+    ),
+]
