@@ -45,7 +45,7 @@ from bundle.schema import (
     DLRMV3_USER_INPUT,
 )
 from bundle.staging import RepositoryWrite
-from models.dlrmv3 import Dlrmv3, Dlrmv3Config, load_state, pad_users, synthetic_users
+from models.dlrmv3 import Dlrmv3, Dlrmv3Config, load_state, load_state_dict, pad_users, synthetic_users
 
 log = logging.getLogger(__name__)
 
@@ -214,10 +214,48 @@ def check_onnx(model: Dlrmv3, path: Path) -> float:
     return worst
 
 
+#: A training run's checkpoint folder (the reference's ``save_dmp_checkpoint``): the tables in a
+#: ``torch.distributed.checkpoint`` folder, the rest in a ``torch.save`` under ``dense_dict``.
+SPARSE_FOLDER = "sparse"
+DENSE_FILE = "non_sparse.ckpt"
+DENSE_KEY = "dense_dict"
+
+
+def load_checkpoint(model: Dlrmv3, path: Path) -> None:
+    """Load a DLRMv3 checkpoint into ``model``: a ``torch.save`` of its state dict, or a training
+    run's folder (:data:`SPARSE_FOLDER` and :data:`DENSE_FILE`).
+
+    Raises:
+        ConfigError: neither, or a state that is not the config's model.
+    """
+    path = Path(path)
+    if not path.is_dir():
+        load_state(model, path)
+        return
+    from bundle.errors import ConfigError
+    from export.importers.distributed_checkpoint import is_distributed_checkpoint, load_distributed_checkpoint
+
+    sparse, dense = path / SPARSE_FOLDER, path / DENSE_FILE
+    if not is_distributed_checkpoint(sparse) or not dense.is_file():
+        raise ConfigError(
+            f"{path} is a folder: a DLRMv3 checkpoint folder holds {SPARSE_FOLDER}/ (a "
+            f"torch.distributed.checkpoint of the tables) and {DENSE_FILE}"
+        )
+    try:
+        saved = torch.load(dense, map_location="cpu", weights_only=True)
+    except Exception as exc:  # torch raises many kinds for a file that is no checkpoint
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        raise ConfigError(f"{dense} is no PyTorch checkpoint: {first}") from None
+    if not isinstance(saved, dict) or not isinstance(saved.get(DENSE_KEY), dict):
+        raise ConfigError(f"{dense} holds no {DENSE_KEY!r} (the dense part of a DLRMv3 training checkpoint)")
+    tables = load_distributed_checkpoint(sparse)
+    load_state_dict(model, {**saved[DENSE_KEY], **tables}, str(path))
+
+
 def export_dlrmv3(
     checkpoint: Path, config_path: Path, repository: Path, serving: ServingConfig | None = None
 ) -> dict[str, Any]:
-    """Export ``checkpoint`` (a ``torch.save`` state dict) of the model ``config_path`` describes
+    """Export ``checkpoint`` (:func:`load_checkpoint`) of the model ``config_path`` describes
     into ``repository`` as :data:`bundle.schema.DLRMV3_MODEL`; its report (also written beside
     its config as ``export_report.json``).
 
@@ -228,7 +266,7 @@ def export_dlrmv3(
     serving = serving or ServingConfig()
     config = Dlrmv3Config.load(config_path)
     model = Dlrmv3(config).eval()
-    load_state(model, checkpoint)
+    load_checkpoint(model, checkpoint)
     started = time.perf_counter()
     with RepositoryWrite(repository, "export dlrmv3") as write:
         staged = write.staged / DLRMV3_MODEL

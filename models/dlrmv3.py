@@ -710,7 +710,20 @@ def load_state(model: Dlrmv3, path: Path) -> None:
         raise ConfigError(f"{path} is no PyTorch state dict: {first}") from None
     if not isinstance(state, dict):
         raise ConfigError(f"{path} holds a {type(state).__name__}, not a state dict")
+    load_state_dict(model, state, str(path))
+
+
+def load_state_dict(model: Dlrmv3, state: dict[str, Any], where: str) -> None:
+    """Load ``state`` (the reference's key names, from ``where``) into ``model``; buffers the state
+    leaves out keep their values.
+
+    Raises:
+        ConfigError: keys or shapes that are not the config's model (the first few named).
+    """
+    path = where
     own = model.state_dict()
+    buffers = {name for name, _ in model.named_buffers()}
+    state = {**{k: v for k, v in own.items() if k in buffers and k not in state}, **state}
     missing = sorted(set(own) - set(state))
     unexpected = sorted(set(state) - set(own))
     if missing or unexpected:

@@ -13,6 +13,7 @@ import copy
 import json
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -166,3 +167,32 @@ def test_the_export_writes_a_checked_model_or_nothing(
     served_scores = session.run(None, exporter.ragged_feeds(users))
     expected = np.concatenate([_expected(model, user).numpy() for user in users])
     assert np.abs(np.stack(served_scores, axis=1) - expected).max() <= TOLERANCE
+
+
+def test_a_training_runs_checkpoint_folder_loads_as_its_state_dict(tmp_path: Path) -> None:
+    """The reference's training saves the tables with torch.distributed.checkpoint under
+    ``sparse/`` and the rest in ``non_sparse.ckpt`` (``dense_dict``, beside the optimizer's)."""
+    import torch.distributed.checkpoint as dcp
+
+    from bundle.errors import ConfigError
+    from export.dlrmv3 import load_checkpoint
+
+    document = _reference("small")
+    model = _model(document)
+    state = model.state_dict()
+    tables = {k: v.clone() for k, v in state.items() if "_embedding_collection" in k}
+    dense = {k: v.clone() for k, v in state.items() if k not in tables}
+    run = tmp_path / "run" / "1000"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # "assuming the intent is to save in a single process"
+        dcp.save(tables, checkpoint_id=run / "sparse")
+    torch.save(
+        {"dense_dict": dense, "optimizer_dict": {"state": {}, "param_groups": []}}, run / "non_sparse.ckpt"
+    )
+    loaded = Dlrmv3(model.config).eval()
+    load_checkpoint(loaded, run)
+    users = document["users"]
+    assert torch.equal(_scores(loaded, users), _scores(model, users))
+    (run / "non_sparse.ckpt").unlink()
+    with pytest.raises(ConfigError, match="holds sparse/"):
+        load_checkpoint(loaded, run)
