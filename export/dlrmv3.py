@@ -98,7 +98,11 @@ class RaggedDlrmv3(nn.Module):
         uih_width: torch.Tensor,
         candidate_width: torch.Tensor,
     ) -> tuple[torch.Tensor, ...]:
-        history, candidates = uih_lengths.to(torch.int64), candidate_lengths.to(torch.int64)
+        # One batch size for every per-user tensor (an exported program then knows they agree,
+        # instead of guarding against one of them being 1).
+        users = user_id.shape[0]
+        history = uih_lengths.to(torch.int64).reshape(users)
+        candidates = candidate_lengths.to(torch.int64).reshape(users)
         width_h, width_c = uih_width.shape[0], candidate_width.shape[0]
         scores = self.model(
             user_id.reshape(-1),

@@ -344,6 +344,13 @@ def _mlp(inputs: int, hidden: int, outputs: int) -> nn.Sequential:
     )
 
 
+def _by_row(module: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """``module`` on each row of ``x`` (``(..., D)``), as one ``(rows, D)`` matrix: the same
+    product, and an exported program need not guard against a batch dim of 1."""
+    out = module(x.reshape(-1, x.shape[-1]))
+    return out.reshape(*x.shape[:-1], out.shape[-1])
+
+
 class _Tables(nn.Module):
     """The embedding tables, held as the reference's ``EmbeddingCollection`` holds them."""
 
@@ -586,13 +593,13 @@ class Dlrmv3(nn.Module):
 
         items = place(self._lookup(config.post_id_feature, uih_item_id),
                       self._lookup(config.candidate_post_id_feature, candidate_item_id))  # fmt: skip
-        embeddings = pre._content_embedding_mlp(items)
+        embeddings = _by_row(pre._content_embedding_mlp, items)
         if config.category_feature is not None and config.candidate_category_feature is not None:
             categories = place(
                 self._lookup(config.category_feature, uih_category_id),
                 self._lookup(config.candidate_category_feature, candidate_category_id),
             )
-            embeddings = embeddings + pre._additional_embedding_mlp(categories)
+            embeddings = embeddings + _by_row(pre._additional_embedding_mlp, categories)
         encoder = pre._action_encoder
         if encoder is not None:
             exploded = (
@@ -602,7 +609,7 @@ class Dlrmv3(nn.Module):
                 batch, width_l, encoder.output_dim
             )
             targets = encoder._target_action_embedding_table.expand(batch, width_c, -1)
-            embeddings = embeddings + pre._action_embedding_mlp(place(actions, targets))
+            embeddings = embeddings + _by_row(pre._action_embedding_mlp, place(actions, targets))
         # The query time of a user's candidates: its kept history's latest timestamp (0 without one).
         latest = torch.where(in_history, uih_timestamp, torch.zeros_like(uih_timestamp))
         query_time = torch.cat([torch.zeros_like(user_id).view(-1, 1), latest], dim=1).max(dim=1).values
@@ -639,8 +646,8 @@ class Dlrmv3(nn.Module):
             item_inputs[config.candidate_category_feature] = self._lookup(
                 config.candidate_category_feature, candidate_category_id
             )
-        item_embeddings = self._item_embedding_mlp(
-            torch.cat([item_inputs[name] for name in config.item_features], dim=-1)
+        item_embeddings = _by_row(
+            self._item_embedding_mlp, torch.cat([item_inputs[name] for name in config.item_features], dim=-1)
         ).reshape(batch * width_c, -1)
         logits = self._multitask_module._prediction_module(user_embeddings * item_embeddings)
         predictions = torch.stack(
