@@ -282,8 +282,9 @@ def engine_comparison(report: Report) -> list[dict[str, Any]]:
 
     ``agrees`` is judged where neither engine was client-bound: samples/s within
     :data:`AGREEMENT` and p50 within 10 % or 0.2 ms. A step whose spread is above the tolerance
-    and whose rounds do not all give the same verdict on samples/s is ``noisy`` instead (its
-    rounds cannot tell the engines apart) and ``agrees`` is None, as it is for a client-bound one.
+    and whose rounds do not all give the same verdict on samples/s (below the band, within it,
+    above it: two rounds on either side of it disagree too) is ``noisy`` instead (its rounds
+    cannot tell the engines apart) and ``agrees`` is None, as it is for a client-bound one.
     So it is where ``server_differs``: the server's own compute time per row over the two steps'
     windows (``server_compute_ratio``, perf_analyzer's over the engine's) is outside the tolerance,
     so the two rates are of a server running at two speeds, not of two ways to measure one.
@@ -302,11 +303,11 @@ def engine_comparison(report: Report) -> list[dict[str, Any]]:
         if len(pairs) >= 2:
             throughput = _median(pairs)
             spread = (max(pairs) - min(pairs)) / throughput
-            verdicts = {abs(pair - 1.0) <= AGREEMENT for pair in pairs}
+            verdicts = {_side(pair) for pair in pairs}
         else:
             throughput = ratio(step.samples_per_s, ref.samples_per_s)
             spread = max(step.spread, ref.spread)
-            verdicts = {True, False}  # the rounds' own verdicts are not known
+            verdicts = {-1, 0}  # the rounds' own verdicts are not known
         noisy = both_server_bound and spread > AGREEMENT and len(verdicts) > 1
         server_ratio = ratio(_compute_per_row(ref), _compute_per_row(step))
         server_differs = both_server_bound and not noisy and abs(server_ratio - 1.0) > AGREEMENT
@@ -345,6 +346,13 @@ def engine_comparison(report: Report) -> list[dict[str, Any]]:
             }
         )
     return rows
+
+
+def _side(ratio: float) -> int:
+    """A round's verdict on samples/s: -1 below the band of :data:`AGREEMENT`, 0 within, 1 above."""
+    if abs(ratio - 1.0) <= AGREEMENT:
+        return 0
+    return 1 if ratio > 1.0 else -1
 
 
 def _compute_per_row(step: StepResult) -> float:
@@ -644,7 +652,8 @@ def markdown(report: Report) -> str:
             "Agrees: samples/s within 10 % of perf_analyzer's and p50 within 10 % or 0.2 ms, judged only "
             "where neither engine was client-bound. The ratio is the median over the rounds of the "
             "engine's samples/s over perf_analyzer's in the same round (the two ran back to back); "
-            "noisy: those ratios spread more than 10 % and the rounds disagree on the verdict, so the "
+            "noisy: those ratios spread more than 10 % and the rounds disagree on the verdict (below, "
+            "within or above the band), so the "
             "step cannot tell the engines apart; server differs: the server's own compute time per "
             "row (its statistics over each step's window) differed by more than 10 % between the two "
             "steps, so their rates measure two speeds of the server, not the engines. "

@@ -466,6 +466,9 @@ def test_engines_are_judged_round_by_round_against_perf_analyzers_round_beside_t
         # Both rounds below: does not agree, whatever the spread.
         _rounds("perf_analyzer", 8, 1000.0, 1000.0),
         _rounds("locust", 8, 700.0, 850.0),
+        # One round below the band, one above: they disagree, so noisy, not judged.
+        _rounds("perf_analyzer", 32, 1000.0, 1000.0),
+        _rounds("locust", 32, 780.0, 1150.0),
         # A round without figures on one side: paired on the round both measured only, so one
         # ratio, and judged on the medians' ratio.
         _rounds("perf_analyzer", 16, 1000.0, float("nan")),
@@ -480,9 +483,10 @@ def test_engines_are_judged_round_by_round_against_perf_analyzers_round_beside_t
     assert rows[4]["noisy"] and rows[4]["agrees"] is None and rows[4]["spread"] == pytest.approx(0.15 / 0.925)
     assert not rows[8]["noisy"] and rows[8]["agrees"] is False
     assert rows[16]["round_ratios"] == [0.98] and rows[16]["agrees"] is True
+    assert rows[32]["noisy"] and rows[32]["agrees"] is None
     text = markdown(report)
     assert "| noisy: paired rounds spread 16% |" in text
-    assert "locust: 3 of 4 judged steps agree, 0 client-bound, 1 too noisy to judge, 0 on a server" in text
+    assert "locust: 3 of 4 judged steps agree, 0 client-bound, 2 too noisy to judge, 0 on a server" in text
 
 
 def _served(step: StepResult, compute_ms: float, batch: float) -> StepResult:
