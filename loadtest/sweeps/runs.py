@@ -26,7 +26,7 @@ from typing import Any
 
 from rich.console import Console
 
-from bundle.errors import BundleError, ConfigError
+from bundle.errors import BundleError, ConfigError, DataError
 from bundle.records import RunRecord
 from bundle.repository import CONFIG_NAME, config_bags, read_config
 from bundle.schema import (
@@ -298,6 +298,10 @@ def in_process_models(
         return {}
     sessions = {}
     for model in models:
+        if is_ranking_model(model):
+            # Its graph takes Triton's batch of users (with its batch inputs), not one request.
+            logger.warning("%s: a ranking model gets no in-process baseline", model)
+            continue
         path = model_file(repository, model)
         if not path.is_file():
             logger.warning("no %s: %s gets no in-process baseline", path, model)
@@ -353,8 +357,13 @@ def wire_settings(
     for model in models:
         for protocol in protocols:
             for batch_size in batch_sizes:
-                size = request_bytes(pool.rebatched(batch_size), model, protocol)
-                sizes.append(f"{model} {protocol} B={batch_size}: {size:,.0f} ({size / batch_size:,.1f})")
+                where = f"{model} {protocol} B={batch_size}"
+                try:
+                    size = request_bytes(pool.rebatched(batch_size), model, protocol)
+                except DataError as exc:  # a form this pool cannot make (it said so when the steps ran)
+                    sizes.append(f"{where}: not measured ({exc})")
+                    continue
+                sizes.append(f"{where}: {size:,.0f} ({size / batch_size:,.1f})")
     settings = {"Bytes a request sends (per sample)": "; ".join(sizes)}
     ranking = [model for model in models if is_ranking_model(model)]
     if ranking and pool.split is not None:
