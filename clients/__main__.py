@@ -274,10 +274,8 @@ def infer(
     client = _options(protocol, url, timeout, tries, shared_memory, admin_key)
     if _dlrmv3(client, model, input_file):
         from clients.dlrmv3 import infer_file
-        from clients.triton import TritonClient
 
-        with TritonClient.from_options(client) as connection:
-            done = infer_file(connection, model, input_file, output, max_rows)
+        done = infer_file(client, model, input_file, output, max_rows, mode.value, max_in_flight)
         if output is not None:
             rate = done.users / max(done.seconds, 1e-9)
             print(

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
 from types import TracebackType
 from typing import Any, TypeVar
 
@@ -174,6 +174,16 @@ class AsyncTritonClient(Connection):
         result = request.decode(prepared, await self._send(prepared))
         self._free.append(region)
         return result
+
+    async def infer_outputs(
+        self, model: str, inputs: Mapping[str, np.ndarray], outputs: Sequence[str], version: str = ""
+    ) -> dict[str, np.ndarray]:
+        """:meth:`TritonClient.infer_outputs`, awaited."""
+        if self._closing:
+            raise ClientError(f"{self!r} is closed")
+        prepared = request.build_named(self._module, self.protocol, model, version, inputs, outputs)
+        result = await self._send(prepared)
+        return request.decode_named(result, outputs, f"{self.options.endpoint} model {model!r}")
 
     async def _send(self, prepared: Prepared) -> Any:
         def infer() -> Awaitable[Any]:

@@ -10,6 +10,7 @@ candidate. ``python -m models dlrmv3-users`` writes such files.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import math
 import time
@@ -22,6 +23,7 @@ import numpy as np
 
 from bundle.errors import ClientError, DataError
 from bundle.schema import DLRMV3_CANDIDATE_INPUTS, DLRMV3_HISTORY_INPUTS, DLRMV3_USER_INPUT, dlrmv3_inputs
+from clients.options import ClientOptions
 from clients.triton import TritonClient
 from clients.validation import ModelSpec
 from criteo.metrics import logloss, roc_auc
@@ -105,15 +107,7 @@ def score_user(
     Raises:
         ClientError: the server refused the user (its line), or answered another count.
     """
-    answer = client.infer_outputs(model, user_request(user), tasks)
-    count = len(user[DLRMV3_CANDIDATE_INPUTS[0]])
-    scores = {}
-    for task in tasks:
-        values = answer[task].reshape(-1)
-        if values.size != count:
-            raise ClientError(f"model {model!r} answered {values.size} {task} scores for {count} candidates")
-        scores[task] = values.astype(float).tolist()
-    return scores
+    return _checked(client.infer_outputs(model, user_request(user), tasks), model, user)
 
 
 @dataclass(frozen=True)
@@ -123,32 +117,76 @@ class Summary:
     seconds: float
 
 
+def _checked(answer: dict[str, np.ndarray], model: str, user: dict[str, Any]) -> dict[str, list[float]]:
+    count = len(user[DLRMV3_CANDIDATE_INPUTS[0]])
+    scores = {}
+    for task, values in answer.items():
+        flat = values.reshape(-1)
+        if flat.size != count:
+            raise ClientError(f"model {model!r} answered {flat.size} {task} scores for {count} candidates")
+        scores[task] = flat.astype(float).tolist()
+    return scores
+
+
+async def _score_async(
+    options: ClientOptions, model: str, users: list[dict[str, Any]], tasks: Sequence[str], max_in_flight: int
+) -> list[dict[str, list[float]]]:
+    """Every user's scores over one asyncio client, ``max_in_flight`` requests pending at once,
+    in the users' order."""
+    from clients.aio import AsyncTritonClient
+
+    gate = asyncio.Semaphore(max(1, max_in_flight))
+    async with AsyncTritonClient.from_options(options) as client:
+
+        async def one(index: int, user: dict[str, Any]) -> dict[str, list[float]]:
+            async with gate:
+                try:
+                    answer = await client.infer_outputs(model, user_request(user), tasks)
+                except ClientError as exc:
+                    raise ClientError(f"user {index + 1}: {exc}") from exc.__cause__
+            return _checked(answer, model, user)
+
+        return list(await asyncio.gather(*(one(i, user) for i, user in enumerate(users))))
+
+
 def infer_file(
-    client: TritonClient, model: str, path: Path, out: Path | None, max_users: int | None = None
+    options: ClientOptions,
+    model: str,
+    path: Path,
+    out: Path | None,
+    max_users: int | None = None,
+    mode: str = "sync",
+    max_in_flight: int = 4,
 ) -> Summary:
-    """Every user of ``path`` through ``model``, one request a user; a line of JSON per user
-    (its index, ``user_id`` and each task's scores) to ``out`` or standard output."""
-    tasks = tasks_of(client.model_spec(model))
-    started = time.perf_counter()
-    users = candidates = 0
-    sink = open(out, "w", encoding="utf-8") if out is not None else None  # noqa: SIM115
-    try:
-        for index, user in enumerate(read_users(path, max_users)):
-            try:
-                scores = score_user(client, model, user, tasks)
-            except ClientError as exc:
-                raise ClientError(f"{path} user {index + 1}: {exc}") from exc.__cause__
-            line = json.dumps({"user": index, DLRMV3_USER_INPUT: user[DLRMV3_USER_INPUT], **scores})
-            if sink is not None:
-                sink.write(line + "\n")
-            else:
-                print(line)
-            users += 1
-            candidates += len(user[DLRMV3_CANDIDATE_INPUTS[0]])
-    finally:
-        if sink is not None:
-            sink.close()
-    return Summary(users, candidates, time.perf_counter() - started)
+    """Every user of ``path`` through ``model``, one request a user (``mode``: ``sync``, one in
+    flight; ``async``, up to ``max_in_flight`` on an asyncio client); a line of JSON per user, in
+    the file's order (its index, ``user_id`` and each task's scores), to ``out`` or standard
+    output."""
+    with TritonClient.from_options(options) as client:
+        tasks = tasks_of(client.model_spec(model))
+        users = list(read_users(path, max_users))
+        started = time.perf_counter()
+        if mode == "async":
+            scored = asyncio.run(_score_async(options, model, users, tasks, max_in_flight))
+        else:
+            scored = []
+            for index, user in enumerate(users):
+                try:
+                    scored.append(score_user(client, model, user, tasks))
+                except ClientError as exc:
+                    raise ClientError(f"{path} user {index + 1}: {exc}") from exc.__cause__
+        seconds = time.perf_counter() - started
+    lines = [
+        json.dumps({"user": index, DLRMV3_USER_INPUT: user[DLRMV3_USER_INPUT], **scores})
+        for index, (user, scores) in enumerate(zip(users, scored, strict=True))
+    ]
+    if out is not None:
+        out.write_text("".join(line + "\n" for line in lines), encoding="utf-8")
+    else:
+        for line in lines:
+            print(line)
+    candidates = sum(len(user[DLRMV3_CANDIDATE_INPUTS[0]]) for user in users)
+    return Summary(len(users), candidates, seconds)
 
 
 def normalized_entropy(labels: np.ndarray, probabilities: np.ndarray) -> float:

@@ -7,7 +7,7 @@ and ``InferRequestedOutput`` classes are shared by ``tritonclient.http`` and
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from types import ModuleType
 from typing import Any
@@ -133,6 +133,40 @@ def build_shm(
     requested = module.InferRequestedOutput(output.name)
     requested.set_shared_memory(region.name, out.nbytes, out.offset)
     return Prepared(model, version, tensors, [requested], rows, output, region, out)
+
+
+def build_named(
+    module: ModuleType,
+    protocol: str,
+    model: str,
+    version: str,
+    inputs: Mapping[str, np.ndarray],
+    outputs: Sequence[str],
+) -> Prepared:
+    """A request of ``inputs`` as given (each with its own shape), asking for each of ``outputs``
+    (a model of several outputs: a DLRMv3 model's one per task); :func:`decode_named` reads them."""
+    pairs, rows = unchecked_inputs(inputs)
+    prepared = build(module, protocol, model, version, pairs, rows, TensorMeta(outputs[0], "FP32", (-1,)))
+    if protocol == "http":
+        prepared.outputs = [module.InferRequestedOutput(name, binary_data=True) for name in outputs]
+    else:
+        prepared.outputs = [module.InferRequestedOutput(name) for name in outputs]
+    return prepared
+
+
+def decode_named(result: Any, outputs: Sequence[str], where: str) -> dict[str, np.ndarray]:
+    """Each of ``outputs`` of an answer, by name.
+
+    Raises:
+        ClientError: the answer lacks one (``where`` says whose).
+    """
+    answers = {}
+    for name in outputs:
+        answer = result.as_numpy(name)
+        if answer is None:
+            raise ClientError(f"{where}: the answer holds no output {name!r}")
+        answers[name] = np.asarray(answer)
+    return answers
 
 
 def decode(prepared: Prepared, result: Any) -> np.ndarray:

@@ -189,43 +189,8 @@ class TritonClient(Connection):
             ClientError: server down, unknown or not-ready model, or the server refused the
                 request (its one line).
         """
-        pairs, _ = request.unchecked_inputs(inputs)
-        http = self.protocol == "http"
-        tensors = []
-        for tensor, array in pairs:
-            infer_input = self._module.InferInput(tensor.name, list(array.shape), tensor.datatype)
-            if http:
-                infer_input.set_data_from_numpy(array, binary_data=True)
-            else:
-                infer_input.set_data_from_numpy(array)
-            tensors.append(infer_input)
-        requested = [
-            self._module.InferRequestedOutput(name, binary_data=True)
-            if http
-            else self._module.InferRequestedOutput(name)
-            for name in outputs
-        ]
-
-        def infer() -> Any:
-            return self._client.infer(
-                model, tensors, model_version=version, outputs=requested, **self._kwargs
-            )
-
-        try:
-            result = self._call(f"inference on model {model!r}", infer)
-        except ClientError as exc:
-            if exc.__cause__ is not None and failures.is_not_found(exc.__cause__):
-                raise self._diagnose(model, exc) from exc.__cause__
-            raise
-        answers = {}
-        for name in outputs:
-            answer = result.as_numpy(name)
-            if answer is None:
-                raise ClientError(
-                    f"{self.options.endpoint}: model {model!r} answered without output {name!r}"
-                )
-            answers[name] = np.asarray(answer)
-        return answers
+        prepared = request.build_named(self._module, self.protocol, model, version, inputs, outputs)
+        return request.decode_named(self.send(prepared), outputs, f"{self.options.endpoint} model {model!r}")
 
     def prepare(self, model: str, inputs: Mapping[str, np.ndarray], version: str = "") -> Prepared:
         """Check ``inputs`` and build the request (into shared memory when enabled); nothing is sent."""

@@ -13,7 +13,7 @@
 # taken from the server (report: benchmarks/load_engines/dlrm); and on the same cores, nothing
 # pinned, as `make demo` and a user's first sweep run (benchmarks/load_engines/dlrm-shared). Every engine measures
 # DURATION seconds per step (perf_analyzer's three reported windows together cover them). About
-# 45 minutes a layout on 2 cores; run it on an otherwise idle machine (the report records the load average). Models go
+# 65 minutes a layout on 2 cores; run it on an otherwise idle machine (the report records the load average). Models go
 # to artifacts/load_engines (not committed).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -22,7 +22,7 @@ export PATH="$PWD/.venv/bin:$PATH"
 WORK=${WORK:-artifacts/load_engines}
 REPO=$WORK/model_repository
 DURATION=${DURATION:-6}
-ROUNDS=${ROUNDS:-2}
+ROUNDS=${ROUNDS:-3}
 CONCURRENCY=${CONCURRENCY:-1,2,4,8}
 BATCHES=${BATCHES:-1,64,1024}
 CLIENT_CPUS=${CLIENT_CPUS:-0}

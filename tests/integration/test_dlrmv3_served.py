@@ -226,6 +226,16 @@ def test_the_bundles_clients_score_a_users_file(
         count = len(user["candidate_item_id"])
         for column, task in enumerate(tasks):
             assert np.abs(np.asarray(line[task]) - eager[index, :count, column].numpy()).max() <= TOLERANCE
+    # asyncio, eight users in flight: the same lines, in the file's order.
+    concurrent = _cli("clients", "infer", "--model", DLRMV3_MODEL, "--input", str(users_file),
+                      "--protocol", protocol, "--url", url, "--mode", "async",
+                      "--max-in-flight", "8")  # fmt: skip
+    assert concurrent.returncode == 0, concurrent.stderr[-2000:]
+    again = [json.loads(line) for line in concurrent.stdout.splitlines() if line.strip()]
+    assert [line["user"] for line in again] == list(range(40))
+    for first, second in zip(lines, again, strict=True):
+        for task in _tasks(reference):
+            assert np.abs(np.asarray(first[task]) - np.asarray(second[task])).max() <= TOLERANCE
     evaluated = _cli("clients", "evaluate", "--model", DLRMV3_MODEL, "--input", str(users_file), "--protocol",
                      protocol, "--url", url, "--json")  # fmt: skip
     assert evaluated.returncode == 0, evaluated.stderr[-2000:]
