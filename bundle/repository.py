@@ -428,6 +428,24 @@ RANKING_MAX_USERS = 64
 RANKING_WARMUP_CANDIDATES = 8
 
 
+def _batch_users(
+    config: mc.ModelConfig, serving: ServingConfig, specs: tuple[TensorSpec, ...], candidates: int
+) -> None:
+    """What a model of one user a request shares (ranking, DLRMv3): the dynamic batcher, the
+    instances, and a warmup of one user of ``candidates`` (each ``-1`` of an input's shape), zeros."""
+    config.dynamic_batching.max_queue_delay_microseconds = serving.max_queue_delay_us
+    config.dynamic_batching.SetInParent()
+    group = config.instance_group.add()
+    group.count = serving.instances
+    group.kind = serving.instance_kind
+    warmup = config.model_warmup.add(name=f"zeros_one_user_{candidates}_candidates", batch_size=1)
+    for spec in specs:
+        data = warmup.inputs[spec.name]
+        data.data_type = _DATA_TYPES[spec.triton_dtype]
+        data.dims.extend(candidates if dim == -1 else dim for dim in spec.shape)
+        data.zero_data = True
+
+
 def build_ranking_config(
     name: str,
     serving: ServingConfig,
@@ -474,19 +492,7 @@ def build_ranking_config(
     config.parameters[USER_FEATURES_PARAMETER].string_value = split.text
     if hotness is not None:
         config.parameters[HOTNESS_PARAMETER].string_value = ",".join(map(str, hotness))
-    config.dynamic_batching.max_queue_delay_microseconds = serving.max_queue_delay_us
-    config.dynamic_batching.SetInParent()
-    group = config.instance_group.add()
-    group.count = serving.instances
-    group.kind = serving.instance_kind
-    warmup = config.model_warmup.add(
-        name=f"zeros_one_user_{RANKING_WARMUP_CANDIDATES}_candidates", batch_size=1
-    )
-    for spec in specs:
-        data = warmup.inputs[spec.name]
-        data.data_type = _DATA_TYPES[spec.triton_dtype]
-        data.dims.extend(RANKING_WARMUP_CANDIDATES if dim == -1 else dim for dim in spec.shape)
-        data.zero_data = True
+    _batch_users(config, serving, specs, RANKING_WARMUP_CANDIDATES)
     set_ort_threading(config, serving)
     if serving.ort_trt:
         _add_ort_tensorrt(config, name, serving, fp16)
@@ -565,19 +571,7 @@ def build_dlrmv3_config(
     )
     config.parameters[MAX_ELEMENTS_PARAMETER].string_value = f"{DLRMV3_CANDIDATE_INPUTS[0]}:{max_candidates}"
     config.parameters[NON_NEGATIVE_PARAMETER].string_value = DLRMV3_HISTORY_INPUTS[2]
-    config.dynamic_batching.max_queue_delay_microseconds = serving.max_queue_delay_us
-    config.dynamic_batching.SetInParent()
-    group = config.instance_group.add()
-    group.count = serving.instances
-    group.kind = serving.instance_kind
-    warmup = config.model_warmup.add(
-        name=f"zeros_one_user_{DLRMV3_WARMUP_CANDIDATES}_candidates", batch_size=1
-    )
-    for spec in dlrmv3_inputs():
-        data = warmup.inputs[spec.name]
-        data.data_type = _DATA_TYPES[spec.triton_dtype]
-        data.dims.extend(DLRMV3_WARMUP_CANDIDATES if dim == -1 else dim for dim in spec.shape)
-        data.zero_data = True
+    _batch_users(config, serving, dlrmv3_inputs(), DLRMV3_WARMUP_CANDIDATES)
     set_ort_threading(config, serving)
     return config
 

@@ -727,7 +727,6 @@ def load_state_dict(model: Dlrmv3, state: dict[str, Any], where: str) -> None:
     Raises:
         ConfigError: keys or shapes that are not the config's model (the first few named).
     """
-    path = where
     own = model.state_dict()
     buffers = {name for name, _ in model.named_buffers()}
     state = {**{k: v for k, v in own.items() if k in buffers and k not in state}, **state}
@@ -735,14 +734,14 @@ def load_state_dict(model: Dlrmv3, state: dict[str, Any], where: str) -> None:
     unexpected = sorted(set(state) - set(own))
     if missing or unexpected:
         raise ConfigError(
-            f"{path} does not match the config's DLRMv3: missing "
+            f"{where} does not match the config's DLRMv3: missing "
             f"{missing[:3]}{'...' if len(missing) > 3 else ''}, "
             f"unexpected {unexpected[:3]}{'...' if len(unexpected) > 3 else ''}"
         )
     for key, value in state.items():
         if tuple(value.shape) != tuple(own[key].shape):
             raise ConfigError(
-                f"{path}: {key} is {list(value.shape)}, the config's model needs {list(own[key].shape)}"
+                f"{where}: {key} is {list(value.shape)}, the config's model needs {list(own[key].shape)}"
             )
     model.load_state_dict({key: value.to(own[key].dtype) for key, value in state.items()})
 

@@ -199,6 +199,28 @@ def model_file(repository: Path, model: str) -> Path:
     return repository / model / MODEL_FILE
 
 
+def _described(
+    repository: Path | None, urls: Sequence[str], protocols: Sequence[str], models: Sequence[str]
+) -> Iterator[tuple[str, Any, Any]]:
+    """Each of ``models`` with what says which inputs it takes: ``(model, its config, None)`` from
+    ``repository``, or without one ``(model, None, its ModelSpec)`` from the server at ``urls[0]``
+    (one client for them all); a model neither knows is left out."""
+    client = None
+    try:
+        for model in models:
+            if repository is not None and (repository / model / CONFIG_NAME).is_file():
+                yield model, read_config(repository / model / CONFIG_NAME), None
+            elif urls:
+                if client is None:
+                    from clients.triton import TritonClient
+
+                    client = TritonClient(urls[0], protocols[0])  # type: ignore[arg-type]
+                yield model, None, client.model_spec(model)
+    finally:
+        if client is not None:
+            client.close()
+
+
 def models_hotness(
     repository: Path | None, urls: Sequence[str], protocols: Sequence[str], models: Sequence[str]
 ) -> Hotness:
@@ -210,17 +232,12 @@ def models_hotness(
         ConfigError: models that take different inputs (sweep them one at a time).
     """
     found: set[Hotness] = set()
-    for model in models:
-        if is_raw_model(model):
-            continue
-        if repository is not None and (repository / model / CONFIG_NAME).is_file():
-            config = read_config(repository / model / CONFIG_NAME)
+    for _, config, spec in _described(
+        repository, urls, protocols, [m for m in models if not is_raw_model(m)]
+    ):
+        if config is not None:
             found.add(config_bags(config))
-        elif urls:
-            from clients.triton import TritonClient
-
-            with TritonClient(urls[0], protocols[0]) as client:  # type: ignore[arg-type]
-                spec = client.model_spec(model)
+        else:
             found.add(VARIABLE_HOTNESS if spec.variable_bags else spec.hotness)
     if len(found) > 1:
         raise ConfigError(
@@ -243,11 +260,10 @@ def models_split(
         ConfigError: ranking models with different splits (sweep them one at a time).
     """
     found: set[FeatureSplit] = set()
-    for model in models:
-        if not is_ranking_model(model):
-            continue
-        if repository is not None and (repository / model / CONFIG_NAME).is_file():
-            parameters = read_config(repository / model / CONFIG_NAME).parameters
+    ranking = [model for model in models if is_ranking_model(model)]
+    for model, config, spec in _described(repository, urls, protocols, ranking):
+        if config is not None:
+            parameters = config.parameters
             text = (
                 parameters[USER_FEATURES_PARAMETER].string_value
                 if USER_FEATURES_PARAMETER in parameters
@@ -258,17 +274,13 @@ def models_split(
                     f"{model}: its config records no {USER_FEATURES_PARAMETER} (is it a ranking model?)"
                 )
             found.add(FeatureSplit.parse(text))
-        elif urls:
-            from clients.triton import TritonClient
-
-            with TritonClient(urls[0], protocols[0]) as client:  # type: ignore[arg-type]
-                split = client.model_spec(model).user_features
-            if split is None:
+        else:
+            if spec.user_features is None:
                 raise ConfigError(f"{model}: the server's config records no {USER_FEATURES_PARAMETER}")
-            found.add(split)
+            found.add(spec.user_features)
     if len(found) > 1:
         raise ConfigError(
-            f"the ranking models {', '.join(m for m in models if is_ranking_model(m))} split the features "
+            f"the ranking models {', '.join(ranking)} split the features "
             f"differently ({'; '.join(sorted(split.text for split in found))}): sweep them one at a time"
         )
     return found.pop() if found else None
