@@ -19,14 +19,14 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
-import tritonclient.grpc as triton_grpc
-import tritonclient.http as triton_http
 from tritonclient.utils import InferenceServerException
 
 from bundle.repository import read_config
-from bundle.schema import DLRMV3_CANDIDATE_INPUTS, DLRMV3_HISTORY_INPUTS, DLRMV3_MODEL, DLRMV3_USER_INPUT
+from bundle.schema import DLRMV3_CANDIDATE_INPUTS, DLRMV3_HISTORY_INPUTS, DLRMV3_MODEL
+from clients.dlrmv3 import user_request
 from models.dlrmv3 import Dlrmv3, Dlrmv3Config, fill_uniform
 from server import LocalServer
+from tests import raw_triton
 
 pytestmark = pytest.mark.integration
 
@@ -60,29 +60,11 @@ def server(
 
 
 def _client(server: LocalServer, protocol: str) -> Any:
-    if protocol == "http":
-        return triton_http.InferenceServerClient(server.http_url.removeprefix("http://"))
-    return triton_grpc.InferenceServerClient(server.grpc_url.removeprefix("grpc://"))
-
-
-def _request(user: dict[str, Any]) -> dict[str, np.ndarray]:
-    inputs = {DLRMV3_USER_INPUT: np.asarray([[user[DLRMV3_USER_INPUT]]], dtype=np.int64)}
-    for name in DLRMV3_HISTORY_INPUTS + DLRMV3_CANDIDATE_INPUTS:
-        inputs[name] = np.asarray(user[name], dtype=np.int64).reshape(1, -1)
-    return inputs
+    return raw_triton.client(server, protocol)
 
 
 def _infer(client: Any, inputs: dict[str, np.ndarray], tasks: list[str]) -> dict[str, np.ndarray]:
-    module = triton_http if isinstance(client, triton_http.InferenceServerClient) else triton_grpc
-    tensors = []
-    for name, array in inputs.items():
-        kind = {np.dtype(np.int64): "INT64", np.dtype(np.int32): "INT32", np.dtype(np.float32): "FP32"}[
-            array.dtype
-        ]
-        tensor = module.InferInput(name, list(array.shape), kind)
-        tensor.set_data_from_numpy(array)
-        tensors.append(tensor)
-    result = client.infer(DLRMV3_MODEL, tensors)
+    result = raw_triton.infer(client, DLRMV3_MODEL, inputs)
     return {task: result.as_numpy(task) for task in tasks}
 
 
@@ -100,7 +82,7 @@ def test_each_user_gets_the_references_scores_of_it_alone(
     tasks = _tasks(reference)
     with _client(server, protocol) as client:
         for user in reference["users"]:
-            answer = _infer(client, _request(user), tasks)
+            answer = _infer(client, user_request(user), tasks)
             count = len(user["candidate_item_id"])
             for task in tasks:
                 assert answer[task].shape == (1, count), (user["label"], answer[task].shape)
@@ -119,7 +101,7 @@ def test_eight_clients_at_once_each_get_their_users_scores(
         with _client(server, PROTOCOLS[worker % 2]) as client:
             for _ in range(3):
                 for user in users[worker % 4 :: 2] + users[: worker % 3]:
-                    answer = _infer(client, _request(user), tasks)
+                    answer = _infer(client, user_request(user), tasks)
                     for task in tasks:
                         expected = np.asarray(user["scores"][task], dtype=np.float32)
                         worst.append((user["label"], float(np.abs(answer[task][0] - expected).max())))
@@ -151,7 +133,7 @@ def test_the_config_batches_users_and_says_what_it_checks(
 
 
 def _bad_requests(user: dict[str, Any], limit: int) -> list[tuple[str, dict[str, np.ndarray], str]]:
-    good = _request(user)
+    good = user_request(user)
     many = {**user, "candidate_item_id": list(range(limit + 1)), "candidate_category_id": [1] * (limit + 1)}
     short = {**good, "uih_timestamp": good["uih_timestamp"][:, :-1]}
     negative = {**good, "uih_timestamp": -good["uih_timestamp"]}
@@ -163,7 +145,7 @@ def _bad_requests(user: dict[str, Any], limit: int) -> list[tuple[str, dict[str,
     floats = {**good, "uih_item_id": good["uih_item_id"].astype(np.float32)}
     missing = {k: v for k, v in good.items() if k != "candidate_category_id"}
     return [
-        ("too many candidates", _request(many), f"at most {limit}"),
+        ("too many candidates", user_request(many), f"at most {limit}"),
         ("lengths that disagree", short, "disagree on their number of values"),
         ("negative timestamps", negative, "negative value"),
         ("no candidate", empty, "holds no values"),
@@ -184,7 +166,7 @@ def test_a_bad_request_is_one_error_line_and_the_server_answers_the_next(
             message = str(caught.value.message() if hasattr(caught.value, "message") else caught.value)
             assert says in message and "\n" not in message.strip(), (what, message)
             assert client.is_model_ready(DLRMV3_MODEL), what
-            answer = _infer(client, _request(user), tasks)
+            answer = _infer(client, user_request(user), tasks)
             assert np.abs(answer[tasks[0]][0] - np.asarray(user["scores"][tasks[0]])).max() <= TOLERANCE
 
 

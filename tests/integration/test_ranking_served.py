@@ -21,8 +21,6 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
-import tritonclient.grpc as triton_grpc
-import tritonclient.http as triton_http
 from tritonclient.grpc import model_config_pb2 as mc
 from tritonclient.utils import InferenceServerException
 
@@ -46,6 +44,7 @@ from clients.triton import TritonClient
 from criteo.multihot import MLPERF_HOTNESS, expand
 from criteo.tsv import read_batch
 from server import LocalServer
+from tests import raw_triton
 from tests.torchrec_dcn import make_dcn, train_state
 
 pytestmark = pytest.mark.integration
@@ -102,22 +101,11 @@ def _rows(count: int, seed: int, hotness: tuple[int, ...] | None) -> tuple[np.nd
 
 
 def _client(server: LocalServer, protocol: str) -> Any:
-    if protocol == "http":
-        return triton_http.InferenceServerClient(server.http_url.removeprefix("http://"))
-    return triton_grpc.InferenceServerClient(server.grpc_url.removeprefix("grpc://"))
+    return raw_triton.client(server, protocol)
 
 
 def _infer(client: Any, model: str, inputs: dict[str, np.ndarray]) -> np.ndarray:
-    module = triton_http if isinstance(client, triton_http.InferenceServerClient) else triton_grpc
-    tensors = []
-    for name, array in inputs.items():
-        kind = {np.dtype(np.float32): "FP32", np.dtype(np.int64): "INT64", np.dtype(np.float64): "FP64"}[
-            array.dtype
-        ]
-        tensor = module.InferInput(name, list(array.shape), kind)
-        tensor.set_data_from_numpy(array)
-        tensors.append(tensor)
-    return client.infer(model, tensors).as_numpy(OUTPUT)
+    return raw_triton.infer(client, model, inputs).as_numpy(OUTPUT)
 
 
 @pytest.mark.parametrize("protocol", ["http", "grpc"])
